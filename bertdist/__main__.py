@@ -1,0 +1,3 @@
+from bertdist.cli import main
+
+raise SystemExit(main())
