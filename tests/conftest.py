@@ -30,3 +30,18 @@ def tiny_model_config(**overrides) -> ModelConfig:
 @pytest.fixture
 def tiny_model_cfg() -> ModelConfig:
     return tiny_model_config()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 over a SQLite store in a temp dir (tests/mlflow_server.py).
+
+    Session-scoped because it takes 10-40 s to start on a busy 2-core machine; tests keep apart by
+    using their own experiment names.
+    """
+    from tests.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
