@@ -22,6 +22,145 @@ from typing import Callable
 from bertdist.config import ConfigError, dump_yaml, load_config, validate
 
 
+def _add_vocab(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "vocab",
+        help="train a WordPiece vocabulary",
+        description=(
+            "Train WordPiece with Hugging Face tokenizers (BERT normaliser and pre-tokenizer, special tokens "
+            "[PAD] [UNK] [CLS] [SEP] [MASK]), streaming the input. Writes DIR/vocab.txt and DIR/tokenizer.json."
+        ),
+    )
+    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
+    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
+    p.set_defaults(func=_run_vocab)
+
+
+def _run_vocab(args: argparse.Namespace) -> int:
+    from bertdist.data import DataError
+    from bertdist.data.readers import expand_inputs, iter_texts
+    from bertdist.data.vocab import train_vocab
+
+    if args.vocab_size < 16:
+        print("bertdist vocab: --vocab-size must be at least 16", file=sys.stderr)
+        return 2
+    try:
+        path = train_vocab(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
+    except DataError as e:
+        print(f"bertdist vocab: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="turn a corpus into WebDataset shards of masked sentence pairs (Ray)",
+        description=(
+            "Read, split, tokenize, build BERT's NSP pairs and masks, and write shuffled, checksummed WebDataset "
+            "shards plus manifest.json, with Ray tasks (local Ray by default). The output depends only on the "
+            "inputs and options, not on --workers. A killed run resumes when rerun with the same command."
+        ),
+    )
+    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
+    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--vocab", required=True, help="vocab.txt from `bertdist vocab`")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--dupe-factor", type=int, default=5, help="passes over the data, each with new pairs and masks")
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--whole-word-mask", action="store_true")
+    p.add_argument("--cased", action="store_true", help="the vocab was trained with --cased")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=0, help="concurrent Ray tasks (default: every CPU)")
+    p.add_argument("--ray-address", default="", help="'auto' or ray://HOST:PORT for a cluster (default: local Ray)")
+    p.add_argument("--samples-per-shard", type=int, default=16384)
+    p.add_argument("--group-mb", type=float, default=4.0, help="text per document group; NotNext segments come from the same group")
+    p.add_argument("--on-bad-input", choices=["fail", "skip"], default="fail")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from bertdist.data import DataError
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.prepare import PrepareOptions, prepare, summary_text
+
+    problems = [
+        f"{name}: {why}"
+        for name, bad, why in [
+            ("--max-seq-length", not 8 <= args.max_seq_length <= 65535, "must be in [8, 65535]"),
+            ("--dupe-factor", args.dupe_factor < 1, "must be at least 1"),
+            ("--masked-lm-prob", not 0 < args.masked_lm_prob < 1, "must be in (0, 1)"),
+            ("--max-predictions-per-seq", args.max_predictions_per_seq < 1, "must be at least 1"),
+            ("--short-seq-prob", not 0 <= args.short_seq_prob <= 1, "must be in [0, 1]"),
+            ("--workers", args.workers < 0, "must be >= 0"),
+            ("--samples-per-shard", args.samples_per_shard < 1, "must be at least 1"),
+            ("--group-mb", args.group_mb <= 0, "must be positive"),
+        ]
+        if bad
+    ]
+    if problems:
+        print("bertdist prepare: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    opts = PrepareOptions(
+        inputs=args.input,
+        output_dir=args.output,
+        vocab_file=args.vocab,
+        instances=InstanceOptions(
+            max_seq_length=args.max_seq_length,
+            dupe_factor=args.dupe_factor,
+            masked_lm_prob=args.masked_lm_prob,
+            max_predictions_per_seq=args.max_predictions_per_seq,
+            short_seq_prob=args.short_seq_prob,
+            whole_word_mask=args.whole_word_mask,
+            seed=args.seed,
+        ),
+        cased=args.cased,
+        samples_per_shard=args.samples_per_shard,
+        group_bytes=int(args.group_mb * (1 << 20)),
+        workers=args.workers,
+        ray_address=args.ray_address,
+        on_bad_input=args.on_bad_input,
+        progress=not args.no_progress,
+    )
+    try:
+        report = prepare(opts)
+    except DataError as e:
+        print(f"bertdist prepare: {e}", file=sys.stderr)
+        return 2
+    print(summary_text(report))
+    return 0
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="statistics and decoded examples of prepared shards",
+        description="Counts, length histogram, mask and NSP statistics, checksums, and a few decoded examples.",
+    )
+    p.add_argument("dir", help="a directory written by `bertdist prepare`")
+    p.add_argument("--examples", type=int, default=3, help="decoded examples to print")
+    p.add_argument("--vocab", help="vocab.txt for decoding (default: the one recorded in the manifest)")
+    p.set_defaults(func=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from bertdist.data import DataError
+    from bertdist.data.inspect import inspect_directory
+
+    try:
+        print(inspect_directory(args.dir, examples=args.examples, vocab_file=args.vocab))
+    except DataError as e:
+        print(f"bertdist inspect: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
@@ -166,7 +305,15 @@ def _run_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add_submit, _add_status, _add_logs]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_vocab,
+    _add_prepare,
+    _add_inspect,
+    _add_train,
+    _add_submit,
+    _add_status,
+    _add_logs,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,3 +45,69 @@ def mlflow_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+# ---- data (bertdist.data, bertdist.prepare) ----------------------------------------------------------------
+# Made once per session through the real code paths (local Ray with 2 CPUs), shared by every engineer's tests.
+
+TINY_SHARD_SAMPLES = 1000
+"""samples_per_shard of `tiny_shards`: gives ~8 shards, enough for 2 ranks x 2 loader workers."""
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole session (starting Ray costs seconds); shut down only if we started it."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> str:
+    """A directory of 4 English-like .txt files (one sentence per line, blank line between documents)."""
+    from bertdist.data.synthetic import write_corpus
+
+    directory = tmp_path_factory.mktemp("tiny_corpus")
+    write_corpus(str(directory), num_files=4, documents_per_file=40, seed=7)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(tiny_corpus, tmp_path_factory) -> str:
+    """vocab.txt of TEST_VOCAB_SIZE WordPiece tokens trained on `tiny_corpus` (uncased)."""
+    from bertdist.data.readers import expand_inputs, iter_texts
+    from bertdist.data.vocab import train_vocab
+
+    out = tmp_path_factory.mktemp("tiny_vocab")
+    return train_vocab(iter_texts(expand_inputs([tiny_corpus])), str(out), vocab_size=TEST_VOCAB_SIZE)
+
+
+def tiny_prepare_options(corpus: str, vocab: str, output: str, **overrides):
+    """The PrepareOptions of `tiny_shards`; tests that prepare again start from these."""
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.prepare import PrepareOptions
+
+    instance_keys = set(InstanceOptions.__dataclass_fields__)
+    instances = InstanceOptions(
+        **{"max_seq_length": TEST_SEQ_LENGTH, "dupe_factor": 2, **{k: v for k, v in overrides.items() if k in instance_keys}}
+    )
+    base = dict(
+        inputs=[corpus], output_dir=output, vocab_file=vocab, instances=instances,
+        samples_per_shard=TINY_SHARD_SAMPLES, group_bytes=64 << 10, workers=2, progress=False,
+    )
+    return PrepareOptions(**{**base, **{k: v for k, v in overrides.items() if k not in instance_keys}})
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+    """A prepared shard directory (max_seq_length TEST_SEQ_LENGTH, ~8 shards) made by `bertdist.prepare`."""
+    from bertdist.prepare import prepare
+
+    out = str(tmp_path_factory.mktemp("tiny_shards") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out))
+    return out

@@ -1,0 +1,34 @@
+"""Pretraining data: reading corpora, WordPiece, BERT's instance rules, shards, and the training loader.
+
+The modules are small on purpose, each one concern: `readers` (files -> documents), `wiki` (MediaWiki
+markup -> text), `sentences` (text -> sentences), `vocab` (WordPiece), `instances` (documents -> masked
+sentence pairs, exactly the reference's rules), `shards` (the on-disk format and manifest), `loader` (the
+training DataLoader). The Ray pipeline that drives them is `bertdist.prepare`.
+
+Nothing here imports torch or Ray at module level except `loader`, which is only imported by the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A problem with input files, shards or a manifest. The message always names the file concerned."""
+
+
+def iter_samples(shard_dir: str, verify_checksums: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    """Yield every sample of a prepared directory in storage order, as unpadded numpy arrays.
+
+    Keys: input_ids, token_type_ids, masked_lm_positions, masked_lm_ids (1-D int64), next_sentence_label
+    (int, 0 = IsNext, 1 = NotNext). For training use `bertdist.data.loader.PretrainingLoader`, which
+    shuffles, shards across ranks and pads.
+    """
+    from bertdist.data.shards import iter_directory_samples
+
+    return iter_directory_samples(shard_dir, verify_checksums=verify_checksums)
+
+
+__all__ = ["DataError", "iter_samples"]

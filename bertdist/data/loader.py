@@ -1,0 +1,298 @@
+"""The training loader: each rank's disjoint share of a prepared directory, shuffled, batched and padded.
+
+How an epoch is laid out, and why:
+- Every epoch has one global order of all N samples that depends only on (seed, epoch): the sample blocks of
+  all shards are permuted, then samples are permuted within consecutive windows of `shuffle_buffer_size`
+  (a deterministic stand-in for a shuffle buffer, so the order is reproducible from a position alone).
+- The ranks split that order into contiguous equal parts, so a rank decodes only the blocks of its part.
+  Every rank yields the same number of batches per epoch (the few samples that do not fill a batch on every
+  rank wait for the next epoch's order), so no rank runs out early.
+- DataLoader workers take turns: worker w makes the rank's batches t+w, t+w+W, ..., and PyTorch returns them
+  in order, so the batch sequence does not depend on the number of workers.
+- The whole position is (epoch, the segment of the epoch being consumed, batches done), the same on every
+  rank. `load_state_dict` with the same world size continues exactly; with another world size (or micro
+  batch size) it removes what every old rank consumed and splits the rest of the epoch among the new
+  ranks: nothing is repeated or lost.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import OrderedDict
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from bertdist.data import DataError
+from bertdist.data.samples import Samples
+from bertdist.data.shards import block_locations, read_block, read_manifest
+
+STATE_VERSION = 1
+
+
+class _Layout:
+    """Which sample sits at a global position of an epoch, and reading it (cached per process)."""
+
+    def __init__(self, shard_dir: str, manifest: dict, seed: int, window: int):
+        self.shard_dir, self.seed, self.window = shard_dir, seed, window
+        per_block = manifest["options"]["samples_per_block"]
+        self.blocks: list[tuple[str, int, int]] = []  # (shard file, block index, samples)
+        for shard in manifest["shards"]:
+            n = shard["num_samples"]
+            for b in range(math.ceil(n / per_block)):
+                self.blocks.append((shard["name"], b, min(per_block, n - b * per_block)))
+        self.num_samples = sum(b[2] for b in self.blocks)
+        self._epoch = -1
+        self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._decoded: OrderedDict[int, tuple[Samples, np.ndarray, np.ndarray]] = OrderedDict()
+        self._locations: dict[str, list[tuple[int, int]]] = {}
+        self._cache_blocks = 2 * (window // max(per_block, 1) + 2)
+
+    def _set_epoch(self, epoch: int) -> None:
+        if epoch == self._epoch:
+            return
+        self._epoch = epoch
+        self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
+        counts = np.array([self.blocks[b][2] for b in self._order], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._windows.clear()
+
+    def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(block id, row in block) of the samples at the given global positions of `epoch`."""
+        self._set_epoch(epoch)
+        window = positions // self.window
+        source = np.empty_like(positions)
+        for k in np.unique(window).tolist():
+            here = window == k
+            source[here] = k * self.window + self._window_permutation(k)[positions[here] - k * self.window]
+        slot = np.searchsorted(self._starts, source, side="right") - 1
+        return self._order[slot], source - self._starts[slot]
+
+    def _window_permutation(self, k: int) -> np.ndarray:
+        if k not in self._windows:
+            size = min(self.window, self.num_samples - k * self.window)
+            self._windows[k] = np.random.default_rng([self.seed, self._epoch, k, 1]).permutation(size)
+            while len(self._windows) > 4:
+                self._windows.popitem(last=False)
+        return self._windows[k]
+
+    def block(self, block_id: int) -> tuple[Samples, np.ndarray, np.ndarray]:
+        """A decoded block with its token and mask offsets."""
+        if block_id in self._decoded:
+            self._decoded.move_to_end(block_id)
+            return self._decoded[block_id]
+        name, index, _ = self.blocks[block_id]
+        path = os.path.join(self.shard_dir, name)
+        if name not in self._locations:
+            self._locations[name] = block_locations(path)
+        samples = read_block(path, self._locations[name][index])
+        entry = (samples, samples.token_offsets(), samples.mask_offsets())
+        self._decoded[block_id] = entry
+        while len(self._decoded) > self._cache_blocks:
+            self._decoded.popitem(last=False)
+        return entry
+
+
+def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int) -> dict[str, torch.Tensor]:
+    blocks, rows = layout.locate(epoch, positions)
+    picked = []
+    for block_id, row in zip(blocks.tolist(), rows.tolist()):
+        samples, tok, msk = layout.block(block_id)
+        picked.append(
+            (samples, tok[row], int(samples.lengths[row]), int(samples.segment_a_lengths[row]), msk[row], msk[row + 1],
+             int(samples.next_sentence_labels[row]))
+        )
+    batch = len(picked)
+    longest = max(p[2] for p in picked)
+    seq = min(max_seq_length, -(-longest // 8) * 8)
+    preds = max(max(p[5] - p[4] for p in picked), 1)
+    input_ids = np.zeros((batch, seq), dtype=np.int64)
+    token_type_ids = np.zeros((batch, seq), dtype=np.int64)
+    attention_mask = np.zeros((batch, seq), dtype=np.int64)
+    positions_out = np.zeros((batch, preds), dtype=np.int64)
+    labels_out = np.full((batch, preds), -100, dtype=np.int64)
+    nsp = np.zeros(batch, dtype=np.int64)
+    for i, (samples, start, length, len_a, m0, m1, label) in enumerate(picked):
+        input_ids[i, :length] = samples.input_ids[start : start + length]
+        token_type_ids[i, len_a:length] = 1
+        attention_mask[i, :length] = 1
+        positions_out[i, : m1 - m0] = samples.masked_lm_positions[m0:m1]
+        labels_out[i, : m1 - m0] = samples.masked_lm_ids[m0:m1]
+        nsp[i] = label
+    return dict(
+        input_ids=torch.from_numpy(input_ids),
+        token_type_ids=torch.from_numpy(token_type_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        masked_lm_positions=torch.from_numpy(positions_out),
+        masked_lm_ids=torch.from_numpy(labels_out),
+        next_sentence_label=torch.from_numpy(nsp),
+    )
+
+
+class _Segment:
+    """A stretch of an epoch consumed by a fixed set of ranks: the unconsumed positions at its start."""
+
+    def __init__(self, world_size: int, micro_batch_size: int, intervals: list[list[int]], batches_done: int = 0):
+        self.world_size, self.micro_batch_size = world_size, micro_batch_size
+        self.intervals, self.batches_done = intervals, batches_done
+        self.size = sum(b - a for a, b in intervals)
+
+    def rank_start(self, rank: int) -> int:
+        return rank * self.size // self.world_size
+
+    def batches_per_rank(self) -> int:
+        return (self.size // self.world_size) // self.micro_batch_size
+
+    def global_positions(self, virtual: np.ndarray) -> np.ndarray:
+        starts = np.array([a for a, _ in self.intervals], dtype=np.int64)
+        lengths = np.array([b - a for a, b in self.intervals], dtype=np.int64)
+        cum = np.concatenate([[0], np.cumsum(lengths)])
+        which = np.searchsorted(cum, virtual, side="right") - 1
+        return starts[which] + virtual - cum[which]
+
+    def batch_positions(self, rank: int, batch: int) -> np.ndarray:
+        first = self.rank_start(rank) + batch * self.micro_batch_size
+        return self.global_positions(np.arange(first, first + self.micro_batch_size, dtype=np.int64))
+
+    def remaining(self) -> list[list[int]]:
+        """Unconsumed positions after `batches_done` batches on every rank, as sorted intervals."""
+        consumed = []
+        for r in range(self.world_size):
+            lo = self.rank_start(r)
+            consumed.append((lo, lo + self.batches_done * self.micro_batch_size))
+        left, cursor = [], 0
+        for lo, hi in consumed + [(self.size, self.size)]:
+            if lo > cursor:
+                left.extend(_virtual_to_intervals(self, cursor, lo))
+            cursor = max(cursor, hi)
+        return left
+
+
+def _virtual_to_intervals(segment: _Segment, lo: int, hi: int) -> list[list[int]]:
+    out, cum = [], 0
+    for a, b in segment.intervals:
+        s, e = max(lo, cum), min(hi, cum + b - a)
+        if s < e:
+            out.append([a + s - cum, a + e - cum])
+        cum += b - a
+    return out
+
+
+class _BatchStream(IterableDataset):
+    """One epoch segment's batches for one rank; worker w of W makes batches start+w, start+w+W, ..."""
+
+    def __init__(self, layout: _Layout, epoch: int, segment: _Segment, rank: int, max_seq_length: int):
+        self.layout, self.epoch, self.segment, self.rank, self.max_seq_length = layout, epoch, segment, rank, max_seq_length
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for batch in range(self.segment.batches_done + worker, self.segment.batches_per_rank(), workers):
+            yield _collate(self.layout, self.epoch, self.segment.batch_positions(self.rank, batch), self.max_seq_length)
+
+
+class PretrainingLoader:
+    """Infinite iterator of padded batches for one rank (see the module docstring for the layout)."""
+
+    def __init__(
+        self,
+        shard_dir: str,
+        vocab_file: str,
+        max_seq_length: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        num_workers: int = 0,
+        shuffle_buffer_size: int = 2000,
+    ):
+        from bertdist.data.vocab import vocab_sha256
+
+        manifest = read_manifest(shard_dir)
+        if not os.path.isfile(vocab_file):
+            raise DataError(f"{vocab_file}: vocabulary file not found")
+        if vocab_sha256(vocab_file) != manifest["vocab_sha256"]:
+            raise DataError(
+                f"{shard_dir}: shards were made with another vocabulary than {vocab_file} (sha256 differs); "
+                "prepare the data again with this vocab, or point data.vocab_file at the one used"
+            )
+        made_for = manifest["options"]["max_seq_length"]
+        if made_for != max_seq_length:
+            raise DataError(f"{shard_dir}: shards were made for max_seq_length {made_for}, not {max_seq_length}")
+        for shard in manifest["shards"]:
+            if not os.path.isfile(os.path.join(shard_dir, shard["name"])):
+                raise DataError(f"{os.path.join(shard_dir, shard['name'])}: listed in the manifest but missing")
+        if not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} is outside world size {world_size}")
+        if micro_batch_size < 1 or num_workers < 0 or shuffle_buffer_size < 1:
+            raise DataError("micro_batch_size and shuffle_buffer_size must be >= 1, num_workers >= 0")
+        self.shard_dir, self.max_seq_length, self.micro_batch_size = shard_dir, max_seq_length, micro_batch_size
+        self.rank, self.world_size, self.seed, self.num_workers = rank, world_size, seed, num_workers
+        self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size)
+        if self._layout.num_samples // world_size < micro_batch_size:
+            raise DataError(
+                f"{shard_dir}: {self._layout.num_samples} samples cannot give each of {world_size} ranks "
+                f"a batch of {micro_batch_size}"
+            )
+        self._epoch = 0
+        self._segment = self._fresh_segment()
+
+    def _fresh_segment(self) -> _Segment:
+        return _Segment(self.world_size, self.micro_batch_size, [[0, self._layout.num_samples]])
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self._fresh_segment().batches_per_rank()
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            segment = self._segment
+            if segment.batches_done >= segment.batches_per_rank():
+                self._epoch += 1
+                self._segment = self._fresh_segment()
+                continue
+            stream = _BatchStream(self._layout, self._epoch, segment, self.rank, self.max_seq_length)
+            batches = (
+                DataLoader(stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
+                if self.num_workers
+                else stream
+            )
+            for batch in batches:
+                segment.batches_done += 1
+                yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self._segment
+        return dict(
+            version=STATE_VERSION,
+            epoch=self._epoch,
+            seed=self.seed,
+            num_samples=self._layout.num_samples,
+            shuffle_buffer_size=self._layout.window,
+            world_size=s.world_size,
+            micro_batch_size=s.micro_batch_size,
+            intervals=s.intervals,
+            batches_done=s.batches_done,
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = dict(
+            version=STATE_VERSION, seed=self.seed, num_samples=self._layout.num_samples,
+            shuffle_buffer_size=self._layout.window,
+        )
+        wrong = [f"{k}={state.get(k)!r} (this loader: {v!r})" for k, v in expected.items() if state.get(k) != v]
+        if wrong:
+            raise DataError(f"{self.shard_dir}: loader state belongs to other data or settings: {', '.join(wrong)}")
+        self._epoch = int(state["epoch"])
+        saved = _Segment(state["world_size"], state["micro_batch_size"], state["intervals"], state["batches_done"])
+        if saved.world_size == self.world_size and saved.micro_batch_size == self.micro_batch_size:
+            self._segment = saved
+        else:  # new ranks share what the old ranks left of this epoch
+            self._segment = _Segment(self.world_size, self.micro_batch_size, saved.remaining())

@@ -1,0 +1,239 @@
+"""Input files -> documents (lists of sentence strings), streaming, with clear errors for bad input.
+
+Formats, optionally `.gz`/`.bz2` compressed:
+  .txt    one sentence per line, a blank line between documents (the reference's format)
+  .jsonl  one JSON object per line with a string field `text` (one document, split into sentences here)
+  .xml    a MediaWiki dump (articles only, markup removed)
+
+Large uncompressed `.txt`/`.jsonl` files are cut into byte ranges ("units") so that several Ray tasks can
+read one file. A unit owns every document whose separating blank line (txt) or line (jsonl) *starts*
+inside its range; it reads past its end to finish its last document. The documents of all units of a file
+are therefore exactly the documents of the file, in order, whatever the cut points. Compressed files and
+XML cannot be split and are one unit.
+
+Every problem raises `DataError` naming the file and the byte offset (in the decompressed stream).
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+from bertdist.data import DataError
+
+MAX_LINE_BYTES = 8 << 20
+"""A longer line is an error: a binary file, or text without line breaks that would exhaust memory."""
+
+_KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki"}
+_COMPRESSIONS = {".gz": "gz", ".bz2": "bz2"}
+
+
+@dataclass(frozen=True)
+class InputFile:
+    index: int
+    path: str
+    size_bytes: int
+    kind: str
+    """txt, jsonl or wiki."""
+    compression: str
+    """'', gz or bz2."""
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    file: InputFile
+    unit_index: int
+    start_byte: int
+    end_byte: int
+    """Exclusive; -1 means the end of the file."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.file.index:06d}-{self.unit_index:06d}"
+
+
+def file_kind(path: str) -> tuple[str, str]:
+    """(kind, compression) from the file name; DataError for anything else."""
+    stem, ext = os.path.splitext(path)
+    compression = _COMPRESSIONS.get(ext.lower(), "")
+    if compression:
+        stem, ext = os.path.splitext(stem)
+    kind = _KINDS.get(ext.lower())
+    if kind is None:
+        raise DataError(f"{path}: unknown input type; expected .txt, .jsonl or .xml, optionally .gz/.bz2")
+    return kind, compression
+
+
+def expand_inputs(patterns: list[str]) -> list[InputFile]:
+    """Files named by paths, directories (searched recursively for known types) or globs, sorted, deduplicated."""
+    paths: list[str] = []
+    for pattern in patterns:
+        if os.path.isdir(pattern):
+            for root, _, names in os.walk(pattern):
+                paths.extend(os.path.join(root, n) for n in names if _is_known(n))
+        elif os.path.isfile(pattern):
+            paths.append(pattern)
+        else:
+            matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+            if not matches:
+                raise DataError(f"{pattern}: no such file, directory or matching glob")
+            paths.extend(matches)
+    unique = sorted({os.path.abspath(p) for p in paths})
+    if not unique:
+        raise DataError(f"no input files (.txt, .jsonl, .xml[.gz|.bz2]) in {', '.join(patterns)}")
+    files = []
+    for i, path in enumerate(unique):
+        kind, compression = file_kind(path)
+        files.append(InputFile(i, path, os.path.getsize(path), kind, compression))
+    return files
+
+
+def _is_known(name: str) -> bool:
+    try:
+        file_kind(name)
+    except DataError:
+        return False
+    return True
+
+
+def plan_units(files: list[InputFile], unit_bytes: int) -> list[ReadUnit]:
+    """Cut splittable files into ranges of `unit_bytes`; the plan depends only on the files."""
+    units = []
+    for f in files:
+        if f.compression or f.kind == "wiki" or f.size_bytes <= unit_bytes:
+            units.append(ReadUnit(f, 0, 0, -1))
+            continue
+        for k, start in enumerate(range(0, f.size_bytes, unit_bytes)):
+            units.append(ReadUnit(f, k, start, min(start + unit_bytes, f.size_bytes)))
+    return units
+
+
+def read_documents(unit: ReadUnit) -> Iterator[list[str]]:
+    """The documents (non-empty lists of sentences) of one unit, in file order."""
+    f = unit.file
+    if f.size_bytes == 0:
+        raise DataError(f"{f.path}: empty file")
+    with _open(f) as stream:
+        if f.kind == "wiki":
+            yield from _wiki_documents(stream, f.path)
+        elif f.kind == "jsonl":
+            yield from _jsonl_documents(_Lines(stream, unit))
+        else:
+            yield from _txt_documents(_Lines(stream, unit), unit)
+
+
+def _open(f: InputFile) -> BinaryIO:
+    if f.compression == "gz":
+        return gzip.open(f.path, "rb")
+    if f.compression == "bz2":
+        return bz2.open(f.path, "rb")
+    return open(f.path, "rb")
+
+
+class _Lines:
+    """Decoded lines of a unit with their byte offsets, checked for the usual kinds of bad input."""
+
+    def __init__(self, stream: BinaryIO, unit: ReadUnit):
+        self.stream, self.path, self.compression = stream, unit.file.path, unit.file.compression
+        self.end_byte = unit.end_byte
+        self.offset = 0
+        if unit.start_byte > 0:  # align to the first line that starts at or after start_byte
+            stream.seek(unit.start_byte - 1)
+            self.offset = unit.start_byte - 1
+            self._read_raw()
+
+    def _read_raw(self) -> bytes:
+        try:
+            raw = self.stream.readline(MAX_LINE_BYTES + 1)
+        except (EOFError, OSError, zlib.error) as e:
+            what = f"{self.compression} stream" if self.compression else "file"
+            raise DataError(f"{self.path}: truncated or corrupt {what} near byte {self.offset} ({e})") from None
+        if len(raw) > MAX_LINE_BYTES:
+            raise DataError(
+                f"{self.path}: line at byte {self.offset} is longer than {MAX_LINE_BYTES} bytes "
+                "(binary data, or text without line breaks?)"
+            )
+        nul = raw.find(b"\x00")
+        if nul >= 0:
+            raise DataError(f"{self.path}: NUL byte at byte {self.offset + nul} (binary file?)")
+        self.offset += len(raw)
+        return raw
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        while True:
+            start = self.offset
+            raw = self._read_raw()
+            if not raw:
+                return
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{self.path}: invalid UTF-8 at byte {start + e.start} (binary file?)") from None
+            yield start, text.lstrip("\ufeff") if start == 0 else text
+
+    def owns(self, line_start: int) -> bool:
+        return self.end_byte < 0 or line_start < self.end_byte
+
+
+def _txt_documents(lines: _Lines, unit: ReadUnit) -> Iterator[list[str]]:
+    in_document = unit.start_byte == 0  # the first document of a file has no blank line before it
+    sentences: list[str] = []
+    for start, line in lines:
+        line = line.strip()
+        if line:
+            if in_document:
+                sentences.append(line)
+            continue
+        if sentences:
+            yield sentences
+        sentences = []
+        if not lines.owns(start):
+            return
+        in_document = True
+    if sentences:
+        yield sentences
+
+
+def _jsonl_documents(lines: _Lines) -> Iterator[list[str]]:
+    from bertdist.data.sentences import split_sentences
+
+    for start, line in lines:
+        if not lines.owns(start):
+            return
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{lines.path}: line at byte {start} is not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataError(f"{lines.path}: line at byte {start}: expected an object with a string field 'text'")
+        sentences = split_sentences(record["text"])
+        if sentences:
+            yield sentences
+
+
+def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:
+    from bertdist.data.sentences import split_sentences
+    from bertdist.data.wiki import iter_wiki_articles
+
+    try:
+        for article in iter_wiki_articles(stream, path):
+            sentences = split_sentences(article)
+            if sentences:
+                yield sentences
+    except (EOFError, OSError, zlib.error) as e:
+        raise DataError(f"{path}: truncated or corrupt compressed stream ({e})") from None
+
+
+def iter_texts(files: list[InputFile]) -> Iterator[str]:
+    """Every sentence of every file, for vocabulary training (streams; bad input raises)."""
+    for unit in plan_units(files, unit_bytes=1 << 62):
+        for document in read_documents(unit):
+            yield from document

@@ -1,0 +1,188 @@
+"""The on-disk format: WebDataset tar shards of sample blocks, the manifest, and the shard permutation.
+
+A shard is a plain tar (WebDataset layout): member `NNNNNN.samples.npz` holds a block of up to
+`samples_per_block` consecutive samples as a compressed numpy `.npz` of the `Samples` columns (uint16 token
+ids). Packing many samples per member is what makes ~200 bytes per length-128 instance possible (a tar
+header alone is 512 bytes). Nothing is pickled: `np.load(..., allow_pickle=False)` reads it, and every byte
+is deterministic (fixed zip/tar timestamps, owners and modes).
+
+`manifest.json` is written last; its presence means the directory is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import zipfile
+from typing import Iterator
+
+import numpy as np
+
+from bertdist.data import DataError
+from bertdist.data.samples import Samples
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SAMPLES_PER_BLOCK = 512
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}.tar"
+
+
+def encode_block(samples: Samples) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in Samples.column_names():
+            array_buf = io.BytesIO()
+            np.lib.format.write_array(array_buf, np.ascontiguousarray(getattr(samples, name)), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_EPOCH)
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, array_buf.getvalue(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
+    return buf.getvalue()
+
+
+def decode_block(data: bytes, where: str) -> Samples:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return Samples(**{name: npz[name] for name in Samples.column_names()})
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+        raise DataError(f"{where}: corrupt sample block ({e})") from None
+
+
+def write_shard(path: str, samples: Samples, samples_per_block: int) -> str:
+    """Write atomically (temporary name, fsync, rename); returns the sha256 of the bytes written."""
+    tmp = f"{path}.partial-{os.getpid()}"
+    digest = hashlib.sha256()
+    with open(tmp, "wb") as raw:
+        writer = _HashingWriter(raw, digest)
+        with tarfile.open(fileobj=writer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for b, lo in enumerate(range(0, len(samples), samples_per_block)):
+                data = encode_block(samples.take(np.arange(lo, min(lo + samples_per_block, len(samples)))))
+                info = tarfile.TarInfo(f"{b:06d}.samples.npz")
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(tmp, path)
+    return digest.hexdigest()
+
+
+class _HashingWriter:
+    def __init__(self, raw: io.BufferedWriter, digest: "hashlib._Hash"):
+        self.raw, self.digest = raw, digest
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.raw.write(data)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def block_locations(path: str) -> list[tuple[int, int]]:
+    """(byte offset, size) of each block's data in a shard, in order."""
+    try:
+        with tarfile.open(path, "r:") as tar:
+            return [(m.offset_data, m.size) for m in tar.getmembers() if m.name.endswith(".samples.npz")]
+    except (OSError, tarfile.TarError) as e:
+        raise DataError(f"{path}: unreadable shard ({e})") from None
+
+
+def read_block(path: str, location: tuple[int, int]) -> Samples:
+    offset, size = location
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    if len(data) != size:
+        raise DataError(f"{path}: truncated shard (block at byte {offset})")
+    return decode_block(data, path)
+
+
+def write_manifest(shard_dir: str, manifest: dict) -> None:
+    path = os.path.join(shard_dir, MANIFEST)
+    tmp = f"{path}.partial-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(shard_dir: str) -> dict:
+    path = os.path.join(shard_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise DataError(f"{shard_dir}: no {MANIFEST}; not a directory written by `bertdist prepare` (or unfinished)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable manifest ({e})") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, this bertdist reads {FORMAT_VERSION}")
+    if not manifest.get("shards"):
+        raise DataError(f"{path}: the manifest lists no shards")
+    return manifest
+
+
+def iter_directory_samples(shard_dir: str, verify_checksums: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    manifest = read_manifest(shard_dir)
+    for shard in manifest["shards"]:
+        path = os.path.join(shard_dir, shard["name"])
+        if verify_checksums and file_sha256(path) != shard["sha256"]:
+            raise DataError(f"{path}: sha256 differs from the manifest (corrupt or replaced shard)")
+        for location in block_locations(path):
+            yield from read_block(path, location).as_dicts()
+
+
+# ---- the corpus-wide shuffle -------------------------------------------------------------------------------
+# Instance i (in generation order) goes to position p = permute(i) of a seeded pseudo-random permutation of
+# [0, N), then to shard p % S at slot p // S: shards differ by at most one sample, and each shard can find its
+# own instances with the inverse permutation, without anyone holding a permutation of N integers.
+
+_ROUNDS = 4
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _round_function(x: np.ndarray, key: int, round_index: int, half_bits: int) -> np.ndarray:
+    """A splitmix64-style mix of (x, key, round), truncated to half_bits."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64((key * 0x9E3779B97F4A7C15 + round_index * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return z & np.uint64((1 << half_bits) - 1)
+
+
+def _feistel(x: np.ndarray, key: int, half_bits: int, inverse: bool) -> np.ndarray:
+    mask = np.uint64((1 << half_bits) - 1)
+    left, right = x >> np.uint64(half_bits), x & mask
+    rounds = range(_ROUNDS - 1, -1, -1) if inverse else range(_ROUNDS)
+    for r in rounds:
+        if inverse:
+            left, right = right ^ _round_function(left, key, r, half_bits), left
+        else:
+            left, right = right, left ^ _round_function(right, key, r, half_bits)
+    return (left << np.uint64(half_bits)) | right
+
+
+def permute(indices: np.ndarray, n: int, key: int, inverse: bool = False) -> np.ndarray:
+    """A seeded bijection of [0, n) applied to `indices` (cycle-walking Feistel network), or its inverse."""
+    half_bits = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+    out = np.asarray(indices, dtype=np.uint64).copy()
+    todo = np.arange(len(out))
+    while len(todo):
+        out[todo] = _feistel(out[todo], key, half_bits, inverse)
+        todo = todo[out[todo] >= np.uint64(n)]
+    return out.astype(np.int64)
