@@ -1,0 +1,198 @@
+"""The tracker against a real `mlflow server` (conftest's `mlflow_server`), read back over its REST API."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+
+import pytest
+
+from bertdist.config import Config, TrackingConfig
+from bertdist.tracking import MLflowTracker, NoOpTracker, build_tracker, local_store_uri, resolve_tracking_uri
+from tests.conftest import tiny_model_config
+
+
+def tracking_config(server, experiment: str, **overrides) -> TrackingConfig:
+    return TrackingConfig(tracking_uri=server.url, experiment_name=experiment, log_system_metrics=False, **overrides)
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def test_tracking_uri_comes_from_config_then_environment_then_the_run_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri("", tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db" == local_store_uri(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert resolve_tracking_uri("", tmp_path) == "http://127.0.0.1:1"
+    assert resolve_tracking_uri("http://127.0.0.1:2", tmp_path) == "http://127.0.0.1:2"
+
+
+def test_params_metrics_tags_and_artifacts_reach_the_server(mlflow_server, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({
+        "format_version": 1, "options": {"max_seq_length": 32}, "vocab_sha256": "ab" * 32,
+        "shards": [{"name": "shard-000000.tar", "num_samples": 7}, {"name": "shard-000001.tar", "num_samples": 5}],
+    }))
+    cfg = Config(model=tiny_model_config())
+    cfg.data.vocab_file = str(vocab)
+    cfg.data.phases[0].train_dir = str(shards)
+    cfg.tracking = tracking_config(mlflow_server, "unit-logging", run_name="tiny-run")
+
+    tracker = build_tracker(cfg.tracking, str(tmp_path / "run"), rank=0)
+    assert isinstance(tracker, MLflowTracker) and tracker.run_id
+    tracker.log_run_start(cfg, world_size=2, nodes=1)
+    for step in range(1, 26):
+        tracker.log_metrics({"loss": 10.0 / step, "learning_rate": 1e-4 * step, "skipped": None}, step=step)
+    tracker.log_metrics({"eval_loss": 1.5}, step=25)
+    tracker.log_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000025", step=25)
+    tracker.close()
+
+    (run,) = mlflow_server.runs("unit-logging")
+    run_id = run["info"]["run_id"]
+    assert run_id == tracker.run_id
+    assert run["info"]["status"] == "FINISHED"
+    assert run["info"]["run_name"] == "tiny-run"
+    params = mlflow_server.params(run_id)
+    assert params["model.hidden_size"] == "64"
+    assert params["data.phases.0.micro_batch_size"] == str(cfg.data.phases[0].micro_batch_size)
+    assert params["optim.betas"] == "[0.9, 0.999]"
+    assert params["data.phases.0.train_manifest.num_shards"] == "2"
+    assert params["data.phases.0.train_manifest.num_samples"] == "12"
+    assert params["data.phases.0.train_manifest.max_seq_length"] == "32"
+    assert params["data.phases.0.train_manifest.vocab_sha256"] == "ab" * 32
+    assert params["env.world_size"] == "2" and params["env.nodes"] == "1"
+    assert params["env.gpu_type"] == "none"
+    for key in ("env.torch_version", "env.deepspeed_version", "env.git_commit"):
+        assert params[key] and params[key] != "not installed"
+    assert mlflow_server.history(run_id, "loss") == [(s, pytest.approx(10.0 / s)) for s in range(1, 26)]
+    assert [s for s, _ in mlflow_server.history(run_id, "learning_rate")] == list(range(1, 26))
+    assert mlflow_server.history(run_id, "eval_loss") == [(25, 1.5)]
+    assert "skipped" not in mlflow_server.metric_keys(run_id)
+    tags = mlflow_server.tags(run_id)
+    assert tags["bertdist.checkpoint.latest"].endswith("checkpoints/step_00000025")
+    assert tags["mlflow.source.git.commit"] == params["env.git_commit"]
+    assert {"config.yaml", "vocab", "checkpoints"} <= set(mlflow_server.artifacts(run_id))
+    assert mlflow_server.artifacts(run_id, "checkpoints") == ["checkpoints/step_00000025.json"]
+    assert mlflow_server.artifacts(run_id, "vocab") == ["vocab/vocab.txt"]
+
+
+def test_ranks_other_than_zero_and_disabled_tracking_get_a_noop(mlflow_server, tmp_path):
+    for tracker in (
+        build_tracker(tracking_config(mlflow_server, "unit-noop"), str(tmp_path), rank=1, run_id="abc"),
+        build_tracker(tracking_config(mlflow_server, "unit-noop", enabled=False), str(tmp_path), rank=0),
+    ):
+        assert isinstance(tracker, NoOpTracker)
+        tracker.log_params({"a": 1})
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        tracker.log_run_start(Config(), world_size=2, nodes=1)
+        tracker.close()
+    assert tracker.run_id is None
+    with pytest.raises(Exception, match="RESOURCE_DOES_NOT_EXIST|404"):
+        mlflow_server.runs("unit-noop")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run_without_duplicate_steps(mlflow_server, tmp_path):
+    cfg = tracking_config(mlflow_server, "unit-resume")
+    first = build_tracker(cfg, str(tmp_path), rank=0)
+    first.log_params({"train.seed": 1, "checkpoint.resume": "auto"})
+    for step in range(1, 11):  # the job dies after step 10; its last checkpoint was step 6
+        first.log_metrics({"loss": float(step)}, step=step)
+    first.close("KILLED")
+
+    second = build_tracker(cfg, str(tmp_path), rank=0, run_id=first.run_id)
+    assert second.run_id == first.run_id
+    second.log_params({"train.seed": 1, "checkpoint.resume": "/ckpt/step_00000006"})
+    for step in range(7, 16):  # the resumed job repeats steps 7..10, then goes on
+        second.log_metrics({"loss": 100.0 + step}, step=step)
+    second.close()
+
+    (run,) = mlflow_server.runs("unit-resume")
+    assert run["info"]["status"] == "FINISHED"
+    history = mlflow_server.history(first.run_id, "loss")
+    assert [s for s, _ in history] == list(range(1, 16))
+    assert [v for _, v in history] == [float(s) for s in range(1, 11)] + [100.0 + s for s in range(11, 16)]
+    assert mlflow_server.params(first.run_id) == {"train.seed": "1", "checkpoint.resume": "auto"}
+    assert mlflow_server.tags(first.run_id)["resumed_with.checkpoint.resume"] == "/ckpt/step_00000006"
+
+
+def test_a_resume_with_an_unknown_run_id_starts_a_new_run(mlflow_server, tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = build_tracker(tracking_config(mlflow_server, "unit-unknown"), str(tmp_path), 0, run_id="0" * 32)
+    assert tracker.run_id and tracker.run_id != "0" * 32
+    assert any("not in" in str(w.message) for w in caught)
+    tracker.close()
+    assert len(mlflow_server.runs("unit-unknown")) == 1
+
+
+def test_system_metrics_of_the_node_are_logged(mlflow_server, tmp_path):
+    cfg = tracking_config(mlflow_server, "unit-system")
+    cfg.log_system_metrics = True
+    tracker = MLflowTracker(cfg, str(tmp_path), system_metrics_interval_s=0.2)
+    wait_until(lambda: "system/node_0/cpu_utilization_percentage" in mlflow_server.metric_keys(tracker.run_id))
+    tracker.close()
+    steps = [s for s, _ in mlflow_server.history(tracker.run_id, "system/node_0/system_memory_usage_megabytes")]
+    assert steps == list(range(len(steps))) and steps
+
+
+def test_an_outage_loses_nothing_and_raises_nothing(mlflow_server, tmp_path, capfd):
+    """The server is stopped while the tracker logs, then restarted on the same port and store."""
+    tracker = MLflowTracker(tracking_config(mlflow_server, "unit-outage"), str(tmp_path), max_retry_interval_s=1.0)
+    for step in range(1, 6):
+        tracker.log_metrics({"loss": float(step)}, step=step)
+    wait_until(lambda: len(mlflow_server.history(tracker.run_id, "loss")) == 5)
+
+    mlflow_server.stop()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing may reach the training loop, not even a warning
+            for step in range(6, 31):
+                tracker.log_metrics({"loss": float(step)}, step=step)
+                time.sleep(0.05)
+            tracker.log_params({"during_outage": "yes"})
+        time.sleep(1.5)  # the delivery thread has met the dead server at least once
+    finally:
+        mlflow_server.start()
+    tracker.close()
+
+    assert mlflow_server.history(tracker.run_id, "loss") == [(s, float(s)) for s in range(1, 31)]
+    assert mlflow_server.params(tracker.run_id) == {"during_outage": "yes"}
+    assert mlflow_server.run(tracker.run_id)["info"]["status"] == "FINISHED"
+    stderr = capfd.readouterr().err
+    assert stderr.count("is unavailable") == 1, stderr
+    assert "is back after" in stderr
+
+
+def test_close_gives_up_after_the_drain_timeout_when_the_store_never_answers(tmp_path):
+    cfg = TrackingConfig(tracking_uri="http://127.0.0.1:9", experiment_name="nowhere", log_system_metrics=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = MLflowTracker(cfg, str(tmp_path), startup_wait_s=0.5, drain_timeout_s=1.0, max_retry_interval_s=0.2)
+        assert tracker.run_id is None
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        started = time.monotonic()
+        tracker.close()
+    assert time.monotonic() - started < 10
+    messages = " ".join(str(w.message) for w in caught)
+    assert "not started within" in messages and "1 queued items undelivered" in messages
+
+
+def test_the_buffer_is_bounded_during_an_outage(tmp_path):
+    cfg = TrackingConfig(tracking_uri="http://127.0.0.1:9", experiment_name="nowhere", log_system_metrics=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = MLflowTracker(cfg, str(tmp_path), startup_wait_s=0.1, drain_timeout_s=0.5, max_buffered_metrics=100)
+        for step in range(1000):
+            tracker.log_metrics({"loss": 1.0, "lr": 2.0}, step=step)
+        tracker.close()
+    messages = " ".join(str(w.message) for w in caught)
+    assert "buffer full" in messages and "100 queued items undelivered, 1900 metric values dropped" in messages
