@@ -305,6 +305,35 @@ def _run_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_ui(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ui",
+        help="open the MLflow dashboard of a run",
+        description=(
+            "Serve the MLflow dashboard over a run's tracking store and print its URL. Store: --tracking-uri, "
+            "else --run-dir (a run's train.output_dir, holding mlflow.db), else $MLFLOW_TRACKING_URI, else "
+            "runs/train. Binds 127.0.0.1; the dashboard has no authentication, so any other address must be "
+            "asked for with --host."
+        ),
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", help="run directory (train.output_dir) whose mlflow.db to serve")
+    where.add_argument("--tracking-uri", help="an MLflow store URI (sqlite:///..., postgresql://..., http://...)")
+    p.add_argument("--port", type=int, default=5000, help="TCP port (default 5000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.set_defaults(func=_run_ui)
+
+
+def _run_ui(args: argparse.Namespace) -> int:
+    from bertdist.ui import UIError, serve
+
+    try:
+        return serve(args.run_dir, args.tracking_uri, host=args.host, port=args.port)
+    except UIError as e:
+        print(f"bertdist ui: {e}", file=sys.stderr)
+        return 2
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_vocab,
     _add_prepare,
@@ -313,6 +342,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_submit,
     _add_status,
     _add_logs,
+    _add_ui,
 ]
 
 
