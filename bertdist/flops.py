@@ -47,3 +47,46 @@ def total_parameters(model: ModelConfig) -> int:
 def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
     """BERT's per-sequence prediction budget: 20 at length 128, 80 at 512."""
     return max(1, round(seq_length * masked_lm_prob)) if seq_length < 128 else int(20 * seq_length / 128)
+
+
+# Dense peak FLOP/s per GPU (no sparsity) by a substring of torch.cuda.get_device_name(), most specific
+# first: (fp16/bf16 tensor cores, plain fp32). Vendor datasheet numbers.
+GPU_PEAK_FLOPS: list[tuple[str, float, float]] = [
+    ("H200", 989e12, 67e12),
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+    ("L40S", 362e12, 91.6e12),
+    ("L4", 121e12, 30.3e12),
+    ("A10", 125e12, 31.2e12),
+    ("V100", 125e12, 15.7e12),
+    ("T4", 65e12, 8.1e12),
+]
+
+PEAK_FLOPS_ENV = "BERTDIST_PEAK_FLOPS"
+
+
+def peak_flops_per_second(device_name: str, precision: str) -> float | None:
+    """Datasheet peak of one GPU for `precision`, or None for a device not in GPU_PEAK_FLOPS."""
+    for key, half, single in GPU_PEAK_FLOPS:
+        if key in device_name:
+            return single if precision == "fp32" else half
+    return None
+
+
+def measure_matmul_flops_per_second(size: int = 512, repeats: int = 8) -> float:
+    """Achieved fp32 matmul FLOP/s of this process right now: the CPU's practical peak for MFU.
+
+    CPUs have no datasheet number that means anything for one process among several sharing cores, so
+    the trainer measures what a large matmul reaches on each rank at start (about 0.1 s).
+    """
+    import time
+
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm up the BLAS threads
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2.0 * size**3 * repeats / (time.perf_counter() - start)

@@ -1,0 +1,202 @@
+"""Who am I in the job: rank, world size and rendezvous address from whichever launcher started us.
+
+Supported launchers and the environment they set:
+
+- `deepspeed` and `torchrun`: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+- SLURM's `srun` (one task per GPU): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODELIST; the
+  master is the first host of the node list and the port comes from MASTER_PORT or the config.
+- no launcher: a single process, rank 0 of 1, on 127.0.0.1.
+
+The torchrun-style variables win when both are present, because `srun deepspeed ...` or `srun torchrun
+...` set them per rank while SLURM's describe the outer allocation. This module only reads the
+environment and starts torch.distributed; it knows nothing about DeepSpeed or the model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping
+
+DEFAULT_MASTER_PORT = 29500
+
+
+class LaunchEnvironmentError(RuntimeError):
+    """The launcher's environment is incomplete or contradictory."""
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    """torchrun (also the deepspeed launcher), slurm or none."""
+    local_world_size: int = 1
+    """Ranks on this node."""
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.world_size // self.local_world_size))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_env(environ: Mapping[str, str] | None = None, default_port: int = DEFAULT_MASTER_PORT) -> DistributedEnv:
+    """The rank layout described by `environ` (default: os.environ)."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "WORLD_SIZE" in env:
+        rank = _int(env, "RANK")
+        world_size = _int(env, "WORLD_SIZE")
+        local_rank = _int(env, "LOCAL_RANK", default=rank)
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        port = _int(env, "MASTER_PORT", default=default_port)
+        launcher = "torchrun"
+        local_world = _int(env, "LOCAL_WORLD_SIZE", default=_int(env, "LOCAL_SIZE", default=world_size))
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank = _int(env, "SLURM_PROCID")
+        world_size = _int(env, "SLURM_NTASKS")
+        local_rank = _int(env, "SLURM_LOCALID", default=0)
+        addr = env.get("MASTER_ADDR") or first_host(env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
+        port = _int(env, "MASTER_PORT", default=default_port)
+        launcher = "slurm"
+        local_world = _tasks_on_this_node(env.get("SLURM_TASKS_PER_NODE", ""), world_size)
+    else:
+        return DistributedEnv(0, 1, 0, "127.0.0.1", _int(env, "MASTER_PORT", default=default_port), "none")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise LaunchEnvironmentError(f"rank {rank} is not within world size {world_size} (from the {launcher} environment)")
+    if not 1 <= port <= 65535:
+        raise LaunchEnvironmentError(f"MASTER_PORT={port} is not a TCP port")
+    return DistributedEnv(rank, world_size, local_rank, addr, port, launcher, local_world)
+
+
+def _tasks_on_this_node(tasks_per_node: str, world_size: int) -> int:
+    """First count of SLURM_TASKS_PER_NODE ("8(x2),4" -> 8); the whole world when it is not set."""
+    match = re.match(r"^(\d+)", tasks_per_node)
+    return int(match.group(1)) if match else world_size
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    text = env.get(name)
+    if text is None or text == "":
+        if default is None:
+            raise LaunchEnvironmentError(f"environment variable {name} is not set but the launcher's other variables are")
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise LaunchEnvironmentError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURM node lists: "gpu[01-03,07],login1" -> gpu01 gpu02 gpu03 gpu07 login1
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list; `scontrol show hostnames` when available, else our parser."""
+    if not nodelist:
+        raise LaunchEnvironmentError("SLURM_NODELIST is empty: cannot tell which host is the master")
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        result = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+        if result.returncode == 0 and result.stdout.split():
+            return result.stdout.split()[0]
+    return expand_nodelist(nodelist)[0]
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand SLURM's compressed host list syntax, keeping the zero padding of ranges.
+
+    Handles several bracket groups per name (`rack[1-2]-node[01-02]`), which `scontrol` also accepts.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist):
+        hosts.extend(_expand_item(item, nodelist))
+    if not hosts:
+        raise LaunchEnvironmentError(f"SLURM node list {nodelist!r} names no host")
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [s.strip() for s in items if s.strip()]
+
+
+def _expand_item(item: str, whole: str) -> list[str]:
+    open_at = item.find("[")
+    if open_at < 0:
+        return [item]
+    close_at = item.find("]", open_at)
+    if close_at < 0:
+        raise LaunchEnvironmentError(f"SLURM node list {whole!r}: unbalanced '[' in {item!r}")
+    prefix, body, rest = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
+    suffixes = _expand_item(rest, whole) if rest else [""]
+    names = []
+    for part in body.split(","):
+        match = _RANGE.match(part.strip())
+        if not match:
+            raise LaunchEnvironmentError(f"SLURM node list {whole!r}: cannot read range {part!r}")
+        lo, hi = match.group(1), match.group(2) or match.group(1)
+        width = len(lo)
+        for n in range(int(lo), int(hi) + 1):
+            names.extend(f"{prefix}{n:0{width}d}{s}" for s in suffixes)
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def init_process_group(env: DistributedEnv, backend: str, timeout_minutes: float = 30.0) -> None:
+    """Start torch.distributed for `env` with `backend` (nccl on GPU, gloo on CPU).
+
+    Sets the torchrun-style variables first, because DeepSpeed reads them again when it initialises.
+    """
+    import torch.distributed as dist
+
+    os.environ.update(
+        RANK=str(env.rank),
+        WORLD_SIZE=str(env.world_size),
+        LOCAL_RANK=str(env.local_rank),
+        MASTER_ADDR=env.master_addr,
+        MASTER_PORT=str(env.master_port),
+    )
+    if dist.is_initialized():
+        return
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{_bracket_ipv6(env.master_addr)}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+    )
+
+
+def _bracket_ipv6(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

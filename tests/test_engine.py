@@ -1,0 +1,72 @@
+"""DeepSpeed configuration generated from the typed config, and the optimizer choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertdist.config import Config, ConfigError, PhaseConfig, load_config
+from bertdist.engine import FP16_LOSS_SCALING, build_optimizer, deepspeed_config
+from tests.conftest import tiny_model_config
+
+
+def _cfg(*overrides: str) -> Config:
+    return load_config(None, ["train.global_batch_size=64", "data.phases.0.micro_batch_size=8", *overrides])
+
+
+def test_batch_sizes_and_accumulation_come_from_the_global_batch():
+    cfg = _cfg("train.zero_stage=2", "optim.grad_clip_norm=0.5")
+    ds = deepspeed_config(cfg, cfg.data.phases[0], world_size=2)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (64, 8, 4)
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 2
+    assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 0.5
+    assert not ds["fp16"]["enabled"] and not ds["bf16"]["enabled"]
+    second = deepspeed_config(cfg, PhaseConfig(micro_batch_size=4), world_size=2)
+    assert second["gradient_accumulation_steps"] == 8
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_sections(precision):
+    cfg = _cfg(f"train.precision={precision}")
+    ds = deepspeed_config(cfg, cfg.data.phases[0], world_size=1)
+    assert ds[precision]["enabled"]
+    if precision == "fp16":
+        assert ds["fp16"]["loss_scale"] == 0  # 0 = dynamic loss scaling
+        assert ds["fp16"] == {"enabled": True, **FP16_LOSS_SCALING}
+
+
+def test_expert_keys_are_merged_section_by_section():
+    cfg = _cfg("train.deepspeed.zero_optimization.reduce_bucket_size=1000", "train.deepspeed.steps_per_print=5")
+    ds = deepspeed_config(cfg, cfg.data.phases[0], world_size=1)
+    assert ds["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 1000}
+    assert ds["steps_per_print"] == 5
+
+
+def test_expert_keys_cannot_contradict_the_config():
+    cfg = _cfg("train.deepspeed.train_batch_size=8", "train.deepspeed.optimizer.type=Lamb")
+    with pytest.raises(ConfigError) as e:
+        deepspeed_config(cfg, cfg.data.phases[0], world_size=1)
+    assert "train.deepspeed.train_batch_size" in str(e.value) and "train.deepspeed.optimizer" in str(e.value)
+
+
+def test_cpu_optimizer_is_adamw_without_decay_on_layernorm_and_biases():
+    from bertdist.model import BertForPreTraining
+
+    cfg = _cfg("optim.weight_decay=0.01")
+    model = BertForPreTraining(tiny_model_config())
+    opt = build_optimizer(model, cfg.optim, "cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim >= 2 for p in decay["params"])
+    assert opt.defaults["eps"] == cfg.optim.eps
+
+
+def test_fused_on_without_a_gpu_is_a_clear_error():
+    from bertdist.model import BertForPreTraining
+
+    cfg = _cfg('optim.fused="on"')  # quoted: YAML reads a bare on as true
+    if torch.cuda.is_available():
+        pytest.skip("FusedAdam can work here")
+    with pytest.raises(RuntimeError, match="optim.fused=on"):
+        build_optimizer(BertForPreTraining(tiny_model_config()), cfg.optim, "cpu")
