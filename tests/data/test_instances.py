@@ -1,0 +1,157 @@
+"""Every rule of BERT's instance generation (BERT_REFERENCE.md, steps 3-8), checked on a generated corpus."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bertdist.data.instances import (
+    Documents,
+    InstanceOptions,
+    RandomStream,
+    VocabInfo,
+    assemble_and_mask,
+    create_instances,
+    make_pairs,
+)
+
+VOCAB_SIZE = 500
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _vocab() -> VocabInfo:
+    # every third ordinary token is a "##" piece, so whole words span several tokens
+    return VocabInfo.from_tokens(SPECIAL + [("##" if i % 3 == 0 else "") + f"w{i}" for i in range(VOCAB_SIZE - 5)])
+
+
+def _documents(num_docs=400, seed=0) -> Documents:
+    rng = np.random.default_rng(seed)
+    sentence_lengths, doc_offsets = [], [0]
+    for _ in range(num_docs):
+        sentence_lengths += rng.integers(1, 40, int(rng.integers(1, 25))).tolist()
+        doc_offsets.append(len(sentence_lengths))
+    offsets = np.concatenate([[0], np.cumsum(sentence_lengths)])
+    return Documents(rng.integers(5, VOCAB_SIZE, int(offsets[-1])).astype(np.uint16), offsets, np.array(doc_offsets))
+
+
+def _doc_token_range(docs: Documents, d: np.ndarray):
+    s = docs.sentence_offsets
+    return s[docs.document_offsets[d]], s[docs.document_offsets[d + 1]]
+
+
+@pytest.fixture(scope="module")
+def pairs_and_docs():
+    docs = _documents()
+    opts = InstanceOptions(max_seq_length=64)
+    return make_pairs(docs, opts, RandomStream(np.random.default_rng(1))), docs, opts
+
+
+def test_truncation_and_lengths(pairs_and_docs):
+    pairs, docs, opts = pairs_and_docs
+    len_a, len_b = pairs.a_end - pairs.a_start, pairs.b_end - pairs.b_start
+    assert (len_a >= 1).all() and (len_b >= 1).all()
+    assert (len_a + len_b <= opts.max_seq_length - 3).all()
+    assert ((len_a + len_b) == opts.max_seq_length - 3).mean() > 0.5  # most pairs fill the target
+
+
+def test_is_next_continues_the_same_document(pairs_and_docs):
+    pairs, docs, _ = pairs_and_docs
+    nxt = pairs.is_random_next == 0
+    lo, hi = _doc_token_range(docs, pairs.document[nxt])
+    assert (pairs.a_start[nxt] >= lo).all() and (pairs.b_end[nxt] <= hi).all()
+    assert (pairs.a_end[nxt] <= pairs.b_start[nxt]).all()
+    # without truncation B starts right where A stops, at a sentence boundary
+    untouched = nxt & (pairs.a_end - pairs.a_start + pairs.b_end - pairs.b_start < 61)
+    assert (pairs.a_end[untouched] == pairs.b_start[untouched]).all()
+    assert np.isin(pairs.b_start[untouched], docs.sentence_offsets).all()
+
+
+def test_random_next_comes_from_another_document(pairs_and_docs):
+    pairs, docs, _ = pairs_and_docs
+    rnd = pairs.is_random_next == 1
+    assert (pairs.random_document[rnd] != pairs.document[rnd]).all()
+    lo, hi = _doc_token_range(docs, pairs.random_document[rnd])
+    assert (pairs.b_start[rnd] >= lo).all() and (pairs.b_end[rnd] <= hi).all()
+    # NotNext is half of the multi-sentence chunks plus every single-sentence chunk
+    assert 0.5 < rnd.mean() < 0.8
+
+
+def test_short_sequence_probability(pairs_and_docs):
+    pairs, docs, opts = pairs_and_docs
+    first_of_document = np.unique(pairs.document, return_index=True)[1]
+    targets = pairs.target_length[first_of_document]
+    short = targets < opts.max_seq_length - 3
+    assert abs(short.mean() - opts.short_seq_prob) < 0.05
+    assert (targets[short] >= 2).all()
+
+
+def _masked(opts: InstanceOptions, seed=3):
+    docs = _documents(num_docs=300, seed=seed)
+    pairs = make_pairs(docs, opts, RandomStream(np.random.default_rng(seed)))
+    return docs, pairs, assemble_and_mask(docs, pairs, opts, _vocab(), np.random.default_rng(seed + 1))
+
+
+def _originals(docs: Documents, pairs, i: int) -> np.ndarray:
+    t = docs.tokens.astype(np.int64)
+    return np.concatenate([[2], t[pairs.a_start[i] : pairs.a_end[i]], [3], t[pairs.b_start[i] : pairs.b_end[i]], [3]])
+
+
+def test_tokens_segments_and_masking_rules():
+    opts = InstanceOptions(max_seq_length=64, max_predictions_per_seq=7)
+    docs, pairs, samples = _masked(opts)
+    vocab = _vocab()
+    kinds = dict(mask=0, same=0, random=0)
+    for i, sample in enumerate(samples.as_dicts()):
+        original = _originals(docs, pairs, i)
+        ids, types = sample["input_ids"], sample["token_type_ids"]
+        positions, labels = sample["masked_lm_positions"], sample["masked_lm_ids"]
+        len_a = pairs.a_end[i] - pairs.a_start[i] + 2
+        assert len(ids) == len(original) and ids[0] == vocab.cls_id
+        assert ids[len_a - 1] == vocab.sep_id and ids[-1] == vocab.sep_id
+        assert (types[:len_a] == 0).all() and (types[len_a:] == 1).all()
+        budget = min(opts.max_predictions_per_seq, max(1, round(len(ids) * opts.masked_lm_prob)))
+        assert len(positions) == budget  # single-token candidates always fill the budget exactly
+        assert (np.diff(positions) > 0).all()
+        assert not np.isin(positions, [0, len_a - 1, len(ids) - 1]).any()
+        assert (labels == original[positions]).all()
+        unmasked = np.setdiff1d(np.arange(len(ids)), positions)
+        assert (ids[unmasked] == original[unmasked]).all()
+        for p in positions:
+            kinds["mask" if ids[p] == vocab.mask_id else "same" if ids[p] == original[p] else "random"] += 1
+    total = sum(kinds.values())
+    assert abs(kinds["mask"] / total - 0.8) < 0.02
+    assert abs(kinds["same"] / total - 0.1) < 0.015
+    assert abs(kinds["random"] / total - 0.1) < 0.015
+
+
+def test_whole_word_masking_masks_whole_words_within_budget():
+    opts = InstanceOptions(max_seq_length=64, whole_word_mask=True)
+    docs, pairs, samples = _masked(opts)
+    vocab = _vocab()
+    for i, sample in enumerate(samples.as_dicts()):
+        original = _originals(docs, pairs, i)
+        n, len_a = len(original), pairs.a_end[i] - pairs.a_start[i] + 2
+        budget = min(opts.max_predictions_per_seq, max(1, round(n * opts.masked_lm_prob)))
+        masked = np.zeros(n, dtype=bool)
+        masked[sample["masked_lm_positions"]] = True
+        assert 1 <= masked.sum() <= budget
+        starts_word = ~vocab.is_continuation[original]
+        starts_word[[1, len_a + 1 if len_a + 1 < n else 1]] = True  # a segment's first piece starts a word
+        for p in range(2, n - 1):
+            if p not in (len_a - 1, len_a) and not starts_word[p]:
+                assert masked[p] == masked[p - 1], f"sample {i}: word split at {p}"
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(getattr(a, k), getattr(b, k)) for k in a.column_names())
+
+
+def test_instances_depend_only_on_the_group_seed():
+    docs, opts, vocab = _documents(50), InstanceOptions(max_seq_length=64, dupe_factor=2), _vocab()
+    a = create_instances(docs, opts, vocab, group_seed=(4,))
+    assert _same(a, create_instances(docs, opts, vocab, group_seed=(4,)))
+    assert not _same(a, create_instances(docs, opts, vocab, group_seed=(5,)))
+    # the dupe_factor passes differ (static masking: fresh pairs and masks per pass)
+    one_pass = create_instances(docs, InstanceOptions(max_seq_length=64, dupe_factor=1), vocab, group_seed=(4,))
+    second = a.take(np.arange(len(one_pass), len(a)))
+    assert _same(one_pass, a.take(np.arange(len(one_pass)))) and not _same(one_pass, second)

@@ -1,0 +1,97 @@
+"""Readers: the three formats, byte-range units that agree with whole-file reading, and bad input."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+from xml.sax.saxutils import escape
+
+import pytest
+
+from bertdist.data import DataError
+from bertdist.data.readers import MAX_LINE_BYTES, expand_inputs, plan_units, read_documents
+
+
+def _read(path, unit_bytes=1 << 30):
+    files = expand_inputs([str(path)])
+    return [doc for unit in plan_units(files, unit_bytes) for doc in read_documents(unit)]
+
+
+def _docs_text(n=60):
+    return [[f"Document {d} sentence {s} has some words." for s in range(1 + d % 5)] for d in range(n)]
+
+
+@pytest.mark.parametrize("unit_bytes", [50, 97, 333, 1 << 30])
+def test_txt_units_give_the_same_documents_as_the_whole_file(tmp_path, unit_bytes):
+    docs = _docs_text()
+    path = tmp_path / "c.txt"
+    path.write_text("\n\n\n".join("\n".join(d) for d in docs) + "\n")  # extra blank lines are not documents
+    assert _read(path, unit_bytes) == docs
+
+
+@pytest.mark.parametrize("unit_bytes", [40, 211, 1 << 30])
+def test_jsonl_units_split_sentences(tmp_path, unit_bytes):
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(json.dumps({"text": " ".join(d), "id": i}) for i, d in enumerate(_docs_text())) + "\n")
+    assert _read(path, unit_bytes) == _docs_text()
+
+
+def test_compressed_inputs(tmp_path):
+    text = "One sentence.\nTwo sentence.\n\nThird one.\n"
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "b.txt.bz2").write_bytes(bz2.compress(text.encode()))
+    assert _read(tmp_path / "a.txt.gz") == _read(tmp_path / "b.txt.bz2") == [["One sentence.", "Two sentence."], ["Third one."]]
+
+
+ARTICLE = """{{Infobox|x=1}}
+'''Anarchism''' is a [[political philosophy|philosophy]].<ref>A source.</ref> It has a long history.
+== History ==
+{| class="wikitable"
+| cell || cell
+|}
+[[File:A.jpg|thumb|A caption.]]
+Early forms appeared in Greece. [[Category:Philosophy]]"""
+WIKI = f"""<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">
+<page><title>Anarchism</title><ns>0</ns><revision><text>{escape(ARTICLE)}</text></revision></page>
+<page><title>AnarchY</title><ns>0</ns><redirect title="Anarchism" /><revision><text>#REDIRECT [[Anarchism]]</text></revision></page>
+<page><title>Talk:Anarchism</title><ns>1</ns><revision><text>Talk pages are skipped.</text></revision></page>
+</mediawiki>
+"""
+
+
+def test_mediawiki_dump_articles_only_without_markup(tmp_path):
+    path = tmp_path / "dump.xml.bz2"
+    path.write_bytes(bz2.compress(WIKI.encode()))
+    assert _read(path) == [["Anarchism is a philosophy.", "It has a long history.", "Early forms appeared in Greece."]]
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("utf8.txt", b"fine\n\xc3\x28 broken\n", "invalid UTF-8 at byte 5"),
+        ("nul.txt", b"fine\nbin\x00ary\n", "NUL byte at byte 8"),
+        ("empty.txt", b"", "empty file"),
+        ("binary.txt", bytes(range(1, 256)) * 4, "invalid UTF-8"),
+        ("huge.txt", b"x" * (MAX_LINE_BYTES + 10), "longer than"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"nope": 1}\n', "string field 'text'"),
+        ("trunc.txt.bz2", bz2.compress(b"Some sentence here.\n" * 5000)[:-50], "truncated or corrupt bz2"),
+        ("trunc.txt.gz", gzip.compress(b"Some sentence here.\n" * 5000)[:-50], "truncated or corrupt gz"),
+        ("broken.xml", b"<mediawiki><page><ns>0</ns>", "not a well-formed MediaWiki XML dump"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "." in v and len(v) < 20 else "",
+)
+def test_bad_input_names_the_file_and_place(tmp_path, name, data, message):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=message) as err:
+        _read(path)
+    assert str(path) in str(err.value)
+
+
+def test_unknown_types_and_missing_inputs(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unknown input type"):
+        expand_inputs([str(tmp_path / "x.csv")])
+    with pytest.raises(DataError, match="no such file"):
+        expand_inputs([str(tmp_path / "missing*.txt")])
