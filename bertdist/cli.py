@@ -200,6 +200,35 @@ def _run_train(args: argparse.Namespace) -> int:
     return train(cfg)
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint in the Hugging Face format",
+        description=(
+            "Consolidate a training checkpoint (any ZeRO stage, on CPU, no GPUs needed) and write it as a "
+            "Hugging Face BERT directory: model.safetensors, config.json, vocab.txt and tokenizer files. "
+            "CHECKPOINT is a checkpoint directory (.../checkpoints/step_00001000), or a run directory whose "
+            "latest checkpoint is taken."
+        ),
+    )
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory, or a run's output_dir")
+    p.add_argument("--output", required=True, help="directory to write")
+    p.add_argument("--vocab", help="vocab.txt to ship (default: the run's data.vocab_file)")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from bertdist.checkpoint import CheckpointError
+    from bertdist.export import export
+
+    try:
+        print(f"exported {args.checkpoint} to {export(args.checkpoint, args.output, args.vocab)}")
+    except CheckpointError as e:
+        print(f"bertdist export: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _add_submit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "submit",
@@ -334,15 +363,43 @@ def _run_ui(args: argparse.Namespace) -> int:
         return 2
 
 
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on Python's own documentation (CPU, offline, ~10 minutes)",
+        description=(
+            "vocab -> prepare (local Ray) -> train configs/bert-tiny.yaml with 2 CPU ranks of DeepSpeed, "
+            "tracked in a local MLflow store -> export to the Hugging Face format. The corpus is the "
+            "documentation shipped with Python. Stages whose output exists are skipped, so a second run "
+            "continues an interrupted one."
+        ),
+    )
+    p.add_argument("--output", default="runs/demo", help="directory for every stage's output (default runs/demo)")
+    p.add_argument("--ranks", type=int, default=2, help="CPU training processes (default 2)")
+    p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from bertdist.demo import run_demo
+
+    if args.ranks < 1 or args.steps < 0:
+        print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
+        return 2
+    return run_demo(args.output, ranks=args.ranks, steps=args.steps)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_vocab,
     _add_prepare,
     _add_inspect,
     _add_train,
+    _add_export,
     _add_submit,
     _add_status,
     _add_logs,
     _add_ui,
+    _add_demo,
 ]
 
 

@@ -194,6 +194,9 @@ class _Run:
         interval = _Interval()
         step = self.start_step
         self.log.line(f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}")
+        first_phase = cfg.data.phases[0]
+        if step == 0 and first_phase.eval_dir:
+            self._evaluate(0, first_phase)  # the untrained baseline that later evaluations are read against
         while step < total_steps:
             index, phase = cfg.phase_at(step)
             if index != phase_index:

@@ -1,0 +1,182 @@
+"""`bertdist demo` (`make demo`): the whole pipeline on this machine, offline, in about ten minutes.
+
+    corpus   Python's own documentation, which ships with every CPython: the language reference topics
+             of `pydoc_data.topics` and the docstrings of common standard-library modules (real English
+             prose about programming, ~1.2 MB), one document per topic / module / class / function
+    vocab    a WordPiece vocabulary trained on it
+    prepare  masked sentence-pair shards made by local Ray (train, and a held-out eval split)
+    train    configs/bert-tiny.yaml with 2 CPU ranks of DeepSpeed, tracked in a local MLflow store
+    export   the last checkpoint as a Hugging Face directory
+
+Every stage is skipped when its output is already there, so an interrupted demo continues where it
+stopped (training with `--resume auto`). This module only assembles the real components; it adds no
+behaviour of its own beyond choosing the corpus.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bert-tiny.yaml"
+
+# Modules whose documentation is long, varied prose; importing them is side-effect free.
+DOC_MODULES = (
+    "abc argparse array ast asyncio base64 bisect calendar codecs collections concurrent.futures configparser "
+    "contextlib copy csv dataclasses datetime decimal difflib dis doctest email.message enum filecmp fnmatch "
+    "fractions functools gettext glob gzip hashlib heapq hmac html.parser http.client http.server imaplib "
+    "importlib inspect io ipaddress itertools json locale logging logging.handlers lzma mailbox mimetypes "
+    "multiprocessing numbers operator optparse os pathlib pdb pickle pkgutil platform poplib pprint "
+    "queue random re sched selectors shelve shlex shutil signal smtplib socket socketserver sqlite3 ssl "
+    "statistics string struct subprocess tarfile tempfile textwrap threading timeit tkinter tokenize "
+    "trace traceback turtle typing unittest urllib.parse urllib.request uuid warnings wave weakref "
+    "xml.dom.minidom xml.etree.ElementTree zipfile zoneinfo"
+).split()
+EVAL_EVERY_NTH_DOCUMENT = 20
+MIN_DOCUMENT_CHARS = 200
+
+
+def python_documentation() -> list[str]:
+    """The documents of the demo corpus, in a fixed order (one string each)."""
+    import pydoc_data.topics
+
+    documents = [pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics)]
+    seen: set[int] = set()
+    for name in DOC_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # optional modules (tkinter, sqlite3, ...) may be missing from a build
+            continue
+        documents.extend(_docstrings(module, seen))
+    return [d for d in documents if len(d) >= MIN_DOCUMENT_CHARS]
+
+
+def _docstrings(module: object, seen: set[int]) -> list[str]:
+    """The module's docstring, then each public class and function of it (methods included)."""
+    out = [inspect.getdoc(module) or ""]
+    for _, obj in sorted(vars(module).items()):
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)) or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if id(obj) in seen or obj.__name__.startswith("_"):
+            continue
+        seen.add(id(obj))
+        parts = [inspect.getdoc(obj) or ""]
+        if inspect.isclass(obj):
+            parts += [inspect.getdoc(m) or "" for n, m in sorted(vars(obj).items()) if inspect.isfunction(m) and not n.startswith("_")]
+        out.append("\n\n".join(p for p in parts if p))
+    return out
+
+
+def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
+    """train.jsonl and eval.jsonl (every 20th document held out); returns their paths and the bytes written."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    train_file, eval_file = output_dir / "train.jsonl", output_dir / "eval.jsonl"
+    written = 0
+    with open(train_file, "w", encoding="utf-8") as train, open(eval_file, "w", encoding="utf-8") as held_out:
+        for i, text in enumerate(python_documentation()):
+            # jsonl: one document per line, split into sentences by `bertdist prepare`
+            line = json.dumps({"text": " ".join(text.split())}) + "\n"
+            (held_out if i % EVAL_EVERY_NTH_DOCUMENT == 0 else train).write(line)
+            written += len(line)
+    return train_file, eval_file, written
+
+
+def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> int:
+    """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
+    from bertdist.config import load_config
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.data.readers import expand_inputs, iter_texts
+    from bertdist.data.vocab import train_vocab
+    from bertdist.export import export
+    from bertdist.prepare import PrepareOptions, prepare
+
+    out = Path(output_dir)
+    started = time.perf_counter()
+    overrides = [
+        f"data.vocab_file={out / 'vocab' / 'vocab.txt'}",
+        f"data.phases.0.train_dir={out / 'data' / 'train'}",
+        f"data.phases.0.eval_dir={out / 'data' / 'eval'}",
+        f"train.output_dir={out / 'train'}",
+        f"launch.gpus_per_node={ranks}",
+        *([f"data.phases.0.steps={steps}"] if steps else []),
+    ]
+    cfg = load_config(DEMO_CONFIG, overrides)
+    phase = cfg.data.phases[0]
+
+    _stage("corpus: Python's own documentation (pydoc topics + standard-library docstrings)")
+    corpus = out / "corpus"
+    if not (corpus / "eval.jsonl").is_file():
+        _, _, written = write_corpus(corpus)
+        print(f"  {written / 1e6:.1f} MB of text in {corpus}")
+
+    _stage(f"vocab: WordPiece, {cfg.model.vocab_size} tokens")
+    if not Path(cfg.data.vocab_file).is_file():
+        train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(out / "vocab"), vocab_size=cfg.model.vocab_size)
+
+    _stage("prepare: masked sentence pairs with local Ray")
+    instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5)
+    for split, target in (("train", phase.train_dir), ("eval", phase.eval_dir)):
+        if not (Path(target) / "manifest.json").is_file():
+            report = prepare(
+                PrepareOptions(
+                    inputs=[str(corpus / f"{split}.jsonl")], output_dir=target, vocab_file=cfg.data.vocab_file,
+                    instances=instances, samples_per_shard=4096 if split == "train" else 512, progress=False,
+                )
+            )  # fmt: skip
+            print(f"  {split}: {report.manifest['totals']} in {report.seconds:.0f} s")
+
+    _stage(f"train: {cfg.model.size} BERT, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
+    code = _launch_training(ranks, cfg.launch.master_port, overrides)
+    if code != 0:
+        print(f"bertdist demo: training exited with {code}", file=sys.stderr)
+        return code
+
+    _stage("export: Hugging Face format")
+    model_dir = export(cfg.train.output_dir, out / "model")
+
+    print(_summary(Path(cfg.train.output_dir), model_dir, time.perf_counter() - started))
+    return 0
+
+
+def _launch_training(ranks: int, master_port: int, overrides: list[str]) -> int:
+    """`torchrun --nproc_per_node RANKS -m bertdist.cli train ...`, as a user would type it on one machine."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(master_port),
+        "-m", "bertdist.cli", "train", "--config", str(DEMO_CONFIG), "--resume", "auto", *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
+    print("  $ " + " ".join(command[2:]), flush=True)
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
+    from bertdist.train import METRICS_FILENAME
+
+    records = [json.loads(line) for line in (run_dir / METRICS_FILENAME).read_text().splitlines()]
+    train = [r for r in records if "mlm_accuracy" in r]
+    evals = [r for r in records if "eval_mlm_accuracy" in r]
+    lines = [
+        "",
+        f"done in {seconds / 60:.1f} minutes",
+        f"  MLM accuracy (train): {train[0]['mlm_accuracy']:.3f} at step {train[0]['step']} -> "
+        f"{train[-1]['mlm_accuracy']:.3f} at step {train[-1]['step']}",
+    ]
+    if evals:
+        lines.append(f"  MLM accuracy (held-out): {evals[0]['eval_mlm_accuracy']:.3f} -> {evals[-1]['eval_mlm_accuracy']:.3f}")
+    lines += [
+        f"  throughput: {train[-1]['sequences_per_second']:.1f} sequences/s",
+        f"  model (Hugging Face format): {model_dir}",
+        f"    python -c \"from transformers import pipeline; print(pipeline('fill-mask', '{model_dir}')('Return a [MASK] of the list.'))\"",
+        f"  dashboard: bertdist ui --run-dir {run_dir}   (then open http://127.0.0.1:5000)",
+    ]
+    return "\n".join(lines)
+
+
+def _stage(text: str) -> None:
+    print(f"\n== {text}", flush=True)

@@ -1,0 +1,46 @@
+"""`bertdist export CHECKPOINT --output DIR`: a training checkpoint as a Hugging Face BERT directory.
+
+Works from any ZeRO stage in one CPU process (no GPUs, no process group): the fp32 weights are
+consolidated by bertdist.checkpoint, loaded into our model to prove they fit it exactly, and written by
+the model's own `save_pretrained` with the vocabulary, so `transformers` loads the result offline.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bertdist import checkpoint
+from bertdist.config import ModelConfig
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """Accept a checkpoint directory, a run's checkpoints/ directory, or a run directory (its latest)."""
+    path = Path(path)
+    if checkpoint.is_complete(path):
+        return path
+    for root in (path, path / checkpoint.CHECKPOINTS_DIRNAME):
+        marker = root / checkpoint.LATEST_FILENAME
+        if marker.is_file():
+            return root / marker.read_text().strip()
+    raise checkpoint.CheckpointError(
+        f"{path}: neither a complete checkpoint (no {checkpoint.TRAIN_STATE_FILENAME}) nor a directory with a "
+        f"'{checkpoint.LATEST_FILENAME}' marker"
+    )
+
+
+def export(checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None) -> Path:
+    """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files); returns it."""
+    from bertdist.model import BertForPreTraining
+
+    source = find_checkpoint(checkpoint_path)
+    state = checkpoint.read_train_state(source)
+    vocab = vocab_file or state.config["data"]["vocab_file"]
+    if not Path(vocab).is_file():
+        raise checkpoint.CheckpointError(
+            f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH"
+        )
+    model = BertForPreTraining(ModelConfig(**state.config["model"]))
+    model.load_state_dict(checkpoint.consolidated_state_dict(source), strict=True)
+    model.save_pretrained(output_dir, vocab_file=vocab)
+    return Path(output_dir)
