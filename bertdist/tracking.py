@@ -24,6 +24,7 @@ import atexit
 import collections
 import dataclasses
 import importlib.metadata
+import io
 import json
 import math
 import os
@@ -241,7 +242,7 @@ class MLflowTracker:
         startup_wait_s: float = 30.0,
         drain_timeout_s: float = 300.0,
         max_buffered_metrics: int = 200_000,
-        max_retry_interval_s: float = 30.0,
+        max_retry_interval_s: float = 10.0,
         system_metrics_interval_s: float = 10.0,
     ):
         for key, value in HTTP_ENV_DEFAULTS.items():
@@ -271,6 +272,7 @@ class MLflowTracker:
         self._in_flight: _Record | None = None
         self._started = threading.Event()
         self._stop_sampling = threading.Event()
+        self._spool: io.TextIOBase | None = None
 
         self._thread = threading.Thread(target=self._deliver_forever, name="bertdist-mlflow", daemon=True)
         self._thread.start()
@@ -358,10 +360,11 @@ class MLflowTracker:
         with self._cond:
             left = sum(len(r.items) for r in self._queue if r.kind != "terminate")
         if left or self._dropped_metrics:
+            kept = f"; the metrics are kept in {self._spool_path()} and sent when this run resumes" if self._run_id else ""
             self._warn(
                 "close",
                 f"MLflow tracking closed before {self.tracking_uri} took everything: {left} queued items "
-                f"undelivered, {self._dropped_metrics} metric values dropped from the full buffer",
+                f"undelivered, {self._dropped_metrics} metric values dropped from the full buffer{kept}",
             )
 
     def _close_at_exit(self) -> None:
@@ -375,6 +378,7 @@ class MLflowTracker:
             self._queue.append(record)
             if record.kind == "metrics":
                 self._buffered_metrics += len(record.items)
+                self._write_spool(record.items)
                 self._evict_oldest_metrics()
             self._cond.notify_all()
 
@@ -399,6 +403,7 @@ class MLflowTracker:
         try:
             client = MlflowClient(self.tracking_uri)
             self._with_retry(lambda: self._start_run(client))
+            self._open_spool()
             self._started.set()
             if self._cfg.log_system_metrics:
                 threading.Thread(target=self._sample_system_metrics, name="bertdist-sysmetrics", daemon=True).start()
@@ -407,13 +412,15 @@ class MLflowTracker:
                 if record.kind == "terminate":
                     self._with_retry(lambda: client.set_terminated(self._run_id, status=record.items[0]))
                     self._done(record)
+                    self._close_spool(delivered_everything=True)
                     return
                 self._deliver(client, record)
                 self._done(record)
         except _Outage:
-            return
+            self._close_spool(delivered_everything=False)
         except Exception as e:  # a bug here must cost the run its tracking, never its training
             self._warn("thread", f"MLflow tracking stopped: {e!r}")
+            self._close_spool(delivered_everything=False)
         finally:
             with self._cond:
                 self._accepting = False
@@ -443,6 +450,56 @@ class MLflowTracker:
             self._in_flight = None
             if record.kind == "metrics":
                 self._buffered_metrics -= len(record.items)
+                if self._spool is not None and not any(r.kind == "metrics" for r in self._queue):
+                    self._spool.seek(0)
+                    self._spool.truncate()
+
+    # -- the write-ahead spool: metrics survive a killed process --------------------------------
+    # Every metric is appended to {run_dir}/mlflow-unsent-{run_id}.jsonl before it is queued, and the
+    # file is emptied whenever the queue has no metric left. A job killed with metrics still queued
+    # (SIGKILL, OOM, node loss) leaves them there, and the attempt that resumes the run sends them.
+
+    def _spool_path(self) -> Path:
+        return self._run_dir / f"mlflow-unsent-{self._run_id}.jsonl"
+
+    def _open_spool(self) -> None:
+        """Queue what a killed attempt left unsent (oldest first), then spool everything queued so far."""
+        from mlflow.entities import Metric
+
+        path = self._spool_path()
+        left = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    m = json.loads(line)
+                    left.append(Metric(m["key"], float(m["value"]), int(m["timestamp"]), int(m["step"])))
+                except (ValueError, KeyError, TypeError):
+                    continue  # the line a kill cut short
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._cond:
+            self._spool = open(path, "w")
+            for i in range(0, len(left), MAX_METRICS_PER_BATCH):
+                self._queue.appendleft(_Record("metrics", left[i : i + MAX_METRICS_PER_BATCH]))
+                self._buffered_metrics += len(left[i : i + MAX_METRICS_PER_BATCH])
+            for record in self._queue:
+                if record.kind == "metrics":
+                    self._write_spool(record.items)
+
+    def _write_spool(self, metrics: list[Any]) -> None:
+        if self._spool is None:
+            return
+        for m in metrics:
+            self._spool.write(json.dumps({"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}) + "\n")
+        self._spool.flush()  # into the page cache: survives the process, not the machine
+
+    def _close_spool(self, delivered_everything: bool) -> None:
+        with self._cond:
+            if self._spool is None:
+                return
+            self._spool.close()
+            self._spool = None
+            if delivered_everything:
+                self._spool_path().unlink(missing_ok=True)
 
     def _start_run(self, client: MlflowClient) -> None:
         from mlflow.exceptions import MlflowException

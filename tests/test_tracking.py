@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 import warnings
 
@@ -196,3 +199,32 @@ def test_the_buffer_is_bounded_during_an_outage(tmp_path):
         tracker.close()
     messages = " ".join(str(w.message) for w in caught)
     assert "buffer full" in messages and "100 queued items undelivered, 1900 metric values dropped" in messages
+
+
+KILLED_ATTEMPT = """
+import os, signal, sys
+from bertdist.config import TrackingConfig
+from bertdist.tracking import build_tracker
+cfg = TrackingConfig(tracking_uri=sys.argv[1], experiment_name="unit-killed", log_system_metrics=False)
+tracker = build_tracker(cfg, sys.argv[2], rank=0)
+print(tracker.run_id, flush=True)
+for step in range(1, 301):
+    tracker.log_metrics({"loss": float(step), "lr": 0.5}, step=step)
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: metrics still queued are only in the spool
+"""
+
+
+def test_metrics_queued_when_the_process_is_killed_arrive_with_the_resumed_attempt(mlflow_server, tmp_path):
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_ATTEMPT, mlflow_server.url, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_id = killed.stdout.split()[0]
+    spool = tmp_path / f"mlflow-unsent-{run_id}.jsonl"
+    assert spool.is_file()
+
+    resumed = build_tracker(tracking_config(mlflow_server, "unit-killed"), str(tmp_path), rank=0, run_id=run_id)
+    resumed.log_metrics({"loss": 301.0, "lr": 0.5}, step=301)
+    resumed.close()
+    assert mlflow_server.history(run_id, "loss") == [(s, float(s)) for s in range(1, 302)]
+    assert not spool.exists()
