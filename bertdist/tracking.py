@@ -61,6 +61,7 @@ MAX_TAG_VALUE_CHARS = 8000
 
 RUN_DIR_TAG = "bertdist.run_dir"
 CHECKPOINT_TAG = "bertdist.checkpoint.latest"
+EXPORT_TAG = "bertdist.hf_export"
 
 
 class Tracker(Protocol):
@@ -211,6 +212,30 @@ def _package_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | None, export_dir: str | os.PathLike) -> bool:
+    """Attach a Hugging Face export to the MLflow run that trained it (artifacts under `hf_export/`).
+
+    For `bertdist export`, a one-off command after training: it talks to the store directly and
+    synchronously, and a failure is a warning (the export on disk is what matters), not an error.
+    Returns whether the export was attached.
+    """
+    if not cfg.enabled or not run_id:
+        return False
+    from mlflow import MlflowClient
+
+    for key, value in HTTP_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    uri = resolve_tracking_uri(cfg.tracking_uri, run_dir)
+    try:
+        client = MlflowClient(uri)
+        client.log_artifacts(run_id, str(export_dir), "hf_export")
+        client.set_tag(run_id, EXPORT_TAG, str(Path(export_dir).resolve()))
+    except Exception as e:
+        warnings.warn(f"bertdist: export not attached to MLflow run {run_id} at {uri}: {_short(e)}", RuntimeWarning, stacklevel=2)
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from bertdist.config import Config, TrackingConfig
-from bertdist.tracking import MLflowTracker, NoOpTracker, build_tracker, local_store_uri, resolve_tracking_uri
+from bertdist.tracking import MLflowTracker, NoOpTracker, build_tracker, local_store_uri, log_export, resolve_tracking_uri
 from tests.conftest import tiny_model_config
 
 
@@ -228,3 +228,18 @@ def test_metrics_queued_when_the_process_is_killed_arrive_with_the_resumed_attem
     resumed.close()
     assert mlflow_server.history(run_id, "loss") == [(s, float(s)) for s in range(1, 302)]
     assert not spool.exists()
+
+
+def test_an_export_is_attached_to_the_run_that_trained_it(mlflow_server, tmp_path):
+    cfg = tracking_config(mlflow_server, "unit-export")
+    tracker = build_tracker(cfg, str(tmp_path), rank=0)
+    tracker.close()
+    export_dir = tmp_path / "hf"
+    export_dir.mkdir()
+    (export_dir / "config.json").write_text("{}")
+    (export_dir / "vocab.txt").write_text("[PAD]\n")
+    assert log_export(cfg, tmp_path, tracker.run_id, export_dir)
+    assert sorted(mlflow_server.artifacts(tracker.run_id, "hf_export")) == ["hf_export/config.json", "hf_export/vocab.txt"]
+    assert mlflow_server.tags(tracker.run_id)["bertdist.hf_export"] == str(export_dir.resolve())
+    with pytest.warns(RuntimeWarning, match="export not attached"):
+        assert not log_export(cfg, tmp_path, "0" * 32, export_dir)
