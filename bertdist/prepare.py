@@ -80,6 +80,8 @@ class PrepareReport:
     seconds: float
     ray_start_seconds: float
     resumed_shards: int
+    worker_peak_rss_mb: float
+    """Largest resident memory of any Ray worker process that ran a task (bounded by group/shard size)."""
 
 
 # ---- Ray tasks (plain functions; wrapped with ray.remote lazily so that importing this module is cheap) ----
@@ -98,13 +100,13 @@ def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece
         with open(record_path, encoding="utf-8") as f:
             return json.load(f)
     _single_threaded()
-    from bertdist.data.vocab import load_tokenizer
+    from bertdist.data.vocab import WordPieceEncoder
 
-    tokenizer = load_tokenizer(vocab_file, cased)
-    unk_id = tokenizer.token_to_id("[UNK]")
-    token_dtype = _token_dtype(tokenizer.get_vocab_size())
+    encoder = WordPieceEncoder(vocab_file, cased)
+    unk_id = encoder.tokenizer.token_to_id("[UNK]")
+    token_dtype = _token_dtype(encoder.tokenizer.get_vocab_size())
     summary: dict[str, Any] = dict(pieces=[], error=None, documents=0, sentences=0, tokens=0, unk_tokens=0)
-    writer = _PieceWriter(work_dir, unit.name, token_dtype)
+    writer = _PieceWriter(work_dir, unit.name, token_dtype, unk_id)
     batch: list[list[str]] = []
     batch_bytes = 0
     try:
@@ -112,12 +114,12 @@ def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece
             batch.append(document)
             batch_bytes += sum(len(s) for s in document)
             if batch_bytes >= _TOKENIZE_BATCH_BYTES:
-                _tokenize_into(tokenizer, batch, writer, summary, unk_id)
+                _tokenize_into(encoder, batch, writer, summary)
                 batch, batch_bytes = [], 0
                 writer.cut_if_larger(piece_bytes)
-        _tokenize_into(tokenizer, batch, writer, summary, unk_id)
+        _tokenize_into(encoder, batch, writer, summary)
         writer.cut_if_larger(0)
-        summary["pieces"] = writer.names
+        summary.update(pieces=writer.names, tokens=writer.total_tokens, unk_tokens=writer.unk_tokens)
     except DataError as e:
         writer.discard()
         summary["error"] = str(e)
@@ -128,22 +130,25 @@ def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece
 class _PieceWriter:
     """Accumulates tokenized documents and writes them as piece files of a bounded size."""
 
-    def __init__(self, work_dir: str, unit_name: str, token_dtype: np.dtype):
+    def __init__(self, work_dir: str, unit_name: str, token_dtype: np.dtype, unk_id: int):
         self.dir, self.unit_name, self.token_dtype = os.path.join(work_dir, "docs"), unit_name, token_dtype
+        self.unk_id = unk_id
         self.names: list[str] = []
+        self.total_tokens = self.unk_tokens = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.tokens: list[np.ndarray] = []
+        self.tokens: list[int] = []
         self.sentence_lengths: list[int] = []
         self.document_sentences: list[int] = []
         self.hashes: list[bytes] = []
         self.document_bytes: list[int] = []
         self.text_bytes = 0
 
-    def add(self, sentences_ids: list[np.ndarray], text: str) -> None:
-        self.tokens.extend(sentences_ids)
-        self.sentence_lengths.extend(len(ids) for ids in sentences_ids)
+    def add(self, sentences_ids: list[list[int]], text: str) -> None:
+        for ids in sentences_ids:
+            self.tokens.extend(ids)
+            self.sentence_lengths.append(len(ids))
         self.document_sentences.append(len(sentences_ids))
         encoded = text.encode("utf-8")
         self.hashes.append(hashlib.blake2b(encoded, digest_size=16).digest())
@@ -155,12 +160,14 @@ class _PieceWriter:
             return
         name = f"{self.unit_name}-{len(self.names):04d}.npz"
         arrays = dict(
-            tokens=np.concatenate(self.tokens).astype(self.token_dtype),
+            tokens=np.array(self.tokens, dtype=self.token_dtype),
             sentence_offsets=_offsets(self.sentence_lengths),
             document_offsets=_offsets(self.document_sentences),
             document_hashes=np.frombuffer(b"".join(self.hashes), dtype=np.uint8).reshape(-1, 16),
             document_bytes=np.array(self.document_bytes, dtype=np.int64),
         )
+        self.total_tokens += len(arrays["tokens"])
+        self.unk_tokens += int((arrays["tokens"] == self.unk_id).sum())
         path = os.path.join(self.dir, name)
         tmp = f"{path}.partial-{os.getpid()}.npz"
         np.savez(tmp, **arrays)
@@ -175,24 +182,18 @@ class _PieceWriter:
         self._reset()
 
 
-def _tokenize_into(tokenizer: Any, batch: list[list[str]], writer: _PieceWriter, summary: dict, unk_id: int) -> None:
+def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, summary: dict) -> None:
     if not batch:
         return
-    flat = [s for document in batch for s in document]
-    encodings = tokenizer.encode_batch(flat, add_special_tokens=False)
+    encoded = encoder.encode([s for document in batch for s in document])
     k = 0
     for document in batch:
-        ids = [np.array(e.ids, dtype=np.int64) for e in encodings[k : k + len(document)]]
-        kept = [(s, i) for s, i in zip(document, ids) if len(i)]  # the reference drops empty sentences too
+        pairs = [(s, ids) for s, ids in zip(document, encoded[k : k + len(document)]) if ids]
         k += len(document)
         summary["sentences"] += len(document)
-        if not kept:
-            continue
-        ids = [i for _, i in kept]
-        writer.add(ids, "\n".join(s for s, _ in kept))
-        summary["documents"] += 1
-        summary["tokens"] += sum(len(i) for i in ids)
-        summary["unk_tokens"] += sum(int((i == unk_id).sum()) for i in ids)
+        if pairs:  # the reference drops empty sentences, then empty documents
+            writer.add([ids for _, ids in pairs], "\n".join(s for s, _ in pairs))
+            summary["documents"] += 1
 
 
 def make_group(
@@ -329,6 +330,7 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
         seconds=time.perf_counter() - t_start,
         ray_start_seconds=ray_start_seconds,
         resumed_shards=sum(1 for r in shard_results if r["resumed"]),
+        worker_peak_rss_mb=max(r["peak_rss_mb"] for r in unit_results + group_results + shard_results),
     )
 
 
@@ -401,19 +403,27 @@ def _start_ray(opts: PrepareOptions) -> tuple[Any, float]:
     return ray, time.perf_counter() - t0
 
 
+def _with_peak_rss(fn: Callable, *args: Any) -> dict[str, Any]:
+    """Run a stage function and report the worker's peak memory (the 'bounded memory' property)."""
+    import resource
+
+    return dict(fn(*args), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 class _TaskRunner:
     """Runs one stage: at most `workers` tasks in flight, results in submission order, a progress bar."""
 
     def __init__(self, ray: Any, workers: int, progress: bool):
         self.ray, self.progress = ray, progress
         self.limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.remote: dict[Callable, Any] = {}
+        self.remote: Any = None
 
     def __call__(self, stage: str, fn: Callable, args: list[tuple], weights: list[int] | None, unit: str, scale: float) -> list:
         from tqdm import tqdm
 
         ray = self.ray
-        remote = self.remote.setdefault(fn, ray.remote(num_cpus=1, max_retries=2)(fn))
+        if self.remote is None:
+            self.remote = ray.remote(num_cpus=1, max_retries=2)(_with_peak_rss)
         weights = weights or [1] * len(args)
         results: list[Any] = [None] * len(args)
         pending: dict[Any, int] = {}
@@ -425,7 +435,7 @@ class _TaskRunner:
         with bar:
             while next_task < len(args) or pending:
                 while next_task < len(args) and len(pending) < self.limit:
-                    pending[remote.remote(*args[next_task])] = next_task
+                    pending[self.remote.remote(fn, *args[next_task])] = next_task
                     next_task += 1
                 done, _ = ray.wait(list(pending), num_returns=1)
                 i = pending.pop(done[0])
@@ -547,7 +557,8 @@ def summary_text(report: PrepareReport) -> str:
         f"  samples: mean length {t['sample_tokens'] / n:.1f}, {t['masked_tokens'] / n:.2f} masked per sample, "
         f"{100 * t['not_next'] / n:.1f}% NotNext, {t['shard_bytes'] / n:.0f} bytes per sample on disk",
         f"  time: {report.seconds:.1f} s ({report.ray_start_seconds:.1f} s starting Ray), "
-        f"{t['samples'] / max(report.seconds, 1e-9):,.0f} samples/s; {report.resumed_shards} shards kept from a previous run",
+        f"{t['samples'] / max(report.seconds, 1e-9):,.0f} samples/s; peak worker memory {report.worker_peak_rss_mb:,.0f} MB; "
+        f"{report.resumed_shards} shards kept from a previous run",
     ]
     return "\n".join(lines)
 

@@ -102,13 +102,13 @@ class RandomStream:
     """Python-speed scalar draws from a numpy Generator, pre-drawn in blocks (rng calls cost microseconds)."""
 
     def __init__(self, rng: np.random.Generator, block: int = 8192):
-        self._rng, self._block = rng, block
+        self.generator, self._block = rng, block
         self._values: list[float] = []
         self._next = 0
 
     def random(self) -> float:
         if self._next == len(self._values):
-            self._values = self._rng.random(self._block).tolist()
+            self._values = self.generator.random(self._block).tolist()
             self._next = 0
         value = self._values[self._next]
         self._next += 1
@@ -120,7 +120,9 @@ class RandomStream:
 
 
 def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pairs:
-    """One pass over every document: steps 3-6 of the reference (targets, chunks, A/B, truncation)."""
+    """One pass over every document: steps 3-6 of the reference (targets, chunks, A/B, truncation).
+
+    The walk is sequential by nature, so it handles integer offsets only; truncation is then vectorised."""
     max_num_tokens = opts.max_seq_length - 3
     bounds = docs.sentence_offsets.tolist()
     doc_sentences = docs.document_offsets.tolist()
@@ -157,24 +159,31 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
                 else:
                     b_lo, b_hi = a_hi, bounds[i + 1]
                     other, random_next = -1, 0
-                excess = (a_hi - a_lo) + (b_hi - b_lo) - max_num_tokens
-                while excess > 0:  # remove from the longer segment, front or back with equal chance
-                    if a_hi - a_lo > b_hi - b_lo:
-                        if rs.random() < 0.5:
-                            a_lo += 1
-                        else:
-                            a_hi -= 1
-                    elif rs.random() < 0.5:
-                        b_lo += 1
-                    else:
-                        b_hi -= 1
-                    excess -= 1
                 a_s.append(a_lo), a_e.append(a_hi), b_s.append(b_lo), b_e.append(b_hi)
                 rnd.append(random_next), doc_col.append(d), rdoc.append(other), tgt.append(target)
                 chunk_first, chunk_tokens = i + 1, 0
             i += 1
-    arrays = [np.array(c, dtype=np.int64) for c in cols]
-    return Pairs(*arrays)
+    pairs = Pairs(*(np.array(c, dtype=np.int64) for c in cols))
+    _truncate(pairs, max_num_tokens, rs.generator)
+    return pairs
+
+
+def _truncate(pairs: Pairs, max_num_tokens: int, rng: np.random.Generator) -> None:
+    """Step 6 for all pairs at once. The reference removes one token at a time from the longer segment (B on
+    a tie), front or back 50/50; so the longer one is cut down to the other's length, then they alternate,
+    and each segment's front removals are Binomial(removals, 1/2). Same result, no per-token loop."""
+    len_a, len_b = pairs.a_end - pairs.a_start, pairs.b_end - pairs.b_start
+    excess = np.maximum(len_a + len_b - max_num_tokens, 0)
+    from_a = np.minimum(excess, np.maximum(len_a - len_b, 0))
+    from_b = np.minimum(excess, np.maximum(len_b - len_a, 0))
+    rest = excess - from_a - from_b  # removed alternately once the lengths are equal, B first
+    from_a += rest // 2
+    from_b += rest - rest // 2
+    front_a, front_b = rng.binomial(from_a, 0.5), rng.binomial(from_b, 0.5)
+    pairs.a_start += front_a
+    pairs.a_end -= from_a - front_a
+    pairs.b_start += front_b
+    pairs.b_end -= from_b - front_b
 
 
 def assemble_and_mask(
@@ -215,28 +224,23 @@ def _mask_chunk(
     group = np.cumsum(starts, axis=1) - 1  # (n, width) group id of each candidate
     num_groups = group[:, -1] + 1
     max_groups = int(num_groups.max())
-    sizes = np.zeros((n, max_groups + 1), dtype=np.int64)
-    np.add.at(sizes, (np.repeat(np.arange(n), width), np.where(candidate, group, max_groups).ravel()), 1)
-    sizes = sizes[:, :max_groups]
+    slot = np.where(candidate, group, max_groups)  # non-candidates go to an extra, never chosen slot
+    sizes = np.bincount((np.arange(n)[:, None] * (max_groups + 1) + slot).ravel(), minlength=n * (max_groups + 1))
+    sizes = sizes.reshape(n, max_groups + 1)[:, :max_groups]
 
     # Shuffle the groups; take them in order, skipping one that would overshoot the per-sequence budget.
     keys = rng.random((n, max_groups))
     keys[sizes == 0] = 2.0
-    order = np.argsort(keys, axis=1, kind="stable")
-    ordered_sizes = np.take_along_axis(sizes, order, axis=1)
     budget = np.minimum(opts.max_predictions_per_seq, np.maximum(1, np.round(lengths[:, 0] * opts.masked_lm_prob)))
-    used = np.zeros(n, dtype=np.int64)
-    taken = np.zeros((n, max_groups), dtype=bool)
-    for t in range(max_groups):
-        size_t = ordered_sizes[:, t]
-        take = (size_t > 0) & (used + size_t <= budget)
-        taken[:, t] = take
-        used += np.where(take, size_t, 0)
-        if not (used < budget).any():
-            break
-    chosen_groups = np.zeros((n, max_groups + 1), dtype=bool)
-    np.put_along_axis(chosen_groups, order, taken, axis=1)
-    chosen = candidate & np.take_along_axis(chosen_groups, np.where(candidate, group, max_groups), axis=1)
+    budget = np.minimum(budget, (sizes > 0).sum(1)).astype(np.int64)
+    if opts.whole_word_mask:
+        taken_groups = _greedy_groups(keys, sizes, budget)
+    else:  # all groups have one token: the rule takes exactly the `budget` smallest keys
+        kth = int(budget.max())
+        smallest = np.sort(np.partition(keys, kth - 1, axis=1)[:, :kth], axis=1)
+        taken_groups = keys <= smallest[np.arange(n), budget - 1][:, None]
+    taken_groups = np.concatenate([taken_groups, np.zeros((n, 1), dtype=bool)], axis=1)
+    chosen = np.take_along_axis(taken_groups, slot, axis=1)
 
     # 80% [MASK], 10% unchanged, 10% a uniformly random vocabulary token.
     rows_i, cols_i = np.nonzero(chosen)  # row-major: positions ascend within each sample
@@ -260,6 +264,25 @@ def _mask_chunk(
     )
 
 
+def _greedy_groups(keys: np.ndarray, sizes: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """Whole words in key order, each taken if it still fits the budget; (n, groups) bool of taken groups."""
+    n, max_groups = keys.shape
+    order = np.argsort(keys, axis=1, kind="stable")
+    ordered_sizes = np.take_along_axis(sizes, order, axis=1)
+    used = np.zeros(n, dtype=np.int64)
+    taken = np.zeros((n, max_groups), dtype=bool)
+    for t in range(max_groups):
+        size_t = ordered_sizes[:, t]
+        take = (size_t > 0) & (used + size_t <= budget)
+        taken[:, t] = take
+        used += np.where(take, size_t, 0)
+        if not (used < budget).any():
+            break
+    out = np.zeros((n, max_groups), dtype=bool)
+    np.put_along_axis(out, order, taken, axis=1)
+    return out
+
+
 def _empty_samples() -> Samples:
     empty = np.zeros(0, dtype=np.int64)
     return Samples(*(empty for _ in Samples.column_names()))
@@ -276,5 +299,5 @@ def create_instances(
         pair_rng = np.random.default_rng([opts.seed, *group_seed, p, 0])
         mask_rng = np.random.default_rng([opts.seed, *group_seed, p, 1])
         pairs = make_pairs(docs, opts, RandomStream(pair_rng))
-        passes.append(assemble_and_mask(docs, pairs, opts, vocab, mask_rng))
+        passes.append(assemble_and_mask(docs, pairs, opts, vocab, mask_rng).compact(docs.tokens.dtype))
     return Samples.concat(passes)

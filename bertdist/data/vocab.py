@@ -82,3 +82,55 @@ def load_tokenizer(vocab_file: str, cased: bool) -> Tokenizer:
     tokens = read_vocab(vocab_file)
     model = models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]", max_input_chars_per_word=100)
     return _pipeline(model, cased)
+
+
+class WordPieceEncoder:
+    """Sentences -> ids, identical to `load_tokenizer(...).encode(s, add_special_tokens=False).ids`, faster.
+
+    Most English sentences are pure ASCII, where BERT's normaliser and pre-tokenizer reduce to "drop control
+    characters, lower-case, split into alphanumeric runs and single punctuation characters" (every printable
+    non-alphanumeric ASCII character is punctuation for BERT). For those, a regex split plus a per-word cache
+    of WordPiece results is several times faster than the full Rust pipeline, which builds offsets and
+    normalisation alignments nobody here uses. Any sentence with a non-ASCII character goes through the
+    tokenizer itself, so the result is always the tokenizer's (tests/data/test_vocab.py checks both paths).
+    """
+
+    _MAX_CACHED_WORDS = 500_000
+
+    def __init__(self, vocab_file: str, cased: bool):
+        import re
+
+        self.tokenizer = load_tokenizer(vocab_file, cased)
+        self.cased = cased
+        self._words = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]" if cased else r"[a-z0-9]+|[^a-z0-9\s]")
+        # ASCII control characters are removed by BERT's clean_text; \t \n \r are whitespace
+        self._controls = {c: None for c in [*range(0, 9), 11, 12, *range(14, 32), 127]}
+        self._cache: dict[str, list[int]] = {}
+
+    def _word_ids(self, word: str) -> list[int]:
+        ids = self._cache.get(word)
+        if ids is None:
+            if len(self._cache) >= self._MAX_CACHED_WORDS:
+                self._cache.clear()
+            ids = self._cache[word] = [t.id for t in self.tokenizer.model.tokenize(word)]
+        return ids
+
+    def encode(self, sentences: list[str]) -> list[list[int]]:
+        out: list[list[int] | None] = []
+        slow: list[int] = []
+        for k, sentence in enumerate(sentences):
+            if not sentence.isascii():
+                slow.append(k)
+                out.append(None)
+                continue
+            text = sentence.translate(self._controls)
+            if not self.cased:
+                text = text.lower()
+            ids: list[int] = []
+            for word in self._words.findall(text):
+                ids.extend(self._word_ids(word))
+            out.append(ids)
+        if slow:
+            for k, encoding in zip(slow, self.tokenizer.encode_batch([sentences[k] for k in slow], add_special_tokens=False)):
+                out[k] = encoding.ids
+        return out  # type: ignore[return-value]

@@ -155,3 +155,25 @@ def test_instances_depend_only_on_the_group_seed():
     one_pass = create_instances(docs, InstanceOptions(max_seq_length=64, dupe_factor=1), vocab, group_seed=(4,))
     second = a.take(np.arange(len(one_pass), len(a)))
     assert _same(one_pass, a.take(np.arange(len(one_pass)))) and not _same(one_pass, second)
+
+
+def test_truncation_matches_the_token_by_token_rule():
+    """The vectorised truncation leaves the lengths the reference's one-token-at-a-time loop leaves."""
+    from bertdist.data.instances import Pairs, _truncate
+
+    rng = np.random.default_rng(0)
+    len_a, len_b = rng.integers(1, 200, 3000), rng.integers(1, 200, 3000)
+    zeros = np.zeros(3000, dtype=np.int64)
+    pairs = Pairs(zeros.copy(), len_a.copy(), zeros + 1000, 1000 + len_b, zeros, zeros, zeros, zeros)
+    _truncate(pairs, 125, np.random.default_rng(1))
+    for i in range(3000):
+        a, b = int(len_a[i]), int(len_b[i])
+        while a + b > 125:
+            if a > b:
+                a -= 1
+            else:
+                b -= 1
+        assert (pairs.a_end[i] - pairs.a_start[i], pairs.b_end[i] - pairs.b_start[i]) == (a, b)
+    removed_front = pairs.a_start.sum() + (pairs.b_start - 1000).sum()
+    removed = (len_a + len_b).sum() - (pairs.a_end - pairs.a_start + pairs.b_end - pairs.b_start).sum()
+    assert abs(removed_front / removed - 0.5) < 0.01

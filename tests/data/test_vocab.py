@@ -1,0 +1,30 @@
+"""WordPiece training and the fast encoder, which must agree with the tokenizer exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bertdist.data.vocab import SPECIAL_TOKENS, WordPieceEncoder, load_tokenizer, read_vocab, train_vocab
+
+
+@pytest.mark.parametrize("cased", [False, True])
+def test_fast_encoder_equals_the_tokenizer(tiny_corpus, tmp_path, cased):
+    from bertdist.data.readers import expand_inputs, iter_texts
+
+    vocab = train_vocab(iter_texts(expand_inputs([tiny_corpus])), str(tmp_path), 400, cased=cased)
+    assert read_vocab(vocab)[:5] == SPECIAL_TOKENS
+    rng = np.random.default_rng(0)
+    alphabet = list("abcXYZ019 _-.,;:!?'\"()[]{}<>@#$%^&*+=/\\|~`\t\r\x00\x01\x0b\x0c\x1f\x7f") + ["é", "ß", "中", "\u00a0", "İ"]
+    sentences = ["".join(rng.choice(alphabet, size=int(rng.integers(0, 60)))) for _ in range(2000)]
+    sentences += open(f"{tiny_corpus}/part-000.txt").read().split("\n")[:200]
+    sentences += ["x" * 150 + " long words are [UNK]", "Ünïcödé Café naïve"]
+    expected = [e.ids for e in load_tokenizer(vocab, cased).encode_batch(sentences, add_special_tokens=False)]
+    assert WordPieceEncoder(vocab, cased).encode(sentences) == expected
+
+
+def test_unreadable_vocab(tmp_path):
+    bad = tmp_path / "vocab.txt"
+    bad.write_text("hello\nworld\n")
+    with pytest.raises(ValueError, match="missing \\[PAD\\]"):
+        read_vocab(str(bad))
