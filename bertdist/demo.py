@@ -132,7 +132,7 @@ def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> i
             print(f"  {split}: {report.manifest['totals']} in {report.seconds:.0f} s")
 
     _stage(f"train: {cfg.model.size} BERT, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
-    code = _launch_training(ranks, cfg.launch.master_port, overrides)
+    code = _launch_training(ranks, overrides)
     if code != 0:
         print(f"bertdist demo: training exited with {code}", file=sys.stderr)
         return code
@@ -144,11 +144,17 @@ def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> i
     return 0
 
 
-def _launch_training(ranks: int, master_port: int, overrides: list[str]) -> int:
-    """`torchrun --nproc_per_node RANKS -m bertdist.cli train ...`, as a user would type it on one machine."""
+def _launch_training(ranks: int, overrides: list[str]) -> int:
+    """`torchrun --nproc_per_node RANKS -m bertdist train ...`, as a user would type it on one machine.
+
+    The rendezvous port is a free one rather than the config's 29500, which another job on the same
+    machine may hold.
+    """
+    from bertdist.distributed import free_tcp_port
+
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(master_port),
-        "-m", "bertdist.cli", "train", "--config", str(DEMO_CONFIG), "--resume", "auto", *overrides,
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(free_tcp_port()),
+        "-m", "bertdist", "train", "--config", str(DEMO_CONFIG), "--resume", "auto", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
     print("  $ " + " ".join(command[2:]), flush=True)

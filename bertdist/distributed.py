@@ -18,6 +18,7 @@ import datetime
 import os
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping
@@ -193,6 +194,13 @@ def init_process_group(env: DistributedEnv, backend: str, timeout_minutes: float
 
 def _bracket_ipv6(addr: str) -> str:
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A port that nothing listens on right now, for a single-machine rendezvous (demo, tests)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def destroy_process_group() -> None:

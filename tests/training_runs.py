@@ -1,0 +1,212 @@
+"""Real 2-rank DeepSpeed training runs on CPU, shared by the training, checkpoint and export tests.
+
+Each rank is started directly with SLURM's variables, as `srun` would (SLURM_PROCID, SLURM_NTASKS,
+SLURM_NODELIST...), so the tests can signal and kill individual ranks and read each one's exit code.
+Runs are expensive (~15 s each, mostly imports), so each scenario runs once per session and is cached
+here; the tests only read its outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bertdist.distributed import free_tcp_port
+from tests.conftest import TEST_SEQ_LENGTH, tiny_model_config
+
+WORLD_SIZE = 2
+STEPS = 8
+CHECKPOINT_EVERY = 4
+WARMUP_STEPS = 2
+PEAK_LR = 2e-3
+RUN_TIMEOUT_SECONDS = 240
+REPO = Path(__file__).resolve().parent.parent
+
+# Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
+# model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.
+CRASH_DURING_SAVE = f"""
+import os, sys
+from deepspeed.runtime.engine import DeepSpeedEngine
+original = DeepSpeedEngine._save_zero_checkpoint
+def crash(self, save_path, tag):
+    if tag == "step_{STEPS:08d}":
+        os._exit(9)
+    return original(self, save_path, tag)
+DeepSpeedEngine._save_zero_checkpoint = crash
+from bertdist.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, **train: object) -> Path:
+    model = {k: v for k, v in vars(tiny_model_config()).items()}
+    cfg = {
+        "model": model,
+        "data": {
+            "vocab_file": vocab,
+            "phases": [
+                {"train_dir": shards, "eval_dir": shards, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": STEPS}
+            ],
+            "loader_workers": 1,
+            "shuffle_buffer_size": 256,
+        },
+        "optim": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS},
+        "train": {
+            "global_batch_size": 16,  # 4 per micro batch x 2 ranks x 2 accumulation steps
+            "zero_stage": zero_stage,
+            "output_dir": str(directory / "out"),
+            "log_every_steps": 1,
+            "eval_every_steps": CHECKPOINT_EVERY,
+            "eval_batches": 2,
+            **train,
+        },
+        "checkpoint": {"every_steps": CHECKPOINT_EVERY, "keep_last": 2},
+        "tracking": {"enabled": False},
+        "launch": {"nodes": 1, "gpus_per_node": WORLD_SIZE},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@dataclass
+class Ranks:
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+    def wait(self) -> list[int]:
+        try:
+            return [p.wait(timeout=RUN_TIMEOUT_SECONDS) for p in self.procs]
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def signal(self, signum: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def output(self, rank: int = 0) -> str:
+        return self.logs[rank].read_text()
+
+    def wait_for(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+        while not predicate():
+            if any(p.poll() is not None for p in self.procs):
+                raise AssertionError(f"a rank exited while waiting for {what}:\n{self.output(0)[-3000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.1)
+
+
+def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = None) -> Ranks:
+    """Start WORLD_SIZE `bertdist train` processes with the environment srun gives its tasks."""
+    port = free_tcp_port()
+    procs, logs = [], []
+    for rank in range(WORLD_SIZE):
+        env = {
+            **os.environ,
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": str(WORLD_SIZE),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODELIST": "localhost",
+            "SLURM_TASKS_PER_NODE": str(WORLD_SIZE),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(name, None)
+        program = ["-c", python_code] if python_code else ["-m", "bertdist"]
+        log = config.parent / f"{tag}.rank{rank}.log"
+        with open(log, "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *program, "train", "--config", str(config), *extra],
+                    env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        logs.append(log)
+    return Ranks(procs, logs)
+
+
+def latest_tag(out: Path) -> str | None:
+    marker = out / "checkpoints" / "latest"
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def read_metrics(out: Path) -> dict[int, dict]:
+    """The last logged training record of each step (a resumed run's records replace earlier ones)."""
+    records: dict[int, dict] = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            records[record["step"]] = record
+    return records
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: Path
+    out: Path
+    exit_codes: dict[str, list[int]]
+    notes: dict[str, str]
+
+
+@functools.cache
+def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int) -> Scenario:
+    directory = Path(base) / f"zero{zero_stage}-uninterrupted"
+    config = write_config(directory, shards, vocab, zero_stage)
+    ranks = start_ranks(config, "run")
+    codes = ranks.wait()
+    return Scenario(config, directory / "out", {"run": codes}, {"run": ranks.output(0)})
+
+
+@functools.cache
+def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool) -> Scenario:
+    """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end."""
+    directory = Path(base) / f"zero{zero_stage}-interrupted"
+    config = write_config(directory, shards, vocab, zero_stage)
+    out = directory / "out"
+    codes, notes = {}, {}
+
+    ranks = start_ranks(config, "killed")
+    ranks.wait_for(lambda: latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", "the first checkpoint")
+    for p in ranks.procs:
+        p.send_signal(signal.SIGKILL)
+    codes["killed"] = ranks.wait()
+
+    ranks = start_ranks(config, "terminated", "--resume", "auto")
+    # The handler is in place once a rank reports the resume; the signal then stops it after one step.
+    ranks.wait_for(lambda: all("resumed from" in log.read_text() for log in ranks.logs), "the resume")
+    ranks.signal(signal.SIGTERM)
+    codes["terminated"] = ranks.wait()
+    notes["terminated"] = ranks.output(0)
+    notes["terminated_latest"] = latest_tag(out) or ""
+
+    if crash_during_save:
+        ranks = start_ranks(config, "crashed", "--resume", "auto", python_code=CRASH_DURING_SAVE)
+        codes["crashed"] = ranks.wait()
+        notes["crashed_latest"] = latest_tag(out) or ""
+
+    ranks = start_ranks(config, "final", "--resume", "auto")
+    codes["final"] = ranks.wait()
+    notes["final"] = ranks.output(0)
+    return Scenario(config, out, codes, notes)
