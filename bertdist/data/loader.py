@@ -96,7 +96,12 @@ class _Layout:
         return entry
 
 
-def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int) -> dict[str, torch.Tensor]:
+_FIELDS = ["input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
+
+
+def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int) -> tuple[torch.Tensor, tuple]:
+    """A padded batch packed into one int64 buffer: one shared-memory transfer per batch from a worker
+    instead of six (that transfer, not the work, dominates small batches)."""
     blocks, rows = layout.locate(epoch, positions)
     picked = []
     for block_id, row in zip(blocks.tolist(), rows.tolist()):
@@ -109,12 +114,10 @@ def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length:
     longest = max(p[2] for p in picked)
     seq = min(max_seq_length, -(-longest // 8) * 8)
     preds = max(max(p[5] - p[4] for p in picked), 1)
-    input_ids = np.zeros((batch, seq), dtype=np.int64)
-    token_type_ids = np.zeros((batch, seq), dtype=np.int64)
-    attention_mask = np.zeros((batch, seq), dtype=np.int64)
-    positions_out = np.zeros((batch, preds), dtype=np.int64)
-    labels_out = np.full((batch, preds), -100, dtype=np.int64)
-    nsp = np.zeros(batch, dtype=np.int64)
+    shape = (batch, seq, preds)
+    buffer = np.zeros(batch * (3 * seq + 2 * preds + 1), dtype=np.int64)
+    input_ids, token_type_ids, attention_mask, positions_out, labels_out, nsp = _views(buffer, shape)
+    labels_out[:] = -100
     for i, (samples, start, length, len_a, m0, m1, label) in enumerate(picked):
         input_ids[i, :length] = samples.input_ids[start : start + length]
         token_type_ids[i, len_a:length] = 1
@@ -122,14 +125,19 @@ def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length:
         positions_out[i, : m1 - m0] = samples.masked_lm_positions[m0:m1]
         labels_out[i, : m1 - m0] = samples.masked_lm_ids[m0:m1]
         nsp[i] = label
-    return dict(
-        input_ids=torch.from_numpy(input_ids),
-        token_type_ids=torch.from_numpy(token_type_ids),
-        attention_mask=torch.from_numpy(attention_mask),
-        masked_lm_positions=torch.from_numpy(positions_out),
-        masked_lm_ids=torch.from_numpy(labels_out),
-        next_sentence_label=torch.from_numpy(nsp),
-    )
+    return torch.from_numpy(buffer), shape
+
+
+def _views(buffer, shape: tuple[int, int, int]) -> list:
+    """The six fields of a packed batch, as views of `buffer` (numpy array or tensor)."""
+    batch, seq, preds = shape
+    sizes = [batch * seq] * 3 + [batch * preds] * 2 + [batch]
+    shapes = [(batch, seq)] * 3 + [(batch, preds)] * 2 + [(batch,)]
+    out, at = [], 0
+    for size, view_shape in zip(sizes, shapes):
+        out.append(buffer[at : at + size].reshape(view_shape))
+        at += size
+    return out
 
 
 class _Segment:
@@ -187,7 +195,7 @@ class _BatchStream(IterableDataset):
     def __init__(self, layout: _Layout, epoch: int, segment: _Segment, rank: int, max_seq_length: int):
         self.layout, self.epoch, self.segment, self.rank, self.max_seq_length = layout, epoch, segment, rank, max_seq_length
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, tuple]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         for batch in range(self.segment.batches_done + worker, self.segment.batches_per_rank(), workers):
@@ -260,13 +268,19 @@ class PretrainingLoader:
                 continue
             stream = _BatchStream(self._layout, self._epoch, segment, self.rank, self.max_seq_length)
             batches = (
-                DataLoader(stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
+                # Its own generator: creating the iterator would otherwise draw a worker seed from the
+                # global torch RNG (the training's dropout stream), and a resumed run creates it at
+                # another step than an uninterrupted one. Batches depend on positions, not on that seed.
+                DataLoader(
+                    stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False,
+                    generator=torch.Generator().manual_seed(self.seed),
+                )
                 if self.num_workers
                 else stream
             )
-            for batch in batches:
+            for buffer, shape in batches:
                 segment.batches_done += 1
-                yield batch
+                yield dict(zip(_FIELDS, _views(buffer, tuple(shape))))
 
     def state_dict(self) -> dict[str, Any]:
         s = self._segment
