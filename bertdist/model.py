@@ -46,6 +46,42 @@ class PreTrainingOutput:
     """(batch, 2): IsNext, NotNext."""
 
 
+class Dropout(nn.Module):
+    """`nn.Dropout` with a cheaper random draw on CPU; on GPU it is `F.dropout`.
+
+    PyTorch's CPU dropout draws one random number per element and was an eighth of a BERT training step here.
+    This draws one 64-bit word per four elements and compares its 16-bit fields with a threshold: the drop
+    probability becomes a multiple of 2^-15 (0.1 -> 0.100006) and the kept values are scaled by the exact
+    inverse of the keep probability, so the expectation is unchanged. The generator is torch's, so
+    `torch.manual_seed` and activation checkpointing's RNG replay apply as usual.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        return x * _cpu_dropout_mask(x, self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def _cpu_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """0 with probability ~p, else 1 / (1 - p), shaped like x."""
+    # random_() on int64 fills [0, 2^63): bit fields 0-2 are uniform over 16 bits, field 3 over 15. Dropping
+    # below 2k in the first three and below k in the last gives every element the same probability k / 2^15.
+    dropped = min(round(p * 2**15), 2**15 - 1)
+    thresholds = torch.tensor([2 * dropped - 2**15] * 3 + [dropped], dtype=torch.int16)
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_()
+    keep = words.view(torch.int16).view(-1, 4).ge(thresholds).view(-1)[: x.numel()].view(x.shape)
+    return torch.where(keep, 2**15 / (2**15 - dropped), 0.0).to(x.dtype)
+
+
 class BertEmbeddings(nn.Module):
     """Token + segment + learned absolute position embeddings, then LayerNorm and dropout."""
 
@@ -55,7 +91,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         seq_length = input_ids.shape[1]
@@ -76,7 +112,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout_prob = cfg.attention_dropout_prob
+        self.dropout = Dropout(cfg.attention_dropout_prob)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         batch, seq, hidden = x.shape
@@ -86,9 +122,17 @@ class BertSelfAttention(nn.Module):
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
         qkv = F.linear(x, weight, bias).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_prob if self.training else 0.0
-        )
+        if self.training and self.dropout.p > 0 and x.device.type == "cpu":
+            # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's
+            # slower dropout; spelling it out lets the attention probabilities use `Dropout`.
+            scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (batch, heads, seq, seq)
+            if attn_mask is not None:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            out = self.dropout(scores.softmax(dim=-1)) @ v
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0
+            )
         return out.transpose(1, 2).reshape(batch, seq, hidden)  # (batch, seq, hidden)
 
 
@@ -97,7 +141,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dropout(self.dense(hidden)))
@@ -129,7 +173,7 @@ class BertOutput(BertSelfOutput):
         nn.Module.__init__(self)
         self.dense = nn.Linear(cfg.ffn_size(), cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
 
 class BertLayer(nn.Module):

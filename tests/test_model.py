@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertdist.hf import config_to_hf
-from bertdist.model import IGNORE_INDEX, BertForPreTraining, param_groups
+from bertdist.model import IGNORE_INDEX, BertForPreTraining, Dropout, param_groups
 from tests.conftest import tiny_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -162,6 +162,21 @@ def test_dropout_is_active_in_training_only():
     assert not torch.equal(model(**batch).mlm_logits, model(**batch).mlm_logits)
     model.eval()
     assert torch.equal(model(**batch).mlm_logits, model(**batch).mlm_logits)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_cpu_dropout_rate_and_expectation(p):
+    dropout = Dropout(p).train()
+    x = torch.ones(1_000_001)  # not a multiple of the four fields drawn per random word
+    torch.manual_seed(8)
+    y = dropout(x)
+    assert abs((y == 0).float().mean().item() - p) < 3e-3
+    assert abs(y.mean().item() - 1.0) < 5e-3
+    zero, kept = y.unique().tolist()
+    assert zero == 0.0 and kept == pytest.approx(1 / (1 - p), rel=1e-4)
+    torch.manual_seed(8)
+    assert torch.equal(dropout(x), y)  # torch's generator: seeding reproduces the masks
+    assert torch.equal(Dropout(p).eval()(x), x)
 
 
 def test_bert_initialisation():

@@ -1,0 +1,66 @@
+"""What every benchmark shares: timing that is fair on a busy machine, and the matmul peak MFU is measured against.
+
+Benchmarks here report ratios against a reference measured in the same run, never absolute numbers alone: the
+machines they run on are shared, and a ratio of interleaved measurements survives the noise that raw numbers
+do not.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def use_all_cores() -> int:
+    """One intra-op thread per core this process may run on (torch's default can exceed it in containers)."""
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    return threads
+
+
+def interleaved_medians(
+    steps: dict[str, Callable[[], None]], device: torch.device, repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median seconds per call of each function, calling them in turns so that background load hits all alike."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            synchronize(device)
+            start = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 10) -> float:
+    """Best FLOP/s of a large square matmul: the practical peak of this device and dtype, measured now.
+
+    The best of several runs, not the median: the peak is what the hardware can do when nothing interferes.
+    """
+    size = size or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for i in range(repeats + 2):
+        synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        if i >= 2:  # the first calls pay for allocation and kernel selection
+            best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best

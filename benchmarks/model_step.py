@@ -1,0 +1,134 @@
+"""Training-step speed of bertdist's BERT against `transformers.BertForPreTraining`, same batch, same run.
+
+One step = forward + backward + AdamW update, on a full-length batch with BERT's prediction budget (20 masked
+positions per sequence at length 128). Both models get the same optimizer and precision; the two are timed in
+turns and the medians compared. MFU counts the model's own FLOPs (`bertdist.flops`, which excludes the vocab
+projection at unmasked positions) against a matmul peak measured in the same process.
+
+    python benchmarks/model_step.py                                   # CPU, BERT-mini, fp32 (the acceptance run)
+    python benchmarks/model_step.py --device cuda --size large --precision bf16 --batch-size 128
+    python benchmarks/model_step.py --device cuda --size large --precision fp16 --batch-size 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+from common import DTYPES, interleaved_medians, matmul_peak_flops, use_all_cores  # benchmarks/ is on sys.path
+
+from bertdist.config import MODEL_SIZES, ModelConfig
+from bertdist.flops import train_flops_per_sequence
+from bertdist.hf import config_to_hf
+from bertdist.model import IGNORE_INDEX, BertForPreTraining
+
+
+def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device) -> dict:
+    """Full-length sentence pairs (no padding, as most of BERT's length-128 data) with sorted masked positions."""
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, cfg.vocab_size, (batch_size, seq_length), generator=g)
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq_length // 2 :] = 1
+    positions = torch.stack([torch.randperm(seq_length - 1, generator=g)[:predictions] + 1 for _ in range(batch_size)])
+    batch = dict(
+        input_ids=input_ids,
+        token_type_ids=token_type_ids,
+        attention_mask=torch.ones_like(input_ids),
+        masked_lm_positions=positions.sort(dim=1).values,
+        masked_lm_ids=torch.randint(5, cfg.vocab_size, (batch_size, predictions), generator=g),
+        next_sentence_label=torch.randint(0, 2, (batch_size,), generator=g),
+    )
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def training_step(model, forward, precision: str, device: torch.device) -> callable:
+    """A closure doing one fwd + bwd + AdamW step; fp16 uses loss scaling, bf16 / fp16 autocast, fp32 neither."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    autocast = (
+        torch.autocast(device.type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
+    )
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = forward()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="mini", choices=list(MODEL_SIZES))
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="fp32", choices=list(DTYPES))
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--masked-positions", type=int, default=20, help="MLM predictions per sequence")
+    p.add_argument("--steps", type=int, default=7, help="timed steps per model (median reported)")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--no-reference", action="store_true", help="time bertdist only (no transformers model)")
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device visible")
+    if device.type == "cpu" and args.precision != "fp32":
+        p.error("--precision: bf16/fp16 are GPU paths; CPU runs use fp32")
+    threads = use_all_cores()
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size(args.size)
+    batch = make_batch(cfg, args.batch_size, args.seq_length, args.masked_positions, device)
+
+    ours = BertForPreTraining(cfg).to(device).train()
+    steps = {"bertdist": training_step(ours, lambda: ours(**batch).loss, args.precision, device)}
+    if not args.no_reference:
+        import transformers
+
+        hf_config = transformers.BertConfig(**config_to_hf(cfg), attn_implementation="sdpa")
+        reference = transformers.BertForPreTraining(hf_config).to(device).train()
+        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
+        hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
+        steps["transformers"] = training_step(
+            reference, lambda: reference(**hf_inputs, labels=labels).loss, args.precision, device
+        )
+
+    peak_flops = matmul_peak_flops(device, DTYPES[args.precision])
+    seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=args.warmup_steps)
+    flops_per_sequence = train_flops_per_sequence(cfg, args.seq_length, args.masked_positions)
+    results = {
+        "size": args.size,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)",
+        "precision": args.precision,
+        "batch_size": args.batch_size,
+        "seq_length": args.seq_length,
+        "matmul_peak_tflops": peak_flops / 1e12,
+    }
+    print(
+        f"BERT-{args.size} fwd+bwd+AdamW, batch {args.batch_size} x {args.seq_length}, "
+        f"{args.masked_positions} masked/seq, {args.precision}, {results['device']}; "
+        f"matmul peak {peak_flops / 1e9:.1f} GFLOP/s"
+    )
+    for name, s in seconds.items():
+        sequences_per_second = args.batch_size / s
+        mfu = sequences_per_second * flops_per_sequence / peak_flops
+        results[name] = {"step_seconds": s, "sequences_per_second": sequences_per_second, "mfu": mfu}
+        print(f"  {name:13s} {s * 1e3:8.1f} ms/step  {sequences_per_second:8.1f} sequences/s  MFU {mfu:6.1%}")
+    if "transformers" in seconds:
+        results["speedup"] = seconds["transformers"] / seconds["bertdist"]
+        print(f"  speedup over transformers: {results['speedup']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
