@@ -27,6 +27,7 @@ This module schedules, retries and cancels nothing itself; the backends do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -500,8 +501,9 @@ def submit(job: PlannedJob) -> JobRecord:
         check_job_id(record.job_id)
     else:
         client = _ray_client(job.address)
-        record.job_id = client.submit_job(entrypoint=job.entrypoint, submission_id=job.stem,
-                                          runtime_env=job.runtime_env, metadata={"bertdist_job": job.job})
+        with _ray_errors(job.address):
+            record.job_id = client.submit_job(entrypoint=job.entrypoint, submission_id=job.stem,
+                                              runtime_env=job.runtime_env, metadata={"bertdist_job": job.job})
     record.save(job.jobs_dir)
     return record
 
@@ -581,7 +583,8 @@ def job_status(record: JobRecord) -> JobStatus:
         return _slurm_status(record.job_id)
     if record.backend == "ray":
         client = _ray_client(record.address)
-        info = client.get_job_info(record.job_id)
+        with _ray_errors(record.address):
+            info = client.get_job_info(record.job_id)
         state = str(info.status.value).lower()
         return JobStatus(state, f"Ray job {record.job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
     return _process_status(record)
@@ -637,16 +640,17 @@ def print_logs(record: JobRecord, follow: bool = False, poll_s: float = 1.0, out
     out = out or sys.stdout
     if record.backend == "ray":
         client = _ray_client(record.address)
-        if not follow:
-            out.write(client.get_job_logs(record.job_id))
-            return
 
         async def tail() -> None:
             async for chunk in client.tail_job_logs(record.job_id):
                 out.write(chunk)
                 out.flush()
 
-        asyncio.run(tail())
+        with _ray_errors(record.address):
+            if follow:
+                asyncio.run(tail())
+            else:
+                out.write(client.get_job_logs(record.job_id))
         return
     path = Path(record.log_file)
     offset = 0
@@ -675,14 +679,23 @@ def _ray_client(address: str):
     """
     token_present = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
                      or (Path.home() / ".ray" / "auth_token").is_file())
-    if "RAY_AUTH_MODE" not in os.environ and token_present:
+    if not os.environ.get("RAY_AUTH_MODE") and token_present:
         os.environ["RAY_AUTH_MODE"] = "token"
     from ray.job_submission import JobSubmissionClient
 
-    try:
+    with _ray_errors(address):
         return JobSubmissionClient(address)
-    except (ConnectionError, RuntimeError) as e:
-        raise SubmitError(f"Ray job API at {address}: {e}") from None
+
+
+@contextlib.contextmanager
+def _ray_errors(address: str):
+    """Ray's failures (unreachable, token refused, unknown job) as one SubmitError line, not a traceback."""
+    from ray.exceptions import RayError
+
+    try:
+        yield
+    except (ConnectionError, RuntimeError, ValueError, RayError) as e:
+        raise SubmitError(f"Ray job API at {address}: {str(e).strip()}") from None
 
 
 if __name__ == "__main__":
