@@ -1,10 +1,10 @@
 """The DeepSpeed pretraining loop: `bertdist train --config FILE [key=value ...]`.
 
     # laptop / one CPU machine, 2 ranks (DeepSpeed on CPU needs DS_ACCELERATOR=cpu)
-    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 --module bertdist.cli train --config configs/bert-tiny.yaml
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 --module bertdist train --config configs/bert-tiny.yaml
     # one node, 8 GPUs
-    deepspeed --num_gpus 8 --module bertdist.cli train --config configs/bert-base.yaml
-    torchrun --nproc_per_node 8 -m bertdist.cli train --config configs/bert-base.yaml
+    deepspeed --num_gpus 8 --module bertdist train --config configs/bert-base.yaml
+    torchrun --nproc_per_node 8 -m bertdist train --config configs/bert-base.yaml
     # many nodes under SLURM, one task per GPU (see `bertdist submit` for the generated script)
     srun --ntasks-per-node 8 bertdist train --config configs/bert-large-paper.yaml --resume auto
 
@@ -161,12 +161,15 @@ class _Run:
             self.tokens_seen = self.sequences_seen = 0
             if self.resume_from is not None:
                 self._restore()
-            else:
-                _seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
             self.peak_flops = _peak_flops(self.device_type, cfg.train.precision)
             self.tracker = build_tracker(cfg.tracking, str(self.output_dir), env.rank, run_id=self.resumed_state.tracking_run_id if self.resumed_state else None)
             self.tracker.log_run_start(cfg, env.world_size, env.nodes)
             self.log = _RankZeroLog(self.output_dir, env.is_main)
+            # Last before the loop, so that nothing done at start-up draws from the generators.
+            if self.resumed_state is not None:
+                checkpoint.restore_rng_state(self.resumed_state.rng_states[env.rank])
+            else:
+                _seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
             return self._loop()
         finally:
             distributed.destroy_process_group()
@@ -178,7 +181,6 @@ class _Run:
         phase_index, _ = self.cfg.phase_at(self.start_step)
         if mine["phase"] == phase_index:  # a checkpoint at a phase's last step continues with a fresh loader
             self.loaders[phase_index].load_state_dict(mine["loader"])
-        checkpoint.restore_rng_state(state.rng_states[self.env.rank])
         print(f"[rank {self.env.rank}] resumed from {self.resume_from} at step {state.step}", flush=True)
 
     # -----------------------------------------------------------------------------------------
