@@ -282,7 +282,7 @@ class MLflowTracker:
         self._max_retry_interval_s = max_retry_interval_s
         self._system_metrics_interval_s = system_metrics_interval_s
 
-        self._run_id: str | None = None
+        self._run_id: str | None = run_id  # provisional: replaced if the store does not know this run
         self._last_step: dict[str, int] = {}  # per metric key, the last step the run had before this attempt
         self._existing_params: dict[str, str] = {}
         self._queue: collections.deque[_Record] = collections.deque()
@@ -302,7 +302,7 @@ class MLflowTracker:
         self._thread = threading.Thread(target=self._deliver_forever, name="bertdist-mlflow", daemon=True)
         self._thread.start()
         atexit.register(self._close_at_exit)
-        if not self._started.wait(startup_wait_s):
+        if run_id is None and not self._started.wait(startup_wait_s):
             self._warn(
                 "startup",
                 f"MLflow run not started within {startup_wait_s:.0f} s at {self.tracking_uri}; training continues "
@@ -313,7 +313,7 @@ class MLflowTracker:
 
     @property
     def run_id(self) -> str | None:
-        """The MLflow run id, None until the store has answered once (save it in checkpoints)."""
+        """The MLflow run id to save in checkpoints: the resumed one, or the new one once the store answered."""
         return self._run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -385,7 +385,7 @@ class MLflowTracker:
         with self._cond:
             left = sum(len(r.items) for r in self._queue if r.kind != "terminate")
         if left or self._dropped_metrics:
-            kept = f"; the metrics are kept in {self._spool_path()} and sent when this run resumes" if self._run_id else ""
+            kept = f"; they are kept in {self._spool_path()} and sent when this run resumes" if self._run_id else ""
             self._warn(
                 "close",
                 f"MLflow tracking closed before {self.tracking_uri} took everything: {left} queued items "
@@ -401,9 +401,9 @@ class MLflowTracker:
             if not self._accepting:
                 return
             self._queue.append(record)
+            self._write_spool(record)
             if record.kind == "metrics":
                 self._buffered_metrics += len(record.items)
-                self._write_spool(record.items)
                 self._evict_oldest_metrics()
             self._cond.notify_all()
 
@@ -475,46 +475,42 @@ class MLflowTracker:
             self._in_flight = None
             if record.kind == "metrics":
                 self._buffered_metrics -= len(record.items)
-                if self._spool is not None and not any(r.kind == "metrics" for r in self._queue):
-                    self._spool.seek(0)
-                    self._spool.truncate()
+            if self._spool is not None and all(r.kind == "terminate" for r in self._queue):
+                self._spool.seek(0)
+                self._spool.truncate()
 
-    # -- the write-ahead spool: metrics survive a killed process --------------------------------
-    # Every metric is appended to {run_dir}/mlflow-unsent-{run_id}.jsonl before it is queued, and the
-    # file is emptied whenever the queue has no metric left. A job killed with metrics still queued
-    # (SIGKILL, OOM, node loss) leaves them there, and the attempt that resumes the run sends them.
+    # -- the write-ahead spool: what is queued survives a killed process ------------------------
+    # Every record is appended to {run_dir}/mlflow-unsent-{run_id}.jsonl when it is queued, and the file
+    # is emptied whenever the queue is. A job killed with records still queued (SIGKILL, OOM, node
+    # loss) leaves them there, and the attempt that resumes the run sends them first.
 
     def _spool_path(self) -> Path:
         return self._run_dir / f"mlflow-unsent-{self._run_id}.jsonl"
 
     def _open_spool(self) -> None:
         """Queue what a killed attempt left unsent (oldest first), then spool everything queued so far."""
-        from mlflow.entities import Metric
-
         path = self._spool_path()
         left = []
         if path.is_file():
             for line in path.read_text().splitlines():
                 try:
-                    m = json.loads(line)
-                    left.append(Metric(m["key"], float(m["value"]), int(m["timestamp"]), int(m["step"])))
-                except (ValueError, KeyError, TypeError):
+                    left.append(_decode(line))
+                except (ValueError, KeyError, TypeError, IndexError):
                     continue  # the line a kill cut short
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._cond:
             self._spool = open(path, "w")
-            for i in range(0, len(left), MAX_METRICS_PER_BATCH):
-                self._queue.appendleft(_Record("metrics", left[i : i + MAX_METRICS_PER_BATCH]))
-                self._buffered_metrics += len(left[i : i + MAX_METRICS_PER_BATCH])
-            for record in self._queue:
+            for record in reversed(left):
+                self._queue.appendleft(record)
                 if record.kind == "metrics":
-                    self._write_spool(record.items)
+                    self._buffered_metrics += len(record.items)
+            for record in self._queue:
+                self._write_spool(record)
 
-    def _write_spool(self, metrics: list[Any]) -> None:
-        if self._spool is None:
+    def _write_spool(self, record: _Record) -> None:
+        if self._spool is None or record.kind == "terminate":
             return
-        for m in metrics:
-            self._spool.write(json.dumps({"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}) + "\n")
+        self._spool.write(_encode(record) + "\n")
         self._spool.flush()  # into the page cache: survives the process, not the machine
 
     def _close_spool(self, delivered_everything: bool) -> None:
@@ -708,6 +704,20 @@ def _is_transient(error: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(error, OperationalError)
+
+
+def _encode(record: _Record) -> str:
+    items = [[m.key, m.value, m.timestamp, m.step] for m in record.items] if record.kind == "metrics" else record.items
+    return json.dumps({"kind": record.kind, "items": items})
+
+
+def _decode(line: str) -> _Record:
+    from mlflow.entities import Metric
+
+    data = json.loads(line)
+    if data["kind"] == "metrics":
+        return _Record("metrics", [Metric(str(k), float(v), int(t), int(s)) for k, v, t, s in data["items"]])
+    return _Record(str(data["kind"]), [tuple(item) for item in data["items"]])
 
 
 def _truncate(value: str, limit: int) -> str:

@@ -131,9 +131,10 @@ def test_a_resume_with_an_unknown_run_id_starts_a_new_run(mlflow_server, tmp_pat
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tracker = build_tracker(tracking_config(mlflow_server, "unit-unknown"), str(tmp_path), 0, run_id="0" * 32)
-    assert tracker.run_id and tracker.run_id != "0" * 32
+        assert tracker.run_id == "0" * 32  # until the store has said otherwise
+        wait_until(lambda: tracker.run_id != "0" * 32)
+        tracker.close()
     assert any("not in" in str(w.message) for w in caught)
-    tracker.close()
     assert len(mlflow_server.runs("unit-unknown")) == 1
 
 
