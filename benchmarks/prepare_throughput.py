@@ -204,22 +204,24 @@ def main() -> None:
     mb = sum(os.path.getsize(os.path.join(one, n)) for n in os.listdir(one)) / 1e6
     out = lambda name: os.path.join(args.workdir, name)  # noqa: E731
 
-    base = _in_child("baseline", one, vocab, out("baseline.npz"))
-    p1 = _in_child("prepare", one, vocab, out("p1"), "1")
-    p1x2 = _in_child("prepare", two, vocab, out("p1x2"), "1")
-    p2x2 = _in_child("prepare", two, vocab, out("p2x2"), "2")
-
     rate = lambda r: r["instances"] / r["seconds"]  # noqa: E731
-    marginal = (p1x2["instances"] - p1["instances"]) / max(p1x2["seconds"] - p1["seconds"], 1e-9)
-    work = lambda r: r["seconds"] - r["ray_start_seconds"]  # noqa: E731
     print(f"corpus: {mb:.1f} MB of generated English-like text (x2: {2 * mb:.1f} MB); length {MAX_SEQ_LENGTH}, "
-          f"dupe factor {DUPE_FACTOR}; machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"dupe factor {DUPE_FACTOR}; machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    base = _in_child("baseline", one, vocab, out("baseline.npz"))
     print(f"baseline (1 process):     {base['instances']:>9,} instances {base['seconds']:7.1f} s "
-          f"{rate(base):>9,.0f}/s  peak {base['driver_peak_rss_mb']:,.0f} MB  {base['bytes'] / base['instances']:.0f} B/instance")
-    for name, r in [("prepare 1 worker", p1), ("prepare 1 worker, x2", p1x2), ("prepare 2 workers, x2", p2x2)]:
+          f"{rate(base):>9,.0f}/s  peak {base['driver_peak_rss_mb']:,.0f} MB  {base['bytes'] / base['instances']:.0f} B/instance",
+          flush=True)
+    runs = {}
+    for name, corpus, output, workers in [
+        ("prepare 1 worker", one, "p1", "1"), ("prepare 1 worker, x2", two, "p1x2", "1"), ("prepare 2 workers, x2", two, "p2x2", "2")
+    ]:
+        r = runs[output] = _in_child("prepare", corpus, vocab, out(output), workers)
         print(f"{name + ':':<25} {r['instances']:>9,} instances {r['seconds']:7.1f} s {rate(r):>9,.0f}/s  "
               f"(Ray start {r['ray_start_seconds']:.1f} s)  peak worker {r['worker_peak_rss_mb']:,.0f} MB, "
-              f"driver {r['driver_peak_rss_mb']:,.0f} MB  {r['bytes'] / r['instances']:.0f} B/instance")
+              f"driver {r['driver_peak_rss_mb']:,.0f} MB  {r['bytes'] / r['instances']:.0f} B/instance", flush=True)
+    p1, p1x2, p2x2 = runs["p1"], runs["p1x2"], runs["p2x2"]
+    marginal = (p1x2["instances"] - p1["instances"]) / max(p1x2["seconds"] - p1["seconds"], 1e-9)
+    work = lambda r: r["seconds"] - r["ray_start_seconds"]  # noqa: E731
     print(f"end to end, 1 worker vs baseline:          {rate(p1) / rate(base):6.2f}x  (target >= 5x the reference)")
     print(f"end to end, 1 worker vs published 3,600/s: {rate(p1) / REFERENCE_INSTANCES_PER_S:6.2f}x")
     print(f"once started (extra text), 1 worker: {marginal:,.0f}/s = {marginal / rate(base):.2f}x baseline, "

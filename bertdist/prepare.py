@@ -324,6 +324,9 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     manifest = _manifest(opts, files, fingerprint, vocab_size, skipped, document_stats, group_results, shard_results)
     write_manifest(opts.output_dir, manifest)
     shutil.rmtree(work_dir, ignore_errors=True)
+    for name in os.listdir(opts.output_dir):  # temporaries of a killed earlier run
+        if ".partial-" in name:
+            os.remove(os.path.join(opts.output_dir, name))
     return PrepareReport(
         output_dir=opts.output_dir,
         manifest=manifest,
