@@ -56,7 +56,7 @@ def test_rendered_slurm_script_is_valid_bash(tmp_path, monkeypatch):
     script = next(text for path, text in job.files.items() if path.endswith(".sbatch"))
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
-    assert "srun --kill-on-bad-exit=1" in script and "checkpoint" in script
+    assert "srun --kill-on-bad-exit=0 --wait=120" in script and "checkpoint" in script
 
 
 def test_ray_train_entry_point_needs_the_resolved_config():
