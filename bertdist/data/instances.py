@@ -127,29 +127,29 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
     bounds = docs.sentence_offsets.tolist()
     doc_sentences = docs.document_offsets.tolist()
     num_docs = len(docs)
-    cols: list[list[int]] = [[] for _ in range(8)]
-    a_s, a_e, b_s, b_e, rnd, doc_col, rdoc, tgt = cols
+    random, randint = rs.random, rs.randint  # local names: this loop runs once per instance
+    rows: list[tuple[int, ...]] = []
     for d in range(num_docs):
         first, end = doc_sentences[d], doc_sentences[d + 1]
         target = max_num_tokens
-        if rs.random() < opts.short_seq_prob:
-            target = rs.randint(2, max_num_tokens)
+        if random() < opts.short_seq_prob:
+            target = randint(2, max_num_tokens)
         chunk_first = i = first
         chunk_tokens = 0
         while i < end:
             chunk_tokens += bounds[i + 1] - bounds[i]
             if i == end - 1 or chunk_tokens >= target:
                 chunk_sentences = i - chunk_first + 1
-                a_stop = chunk_first + (rs.randint(1, chunk_sentences - 1) if chunk_sentences >= 2 else 1)
+                a_stop = chunk_first + (randint(1, chunk_sentences - 1) if chunk_sentences >= 2 else 1)
                 a_lo, a_hi = bounds[chunk_first], bounds[a_stop]
-                if chunk_sentences == 1 or rs.random() < 0.5:
+                if chunk_sentences == 1 or random() < 0.5:
                     target_b = target - (a_hi - a_lo)
                     for _ in range(10):
-                        other = rs.randint(0, num_docs - 1)
+                        other = randint(0, num_docs - 1)
                         if other != d:
                             break
                     o_first, o_end = doc_sentences[other], doc_sentences[other + 1]
-                    j = rs.randint(o_first, o_end - 1)
+                    j = randint(o_first, o_end - 1)
                     b_lo, k = bounds[j], j + 1
                     while k < o_end and bounds[k] - b_lo < target_b:
                         k += 1
@@ -159,11 +159,11 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
                 else:
                     b_lo, b_hi = a_hi, bounds[i + 1]
                     other, random_next = -1, 0
-                a_s.append(a_lo), a_e.append(a_hi), b_s.append(b_lo), b_e.append(b_hi)
-                rnd.append(random_next), doc_col.append(d), rdoc.append(other), tgt.append(target)
+                rows.append((a_lo, a_hi, b_lo, b_hi, random_next, d, other, target))
                 chunk_first, chunk_tokens = i + 1, 0
             i += 1
-    pairs = Pairs(*(np.array(c, dtype=np.int64) for c in cols))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 8)
+    pairs = Pairs(*(table[:, c].copy() for c in range(8)))
     _truncate(pairs, max_num_tokens, rs.generator)
     return pairs
 
