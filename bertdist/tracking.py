@@ -122,6 +122,18 @@ def build_tracker(cfg: TrackingConfig, run_dir: str, rank: int, run_id: str | No
     return MLflowTracker(cfg, run_dir, run_id=run_id)
 
 
+def build_node_monitor(cfg: TrackingConfig, run_dir: str, run_id: str | None, node_rank: int) -> Tracker:
+    """MLflow's system metrics of node `node_rank` (> 0) of a multi-node job, logged into rank 0's run.
+
+    Rank 0's tracker samples its own node; call this on local rank 0 of every other node, with the
+    run id broadcast from rank 0, and `close()` it at the end. It only adds `system/node_{n}/...`
+    metrics: it never creates, resumes or ends the run.
+    """
+    if node_rank == 0 or not (cfg.enabled and cfg.log_system_metrics and run_id):
+        return NoOpTracker(run_id)
+    return MLflowTracker(cfg, run_dir, run_id=run_id, node_rank=node_rank, owns_run=False)
+
+
 def local_store_uri(run_dir: str | os.PathLike) -> str:
     return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
@@ -264,6 +276,7 @@ class MLflowTracker:
         run_id: str | None = None,
         *,
         node_rank: int = 0,
+        owns_run: bool = True,
         startup_wait_s: float = 30.0,
         drain_timeout_s: float = 300.0,
         max_buffered_metrics: int = 200_000,
@@ -277,6 +290,7 @@ class MLflowTracker:
         self._run_dir = Path(run_dir)
         self._resume_run_id = run_id
         self._node_rank = node_rank
+        self._owns_run = owns_run
         self._drain_timeout_s = drain_timeout_s
         self._max_buffered_metrics = max_buffered_metrics
         self._max_retry_interval_s = max_retry_interval_s
@@ -385,7 +399,8 @@ class MLflowTracker:
         with self._cond:
             left = sum(len(r.items) for r in self._queue if r.kind != "terminate")
         if left or self._dropped_metrics:
-            kept = f"; they are kept in {self._spool_path()} and sent when this run resumes" if self._run_id else ""
+            spool = self._spool_path()
+            kept = f"; they are kept in {spool} and sent when this run resumes" if spool.is_file() and spool.stat().st_size else ""
             self._warn(
                 "close",
                 f"MLflow tracking closed before {self.tracking_uri} took everything: {left} queued items "
@@ -410,7 +425,9 @@ class MLflowTracker:
     def _evict_oldest_metrics(self) -> None:
         """Keep memory bounded in a very long outage: the oldest metric values go first, never params."""
         while self._buffered_metrics > self._max_buffered_metrics:
-            oldest = next(r for r in self._queue if r.kind == "metrics" and r is not self._in_flight)
+            oldest = next((r for r in self._queue if r.kind == "metrics" and r is not self._in_flight), None)
+            if oldest is None:  # only the batch being sent is left
+                return
             self._queue.remove(oldest)
             self._buffered_metrics -= len(oldest.items)
             self._dropped_metrics += len(oldest.items)
@@ -435,7 +452,8 @@ class MLflowTracker:
             while True:
                 record = self._next_record()
                 if record.kind == "terminate":
-                    self._with_retry(lambda: client.set_terminated(self._run_id, status=record.items[0]))
+                    if self._owns_run:
+                        self._with_retry(lambda: client.set_terminated(self._run_id, status=record.items[0]))
                     self._done(record)
                     self._close_spool(delivered_everything=True)
                     return
@@ -485,7 +503,8 @@ class MLflowTracker:
     # loss) leaves them there, and the attempt that resumes the run sends them first.
 
     def _spool_path(self) -> Path:
-        return self._run_dir / f"mlflow-unsent-{self._run_id}.jsonl"
+        node = f"-node{self._node_rank}" if self._node_rank else ""  # nodes may share the run directory
+        return self._run_dir / f"mlflow-unsent-{self._run_id}{node}.jsonl"
 
     def _open_spool(self) -> None:
         """Queue what a killed attempt left unsent (oldest first), then spool everything queued so far."""
@@ -525,6 +544,9 @@ class MLflowTracker:
     def _start_run(self, client: MlflowClient) -> None:
         from mlflow.exceptions import MlflowException
 
+        if not self._owns_run:  # a node monitor: the run is rank 0's
+            self._read_run(client.get_run(self._resume_run_id))
+            return
         experiment_id = self._experiment_id(client)
         if self._resume_run_id:
             try:
@@ -541,14 +563,18 @@ class MLflowTracker:
                 if run.info.lifecycle_stage == "deleted":
                     client.restore_run(run.info.run_id)
                 client.update_run(run.info.run_id, status="RUNNING")
-                # The latest value of each metric carries its step (MLflow's own system-metrics resume
-                # reads it the same way); reading the full histories instead would be unbounded.
-                for metric in getattr(run.data, "_metric_objs", []):
-                    self._last_step[metric.key] = max(metric.step, self._last_step.get(metric.key, -1))
-                self._existing_params = dict(run.data.params)
-                self._run_id = run.info.run_id
+                self._read_run(run)
                 return
         run = client.create_run(experiment_id, run_name=self._cfg.run_name or None)
+        self._run_id = run.info.run_id
+
+    def _read_run(self, run: Any) -> None:
+        """What a continued run already holds: the last step of each metric, and the parameters."""
+        # The latest value of each metric carries its step (MLflow's own system-metrics resume reads
+        # it the same way); reading the full histories instead would be unbounded.
+        for metric in getattr(run.data, "_metric_objs", []):
+            self._last_step[metric.key] = max(metric.step, self._last_step.get(metric.key, -1))
+        self._existing_params = dict(run.data.params)
         self._run_id = run.info.run_id
 
     def _experiment_id(self, client: MlflowClient) -> str:

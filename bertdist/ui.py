@@ -96,8 +96,7 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        if not _wait_until_up(url, server):
-            return server.returncode if server.returncode is not None else 1
+        wait_until_serving(url, server, STARTUP_TIMEOUT_S)
         print(f"MLflow dashboard for {store}: {url}  (Ctrl-C to stop)", flush=True)
         return server.wait()
     except KeyboardInterrupt:
@@ -116,21 +115,20 @@ def _check_port_free(host: str, port: int) -> None:
             raise UIError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); pick another port") from None
 
 
-def _wait_until_up(url: str, server: subprocess.Popen) -> bool:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+def wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float) -> None:
+    """Poll the MLflow server's /health until it answers; UIError if it exits first or stays silent."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            print(f"bertdist ui: mlflow server exited with code {server.returncode}", file=sys.stderr)
-            return False
+            raise UIError(f"mlflow server exited with code {server.returncode} before answering at {url}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
-                    return True
+                    return
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.25)
-    print(f"bertdist ui: mlflow server did not answer at {url} within {STARTUP_TIMEOUT_S:.0f} s", file=sys.stderr)
-    return False
+    raise UIError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s")
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -10,39 +10,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bertdist.distributed import free_tcp_port
+from bertdist.ui import wait_until_serving
+
 MLFLOW_CLI = str(Path(sys.executable).parent / "mlflow")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_http(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
-    """Poll `url` until it answers 200; fail early if `process` died."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
 class MlflowServer:
@@ -51,7 +29,7 @@ class MlflowServer:
     def __init__(self, store_dir: Path):
         self.store_dir = Path(store_dir)
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = free_tcp_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
@@ -68,7 +46,7 @@ class MlflowServer:
             start_new_session=True,  # its own process group, so stop() ends the server's workers too
         )
         log.close()
-        wait_for_http(f"{self.url}/health", timeout_s, self.process)
+        wait_until_serving(self.url, self.process, timeout_s)
 
     def stop(self) -> None:
         if self.process is None:

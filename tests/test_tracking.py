@@ -12,7 +12,15 @@ import warnings
 import pytest
 
 from bertdist.config import Config, TrackingConfig
-from bertdist.tracking import MLflowTracker, NoOpTracker, build_tracker, local_store_uri, log_export, resolve_tracking_uri
+from bertdist.tracking import (
+    MLflowTracker,
+    NoOpTracker,
+    build_node_monitor,
+    build_tracker,
+    local_store_uri,
+    log_export,
+    resolve_tracking_uri,
+)
 from tests.conftest import tiny_model_config
 
 
@@ -176,29 +184,34 @@ def test_an_outage_loses_nothing_and_raises_nothing(mlflow_server, tmp_path, cap
     assert "is back after" in stderr
 
 
-def test_close_gives_up_after_the_drain_timeout_when_the_store_never_answers(tmp_path):
+def warnings_of_a_tracker_with_no_server(tmp_path, log, **tracker_options) -> str:
+    """Run `log(tracker)` and close() against a port where nothing listens; the warnings it gave."""
     cfg = TrackingConfig(tracking_uri="http://127.0.0.1:9", experiment_name="nowhere", log_system_metrics=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tracker = MLflowTracker(cfg, str(tmp_path), startup_wait_s=0.5, drain_timeout_s=1.0, max_retry_interval_s=0.2)
-        assert tracker.run_id is None
-        tracker.log_metrics({"loss": 1.0}, step=1)
-        started = time.monotonic()
+        tracker = MLflowTracker(cfg, str(tmp_path), **tracker_options)
+        log(tracker)
         tracker.close()
+    return " ".join(str(w.message) for w in caught)
+
+
+def test_close_gives_up_after_the_drain_timeout_when_the_store_never_answers(tmp_path):
+    started = time.monotonic()
+    messages = warnings_of_a_tracker_with_no_server(
+        tmp_path, lambda t: t.log_metrics({"loss": 1.0}, step=1), startup_wait_s=0.5, drain_timeout_s=1.0
+    )
     assert time.monotonic() - started < 10
-    messages = " ".join(str(w.message) for w in caught)
     assert "not started within" in messages and "1 queued items undelivered" in messages
 
 
 def test_the_buffer_is_bounded_during_an_outage(tmp_path):
-    cfg = TrackingConfig(tracking_uri="http://127.0.0.1:9", experiment_name="nowhere", log_system_metrics=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tracker = MLflowTracker(cfg, str(tmp_path), startup_wait_s=0.1, drain_timeout_s=0.5, max_buffered_metrics=100)
+    def log(tracker):
         for step in range(1000):
             tracker.log_metrics({"loss": 1.0, "lr": 2.0}, step=step)
-        tracker.close()
-    messages = " ".join(str(w.message) for w in caught)
+
+    messages = warnings_of_a_tracker_with_no_server(
+        tmp_path, log, startup_wait_s=0.1, drain_timeout_s=0.5, max_buffered_metrics=100
+    )
     assert "buffer full" in messages and "100 queued items undelivered, 1900 metric values dropped" in messages
 
 
@@ -244,3 +257,17 @@ def test_an_export_is_attached_to_the_run_that_trained_it(mlflow_server, tmp_pat
     assert mlflow_server.tags(tracker.run_id)["bertdist.hf_export"] == str(export_dir.resolve())
     with pytest.warns(RuntimeWarning, match="export not attached"):
         assert not log_export(cfg, tmp_path, "0" * 32, export_dir)
+
+
+def test_another_node_adds_its_system_metrics_to_rank_zeros_run(mlflow_server, tmp_path):
+    """Node 1 is faked by a second monitor in this process (the suite has one machine)."""
+    cfg = tracking_config(mlflow_server, "unit-nodes")
+    tracker = build_tracker(cfg, str(tmp_path), rank=0)
+    assert isinstance(build_node_monitor(cfg, str(tmp_path), tracker.run_id, node_rank=1), NoOpTracker)  # off in cfg
+    cfg.log_system_metrics = True
+    monitor = MLflowTracker(cfg, str(tmp_path), run_id=tracker.run_id, node_rank=1, owns_run=False, system_metrics_interval_s=0.2)
+    wait_until(lambda: "system/node_1/cpu_utilization_percentage" in mlflow_server.metric_keys(tracker.run_id))
+    monitor.close()
+    assert mlflow_server.run(tracker.run_id)["info"]["status"] == "RUNNING"  # the node does not end the run
+    tracker.close()
+    assert mlflow_server.run(tracker.run_id)["info"]["status"] == "FINISHED"

@@ -15,9 +15,9 @@ import pytest
 
 from bertdist.cli import main
 from bertdist.config import TrackingConfig
+from bertdist.distributed import free_tcp_port
 from bertdist.tracking import build_tracker
 from bertdist.ui import UIError, check_host
-from tests.mlflow_server import free_port
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def read_until(stream, marker: str, timeout_s: float) -> str:
 
 def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
     directory, run_id = run_dir
-    port = free_port()
+    port = free_tcp_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,7 +76,7 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
 
 
 def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
-    assert main(["ui", "--run-dir", str(tmp_path), "--port", str(free_port())]) == 2
+    assert main(["ui", "--run-dir", str(tmp_path), "--port", str(free_tcp_port())]) == 2
     err = capsys.readouterr().err
     assert f"--run-dir {tmp_path}" in err and "mlflow.db does not exist" in err
 
