@@ -137,9 +137,11 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """Projection back to the hidden size, dropout, residual and LayerNorm (post-LN)."""
+
+    def __init__(self, cfg: ModelConfig, in_features: int | None = None):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = nn.Linear(in_features or cfg.hidden_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
@@ -170,10 +172,7 @@ class BertOutput(BertSelfOutput):
     """The feed-forward's second projection (ffn -> hidden), dropout, residual and LayerNorm."""
 
     def __init__(self, cfg: ModelConfig):
-        nn.Module.__init__(self)
-        self.dense = nn.Linear(cfg.ffn_size(), cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        super().__init__(cfg, in_features=cfg.ffn_size())
 
 
 class BertLayer(nn.Module):
