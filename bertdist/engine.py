@@ -65,6 +65,16 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def device_problems(cfg: Config, device_type: str) -> list[str]:
+    """Settings this device cannot run, found before anything starts."""
+    problems = []
+    if device_type != "cuda" and cfg.train.precision == "fp16":
+        problems.append("train.precision: fp16 needs a CUDA GPU; use fp32 on CPU")
+    if device_type != "cuda" and cfg.optim.fused == "on":
+        problems.append("optim.fused: on needs a CUDA GPU (DeepSpeed's FusedAdam is a CUDA kernel); use auto or off")
+    return problems
+
+
 def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
     """Adam with decoupled weight decay over bertdist.model.param_groups (no decay on LayerNorm, biases).
 
@@ -78,7 +88,7 @@ def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
 
     groups = param_groups(model, optim.weight_decay)
     kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
-    if optim.fused == "on" or (optim.fused == "auto" and device_type == "cuda"):
+    if optim.fused != "off" and device_type == "cuda":
         try:
             from deepspeed.ops.adam import FusedAdam
 
@@ -94,6 +104,10 @@ def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
     """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
     import deepspeed
 
+    if ds_config["zero_optimization"]["stage"] == 3:
+        # The MLM decoder uses the word-embedding matrix inside another module's forward; ZeRO-3 must
+        # know to gather it there too.
+        deepspeed.zero.register_external_parameter(model.cls.predictions, model.bert.embeddings.word_embeddings.weight)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
     return engine
 

@@ -68,10 +68,13 @@ def _prepare(cfg: Config, env: DistributedEnv) -> "_Run":
     """Everything that can fail on bad input, done before any process group or model exists."""
     import torch
 
+    from bertdist.engine import device_problems
+
     validate(cfg, world_size=env.world_size)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_type == "cpu" and cfg.train.precision == "fp16":
-        raise ConfigError(["train.precision: fp16 needs a CUDA GPU; use fp32 on CPU"])
+    problems = device_problems(cfg, device_type)
+    if problems:
+        raise ConfigError(problems)
     resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume)
     state = checkpoint.read_train_state(resume_from) if resume_from else None
     if state is not None and state.config["model"] != cfg.to_dict()["model"]:
@@ -151,9 +154,10 @@ class _Run:
         try:
             self.device = torch.device(self.device_type, env.local_rank if self.device_type == "cuda" else None)
             torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-            model = BertForPreTraining(cfg.model)
             if cfg.checkpoint.init_from_pretrained and self.resume_from is None:
                 model = BertForPreTraining.from_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
+            else:
+                model = BertForPreTraining(cfg.model)
             self.start_step = self.resumed_state.step if self.resumed_state else 0
             _, phase = cfg.phase_at(self.start_step)
             optimizer = ds.build_optimizer(model, cfg.optim, self.device_type)

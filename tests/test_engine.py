@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bertdist.config import Config, ConfigError, PhaseConfig, load_config
-from bertdist.engine import FP16_LOSS_SCALING, build_optimizer, deepspeed_config
+from bertdist.engine import FP16_LOSS_SCALING, build_optimizer, deepspeed_config, device_problems
 from tests.conftest import tiny_model_config
 
 
@@ -62,11 +62,10 @@ def test_cpu_optimizer_is_adamw_without_decay_on_layernorm_and_biases():
     assert opt.defaults["eps"] == cfg.optim.eps
 
 
-def test_fused_on_without_a_gpu_is_a_clear_error():
-    from bertdist.model import BertForPreTraining
-
-    cfg = _cfg('optim.fused="on"')  # quoted: YAML reads a bare on as true
-    if torch.cuda.is_available():
-        pytest.skip("FusedAdam can work here")
-    with pytest.raises(RuntimeError, match="optim.fused=on"):
-        build_optimizer(BertForPreTraining(tiny_model_config()), cfg.optim, "cpu")
+def test_gpu_only_settings_are_refused_on_cpu():
+    cfg = _cfg('optim.fused="on"', "train.precision=fp16")  # quoted: YAML reads a bare on as true
+    problems = device_problems(cfg, "cpu")
+    assert any(p.startswith("optim.fused: on needs a CUDA GPU") for p in problems)
+    assert any(p.startswith("train.precision: fp16 needs a CUDA GPU") for p in problems)
+    assert device_problems(cfg, "cuda") == []
+    assert device_problems(_cfg(), "cpu") == []

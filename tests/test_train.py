@@ -96,7 +96,8 @@ def _copy_shards(tiny_shards: str, target: Path, edit) -> str:
     [
         ("wrong_vocab", "another vocabulary"),
         ("wrong_length", "max_seq_length 32, not 64"),
-        ("no_shards", "cannot give each of 2 ranks"),
+        ("no_shards", "the manifest lists no shards"),
+        ("too_few_samples_for_ranks", "cannot give each of 2 ranks"),
         ("missing_shard", "listed in the manifest but missing"),
         ("batch_not_divisible", "train.global_batch_size: 18 is not divisible"),
         ("missing_eval", "manifest"),
@@ -106,11 +107,15 @@ def test_bad_config_or_shards_fail_at_start(rank0_of_2, tmp_path, tiny_shards, t
     shards, vocab, overrides = tiny_shards, tiny_vocab, []
     if case == "wrong_vocab":
         vocab = str(tmp_path / "vocab.txt")
-        Path(vocab).write_text(Path(tiny_vocab).read_text() + "extra\n")
+        tokens = Path(tiny_vocab).read_text().splitlines()
+        tokens[-2], tokens[-1] = tokens[-1], tokens[-2]  # same size, other ids: other shards
+        Path(vocab).write_text("\n".join(tokens) + "\n")
     elif case == "wrong_length":
         overrides = ["data.phases.0.max_seq_length=64"]
     elif case == "no_shards":
         shards = _copy_shards(tiny_shards, tmp_path / "empty", lambda m: m.update(shards=[]))
+    elif case == "too_few_samples_for_ranks":
+        overrides = ["data.phases.0.micro_batch_size=100000", "train.global_batch_size=200000"]
     elif case == "missing_shard":
         shards = _copy_shards(tiny_shards, tmp_path / "missing", lambda m: m["shards"].append({**m["shards"][0], "name": "gone.tar"}))
     elif case == "batch_not_divisible":
