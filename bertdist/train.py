@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 from bertdist import checkpoint
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
+from bertdist.data import DataError
 from bertdist.distributed import DistributedEnv, LaunchEnvironmentError, read_env
 
 REQUEUE_EXIT_CODE = 75
@@ -44,6 +45,7 @@ STEP_SLOTS = (
     "loss", "mlm_loss", "nsp_loss", "micro_batches", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
     "tokens", "sequences", "flops", "data_wait_seconds", "stop_requested",
 )  # fmt: skip
+SLOT = {name: i for i, name in enumerate(STEP_SLOTS)}
 
 
 def train(cfg: Config) -> int:
@@ -51,16 +53,9 @@ def train(cfg: Config) -> int:
     try:
         env = read_env(default_port=cfg.launch.master_port)
         run = _prepare(cfg, env)
-    except (ConfigError, LaunchEnvironmentError, checkpoint.CheckpointError) as e:
+    except (ConfigError, DataError, LaunchEnvironmentError, checkpoint.CheckpointError) as e:
         print(f"bertdist train: {e}", file=sys.stderr)
         return CONFIG_EXIT_CODE
-    except Exception as e:
-        from bertdist.data import DataError
-
-        if isinstance(e, DataError):
-            print(f"bertdist train: {e}", file=sys.stderr)
-            return CONFIG_EXIT_CODE
-        raise
     return run.execute()
 
 
@@ -123,11 +118,9 @@ class _Interval:
     """Sums since the last log line, for the throughput numbers."""
 
     start: float = field(default_factory=time.perf_counter)
-    steps: int = 0
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_SLOTS, 0.0))
 
     def add(self, step_sums: dict[str, float]) -> None:
-        self.steps += 1
         for key, value in step_sums.items():
             self.totals[key] += value
 
@@ -138,6 +131,7 @@ class _Run:
         self.resume_from, self.resumed_state = resume_from, state
         self.output_dir = Path(cfg.train.output_dir)
         self.stop = _StopFlag()
+        self.grad_norm = float("nan")
 
     # -----------------------------------------------------------------------------------------
     def execute(self) -> int:
@@ -241,27 +235,39 @@ class _Run:
         engine = self.engine
         engine.train()
         acc = torch.zeros(len(STEP_SLOTS), dtype=torch.float64, device=self.device)
-        slot = {name: i for i, name in enumerate(STEP_SLOTS)}
         for _ in range(engine.gradient_accumulation_steps()):
             wait_start = time.perf_counter()
             batch = {k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
-            acc[slot["data_wait_seconds"]] += time.perf_counter() - wait_start
+            acc[SLOT["data_wait_seconds"]] += time.perf_counter() - wait_start
             out = engine(**batch)
             engine.backward(out.loss)
+            if engine.is_gradient_accumulation_boundary():
+                self.grad_norm = self._grad_norm_before_step()
             engine.step()
-            self._accumulate(acc, slot, out, batch)
+            self._accumulate(acc, out, batch)
             sequences, seq_length = batch["input_ids"].shape
             predictions = batch["masked_lm_ids"].shape[1]
-            acc[slot["flops"]] += sequences * train_flops_per_sequence(self.cfg.model, seq_length, predictions)
-        acc[slot["stop_requested"]] = 1.0 if self.stop.signum else 0.0
+            acc[SLOT["flops"]] += sequences * train_flops_per_sequence(self.cfg.model, seq_length, predictions)
+        acc[SLOT["stop_requested"]] = 1.0 if self.stop.signum else 0.0
         dist.all_reduce(acc)
         sums = dict(zip(STEP_SLOTS, acc.tolist()))
         self.tokens_seen += int(sums["tokens"])
         self.sequences_seen += int(sums["sequences"])
         return sums
 
+    def _grad_norm_before_step(self) -> float:
+        """DeepSpeed's global gradient norm; computed here where it keeps none (ZeRO-0 without fp16/bf16).
+
+        Called after the last backward of a step: stage 0 has all-reduced the full gradients by then.
+        """
+        if self.cfg.train.zero_stage != 0 or self.cfg.train.precision != "fp32":
+            return float("nan")  # DeepSpeed's own value is read after the step
+        import torch
+
+        return float(torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None]))
+
     @staticmethod
-    def _accumulate(acc: Any, slot: dict[str, int], out: Any, batch: dict[str, Any]) -> None:
+    def _accumulate(acc: Any, out: Any, batch: dict[str, Any]) -> None:
         """Add one micro batch's losses and prediction counts to `acc` without a host sync."""
         import torch
 
@@ -282,7 +288,7 @@ class _Run:
             "sequences": batch["input_ids"].shape[0],
         }
         for name, value in values.items():
-            acc[slot[name]] += value.double() if isinstance(value, torch.Tensor) else value
+            acc[SLOT[name]] += value.double() if isinstance(value, torch.Tensor) else value
 
     # -----------------------------------------------------------------------------------------
     def _log_interval(self, step: int, lr: float, interval: _Interval) -> None:
@@ -292,14 +298,11 @@ class _Run:
         seconds = time.perf_counter() - interval.start
         world = self.env.world_size
         grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.grad_norm if grad_norm is None else grad_norm
         metrics = {
-            "loss": t["loss"] / t["micro_batches"],
-            "mlm_loss": t["mlm_loss"] / t["micro_batches"],
-            "nsp_loss": t["nsp_loss"] / t["micro_batches"],
-            "mlm_accuracy": t["mlm_correct"] / max(1.0, t["mlm_count"]),
-            "nsp_accuracy": t["nsp_correct"] / max(1.0, t["nsp_count"]),
+            **_quality(t),
             "learning_rate": lr,
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "grad_norm": float(grad_norm),
             "loss_scale": ds.loss_scale(self.engine),
             "skipped_steps": float(self.engine.skipped_steps),
             "sequences_per_second": t["sequences"] / seconds,
@@ -323,22 +326,14 @@ class _Run:
         rng = checkpoint.capture_rng_state()
         self.engine.eval()
         acc = torch.zeros(len(STEP_SLOTS), dtype=torch.float64, device=self.device)
-        slot = {name: i for i, name in enumerate(STEP_SLOTS)}
         batches = iter(_loader(self.cfg, phase, self.env, phase.eval_dir, workers=0))
         with torch.no_grad():
             for _ in range(self.cfg.train.eval_batches):
                 batch = {k: v.to(self.device) for k, v in next(batches).items()}
-                self._accumulate(acc, slot, self.engine(**batch), batch)
+                self._accumulate(acc, self.engine(**batch), batch)
         dist.all_reduce(acc)
         checkpoint.restore_rng_state(rng)
-        t = dict(zip(STEP_SLOTS, acc.tolist()))
-        metrics = {
-            "eval_loss": t["loss"] / t["micro_batches"],
-            "eval_mlm_loss": t["mlm_loss"] / t["micro_batches"],
-            "eval_nsp_loss": t["nsp_loss"] / t["micro_batches"],
-            "eval_mlm_accuracy": t["mlm_correct"] / max(1.0, t["mlm_count"]),
-            "eval_nsp_accuracy": t["nsp_correct"] / max(1.0, t["nsp_count"]),
-        }
+        metrics = _quality(dict(zip(STEP_SLOTS, acc.tolist())), prefix="eval_")
         self.tracker.log_metrics(metrics, step=step)
         self.log.metrics(step, metrics)
 
@@ -401,6 +396,17 @@ class _RankZeroLog:
         print(f"step {step} | {shown}", flush=True)
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def _quality(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """Mean losses per micro batch and accuracies over all predictions, from STEP_SLOTS sums."""
+    return {
+        f"{prefix}loss": sums["loss"] / sums["micro_batches"],
+        f"{prefix}mlm_loss": sums["mlm_loss"] / sums["micro_batches"],
+        f"{prefix}nsp_loss": sums["nsp_loss"] / sums["micro_batches"],
+        f"{prefix}mlm_accuracy": sums["mlm_correct"] / max(1.0, sums["mlm_count"]),
+        f"{prefix}nsp_accuracy": sums["nsp_correct"] / max(1.0, sums["nsp_count"]),
+    }
 
 
 def _short(value: float) -> str:
