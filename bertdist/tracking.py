@@ -689,11 +689,16 @@ class MLflowTracker:
         MLflow's monitor thread stops for good at the first failed request; sampling here and queueing
         like any other metric lets the system metrics survive an outage too.
         """
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
         prefix = f"system/node_{self._node_rank}/"
-        monitor = SystemMetricsMonitor(self._run_id, sampling_interval=self._system_metrics_interval_s, tracking_uri=self.tracking_uri)
         step = 1 + max((s for k, s in self._last_step.items() if k.startswith(prefix)), default=-1)
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            # Used only for its set of monitors (GPU detection included), never started.
+            monitor = SystemMetricsMonitor(self._run_id, tracking_uri=self.tracking_uri)
+        except Exception as e:  # e.g. psutil missing
+            self._warn("sysmetrics", f"no system metrics: {e!r}")
+            return
         while not self._stop_sampling.wait(self._system_metrics_interval_s):
             try:
                 monitor.collect_metrics()
