@@ -408,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertdist",
         description="Pretrain BERT at scale: WordPiece vocab, Ray preprocessing, DeepSpeed training, MLflow tracking.",
     )
+    # The deepspeed launcher puts --local_rank=N before the subcommand; the rank is read from the environment.
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)

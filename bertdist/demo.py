@@ -5,7 +5,8 @@
              prose about programming, ~1.2 MB), one document per topic / module / class / function
     vocab    a WordPiece vocabulary trained on it
     prepare  masked sentence-pair shards made by local Ray (train, and a held-out eval split)
-    train    configs/bert-tiny.yaml with 2 CPU ranks of DeepSpeed, tracked in a local MLflow store
+    train    configs/bert-tiny.yaml with 2 CPU ranks under the deepspeed launcher, tracked in a local
+             MLflow store
     export   the last checkpoint as a Hugging Face directory
 
 Every stage is skipped when its output is already there, so an interrupted demo continues where it
@@ -145,19 +146,19 @@ def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> i
 
 
 def _launch_training(ranks: int, overrides: list[str]) -> int:
-    """`torchrun --nproc_per_node RANKS -m bertdist train ...`, as a user would type it on one machine.
+    """`deepspeed --num_gpus RANKS --module bertdist train ...`, as a user would type it on one machine.
 
-    The rendezvous port is a free one rather than the config's 29500, which another job on the same
-    machine may hold.
+    With DS_ACCELERATOR=cpu the launcher starts RANKS CPU processes. The rendezvous port is a free one
+    rather than the config's 29500, which another job on the same machine may hold.
     """
     from bertdist.distributed import free_tcp_port
 
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(free_tcp_port()),
-        "-m", "bertdist", "train", "--config", str(DEMO_CONFIG), "--resume", "auto", *overrides,
+        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port", str(free_tcp_port()),
+        "--module", "bertdist", "train", "--config", str(DEMO_CONFIG), "--resume", "auto", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
-    print("  $ " + " ".join(command[2:]), flush=True)
+    print("  $ deepspeed " + " ".join(command[3:]), flush=True)
     return subprocess.run(command, env=env, check=False).returncode
 
 
