@@ -171,9 +171,10 @@ def test_status_and_logs_of_unknown_or_hostile_job_ids(tmp_path, capsys):
 # The slow pieces overlap: the SLURM job (module fixture) trains, is preempted and waits to be requeued
 # while the Ray head starts and runs `prepare`; each test then checks its own half.
 
-SLURM_STEPS = 30
-SLURM_CHECKPOINT_EVERY = 10
-JOB_TIMEOUT_S = 300
+SLURM_STEPS = 40
+SLURM_CHECKPOINT_EVERY = 4
+JOB_TIMEOUT_S = 600
+"""Generous: on a machine shared with other test runs, a 2-rank start alone can take minutes."""
 
 
 class SlurmPreemption:
@@ -182,7 +183,7 @@ class SlurmPreemption:
     preempting, so the job runs on while other tests work."""
 
     def __init__(self, tmp: Path, shards: str, vocab: str):
-        config = training_runs.write_config(tmp, shards, vocab, zero_stage=1, log_every_steps=5)
+        config = training_runs.write_config(tmp, shards, vocab, zero_stage=1, log_every_steps=4)
         cfg = yaml.safe_load(config.read_text())
         cfg["data"]["phases"][0].update(steps=SLURM_STEPS, eval_dir="")
         cfg["data"]["loader_workers"] = 0
@@ -201,7 +202,9 @@ class SlurmPreemption:
 
     def _preempt_at_first_checkpoint(self) -> None:
         deadline = time.monotonic() + JOB_TIMEOUT_S
-        while training_runs.latest_tag(self.out) is None and time.monotonic() < deadline:
+        while training_runs.latest_tag(self.out) is None:
+            if time.monotonic() > deadline:
+                return  # never preempted: the test reports it with the job's log
             time.sleep(0.5)
         if subprocess.run(["scancel", "--signal=USR1", self.job_id]).returncode == 0:
             self.preempted.set()
@@ -316,7 +319,7 @@ def _wait_for_state(job_id: str, jobs_dir: Path, env: dict | None = None) -> str
 
 
 @pytest.mark.slow
-def test_prepare_runs_as_a_ray_job_on_a_token_protected_head(slurm_job, ray_head, tiny_corpus, tiny_vocab, tiny_shards, tmp_path):
+def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray_head, tiny_corpus, tiny_vocab, tiny_shards, tmp_path):
     # `slurm_job` is not used here: asking for it starts the SLURM job, which trains meanwhile.
     ray_head.wait_ready()
     output = tmp_path / "shards"
@@ -351,6 +354,20 @@ def test_prepare_runs_as_a_ray_job_on_a_token_protected_head(slurm_job, ray_head
     assert [(s["name"], s["num_samples"], s["sha256"]) for s in got["shards"]] == \
         [(s["name"], s["num_samples"], s["sha256"]) for s in want["shards"]]
     assert all((output / s["name"]).is_file() for s in got["shards"])
+
+    # Training on the cluster's shards, as a Ray job (launch/ray_train.py: a placement group, torchrun per node).
+    config = training_runs.write_config(tmp_path / "train", str(output), tiny_vocab, zero_stage=1)
+    submitted = bertdist("submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs),
+                         "--config", str(config), "--cpu-only", "--nodes", "1", "--gpus-per-node", "1",
+                         "--master-port", str(free_tcp_port()), "data.phases.0.steps=2", "data.phases.0.eval_dir=",
+                         "data.loader_workers=0", "optim.warmup_steps=1", "checkpoint.every_steps=2", env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
+    status = _wait_for_state(job_id, jobs, env)
+    logs = bertdist("logs", job_id, "--jobs-dir", str(jobs), env=env).stdout
+    assert status.startswith("succeeded"), status + logs[-3000:]
+    assert "ray_train.py: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
+    assert training_runs.latest_tag(tmp_path / "train" / "out") == "step_00000002"
 
 
 @pytest.mark.slow
