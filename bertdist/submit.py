@@ -53,6 +53,8 @@ DEFAULT_SIGNAL_SECONDS = 300
 DEFAULT_RAY_ADDRESS = "http://127.0.0.1:8265"
 RAY_UPLOAD_EXCLUDES = [".venv", "runs", ".git", "**/__pycache__", "*.egg-info", ".pytest_cache"]
 """Left out of the source tree a Ray job ships: the cluster brings its own environment and data."""
+RAY_CONFIG_ENV = "BERTDIST_CONFIG_YAML"
+"""Carries a Ray training job's resolved config to launch/ray_train.py."""
 
 # ---------------------------------------------------------------------------------------------
 # What may reach a script. Each pattern is anchored (fullmatch) and ASCII-only.
@@ -219,8 +221,10 @@ class PlannedJob:
         for path, text in self.files.items():
             out += [f"# --- {path}", text.rstrip("\n")]
         if self.backend == "ray":
-            shown = {k: v for k, v in self.runtime_env.items() if k != "env_vars"}
-            shown["env_vars"] = sorted(self.runtime_env.get("env_vars", {}))
+            env_vars = self.runtime_env.get("env_vars", {})
+            if RAY_CONFIG_ENV in env_vars:
+                out += [f"# --- resolved config (in the job's environment as {RAY_CONFIG_ENV})", env_vars[RAY_CONFIG_ENV].rstrip("\n")]
+            shown = {k: sorted(v) if k == "env_vars" else v for k, v in self.runtime_env.items()}
             out += [f"# --- Ray job for {self.address}", f"entrypoint: {self.entrypoint}",
                     f"runtime_env: {json.dumps(shown, sort_keys=True)}"]
         else:
@@ -388,7 +392,9 @@ def _render_slurm(job: PlannedJob, ctx: _Context) -> None:
     job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
     workdir = os.getcwd()
     problems: list[str] = []
+    # Both appear in the batch script, the jobs dir inside an #SBATCH line that no quoting protects.
     _check(problems, "working directory", workdir, PATH_RE, "path")
+    _check(problems, "--jobs-dir (resolved)", job.jobs_dir, PATH_RE, "path")
     if problems:
         raise SubmitError(problems)
     script_file = Path(job.jobs_dir) / f"{job.stem}.sbatch"
@@ -423,7 +429,7 @@ def _render_ray(job: PlannedJob, ctx: _Context) -> None:
         argv = ["python", "launch/ray_prepare.py", *ctx.req.args]
     else:
         # The resolved config travels inside the job, so the cluster needs no copy of the submitter's files.
-        env_vars["BERTDIST_CONFIG_YAML"] = dump_yaml(ctx.cfg)
+        env_vars[RAY_CONFIG_ENV] = dump_yaml(ctx.cfg)
         argv = ["python", "launch/ray_train.py", "--nodes", str(ctx.nodes), "--gpus-per-node", str(ctx.gpus_per_node),
                 "--master-port", str(ctx.master_port)] + (["--cpu-only"] if ctx.req.cpu_only else [])
     job.entrypoint = shlex.join(argv)

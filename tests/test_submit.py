@@ -70,11 +70,10 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, tmp_path, capsys, m
     else:
         assert "entrypoint: python launch/ray_train.py --nodes 2 --gpus-per-node 1" in out
         assert "BERTDIST_CONFIG_YAML" in out and '"working_dir"' in out
-    if backend != "ray":
-        # The override reaches the job only inside the resolved YAML, never a command line.
-        resolved = out.split("# --- ", 2)[1].split("\n", 1)[1].split("\n# --- ")[0]
-        assert yaml.safe_load(resolved)["tracking"]["run_name"] == "it's $(touch pwned)"
-        assert yaml.safe_load(resolved)["launch"]["backend"] == backend
+    # The override reaches the job only inside the resolved YAML, never a command line.
+    resolved = yaml.safe_load(out.split("# --- ", 2)[1].split("\n", 1)[1].split("\n# --- ")[0])
+    assert resolved["tracking"]["run_name"] == "it's $(touch pwned)" and resolved["launch"]["backend"] == backend
+    assert "pwned" not in out.replace("run_name: it's $(touch pwned)", "")
 
 
 def test_resolved_config_round_trips_through_the_trainers_loader(tmp_path):
