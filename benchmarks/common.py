@@ -29,6 +29,10 @@ def use_all_cores() -> int:
     return threads
 
 
+def device_name(device: torch.device, threads: int) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)"
+
+
 def interleaved_medians(
     steps: dict[str, Callable[[], None]], device: torch.device, repeats: int, warmup: int
 ) -> dict[str, float]:

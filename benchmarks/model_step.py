@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import torch
-from common import DTYPES, interleaved_medians, matmul_peak_flops, use_all_cores  # benchmarks/ is on sys.path
+# benchmarks/ is on sys.path when this file runs as a script.
+from common import DTYPES, device_name, interleaved_medians, matmul_peak_flops, use_all_cores
 
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.flops import train_flops_per_sequence
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     flops_per_sequence = train_flops_per_sequence(cfg, args.seq_length, args.masked_positions)
     results = {
         "size": args.size,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)",
+        "device": device_name(device, threads),
         "precision": args.precision,
         "batch_size": args.batch_size,
         "seq_length": args.seq_length,
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"BERT-{args.size} fwd+bwd+AdamW, batch {args.batch_size} x {args.seq_length}, "
         f"{args.masked_positions} masked/seq, {args.precision}, {results['device']}; "
-        f"matmul peak {peak_flops / 1e9:.1f} GFLOP/s"
+        f"matmul peak {peak_flops / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f} "
+        "(other processes on the machine lower every number, the ratio less)"
     )
     for name, s in seconds.items():
         sequences_per_second = args.batch_size / s

@@ -63,11 +63,21 @@ def test_save_pretrained_loads_in_transformers_with_tokenizer(tmp_path, vocab_fi
     assert tokenizer.mask_token_id == 4 and tokenizer.pad_token_id == 0
 
 
-def test_transformers_checkpoint_round_trip(tmp_path):
-    torch.manual_seed(1)
+def _saved_transformers_model(cls_name: str, directory, seed: int):
+    """A randomly initialised `transformers.<cls_name>` of the tiny size, saved to `directory`."""
+    torch.manual_seed(seed)
     config = transformers.BertConfig(**config_to_hf(tiny_model_config()), attn_implementation="eager")
-    reference = transformers.BertForPreTraining(config).eval()
-    reference.save_pretrained(tmp_path / "hf")
+    reference = getattr(transformers, cls_name)(config).eval()
+    reference.save_pretrained(directory)
+    return reference
+
+
+def _encoder_inputs(batch: dict) -> dict:
+    return {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+def test_transformers_checkpoint_round_trip(tmp_path):
+    reference = _saved_transformers_model("BertForPreTraining", tmp_path / "hf", seed=1)
 
     model = BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     assert_matches_reference(model, reference, make_batch(model.config, seed=1))
@@ -80,35 +90,27 @@ def test_transformers_checkpoint_round_trip(tmp_path):
 
 
 def test_masked_lm_checkpoint_loads_with_fresh_pooler_and_nsp_head(tmp_path):
-    torch.manual_seed(2)
-    config = transformers.BertConfig(**config_to_hf(tiny_model_config()), attn_implementation="eager")
-    masked_lm = transformers.BertForMaskedLM(config).eval()
-    masked_lm.save_pretrained(tmp_path / "mlm")
+    masked_lm = _saved_transformers_model("BertForMaskedLM", tmp_path / "mlm", seed=2)
 
     with pytest.warns(UserWarning, match="bert.pooler.dense.weight.*cls.seq_relationship.weight"):
         model = BertForPreTraining.from_pretrained(tmp_path / "mlm").eval()
     batch = make_batch(model.config)
-    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
     with torch.no_grad():
         logits = model(**batch).mlm_logits
-        reference = masked_lm(**inputs).logits[torch.arange(4)[:, None], batch["masked_lm_positions"]]
+        reference = masked_lm(**_encoder_inputs(batch)).logits[torch.arange(4)[:, None], batch["masked_lm_positions"]]
     torch.testing.assert_close(logits, reference, **TOLERANCE)
     assert torch.all(model.bert.pooler.dense.bias == 0)  # fresh, BERT-initialised
 
 
 def test_bare_bert_model_checkpoint_without_prefix(tmp_path):
-    torch.manual_seed(3)
-    config = transformers.BertConfig(**config_to_hf(tiny_model_config()), attn_implementation="eager")
-    encoder = transformers.BertModel(config).eval()
-    encoder.save_pretrained(tmp_path / "encoder")
+    encoder = _saved_transformers_model("BertModel", tmp_path / "encoder", seed=3)
 
     with pytest.warns(UserWarning, match="cls.predictions.transform.dense.weight"):
         model = BertForPreTraining.from_pretrained(tmp_path / "encoder").eval()
     batch = make_batch(model.config)
-    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
     with torch.no_grad():
-        sequence_output, pooled_output = model.bert(**inputs)
-        reference = encoder(**inputs)
+        sequence_output, pooled_output = model.bert(**_encoder_inputs(batch))
+        reference = encoder(**_encoder_inputs(batch))
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(sequence_output[real], reference.last_hidden_state[real], **TOLERANCE)
     torch.testing.assert_close(pooled_output, reference.pooler_output, **TOLERANCE)
