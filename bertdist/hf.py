@@ -250,7 +250,9 @@ def _agreeing_config(model_cfg: ModelConfig, checkpoint_cfg: ModelConfig, direct
         if _arch(model_cfg, f) != _arch(checkpoint_cfg, f)
     ]
     if differ:
-        raise CheckpointFormatError(f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ))
+        raise CheckpointFormatError(
+            f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ)
+        )
     return dataclasses.replace(model_cfg, intermediate_size=checkpoint_cfg.ffn_size())
 
 
