@@ -308,13 +308,11 @@ def ray_head():
         head.stop()
 
 
-def _wait_for_state(job_id: str, jobs_dir: Path, env: dict | None = None) -> str:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while True:
-        out = bertdist("status", job_id, "--jobs-dir", str(jobs_dir), env=env)
-        if out.stdout.split("\t", 1)[0] not in ("pending", "running") or time.monotonic() > deadline:
-            return out.stdout + out.stderr
-        time.sleep(2)
+def _follow(job_id: str, jobs_dir: Path, env: dict | None = None) -> tuple[str, str]:
+    """`bertdist logs --follow` until the job ends (one process, no polling loop here), then its status."""
+    logs = bertdist("logs", job_id, "--jobs-dir", str(jobs_dir), "--follow", env=env, timeout=JOB_TIMEOUT_S)
+    status = bertdist("status", job_id, "--jobs-dir", str(jobs_dir), env=env)
+    return status.stdout + status.stderr, logs.stdout + logs.stderr
 
 
 @pytest.mark.slow
@@ -340,8 +338,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
     job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
     assert f"dashboard: {ray_head.address}/#/jobs/{job_id}" in submitted.stdout
 
-    status = _wait_for_state(job_id, jobs, env)
-    logs = bertdist("logs", job_id, "--jobs-dir", str(jobs), env=env).stdout
+    status, logs = _follow(job_id, jobs, env)
     assert status.startswith("succeeded"), status + logs[-3000:]
     assert "launch/ray_prepare.py" in logs and "wrote" in logs
     record = json.loads((jobs / f"{job_id}.json").read_text())
@@ -362,8 +359,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
                          "data.loader_workers=0", "optim.warmup_steps=1", "checkpoint.every_steps=2", env=env)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
-    status = _wait_for_state(job_id, jobs, env)
-    logs = bertdist("logs", job_id, "--jobs-dir", str(jobs), env=env).stdout
+    status, logs = _follow(job_id, jobs, env)
     assert status.startswith("succeeded"), status + logs[-3000:]
     assert "ray_train.py: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
     assert training_runs.latest_tag(tmp_path / "train" / "out") == "step_00000002"
@@ -373,8 +369,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
 def test_slurm_job_is_preempted_requeued_and_resumes_from_its_checkpoint(slurm_job):
     if isinstance(slurm_job, str):
         pytest.skip(slurm_job)
-    status = _wait_for_state(slurm_job.job_id, slurm_job.jobs)
-    log = bertdist("logs", slurm_job.job_id, "--jobs-dir", str(slurm_job.jobs)).stdout
+    status, log = _follow(slurm_job.job_id, slurm_job.jobs)
     assert slurm_job.preempted.is_set(), log[-3000:]
     assert status.startswith("succeeded") and "restarts 1" in status, status + log[-4000:]
     assert "the trainer checkpointed for preemption; requeueing" in log
