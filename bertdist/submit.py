@@ -500,7 +500,7 @@ def submit(job: PlannedJob) -> JobRecord:
         record.exit_code_file = str(Path(job.jobs_dir) / f"{job.stem}.exit")
         record.pid = _start_detached(job, record.exit_code_file)
     elif job.backend == "slurm":
-        result = subprocess.run(job.command, capture_output=True, text=True, check=False)
+        result = _run_slurm_command(job.command)
         if result.returncode != 0:
             raise SubmitError(f"sbatch failed (exit {result.returncode}): {result.stderr.strip() or result.stdout.strip()}")
         record.job_id = result.stdout.strip().split(";")[0]
@@ -612,7 +612,7 @@ def _process_status(record: JobRecord) -> JobStatus:
 
 def _slurm_status(job_id: str) -> JobStatus:
     # scontrol knows running jobs and, for MinJobAge seconds, finished ones; sacct needs accounting storage.
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False)
+    shown = _run_slurm_command(["scontrol", "show", "job", "-o", job_id])
     if shown.returncode == 0 and shown.stdout.strip():
         fields = dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
         raw = fields.get("JobState", "UNKNOWN")
@@ -620,8 +620,7 @@ def _slurm_status(job_id: str) -> JobStatus:
                   f"restarts {fields.get('Restarts', '0')}, run time {fields.get('RunTime', '?')}"
                   + (f", reason {fields['Reason']}" if fields.get("Reason", "None") != "None" else ""))
         return JobStatus(_SLURM_STATES.get(raw, "failed"), detail)
-    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode,Elapsed"],
-                          capture_output=True, text=True, check=False)
+    acct = _run_slurm_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode,Elapsed"])
     if acct.returncode == 0 and acct.stdout.strip():
         raw, exit_code, elapsed = (acct.stdout.strip().splitlines()[-1].split("|") + ["?", "?"])[:3]
         raw = raw.split()[0]
@@ -629,6 +628,14 @@ def _slurm_status(job_id: str) -> JobStatus:
                          f"SLURM job {job_id}: {raw}, exit code {exit_code}, elapsed {elapsed} (from sacct)")
     return JobStatus("unknown", f"SLURM job {job_id}: not known to scontrol "
                                 f"({shown.stderr.strip() or 'no output'}) nor to sacct ({acct.stderr.strip() or 'no output'})")
+
+
+def _run_slurm_command(argv: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    except FileNotFoundError:
+        raise SubmitError(f"{argv[0]}: not found; SLURM jobs are submitted and followed from a machine with the "
+                          "SLURM client commands (a login node)") from None
 
 
 def list_jobs(jobs_dir: str = DEFAULT_JOBS_DIR) -> list[JobRecord]:

@@ -144,6 +144,13 @@ def test_backend_specific_refusals(tmp_path, capsys):
     assert "runs as a Ray job" in capsys.readouterr().err
 
 
+def test_submitting_without_slurm_commands_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["submit", "--backend", "slurm", "--config", str(TINY_CONFIG), "--cpu-only"]) == 2
+    assert "sbatch: not found; SLURM jobs are submitted and followed from a machine with the SLURM client" in capsys.readouterr().err
+
+
 def test_prepare_arguments_reach_the_ray_entrypoint_as_one_word_each(capsys):
     hostile = ["--input", "/data/my corpus; rm -rf ~", "--output", "$(id)", "--vocab", "a'b\"c"]
     assert main(["submit", "--backend", "ray", "--job", "prepare", "--dry-run", "--", *hostile]) == 0
@@ -363,6 +370,8 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
     assert status.startswith("succeeded"), status + logs[-3000:]
     assert "ray_train.py: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
     assert training_runs.latest_tag(tmp_path / "train" / "out") == "step_00000002"
+    listing = bertdist("status", "--jobs-dir", str(jobs)).stdout.splitlines()
+    assert [line.split("\t")[1:3] for line in listing] == [["ray", "prepare"], ["ray", "train"]]
 
 
 @pytest.mark.slow
