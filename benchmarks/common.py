@@ -29,12 +29,29 @@ def use_all_cores() -> int:
     return threads
 
 
+def step_clock(device: torch.device, threads: int, cpu_time: bool) -> Callable[[], float]:
+    """The clock to time steps with: wall time, or this thread's CPU time.
+
+    CPU time is immune to other processes taking the cores (a shared machine), but it only counts all the work
+    when torch computes on this one thread, so it requires `threads == 1` on CPU.
+    """
+    if not cpu_time:
+        return time.perf_counter
+    if device.type != "cpu" or threads != 1:
+        raise ValueError("CPU-time measurement needs --device cpu and --threads 1")
+    return time.thread_time
+
+
 def device_name(device: torch.device, threads: int) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)"
 
 
 def interleaved_medians(
-    steps: dict[str, Callable[[], None]], device: torch.device, repeats: int, warmup: int
+    steps: dict[str, Callable[[], None]],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Median seconds per call of each function, calling them in turns so that background load hits all alike."""
     for step in steps.values():
@@ -44,14 +61,20 @@ def interleaved_medians(
     for _ in range(repeats):
         for name, step in steps.items():
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             step()
             synchronize(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 10) -> float:
+def matmul_peak_flops(
+    device: torch.device,
+    dtype: torch.dtype,
+    size: int | None = None,
+    repeats: int = 10,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Best FLOP/s of a large square matmul: the practical peak of this device and dtype, measured now.
 
     The best of several runs, not the median: the peak is what the hardware can do when nothing interferes.
@@ -62,9 +85,9 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     best = float("inf")
     for i in range(repeats + 2):
         synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         torch.mm(a, b)
         synchronize(device)
         if i >= 2:  # the first calls pay for allocation and kernel selection
-            best = min(best, time.perf_counter() - start)
+            best = min(best, clock() - start)
     return 2 * size**3 / best

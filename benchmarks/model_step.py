@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 # benchmarks/ is on sys.path when this file runs as a script.
-from common import DTYPES, device_name, interleaved_medians, matmul_peak_flops, use_all_cores
+from common import DTYPES, device_name, interleaved_medians, matmul_peak_flops, step_clock, use_all_cores
 
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.flops import train_flops_per_sequence
@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--masked-positions", type=int, default=20, help="MLM predictions per sequence")
     p.add_argument("--steps", type=int, default=7, help="timed steps per model (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: one per available core)")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with this thread's CPU time instead of wall time (needs --threads 1): robust on a busy machine",
+    )
     p.add_argument("--no-reference", action="store_true", help="time bertdist only (no transformers model)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
@@ -84,7 +90,13 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--device cuda: no CUDA device visible")
     if device.type == "cpu" and args.precision != "fp32":
         p.error("--precision: bf16/fp16 are GPU paths; CPU runs use fp32")
-    threads = use_all_cores()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = args.threads or use_all_cores()
+    try:
+        clock = step_clock(device, threads, args.cpu_time)
+    except ValueError as e:
+        p.error(str(e))
     torch.manual_seed(0)
     cfg = ModelConfig.from_size(args.size)
     batch = make_batch(cfg, args.batch_size, args.seq_length, args.masked_positions, device)
@@ -103,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
             reference, lambda: reference(**hf_inputs, labels=labels).loss, args.precision, device
         )
 
-    peak_flops = matmul_peak_flops(device, DTYPES[args.precision])
-    seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=args.warmup_steps)
+    peak_flops = matmul_peak_flops(device, DTYPES[args.precision], clock=clock)
+    seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=args.warmup_steps, clock=clock)
     flops_per_sequence = train_flops_per_sequence(cfg, args.seq_length, args.masked_positions)
     results = {
         "size": args.size,
@@ -113,10 +125,11 @@ def main(argv: list[str] | None = None) -> dict:
         "batch_size": args.batch_size,
         "seq_length": args.seq_length,
         "matmul_peak_tflops": peak_flops / 1e12,
+        "clock": "thread cpu time" if args.cpu_time else "wall",
     }
     print(
         f"BERT-{args.size} fwd+bwd+AdamW, batch {args.batch_size} x {args.seq_length}, "
-        f"{args.masked_positions} masked/seq, {args.precision}, {results['device']}; "
+        f"{args.masked_positions} masked/seq, {args.precision}, {results['device']}, {results['clock']} clock; "
         f"matmul peak {peak_flops / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f} "
         "(other processes on the machine lower every number, the ratio less)"
     )

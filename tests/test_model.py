@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertdist.hf import config_to_hf
-from bertdist.model import IGNORE_INDEX, BertForPreTraining, Dropout, param_groups
+from bertdist.model import IGNORE_INDEX, BertForPreTraining, Dropout, _VocabCrossEntropy, param_groups
 from tests.conftest import tiny_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -137,6 +137,23 @@ def test_ignored_slots_do_not_count():
     expected = torch.nn.functional.cross_entropy(out.mlm_logits[keep], batch["masked_lm_ids"][keep])
     torch.testing.assert_close(out.mlm_loss, expected)
     torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
+
+
+def test_mlm_loss_gradient_matches_cross_entropy():
+    """The hand-written backward of the MLM loss against autograd through F.cross_entropy, -100 rows included."""
+    torch.manual_seed(9)
+    logits = torch.randn(6, 50, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([3, IGNORE_INDEX, 0, 49, IGNORE_INDEX, 7])
+    expected = torch.nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+    (expected_grad,) = torch.autograd.grad(2.5 * expected, logits)
+    loss = _VocabCrossEntropy.apply(logits, labels)
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(2.5 * loss, logits)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="one backward pass"):
+        loss = _VocabCrossEntropy.apply(logits, labels)
+        loss.backward(retain_graph=True)
+        loss.backward()
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
