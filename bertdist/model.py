@@ -9,10 +9,13 @@ parity tests compare tensor by tensor. What differs is only how the work is done
   at all when the batch has no padding;
 - the MLM head gathers the masked positions first and projects only those onto the vocabulary, which removes most
   of the head's FLOPs (20 of 128 positions at BERT's length 128);
+- on CPU, dropout draws a quarter of the random numbers torch's does (see `Dropout`), and the MLM loss has a
+  one-pass backward (see `_VocabCrossEntropy`);
 - optional activation checkpointing per encoder layer.
 
-This module imports torch and the config schema only: no DeepSpeed, Ray, MLflow or `transformers`.
-Loading and saving in the Hugging Face format live in `bertdist.hf`.
+This module imports torch and the config schema only: no DeepSpeed, Ray, MLflow or `transformers`. Loading and
+saving in the Hugging Face format live in `bertdist.hf` (the `save_pretrained` / `from_pretrained` methods
+import it when called).
 """
 
 from __future__ import annotations
