@@ -339,6 +339,8 @@ def _coerce(value: Any, hint: Any, name: str, problems: list[str]) -> Any:
     elif hint is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, bool):  # YAML 1.1 reads on/off/yes/no as booleans; switches here are on/off
+            return "on" if value else "off"
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
     else:

@@ -70,17 +70,16 @@ def device_problems(cfg: Config, device_type: str) -> list[str]:
     problems = []
     if device_type != "cuda" and cfg.train.precision == "fp16":
         problems.append("train.precision: fp16 needs a CUDA GPU; use fp32 on CPU")
-    if device_type != "cuda" and cfg.optim.fused == "on":
-        problems.append("optim.fused: on needs a CUDA GPU (DeepSpeed's FusedAdam is a CUDA kernel); use auto or off")
     return problems
 
 
 def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
     """Adam with decoupled weight decay over bertdist.model.param_groups (no decay on LayerNorm, biases).
 
-    optim.fused: `auto` uses DeepSpeed's FusedAdam on CUDA and falls back to torch.optim.AdamW with a
-    warning when the kernel cannot be built; `on` makes that failure an error; `off` always uses AdamW.
-    Both implement the same AdamW update, so the choice changes speed, not results.
+    optim.fused: `auto` uses DeepSpeed's FusedAdam on CUDA and falls back to torch's fused AdamW with a
+    warning when the kernel cannot be built; `on` makes that failure an error; on CPU both use torch's
+    fused AdamW kernel (several times faster than the per-parameter loop). `off` uses the unfused
+    torch.optim.AdamW everywhere. All implement the same AdamW update: the choice changes speed, not results.
     """
     import torch
 
@@ -97,7 +96,7 @@ def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
             if optim.fused == "on":
                 raise RuntimeError(f"optim.fused=on but DeepSpeed's FusedAdam is unavailable: {e}") from e
             warnings.warn(f"DeepSpeed FusedAdam unavailable ({type(e).__name__}: {e}); using torch.optim.AdamW")
-    return torch.optim.AdamW(groups, fused=True if device_type == "cuda" else None, **kwargs)
+    return torch.optim.AdamW(groups, fused=optim.fused != "off", **kwargs)
 
 
 def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
