@@ -21,8 +21,10 @@ test-services:
 demo: install
 	$(VENV)/bin/bertdist demo
 
+# Speed against references measured in the same run (docs/benchmarks.md); minutes, not part of the tests.
+BENCHMARKS := model_step train_step prepare_throughput loader_throughput tracking_overhead
 bench: install
-	$(PY) benchmarks/run_all.py
+	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from bertdist import checkpoint
-from bertdist.config import ModelConfig
+from bertdist.config import ModelConfig, TrackingConfig
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
@@ -30,8 +30,13 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def export(checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None) -> Path:
-    """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files); returns it."""
+    """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files); returns it.
+
+    The export is also attached to the MLflow run that trained the checkpoint (its id travels in the
+    checkpoint), so the dashboard shows the model next to its metrics; a tracking failure only warns.
+    """
     from bertdist.model import BertForPreTraining
+    from bertdist.tracking import log_export
 
     source = find_checkpoint(checkpoint_path)
     state = checkpoint.read_train_state(source)
@@ -43,4 +48,6 @@ def export(checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vo
     model = BertForPreTraining(ModelConfig(**state.config["model"]))
     model.load_state_dict(checkpoint.consolidated_state_dict(source), strict=True)
     model.save_pretrained(output_dir, vocab_file=vocab)
+    run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
+    log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output_dir)
     return Path(output_dir)

@@ -235,11 +235,13 @@ def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | No
     """
     if not cfg.enabled or not run_id:
         return False
+    uri = resolve_tracking_uri(cfg.tracking_uri, run_dir)
+    if uri == local_store_uri(run_dir) and not (Path(run_dir) / "mlflow.db").is_file():
+        return False  # a checkpoint copied away from its run: opening the store would create an empty one
     from mlflow import MlflowClient
 
     for key, value in HTTP_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    uri = resolve_tracking_uri(cfg.tracking_uri, run_dir)
     try:
         client = MlflowClient(uri)
         client.log_artifacts(run_id, str(export_dir), "hf_export")

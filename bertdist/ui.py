@@ -92,7 +92,7 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
     if artifacts_dir:
         command += ["--artifacts-destination", artifacts_dir]
     # Own process group: stopping `bertdist ui` (Ctrl-C, SIGTERM) stops the server's workers with it.
-    server = subprocess.Popen(command, start_new_session=True)
+    server = subprocess.Popen(command, start_new_session=True, env=server_environment())
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
@@ -113,6 +113,15 @@ def _check_port_free(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as e:
             raise UIError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); pick another port") from None
+
+
+def server_environment() -> dict[str, str]:
+    """The environment of an `mlflow server` that only serves runs.
+
+    MLflow 3's server also starts a job runner with about fifteen worker processes for its GenAI jobs;
+    turning it off makes the server start in seconds and leaves the CPUs to training.
+    """
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float) -> None:

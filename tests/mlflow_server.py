@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist.distributed import free_tcp_port
-from bertdist.ui import wait_until_serving
+from bertdist.ui import server_environment, wait_until_serving
 
 MLFLOW_CLI = str(Path(sys.executable).parent / "mlflow")
 
@@ -42,7 +42,7 @@ class MlflowServer:
                 "--artifacts-destination", str(self.store_dir / "artifacts"),
                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
             ],
-            cwd=self.store_dir, stdout=log, stderr=subprocess.STDOUT,
+            cwd=self.store_dir, stdout=log, stderr=subprocess.STDOUT, env=server_environment(),
             start_new_session=True,  # its own process group, so stop() ends the server's workers too
         )
         log.close()

@@ -87,3 +87,14 @@ def test_the_outage_was_noticed_and_survived(tracked_job):
     _, log = tracked_job
     assert log.count("is unavailable") == 1, log[-3000:]
     assert "is back after" in log
+
+
+def test_export_is_attached_to_the_run_that_trained_it(mlflow_server, tracked_job, tmp_path):
+    from bertdist.cli import main
+
+    out, _ = tracked_job
+    run_id = json.loads((out / "checkpoints" / f"step_{runs.STEPS:08d}" / "train_state.json").read_text())["tracking_run_id"]
+    assert main(["export", str(out), "--output", str(tmp_path / "hf")]) == 0
+    exported = mlflow_server.artifacts(run_id, "hf_export")
+    assert {"hf_export/config.json", "hf_export/model.safetensors", "hf_export/vocab.txt"} <= set(exported)
+    assert mlflow_server.tags(run_id)["bertdist.hf_export"] == str((tmp_path / "hf").resolve())
