@@ -162,15 +162,35 @@ class _Run:
             self.peak_flops = _peak_flops(self.device_type, cfg.train.precision)
             self.tracker = build_tracker(cfg.tracking, str(self.output_dir), env.rank, run_id=self.resumed_state.tracking_run_id if self.resumed_state else None)
             self.tracker.log_run_start(cfg, env.world_size, env.nodes)
+            self.node_monitor = self._node_monitor()
             self.log = _RankZeroLog(self.output_dir, env.is_main)
             # Last before the loop, so that nothing done at start-up draws from the generators.
             if self.resumed_state is not None:
                 checkpoint.restore_rng_state(self.resumed_state.rng_states[env.rank])
             else:
                 _seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
-            return self._loop()
+            try:
+                return self._loop()
+            finally:
+                self.node_monitor.close()
         finally:
             distributed.destroy_process_group()
+
+    def _node_monitor(self) -> Any:
+        """System metrics of this node, for the first rank of every node but node 0 (whose rank 0 tracks them).
+
+        They go into rank 0's run, whose id only rank 0 knows until it is broadcast here.
+        """
+        import torch.distributed as dist
+
+        from bertdist.tracking import NoOpTracker, build_node_monitor
+
+        run_id = [self.tracker.run_id]
+        dist.broadcast_object_list(run_id, src=0)
+        if self.env.local_rank != 0:
+            return NoOpTracker(run_id[0])
+        node_rank = self.env.rank // self.env.local_world_size
+        return build_node_monitor(self.cfg.tracking, str(self.output_dir), run_id[0], node_rank)
 
     def _restore(self) -> None:
         state = checkpoint.load(self.engine, self.resume_from, self.env.world_size)
