@@ -28,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from bertdist.errors import UserError
+
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
 TRAIN_STATE_FILENAME = "train_state.json"
 TRAIN_STATE_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit the run that wants to load it."""
 
 

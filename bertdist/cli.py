@@ -19,7 +19,8 @@ import os
 import sys
 from typing import Callable
 
-from bertdist.config import ConfigError, dump_yaml, load_config, validate
+from bertdist.config import dump_yaml, load_config, validate
+from bertdist.errors import UserError
 
 
 def _add_vocab(sub: argparse._SubParsersAction) -> None:
@@ -39,18 +40,13 @@ def _add_vocab(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_vocab(args: argparse.Namespace) -> int:
-    from bertdist.data import DataError
     from bertdist.data.readers import expand_inputs, iter_texts
     from bertdist.data.vocab import train_vocab
 
     if args.vocab_size < 16:
         print("bertdist vocab: --vocab-size must be at least 16", file=sys.stderr)
         return 2
-    try:
-        path = train_vocab(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
-    except DataError as e:
-        print(f"bertdist vocab: {e}", file=sys.stderr)
-        return 2
+    path = train_vocab(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
     print(f"wrote {path}")
     return 0
 
@@ -86,7 +82,6 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from bertdist.data import DataError
     from bertdist.data.instances import InstanceOptions
     from bertdist.prepare import PrepareOptions, prepare, summary_text
 
@@ -128,12 +123,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         on_bad_input=args.on_bad_input,
         progress=not args.no_progress,
     )
-    try:
-        report = prepare(opts)
-    except DataError as e:
-        print(f"bertdist prepare: {e}", file=sys.stderr)
-        return 2
-    print(summary_text(report))
+    print(summary_text(prepare(opts)))
     return 0
 
 
@@ -150,14 +140,9 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from bertdist.data import DataError
     from bertdist.data.inspect import inspect_directory
 
-    try:
-        print(inspect_directory(args.dir, examples=args.examples, vocab_file=args.vocab))
-    except DataError as e:
-        print(f"bertdist inspect: {e}", file=sys.stderr)
-        return 2
+    print(inspect_directory(args.dir, examples=args.examples, vocab_file=args.vocab))
     return 0
 
 
@@ -218,14 +203,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from bertdist.checkpoint import CheckpointError
     from bertdist.export import export
 
-    try:
-        print(f"exported {args.checkpoint} to {export(args.checkpoint, args.output, args.vocab)}")
-    except CheckpointError as e:
-        print(f"bertdist export: {e}", file=sys.stderr)
-        return 2
+    print(f"exported {args.checkpoint} to {export(args.checkpoint, args.output, args.vocab)}")
     return 0
 
 
@@ -265,7 +245,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_submit(args: argparse.Namespace) -> int:
-    from bertdist.submit import SubmitError, SubmitRequest, how_to_follow, plan, submit
+    from bertdist.submit import SubmitRequest, how_to_follow, plan, submit
 
     train = args.job == "train"
     request = SubmitRequest(
@@ -275,15 +255,11 @@ def _run_submit(args: argparse.Namespace) -> int:
         master_port=args.master_port, cpu_only=args.cpu_only, signal_seconds=args.signal_seconds,
         python=args.python, address=args.address, jobs_dir=args.jobs_dir,
     )
-    try:
-        job = plan(request)
-        if args.dry_run:
-            print(job.describe())
-            return 0
-        print(how_to_follow(submit(job), args.jobs_dir))
-    except SubmitError as e:
-        print(f"bertdist submit: {e}", file=sys.stderr)
-        return 2
+    job = plan(request)
+    if args.dry_run:
+        print(job.describe())
+        return 0
+    print(how_to_follow(submit(job), args.jobs_dir))
     return 0
 
 
@@ -300,17 +276,13 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from bertdist.submit import JobRecord, SubmitError, job_status, list_jobs
+    from bertdist.submit import JobRecord, job_status, list_jobs
 
-    try:
-        if args.job_id is None:
-            for record in list_jobs(args.jobs_dir):
-                print(f"{record.job_id}\t{record.backend}\t{record.job}\t{record.name}\t{record.submitted_at}")
-            return 0
-        status = job_status(JobRecord.load(args.job_id, args.jobs_dir))
-    except SubmitError as e:
-        print(f"bertdist status: {e}", file=sys.stderr)
-        return 2
+    if args.job_id is None:
+        for record in list_jobs(args.jobs_dir):
+            print(f"{record.job_id}\t{record.backend}\t{record.job}\t{record.name}\t{record.submitted_at}")
+        return 0
+    status = job_status(JobRecord.load(args.job_id, args.jobs_dir))
     print(f"{status.state}\t{status.detail}")
     return 0 if status.state in ("pending", "running", "succeeded") else 1
 
@@ -324,13 +296,9 @@ def _add_logs(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_logs(args: argparse.Namespace) -> int:
-    from bertdist.submit import JobRecord, SubmitError, print_logs
+    from bertdist.submit import JobRecord, print_logs
 
-    try:
-        print_logs(JobRecord.load(args.job_id, args.jobs_dir), follow=args.follow)
-    except SubmitError as e:
-        print(f"bertdist logs: {e}", file=sys.stderr)
-        return 2
+    print_logs(JobRecord.load(args.job_id, args.jobs_dir), follow=args.follow)
     return 0
 
 
@@ -354,13 +322,9 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ui(args: argparse.Namespace) -> int:
-    from bertdist.ui import UIError, serve
+    from bertdist.ui import serve
 
-    try:
-        return serve(args.run_dir, args.tracking_uri, host=args.host, port=args.port)
-    except UIError as e:
-        print(f"bertdist ui: {e}", file=sys.stderr)
-        return 2
+    return serve(args.run_dir, args.tracking_uri, host=args.host, port=args.port)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -424,6 +388,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
+    except UserError as e:  # bad input, config, paths or flags: the message names what to fix
         print(f"bertdist {args.command}: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from bertdist.errors import UserError
+
 # L / H / A of BERT's published family (Turc et al. 2019 for the small ones; Devlin et al. 2018).
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
@@ -32,7 +34,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """Raised with every problem found in a configuration, one per line, each naming its field."""
 
     def __init__(self, problems: list[str]):

@@ -23,10 +23,12 @@ import subprocess
 from dataclasses import dataclass
 from typing import Mapping
 
+from bertdist.errors import UserError
+
 DEFAULT_MASTER_PORT = 29500
 
 
-class LaunchEnvironmentError(RuntimeError):
+class LaunchEnvironmentError(UserError, RuntimeError):
     """The launcher's environment is incomplete or contradictory."""
 
 

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
+from bertdist.errors import UserError
 from bertdist.model import BertForPreTraining
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -76,7 +77,7 @@ _ARCHITECTURE_FIELDS = (
 )
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(UserError, ValueError):
     """A Hugging Face directory this module cannot load; the message names the file and the field."""
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from bertdist.config import BACKENDS, Config, ConfigError, LaunchConfig, dump_yaml, load_config, validate
+from bertdist.errors import UserError
 
 SOURCE_DIR = Path(__file__).resolve().parents[1]
 """The source checkout: launch/ lives here, and Ray jobs ship it as their working directory."""
@@ -80,7 +81,7 @@ _RULES = {
 }
 
 
-class SubmitError(ValueError):
+class SubmitError(UserError, ValueError):
     """A job that cannot be submitted as asked, or a job that cannot be found; one problem per line."""
 
     def __init__(self, problems: list[str] | str):

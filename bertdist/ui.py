@@ -21,13 +21,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bertdist.errors import UserError
 from bertdist.tracking import local_store_uri
 
 STARTUP_TIMEOUT_S = 180.0
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
-class UIError(ValueError):
+class UIError(UserError, ValueError):
     """A problem with the `bertdist ui` arguments or the store they point to; the message says which."""
 
 

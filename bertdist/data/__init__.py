@@ -14,8 +14,10 @@ from typing import Iterator
 
 import numpy as np
 
+from bertdist.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """A problem with input files, shards or a manifest. The message always names the file concerned."""
 
 

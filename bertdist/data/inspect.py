@@ -63,7 +63,7 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
     out = [
         f"{shard_dir}: {stats['samples']:,} samples in {len(stats['per_shard'])} shards "
         f"({min(stats['per_shard'])}-{max(stats['per_shard'])} per shard), checksums OK",
-        f"options: " + ", ".join(f"{k}={v}" for k, v in opts.items()),
+        "options: " + ", ".join(f"{k}={v}" for k, v in opts.items()),
         f"inputs: {len(manifest['inputs'])} files, {totals['documents']:,} documents, "
         f"{totals['duplicate_documents']:,} duplicates dropped, {len(manifest['skipped_inputs'])} files skipped",
     ]
