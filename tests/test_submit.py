@@ -77,12 +77,12 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, tmp_path, capsys, m
 
 
 def test_resolved_config_round_trips_through_the_trainers_loader(tmp_path):
-    job = plan(SubmitRequest(backend="local", config=str(TINY_CONFIG), overrides=["optim.lr=0.0003", "data.phases.0.steps=70"],
+    job = plan(SubmitRequest(backend="local", config=str(TINY_CONFIG), overrides=["optim.lr=0.0003", "data.phases.0.steps=700"],
                              gpus_per_node=2, jobs_dir=str(tmp_path)))
     (path, text), = job.files.items()
     Path(path).write_text(text)
     cfg = load_config(path)
-    expected = load_config(TINY_CONFIG, ["optim.lr=0.0003", "data.phases.0.steps=70"])
+    expected = load_config(TINY_CONFIG, ["optim.lr=0.0003", "data.phases.0.steps=700"])
     expected.launch.gpus_per_node = 2
     assert cfg.to_dict() == expected.to_dict()
 
