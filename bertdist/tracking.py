@@ -299,7 +299,7 @@ class MLflowTracker:
         self._system_metrics_interval_s = system_metrics_interval_s
 
         self._run_id: str | None = run_id  # provisional: replaced if the store does not know this run
-        self._last_step: dict[str, int] = {}  # per metric key, the last step the run had before this attempt
+        self._last_step: dict[str, int] = {}  # per metric key, the last step the run has (read at resume, then sent)
         self._existing_params: dict[str, str] = {}
         self._queue: collections.deque[_Record] = collections.deque()
         self._buffered_metrics = 0
@@ -314,6 +314,11 @@ class MLflowTracker:
         self._started = threading.Event()
         self._stop_sampling = threading.Event()
         self._spool: io.TextIOBase | None = None
+
+        # MLflow's packages import each other circularly: importing them here, before the delivery thread
+        # exists, keeps that thread and the training thread from importing them at the same time.
+        import mlflow.entities  # noqa: F401
+        import mlflow.tracking  # noqa: F401
 
         self._thread = threading.Thread(target=self._deliver_forever, name="bertdist-mlflow", daemon=True)
         self._thread.start()
@@ -616,7 +621,14 @@ class MLflowTracker:
     def _unsent(self, record: _Record) -> list[Any]:
         """Drop what a resumed run already has: metric steps logged before the interruption, equal params."""
         if record.kind == "metrics":
-            return [m for m in record.items if m.step > self._last_step.get(m.key, -1)]
+            # Steps only move forward per key, within a batch too: a batch can hold a killed attempt's
+            # spooled steps followed by the resumed attempt's rerun of the same steps.
+            kept, last = [], {}
+            for m in record.items:
+                if m.step > last.get(m.key, self._last_step.get(m.key, -1)):
+                    kept.append(m)
+                    last[m.key] = m.step
+            return kept
         if record.kind == "params" and self._existing_params:
             changed = {k: v for k, v in record.items if k in self._existing_params and self._existing_params[k] != v}
             if changed:
@@ -633,6 +645,10 @@ class MLflowTracker:
         run_id = self._run_id
         if kind == "metrics":
             client.log_batch(run_id, metrics=items, synchronous=True)
+            # A step is sent once per run: what a killed attempt left in the spool and the resumed
+            # attempt's rerun of the same steps (deterministic, the same values) must not both arrive.
+            for m in items:
+                self._last_step[m.key] = max(m.step, self._last_step.get(m.key, -1))
         elif kind == "params":
             for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
                 client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True)
@@ -692,7 +708,7 @@ class MLflowTracker:
         like any other metric lets the system metrics survive an outage too.
         """
         prefix = f"system/node_{self._node_rank}/"
-        step = 1 + max((s for k, s in self._last_step.items() if k.startswith(prefix)), default=-1)
+        step = 1 + max((s for k, s in list(self._last_step.items()) if k.startswith(prefix)), default=-1)
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 

@@ -238,7 +238,10 @@ def test_metrics_queued_when_the_process_is_killed_arrive_with_the_resumed_attem
     assert spool.is_file()
 
     resumed = build_tracker(tracking_config(mlflow_server, "unit-killed"), str(tmp_path), rank=0, run_id=run_id)
-    resumed.log_metrics({"loss": 301.0, "lr": 0.5}, step=301)
+    # Resumed from a checkpoint at step 295: steps 296..300 are trained again, and those of the killed
+    # attempt still in the spool must not make them arrive twice.
+    for step in range(296, 302):
+        resumed.log_metrics({"loss": float(step), "lr": 0.5}, step=step)
     resumed.close()
     assert mlflow_server.history(run_id, "loss") == [(s, float(s)) for s in range(1, 302)]
     assert not spool.exists()
