@@ -138,31 +138,32 @@ class _PieceWriter:
         self._reset()
 
     def _reset(self) -> None:
-        self.tokens: list[int] = []
-        self.sentence_lengths: list[int] = []
-        self.document_sentences: list[int] = []
+        self.tokens: list[np.ndarray] = []
+        self.sentence_lengths: list[np.ndarray] = []
+        self.document_sentences: list[np.ndarray] = []
         self.hashes: list[bytes] = []
         self.document_bytes: list[int] = []
         self.text_bytes = 0
 
-    def add(self, sentences_ids: list[list[int]], text: str) -> None:
-        for ids in sentences_ids:
-            self.tokens.extend(ids)
-            self.sentence_lengths.append(len(ids))
-        self.document_sentences.append(len(sentences_ids))
-        encoded = text.encode("utf-8")
-        self.hashes.append(hashlib.blake2b(encoded, digest_size=16).digest())
-        self.document_bytes.append(len(encoded))
-        self.text_bytes += len(encoded)
+    def add(self, ids: np.ndarray, sentence_lengths: np.ndarray, document_sentences: np.ndarray, texts: list[str]) -> None:
+        """Documents given as their tokens, sentence lengths, sentences per document and text (for the hash)."""
+        self.tokens.append(ids)
+        self.sentence_lengths.append(sentence_lengths)
+        self.document_sentences.append(document_sentences)
+        for text in texts:
+            encoded = text.encode("utf-8")
+            self.hashes.append(hashlib.blake2b(encoded, digest_size=16).digest())
+            self.document_bytes.append(len(encoded))
+            self.text_bytes += len(encoded)
 
     def cut_if_larger(self, piece_bytes: int) -> None:
-        if not self.document_sentences or self.text_bytes < piece_bytes:
+        if not self.hashes or self.text_bytes < piece_bytes:
             return
         name = f"{self.unit_name}-{len(self.names):04d}.npz"
         arrays = dict(
-            tokens=np.array(self.tokens, dtype=self.token_dtype),
-            sentence_offsets=_offsets(self.sentence_lengths),
-            document_offsets=_offsets(self.document_sentences),
+            tokens=np.concatenate(self.tokens).astype(self.token_dtype),
+            sentence_offsets=_offsets(np.concatenate(self.sentence_lengths)),
+            document_offsets=_offsets(np.concatenate(self.document_sentences)),
             document_hashes=np.frombuffer(b"".join(self.hashes), dtype=np.uint8).reshape(-1, 16),
             document_bytes=np.array(self.document_bytes, dtype=np.int64),
         )
@@ -183,17 +184,24 @@ class _PieceWriter:
 
 
 def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, summary: dict) -> None:
+    """Tokenize a batch of documents; empty sentences are dropped, then empty documents (as the reference)."""
     if not batch:
         return
-    encoded = encoder.encode([s for document in batch for s in document])
+    ids, lengths = encoder.encode([s for document in batch for s in document])
+    sentences_per_document = np.array([len(d) for d in batch])
+    nonempty = lengths > 0
+    kept_per_document = np.add.reduceat(nonempty, _offsets(sentences_per_document)[:-1])
+    texts = []
     k = 0
-    for document in batch:
-        pairs = [(s, ids) for s, ids in zip(document, encoded[k : k + len(document)]) if ids]
+    for document, kept in zip(batch, kept_per_document.tolist()):
+        if kept == len(document):
+            texts.append("\n".join(document))
+        elif kept:
+            texts.append("\n".join(s for s, keep in zip(document, nonempty[k : k + len(document)]) if keep))
         k += len(document)
-        summary["sentences"] += len(document)
-        if pairs:  # the reference drops empty sentences, then empty documents
-            writer.add([ids for _, ids in pairs], "\n".join(s for s, _ in pairs))
-            summary["documents"] += 1
+    summary["sentences"] += len(lengths)
+    summary["documents"] += len(texts)
+    writer.add(ids, lengths[nonempty], kept_per_document[kept_per_document > 0], texts)
 
 
 def make_group(

@@ -18,11 +18,13 @@ assembly and masking are vectorised over thousands of pairs at once.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
-from bertdist.data.samples import Samples
+from bertdist.data.samples import Samples, ranges
 
 _MASK_CHUNK = 4096
 """Pairs masked at once: bounds the (chunk, max_seq_length) work matrices to a few MB."""
@@ -99,20 +101,17 @@ class Pairs:
 
 
 class RandomStream:
-    """Python-speed scalar draws from a numpy Generator, pre-drawn in blocks (rng calls cost microseconds)."""
+    """Python-speed scalar draws from a numpy Generator, pre-drawn in blocks (rng calls cost microseconds).
+
+    `random` is a generator's `__next__`, the cheapest call Python has; `make_pairs` inlines `randint`."""
 
     def __init__(self, rng: np.random.Generator, block: int = 8192):
-        self.generator, self._block = rng, block
-        self._values: list[float] = []
-        self._next = 0
+        self.generator = rng
+        self.random = self._uniforms(block).__next__
 
-    def random(self) -> float:
-        if self._next == len(self._values):
-            self._values = self.generator.random(self._block).tolist()
-            self._next = 0
-        value = self._values[self._next]
-        self._next += 1
-        return value
+    def _uniforms(self, block: int) -> Iterator[float]:
+        while True:
+            yield from self.generator.random(block).tolist()
 
     def randint(self, low: int, high: int) -> int:
         """Uniform integer in [low, high], both included (like Python's random.randint)."""
@@ -122,46 +121,43 @@ class RandomStream:
 def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pairs:
     """One pass over every document: steps 3-6 of the reference (targets, chunks, A/B, truncation).
 
-    The walk is sequential by nature, so it handles integer offsets only; truncation is then vectorised."""
+    The walk is sequential by nature, so it runs once per pair on integer offsets: where the reference adds
+    sentences one at a time until the chunk reaches its target length (or segment B its length), this
+    bisects the cumulative token offsets. Same chunks, same random draws in the same order; truncation is
+    then vectorised."""
     max_num_tokens = opts.max_seq_length - 3
     bounds = docs.sentence_offsets.tolist()
     doc_sentences = docs.document_offsets.tolist()
     num_docs = len(docs)
-    random, randint = rs.random, rs.randint  # local names: this loop runs once per instance
+    random = rs.random  # local names: this loop runs once per instance
+    short_seq_prob = opts.short_seq_prob
     rows: list[tuple[int, ...]] = []
+    append = rows.append
     for d in range(num_docs):
-        first, end = doc_sentences[d], doc_sentences[d + 1]
+        c, end = doc_sentences[d], doc_sentences[d + 1]
         target = max_num_tokens
-        if random() < opts.short_seq_prob:
-            target = randint(2, max_num_tokens)
-        chunk_first = i = first
-        chunk_tokens = 0
-        while i < end:
-            chunk_tokens += bounds[i + 1] - bounds[i]
-            if i == end - 1 or chunk_tokens >= target:
-                chunk_sentences = i - chunk_first + 1
-                a_stop = chunk_first + (randint(1, chunk_sentences - 1) if chunk_sentences >= 2 else 1)
-                a_lo, a_hi = bounds[chunk_first], bounds[a_stop]
-                if chunk_sentences == 1 or random() < 0.5:
-                    target_b = target - (a_hi - a_lo)
-                    for _ in range(10):
-                        other = randint(0, num_docs - 1)
-                        if other != d:
-                            break
-                    o_first, o_end = doc_sentences[other], doc_sentences[other + 1]
-                    j = randint(o_first, o_end - 1)
-                    b_lo, k = bounds[j], j + 1
-                    while k < o_end and bounds[k] - b_lo < target_b:
-                        k += 1
-                    b_hi = bounds[k]
-                    i = a_stop - 1  # the chunk's unused sentences go back to the walk
-                    random_next = 1
-                else:
-                    b_lo, b_hi = a_hi, bounds[i + 1]
-                    other, random_next = -1, 0
-                rows.append((a_lo, a_hi, b_lo, b_hi, random_next, d, other, target))
-                chunk_first, chunk_tokens = i + 1, 0
-            i += 1
+        if random() < short_seq_prob:
+            target = 2 + int(random() * (max_num_tokens - 1))
+        while c < end:
+            # the chunk c..i: the first sentence at which it reaches `target` tokens, or the document's last
+            i = bisect_left(bounds, bounds[c] + target, c + 1, end) - 1
+            chunk_sentences = i - c + 1
+            a_stop = c + (1 + int(random() * (chunk_sentences - 1)) if chunk_sentences >= 2 else 1)
+            a_lo, a_hi = bounds[c], bounds[a_stop]
+            if chunk_sentences == 1 or random() < 0.5:
+                for _ in range(10):
+                    other = int(random() * num_docs)
+                    if other != d:
+                        break
+                o_first, o_end = doc_sentences[other], doc_sentences[other + 1]
+                j = o_first + int(random() * (o_end - o_first))
+                b_lo = bounds[j]
+                b_hi = bounds[bisect_left(bounds, b_lo + target - (a_hi - a_lo), j + 1, o_end)]
+                i = a_stop - 1  # the chunk's unused sentences go back to the walk
+                append((a_lo, a_hi, b_lo, b_hi, 1, d, other, target))
+            else:
+                append((a_lo, a_hi, a_hi, bounds[i + 1], 0, d, -1, target))
+            c = i + 1
     table = np.array(rows, dtype=np.int64).reshape(-1, 8)
     pairs = Pairs(*(table[:, c].copy() for c in range(8)))
     _truncate(pairs, max_num_tokens, rs.generator)
@@ -190,8 +186,10 @@ def assemble_and_mask(
     docs: Documents, pairs: Pairs, opts: InstanceOptions, vocab: VocabInfo, rng: np.random.Generator
 ) -> Samples:
     """Steps 7-8: `[CLS] A [SEP] B [SEP]`, segment ids, and the masked LM predictions, vectorised."""
+    # the two special tokens go after the document tokens, so every part of a sample is a range to gather
+    tokens = np.concatenate([docs.tokens, np.array([vocab.cls_id, vocab.sep_id], dtype=docs.tokens.dtype)])
     parts = [
-        _mask_chunk(docs.tokens, pairs, slice(lo, lo + _MASK_CHUNK), opts, vocab, rng)
+        _mask_chunk(tokens, pairs, slice(lo, lo + _MASK_CHUNK), opts, vocab, rng)
         for lo in range(0, len(pairs), _MASK_CHUNK)
     ]
     return Samples.concat(parts) if parts else _empty_samples()
@@ -200,83 +198,99 @@ def assemble_and_mask(
 def _mask_chunk(
     tokens: np.ndarray, pairs: Pairs, rows: slice, opts: InstanceOptions, vocab: VocabInfo, rng: np.random.Generator
 ) -> Samples:
-    a_lo, a_hi = pairs.a_start[rows, None], pairs.a_end[rows, None]
-    b_lo, b_hi = pairs.b_start[rows, None], pairs.b_end[rows, None]
-    len_a, len_b = a_hi - a_lo, b_hi - b_lo
-    lengths = len_a + len_b + 3  # (n, 1)
-    n, width = len(a_lo), int(lengths.max())
-    col = np.arange(width)[None, :]  # (1, width)
-    in_a = (col >= 1) & (col <= len_a)
-    in_b = (col >= len_a + 2) & (col < lengths - 1)
-    source = np.where(in_a, a_lo + col - 1, np.where(in_b, b_lo + col - len_a - 2, 0))
-    original = tokens[source].astype(np.int64)  # (n, width)
-    original[~(in_a | in_b)] = vocab.pad_id
-    original[:, 0] = vocab.cls_id
-    original = np.where((col == len_a + 1) | (col == lengths - 1), vocab.sep_id, original)
-    candidate = in_a | in_b
-
-    # Word groups: every candidate starts a group, except `##` pieces (whole-word masking) that continue the
-    # previous word inside the same segment.
-    starts = candidate.copy()
+    """One chunk of pairs: samples laid out flat (no padding), masked positions chosen per sample."""
+    a_lo, b_lo = pairs.a_start[rows], pairs.b_start[rows]
+    len_a, len_b = pairs.a_end[rows] - a_lo, pairs.b_end[rows] - b_lo
+    lengths = len_a + len_b + 3
+    n = len(lengths)
+    starts = np.cumsum(lengths) - lengths  # of each sample in the flat output
+    cls_at, sep_at, one = np.full(n, len(tokens) - 2), np.full(n, len(tokens) - 1), np.ones(n, dtype=np.int64)
+    original = tokens[
+        ranges(np.stack([cls_at, a_lo, sep_at, b_lo, sep_at], 1).ravel(), np.stack([one, len_a, one, len_b, one], 1).ravel())
+    ]
+    budget = np.minimum(opts.max_predictions_per_seq, np.maximum(1, np.round(lengths * opts.masked_lm_prob))).astype(np.int64)
     if opts.whole_word_mask:
-        segment_first = (col == 1) | (col == len_a + 2)
-        starts &= ~(vocab.is_continuation[original] & ~segment_first)
-    group = np.cumsum(starts, axis=1) - 1  # (n, width) group id of each candidate
-    num_groups = group[:, -1] + 1
-    max_groups = int(num_groups.max())
-    slot = np.where(candidate, group, max_groups)  # non-candidates go to an extra, never chosen slot
-    sizes = np.bincount((np.arange(n)[:, None] * (max_groups + 1) + slot).ravel(), minlength=n * (max_groups + 1))
-    sizes = sizes.reshape(n, max_groups + 1)[:, :max_groups]
-
-    # Shuffle the groups; take them in order, skipping one that would overshoot the per-sequence budget.
-    keys = rng.random((n, max_groups))
-    keys[sizes == 0] = 2.0
-    budget = np.minimum(opts.max_predictions_per_seq, np.maximum(1, np.round(lengths[:, 0] * opts.masked_lm_prob)))
-    budget = np.minimum(budget, (sizes > 0).sum(1)).astype(np.int64)
-    if opts.whole_word_mask:
-        taken_groups = _greedy_groups(keys, sizes, budget)
-    else:  # all groups have one token: the rule takes exactly the `budget` smallest keys
-        kth = int(budget.max())
-        smallest = np.sort(np.partition(keys, kth - 1, axis=1)[:, :kth], axis=1)
-        taken_groups = keys <= smallest[np.arange(n), budget - 1][:, None]
-    taken_groups = np.concatenate([taken_groups, np.zeros((n, 1), dtype=bool)], axis=1)
-    chosen = np.take_along_axis(taken_groups, slot, axis=1)
+        sample, position = _choose_whole_words(original, starts, lengths, len_a, budget, vocab, rng)
+    else:
+        sample, position = _choose_tokens(lengths, len_a, budget, rng)
 
     # 80% [MASK], 10% unchanged, 10% a uniformly random vocabulary token.
-    rows_i, cols_i = np.nonzero(chosen)  # row-major: positions ascend within each sample
-    labels = original[rows_i, cols_i]
-    u = rng.random(len(rows_i))
-    keep = rng.random(len(rows_i)) < 0.5
-    random_ids = rng.integers(0, vocab.size, len(rows_i))
-    replaced = np.where(u < 0.8, vocab.mask_id, np.where(keep, labels, random_ids))
+    at = starts[sample] + position
+    labels = original[at]
+    u = rng.random(len(at))
+    keep = rng.random(len(at)) < 0.5
+    random_ids = rng.integers(0, vocab.size, len(at))
     masked = original
-    masked[rows_i, cols_i] = replaced
-
-    lengths = lengths[:, 0]
+    masked[at] = np.where(u < 0.8, vocab.mask_id, np.where(keep, labels, random_ids))
     return Samples(
-        input_ids=masked[col < lengths[:, None]],
+        input_ids=masked,
         lengths=lengths,
-        segment_a_lengths=len_a[:, 0] + 2,
-        masked_lm_positions=cols_i,
+        segment_a_lengths=len_a + 2,
+        masked_lm_positions=position,
         masked_lm_ids=labels,
-        masked_counts=np.bincount(rows_i, minlength=n),
+        masked_counts=np.bincount(sample, minlength=n),
         next_sentence_labels=pairs.is_random_next[rows],
     )
 
 
+def _choose_tokens(
+    lengths: np.ndarray, len_a: np.ndarray, budget: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference shuffles the candidate positions and takes the first `budget`: the `budget` smallest of
+    one random key per position. Returns (sample, position) of the chosen, ascending within each sample."""
+    n, width = len(lengths), int(lengths.max())
+    keys = rng.random((n, width))
+    keys[np.arange(width) >= lengths[:, None]] = 2.0  # padding, [CLS] and both [SEP] are never chosen
+    every = np.arange(n)
+    keys[:, 0] = keys[every, len_a + 1] = keys[every, lengths - 1] = 2.0
+    kth = int(budget.max())
+    smallest = np.partition(keys, kth - 1, axis=1)[:, :kth]
+    smallest.sort(axis=1)
+    return np.nonzero(keys <= smallest[every, budget - 1][:, None])
+
+
+def _choose_whole_words(
+    original: np.ndarray, starts: np.ndarray, lengths: np.ndarray, len_a: np.ndarray, budget: np.ndarray,
+    vocab: VocabInfo, rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-word masking: a `##` piece joins the previous word of its segment; the shuffled words are taken
+    in turn, skipping one that would overshoot the budget. (sample, position) of every token chosen."""
+    n = len(lengths)
+    sample = np.repeat(np.arange(n), lengths)
+    position = np.arange(len(original)) - starts[sample]
+    candidate = np.ones(len(original), dtype=bool)
+    candidate[starts] = candidate[starts + len_a + 1] = candidate[starts + lengths - 1] = False
+    word_start = candidate & ~vocab.is_continuation[original]
+    word_start[starts + 1] = word_start[starts + len_a + 2] = True  # a segment's first token starts a word
+    counted = np.cumsum(word_start)
+    in_sample, where = sample[candidate], np.flatnonzero(candidate)
+    word = counted[where] - 1 - counted[starts][in_sample]  # of each candidate, within its sample ([CLS] is no word)
+    max_words = int(word.max()) + 1
+    sizes = np.bincount(in_sample * max_words + word, minlength=n * max_words).reshape(n, max_words)
+    keys = rng.random((n, max_words))
+    keys[sizes == 0] = 2.0
+    chosen = where[_greedy_groups(keys, sizes, budget)[in_sample, word]]
+    return sample[chosen], position[chosen]
+
+
 def _greedy_groups(keys: np.ndarray, sizes: np.ndarray, budget: np.ndarray) -> np.ndarray:
-    """Whole words in key order, each taken if it still fits the budget; (n, groups) bool of taken groups."""
+    """Whole words in key order, each taken if it still fits the budget; (n, groups) bool of taken groups.
+
+    Steps through the key order for all samples at once, keeping only the samples that still have budget
+    and words left (padding words have key 2, so they come last and end a sample's walk)."""
     n, max_groups = keys.shape
-    order = np.argsort(keys, axis=1, kind="stable")
+    order = np.argsort(keys, axis=1)
     ordered_sizes = np.take_along_axis(sizes, order, axis=1)
     used = np.zeros(n, dtype=np.int64)
     taken = np.zeros((n, max_groups), dtype=bool)
+    active = np.arange(n)
     for t in range(max_groups):
-        size_t = ordered_sizes[:, t]
-        take = (size_t > 0) & (used + size_t <= budget)
-        taken[:, t] = take
-        used += np.where(take, size_t, 0)
-        if not (used < budget).any():
+        size_t = ordered_sizes[active, t]
+        take = used[active] + size_t <= budget[active]
+        taken[active, t] = take & (size_t > 0)
+        used[active] += np.where(take, size_t, 0)
+        active = active[(size_t > 0) & (used[active] < budget[active])]
+        if len(active) == 0:
             break
     out = np.zeros((n, max_groups), dtype=bool)
     np.put_along_axis(out, order, taken, axis=1)

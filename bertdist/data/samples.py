@@ -55,6 +55,19 @@ class Samples:
             next_sentence_labels=np.asarray(self.next_sentence_labels[indices]),
         )
 
+    def slice(self, start: int, stop: int) -> "Samples":
+        """Samples start..stop-1: views, no copy (consecutive samples are consecutive in every column)."""
+        tok, msk = self.token_offsets(), self.mask_offsets()
+        return Samples(
+            input_ids=self.input_ids[tok[start] : tok[stop]],
+            lengths=self.lengths[start:stop],
+            segment_a_lengths=self.segment_a_lengths[start:stop],
+            masked_lm_positions=self.masked_lm_positions[msk[start] : msk[stop]],
+            masked_lm_ids=self.masked_lm_ids[msk[start] : msk[stop]],
+            masked_counts=self.masked_counts[start:stop],
+            next_sentence_labels=self.next_sentence_labels[start:stop],
+        )
+
     @staticmethod
     def concat(parts: list["Samples"]) -> "Samples":
         return Samples(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in Samples.column_names()})
@@ -100,8 +113,12 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return out
 
 
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The ranges [starts[i], starts[i] + lengths[i]) concatenated, without a Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out_starts = np.cumsum(lengths) - lengths
+    return np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def _gather(flat: np.ndarray, offsets: np.ndarray, counts: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    lens = np.asarray(counts[indices], dtype=np.int64)
-    out_starts = np.cumsum(lens) - lens
-    source = np.repeat(offsets[indices] - out_starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
-    return np.asarray(flat[source])
+    return np.asarray(flat[ranges(offsets[indices], counts[indices])])
