@@ -78,11 +78,14 @@ def _cpu_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """0 with probability ~p, else 1 / (1 - p), shaped like x."""
     # random_() on int64 fills [0, 2^63): bit fields 0-2 are uniform over 16 bits, field 3 over 15. Dropping
     # below 2k in the first three and below k in the last gives every element the same probability k / 2^15.
+    # The four thresholds are tiled to 64 so that the comparison runs over 64-wide rows (vectorised; over
+    # rows of 4 it is three times slower), and it writes the float mask directly: no bool tensor, no where.
     dropped = min(round(p * 2**15), 2**15 - 1)
-    thresholds = torch.tensor([2 * dropped - 2**15] * 3 + [dropped], dtype=torch.int16)
-    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_()
-    keep = words.view(torch.int16).view(-1, 4).ge(thresholds).view(-1)[: x.numel()].view(x.shape)
-    return torch.where(keep, 2**15 / (2**15 - dropped), 0.0).to(x.dtype)
+    thresholds = torch.tensor([2 * dropped - 2**15] * 3 + [dropped], dtype=torch.int16).repeat(16)
+    words = torch.empty((x.numel() + 63) // 64 * 16, dtype=torch.int64).random_()
+    mask = torch.empty(words.numel() // 16, 64, dtype=x.dtype)
+    torch.ge(words.view(torch.int16).view(-1, 64), thresholds, out=mask)
+    return mask.view(-1)[: x.numel()].view(x.shape).mul_(2**15 / (2**15 - dropped))
 
 
 class BertEmbeddings(nn.Module):
