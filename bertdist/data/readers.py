@@ -23,12 +23,13 @@ import json
 import os
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 from bertdist.data import DataError
 
 MAX_LINE_BYTES = 8 << 20
 """A longer line is an error: a binary file, or text without line breaks that would exhaust memory."""
+_BLOCK_BYTES = 1 << 20
 
 _KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki"}
 _COMPRESSIONS = {".gz": "gz", ".bz2": "bz2"}
@@ -137,7 +138,11 @@ def _open(f: InputFile) -> BinaryIO:
 
 
 class _Lines:
-    """Decoded lines of a unit with their byte offsets, checked for the usual kinds of bad input."""
+    """Decoded lines of a unit with their byte offsets, checked for the usual kinds of bad input.
+
+    The stream is read and checked a block at a time (one read, one NUL search, one UTF-8 validation per
+    ~1 MB): per line, only a split, a decode and a yield remain. A block may reach past the unit's end
+    (the reader stops at the first document it does not own); a bad byte there belongs to the same file."""
 
     def __init__(self, stream: BinaryIO, unit: ReadUnit):
         self.stream, self.path, self.compression = stream, unit.file.path, unit.file.compression
@@ -146,36 +151,55 @@ class _Lines:
         if unit.start_byte > 0:  # align to the first line that starts at or after start_byte
             stream.seek(unit.start_byte - 1)
             self.offset = unit.start_byte - 1
-            self._read_raw()
+            partial = self._read(stream.readline, MAX_LINE_BYTES + 1)
+            if len(partial) > MAX_LINE_BYTES:
+                raise DataError(f"{self.path}: line before byte {unit.start_byte} is longer than {MAX_LINE_BYTES} bytes")
+            self.offset += len(partial)
 
-    def _read_raw(self) -> bytes:
+    def _read(self, read: Any, size: int) -> bytes:
         try:
-            raw = self.stream.readline(MAX_LINE_BYTES + 1)
+            return read(size)
         except (EOFError, OSError, zlib.error) as e:
             what = f"{self.compression} stream" if self.compression else "file"
             raise DataError(f"{self.path}: truncated or corrupt {what} near byte {self.offset} ({e})") from None
-        if len(raw) > MAX_LINE_BYTES:
+
+    def _read_block(self) -> bytes:
+        """About _BLOCK_BYTES, then on to the end of the line there; DataError for the first bad byte."""
+        block = self._read(self.stream.read, _BLOCK_BYTES)
+        if block and not block.endswith(b"\n"):
+            block += self._read(self.stream.readline, MAX_LINE_BYTES + 1)
+        last_line = len(block) - (block.rfind(b"\n", 0, len(block) - 1) + 1)
+        if last_line > MAX_LINE_BYTES:  # lines before the last are shorter than a block
             raise DataError(
-                f"{self.path}: line at byte {self.offset} is longer than {MAX_LINE_BYTES} bytes "
-                "(binary data, or text without line breaks?)"
+                f"{self.path}: line at byte {self.offset + len(block) - last_line} is longer than {MAX_LINE_BYTES} "
+                "bytes (binary data, or text without line breaks?)"
             )
-        nul = raw.find(b"\x00")
-        if nul >= 0:
+        nul = block.find(b"\x00")
+        try:
+            block.decode("utf-8")
+            bad_utf8 = -1
+        except UnicodeDecodeError as e:
+            bad_utf8 = e.start
+        if 0 <= nul and (bad_utf8 < 0 or nul < bad_utf8):
             raise DataError(f"{self.path}: NUL byte at byte {self.offset + nul} (binary file?)")
-        self.offset += len(raw)
-        return raw
+        if bad_utf8 >= 0:
+            raise DataError(f"{self.path}: invalid UTF-8 at byte {self.offset + bad_utf8} (binary file?)")
+        return block
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         while True:
-            start = self.offset
-            raw = self._read_raw()
-            if not raw:
+            block = self._read_block()
+            if not block:
                 return
-            try:
+            lines = block.split(b"\n")
+            if not lines[-1]:  # the block ends with a line break
+                lines.pop()
+            for raw in lines:
+                start = self.offset
+                self.offset += len(raw) + 1
                 text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{self.path}: invalid UTF-8 at byte {start + e.start} (binary file?)") from None
-            yield start, text.lstrip("\ufeff") if start == 0 else text
+                yield start, text.lstrip("\ufeff") if start == 0 else text
+            self.offset = start + len(raw) + (1 if block.endswith(b"\n") else 0)
 
     def owns(self, line_start: int) -> bool:
         return self.end_byte < 0 or line_start < self.end_byte
