@@ -12,7 +12,8 @@ care when the machine is busy.
 
 Measured, each in its own process: the baseline; `prepare` with 1 worker on the corpus and on twice the
 corpus (the difference is the throughput "once started", without Ray's start-up and fixed costs);
-`prepare` with 2 workers on twice the corpus (scaling). Reported: instances/s, seconds, peak memory, bytes
+`prepare` with 2 workers on twice the corpus (scaling) and on ten times the corpus (memory stays flat: the
+parts are distinct text, since duplicate documents would be dropped). Reported: instances/s, seconds, peak memory, bytes
 per instance.
 """
 
@@ -192,30 +193,33 @@ def main() -> None:
     from bertdist.data.vocab import train_vocab
 
     shutil.rmtree(args.workdir, ignore_errors=True)
-    one, two = os.path.join(args.workdir, "corpus1"), os.path.join(args.workdir, "corpus2")
     docs_per_file = int(args.mb * 1e6 / 4 / 2400)  # ~2.4 kB per generated document
-    write_corpus(one, 4, docs_per_file, seed=1)
-    for name in os.listdir(one):
-        os.makedirs(two, exist_ok=True)
-        shutil.copy(os.path.join(one, name), os.path.join(two, name))
-    for i, path in enumerate(write_corpus(os.path.join(args.workdir, "extra"), 4, docs_per_file, seed=2)):
-        shutil.move(path, os.path.join(two, f"extra-{i:03d}.txt"))
+    parts = [write_corpus(os.path.join(args.workdir, f"part{k}"), 4, docs_per_file, seed=k + 1) for k in range(10)]
+    corpora = {}
+    for copies in (1, 2, 10):  # corpus xN: the first N distinct parts (duplicates would be dropped)
+        corpora[copies] = os.path.join(args.workdir, f"corpus{copies}")
+        os.makedirs(corpora[copies])
+        for k in range(copies):
+            for path in parts[k]:
+                os.link(path, os.path.join(corpora[copies], f"{k:02d}-{os.path.basename(path)}"))
+    one = corpora[1]
     vocab = train_vocab(iter_texts(expand_inputs([one])), os.path.join(args.workdir, "vocab"), 30522)
     mb = sum(os.path.getsize(os.path.join(one, n)) for n in os.listdir(one)) / 1e6
     out = lambda name: os.path.join(args.workdir, name)  # noqa: E731
 
     rate = lambda r: r["instances"] / r["seconds"]  # noqa: E731
-    print(f"corpus: {mb:.1f} MB of generated English-like text (x2: {2 * mb:.1f} MB); length {MAX_SEQ_LENGTH}, "
+    print(f"corpus: {mb:.1f} MB of generated English-like text (x2, x10: distinct text); length {MAX_SEQ_LENGTH}, "
           f"dupe factor {DUPE_FACTOR}; machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     base = _in_child("baseline", one, vocab, out("baseline.npz"))
     print(f"baseline (1 process):     {base['instances']:>9,} instances {base['seconds']:7.1f} s "
           f"{rate(base):>9,.0f}/s  peak {base['driver_peak_rss_mb']:,.0f} MB  {base['bytes'] / base['instances']:.0f} B/instance",
           flush=True)
     runs = {}
-    for name, corpus, output, workers in [
-        ("prepare 1 worker", one, "p1", "1"), ("prepare 1 worker, x2", two, "p1x2", "1"), ("prepare 2 workers, x2", two, "p2x2", "2")
+    for name, copies, output, workers in [
+        ("prepare 1 worker", 1, "p1", "1"), ("prepare 1 worker, x2", 2, "p1x2", "1"),
+        ("prepare 2 workers, x2", 2, "p2x2", "2"), ("prepare 2 workers, x10", 10, "p2x10", "2"),
     ]:
-        r = runs[output] = _in_child("prepare", corpus, vocab, out(output), workers)
+        r = runs[output] = _in_child("prepare", corpora[copies], vocab, out(output), workers)
         print(f"{name + ':':<25} {r['instances']:>9,} instances {r['seconds']:7.1f} s {rate(r):>9,.0f}/s  "
               f"(Ray start {r['ray_start_seconds']:.1f} s)  peak worker {r['worker_peak_rss_mb']:,.0f} MB, "
               f"driver {r['driver_peak_rss_mb']:,.0f} MB  {r['bytes'] / r['instances']:.0f} B/instance", flush=True)
@@ -227,8 +231,9 @@ def main() -> None:
     print(f"once started (extra text), 1 worker: {marginal:,.0f}/s = {marginal / rate(base):.2f}x baseline, "
           f"{marginal / REFERENCE_INSTANCES_PER_S:.2f}x published  (target >= 10x)")
     print(f"scaling 1 -> 2 workers (x2 corpus, without Ray start): {work(p1x2) / work(p2x2):.2f}x  (target >= 1.8x)")
-    print(f"peak worker memory, corpus x1 -> x2: {p1['worker_peak_rss_mb']:,.0f} -> {p1x2['worker_peak_rss_mb']:,.0f} MB "
-          f"(baseline grows with the corpus: {base['driver_peak_rss_mb']:,.0f} MB at x1)")
+    print(f"peak worker memory, corpus x1 -> x2 -> x10: {p1['worker_peak_rss_mb']:,.0f} -> {p1x2['worker_peak_rss_mb']:,.0f} "
+          f"-> {runs['p2x10']['worker_peak_rss_mb']:,.0f} MB; driver {p1['driver_peak_rss_mb']:,.0f} -> "
+          f"{runs['p2x10']['driver_peak_rss_mb']:,.0f} MB (the baseline holds the corpus: {base['driver_peak_rss_mb']:,.0f} MB at x1)")
 
 
 if __name__ == "__main__":
