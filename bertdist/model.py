@@ -275,8 +275,14 @@ class BertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
+        """Logits shaped like x with the vocabulary last, laid out vocabulary-major (see below)."""
         # The tied matrix is passed in rather than held, so it is registered once (under the embeddings).
-        return F.linear(self.transform(x), decoder_weight, self.bias)
+        # The product is computed as (vocab, rows) = W @ x^T and returned transposed. With the 30,522-long
+        # dimension first, MKL runs this GEMM and its two backward GEMMs ~1.4x faster on CPU than x @ W^T
+        # (measured at 640 x 256 x 30522); the logits are then a view whose vocabulary stride is `rows`.
+        h = self.transform(x)
+        logits = torch.addmm(self.bias[:, None], decoder_weight, h.reshape(-1, h.shape[-1]).t())
+        return logits.t().view(*h.shape[:-1], -1)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -367,34 +373,41 @@ class BertForPreTraining(nn.Module):
 
 
 class _VocabCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy over the rows whose label is not -100: `F.cross_entropy`, with a cheaper backward.
+    """Mean cross-entropy over the rows whose label is not -100: `F.cross_entropy`, with less work per logit.
 
-    The MLM logits (predictions x vocab) are the largest tensor of a step. `F.cross_entropy`'s backward
-    zero-fills a gradient of that size for `nll_loss`, scatters into it, copies it, and runs `log_softmax`'s
-    backward over it; here the backward turns the saved log-probabilities into softmax - one-hot in place.
-    Because it does so in place, a second backward through the same graph is refused rather than wrong.
-    Computed in fp32 whatever the logits' dtype, as autocast does for `F.cross_entropy`.
+    The MLM logits (predictions x vocab) are the largest tensor of a step. `F.cross_entropy` exponentiates
+    them in `log_softmax`, and its backward zero-fills a gradient of that size for `nll_loss`, scatters into it,
+    copies it and exponentiates again in `log_softmax`'s backward. Here the forward keeps exp(logit - max) and
+    the per-row sums, and the backward scales them into softmax - one-hot in place: one exp per logit.
+    It reduces over dimension 0 of `logits.t()`, contiguous in the head's vocabulary-major layout (any layout
+    gives the same values). Because the backward works in place, a second backward through the same graph is
+    refused rather than wrong. Computed in fp32 whatever the logits' dtype, as autocast does for
+    `F.cross_entropy`.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        log_probs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        scores = logits.t().to(torch.promote_types(logits.dtype, torch.float32))  # (vocab, rows)
+        maxes = scores.amax(0)
+        exps = torch.sub(scores, maxes).exp_()
+        sums = exps.sum(0)
         valid = labels != IGNORE_INDEX
-        targets = labels.masked_fill(~valid, 0)[:, None]
+        targets = labels.masked_fill(~valid, 0)[None]
         count = valid.sum()
-        ctx.save_for_backward(log_probs, targets, valid, count)
+        ctx.save_for_backward(exps, sums, targets, valid, count)
         ctx.consumed = False
-        return -(log_probs.gather(1, targets).squeeze(1) * valid).sum() / count
+        return ((sums.log() + maxes - scores.gather(0, targets).squeeze(0)) * valid).sum() / count
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor, None]:
         if ctx.consumed:
             raise RuntimeError("the MLM loss supports one backward pass per forward (retain_graph is not supported)")
         ctx.consumed = True
-        log_probs, targets, valid, count = ctx.saved_tensors
-        grad = log_probs.exp_()  # (predictions, vocab): softmax, then minus one at each label
-        grad.scatter_add_(1, targets, valid[:, None].to(grad.dtype).neg())
-        return grad.mul_((valid * (grad_loss / count))[:, None]), None
+        exps, sums, targets, valid, count = ctx.saved_tensors
+        weights = valid * (grad_loss / count)
+        grad = exps.mul_(weights / sums)  # (vocab, rows): weighted softmax, then minus the weight at each label
+        grad.scatter_add_(0, targets, -weights[None].to(grad.dtype))
+        return grad.t(), None
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

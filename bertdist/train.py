@@ -293,7 +293,11 @@ class _Run:
 
         labels = batch["masked_lm_ids"]
         mask = labels != -100
-        mlm_hits = (out.mlm_logits.argmax(-1) == labels) & mask
+        # Right when the label's logit is the largest (ties, measure zero, count as right): amax and gather read
+        # the model's vocabulary-major logits at memory speed, where argmax over them takes a tenth of a step.
+        logits = out.mlm_logits.detach()
+        label_logits = logits.gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
+        mlm_hits = (label_logits == logits.amax(-1)) & mask
         nsp_hits = out.nsp_logits.argmax(-1) == batch["next_sentence_label"]
         values = {
             "loss": out.loss.detach(),
