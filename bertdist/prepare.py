@@ -38,7 +38,7 @@ import numpy as np
 from bertdist.data import DataError
 from bertdist.data.instances import Documents, InstanceOptions, VocabInfo, create_instances
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units, read_documents
-from bertdist.data.samples import Samples
+from bertdist.data.samples import Samples, ranges
 from bertdist.data.shards import (
     FORMAT_VERSION,
     MANIFEST,
@@ -236,15 +236,15 @@ def _load_documents(work_dir: str, members: list[tuple[str, np.ndarray]]) -> Doc
     for piece, keep in members:
         with np.load(os.path.join(work_dir, "docs", piece), allow_pickle=False) as npz:
             piece_tokens, sent, docs = npz["tokens"], npz["sentence_offsets"], npz["document_offsets"]
-        for d in keep.tolist():
-            s0, s1 = docs[d], docs[d + 1]
-            tokens.append(piece_tokens[sent[s0] : sent[s1]])
-            sentence_lengths.append(np.diff(sent[s0 : s1 + 1]))
-            document_sentences.append(s1 - s0)
+        first, count = docs[keep], docs[keep + 1] - docs[keep]  # sentences of each kept document
+        sentences = ranges(first, count)
+        tokens.append(piece_tokens[ranges(sent[sentences], sent[sentences + 1] - sent[sentences])])
+        sentence_lengths.append(sent[sentences + 1] - sent[sentences])
+        document_sentences.append(count)
     if not tokens:
         return Documents(np.zeros(0, np.uint16), np.zeros(1, np.int64), np.zeros(1, np.int64))
     return Documents(
-        np.concatenate(tokens), _offsets(np.concatenate(sentence_lengths)), _offsets(document_sentences)
+        np.concatenate(tokens), _offsets(np.concatenate(sentence_lengths)), _offsets(np.concatenate(document_sentences))
     )
 
 
