@@ -8,9 +8,10 @@ parity tests compare tensor by tensor. What differs is only how the work is done
 - attention goes through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU), with no mask
   at all when the batch has no padding;
 - the MLM head gathers the masked positions first and projects only those onto the vocabulary, which removes most
-  of the head's FLOPs (20 of 128 positions at BERT's length 128);
-- on CPU, dropout draws a quarter of the random numbers torch's does (see `Dropout`), and the MLM loss has a
-  one-pass backward (see `_VocabCrossEntropy`);
+  of the head's FLOPs (20 of 128 positions at BERT's length 128), vocabulary-major (faster GEMMs on CPU; see
+  `BertLMPredictionHead`);
+- on CPU, dropout draws a quarter of the random numbers torch's does (see `Dropout`), and the MLM loss
+  exponentiates each logit once, forward and backward together (see `_VocabCrossEntropy`);
 - optional activation checkpointing per encoder layer.
 
 This module imports torch and the config schema only: no DeepSpeed, Ray, MLflow or `transformers`. Loading and
@@ -123,21 +124,24 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         batch, seq, hidden = x.shape
         # One (hidden -> 3 hidden) matmul reads x once and keeps the GEMM large; concatenating the weights costs
-        # a copy of 3 hidden^2 numbers, small next to the batch x seq x hidden activations.
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        # a copy of 3 hidden^2 numbers, small next to the batch x seq x hidden activations. Attention's
+        # 1/sqrt(head_dim) is applied there too, to the query's weight and bias rather than to every query
+        # (exact when head_dim is a power of 4, as in every BERT size).
+        scale = (hidden // self.num_heads) ** -0.5
+        weight = torch.cat([self.query.weight * scale, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias * scale, self.key.bias, self.value.bias])
         qkv = F.linear(x, weight, bias).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
         if self.training and self.dropout.p > 0 and x.device.type == "cpu":
             # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's
             # slower dropout; spelling it out lets the attention probabilities use `Dropout`.
-            scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (batch, heads, seq, seq)
+            scores = q @ k.transpose(-2, -1)  # (batch, heads, seq, seq)
             if attn_mask is not None:
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
             out = self.dropout(scores.softmax(dim=-1)) @ v
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0
+                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0, scale=1.0
             )
         return out.transpose(1, 2).reshape(batch, seq, hidden)  # (batch, seq, hidden)
 
