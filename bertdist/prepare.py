@@ -11,9 +11,10 @@ final name) and skipping work that a previous, killed run already finished:
 2. instances: the driver drops exact duplicate documents (first occurrence wins, in input order) and cuts the
    remaining documents into groups of `group_bytes` of text; each group task builds every pass of
    instances (pairs + masks, `bertdist.data.instances`) with generators seeded by (seed, group, pass).
-3. shards: instance i goes to shard permute(i) % S (a seeded bijection, `bertdist.data.shards.permute`); each
-   shard task finds its instances with the inverse permutation, gathers them from the memory-mapped group
-   outputs and writes its tar atomically.
+3. shards: bands of `band_shards` shards each take a contiguous range of the instances, permute it (a
+   seeded bijection) and deal it to their shards (`bertdist.data.shards.shard_instances`); each shard task
+   finds its instances with the inverse permutation, gathers them from the memory-mapped outputs of the few
+   groups of its band and writes its tar atomically.
 
 Every task's output is a function of the inputs and the options only, so the bytes do not depend on the
 number of workers or on scheduling. Memory per task is bounded by `group_bytes` / one shard, not by the
@@ -44,7 +45,7 @@ from bertdist.data.shards import (
     MANIFEST,
     SAMPLES_PER_BLOCK,
     file_sha256,
-    permute,
+    shard_instances,
     shard_name,
     write_manifest,
     write_shard,
@@ -62,6 +63,8 @@ class PrepareOptions:
     instances: InstanceOptions = field(default_factory=InstanceOptions)
     cased: bool = False
     samples_per_shard: int = 16384
+    band_shards: int = 64
+    """A document's instances are spread over this many shards; a shard reads from ~1/band of the groups."""
     group_bytes: int = 4 << 20
     """Text per document group: random NotNext segments are drawn within a group (bounds worker memory)."""
     unit_bytes: int = 4 << 20
@@ -255,7 +258,7 @@ def _open_group(group_dir: str) -> Samples:
 
 
 def write_one_shard(
-    shard: int, num_shards: int, group_offsets: np.ndarray, work_dir: str, output_dir: str, key: int
+    shard: int, num_shards: int, band_shards: int, group_offsets: np.ndarray, work_dir: str, output_dir: str, key: int
 ) -> dict[str, Any]:
     """Stage 3 for one shard: gather its instances (inverse permutation) and write the tar atomically."""
     name = shard_name(shard)
@@ -266,9 +269,7 @@ def write_one_shard(
             record = json.load(f)
         if file_sha256(path) == record["sha256"]:
             return dict(record, resumed=True)
-    total = int(group_offsets[-1])
-    positions = np.arange(shard, total, num_shards, dtype=np.int64)
-    instance = permute(positions, total, key, inverse=True)
+    instance = shard_instances(shard, num_shards, int(group_offsets[-1]), band_shards, key)
     group = np.searchsorted(group_offsets, instance, side="right") - 1
     by_group = np.argsort(group, kind="stable")
     parts = []
@@ -325,7 +326,8 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     num_shards = max(1, math.ceil(total / opts.samples_per_shard))
     shard_results = run(
         "shards", write_one_shard,
-        [(s, num_shards, group_offsets, work_dir, opts.output_dir, opts.instances.seed) for s in range(num_shards)],
+        [(s, num_shards, opts.band_shards, group_offsets, work_dir, opts.output_dir, opts.instances.seed)
+         for s in range(num_shards)],
         weights=None, unit="shards", scale=1,
     )
 
@@ -366,6 +368,7 @@ def _output_options(opts: PrepareOptions) -> dict[str, Any]:
         dataclasses.asdict(opts.instances),
         cased=opts.cased,
         samples_per_shard=opts.samples_per_shard,
+        band_shards=opts.band_shards,
         samples_per_block=SAMPLES_PER_BLOCK,
         group_bytes=opts.group_bytes,
     )

@@ -16,7 +16,7 @@ import pytest
 from bertdist.cli import main
 from bertdist.data import DataError, iter_samples
 from bertdist.data.inspect import shard_statistics
-from bertdist.data.shards import permute
+from bertdist.data.shards import permute, shard_instances
 from bertdist.prepare import prepare
 from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
 
@@ -55,10 +55,23 @@ def test_manifest_shards_are_balanced_and_checksummed(one_worker_run, tiny_vocab
     assert not os.path.exists(os.path.join(one_worker_run, ".work"))
 
 
-def test_instances_are_spread_over_all_shards():
-    """The first 64 instances (one document's, typically) land in every one of 8 shards."""
-    positions = permute(np.arange(64), 10_000, key=12345)
-    assert len(set((positions % 8).tolist())) == 8
+@pytest.mark.parametrize("total, num_shards", [(10_000, 8), (1_000_003, 300)])
+def test_shards_partition_the_instances_spread_over_a_band(total, num_shards):
+    band = 64
+    shards = [shard_instances(s, num_shards, total, band, key=12345) for s in range(num_shards)]
+    assert sorted(np.concatenate(shards).tolist()) == list(range(total))  # every instance exactly once
+    sizes = [len(x) for x in shards]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    where = np.empty(total, dtype=np.int64)
+    for s, x in enumerate(shards):
+        where[x] = s
+    # the first 64 instances (one document's, typically) land in many shards of the first band
+    first = where[:64]
+    assert len(set(first.tolist())) >= min(num_shards, band) // 2 and first.max() < band
+    # a shard draws from one band's contiguous range of instances (a few groups), not from the whole corpus
+    per_band = total * min(band, num_shards) // num_shards + band
+    assert max(int(x.max() - x.min()) for x in shards) < per_band
+    # and nobody else's: the permutation is a bijection
     assert sorted(permute(np.arange(10_000), 10_000, key=1).tolist()) == list(range(10_000))
 
 

@@ -171,10 +171,27 @@ def iter_directory_samples(shard_dir: str, verify_checksums: bool = False) -> It
             yield from read_block(path, location).as_dicts()
 
 
-# ---- the corpus-wide shuffle -------------------------------------------------------------------------------
-# Instance i (in generation order) goes to position p = permute(i) of a seeded pseudo-random permutation of
-# [0, N), then to shard p % S at slot p // S: shards differ by at most one sample, and each shard can find its
-# own instances with the inverse permutation, without anyone holding a permutation of N integers.
+# ---- the shuffle across shards ------------------------------------------------------------------------------
+# Shards are cut into bands of `band_shards` consecutive shards. Band b takes a contiguous range of the
+# instances (in generation order: group by group), puts it through a seeded pseudo-random permutation and
+# deals it round-robin to its shards. So a document's instances are spread over a band's shards, shards
+# differ by at most one sample, each shard finds its own instances with the inverse permutation (nobody
+# holds a permutation of N integers), and a shard reads from the few groups of its band's range, however
+# large the corpus (with one band over all shards, every shard would read from every group: S x G reads).
+# The loader shuffles blocks across all shards again every epoch.
+
+
+def shard_instances(shard: int, num_shards: int, total: int, band_shards: int, key: int) -> np.ndarray:
+    """The instances (indices in generation order) of `shard`, in the shard's order.
+
+    Shard s holds total // num_shards instances, one more if s < total % num_shards."""
+    base, extra = divmod(total, num_shards)
+    before = lambda s: s * base + min(s, extra)  # noqa: E731  instances in the shards before s
+    band = shard // band_shards
+    first, stop = band * band_shards, min((band + 1) * band_shards, num_shards)
+    start, size = before(first), before(stop) - before(first)
+    positions = np.arange(shard - first, size, stop - first, dtype=np.int64)
+    return start + permute(positions, size, key=(key << 20) + band, inverse=True)
 
 _ROUNDS = 4
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
