@@ -26,7 +26,7 @@ import numpy as np
 
 from bertdist.data.samples import Samples, ranges
 
-_MASK_CHUNK = 4096
+_MASK_CHUNK = 2048
 """Pairs masked at once: bounds the (chunk, max_seq_length) work matrices to a few MB."""
 
 
