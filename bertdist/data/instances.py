@@ -103,19 +103,19 @@ class Pairs:
 class RandomStream:
     """Python-speed scalar draws from a numpy Generator, pre-drawn in blocks (rng calls cost microseconds).
 
-    `random` is a generator's `__next__`, the cheapest call Python has; `make_pairs` inlines `randint`."""
+    `random` is a generator's `__next__`, the cheapest call Python has. Integers in [low, high] are drawn as
+    `low + int(random() * (high - low + 1))`, inline in `make_pairs`. The generator must not refer back to
+    the stream: a reference cycle would keep each pass's block of draws alive until a full garbage
+    collection, and a worker's memory would grow with the number of groups it ran."""
 
     def __init__(self, rng: np.random.Generator, block: int = 8192):
         self.generator = rng
-        self.random = self._uniforms(block).__next__
+        self.random = _uniforms(rng, block).__next__  # a function's generator: no cycle through self
 
-    def _uniforms(self, block: int) -> Iterator[float]:
-        while True:
-            yield from self.generator.random(block).tolist()
 
-    def randint(self, low: int, high: int) -> int:
-        """Uniform integer in [low, high], both included (like Python's random.randint)."""
-        return low + int(self.random() * (high - low + 1))
+def _uniforms(rng: np.random.Generator, block: int) -> Iterator[float]:
+    while True:
+        yield from rng.random(block).tolist()
 
 
 def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pairs:
