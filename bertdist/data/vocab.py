@@ -99,7 +99,8 @@ class WordPieceEncoder:
     tokenizer itself, so the result is always the tokenizer's (tests/data/test_vocab.py checks both paths).
     """
 
-    _MAX_CACHED_CHUNKS = 1_000_000
+    _MAX_CACHED_CHUNKS = 250_000
+    """~35 MB: a real corpus has millions of distinct chunks; the common ones come back within a few MB of text."""
     _BOUNDARY = "\x01"
     """Marks the end of a sentence in the joined text: a control character, which cleaning removed from it."""
 
