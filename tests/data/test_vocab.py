@@ -29,3 +29,17 @@ def test_unreadable_vocab(tmp_path):
     bad.write_text("hello\nworld\n")
     with pytest.raises(ValueError, match="missing \\[PAD\\]"):
         read_vocab(str(bad))
+
+
+def test_fast_encoder_is_exact_when_its_cache_overflows(tiny_corpus, tmp_path, monkeypatch):
+    from bertdist.data.readers import expand_inputs, iter_texts
+
+    vocab = train_vocab(iter_texts(expand_inputs([tiny_corpus])), str(tmp_path), 400)
+    monkeypatch.setattr(WordPieceEncoder, "_MAX_CACHED_CHUNKS", 7)
+    sentences = open(f"{tiny_corpus}/part-000.txt").read().split("\n")[:300]
+    encoder = WordPieceEncoder(vocab, cased=False)
+    expected = [e.ids for e in load_tokenizer(vocab, False).encode_batch(sentences, add_special_tokens=False)]
+    for _ in range(2):  # the second pass starts from a cache cleared many times over
+        ids, lengths = encoder.encode(sentences)
+        assert [a.tolist() for a in np.split(ids, np.cumsum(lengths)[:-1])] == expected
+        assert len(encoder._cache) <= 7
