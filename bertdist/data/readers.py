@@ -23,7 +23,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from bertdist.data import DataError
 
@@ -156,7 +156,7 @@ class _Lines:
                 raise DataError(f"{self.path}: line before byte {unit.start_byte} is longer than {MAX_LINE_BYTES} bytes")
             self.offset += len(partial)
 
-    def _read(self, read: Any, size: int) -> bytes:
+    def _read(self, read: Callable[[int], bytes], size: int) -> bytes:
         try:
             return read(size)
         except (EOFError, OSError, zlib.error) as e:
