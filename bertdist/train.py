@@ -162,6 +162,8 @@ class _Run:
             self.peak_flops = _peak_flops(self.device_type, cfg.train.precision)
             self.tracker = build_tracker(cfg.tracking, str(self.output_dir), env.rank, run_id=self.resumed_state.tracking_run_id if self.resumed_state else None)
             self.tracker.log_run_start(cfg, env.world_size, env.nodes)
+            if self.resume_from is not None:  # a kill can land between a checkpoint's completion and its record
+                self.tracker.log_checkpoint(self.resume_from, self.start_step)
             self.node_monitor = self._node_monitor()
             self.log = _RankZeroLog(self.output_dir, env.is_main)
             # Last before the loop, so that nothing done at start-up draws from the generators.

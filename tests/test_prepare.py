@@ -25,7 +25,9 @@ SMALL_SHARDS = 150
 
 
 def _shard_bytes(directory: str) -> dict[str, bytes]:
-    return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory)) if n.startswith("shard-")}
+    """Shards under their final names (a killed run may leave `.partial-PID` temporaries beside them)."""
+    names = [n for n in sorted(os.listdir(directory)) if n.startswith("shard-") and n.endswith(".tar")]
+    return {n: open(os.path.join(directory, n), "rb").read() for n in names}
 
 
 @pytest.fixture(scope="module")
