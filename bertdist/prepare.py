@@ -39,7 +39,7 @@ import numpy as np
 from bertdist.data import DataError
 from bertdist.data.instances import Documents, InstanceOptions, VocabInfo, create_instances
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units, read_documents
-from bertdist.data.samples import Samples, ranges
+from bertdist.data.samples import Samples, offsets, ranges
 from bertdist.data.shards import (
     FORMAT_VERSION,
     MANIFEST,
@@ -165,8 +165,8 @@ class _PieceWriter:
         name = f"{self.unit_name}-{len(self.names):04d}.npz"
         arrays = dict(
             tokens=np.concatenate(self.tokens).astype(self.token_dtype),
-            sentence_offsets=_offsets(np.concatenate(self.sentence_lengths)),
-            document_offsets=_offsets(np.concatenate(self.document_sentences)),
+            sentence_offsets=offsets(np.concatenate(self.sentence_lengths)),
+            document_offsets=offsets(np.concatenate(self.document_sentences)),
             document_hashes=np.frombuffer(b"".join(self.hashes), dtype=np.uint8).reshape(-1, 16),
             document_bytes=np.array(self.document_bytes, dtype=np.int64),
         )
@@ -193,7 +193,7 @@ def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, s
     ids, lengths = encoder.encode([s for document in batch for s in document])
     sentences_per_document = np.array([len(d) for d in batch])
     nonempty = lengths > 0
-    kept_per_document = np.add.reduceat(nonempty, _offsets(sentences_per_document)[:-1])
+    kept_per_document = np.add.reduceat(nonempty, offsets(sentences_per_document)[:-1])
     texts = []
     k = 0
     for document, kept in zip(batch, kept_per_document.tolist()):
@@ -241,13 +241,14 @@ def _load_documents(work_dir: str, members: list[tuple[str, np.ndarray]]) -> Doc
             piece_tokens, sent, docs = npz["tokens"], npz["sentence_offsets"], npz["document_offsets"]
         first, count = docs[keep], docs[keep + 1] - docs[keep]  # sentences of each kept document
         sentences = ranges(first, count)
-        tokens.append(piece_tokens[ranges(sent[sentences], sent[sentences + 1] - sent[sentences])])
-        sentence_lengths.append(sent[sentences + 1] - sent[sentences])
+        lengths = sent[sentences + 1] - sent[sentences]
+        tokens.append(piece_tokens[ranges(sent[sentences], lengths)])
+        sentence_lengths.append(lengths)
         document_sentences.append(count)
     if not tokens:
         return Documents(np.zeros(0, np.uint16), np.zeros(1, np.int64), np.zeros(1, np.int64))
     return Documents(
-        np.concatenate(tokens), _offsets(np.concatenate(sentence_lengths)), _offsets(np.concatenate(document_sentences))
+        np.concatenate(tokens), offsets(np.concatenate(sentence_lengths)), offsets(np.concatenate(document_sentences))
     )
 
 
@@ -579,12 +580,6 @@ def summary_text(report: PrepareReport) -> str:
 
 def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
-def _offsets(counts: Any) -> np.ndarray:
-    out = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64), out=out[1:])
-    return out
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:

@@ -37,10 +37,10 @@ class Samples:
         return [f.name for f in fields(Samples)]
 
     def token_offsets(self) -> np.ndarray:
-        return _offsets(self.lengths)
+        return offsets(self.lengths)
 
     def mask_offsets(self) -> np.ndarray:
-        return _offsets(self.masked_counts)
+        return offsets(self.masked_counts)
 
     def take(self, indices: np.ndarray) -> "Samples":
         """The samples at `indices`, in that order (works on memory-mapped columns)."""
@@ -107,9 +107,10 @@ class Samples:
         return out
 
 
-def _offsets(counts: np.ndarray) -> np.ndarray:
+def offsets(counts: np.ndarray) -> np.ndarray:
+    """(len(counts) + 1,) int64: where each of consecutive runs of `counts` items starts, then the total."""
     out = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=out[1:])
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=out[1:])
     return out
 
 

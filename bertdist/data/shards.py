@@ -31,7 +31,6 @@ MANIFEST = "manifest.json"
 SAMPLES_PER_BLOCK = 512
 _ZIP_DATE = (0 << 9) | (1 << 5) | 1
 """1980-01-01 as an MS-DOS date, the earliest a zip can hold: no wall-clock time in the bytes."""
-_ZLIB_LEVEL = 1
 
 
 def shard_name(index: int) -> str:
@@ -50,7 +49,7 @@ def encode_block(samples: Samples) -> bytes:
         array_buf = io.BytesIO()
         np.lib.format.write_array(array_buf, np.ascontiguousarray(getattr(samples, name)), allow_pickle=False)
         raw = array_buf.getvalue()
-        deflate = zlib.compressobj(_ZLIB_LEVEL, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
+        deflate = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)  # any level > 0: Huffman only
         members.append((f"{name}.npy".encode(), raw, deflate.compress(raw) + deflate.flush()))
     return _zip(members)
 
