@@ -19,10 +19,11 @@ TARGET_SAMPLES_PER_S = 20_000
 
 def _prepared(workdir: str) -> tuple[str, str]:
     from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.driver import prepare
+    from bertdist.data.pipeline.options import PrepareOptions
     from bertdist.data.readers import expand_inputs, iter_texts
     from bertdist.data.synthetic import write_corpus
     from bertdist.data.vocab import train_vocab
-    from bertdist.prepare import PrepareOptions, prepare
 
     data, corpus = os.path.join(workdir, "data"), os.path.join(workdir, "corpus")
     vocab = os.path.join(workdir, "vocab", "vocab.txt")

@@ -2,7 +2,7 @@
 
 One step = forward + backward + AdamW update, on a full-length batch with BERT's prediction budget (20 masked
 positions per sequence at length 128). Both models get the same optimizer and precision; the two are timed in
-turns and the medians compared. MFU counts the model's own FLOPs (`bertdist.flops`, which excludes the vocab
+turns and the medians compared. MFU counts the model's own FLOPs (`bertdist.model.flops`, which excludes the vocab
 projection at unmasked positions) against a matmul peak measured in the same process.
 
     python benchmarks/model_step.py                                   # CPU, BERT-mini, fp32 (the acceptance run)
@@ -19,13 +19,21 @@ import os
 from pathlib import Path
 
 import torch
+
 # benchmarks/ is on sys.path when this file runs as a script.
-from common import DTYPES, device_name, interleaved_medians, matmul_peak_flops, step_clock, use_all_cores
+from common import (
+    DTYPES,
+    device_name,
+    interleaved_medians,
+    matmul_peak_flops,
+    step_clock,
+    use_all_cores,
+)
 
 from bertdist.config import MODEL_SIZES, ModelConfig
-from bertdist.flops import train_flops_per_sequence
-from bertdist.hf import config_to_hf
-from bertdist.model import IGNORE_INDEX, BertForPreTraining
+from bertdist.model.bert import IGNORE_INDEX, BertForPreTraining
+from bertdist.model.flops import train_flops_per_sequence
+from bertdist.model.hf import config_to_hf
 
 
 def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device) -> dict:

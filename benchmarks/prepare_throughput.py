@@ -144,7 +144,8 @@ def _mask(tokens, vocab_words, rng):
 def _prepare(corpus: str, vocab: str, output: str, workers: int) -> dict:
     """bertdist's pipeline end to end (Ray start included), as the command runs it."""
     from bertdist.data.instances import InstanceOptions
-    from bertdist.prepare import PrepareOptions, prepare
+    from bertdist.data.pipeline.driver import prepare
+    from bertdist.data.pipeline.options import PrepareOptions
 
     opts = PrepareOptions(
         inputs=[corpus], output_dir=output, vocab_file=vocab, workers=workers, progress=False,

@@ -21,7 +21,6 @@ import time
 import warnings
 
 import torch
-
 from common import interleaved_medians  # benchmarks/ is on sys.path
 
 METRICS = (
@@ -39,7 +38,8 @@ def main() -> None:
     from mlflow.entities import Metric
 
     from bertdist.config import TrackingConfig
-    from bertdist.tracking import MLflowTracker, local_store_uri
+    from bertdist.tracking.mlflow_tracker import MLflowTracker
+    from bertdist.tracking.store import local_store_uri
 
     workdir = tempfile.mkdtemp(prefix="bertdist-bench-tracking-")
     healthy = MLflowTracker(TrackingConfig(experiment_name="bench", log_system_metrics=False), f"{workdir}/tracker")

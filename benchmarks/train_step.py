@@ -20,9 +20,10 @@ import torch
 from common import interleaved_medians, use_all_cores  # benchmarks/ is on sys.path
 from model_step import make_batch
 
-from bertdist import distributed, engine
 from bertdist.config import MODEL_SIZES, ModelConfig, load_config
-from bertdist.model import BertForPreTraining
+from bertdist.model.bert import BertForPreTraining
+from bertdist.train import deepspeed as engine
+from bertdist.train import distributed
 
 
 def main(argv: list[str] | None = None) -> dict:

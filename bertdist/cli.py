@@ -9,7 +9,8 @@
     bertdist ui       open the MLflow dashboard of a run
 
 Heavy imports (torch, deepspeed, ray, mlflow) happen inside the command that needs them, so
-`bertdist --help` and config validation stay fast.
+`bertdist --help` and config validation stay fast. Defaults are imported from the module that owns them
+(the options dataclasses, the launch package), never written twice.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ import os
 import sys
 from typing import Callable
 
-from bertdist.config import dump_yaml, load_config, validate
-from bertdist.errors import UserError
+from bertdist.config import ModelConfig, dump_yaml, load_config, validate
+from bertdist.data.instances import InstanceOptions
+from bertdist.data.pipeline.options import PrepareOptions
+from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
+from bertdist.errors import USAGE_EXIT_CODE, UserError
+from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
+from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 
 def _add_vocab(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +40,7 @@ def _add_vocab(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
     p.add_argument("--output", required=True, metavar="DIR")
-    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
     p.set_defaults(func=_run_vocab)
 
@@ -45,7 +51,7 @@ def _run_vocab(args: argparse.Namespace) -> int:
 
     if args.vocab_size < 16:
         print("bertdist vocab: --vocab-size must be at least 16", file=sys.stderr)
-        return 2
+        return USAGE_EXIT_CODE
     path = train_vocab(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
     print(f"wrote {path}")
     return 0
@@ -64,26 +70,27 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--vocab", required=True, help="vocab.txt from `bertdist vocab`")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--dupe-factor", type=int, default=5, help="passes over the data, each with new pairs and masks")
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--max-predictions-per-seq", type=int, default=20)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
+    p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
+    p.add_argument("--dupe-factor", type=int, default=i.dupe_factor, help="passes over the data, each with new pairs and masks")
+    p.add_argument("--masked-lm-prob", type=float, default=i.masked_lm_prob)
+    p.add_argument("--max-predictions-per-seq", type=int, default=i.max_predictions_per_seq)
+    p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument("--cased", action="store_true", help="the vocab was trained with --cased")
-    p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--workers", type=int, default=0, help="concurrent Ray tasks (default: every CPU)")
-    p.add_argument("--ray-address", default="", help="'auto' or ray://HOST:PORT for a cluster (default: local Ray)")
-    p.add_argument("--samples-per-shard", type=int, default=16384)
-    p.add_argument("--group-mb", type=float, default=4.0, help="text per document group; NotNext segments come from the same group")
+    p.add_argument("--seed", type=int, default=i.seed)
+    p.add_argument("--workers", type=int, default=o.workers, help="concurrent Ray tasks (default: every CPU)")
+    p.add_argument("--ray-address", default=o.ray_address, help="'auto' or ray://HOST:PORT for a cluster (default: local Ray)")
+    p.add_argument("--samples-per-shard", type=int, default=o.samples_per_shard)
+    p.add_argument("--group-mb", type=float, default=o.group_bytes / (1 << 20),
+                   help="text per document group; NotNext segments come from the same group")
     p.add_argument("--on-bad-input", choices=["fail", "skip"], default="fail")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_run_prepare)
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from bertdist.data.instances import InstanceOptions
-    from bertdist.prepare import PrepareOptions, prepare, summary_text
+    from bertdist.data.pipeline.driver import prepare, summary_text
 
     problems = [
         f"{name}: {why}"
@@ -101,7 +108,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     ]
     if problems:
         print("bertdist prepare: " + "; ".join(problems), file=sys.stderr)
-        return 2
+        return USAGE_EXIT_CODE
     opts = PrepareOptions(
         inputs=args.input,
         output_dir=args.output,
@@ -171,7 +178,7 @@ def _run_train(args: argparse.Namespace) -> int:
         overrides.append(f"checkpoint.resume={args.resume}")
     cfg = load_config(args.config, overrides)
     if args.dry_run:
-        from bertdist.plan import describe_plan
+        from bertdist.train.plan import describe_plan
 
         world_size = int(os.environ.get("WORLD_SIZE", cfg.launch.world_size()))
         validate(cfg, world_size=world_size)
@@ -180,7 +187,7 @@ def _run_train(args: argparse.Namespace) -> int:
         print("# plan")
         print(describe_plan(cfg, world_size))
         return 0
-    from bertdist.train import train
+    from bertdist.train.trainer import train
 
     return train(cfg)
 
@@ -199,13 +206,14 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory, or a run's output_dir")
     p.add_argument("--output", required=True, help="directory to write")
     p.add_argument("--vocab", help="vocab.txt to ship (default: the run's data.vocab_file)")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --output")
     p.set_defaults(func=_run_export)
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from bertdist.export import export
+    from bertdist.train.export import export
 
-    print(f"exported {args.checkpoint} to {export(args.checkpoint, args.output, args.vocab)}")
+    print(f"exported {args.checkpoint} to {export(args.checkpoint, args.output, args.vocab, overwrite=args.overwrite)}")
     return 0
 
 
@@ -233,11 +241,13 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", help="SLURM partition (default: launch.partition or the cluster's default)")
     p.add_argument("--hostfile", help="DeepSpeed hostfile for --backend deepspeed (default: launch.hostfile)")
     p.add_argument("--master-port", type=int, help="rendezvous TCP port (default: launch.master_port)")
-    p.add_argument("--signal-before", dest="signal_seconds", type=int, default=300, metavar="SECONDS",
+    p.add_argument("--signal-before", dest="signal_seconds", type=int, default=DEFAULT_SIGNAL_SECONDS, metavar="SECONDS",
                    help="SLURM: signal the trainer to checkpoint and requeue this long before the time limit")
     p.add_argument("--python", default="", help="interpreter that runs bertdist in the job (default: this one)")
     p.add_argument("--address", default="", help="Ray dashboard address (default: RAY_ADDRESS or http://127.0.0.1:8265)")
-    p.add_argument("--jobs-dir", default="runs/jobs", help="where job records, resolved configs and logs go")
+    p.add_argument("--ship-package", action="store_true",
+                   help="Ray: upload this installation's bertdist with the job (default: the cluster's own bertdist)")
+    p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where job records, resolved configs and logs go")
     p.add_argument("--dry-run", action="store_true", help="print the rendered job and submit nothing")
     p.add_argument("args", nargs="*", metavar="key=value | -- PREPARE_ARGS",
                    help="config overrides (train), or `bertdist prepare` arguments after -- (prepare)")
@@ -245,7 +255,8 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_submit(args: argparse.Namespace) -> int:
-    from bertdist.submit import SubmitRequest, how_to_follow, plan, submit
+    from bertdist.launch.job import SubmitRequest
+    from bertdist.launch.request import how_to_follow, plan, submit
 
     train = args.job == "train"
     request = SubmitRequest(
@@ -253,7 +264,7 @@ def _run_submit(args: argparse.Namespace) -> int:
         args=[] if train else args.args, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         time_limit=args.time_limit, name=args.name, partition=args.partition, hostfile=args.hostfile,
         master_port=args.master_port, cpu_only=args.cpu_only, signal_seconds=args.signal_seconds,
-        python=args.python, address=args.address, jobs_dir=args.jobs_dir,
+        python=args.python, address=args.address, ship_package=args.ship_package, jobs_dir=args.jobs_dir,
     )
     job = plan(request)
     if args.dry_run:
@@ -271,12 +282,13 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
         "Exit code 0 while pending, running or succeeded; 1 when failed, stopped or unknown.",
     )
     p.add_argument("job_id", nargs="?", metavar="JOB", help="job id printed by `bertdist submit`")
-    p.add_argument("--jobs-dir", default="runs/jobs", help="where `bertdist submit` recorded the job")
+    p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where `bertdist submit` recorded the job")
     p.set_defaults(func=_run_status)
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from bertdist.submit import JobRecord, job_status, list_jobs
+    from bertdist.launch.job import JobRecord, list_jobs
+    from bertdist.launch.status import job_status
 
     if args.job_id is None:
         for record in list_jobs(args.jobs_dir):
@@ -291,12 +303,13 @@ def _add_logs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="log of a submitted job", description="Print the log of a job submitted with `bertdist submit`.")
     p.add_argument("job_id", metavar="JOB", help="job id printed by `bertdist submit`")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    p.add_argument("--jobs-dir", default="runs/jobs", help="where `bertdist submit` recorded the job")
+    p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where `bertdist submit` recorded the job")
     p.set_defaults(func=_run_logs)
 
 
 def _run_logs(args: argparse.Namespace) -> int:
-    from bertdist.submit import JobRecord, print_logs
+    from bertdist.launch.job import JobRecord
+    from bertdist.launch.status import print_logs
 
     print_logs(JobRecord.load(args.job_id, args.jobs_dir), follow=args.follow)
     return 0
@@ -316,13 +329,13 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--run-dir", help="run directory (train.output_dir) whose mlflow.db to serve")
     where.add_argument("--tracking-uri", help="an MLflow store URI (sqlite:///..., postgresql://..., http://...)")
-    p.add_argument("--port", type=int, default=5000, help="TCP port (default 5000)")
+    p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help=f"TCP port (default {DEFAULT_UI_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.set_defaults(func=_run_ui)
 
 
 def _run_ui(args: argparse.Namespace) -> int:
-    from bertdist.ui import serve
+    from bertdist.tracking.ui import serve
 
     return serve(args.run_dir, args.tracking_uri, host=args.host, port=args.port)
 
@@ -338,8 +351,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
             "continues an interrupted one."
         ),
     )
-    p.add_argument("--output", default="runs/demo", help="directory for every stage's output (default runs/demo)")
-    p.add_argument("--ranks", type=int, default=2, help="CPU training processes (default 2)")
+    p.add_argument("--output", default=DEMO_OUTPUT, help=f"directory for every stage's output (default {DEMO_OUTPUT})")
+    p.add_argument("--ranks", type=int, default=DEMO_RANKS, help=f"CPU training processes (default {DEMO_RANKS})")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
     p.set_defaults(func=_run_demo)
 
@@ -349,7 +362,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     if args.ranks < 1 or args.steps < 0:
         print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
-        return 2
+        return USAGE_EXIT_CODE
     return run_demo(args.output, ranks=args.ranks, steps=args.steps)
 
 
@@ -385,9 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return USAGE_EXIT_CODE
     try:
         return int(args.func(args) or 0)
     except UserError as e:  # bad input, config, paths or flags: the message names what to fix
         print(f"bertdist {args.command}: {e}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT_CODE

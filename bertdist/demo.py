@@ -6,12 +6,13 @@
     vocab    a WordPiece vocabulary trained on it
     prepare  masked sentence-pair shards made by local Ray (train, and a held-out eval split)
     train    configs/bert-tiny.yaml with 2 CPU ranks under the deepspeed launcher, tracked in a local
-             MLflow store
-    export   the last checkpoint as a Hugging Face directory
+             MLflow store (run name bert-tiny-demo-DATE-TIME)
+    export   the last checkpoint as a Hugging Face directory, logged as the run's MLflow Model
 
 Every stage is skipped when its output is already there, so an interrupted demo continues where it
-stopped (training with `--resume auto`). This module only assembles the real components; it adds no
-behaviour of its own beyond choosing the corpus.
+stopped (training with `--resume auto`). It runs the same from a source checkout and from an installed
+wheel (the config comes from `bertdist.resources`). This module only assembles the real components; it
+adds no behaviour of its own beyond choosing the corpus.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bert-tiny.yaml"
+DEMO_CONFIG = "bert-tiny.yaml"
+DEMO_OUTPUT = "runs/demo"
+DEMO_RANKS = 2
 
 # Modules whose documentation is long, varied prose; importing them is side-effect free.
 DOC_MODULES = (
@@ -88,14 +91,16 @@ def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
     return train_file, eval_file, written
 
 
-def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> int:
+def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0) -> int:
     """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
     from bertdist.config import load_config
     from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.driver import prepare
+    from bertdist.data.pipeline.options import PrepareOptions
     from bertdist.data.readers import expand_inputs, iter_texts
     from bertdist.data.vocab import train_vocab
-    from bertdist.export import export
-    from bertdist.prepare import PrepareOptions, prepare
+    from bertdist.resources import config_file
+    from bertdist.train.export import export
 
     out = Path(output_dir)
     started = time.perf_counter()
@@ -105,10 +110,12 @@ def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> i
         f"data.phases.0.eval_dir={out / 'data' / 'eval'}",
         f"train.output_dir={out / 'train'}",
         f"launch.gpus_per_node={ranks}",
+        "launch.job_name=demo",
         # A shorter run keeps the config's 10% warmup instead of failing the warmup-longer-than-run check.
         *([f"data.phases.0.steps={steps}", f"optim.warmup_steps={max(1, steps // 10)}"] if steps else []),
     ]
-    cfg = load_config(DEMO_CONFIG, overrides)
+    config = config_file(DEMO_CONFIG)
+    cfg = load_config(config, overrides)
     phase = cfg.data.phases[0]
 
     _stage("corpus: Python's own documentation (pydoc topics + standard-library docstrings)")
@@ -134,29 +141,29 @@ def run_demo(output_dir: str = "runs/demo", ranks: int = 2, steps: int = 0) -> i
             print(f"  {split}: {report.manifest['totals']} in {report.seconds:.0f} s")
 
     _stage(f"train: {cfg.model.size} BERT, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
-    code = _launch_training(ranks, overrides)
+    code = _launch_training(config, ranks, overrides)
     if code != 0:
         print(f"bertdist demo: training exited with {code}", file=sys.stderr)
         return code
 
-    _stage("export: Hugging Face format")
-    model_dir = export(cfg.train.output_dir, out / "model")
+    _stage("export: Hugging Face format, logged as the run's MLflow Model")
+    model_dir = export(cfg.train.output_dir, out / "model", overwrite=True)
 
     print(_summary(Path(cfg.train.output_dir), model_dir, time.perf_counter() - started))
     return 0
 
 
-def _launch_training(ranks: int, overrides: list[str]) -> int:
+def _launch_training(config: Path, ranks: int, overrides: list[str]) -> int:
     """`deepspeed --num_gpus RANKS --module bertdist train ...`, as a user would type it on one machine.
 
     With DS_ACCELERATOR=cpu the launcher starts RANKS CPU processes. The rendezvous port is a free one
     rather than the config's 29500, which another job on the same machine may hold.
     """
-    from bertdist.distributed import free_tcp_port
+    from bertdist.train.distributed import free_tcp_port
 
     command = [
         sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port", str(free_tcp_port()),
-        "--module", "bertdist", "train", "--config", str(DEMO_CONFIG), "--resume", "auto", *overrides,
+        "--module", "bertdist", "train", "--config", str(config), "--resume", "auto", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
     print("  $ deepspeed " + " ".join(command[3:]), flush=True)
@@ -164,24 +171,26 @@ def _launch_training(ranks: int, overrides: list[str]) -> int:
 
 
 def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
-    from bertdist.train import METRICS_FILENAME
+    from bertdist.train.console import METRICS_FILENAME
+    from bertdist.train.metrics import MLM_ACCURACY, SEQUENCES_PER_SECOND
 
+    train_key, eval_key = MLM_ACCURACY.format(split="train"), MLM_ACCURACY.format(split="eval")
     records = [json.loads(line) for line in (run_dir / METRICS_FILENAME).read_text().splitlines()]
-    train = [r for r in records if "mlm_accuracy" in r]
-    evals = [r for r in records if "eval_mlm_accuracy" in r]
+    train = [r for r in records if train_key in r]
+    evals = [r for r in records if eval_key in r]
     lines = [
         "",
         f"done in {seconds / 60:.1f} minutes",
-        f"  MLM accuracy (train): {train[0]['mlm_accuracy']:.3f} at step {train[0]['step']} -> "
-        f"{train[-1]['mlm_accuracy']:.3f} at step {train[-1]['step']}",
+        f"  MLM accuracy (train): {train[0][train_key]:.3f} at step {train[0]['step']} -> "
+        f"{train[-1][train_key]:.3f} at step {train[-1]['step']}",
     ]
     if evals:
-        lines.append(f"  MLM accuracy (held-out): {evals[0]['eval_mlm_accuracy']:.3f} -> {evals[-1]['eval_mlm_accuracy']:.3f}")
+        lines.append(f"  MLM accuracy (held-out): {evals[0][eval_key]:.3f} -> {evals[-1][eval_key]:.3f}")
     lines += [
-        f"  throughput: {train[-1]['sequences_per_second']:.1f} sequences/s",
+        f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
         f"    python -c \"from transformers import pipeline; print(pipeline('fill-mask', '{model_dir}')('Return a [MASK] of the list.'))\"",
-        f"  dashboard: bertdist ui --run-dir {run_dir}   (then open http://127.0.0.1:5000)",
+        f"  dashboard: bertdist ui --run-dir {run_dir}   (then open http://127.0.0.1:5000; the model is under the run's Models)",
     ]
     return "\n".join(lines)
 

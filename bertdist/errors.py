@@ -1,9 +1,20 @@
-"""The base of every error a user fixes by changing their input, config, paths or flags.
+"""The base of every error a user fixes by changing their input, and every exit code bertdist returns.
 
 Each concern raises its own subclass (ConfigError, DataError, CheckpointError, ...) with a message that
 names the file or field; the `bertdist` command prints any of them as `bertdist COMMAND: message` and
-exits with status 2, without a traceback. Everything else is a bug and keeps its traceback.
+exits with USAGE_EXIT_CODE, without a traceback. Everything else is a bug and keeps its traceback.
+
+The exit codes live here, not with the trainer, because launchers read them too (the SLURM script
+requeues on REQUEUE_EXIT_CODE) and must not import the training stack to learn one number.
 """
+
+OK_EXIT_CODE = 0
+FAILED_EXIT_CODE = 1
+"""The run itself failed: training stopped on non-finite losses, a job ended badly."""
+USAGE_EXIT_CODE = 2
+"""Bad configuration, data, paths or flags; nothing was started or changed."""
+REQUEUE_EXIT_CODE = 75
+"""sysexits.h EX_TEMPFAIL: stopped on request with a checkpoint saved; run the same command again."""
 
 
 class UserError(Exception):

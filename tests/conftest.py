@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from bertdist.config import ModelConfig
 # DeepSpeed picks its accelerator at import time; the suite is CPU-only.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+REPO = Path(__file__).resolve().parent.parent
+"""The source checkout: configs/, launch/ and cluster/ are read from here."""
 TEST_VOCAB_SIZE = 1024
 TEST_SEQ_LENGTH = 32
 
@@ -47,7 +50,7 @@ def mlflow_server(tmp_path_factory):
     server.stop()
 
 
-# ---- data (bertdist.data, bertdist.prepare) ----------------------------------------------------------------
+# ---- data (bertdist.data, bertdist.data.pipeline.driver) ----------------------------------------------------------------
 # Made once per session through the real code paths (local Ray with 2 CPUs), shared by every engineer's tests.
 
 TINY_SHARD_SAMPLES = 1000
@@ -90,7 +93,7 @@ def tiny_vocab(tiny_corpus, tmp_path_factory) -> str:
 def tiny_prepare_options(corpus: str, vocab: str, output: str, **overrides):
     """The PrepareOptions of `tiny_shards`; tests that prepare again start from these."""
     from bertdist.data.instances import InstanceOptions
-    from bertdist.prepare import PrepareOptions
+    from bertdist.data.pipeline.options import PrepareOptions
 
     instance_keys = set(InstanceOptions.__dataclass_fields__)
     instances = InstanceOptions(
@@ -105,8 +108,8 @@ def tiny_prepare_options(corpus: str, vocab: str, output: str, **overrides):
 
 @pytest.fixture(scope="session")
 def tiny_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
-    """A prepared shard directory (max_seq_length TEST_SEQ_LENGTH, ~8 shards) made by `bertdist.prepare`."""
-    from bertdist.prepare import prepare
+    """A prepared shard directory (max_seq_length TEST_SEQ_LENGTH, ~8 shards) made by `bertdist.data.pipeline.driver`."""
+    from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp("tiny_shards") / "train")
     prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out))

@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bertdist.distributed import free_tcp_port
-from bertdist.ui import server_environment, wait_until_serving
+from bertdist.tracking.ui import server_environment, wait_until_serving
+from bertdist.train.distributed import free_tcp_port
 
 MLFLOW_CLI = str(Path(sys.executable).parent / "mlflow")
 

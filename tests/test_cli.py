@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
+
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 EXPECTED_COMMANDS = ["vocab", "prepare", "inspect", "train", "export", "submit", "status", "logs", "ui", "demo"]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
+
 CLUSTER = REPO / "cluster"
 
 
@@ -86,7 +87,7 @@ def check_rayjob(path: Path) -> None:
 def check_hostfile(path: Path) -> None:
     from deepspeed.launcher.runner import _parse_hostfile
 
-    from bertdist.submit import parse_hostfile
+    from bertdist.launch.checks import parse_hostfile
 
     ours = parse_hostfile(str(path))
     assert dict(_parse_hostfile(path.read_text().splitlines())) == ours  # DeepSpeed reads it the same way

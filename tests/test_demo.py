@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_demo_runs_every_stage_and_leaves_a_loadable_tracked_model(tmp_path):
@@ -33,4 +33,4 @@ def test_demo_runs_every_stage_and_leaves_a_loadable_tracked_model(tmp_path):
     client = MlflowClient(f"sqlite:///{out / 'train' / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [r.info.status for r in runs] == ["FINISHED"]
-    assert client.get_metric_history(runs[0].info.run_id, "loss")[-1].step == 20
+    assert client.get_metric_history(runs[0].info.run_id, "loss/train")[-1].step == 20

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from bertdist.distributed import free_tcp_port
-from tests.conftest import TEST_SEQ_LENGTH, tiny_model_config
+from bertdist.train.distributed import free_tcp_port
+from tests.conftest import REPO, TEST_SEQ_LENGTH, tiny_model_config
 
 WORLD_SIZE = 2
 STEPS = 8
@@ -29,7 +29,6 @@ CHECKPOINT_EVERY = 4
 WARMUP_STEPS = 2
 PEAK_LR = 2e-3
 RUN_TIMEOUT_SECONDS = 240
-REPO = Path(__file__).resolve().parent.parent
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.
@@ -157,7 +156,7 @@ def read_metrics(out: Path) -> dict[int, dict]:
     records: dict[int, dict] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if "loss" in record:
+        if "loss/train" in record:
             records[record["step"]] = record
     return records
 

@@ -3,7 +3,7 @@
 The modules are small on purpose, each one concern: `readers` (files -> documents), `wiki` (MediaWiki
 markup -> text), `sentences` (text -> sentences), `vocab` (WordPiece), `instances` (documents -> masked
 sentence pairs, exactly the reference's rules), `shards` (the on-disk format and manifest), `loader` (the
-training DataLoader). The Ray pipeline that drives them is `bertdist.prepare`.
+training DataLoader). The Ray pipeline that drives them is `bertdist.data.pipeline.driver`.
 
 Nothing here imports torch or Ray at module level except `loader`, which is only imported by the trainer.
 """

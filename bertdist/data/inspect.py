@@ -12,7 +12,8 @@ import numpy as np
 
 from bertdist.data import DataError
 from bertdist.data.samples import Samples
-from bertdist.data.shards import block_locations, file_sha256, read_block, read_manifest
+from bertdist.data.shards import block_locations, read_block, read_manifest
+from bertdist.io import file_sha256
 
 
 def shard_statistics(shard_dir: str) -> dict:
@@ -87,11 +88,11 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
 
 def _examples(shard_dir: str, manifest: dict, count: int, vocab_file: str | None) -> str:
     from bertdist.data import iter_samples
-    from bertdist.data.vocab import read_vocab, vocab_sha256
+    from bertdist.data.vocab import read_vocab
 
     if not vocab_file or not os.path.isfile(vocab_file):
         return "examples: pass --vocab to decode (the vocab recorded in the manifest is not available)"
-    if vocab_sha256(vocab_file) != manifest["vocab_sha256"]:
+    if file_sha256(vocab_file) != manifest["vocab_sha256"]:
         raise DataError(f"{vocab_file}: not the vocab these shards were made with (sha256 differs)")
     tokens = read_vocab(vocab_file)
     lines = ["examples (tokens as stored; masked positions shown as [MASK]/token(original)):"]

@@ -4,7 +4,7 @@ See /work/shared/BERT_REFERENCE.md ("Pretraining data generation"). The rules ar
 random numbers are not the reference's (it uses Python's `random`), the distributions are.
 
 Two differences of implementation, neither visible in the statistics:
-- Documents are processed in *groups* (a few MB of text each, formed by `bertdist.prepare`), and "a random
+- Documents are processed in *groups* (a few MB of text each, formed by `bertdist.data.pipeline.driver`), and "a random
   other document" for NotNext is drawn from the document's group, not from the whole corpus. That is what
   keeps a worker's memory independent of the corpus size. Groups are consecutive documents of the input;
   with groups of thousands of documents, the chance of drawing from the same topic stays small.

@@ -217,12 +217,12 @@ class PretrainingLoader:
         num_workers: int = 0,
         shuffle_buffer_size: int = 2000,
     ):
-        from bertdist.data.vocab import vocab_sha256
+        from bertdist.io import file_sha256
 
         manifest = read_manifest(shard_dir)
         if not os.path.isfile(vocab_file):
             raise DataError(f"{vocab_file}: vocabulary file not found")
-        if vocab_sha256(vocab_file) != manifest["vocab_sha256"]:
+        if file_sha256(vocab_file) != manifest["vocab_sha256"]:
             raise DataError(
                 f"{shard_dir}: shards were made with another vocabulary than {vocab_file} (sha256 differs); "
                 "prepare the data again with this vocab, or point data.vocab_file at the one used"

@@ -25,6 +25,7 @@ import numpy as np
 
 from bertdist.data import DataError
 from bertdist.data.samples import Samples
+from bertdist.io import atomic_write, file_sha256, write_json
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
@@ -79,10 +80,9 @@ def decode_block(data: bytes, where: str) -> Samples:
 
 
 def write_shard(path: str, samples: Samples, samples_per_block: int) -> str:
-    """Write atomically (temporary name, fsync, rename); returns the sha256 of the bytes written."""
-    tmp = f"{path}.partial-{os.getpid()}"
+    """Write atomically (`bertdist.io.atomic_write`); returns the sha256 of the bytes written."""
     digest = hashlib.sha256()
-    with open(tmp, "wb") as raw:
+    with atomic_write(path, "wb") as raw:
         writer = _HashingWriter(raw, digest)
         with tarfile.open(fileobj=writer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for b, lo in enumerate(range(0, len(samples), samples_per_block)):
@@ -90,9 +90,6 @@ def write_shard(path: str, samples: Samples, samples_per_block: int) -> str:
                 info = tarfile.TarInfo(f"{b:06d}.samples.npz")
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 tar.addfile(info, io.BytesIO(data))
-        raw.flush()
-        os.fsync(raw.fileno())
-    os.replace(tmp, path)
     return digest.hexdigest()
 
 
@@ -106,14 +103,6 @@ class _HashingWriter:
 
     def tell(self) -> int:
         return self.raw.tell()
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def block_locations(path: str) -> list[tuple[int, int]]:
@@ -136,12 +125,7 @@ def read_block(path: str, location: tuple[int, int]) -> Samples:
 
 
 def write_manifest(shard_dir: str, manifest: dict) -> None:
-    path = os.path.join(shard_dir, MANIFEST)
-    tmp = f"{path}.partial-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json(os.path.join(shard_dir, MANIFEST), manifest, indent=2)
 
 
 def read_manifest(shard_dir: str) -> dict:

@@ -7,15 +7,22 @@ same way at preparation time. The special tokens come first, in this order, so `
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Iterable
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from bertdist.data import DataError
+from bertdist.io import write_json, write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -44,20 +51,10 @@ def train_vocab(texts: Iterable[str], output_dir: str, vocab_size: int, cased: b
     )
     os.makedirs(output_dir, exist_ok=True)
     vocab_file = os.path.join(output_dir, "vocab.txt")
-    _write_atomic(vocab_file, "".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
+    write_text(vocab_file, "".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
     tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
-    _write_atomic(
-        os.path.join(output_dir, "tokenizer_config.json"),
-        json.dumps({"do_lower_case": not cased, "tokenizer_class": "BertTokenizer"}, indent=2) + "\n",
-    )
+    write_json(os.path.join(output_dir, "tokenizer_config.json"), {"do_lower_case": not cased, "tokenizer_class": "BertTokenizer"}, indent=2)
     return vocab_file
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def read_vocab(vocab_file: str) -> list[str]:
@@ -71,11 +68,6 @@ def read_vocab(vocab_file: str) -> list[str]:
     if missing:
         raise DataError(f"{vocab_file}: not a BERT vocabulary, missing {' '.join(missing)}")
     return tokens
-
-
-def vocab_sha256(vocab_file: str) -> str:
-    with open(vocab_file, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def load_tokenizer(vocab_file: str, cased: bool) -> Tokenizer:

@@ -10,7 +10,12 @@ from xml.sax.saxutils import escape
 import pytest
 
 from bertdist.data import DataError
-from bertdist.data.readers import MAX_LINE_BYTES, expand_inputs, plan_units, read_documents
+from bertdist.data.readers import (
+    MAX_LINE_BYTES,
+    expand_inputs,
+    plan_units,
+    read_documents,
+)
 
 
 def _read(path, unit_bytes=1 << 30):

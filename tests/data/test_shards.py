@@ -35,7 +35,12 @@ def test_a_block_is_a_plain_zip_with_checked_crcs(tiny_shards):
     """encode_block writes the zip itself (for Huffman-only deflate): any zip reader must accept it."""
     import zipfile
 
-    from bertdist.data.shards import block_locations, decode_block, encode_block, read_block
+    from bertdist.data.shards import (
+        block_locations,
+        decode_block,
+        encode_block,
+        read_block,
+    )
 
     path = str(sorted(Path(tiny_shards).glob("shard-*.tar"))[0])
     samples = read_block(path, block_locations(path)[0])

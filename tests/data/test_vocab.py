@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertdist.data.vocab import SPECIAL_TOKENS, WordPieceEncoder, load_tokenizer, read_vocab, train_vocab
+from bertdist.data.vocab import (
+    SPECIAL_TOKENS,
+    WordPieceEncoder,
+    load_tokenizer,
+    read_vocab,
+    train_vocab,
+)
 
 
 @pytest.mark.parametrize("cased", [False, True])

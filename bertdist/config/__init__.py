@@ -1,0 +1,30 @@
+"""The configuration of a run: the typed schema, how it is layered, and how it is checked.
+
+    from bertdist.config import load_config, validate
+    cfg = load_config("configs/bert-base.yaml", ["train.global_batch_size=64"])
+
+`schema` holds the dataclasses (one per section), `loading` layers defaults < YAML < overrides, and
+`validation` reports impossible combinations. The names below are the package's public surface.
+"""
+
+from bertdist.config.loading import dump_yaml, flatten, load_config
+from bertdist.config.schema import (
+    MODEL_SIZES,
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    LaunchConfig,
+    ModelConfig,
+    OptimConfig,
+    PhaseConfig,
+    TrackingConfig,
+    TrainConfig,
+)
+from bertdist.config.validation import BACKENDS, PRECISIONS, count_vocab_lines, validate
+
+__all__ = [
+    "BACKENDS", "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "LaunchConfig",
+    "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "count_vocab_lines", "dump_yaml",
+    "flatten", "load_config", "validate",
+]  # fmt: skip

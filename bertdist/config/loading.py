@@ -1,0 +1,184 @@
+"""Layering a configuration: schema defaults < a YAML file < `key.sub=value` overrides, every leaf typed.
+
+Unknown keys and wrong types are collected, not raised one at a time, and reported together with the
+impossible combinations that `validate` finds, so one run of a command lists everything to fix. A section
+may declare `preset(value)` (the model's `size`): the fields it implies are applied before the keys given
+beside it, so `size: base` with `num_layers: 6` means a six-layer base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bertdist.config.schema import Config, ConfigError
+from bertdist.config.validation import validate
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build a Config from defaults, an optional YAML file and `key.sub=value` overrides.
+
+    Raises ConfigError listing every unknown key, wrong type and failed check at once.
+    """
+    raw: dict[str, Any] = {}
+    problems: list[str] = []
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError([f"config file {path}: not found"]) from None
+        except yaml.YAMLError as e:
+            raise ConfigError([f"config file {path}: not valid YAML ({e})"]) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError([f"config file {path}: top level must be a mapping of sections"])
+        raw = loaded
+    for item in overrides:
+        try:
+            _apply_override(raw, item)
+        except ValueError as e:
+            problems.append(str(e))
+    cfg = _build(Config, raw, "", problems)
+    if problems:
+        # Fields with a wrong type kept their defaults; report the combinations that fail as well,
+        # so one run of the command lists everything to fix.
+        try:
+            validate(cfg, check_files=False)
+        except ConfigError as e:
+            problems.extend(e.problems)
+        raise ConfigError(problems)
+    return cfg
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"override {item!r}: expected key.sub=value")
+    value = yaml.safe_load(text) if text.strip() else ""
+    parts = key.split(".")
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt_is_index = parts[i + 1].isdigit()
+        if isinstance(node, list):
+            idx = int(part)
+            while len(node) <= idx:
+                node.append({})
+            node = node[idx]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt_is_index else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        idx = int(last)
+        while len(node) <= idx:
+            node.append({})
+        node[idx] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ValueError(f"override {item!r}: {'.'.join(parts[:-1])} is not a section")
+
+
+def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
+    """Instantiate dataclass `cls` from `raw`, recording unknown keys and type errors in `problems`."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(raw).__name__}")
+        raw = {}
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in names:
+            problems.append(f"{prefix}{key}: unknown key (known: {', '.join(sorted(names))})")
+    values: dict[str, Any] = {}
+    key = getattr(cls, "PRESET_FIELD", None)
+    if key is not None:
+        try:
+            values.update(cls.preset(raw.get(key, getattr(cls, key))))
+        except ConfigError as e:
+            problems.extend(f"{prefix}{p.partition('.')[2]}" for p in e.problems)
+    for f in dataclasses.fields(cls):
+        if f.name in raw:
+            value = _coerce(raw[f.name], hints[f.name], f"{prefix}{f.name}", problems)
+            if value is not _INVALID:
+                values[f.name] = value
+    try:
+        return cls(**values)
+    except TypeError as e:  # only reachable through a bug in this module
+        problems.append(f"{prefix.rstrip('.')}: {e}")
+        return cls()
+
+
+_INVALID = object()  # a leaf whose type was wrong: the field keeps its default and a problem is recorded
+
+
+def _coerce(value: Any, hint: Any, name: str, problems: list[str]) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, name + ".", problems)
+    if origin is list:
+        if not isinstance(value, list):
+            problems.append(f"{name}: expected a list, got {type(value).__name__} {value!r}")
+            return _INVALID
+        return [_coerce(v, args[0], f"{name}.{i}", problems) for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            problems.append(f"{name}: expected a list of {len(args)} numbers, got {value!r}")
+            return _INVALID
+        return tuple(_coerce(v, a, f"{name}.{i}", problems) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            problems.append(f"{name}: expected a mapping, got {type(value).__name__} {value!r}")
+            return _INVALID
+        return value
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool):  # YAML 1.1 reads on/off/yes/no as booleans; switches here are on/off
+            return "on" if value else "off"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value
+    problems.append(f"{name}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return _INVALID
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}, 'l': [{'x': 2}]} -> {'a.b': 1, 'l.0.x': 2}; used for printing and tracking."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                out.update(flatten(x, f"{key}.{i}."))
+        else:
+            out[key] = v
+    return out
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

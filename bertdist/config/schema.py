@@ -1,0 +1,216 @@
+"""The single typed schema of a bertdist run: one dataclass per section, defaults and their meaning.
+
+Every section is its own dataclass so that each component receives only the part it needs
+(`BertForPreTraining(cfg.model)`), and derived quantities (gradient accumulation, total steps) are
+functions rather than fields that could disagree. Each field is documented where it is declared; those
+docstrings are the reference for the YAML files in configs/.
+
+How files and overrides are layered onto these defaults is `bertdist.config.loading`; which combinations
+are impossible is `bertdist.config.validation`. This module reads and starts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bertdist.errors import UserError
+
+# L / H / A of BERT's published family (Turc et al. 2019 for the small ones; Devlin et al. 2018).
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
+    "mini": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
+    "small": dict(num_layers=4, hidden_size=512, num_attention_heads=8),
+    "medium": dict(num_layers=8, hidden_size=512, num_attention_heads=8),
+    "base": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
+    "large": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
+}
+
+
+class ConfigError(UserError, ValueError):
+    """Raised with every problem found in a configuration, one per line, each naming its field."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+@dataclass
+class ModelConfig:
+    """BERT architecture. `size` picks a named preset; any other key given alongside it wins."""
+
+    PRESET_FIELD: ClassVar[str] = "size"
+
+    size: str = "base"
+    """Named size: tiny, mini, small, medium, base or large (sets layers, hidden size, heads)."""
+    num_layers: int = 12
+    hidden_size: int = 768
+    num_attention_heads: int = 12
+    intermediate_size: int = 0
+    """Feed-forward width; 0 means 4 x hidden_size as in BERT."""
+    vocab_size: int = 30522
+    """Rows of the word embedding; must be at least the number of tokens in data.vocab_file."""
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    activation_checkpointing: bool = False
+    """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
+
+    @classmethod
+    def from_size(cls, size: str, **overrides: Any) -> "ModelConfig":
+        return cls(size=size, **{**cls.preset(size), **overrides})
+
+    @staticmethod
+    def preset(size: Any) -> dict[str, int]:
+        """The fields that `size` sets; the loader applies them before the keys given beside `size`."""
+        if not isinstance(size, str) or size not in MODEL_SIZES:
+            raise ConfigError([f"model.size: unknown size {size!r}; choose one of {', '.join(MODEL_SIZES)}"])
+        return MODEL_SIZES[size]
+
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+
+@dataclass
+class PhaseConfig:
+    """One stretch of training on one set of shards; phases run in order and share one LR schedule."""
+
+    train_dir: str = "runs/data/train"
+    """Directory written by `bertdist prepare` (shards + manifest.json)."""
+    eval_dir: str = ""
+    """Held-out shards for periodic evaluation; empty disables evaluation in this phase."""
+    max_seq_length: int = 128
+    """Must equal the sequence length the shards were made with (checked against the manifest)."""
+    micro_batch_size: int = 32
+    """Sequences per rank per forward/backward pass."""
+    steps: int = 1000
+    """Optimizer steps spent in this phase."""
+
+
+@dataclass
+class DataConfig:
+    vocab_file: str = "runs/vocab/vocab.txt"
+    phases: list[PhaseConfig] = field(default_factory=lambda: [PhaseConfig()])
+    loader_workers: int = 2
+    """DataLoader worker processes per rank."""
+    shuffle_buffer_size: int = 2000
+    """Samples held for shuffling inside each worker (shards are also shuffled per epoch)."""
+
+
+@dataclass
+class OptimConfig:
+    """Adam(W) with BERT's decoupled weight decay, linear warmup then linear decay to zero."""
+
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    """Not applied to LayerNorm weights and biases."""
+    grad_clip_norm: float = 1.0
+    """0 disables clipping."""
+    warmup_steps: int = 100
+    fused: str = "auto"
+    """auto: DeepSpeed's FusedAdam on GPU, torch AdamW elsewhere; on/off force it."""
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 256
+    """Sequences per optimizer step over all ranks (micro batch x ranks x accumulation)."""
+    precision: str = "fp32"
+    """fp32, fp16 (dynamic loss scaling) or bf16. fp16/bf16 are GPU paths."""
+    zero_stage: int = 1
+    seed: int = 1234
+    output_dir: str = "runs/train"
+    """Run directory: checkpoints, the local MLflow store, logs."""
+    log_every_steps: int = 10
+    eval_every_steps: int = 500
+    eval_batches: int = 20
+    max_nonfinite_steps: int = 20
+    """Stop after this many consecutive steps with a non-finite loss."""
+    deepspeed: dict[str, Any] = field(default_factory=dict)
+    """Extra DeepSpeed config keys merged over the generated ones (for experts)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 1000
+    keep_last: int = 3
+    resume: str = "auto"
+    """auto: continue from the latest complete checkpoint if any; none: start fresh; or a path."""
+    init_from_pretrained: str = ""
+    """A Hugging Face BERT directory to start from (continued pretraining)."""
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    tracking_uri: str = ""
+    """Empty: MLFLOW_TRACKING_URI if set, else a SQLite store in the run directory."""
+    experiment_name: str = "bertdist"
+    run_name: str = ""
+    """Empty: `bert-{model.size}-{launch.job_name}-{start time}`, e.g. bert-tiny-demo-20261122-2346."""
+    log_system_metrics: bool = True
+    upload_checkpoints: bool = False
+    """Upload checkpoint files as artifacts (multi-GB); by default only their paths are logged."""
+    register_model_name: str = ""
+    """Also register each `bertdist export` in the MLflow model registry under this name (a new version each)."""
+
+
+@dataclass
+class LaunchConfig:
+    backend: str = "local"
+    """local, deepspeed (hostfile over SSH), slurm or ray."""
+    nodes: int = 1
+    gpus_per_node: int = 1
+    """Ranks per node (GPUs, or CPU processes on a machine without GPUs)."""
+    hostfile: str = ""
+    master_port: int = 29500
+    time_limit: str = "24:00:00"
+    partition: str = ""
+    job_name: str = "bertdist"
+
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+    def total_steps(self) -> int:
+        return sum(p.steps for p in self.data.phases)
+
+    def gradient_accumulation_steps(self, phase: PhaseConfig, world_size: int) -> int:
+        return self.train.global_batch_size // (phase.micro_batch_size * world_size)
+
+    def phase_at(self, step: int) -> tuple[int, PhaseConfig]:
+        """The phase (index, config) that optimizer step `step` (0-based) belongs to."""
+        end = 0
+        for i, phase in enumerate(self.data.phases):
+            end += phase.steps
+            if step < end:
+                return i, phase
+        return len(self.data.phases) - 1, self.data.phases[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dicts and lists (tuples become lists), as YAML and JSON write them."""
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj

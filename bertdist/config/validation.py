@@ -1,0 +1,115 @@
+"""Impossible combinations in a configuration: everything that would fail later, found before anything starts.
+
+`validate` lists every problem at once, each naming its field. With `check_files` it also checks that the
+named input files exist (the vocabulary, a pretrained model); `bertdist submit` turns that off, because the
+submitting machine may not see the cluster's files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bertdist.config.schema import Config, ConfigError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+BACKENDS = ("local", "deepspeed", "slurm", "ray")
+
+
+def count_vocab_lines(path: str | os.PathLike) -> int:
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.rstrip("\n"))
+
+
+def validate(cfg: Config, world_size: int | None = None, check_files: bool = True) -> None:
+    """Raise ConfigError with every impossible combination in `cfg`.
+
+    `world_size` defaults to the launch section's nodes x gpus_per_node; the trainer passes the real one.
+    """
+    p: list[str] = []
+    m, t, o, d = cfg.model, cfg.train, cfg.optim, cfg.data
+    world = world_size if world_size is not None else cfg.launch.world_size()
+
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
+        if getattr(m, name) <= 0:
+            p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        p.append(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
+    for name in ("hidden_dropout_prob", "attention_dropout_prob"):
+        if not 0.0 <= getattr(m, name) < 1.0:
+            p.append(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")
+
+    if t.precision not in PRECISIONS:
+        p.append(f"train.precision: {t.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if t.zero_stage not in (0, 1, 2, 3):
+        p.append(f"train.zero_stage: must be 0, 1, 2 or 3, got {t.zero_stage}")
+    if t.global_batch_size <= 0:
+        p.append(f"train.global_batch_size: must be positive, got {t.global_batch_size}")
+    for name in ("log_every_steps", "eval_every_steps", "eval_batches", "max_nonfinite_steps"):
+        if getattr(t, name) <= 0:
+            p.append(f"train.{name}: must be positive, got {getattr(t, name)}")
+    if world <= 0:
+        p.append(f"launch.nodes x launch.gpus_per_node: world size must be positive, got {world}")
+
+    if not d.phases:
+        p.append("data.phases: at least one phase is needed")
+    for i, ph in enumerate(d.phases):
+        name = f"data.phases.{i}"
+        if not ph.train_dir:
+            p.append(f"{name}.train_dir: empty")
+        if ph.steps <= 0:
+            p.append(f"{name}.steps: must be positive, got {ph.steps}")
+        if ph.micro_batch_size <= 0:
+            p.append(f"{name}.micro_batch_size: must be positive, got {ph.micro_batch_size}")
+        elif world > 0 and t.global_batch_size % (ph.micro_batch_size * world):
+            p.append(
+                f"train.global_batch_size: {t.global_batch_size} is not divisible by "
+                f"{name}.micro_batch_size x world size = {ph.micro_batch_size} x {world}"
+            )
+        if ph.max_seq_length < 8:
+            p.append(f"{name}.max_seq_length: must be at least 8, got {ph.max_seq_length}")
+        if ph.max_seq_length > m.max_position_embeddings:
+            p.append(
+                f"{name}.max_seq_length: {ph.max_seq_length} exceeds model.max_position_embeddings={m.max_position_embeddings}"
+            )
+    if d.loader_workers < 0:
+        p.append(f"data.loader_workers: must be >= 0, got {d.loader_workers}")
+
+    total = cfg.total_steps()
+    if o.warmup_steps < 0:
+        p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
+    elif total > 0 and o.warmup_steps > total:
+        p.append(f"optim.warmup_steps: {o.warmup_steps} is longer than the run (sum of data.phases.*.steps = {total})")
+    if o.lr <= 0:
+        p.append(f"optim.lr: must be positive, got {o.lr}")
+    if len(o.betas) == 2 and not all(0.0 <= b < 1.0 for b in o.betas):
+        p.append(f"optim.betas: each must be in [0, 1), got {list(o.betas)}")
+    if o.fused not in ("auto", "on", "off"):
+        p.append(f"optim.fused: {o.fused!r} is not one of auto, on, off")
+    if o.grad_clip_norm < 0:
+        p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
+
+    if cfg.checkpoint.every_steps <= 0:
+        p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
+    if cfg.checkpoint.keep_last < 1:
+        p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
+
+    lc = cfg.launch
+    if lc.backend not in BACKENDS:
+        p.append(f"launch.backend: {lc.backend!r} is not one of {', '.join(BACKENDS)}")
+    if not 1 <= lc.master_port <= 65535:
+        p.append(f"launch.master_port: {lc.master_port} is not a TCP port")
+
+    if check_files:
+        if not d.vocab_file:
+            p.append("data.vocab_file: empty (make one with `bertdist vocab`)")
+        elif not Path(d.vocab_file).is_file():
+            p.append(f"data.vocab_file: {d.vocab_file} does not exist (make one with `bertdist vocab`)")
+        else:
+            n = count_vocab_lines(d.vocab_file)
+            if n > m.vocab_size:
+                p.append(f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}")
+        if cfg.checkpoint.init_from_pretrained and not Path(cfg.checkpoint.init_from_pretrained).is_dir():
+            p.append(f"checkpoint.init_from_pretrained: {cfg.checkpoint.init_from_pretrained} is not a directory")
+    if p:
+        raise ConfigError(p)

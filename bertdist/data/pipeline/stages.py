@@ -1,0 +1,235 @@
+"""The three stages of `bertdist prepare` as plain functions; the driver runs each as Ray tasks.
+
+1. `read_unit`: an input unit (a file, or a byte range of a big uncompressed file) -> sentences ->
+   WordPiece ids, written as "pieces" of a few MB with a hash and a size per document.
+2. `make_group`: a group of documents (about `group_bytes` of text) -> every pass of instances (pairs +
+   masks, `bertdist.data.instances`), seeded by (seed, group, pass), as memory-mappable column files.
+3. `write_one_shard`: one shard's instances, found by the inverse of a seeded permutation of its band,
+   gathered from the few groups of that band and written as a tar.
+
+Each function writes under OUTPUT/.work/ (never a final name) through `bertdist.io`, and returns early
+when a previous, killed run already finished its piece of work, which is what makes `prepare` resumable.
+Ray is not imported here: the driver wraps these with `ray.remote`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from bertdist import io
+from bertdist.data import DataError
+from bertdist.data.instances import (
+    Documents,
+    InstanceOptions,
+    VocabInfo,
+    create_instances,
+)
+from bertdist.data.readers import ReadUnit, read_documents
+from bertdist.data.samples import Samples, offsets, ranges
+from bertdist.data.shards import (
+    SAMPLES_PER_BLOCK,
+    shard_instances,
+    shard_name,
+    write_shard,
+)
+
+_TOKENIZE_BATCH_BYTES = 1 << 20
+
+
+def _single_threaded() -> None:
+    """One task = one core: tokenizers would otherwise spread over every core of the machine."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+
+
+def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece_bytes: int) -> dict[str, Any]:
+    """Stage 1 for one unit; returns (and records) its summary, or the error that made its file bad."""
+    record_path = os.path.join(work_dir, "docs", f"{unit.name}.json")
+    if os.path.exists(record_path):
+        with open(record_path, encoding="utf-8") as f:
+            return json.load(f)
+    _single_threaded()
+    from bertdist.data.vocab import WordPieceEncoder
+
+    encoder = WordPieceEncoder(vocab_file, cased)
+    unk_id = encoder.tokenizer.token_to_id("[UNK]")
+    token_dtype = _token_dtype(encoder.tokenizer.get_vocab_size())
+    summary: dict[str, Any] = dict(pieces=[], error=None, documents=0, sentences=0, tokens=0, unk_tokens=0)
+    writer = _PieceWriter(work_dir, unit.name, token_dtype, unk_id)
+    batch: list[list[str]] = []
+    batch_bytes = 0
+    try:
+        for document in read_documents(unit):
+            batch.append(document)
+            batch_bytes += sum(len(s) for s in document)
+            if batch_bytes >= _TOKENIZE_BATCH_BYTES:
+                _tokenize_into(encoder, batch, writer, summary)
+                batch, batch_bytes = [], 0
+                writer.cut_if_larger(piece_bytes)
+        _tokenize_into(encoder, batch, writer, summary)
+        writer.cut_if_larger(0)
+        summary.update(pieces=writer.names, tokens=writer.total_tokens, unk_tokens=writer.unk_tokens)
+    except DataError as e:
+        writer.discard()
+        summary["error"] = str(e)
+    io.write_json(record_path, summary)
+    return summary
+
+
+class _PieceWriter:
+    """Accumulates tokenized documents and writes them as piece files of a bounded size."""
+
+    def __init__(self, work_dir: str, unit_name: str, token_dtype: np.dtype, unk_id: int):
+        self.dir, self.unit_name, self.token_dtype = os.path.join(work_dir, "docs"), unit_name, token_dtype
+        self.unk_id = unk_id
+        self.names: list[str] = []
+        self.total_tokens = self.unk_tokens = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tokens: list[np.ndarray] = []
+        self.sentence_lengths: list[np.ndarray] = []
+        self.document_sentences: list[np.ndarray] = []
+        self.hashes: list[bytes] = []
+        self.document_bytes: list[int] = []
+        self.text_bytes = 0
+
+    def add(self, ids: np.ndarray, sentence_lengths: np.ndarray, document_sentences: np.ndarray, texts: list[str]) -> None:
+        """Documents given as their tokens, sentence lengths, sentences per document and text (for the hash)."""
+        self.tokens.append(ids)
+        self.sentence_lengths.append(sentence_lengths)
+        self.document_sentences.append(document_sentences)
+        for text in texts:
+            encoded = text.encode("utf-8")
+            self.hashes.append(hashlib.blake2b(encoded, digest_size=16).digest())
+            self.document_bytes.append(len(encoded))
+            self.text_bytes += len(encoded)
+
+    def cut_if_larger(self, piece_bytes: int) -> None:
+        if not self.hashes or self.text_bytes < piece_bytes:
+            return
+        name = f"{self.unit_name}-{len(self.names):04d}.npz"
+        arrays = dict(
+            tokens=np.concatenate(self.tokens).astype(self.token_dtype),
+            sentence_offsets=offsets(np.concatenate(self.sentence_lengths)),
+            document_offsets=offsets(np.concatenate(self.document_sentences)),
+            document_hashes=np.frombuffer(b"".join(self.hashes), dtype=np.uint8).reshape(-1, 16),
+            document_bytes=np.array(self.document_bytes, dtype=np.int64),
+        )
+        self.total_tokens += len(arrays["tokens"])
+        self.unk_tokens += int((arrays["tokens"] == self.unk_id).sum())
+        with io.atomic_write(os.path.join(self.dir, name), "wb") as f:
+            np.savez(f, **arrays)
+        self.names.append(name)
+        self._reset()
+
+    def discard(self) -> None:
+        for name in self.names:
+            os.remove(os.path.join(self.dir, name))
+        self.names = []
+        self._reset()
+
+
+def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, summary: dict) -> None:
+    """Tokenize a batch of documents; empty sentences are dropped, then empty documents (as the reference)."""
+    if not batch:
+        return
+    ids, lengths = encoder.encode([s for document in batch for s in document])
+    sentences_per_document = np.array([len(d) for d in batch])
+    nonempty = lengths > 0
+    kept_per_document = np.add.reduceat(nonempty, offsets(sentences_per_document)[:-1])
+    texts = []
+    k = 0
+    for document, kept in zip(batch, kept_per_document.tolist()):
+        if kept == len(document):
+            texts.append("\n".join(document))
+        elif kept:
+            texts.append("\n".join(s for s, keep in zip(document, nonempty[k : k + len(document)]) if keep))
+        k += len(document)
+    summary["sentences"] += len(lengths)
+    summary["documents"] += len(texts)
+    writer.add(ids, lengths[nonempty], kept_per_document[kept_per_document > 0], texts)
+
+
+def make_group(
+    group: int, members: list[tuple[str, np.ndarray]], work_dir: str, vocab_file: str, opts: InstanceOptions
+) -> dict[str, Any]:
+    """Stage 2 for one group: every pass of instances, written as memory-mappable column files."""
+    out_dir = os.path.join(work_dir, "groups", f"group-{group:06d}")
+    if not os.path.isdir(out_dir):
+        from bertdist.data.vocab import read_vocab
+
+        vocab = VocabInfo.from_tokens(read_vocab(vocab_file))
+        docs = _load_documents(work_dir, members)
+        samples = create_instances(docs, opts, vocab, group_seed=(group,))
+        with io.atomic_directory(out_dir) as tmp:
+            for name in Samples.column_names():
+                np.save(os.path.join(tmp, f"{name}.npy"), getattr(samples.compact(docs.tokens.dtype), name))
+    samples = _open_group(out_dir)
+    return dict(
+        instances=len(samples),
+        tokens=int(samples.lengths.sum(dtype=np.int64)),
+        masked=int(samples.masked_counts.sum(dtype=np.int64)),
+        not_next=int(samples.next_sentence_labels.sum(dtype=np.int64)),
+    )
+
+
+def _load_documents(work_dir: str, members: list[tuple[str, np.ndarray]]) -> Documents:
+    """The selected documents of several pieces, concatenated into one `Documents`."""
+    tokens, sentence_lengths, document_sentences = [], [], []
+    for piece, keep in members:
+        with np.load(os.path.join(work_dir, "docs", piece), allow_pickle=False) as npz:
+            piece_tokens, sent, docs = npz["tokens"], npz["sentence_offsets"], npz["document_offsets"]
+        first, count = docs[keep], docs[keep + 1] - docs[keep]  # sentences of each kept document
+        sentences = ranges(first, count)
+        lengths = sent[sentences + 1] - sent[sentences]
+        tokens.append(piece_tokens[ranges(sent[sentences], lengths)])
+        sentence_lengths.append(lengths)
+        document_sentences.append(count)
+    if not tokens:
+        return Documents(np.zeros(0, np.uint16), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    return Documents(
+        np.concatenate(tokens), offsets(np.concatenate(sentence_lengths)), offsets(np.concatenate(document_sentences))
+    )
+
+
+def _open_group(group_dir: str) -> Samples:
+    return Samples(
+        **{n: np.load(os.path.join(group_dir, f"{n}.npy"), mmap_mode="r") for n in Samples.column_names()}
+    )
+
+
+def write_one_shard(
+    shard: int, num_shards: int, band_shards: int, group_offsets: np.ndarray, work_dir: str, output_dir: str, key: int
+) -> dict[str, Any]:
+    """Stage 3 for one shard: gather its instances (inverse permutation) and write the tar atomically."""
+    name = shard_name(shard)
+    path = os.path.join(output_dir, name)
+    record_path = os.path.join(work_dir, "shards", f"{name}.json")
+    if os.path.exists(record_path) and os.path.exists(path):
+        with open(record_path, encoding="utf-8") as f:
+            record = json.load(f)
+        if io.file_sha256(path) == record["sha256"]:
+            return dict(record, resumed=True)
+    instance = shard_instances(shard, num_shards, int(group_offsets[-1]), band_shards, key)
+    group = np.searchsorted(group_offsets, instance, side="right") - 1
+    by_group = np.argsort(group, kind="stable")
+    parts = []
+    for g in np.unique(group).tolist():
+        rows = by_group[group[by_group] == g]
+        parts.append(_open_group(os.path.join(work_dir, "groups", f"group-{g:06d}")).take(instance[rows] - group_offsets[g]))
+    gathered = Samples.concat(parts)
+    samples = gathered.take(np.argsort(by_group, kind="stable"))
+    sha256 = write_shard(path, samples, SAMPLES_PER_BLOCK)
+    record = dict(name=name, num_samples=len(samples), sha256=sha256, bytes=os.path.getsize(path))
+    io.write_json(record_path, record)
+    return dict(record, resumed=False)
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)

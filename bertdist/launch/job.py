@@ -1,0 +1,166 @@
+"""The data of a job: the request as typed, the job rendered from it, the record a submission leaves.
+
+    SubmitRequest  `bertdist submit` as typed; unset launch values come from the config's launch section
+    PlannedJob     the rendered job: files to write, the command or Ray entrypoint; what --dry-run prints
+    JobContext     the checked values a backend renders from
+    JobRecord      {jobs_dir}/{job_id}.json, which `bertdist status` and `bertdist logs` read
+    JobStatus      one vocabulary of states for every backend
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bertdist.config import Config
+from bertdist.io import write_json
+from bertdist.launch.checks import SubmitError, check_job_id
+
+DEFAULT_JOBS_DIR = "runs/jobs"
+JOB_KINDS = ("train", "prepare")
+DEFAULT_SIGNAL_SECONDS = 300
+"""How long before the time limit SLURM signals the trainer to checkpoint: enough to write one checkpoint."""
+RAY_CONFIG_ENV = "BERTDIST_CONFIG_YAML"
+"""Carries a Ray training job's resolved config to `bertdist.launch.ray_job` on the cluster."""
+
+
+@dataclass
+class SubmitRequest:
+    """`bertdist submit` as typed. Unset launch values come from the config's `launch` section."""
+
+    backend: str | None = None
+    job: str = "train"
+    config: str = ""
+    overrides: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+    """Arguments of `bertdist prepare` for `--job prepare`."""
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    time_limit: str | None = None
+    name: str | None = None
+    partition: str | None = None
+    hostfile: str | None = None
+    master_port: int | None = None
+    cpu_only: bool = False
+    """Ranks are CPU processes: no GPUs are requested and DS_ACCELERATOR=cpu is set for the job."""
+    signal_seconds: int = DEFAULT_SIGNAL_SECONDS
+    python: str = ""
+    """Interpreter that runs bertdist in the job (local, deepspeed, slurm); default: this one."""
+    address: str = ""
+    """Ray dashboard address; default RAY_ADDRESS if it is an http address, else http://127.0.0.1:8265."""
+    ship_package: bool = False
+    """Ray: upload this installation's bertdist package with the job instead of using the cluster's."""
+    jobs_dir: str = DEFAULT_JOBS_DIR
+
+
+@dataclass
+class PlannedJob:
+    """A rendered job: what `--dry-run` prints and what `submit()` runs."""
+
+    backend: str
+    job: str
+    name: str
+    stem: str
+    """Unique file name stem (name-date-time-random) of this job's files under jobs_dir."""
+    jobs_dir: str
+    log_file: str = ""
+    command: list[str] = field(default_factory=list)
+    """argv run on this machine: sbatch for SLURM; the launch script itself for local and deepspeed."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to this machine's environment for `command`."""
+    files: dict[str, str] = field(default_factory=dict)
+    """path -> text, written before `command` runs: the resolved config, the batch script."""
+    address: str = ""
+    entrypoint: str = ""
+    runtime_env: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The whole job as text: files to be written, then the command (shell-quoted) that submits it."""
+        out = [f"# bertdist {self.job} job {self.name!r} on backend {self.backend}"]
+        for path, text in self.files.items():
+            out += [f"# --- {path}", text.rstrip("\n")]
+        if self.backend == "ray":
+            env_vars = self.runtime_env.get("env_vars", {})
+            if RAY_CONFIG_ENV in env_vars:
+                out += [f"# --- resolved config (in the job's environment as {RAY_CONFIG_ENV})", env_vars[RAY_CONFIG_ENV].rstrip("\n")]
+            shown = {k: sorted(v) if k == "env_vars" else v for k, v in self.runtime_env.items()}
+            out += [f"# --- Ray job for {self.address}", f"entrypoint: {self.entrypoint}",
+                    f"runtime_env: {json.dumps(shown, sort_keys=True)}"]
+        else:
+            env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+            out += ["# --- command", " ".join(env + [shlex.join(self.command)])]
+        if self.log_file:
+            out.append(f"# log: {self.log_file}")
+        return "\n".join(out)
+
+
+@dataclass
+class JobContext:
+    """The checked values a renderer needs."""
+
+    req: SubmitRequest
+    cfg: Config | None
+    nodes: int
+    gpus_per_node: int
+    time_limit: str
+    partition: str
+    hostfile: str
+    master_port: int
+    python: str
+    config_file: Path
+
+
+@dataclass
+class JobRecord:
+    """What runs/jobs/<job_id>.json remembers about a submitted job."""
+
+    job_id: str
+    backend: str
+    job: str
+    name: str
+    submitted_at: str
+    log_file: str = ""
+    pid: int = 0
+    """local/deepspeed: the supervising process (its process group holds the whole job)."""
+    exit_code_file: str = ""
+    address: str = ""
+
+    def save(self, jobs_dir: str | Path) -> Path:
+        path = Path(jobs_dir) / f"{self.job_id}.json"
+        write_json(path, asdict(self), indent=2)
+        return path
+
+    @classmethod
+    def load(cls, job_id: str, jobs_dir: str | Path = DEFAULT_JOBS_DIR) -> "JobRecord":
+        path = Path(jobs_dir) / f"{check_job_id(job_id)}.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SubmitError(f"job {job_id}: no record {path} (jobs submitted from this directory: "
+                              f"`bertdist status`)") from None
+        except json.JSONDecodeError as e:
+            raise SubmitError(f"job {job_id}: record {path} is not valid JSON ({e})") from None
+        return cls(**data)
+
+
+TERMINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+@dataclass
+class JobStatus:
+    state: str
+    """pending, running, succeeded, failed, stopped or unknown: the same words for every backend."""
+    detail: str
+    """The backend's own words: SLURM state and exit code, Ray status message, process id."""
+
+
+def list_jobs(jobs_dir: str = DEFAULT_JOBS_DIR) -> list[JobRecord]:
+    records = []
+    for path in sorted(Path(jobs_dir).glob("*.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            records.append(JobRecord(**json.loads(path.read_text())))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return records

@@ -1,0 +1,123 @@
+"""The ray backend: a Ray job submitted through Ray's job API (token authentication when configured).
+
+    prepare  entrypoint `python -m bertdist prepare ARGS`: the pipeline joins the job's cluster
+    train    entrypoint `python -m bertdist.launch.ray_job ...`: one torchrun per node (see ray_job)
+
+Nothing of the submitting machine is shipped by default: the job runs the bertdist installed in the
+cluster's environment (its image or virtual environment). `--ship-package` uploads this installation's
+`bertdist` package with the job instead (runtime_env `py_modules`), for a cluster whose environment has the
+dependencies but not bertdist, or an older one. A training job's resolved config travels in the job's
+environment, so the cluster needs no copy of the submitter's files; its paths are read on the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+from pathlib import Path
+from typing import Iterator, TextIO
+
+import bertdist
+from bertdist.config import dump_yaml
+from bertdist.launch.checks import RAY_ADDRESS_RE, SubmitError, check
+from bertdist.launch.job import (
+    RAY_CONFIG_ENV,
+    JobContext,
+    JobRecord,
+    JobStatus,
+    PlannedJob,
+)
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+
+
+def render(job: PlannedJob, ctx: JobContext) -> None:
+    address = ctx.req.address or _address_from_env() or DEFAULT_ADDRESS
+    problems: list[str] = []
+    check(problems, "--address", address, RAY_ADDRESS_RE, "ray address")
+    if problems:
+        raise SubmitError(problems)
+    job.address = address.rstrip("/")
+    env_vars = {"DS_ACCELERATOR": "cpu"} if ctx.req.cpu_only else {}
+    if job.job == "prepare":
+        argv = ["python", "-m", "bertdist", "prepare", *ctx.req.args]
+    else:
+        env_vars[RAY_CONFIG_ENV] = dump_yaml(ctx.cfg)
+        argv = ["python", "-m", "bertdist.launch.ray_job", "--nodes", str(ctx.nodes), "--gpus-per-node",
+                str(ctx.gpus_per_node), "--master-port", str(ctx.master_port)] + (["--cpu-only"] if ctx.req.cpu_only else [])
+    job.entrypoint = shlex.join(argv)
+    job.runtime_env = {}
+    if ctx.req.ship_package:
+        job.runtime_env["py_modules"] = [str(Path(bertdist.__file__).parent)]
+    if env_vars:
+        job.runtime_env["env_vars"] = env_vars
+
+
+def start(job: PlannedJob, record: JobRecord) -> None:
+    client = _client(job.address)
+    with _errors(job.address):
+        record.job_id = client.submit_job(entrypoint=job.entrypoint, submission_id=job.stem,
+                                          runtime_env=job.runtime_env, metadata={"bertdist_job": job.job})
+
+
+def status(record: JobRecord) -> JobStatus:
+    client = _client(record.address)
+    with _errors(record.address):
+        info = client.get_job_info(record.job_id)
+    state = str(info.status.value).lower()
+    return JobStatus(state, f"Ray job {record.job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
+
+
+def stop_hint(record: JobRecord) -> str:
+    return f"  dashboard: {record.address}/#/jobs/{record.job_id}"
+
+
+def print_logs(record: JobRecord, follow: bool, out: TextIO) -> None:
+    """The job's log from Ray; with `follow`, streamed until the job ends."""
+    client = _client(record.address)
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(record.job_id):
+            out.write(chunk)
+            out.flush()
+
+    with _errors(record.address):
+        if follow:
+            asyncio.run(tail())
+        else:
+            out.write(client.get_job_logs(record.job_id))
+
+
+def _address_from_env() -> str:
+    address = os.environ.get("RAY_ADDRESS", "")
+    return address if address.startswith(("http://", "https://")) else ""
+
+
+def _client(address: str):
+    """A job client for `address`, with Ray's token authentication when a token is configured.
+
+    Ray reads the token from RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, but only
+    sends it when RAY_AUTH_MODE=token. A token that is configured is meant to be used, so its presence
+    turns the mode on for this process (set RAY_AUTH_MODE=disabled to opt out).
+    """
+    token_present = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                     or (Path.home() / ".ray" / "auth_token").is_file())
+    if not os.environ.get("RAY_AUTH_MODE") and token_present:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    from ray.job_submission import JobSubmissionClient
+
+    with _errors(address):
+        return JobSubmissionClient(address)
+
+
+@contextlib.contextmanager
+def _errors(address: str) -> Iterator[None]:
+    """Ray's failures (unreachable, token refused, unknown job) as one SubmitError line, not a traceback."""
+    from ray.exceptions import RayError
+
+    try:
+        yield
+    except (ConnectionError, RuntimeError, ValueError, RayError) as e:
+        raise SubmitError(f"Ray job API at {address}: {str(e).strip()}") from None

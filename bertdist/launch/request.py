@@ -1,0 +1,175 @@
+"""Submitting bertdist jobs to a cluster: `bertdist submit` checks a request, renders a job and starts it.
+
+A submission renders one of the scripts in launch/ for a backend (`bertdist.launch.backends`), prints it
+(`--dry-run`) or starts it, and records the job in a small JSON file under runs/jobs/ so that `status` and
+`logs` (`bertdist.launch.status`) find it later:
+
+    local      this machine, N ranks under torchrun (launch/single_node.sh), detached, logging to runs/jobs/
+    deepspeed  many machines over SSH from a DeepSpeed hostfile (launch/multinode_hostfile.sh), detached
+    slurm      sbatch of launch/slurm_train.sbatch: srun one task per GPU, checkpoint and requeue on preemption
+    ray        a Ray job through Ray's job submission API (prepare, or one torchrun per node for training)
+
+Examples:
+
+    bertdist submit --backend local --gpus-per-node 2 --config configs/bert-tiny.yaml --dry-run
+    bertdist submit --backend slurm --nodes 4 --gpus-per-node 8 --time 48:00:00 --config configs/bert-base.yaml
+    bertdist submit --backend ray --job prepare -- --input /data/wiki --output /data/shards --vocab /data/vocab.txt
+    bertdist status JOB_ID ; bertdist logs JOB_ID --follow
+
+Everything user-supplied that reaches a shell, a batch script or a command line is checked first
+(`bertdist.launch.checks`). A training job's configuration is resolved here (YAML + key=value overrides +
+the launch flags), checked with the trainer's own validation, and written next to the job record: a job
+that waits in a queue runs the configuration that was submitted, not whatever the YAML file says by the
+time it starts. This module schedules, retries and cancels nothing itself; the backends do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+import shlex
+import sys
+from pathlib import Path
+
+from bertdist.config import (
+    BACKENDS,
+    Config,
+    ConfigError,
+    LaunchConfig,
+    dump_yaml,
+    load_config,
+    validate,
+)
+from bertdist.io import write_text
+from bertdist.launch.backends import MODULES
+from bertdist.launch.checks import (
+    JOB_NAME_RE,
+    OVERRIDE_KEY_RE,
+    PATH_RE,
+    SLURM_NAME_RE,
+    SubmitError,
+    check,
+    printable,
+    time_limit_seconds,
+)
+from bertdist.launch.job import (
+    DEFAULT_JOBS_DIR,
+    JOB_KINDS,
+    JobContext,
+    JobRecord,
+    PlannedJob,
+    SubmitRequest,
+)
+
+
+def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob:
+    """Check everything in `req` (all problems at once) and render the job. Writes nothing."""
+    problems: list[str] = []
+    cfg: Config | None = None
+    if req.job not in JOB_KINDS:
+        raise SubmitError(f"--job: {req.job!r} is not one of {', '.join(JOB_KINDS)}")
+    if req.job == "train":
+        if not req.config:
+            raise SubmitError("--config: a training job needs a config file (see configs/)")
+        for item in req.overrides:
+            check(problems, f"override {item!r}: key", item.partition("=")[0], OVERRIDE_KEY_RE, "override key")
+            printable(problems, f"override {item!r}", item)
+        if problems:
+            raise SubmitError(problems)
+        cfg = load_config(req.config, req.overrides)
+        launch = cfg.launch
+    else:
+        if req.config or req.overrides:
+            problems.append("--job prepare takes `bertdist prepare` arguments after --, not --config or key=value overrides")
+        for arg in req.args:
+            printable(problems, f"prepare argument {arg!r}", arg)
+        launch = LaunchConfig(job_name="bertdist-prepare")
+
+    backend = req.backend or launch.backend
+    nodes = launch.nodes if req.nodes is None else req.nodes
+    gpus_per_node = launch.gpus_per_node if req.gpus_per_node is None else req.gpus_per_node
+    name = req.name or launch.job_name
+    time_limit = req.time_limit or launch.time_limit
+    partition = launch.partition if req.partition is None else req.partition
+    hostfile = req.hostfile if req.hostfile is not None else launch.hostfile
+    master_port = launch.master_port if req.master_port is None else req.master_port
+    python = req.python or sys.executable
+
+    if backend not in BACKENDS:
+        problems.append(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    if req.ship_package and backend != "ray":
+        problems.append(f"--ship-package: only Ray jobs upload the package; {backend!r} jobs run the bertdist installed where they run")
+    if req.job == "prepare" and backend != "ray":
+        problems.append(f"--job prepare: runs as a Ray job (--backend ray), not on {backend!r}; "
+                        "or run `bertdist prepare` directly")
+    if nodes < 1:
+        problems.append(f"--nodes: must be at least 1, got {nodes}")
+    if gpus_per_node < 1:
+        problems.append(f"--gpus-per-node: must be at least 1, got {gpus_per_node}")
+    if not 1 <= master_port <= 65535:
+        problems.append(f"launch.master_port: {master_port} is not a TCP port")
+    check(problems, "job name (--name / launch.job_name)", name, JOB_NAME_RE, "job name")
+    if partition:
+        check(problems, "--partition", partition, SLURM_NAME_RE, "slurm name")
+    check(problems, "--python", python, PATH_RE, "path")
+    check(problems, "--jobs-dir", req.jobs_dir, PATH_RE, "path")
+    if req.config:
+        check(problems, "--config", req.config, PATH_RE, "path")
+    try:
+        limit_s = time_limit_seconds(time_limit)
+        if limit_s <= 0:
+            problems.append("--time: must be longer than 00:00:00")
+        elif backend == "slurm" and not 0 < req.signal_seconds < min(limit_s, 65536):
+            problems.append(f"--signal-before: {req.signal_seconds} s must be positive and shorter than --time {time_limit}")
+    except SubmitError as e:
+        problems.extend(e.problems)
+
+    if cfg is not None:
+        cfg.launch = LaunchConfig(backend=backend, nodes=nodes, gpus_per_node=gpus_per_node, hostfile=hostfile,
+                                  master_port=master_port, time_limit=time_limit, partition=partition, job_name=name)
+        if backend == "slurm" and cfg.checkpoint.resume != "auto":
+            problems.append(f"checkpoint.resume: a requeueable SLURM job resumes from its latest checkpoint, so it "
+                            f"must be 'auto', got {cfg.checkpoint.resume!r}")
+        try:
+            # Files (vocabulary, shards) are checked by the job where it runs: this machine may not see them.
+            validate(cfg, world_size=max(nodes, 1) * max(gpus_per_node, 1), check_files=False)
+        except ConfigError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise SubmitError(problems)
+
+    now = now or datetime.datetime.now()
+    stem = f"{name}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    jobs_dir = Path(req.jobs_dir).resolve()
+    job = PlannedJob(backend=backend, job=req.job, name=name, stem=stem, jobs_dir=str(jobs_dir))
+    config_file = jobs_dir / f"{stem}.yaml"
+    if cfg is not None and backend != "ray":
+        job.files[str(config_file)] = dump_yaml(cfg)
+    ctx = JobContext(req, cfg, nodes, gpus_per_node, time_limit, partition, hostfile, master_port, python, config_file)
+    MODULES[backend].render(job, ctx)
+    return job
+
+
+def submit(job: PlannedJob) -> JobRecord:
+    """Write the job's files, start or submit it, record it under jobs_dir; returns the record."""
+    Path(job.jobs_dir).mkdir(parents=True, exist_ok=True)
+    for path, text in job.files.items():
+        write_text(path, text)
+    record = JobRecord(job_id=job.stem, backend=job.backend, job=job.job, name=job.name,
+                       submitted_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                       log_file=job.log_file, address=job.address)
+    MODULES[job.backend].start(job, record)
+    record.save(job.jobs_dir)
+    return record
+
+
+def how_to_follow(record: JobRecord, jobs_dir: str) -> str:
+    """The lines printed after a submission: the id, and the commands or pages that show the job."""
+    flag = "" if Path(jobs_dir) == Path(DEFAULT_JOBS_DIR) else f" --jobs-dir {shlex.quote(jobs_dir)}"
+    lines = [f"submitted {record.backend} job {record.job_id}",
+             f"  status: bertdist status {record.job_id}{flag}",
+             f"  logs:   bertdist logs {record.job_id}{flag} --follow"]
+    if record.log_file:
+        lines.append(f"  log file: {record.log_file}")
+    lines.append(MODULES[record.backend].stop_hint(record))
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""The slurm backend: sbatch of launch/slurm_train.sbatch, srun one task per GPU, checkpoint and requeue.
+
+SLURM signals the trainer `--signal-before` seconds before the time limit; the trainer checkpoints and exits
+with REQUEUE_EXIT_CODE, and the batch script requeues the job, which resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from bertdist.errors import REQUEUE_EXIT_CODE
+from bertdist.launch.checks import (
+    PATH_RE,
+    SubmitError,
+    check,
+    check_job_id,
+    render_template,
+)
+from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
+from bertdist.resources import shipped
+
+
+def render(job: PlannedJob, ctx: JobContext) -> None:
+    directives = []
+    if ctx.partition:
+        directives.append(f"#SBATCH --partition={ctx.partition}")
+    if not ctx.req.cpu_only:
+        directives.append(f"#SBATCH --gpus-per-node={ctx.gpus_per_node}")
+    job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
+    workdir = os.getcwd()
+    problems: list[str] = []
+    # Both appear in the batch script, the jobs dir inside an #SBATCH line that no quoting protects.
+    check(problems, "working directory", workdir, PATH_RE, "path")
+    check(problems, "--jobs-dir (resolved)", job.jobs_dir, PATH_RE, "path")
+    if problems:
+        raise SubmitError(problems)
+    script_file = Path(job.jobs_dir) / f"{job.stem}.sbatch"
+    template = shipped("launch") / "slurm_train.sbatch"
+    job.files[str(script_file)] = render_template(template.read_text(), {
+        "job_name": job.name,
+        "nodes": str(ctx.nodes),
+        "ranks_per_node": str(ctx.gpus_per_node),
+        "time_limit": ctx.time_limit,
+        "log_file": job.log_file,
+        "signal_seconds": str(ctx.req.signal_seconds),
+        "extra_directives": "\n".join(directives),
+        "workdir": shlex.quote(workdir),
+        "master_port": str(ctx.master_port),
+        "exports": "export DS_ACCELERATOR=cpu" if ctx.req.cpu_only else "",
+        "python": shlex.quote(ctx.python),
+        "config": shlex.quote(str(ctx.config_file)),
+        "requeue_exit_code": str(int(REQUEUE_EXIT_CODE)),
+    }, source=str(template))
+    job.command = ["sbatch", "--parsable", str(script_file)]
+
+
+def start(job: PlannedJob, record: JobRecord) -> None:
+    result = run_command(job.command)
+    if result.returncode != 0:
+        raise SubmitError(f"sbatch failed (exit {result.returncode}): {result.stderr.strip() or result.stdout.strip()}")
+    record.job_id = result.stdout.strip().split(";")[0]
+    check_job_id(record.job_id)
+
+
+def stop_hint(record: JobRecord) -> str:
+    return f"  SLURM: squeue -j {record.job_id}; scancel {record.job_id}"
+
+
+_SLURM_STATES = {
+    "PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
+    "CONFIGURING": "pending", "SUSPENDED": "pending", "RESV_DEL_HOLD": "pending",
+    "RUNNING": "running", "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running",
+    "RESIZING": "running", "COMPLETED": "succeeded", "CANCELLED": "stopped",
+}
+
+
+def status(record: JobRecord) -> JobStatus:
+    job_id = record.job_id
+    # scontrol knows running jobs and, for MinJobAge seconds, finished ones; sacct needs accounting storage.
+    shown = run_command(["scontrol", "show", "job", "-o", job_id])
+    if shown.returncode == 0 and shown.stdout.strip():
+        fields = dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
+        raw = fields.get("JobState", "UNKNOWN")
+        detail = (f"SLURM job {job_id}: {raw}, exit code {fields.get('ExitCode', '?')}, "
+                  f"restarts {fields.get('Restarts', '0')}, run time {fields.get('RunTime', '?')}"
+                  + (f", reason {fields['Reason']}" if fields.get("Reason", "None") != "None" else ""))
+        return JobStatus(_SLURM_STATES.get(raw, "failed"), detail)
+    acct = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode,Elapsed"])
+    if acct.returncode == 0 and acct.stdout.strip():
+        raw, exit_code, elapsed = (acct.stdout.strip().splitlines()[-1].split("|") + ["?", "?"])[:3]
+        raw = raw.split()[0]
+        return JobStatus(_SLURM_STATES.get(raw, "failed"),
+                         f"SLURM job {job_id}: {raw}, exit code {exit_code}, elapsed {elapsed} (from sacct)")
+    return JobStatus("unknown", f"SLURM job {job_id}: not known to scontrol "
+                                f"({shown.stderr.strip() or 'no output'}) nor to sacct ({acct.stderr.strip() or 'no output'})")
+
+
+def run_command(argv: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    except FileNotFoundError:
+        raise SubmitError(f"{argv[0]}: not found; SLURM jobs are submitted and followed from a machine with the "
+                          "SLURM client commands (a login node)") from None

@@ -1,0 +1,108 @@
+"""Training FLOP estimates for BERT, used by the dry-run plan, the trainer's MFU and the benchmarks.
+
+Counts multiply-adds as 2 FLOPs and a training step as 3x the forward (forward + 2x backward), the
+usual convention for model FLOP utilisation (Chowdhery et al., 2022). Only the model's own math is
+counted: activation recomputation, padding and optimizer work are not, so MFU is comparable across
+implementations.
+"""
+
+from __future__ import annotations
+
+from bertdist.config import ModelConfig
+
+
+def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
+    """Forward FLOPs for one sequence of `seq_length` tokens with `masked_positions` MLM predictions."""
+    h, f, s, layers = model.hidden_size, model.ffn_size(), seq_length, model.num_layers
+    per_layer = (
+        2 * s * h * 3 * h  # Q, K, V projections
+        + 2 * s * s * h * 2  # scores and weighted sum over all heads
+        + 2 * s * h * h  # attention output projection
+        + 2 * s * h * f * 2  # feed-forward in and out
+    )
+    mlm_head = 2 * masked_positions * (h * h + h * model.vocab_size)
+    nsp_head = 2 * (h * h + h * 2)
+    return float(layers * per_layer + mlm_head + nsp_head)
+
+
+def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
+    return 3.0 * forward_flops_per_sequence(model, seq_length, masked_positions)
+
+
+def non_embedding_parameters(model: ModelConfig) -> int:
+    h, f = model.hidden_size, model.ffn_size()
+    per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attention, FFN, two LayerNorms
+    return model.num_layers * per_layer
+
+
+def total_parameters(model: ModelConfig) -> int:
+    h = model.hidden_size
+    embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h
+    pooler = h * h + h
+    mlm_head = h * h + h + 2 * h + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
+    nsp_head = 2 * h + 2
+    return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head
+
+
+def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
+    """BERT's per-sequence prediction budget: 20 at length 128, 80 at 512."""
+    return max(1, round(seq_length * masked_lm_prob)) if seq_length < 128 else int(20 * seq_length / 128)
+
+
+# Dense peak FLOP/s per GPU (no sparsity) by a substring of torch.cuda.get_device_name(), most specific
+# first: (fp16/bf16 tensor cores, plain fp32). Vendor datasheet numbers.
+GPU_PEAK_FLOPS: list[tuple[str, float, float]] = [
+    ("H200", 989e12, 67e12),
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+    ("L40S", 362e12, 91.6e12),
+    ("L4", 121e12, 30.3e12),
+    ("A10", 125e12, 31.2e12),
+    ("V100", 125e12, 15.7e12),
+    ("T4", 65e12, 8.1e12),
+]
+
+PEAK_FLOPS_ENV = "BERTDIST_PEAK_FLOPS"
+
+
+def peak_flops_per_second(device_name: str, precision: str) -> float | None:
+    """Datasheet peak of one GPU for `precision`, or None for a device not in GPU_PEAK_FLOPS."""
+    for key, half, single in GPU_PEAK_FLOPS:
+        if key in device_name:
+            return single if precision == "fp32" else half
+    return None
+
+
+def measure_matmul_flops_per_second(size: int = 512, repeats: int = 8) -> float:
+    """Achieved fp32 matmul FLOP/s of this process right now: the CPU's practical peak for MFU.
+
+    CPUs have no datasheet number that means anything for one process among several sharing cores, so
+    the trainer measures what a large matmul reaches on each rank at start (about 0.1 s).
+    """
+    import time
+
+    import torch
+
+    generator = torch.Generator().manual_seed(0)  # leaves the global RNG (dropout masks) untouched
+    a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
+    torch.mm(a, b)  # warm up the BLAS threads
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2.0 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def peak_flops_for(device_type: str, precision: str) -> float:
+    """Peak FLOP/s of one rank, the denominator of MFU: $BERTDIST_PEAK_FLOPS, else the GPU table, else measured."""
+    import os
+
+    import torch
+
+    if os.environ.get(PEAK_FLOPS_ENV):
+        return float(os.environ[PEAK_FLOPS_ENV])
+    if device_type == "cuda":
+        peak = peak_flops_per_second(torch.cuda.get_device_name(), precision)
+        if peak:
+            return peak
+    return measure_matmul_flops_per_second()

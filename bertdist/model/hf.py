@@ -1,0 +1,317 @@
+"""The Hugging Face BERT format: config.json, weight names, and the tokenizer files, without `transformers`.
+
+`bertdist.model.bert` already uses the parameter names `transformers.BertForPreTraining` saves, so converting a state
+dict is the identity for current checkpoints. What needs a table is everything else found in checkpoints in the
+wild, all handled by `from_hf_state_dict`:
+
+- a bare `BertModel` saves its keys without the `bert.` prefix;
+- `BertForMaskedLM` has no pooler and no NSP head (they start fresh, with a warning);
+- older checkpoints carry the tied decoder matrix (`cls.predictions.decoder.weight`), the decoder bias under
+  `cls.predictions.decoder.bias`, a `position_ids` buffer, and TensorFlow-era LayerNorm names `gamma` / `beta`.
+
+Weights are read from `model.safetensors` or `pytorch_model.bin` (also their sharded `*.index.json` forms);
+`.bin` files go through `torch.load(weights_only=True)`, which refuses anything but tensors and plain containers,
+so a checkpoint cannot run code. This module is deliberately not a general converter: BERT with absolute
+positions and exact GELU only; anything else is rejected with the field that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from bertdist.config import MODEL_SIZES, ModelConfig
+from bertdist.errors import UserError
+from bertdist.model.bert import BertForPreTraining
+
+SAFETENSORS_FILE = "model.safetensors"
+PYTORCH_FILE = "pytorch_model.bin"
+CONFIG_FILE = "config.json"
+SPECIAL_TOKENS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+
+# Legacy name fragments -> current ones (TensorFlow-converted checkpoints name LayerNorm parameters gamma/beta).
+_RENAMES = ((".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".LayerNorm.bias"))
+# Keys that carry no information of their own: the tied decoder matrix, and a buffer of arange(max_positions).
+_TIED_OR_BUFFERS = {"cls.predictions.decoder.weight", "bert.embeddings.position_ids"}
+_DECODER_BIAS, _MLM_BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
+# What a checkpoint may lack: the heads that BertModel / BertForMaskedLM do not have.
+_OPTIONAL_PREFIXES = ("bert.pooler.", "cls.")
+
+# ModelConfig field <- config.json key, for the fields both describe.
+_CONFIG_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings",
+    "type_vocab_size": "type_vocab_size",
+    "hidden_dropout_prob": "hidden_dropout_prob",
+    "attention_dropout_prob": "attention_probs_dropout_prob",
+    "layer_norm_eps": "layer_norm_eps",
+    "initializer_range": "initializer_range",
+}
+# Fields that change the math or the shapes: a given ModelConfig must agree with the checkpoint on these.
+_ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+)
+
+
+class CheckpointFormatError(UserError, ValueError):
+    """A Hugging Face directory this module cannot load; the message names the file and the field."""
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+
+def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
+    """The config.json `transformers` writes for `BertForPreTraining` with these dimensions."""
+    hf = {hf_key: getattr(cfg, field) for field, hf_key in _CONFIG_KEYS.items()}
+    hf["intermediate_size"] = cfg.ffn_size()
+    hf.update(
+        architectures=["BertForPreTraining"],
+        model_type="bert",
+        hidden_act="gelu",
+        position_embedding_type="absolute",
+        pad_token_id=pad_token_id,
+        tie_word_embeddings=True,
+        dtype="float32",
+    )
+    return dict(sorted(hf.items()))
+
+
+def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
+    """A ModelConfig from a parsed config.json; CheckpointFormatError naming `source` and the field otherwise."""
+    problems = []
+    if hf.get("model_type", "bert") != "bert":
+        problems.append(f"model_type is {hf['model_type']!r}, only 'bert' is supported")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        problems.append(f"hidden_act is {hf['hidden_act']!r}; bertdist's BERT uses exact (erf) 'gelu'")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        problems.append(f"position_embedding_type is {hf['position_embedding_type']!r}; only 'absolute' is supported")
+    for required in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        if not isinstance(hf.get(required), int):
+            problems.append(f"{required} is missing or not an integer")
+    if problems:
+        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
+    values = {field: hf[hf_key] for field, hf_key in _CONFIG_KEYS.items() if hf_key in hf}
+    dims = (values["num_layers"], values["hidden_size"], values["num_attention_heads"])
+    # `size` only names a preset; every dimension is set explicitly, so a non-preset shape is represented exactly.
+    size = next((name for name, d in MODEL_SIZES.items() if tuple(d.values()) == dims), "base")
+    return ModelConfig(size=size, **values)
+
+
+def _read_config(directory: Path) -> ModelConfig:
+    path = directory / CONFIG_FILE
+    try:
+        hf = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointFormatError(f"{path}: not found; a Hugging Face BERT directory has a config.json") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise CheckpointFormatError(f"{path}: expected a JSON object")
+    return config_from_hf(hf, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# State dicts
+
+
+def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """bertdist `BertForPreTraining` parameters -> the tensors `transformers` saves for `BertForPreTraining`.
+
+    The names already agree; the tensors are made contiguous CPU copies so the result can be written with
+    safetensors whatever device or ZeRO-consolidation view they came from.
+    """
+    return {name: t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()}
+
+
+def from_hf_state_dict(
+    state_dict: dict[str, torch.Tensor], source: str = "state dict"
+) -> dict[str, torch.Tensor]:
+    """Any HF BERT checkpoint's tensors -> bertdist names (see the module docstring for what is mapped).
+
+    The result may lack the pooler and the heads (for BertModel / BertForMaskedLM checkpoints); `load_pretrained`
+    decides what to do about that. A decoder matrix that is not the word embedding cannot be represented with a
+    tied decoder and is rejected.
+    """
+    renamed = {}
+    has_prefix = any(k.startswith("bert.") for k in state_dict)
+    for key, tensor in state_dict.items():
+        for old, new in _RENAMES:
+            if key.endswith(old):
+                key = key[: -len(old)] + new
+        if not has_prefix and not key.startswith("cls."):
+            key = "bert." + key  # a bare BertModel
+        renamed[key] = tensor
+    decoder = renamed.pop("cls.predictions.decoder.weight", None)
+    embedding = renamed.get("bert.embeddings.word_embeddings.weight")
+    if decoder is not None and embedding is not None and not torch.equal(decoder, embedding):
+        raise CheckpointFormatError(
+            f"{source}: cls.predictions.decoder.weight differs from bert.embeddings.word_embeddings.weight; "
+            "BERT ties them and so does bertdist"
+        )
+    decoder_bias = renamed.pop(_DECODER_BIAS, None)
+    if decoder_bias is not None:
+        renamed.setdefault(_MLM_BIAS, decoder_bias)
+    return {k: v for k, v in renamed.items() if k not in _TIED_OR_BUFFERS}
+
+
+def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of the checkpoint in `directory`, preferring safetensors; returns them and the file read."""
+    for name, reader in ((SAFETENSORS_FILE, load_file), (PYTORCH_FILE, _load_torch)):
+        single, index = directory / name, directory / f"{name}.index.json"
+        if single.exists():
+            return reader(str(single)), str(single)
+        if index.exists():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, AttributeError) as e:
+                raise CheckpointFormatError(f"{index}: not a weight index ({e!r})") from None
+            tensors: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                tensors.update(reader(str(directory / shard)))
+            return tensors, str(index)
+    raise CheckpointFormatError(f"{directory}: no {SAFETENSORS_FILE} or {PYTORCH_FILE} (or their .index.json)")
+
+
+def _load_torch(path: str) -> dict[str, torch.Tensor]:
+    # weights_only=True: tensors and plain containers only, never arbitrary pickled objects.
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # the unpickler's many error types all mean the same thing to the user
+        raise CheckpointFormatError(f"{path}: not a plain tensor checkpoint ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Directories
+
+
+def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> BertForPreTraining:
+    """A `BertForPreTraining` with the weights of the Hugging Face BERT checkpoint in `directory`.
+
+    `model_cfg`, when given, must describe the same architecture as config.json (the error lists every field
+    that differs); its other settings (dropout, activation checkpointing) are used. Heads the checkpoint lacks
+    keep BERT's fresh initialisation and are named in a warning; weights it has that BERT pretraining does not
+    use (a fine-tuned classifier, say) are named in a warning and ignored.
+    """
+    directory = Path(directory)
+    checkpoint_cfg = _read_config(directory)
+    cfg = checkpoint_cfg if model_cfg is None else _agreeing_config(model_cfg, checkpoint_cfg, directory)
+    tensors, source = _read_weights(directory)
+    state = from_hf_state_dict(tensors, source)
+
+    model = BertForPreTraining(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    required = [k for k in missing if not k.startswith(_OPTIONAL_PREFIXES)]
+    if required:
+        raise CheckpointFormatError(f"{source}: missing BERT weights: {', '.join(required)}")
+    wrong_shapes = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+                    if k in state and state[k].shape != v.shape]
+    if wrong_shapes:
+        raise CheckpointFormatError(f"{source}: shapes disagree with {CONFIG_FILE}: {'; '.join(wrong_shapes)}")
+    if missing:
+        warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start from BERT's initialisation",
+                      stacklevel=2)
+    if unexpected:
+        warnings.warn(f"{source}: ignoring weights BERT pretraining does not use: {', '.join(unexpected)}",
+                      stacklevel=2)
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    return model
+
+
+def _agreeing_config(model_cfg: ModelConfig, checkpoint_cfg: ModelConfig, directory: Path) -> ModelConfig:
+    differ = [
+        f"model.{f}={_arch(model_cfg, f)} but {_arch(checkpoint_cfg, f)} in the checkpoint"
+        for f in _ARCHITECTURE_FIELDS
+        if _arch(model_cfg, f) != _arch(checkpoint_cfg, f)
+    ]
+    if differ:
+        raise CheckpointFormatError(
+            f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ)
+        )
+    return dataclasses.replace(model_cfg, intermediate_size=checkpoint_cfg.ffn_size())
+
+
+def _arch(cfg: ModelConfig, field: str):
+    return cfg.ffn_size() if field == "intermediate_size" else getattr(cfg, field)
+
+
+def save_pretrained(
+    model: BertForPreTraining, directory: str | os.PathLike, vocab_file: str | os.PathLike | None = None
+) -> None:
+    """Write `directory` so that `transformers` loads it offline as `BertForPreTraining` and `AutoTokenizer`.
+
+    Files: model.safetensors, config.json, and with `vocab_file` also vocab.txt, tokenizer_config.json and
+    special_tokens_map.json. Lower-casing is taken from a tokenizer_config.json next to the vocab file (which
+    `bertdist vocab` writes), else inferred: an uncased vocabulary has no upper-case letters outside its
+    special tokens.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    pad_token_id = 0
+    if vocab_file is not None:
+        pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
+    save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+    config = config_to_hf(model.config, pad_token_id=pad_token_id)
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: int) -> int:
+    """vocab.txt + tokenizer_config.json + special_tokens_map.json for `BertTokenizer`; returns the [PAD] id."""
+    try:
+        tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointFormatError(f"{vocab_file}: cannot read vocabulary ({e})") from None
+    missing = [t for t in SPECIAL_TOKENS.values() if t not in tokens]
+    if missing:
+        raise CheckpointFormatError(f"{vocab_file}: not a BERT vocabulary, missing {' '.join(missing)}")
+    if vocab_file.resolve() != (directory / "vocab.txt").resolve():
+        shutil.copyfile(vocab_file, directory / "vocab.txt")
+    tokenizer_config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": _lower_case(vocab_file, tokens),
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+        **SPECIAL_TOKENS,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    (directory / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+    return tokens.index(SPECIAL_TOKENS["pad_token"])
+
+
+def _lower_case(vocab_file: Path, tokens: list[str]) -> bool:
+    sibling = vocab_file.parent / "tokenizer_config.json"
+    if sibling.exists():
+        try:
+            value = json.loads(sibling.read_text()).get("do_lower_case")
+        except (json.JSONDecodeError, AttributeError):
+            value = None
+        if isinstance(value, bool):
+            return value
+    special = set(SPECIAL_TOKENS.values())
+    return not any(t != t.lower() for t in tokens if t not in special and not (t.startswith("[") and t.endswith("]")))

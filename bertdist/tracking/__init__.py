@@ -1,0 +1,13 @@
+"""Tracking with MLflow: one run per job across resumes, metrics that survive outages, the dashboard.
+
+    base            the Tracker interface, which is also the no-op tracker of ranks other than 0
+    mlflow_tracker  rank 0's tracker: a queue and one delivery thread (build_tracker picks per rank)
+    delivery        records, the requests that send them, the write-ahead spool file
+    store           where the data goes (URIs), the experiment, which errors are transient
+    params          what a run records besides metrics (config, data manifests, environment)
+    system          CPU/memory/disk/network/GPU samples of each node
+    models          the exported model as an MLflow Model of the run, optionally registered
+    ui              `bertdist ui`: the MLflow dashboard over a run's store
+
+Nothing here decides what is trained or when to log: the trainer calls these.
+"""

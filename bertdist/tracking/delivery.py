@@ -1,0 +1,138 @@
+"""The parts of MLflow delivery that hold no thread state: records, the requests for them, the spool file.
+
+A `Record` is one call of the tracker (metrics, params, tags, an artifact, a text, or the terminate
+marker), queued by the training thread and sent by the delivery thread with `send`. The `Spool` is the
+write-ahead file {run_dir}/mlflow-unsent-{run_id}.jsonl: every record is appended when it is queued, and
+the file is emptied whenever the queue is. A job killed with records still queued (SIGKILL, OOM, node
+loss) leaves them there, and the attempt that resumes the run sends them first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+# Limits of one MLflow log_batch request.
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_VALUE_CHARS = 6000
+MAX_TAG_VALUE_CHARS = 8000
+
+
+@dataclasses.dataclass
+class Record:
+    """One queued request. `kind` picks how it is sent; `items` can be split to isolate a rejected one."""
+
+    kind: str  # metrics | params | tags | artifact | text | terminate
+    items: list[Any]
+
+
+class Outage(BaseException):
+    """The delivery thread gave up waiting for the store (only when closing past the drain deadline)."""
+
+
+def send(client: MlflowClient, run_id: str, kind: str, items: list[Any]) -> None:
+    """The request(s) that deliver one record's items to run `run_id`; raises what MLflow raises."""
+    from mlflow.entities import Param, RunTag
+
+    if kind == "metrics":
+        client.log_batch(run_id, metrics=items, synchronous=True)
+    elif kind == "params":
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True)
+    elif kind == "tags":
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True)
+    elif kind == "artifact":
+        for path, artifact_path in items:
+            if Path(path).is_dir():
+                client.log_artifacts(run_id, path, artifact_path)
+            else:
+                client.log_artifact(run_id, path, artifact_path)
+    elif kind == "text":
+        for text, name in items:
+            client.log_text(run_id, text, name)
+    else:
+        raise ValueError(f"unknown tracking record kind {kind!r}")
+
+
+class Spool:
+    """The write-ahead file of one run (and node: nodes may share the run directory)."""
+
+    def __init__(self, run_dir: Path, run_id: str | None, node_rank: int):
+        node = f"-node{node_rank}" if node_rank else ""
+        self.path = run_dir / f"mlflow-unsent-{run_id}{node}.jsonl"
+        self._file: IO[str] | None = None
+
+    def take_left(self) -> list[Record]:
+        """What a killed attempt left unsent, oldest first (a line the kill cut short is skipped)."""
+        left = []
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                try:
+                    left.append(decode(line))
+                except (ValueError, KeyError, TypeError, IndexError):
+                    continue
+        return left
+
+    def open(self, queued: Iterable[Record]) -> None:
+        """Start the file afresh with everything queued now."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "w")
+        for record in queued:
+            self.write(record)
+
+    def write(self, record: Record) -> None:
+        if self._file is None or record.kind == "terminate":
+            return
+        self._file.write(encode(record) + "\n")
+        self._file.flush()  # into the page cache: survives the process, not the machine
+
+    def clear(self) -> None:
+        """The queue is empty: nothing is left to survive a kill."""
+        if self._file is not None:
+            self._file.seek(0)
+            self._file.truncate()
+
+    def close(self, delivered_everything: bool) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        if delivered_everything:
+            self.path.unlink(missing_ok=True)
+
+    def holds_records(self) -> bool:
+        return self.path.is_file() and self.path.stat().st_size > 0
+
+
+def encode(record: Record) -> str:
+    items = [[m.key, m.value, m.timestamp, m.step] for m in record.items] if record.kind == "metrics" else record.items
+    return json.dumps({"kind": record.kind, "items": items})
+
+
+def decode(line: str) -> Record:
+    from mlflow.entities import Metric
+
+    data = json.loads(line)
+    if data["kind"] == "metrics":
+        return Record("metrics", [Metric(str(k), float(v), int(t), int(s)) for k, v, t, s in data["items"]])
+    return Record(str(data["kind"]), [tuple(item) for item in data["items"]])
+
+
+def truncate(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+def describe(kind: str, item: Any) -> str:
+    """The name a user recognises in a queued item: metric/param/tag key, artifact path, text name."""
+    if kind == "metrics":
+        return repr(item.key)
+    if kind == "text":
+        return repr(item[1])
+    return repr(item[0])

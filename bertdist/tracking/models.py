@@ -1,0 +1,55 @@
+"""The exported model as an MLflow Model of the run that trained it, and optionally a registered version.
+
+`bertdist export` writes a Hugging Face directory; `log_export` logs it into the training run as a pyfunc
+model named "model" (the run's Models tab lists it) whose code is `fill_mask_model.py` and whose artifact
+is that directory. With `tracking.register_model_name` set, the model is also registered under that name
+(a new version per export). A pyfunc rather than MLflow's transformers flavor, because that flavor needs
+`transformers` where the model is logged, and bertdist does not depend on it; loading needs it (see
+`fill_mask_model.py`).
+
+A one-off command after training: it talks to the store directly and synchronously, and a failure is a
+warning (the export on disk is what matters), not an error.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from bertdist.config import TrackingConfig
+from bertdist.tracking import store
+
+MODEL_NAME = "model"
+EXPORT_TAG = "bertdist.hf_export"
+MODEL_CODE = Path(__file__).with_name("fill_mask_model.py")
+MODEL_REQUIREMENTS = ["mlflow", "torch", "transformers", "tokenizers", "pandas"]
+
+
+def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | None, export_dir: str | os.PathLike) -> str | None:
+    """Log `export_dir` as the run's MLflow Model (and register it if asked); returns the model URI or None."""
+    if not cfg.enabled or not run_id:
+        return None
+    uri = store.resolve_tracking_uri(cfg.tracking_uri, run_dir)
+    if uri == store.local_store_uri(run_dir) and not (Path(run_dir) / "mlflow.db").is_file():
+        return None  # a checkpoint copied away from its run: opening the store would create an empty one
+    client = store.client(uri)
+    try:
+        import mlflow
+        from mlflow.models import ModelSignature
+        from mlflow.types import ColSpec, Schema
+
+        # Model.log reads the process-wide URI and experiment; this process only exports.
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
+        info = mlflow.models.Model.log(
+            artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
+            python_model=str(MODEL_CODE), artifacts={"hf_model": str(export_dir)},
+            signature=ModelSignature(inputs=Schema([ColSpec("string", "text")])),
+            pip_requirements=MODEL_REQUIREMENTS, registered_model_name=cfg.register_model_name or None,
+        )  # fmt: skip
+        client.set_tag(run_id, EXPORT_TAG, str(Path(export_dir).resolve()))
+    except Exception as e:
+        warnings.warn(f"bertdist: export not logged to MLflow run {run_id} at {uri}: {store.short_error(e)}", RuntimeWarning, stacklevel=2)
+        return None
+    return info.model_uri

@@ -1,0 +1,159 @@
+"""`bertdist ui`: the MLflow dashboard over a run's tracking store.
+
+The local store of a run (`{run_dir}/mlflow.db`, artifacts in `{run_dir}/mlartifacts`) has no server of
+its own; this starts `mlflow server` over it in the foreground and prints the URL. It binds 127.0.0.1
+unless `--host` says otherwise, because the MLflow UI has no authentication and can change runs.
+
+A tracking URI that already is a server (http/https) has its own dashboard, so nothing is started for it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bertdist.errors import UserError
+from bertdist.tracking.store import local_store_uri
+
+STARTUP_TIMEOUT_S = 180.0
+DEFAULT_PORT = 5000
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+
+class UIError(UserError, ValueError):
+    """A problem with the `bertdist ui` arguments or the store they point to; the message says which."""
+
+
+def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str | None]:
+    """(backend store URI, artifacts directory or None) that the dashboard should serve.
+
+    Explicit flags win, then MLFLOW_TRACKING_URI, then the default run directory of `bertdist train`.
+    """
+    if tracking_uri:
+        return tracking_uri, None
+    if not run_dir and os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"], None
+    from bertdist.config import TrainConfig
+
+    directory = Path(run_dir or TrainConfig().output_dir)
+    database = directory / "mlflow.db"
+    if not database.is_file():
+        raise UIError(
+            f"--run-dir {directory}: no MLflow store ({database} does not exist); point --run-dir at a "
+            "run's train.output_dir, or pass --tracking-uri"
+        )
+    return local_store_uri(directory), str((directory / "mlartifacts").resolve())
+
+
+def check_host(host: str) -> str:
+    """An IP address or a hostname; anything else (spaces, shell characters) is refused."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        if _HOSTNAME.match(host):
+            return host
+    raise UIError(f"--host {host!r}: not an IP address or a hostname")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -> int:
+    """Run the dashboard until interrupted; returns the exit code for the command line."""
+    store, artifacts_dir = store_for(run_dir, tracking_uri)
+    if store.startswith(("http://", "https://")):
+        print(f"{store} is a tracking server with its own dashboard: open {store}", flush=True)
+        return 0
+    host = check_host(host)
+    if not 1 <= port <= 65535:
+        raise UIError(f"--port {port}: not a TCP port")
+    _check_port_free(host, port)
+    if not is_loopback(host):
+        print(
+            f"warning: binding {host}:{port}; the MLflow dashboard has no authentication, so anyone who can "
+            "reach this address can read and change these runs",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
+               "--host", host, "--port", str(port), "--workers", "1"]
+    if artifacts_dir:
+        command += ["--artifacts-destination", artifacts_dir]
+    # Own process group: stopping `bertdist ui` (Ctrl-C, SIGTERM) stops the server's workers with it.
+    server = subprocess.Popen(command, start_new_session=True, env=server_environment())
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        wait_until_serving(url, server, STARTUP_TIMEOUT_S)
+        print(f"MLflow dashboard for {store}: {url}  (Ctrl-C to stop)", flush=True)
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop(server)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UIError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); pick another port") from None
+
+
+def server_environment() -> dict[str, str]:
+    """The environment of an `mlflow server` that only serves runs.
+
+    MLflow 3's server also starts a job runner with about fifteen worker processes for its GenAI jobs;
+    turning it off makes the server start in seconds and leaves the CPUs to training.
+    """
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float) -> None:
+    """Poll the MLflow server's /health until it answers; UIError if it exits first or stays silent."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise UIError(f"mlflow server exited with code {server.returncode} before answering at {url}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise UIError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s")
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is not None:
+        return
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,12 @@
+"""Pretraining with DeepSpeed, and what surrounds a run: checkpoints, the plan, export.
+
+    trainer      Trainer: builds every component in __init__, runs the loop in train()
+    deepspeed    the DeepSpeed config dict from our config; the engine
+    optim        AdamW parameter groups and the learning-rate schedule
+    checkpoint   save, resume (exact: data cursor, RNG, tracking run id), consolidate
+    distributed  rank/world/master from torchrun, the deepspeed launcher or SLURM; the process group
+    metrics      what a step measures and the names it is logged under
+    console      the one-line-per-interval console and metrics.jsonl
+    plan         the dry-run plan: steps, sequences, tokens, FLOPs per phase
+    export       a checkpoint as a Hugging Face directory and an MLflow Model
+"""

@@ -1,0 +1,235 @@
+"""Checkpoints that carry everything needed to continue exactly, and that appear only when complete.
+
+Layout under `{train.output_dir}/checkpoints/`:
+
+    step_00000100/                 DeepSpeed's files (model states, each rank's ZeRO optimizer partition)
+    step_00000100/train_state.json step, tokens seen, every rank's loader state and RNG states, the
+                                   resolved config, the tracking run id: written last, by rank 0, after
+                                   every rank has finished its DeepSpeed files
+    latest                         the tag of the newest complete checkpoint, replaced atomically
+
+A checkpoint directory without train_state.json is incomplete (a crash while saving) and is never
+loaded; `latest` keeps pointing at the previous one. The train state is JSON rather than DeepSpeed's
+pickled client state so that it can be read without torch and holds nothing executable.
+
+This module also consolidates any ZeRO stage into one plain state dict, which export needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertdist.errors import UserError
+from bertdist.io import write_text
+
+CHECKPOINTS_DIRNAME = "checkpoints"
+LATEST_FILENAME = "latest"
+TRAIN_STATE_FILENAME = "train_state.json"
+TRAIN_STATE_VERSION = 1
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint is missing, incomplete, or does not fit the run that wants to load it."""
+
+
+@dataclass
+class TrainState:
+    """What DeepSpeed's files do not hold: where the run is and how to continue it bit for bit."""
+
+    step: int
+    """Optimizer steps completed."""
+    tokens_seen: int
+    """Non-padding tokens consumed by training, over all ranks."""
+    sequences_seen: int
+    world_size: int
+    loader_states: list[dict[str, Any]]
+    """PretrainingLoader.state_dict() of every rank, indexed by rank."""
+    rng_states: list[dict[str, Any]]
+    """capture_rng_state() of every rank, indexed by rank."""
+    config: dict[str, Any]
+    """The resolved Config.to_dict() of the run that wrote the checkpoint."""
+    tracking_run_id: str | None = None
+    version: int = field(default=TRAIN_STATE_VERSION)
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoints_dir(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / CHECKPOINTS_DIRNAME
+
+
+def is_complete(checkpoint_dir: Path) -> bool:
+    return (checkpoint_dir / TRAIN_STATE_FILENAME).is_file()
+
+
+def read_train_state(checkpoint_dir: str | os.PathLike) -> TrainState:
+    path = Path(checkpoint_dir) / TRAIN_STATE_FILENAME
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint_dir} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})")
+    try:
+        raw = json.loads(path.read_text())
+        state = TrainState(**raw)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: unreadable train state ({e})") from None
+    if state.version != TRAIN_STATE_VERSION:
+        raise CheckpointError(f"{path}: train state version {state.version}, this bertdist reads {TRAIN_STATE_VERSION}")
+    return state
+
+
+def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
+    """The checkpoint directory that `checkpoint.resume` asks for, or None to start fresh.
+
+    `auto` follows the `latest` marker if there is one; `none` starts fresh; anything else must be a
+    complete checkpoint directory.
+    """
+    if resume == "none":
+        return None
+    if resume == "auto":
+        root = checkpoints_dir(output_dir)
+        marker = root / LATEST_FILENAME
+        if not marker.is_file():
+            return None
+        checkpoint = root / marker.read_text().strip()
+    else:
+        checkpoint = Path(resume)
+    if not is_complete(checkpoint):
+        raise CheckpointError(f"checkpoint.resume: {checkpoint} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})")
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state as JSON: Python's Mersenne twister, numpy's global generator, torch's CPU and CUDA ones.
+
+
+def capture_rng_state() -> dict[str, Any]:
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = _b64(torch.cuda.get_rng_state())
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_unb64(state["cuda"]))
+
+
+def _b64(t: Any) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Save (collective) and load.
+
+
+def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_loader_state: dict[str, Any], keep_last: int) -> Path:
+    """Save a checkpoint for `state.step`; every rank must call this.
+
+    The per-rank parts (loader position, RNG) are gathered to rank 0, which writes train_state.json
+    and then moves `latest` only after every rank has returned from writing its DeepSpeed files.
+    """
+    import torch.distributed as dist
+
+    root = checkpoints_dir(output_dir)
+    tag = tag_for(state.step)
+    target = root / tag
+    per_rank: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, {"loader": local_loader_state, "rng": capture_rng_state()})
+    state.loader_states = [r["loader"] for r in per_rank]
+    state.rng_states = [r["rng"] for r in per_rank]
+    if dist.get_rank() == 0 and target.exists():
+        shutil.rmtree(target)  # left by a save that crashed before completing
+    dist.barrier()
+    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    # Every rank's files are written once all ranks pass this barrier; only then is the checkpoint
+    # declared complete.
+    dist.barrier()
+    if dist.get_rank() == 0:
+        write_text(target / TRAIN_STATE_FILENAME, json.dumps(asdict(state)))
+        write_text(root / LATEST_FILENAME, tag)
+        prune(root, keep_last)
+    dist.barrier()
+    return target
+
+
+def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
+    """Load model and optimizer state into `engine` and return the train state (every rank calls this)."""
+    state = read_train_state(checkpoint_dir)
+    if state.world_size != world_size:
+        raise CheckpointError(
+            f"{checkpoint_dir} was written by {state.world_size} ranks; this run has {world_size}. The data "
+            f"position of each rank and the ZeRO partitions depend on the world size: resume with "
+            f"{state.world_size} ranks, or start a new run from an export (checkpoint.init_from_pretrained)."
+        )
+    path, _ = engine.load_checkpoint(
+        str(checkpoint_dir.parent), tag=checkpoint_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
+    )
+    if path is None:
+        raise CheckpointError(f"DeepSpeed could not load {checkpoint_dir}")
+    return state
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Keep the `keep_last` newest complete checkpoints; remove older ones and incomplete leftovers."""
+    step_dirs = sorted(p for p in root.glob("step_*") if p.is_dir())
+    complete = [p for p in step_dirs if is_complete(p)]
+    doomed = complete[:-keep_last] + [p for p in step_dirs if not is_complete(p)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Consolidation for export.
+
+
+def consolidated_state_dict(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
+    """The full fp32 model state dict of a checkpoint from any ZeRO stage, in one process, on CPU.
+
+    ZeRO 1-3 keep the fp32 master weights partitioned in the optimizer files; DeepSpeed's
+    zero_to_fp32 reassembles them. Stage 0 keeps the whole module in the model-states file (for fp16
+    runs that copy is fp16 and is upcast).
+    """
+    import torch
+
+    checkpoint_dir = Path(checkpoint_dir)
+    state = read_train_state(checkpoint_dir)
+    if state.config["train"]["zero_stage"] == 0:
+        model_states = checkpoint_dir / "mp_rank_00_model_states.pt"
+        if not model_states.is_file():
+            raise CheckpointError(f"{checkpoint_dir}: missing {model_states.name}")
+        module = torch.load(model_states, map_location="cpu", weights_only=True)["module"]
+        return {k: v.float() if v.is_floating_point() else v for k, v in module.items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir.parent), tag=checkpoint_dir.name)

@@ -1,0 +1,70 @@
+"""What rank 0 prints and appends to metrics.jsonl; on every other rank a no-op, so the loop never asks.
+
+The console gets one line per log interval that a person reads at a glance:
+
+    step 120/1000 (12%) | loss 6.21 | mlm acc 0.152 | 164 seq/s | MFU 47% | data wait 2% | eta 3m10s
+
+and one per evaluation. Every metric, with full precision, goes to `{output_dir}/metrics.jsonl` (one JSON
+object per line, with its step) and to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bertdist.train.metrics import (
+    DATA_WAIT,
+    LOSS,
+    MFU,
+    MLM_ACCURACY,
+    SEQUENCES_PER_SECOND,
+)
+
+METRICS_FILENAME = "metrics.jsonl"
+
+
+class Console:
+    def __init__(self, output_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.path = output_dir / METRICS_FILENAME
+        if enabled:
+            output_dir.mkdir(parents=True, exist_ok=True)
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            print(text, flush=True)
+
+    def train(self, step: int, total_steps: int, metrics: dict[str, float], eta_s: float) -> None:
+        self.line(" | ".join([
+            f"step {step}/{total_steps} ({100 * step // total_steps}%)",
+            f"loss {metrics[LOSS.format(split='train')]:.3g}",
+            f"mlm acc {metrics[MLM_ACCURACY.format(split='train')]:.3f}",
+            f"{metrics[SEQUENCES_PER_SECOND]:,.0f} seq/s",
+            f"MFU {metrics[MFU]:.0%}",
+            f"data wait {metrics[DATA_WAIT]:.0%}",
+            f"eta {duration(eta_s)}",
+        ]))  # fmt: skip
+        self.record(step, metrics)
+
+    def eval(self, step: int, metrics: dict[str, float]) -> None:
+        self.line(
+            f"eval at step {step} | loss {metrics[LOSS.format(split='eval')]:.3g} | "
+            f"mlm acc {metrics[MLM_ACCURACY.format(split='eval')]:.3f} | nsp acc {metrics['nsp_accuracy/eval']:.3f}"
+        )
+        self.record(step, metrics)
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def duration(seconds: float) -> str:
+    """3h05m, 3m10s, 42s: two units at most."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"

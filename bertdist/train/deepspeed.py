@@ -1,0 +1,98 @@
+"""The DeepSpeed engine, configured from our typed config instead of a hand-written JSON file.
+
+`deepspeed_config` turns Config into DeepSpeed's dictionary (batch sizes, ZeRO stage, precision,
+clipping) and merges the expert's `train.deepspeed` keys over it; `build_optimizer` picks DeepSpeed's
+FusedAdam on GPU and falls back to torch's AdamW where that kernel cannot be built or used. The
+learning-rate schedule is not handed to DeepSpeed: the training loop sets the rate from the step
+(bertdist.train.optim), which keeps it exact across fp16 skipped steps and resumes.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from bertdist.config import Config, ConfigError, PhaseConfig
+
+# Keys that our config owns; setting them in train.deepspeed would silently disagree with it.
+OWNED_KEYS = {
+    "train_batch_size": "train.global_batch_size",
+    "train_micro_batch_size_per_gpu": "data.phases.N.micro_batch_size",
+    "gradient_accumulation_steps": "train.global_batch_size / (micro batch x world size)",
+    "optimizer": "optim.*",
+    "scheduler": "optim.lr / optim.warmup_steps",
+}
+
+# fp16 dynamic loss scaling as in NVIDIA's and DeepSpeed's BERT recipes: start at 2^16, halve on an
+# overflow (after `hysteresis` of them), double after 1000 clean steps.
+FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+
+
+def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int) -> dict[str, Any]:
+    """DeepSpeed's config dictionary for `phase` on `world_size` data-parallel ranks."""
+    t, o = cfg.train, cfg.optim
+    ds: dict[str, Any] = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": phase.micro_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps(phase, world_size),
+        "gradient_clipping": o.grad_clip_norm,
+        "zero_optimization": {"stage": t.zero_stage},
+        "fp16": {"enabled": t.precision == "fp16", **(FP16_LOSS_SCALING if t.precision == "fp16" else {})},
+        "bf16": {"enabled": t.precision == "bf16"},
+        "wall_clock_breakdown": False,
+    }
+    if t.zero_stage >= 2:
+        ds["zero_optimization"].update(overlap_comm=True, contiguous_gradients=True)
+    problems = [
+        f"train.deepspeed.{key}: set by our config ({owner}); remove it from train.deepspeed"
+        for key, owner in OWNED_KEYS.items()
+        if key in t.deepspeed
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return deep_merge(ds, t.deepspeed)
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged over it, section by section (neither argument is modified)."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def device_problems(cfg: Config, device_type: str) -> list[str]:
+    """Settings this device cannot run, found before anything starts."""
+    problems = []
+    if device_type != "cuda" and cfg.train.precision == "fp16":
+        problems.append("train.precision: fp16 needs a CUDA GPU; use fp32 on CPU")
+    return problems
+
+
+def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
+    """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
+    import deepspeed
+
+    if ds_config["zero_optimization"]["stage"] == 3:
+        # The MLM decoder uses the word-embedding matrix inside another module's forward; ZeRO-3 must
+        # know to gather it there too.
+        deepspeed.zero.register_external_parameter(model.cls.predictions, model.bert.embeddings.word_embeddings.weight)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+    return engine
+
+
+def enter_phase(engine: Any, cfg: Config, phase: PhaseConfig, world_size: int) -> None:
+    """Switch the engine to `phase`'s micro batch size; accumulation follows from the global batch."""
+    engine.set_train_micro_batch_size(phase.micro_batch_size)
+    engine.set_train_batch_size(cfg.train.global_batch_size)
+
+
+def loss_scale(engine: Any) -> float:
+    """The current fp16 loss scale; 1.0 when no scaling is in use."""
+    scale = getattr(engine.optimizer, "cur_scale", None)
+    if scale is None:
+        scale = getattr(engine.optimizer, "loss_scale", 1.0)
+    return float(scale)

@@ -1,0 +1,44 @@
+"""What a training config will do, computed without starting anything: `bertdist train --dry-run`."""
+
+from __future__ import annotations
+
+from bertdist.config import Config
+from bertdist.model.flops import (
+    masked_positions_for,
+    non_embedding_parameters,
+    total_parameters,
+    train_flops_per_sequence,
+)
+
+
+def describe_plan(cfg: Config, world_size: int) -> str:
+    """A human-readable plan: world size, accumulation, steps, sequences, tokens and FLOPs per phase."""
+    m = cfg.model
+    lines = [
+        f"model: {m.size} (L={m.num_layers}, H={m.hidden_size}, A={m.num_attention_heads}), "
+        f"{total_parameters(m) / 1e6:.1f}M parameters ({non_embedding_parameters(m) / 1e6:.1f}M non-embedding)",
+        f"world size: {world_size} ({cfg.launch.nodes} node(s) x {cfg.launch.gpus_per_node} rank(s)), "
+        f"precision {cfg.train.precision}, ZeRO stage {cfg.train.zero_stage}",
+        f"global batch: {cfg.train.global_batch_size} sequences",
+    ]
+    total_tokens = total_flops = 0.0
+    first = 0
+    for i, ph in enumerate(cfg.data.phases):
+        sequences = ph.steps * cfg.train.global_batch_size
+        tokens = sequences * ph.max_seq_length
+        flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, masked_positions_for(ph.max_seq_length))
+        total_tokens += tokens
+        total_flops += flops
+        lines.append(
+            f"phase {i}: steps {first}..{first + ph.steps - 1} ({ph.steps:,}), length {ph.max_seq_length}, "
+            f"micro batch {ph.micro_batch_size}, gradient accumulation {cfg.gradient_accumulation_steps(ph, world_size)}, "
+            f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"
+        )
+        first += ph.steps
+    o = cfg.optim
+    lines += [
+        f"schedule: lr {o.lr:g}, {o.warmup_steps:,} warmup steps then linear decay to 0 at step {cfg.total_steps():,}",
+        f"total: {cfg.total_steps():,} steps, {total_tokens:,.0f} tokens, {total_flops:.3e} training FLOPs "
+        f"(upper bound at full length; short sequences lower it)",
+    ]
+    return "\n".join(lines)

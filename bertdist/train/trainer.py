@@ -1,0 +1,377 @@
+"""The DeepSpeed pretraining loop: `bertdist train --config FILE [key=value ...]`.
+
+    # laptop / one CPU machine, 2 ranks (DeepSpeed on CPU needs DS_ACCELERATOR=cpu)
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 --module bertdist train --config configs/bert-tiny.yaml
+    # one node, 8 GPUs
+    deepspeed --num_gpus 8 --module bertdist train --config configs/bert-base.yaml
+    torchrun --nproc_per_node 8 -m bertdist train --config configs/bert-base.yaml
+    # many nodes under SLURM, one task per GPU (see `bertdist submit` for the generated script)
+    srun --ntasks-per-node 8 bertdist train --config configs/bert-large-paper.yaml --resume auto
+
+`Trainer.__init__` checks everything before the first collective (the config against the real world size,
+every phase's shards: manifest, vocab hash, sequence length) and then builds every component: the process
+group, the model, the optimizer and DeepSpeed engine, the restored checkpoint, the tracker, the console.
+`Trainer.train` only calls them, step after step (torchtitan's Trainer).
+
+Exit codes (bertdist.errors): 0 done; REQUEUE_EXIT_CODE after a SIGTERM/SIGUSR1 stop with a checkpoint
+(requeue the job, it continues with `--resume auto`); 1 stopped on non-finite losses; 2 bad configuration
+or data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from bertdist.config import Config, ConfigError, PhaseConfig, validate
+from bertdist.data import DataError
+from bertdist.errors import (
+    FAILED_EXIT_CODE,
+    OK_EXIT_CODE,
+    REQUEUE_EXIT_CODE,
+    USAGE_EXIT_CODE,
+)
+from bertdist.train import checkpoint, metrics
+from bertdist.train.console import Console
+from bertdist.train.distributed import DistributedEnv, LaunchEnvironmentError, read_env
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def train(cfg: Config) -> int:
+    """Run (or continue) the training described by `cfg`; returns the process exit code."""
+    try:
+        trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port))
+    except (ConfigError, DataError, LaunchEnvironmentError, checkpoint.CheckpointError) as e:
+        print(f"bertdist train: {e}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    with trainer:
+        return trainer.train()
+
+
+class _StopFlag:
+    """Records SIGTERM/SIGUSR1; the loop acts on it only at a step boundary agreed by all ranks.
+
+    Forked DataLoader workers inherit this handler, so a signal sent to the whole process group (as
+    SLURM does) leaves them running until the checkpoint is written.
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+
+class Trainer(contextlib.ExitStack):
+    """Every component of a run, built in `__init__`; `train()` runs the loop; leaving the `with` frees them."""
+
+    def __init__(self, cfg: Config, env: DistributedEnv):
+        super().__init__()
+        import torch
+
+        from bertdist.train.deepspeed import device_problems
+
+        # --- checks: everything that can fail on bad input, before any process group or model exists
+        validate(cfg, world_size=env.world_size)
+        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        problems = device_problems(cfg, self.device_type)
+        if problems:
+            raise ConfigError(problems)
+        self.cfg, self.env = cfg, env
+        self.output_dir = Path(cfg.train.output_dir)
+        self.resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume)
+        self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
+        if self.resumed is not None and self.resumed.config["model"] != cfg.to_dict()["model"]:
+            raise ConfigError([f"model: differs from the model of checkpoint {self.resume_from}; resume needs the same model"])
+        self.loaders = [self._loader(phase, phase.train_dir, cfg.data.loader_workers) for phase in cfg.data.phases]
+        for phase in cfg.data.phases:  # construct once so that a bad eval set fails now, not at the first eval
+            if phase.eval_dir:
+                self._loader(phase, phase.eval_dir, workers=0)
+
+        # --- components; whatever was built is released if a later one fails
+        with contextlib.ExitStack() as built:
+            built.push(self)
+            self._build_components()
+            built.pop_all()
+
+    def _build_components(self) -> None:
+        import torch
+
+        from bertdist.model.flops import peak_flops_for
+
+        cfg, env = self.cfg, self.env
+        self.stop = _StopFlag()
+        self.start_step = self.resumed.step if self.resumed else 0
+        self.tokens_seen = self.sequences_seen = 0
+        self.grad_norm = float("nan")
+        self._start_process_group()
+        self.device = torch.device(self.device_type, env.local_rank if self.device_type == "cuda" else None)
+        self.engine = self._build_engine()
+        if self.resume_from is not None:
+            self._restore()
+        self.peak_flops = peak_flops_for(self.device_type, cfg.train.precision)
+        self.tracker = self._build_tracker()
+        self.node_monitor = self.enter_context(self._build_node_monitor())
+        self.console = Console(self.output_dir, env.is_main)
+        # Last, so that nothing done at start-up draws from the generators.
+        if self.resumed is not None:
+            checkpoint.restore_rng_state(self.resumed.rng_states[env.rank])
+        else:
+            _seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
+
+    def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> Any:
+        from bertdist.data.loader import PretrainingLoader
+
+        return PretrainingLoader(
+            shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
+            micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
+            seed=self.cfg.train.seed, num_workers=workers, shuffle_buffer_size=self.cfg.data.shuffle_buffer_size,
+        )  # fmt: skip
+
+    def _start_process_group(self) -> None:
+        import torch
+
+        from bertdist.train import distributed
+
+        if self.device_type == "cuda":
+            torch.cuda.set_device(self.env.local_rank)
+        distributed.init_process_group(self.env, backend="nccl" if self.device_type == "cuda" else "gloo")
+        self.callback(distributed.destroy_process_group)
+
+    def _build_engine(self) -> Any:
+        import torch
+
+        from bertdist.model.bert import BertForPreTraining
+        from bertdist.model.hf import load_pretrained
+        from bertdist.train import deepspeed as ds
+        from bertdist.train.optim import build_optimizer
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        if cfg.checkpoint.init_from_pretrained and self.resume_from is None:
+            model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
+        else:
+            model = BertForPreTraining(cfg.model)
+        _, phase = cfg.phase_at(self.start_step)
+        optimizer = build_optimizer(model, cfg.optim, self.device_type)
+        return ds.initialize(model, optimizer, ds.deepspeed_config(cfg, phase, self.env.world_size))
+
+    def _restore(self) -> None:
+        state = checkpoint.load(self.engine, self.resume_from, self.env.world_size)
+        self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
+        mine = state.loader_states[self.env.rank]
+        phase_index, _ = self.cfg.phase_at(self.start_step)
+        if mine["phase"] == phase_index:  # a checkpoint at a phase's last step continues with a fresh loader
+            self.loaders[phase_index].load_state_dict(mine["loader"])
+        print(f"[rank {self.env.rank}] resumed from {self.resume_from} at step {state.step}", flush=True)
+
+    def _build_tracker(self) -> Any:
+        from bertdist.tracking.mlflow_tracker import build_tracker
+        from bertdist.tracking.params import default_run_name
+
+        cfg, env = self.cfg, self.env
+        tracker = build_tracker(
+            cfg.tracking, str(self.output_dir), env.rank, run_id=self.resumed.tracking_run_id if self.resumed else None,
+            run_name=cfg.tracking.run_name or default_run_name(cfg),
+        )  # fmt: skip
+        tracker.log_run_start(cfg, env.world_size, env.nodes)
+        if self.resume_from is not None:  # a kill can land between a checkpoint's completion and its record
+            tracker.log_checkpoint(self.resume_from, self.start_step)
+        return tracker
+
+    def _build_node_monitor(self) -> Any:
+        """System metrics of this node, for the first rank of every node but node 0 (whose rank 0 tracks them).
+
+        They go into rank 0's run, whose id only rank 0 knows until it is broadcast here.
+        """
+        import torch.distributed as dist
+
+        from bertdist.tracking.base import Tracker
+        from bertdist.tracking.mlflow_tracker import build_node_monitor
+
+        run_id = [self.tracker.run_id]
+        dist.broadcast_object_list(run_id, src=0)
+        if self.env.local_rank != 0:
+            monitor = Tracker(run_id[0])
+        else:
+            node_rank = self.env.rank // self.env.local_world_size
+            monitor = build_node_monitor(self.cfg.tracking, str(self.output_dir), run_id[0], node_rank)
+        return contextlib.closing(monitor)
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def train(self) -> int:
+        from bertdist.train import deepspeed as ds
+        from bertdist.train.optim import learning_rate, set_learning_rate
+
+        cfg, engine = self.cfg, self.engine
+        total_steps = cfg.total_steps()
+        phase_index = -1
+        batches: Iterator[dict[str, Any]] = iter(())
+        nonfinite_streak = 0
+        interval = metrics.Interval()
+        step = self.start_step
+        self.console.line(f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}")
+        first_phase = cfg.data.phases[0]
+        if step == 0 and first_phase.eval_dir:
+            self._evaluate(0, first_phase)  # the untrained baseline that later evaluations are read against
+        while step < total_steps:
+            index, phase = cfg.phase_at(step)
+            if index != phase_index:
+                phase_index = index
+                ds.enter_phase(engine, cfg, phase, self.env.world_size)
+                batches = iter(self.loaders[index])
+            lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, total_steps)
+            set_learning_rate(engine.optimizer.param_groups, lr)
+            sums = self._train_step(batches)
+            step += 1
+            interval.add(sums)
+            loss = sums["loss"] / sums["micro_batches"]
+            nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
+            if nonfinite_streak >= cfg.train.max_nonfinite_steps:
+                return self._stop_nonfinite(step, nonfinite_streak)
+            if step % cfg.train.log_every_steps == 0 or step == total_steps:
+                self._log_interval(step, total_steps, lr, interval)
+                interval = metrics.Interval()
+            if phase.eval_dir and (step % cfg.train.eval_every_steps == 0 or step == total_steps):
+                self._evaluate(step, phase)
+            if sums["stop_requested"] > 0:
+                return self._stop_preempted(step, nonfinite_streak, phase_index)
+            if step % cfg.checkpoint.every_steps == 0 or step == total_steps:
+                self._save(step, phase_index, nonfinite_streak)
+        self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
+        self.tracker.close("FINISHED")
+        return OK_EXIT_CODE
+
+    def _train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, float]:
+        """One optimizer step (all its micro batches); returns STEP_SLOTS summed over ranks."""
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        from bertdist.model.flops import train_flops_per_sequence
+
+        engine, SLOT = self.engine, metrics.SLOT
+        engine.train()
+        acc = torch.zeros(len(metrics.STEP_SLOTS), dtype=torch.float64, device=self.device)
+        for _ in range(engine.gradient_accumulation_steps()):
+            wait_start = time.perf_counter()
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
+            acc[SLOT["data_wait_seconds"]] += time.perf_counter() - wait_start
+            out = engine(**batch)
+            engine.backward(out.loss)
+            if engine.is_gradient_accumulation_boundary():
+                self.grad_norm = self._grad_norm_before_step()
+            engine.step()
+            metrics.accumulate(acc, out, batch)
+            sequences, seq_length = batch["input_ids"].shape
+            predictions = batch["masked_lm_ids"].shape[1]
+            acc[SLOT["flops"]] += sequences * train_flops_per_sequence(self.cfg.model, seq_length, predictions)
+        acc[SLOT["stop_requested"]] = 1.0 if self.stop.signum else 0.0
+        dist.all_reduce(acc)
+        sums = dict(zip(metrics.STEP_SLOTS, acc.tolist()))
+        self.tokens_seen += int(sums["tokens"])
+        self.sequences_seen += int(sums["sequences"])
+        return sums
+
+    def _grad_norm_before_step(self) -> float:
+        """DeepSpeed's global gradient norm; computed here where it keeps none (ZeRO-0 without fp16/bf16).
+
+        Called after the last backward of a step: stage 0 has all-reduced the full gradients by then.
+        """
+        if self.cfg.train.zero_stage != 0 or self.cfg.train.precision != "fp32":
+            return float("nan")  # DeepSpeed's own value is read after the step
+        import torch
+
+        return float(torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None]))
+
+    def _log_interval(self, step: int, total_steps: int, lr: float, interval: metrics.Interval) -> None:
+        from bertdist.train import deepspeed as ds
+
+        grad_norm = self.engine.get_global_grad_norm()
+        values = {
+            **metrics.quality(interval.totals, "train"),
+            "optimizer/learning_rate": lr,
+            "optimizer/grad_norm": float(self.grad_norm if grad_norm is None else grad_norm),
+            "optimizer/loss_scale": ds.loss_scale(self.engine),
+            "optimizer/skipped_steps": float(self.engine.skipped_steps),
+            "progress/tokens_seen": float(self.tokens_seen),
+            **interval.throughput(self.env.world_size, self.peak_flops),
+        }
+        self.tracker.log_metrics(values, step=step)
+        eta_s = interval.seconds() / interval.steps * (total_steps - step)
+        self.console.train(step, total_steps, values, eta_s)
+
+    def _evaluate(self, step: int, phase: PhaseConfig) -> None:
+        """Losses and accuracies on the first eval_batches batches of the phase's eval shards.
+
+        Runs between steps with the RNG state put back afterwards, so evaluating never changes what
+        training does next (and a resumed run stays identical to an uninterrupted one).
+        """
+        import torch
+        import torch.distributed as dist
+
+        rng = checkpoint.capture_rng_state()
+        self.engine.eval()
+        acc = torch.zeros(len(metrics.STEP_SLOTS), dtype=torch.float64, device=self.device)
+        batches = iter(self._loader(phase, phase.eval_dir, workers=0))
+        with torch.no_grad():
+            for _ in range(self.cfg.train.eval_batches):
+                batch = {k: v.to(self.device) for k, v in next(batches).items()}
+                metrics.accumulate(acc, self.engine(**batch), batch)
+        dist.all_reduce(acc)
+        checkpoint.restore_rng_state(rng)
+        values = metrics.quality(dict(zip(metrics.STEP_SLOTS, acc.tolist())), "eval")
+        self.tracker.log_metrics(values, step=step)
+        self.console.eval(step, values)
+
+    # --- checkpoints and stops ---------------------------------------------------------------------
+    def _save(self, step: int, phase_index: int, nonfinite_streak: int) -> None:
+        if nonfinite_streak:
+            self.console.line(f"step {step}: not checkpointing while the loss is non-finite ({nonfinite_streak} step(s))")
+            return
+        state = checkpoint.TrainState(
+            step=step, tokens_seen=self.tokens_seen, sequences_seen=self.sequences_seen,
+            world_size=self.env.world_size, loader_states=[], rng_states=[], config=self.cfg.to_dict(),
+            tracking_run_id=self.tracker.run_id,
+        )  # fmt: skip
+        local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
+        path = checkpoint.save(self.engine, self.output_dir, state, local, self.cfg.checkpoint.keep_last)
+        self.console.line(f"step {step}: checkpoint {path}")
+        self.tracker.log_checkpoint(path, step)
+
+    def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
+        self._save(step, phase_index, nonfinite_streak)
+        self.console.line(f"stop requested by signal: checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued (resume with --resume auto)")
+        self.tracker.close("KILLED")
+        return REQUEUE_EXIT_CODE
+
+    def _stop_nonfinite(self, step: int, streak: int) -> int:
+        latest = checkpoint.resolve_resume(self.output_dir, "auto")
+        message = (
+            f"stopping at step {step}: the loss was non-finite for {streak} consecutive steps "
+            f"(train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}). Last good checkpoint: "
+            f"{latest or 'none'}. Lower optim.lr, raise optim.warmup_steps, or check the data."
+        )
+        self.console.line(message)
+        self.tracker.set_tags({"bertdist.stop_reason": "non-finite loss"})
+        self.tracker.close("FAILED")
+        return FAILED_EXIT_CODE
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

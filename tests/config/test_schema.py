@@ -1,0 +1,134 @@
+"""The schema: layering (defaults < YAML < overrides), unknown keys, types, and impossible combinations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bertdist.config import (
+    MODEL_SIZES,
+    Config,
+    ConfigError,
+    ModelConfig,
+    flatten,
+    load_config,
+    validate,
+)
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def vocab(tmp_path: Path) -> Path:
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]) + "\n")
+    return path
+
+
+def write_yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_overrides_win_over_yaml_which_wins_over_defaults(tmp_path):
+    path = write_yaml(tmp_path, "optim:\n  lr: 0.002\n  warmup_steps: 7\ntrain:\n  zero_stage: 2\n")
+    cfg = load_config(path, ["optim.lr=0.003", "data.phases.0.steps=50"])
+    assert cfg.optim.lr == 0.003  # override beats YAML
+    assert cfg.optim.warmup_steps == 7  # YAML beats default
+    assert cfg.train.zero_stage == 2
+    assert cfg.data.phases[0].steps == 50  # override reaches into a list
+    assert cfg.optim.eps == Config().optim.eps  # untouched default
+
+
+def test_model_size_preset_then_explicit_keys(tmp_path):
+    cfg = load_config(write_yaml(tmp_path, "model:\n  size: large\n  num_layers: 3\n"))
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads) == (3, 1024, 16)
+    assert cfg.model.ffn_size() == 4096
+
+
+@pytest.mark.parametrize(
+    "size,lha",
+    [("tiny", (2, 128, 2)), ("mini", (4, 256, 4)), ("small", (4, 512, 8)),
+     ("medium", (8, 512, 8)), ("base", (12, 768, 12)), ("large", (24, 1024, 16))],
+)
+def test_named_sizes(size, lha):
+    m = ModelConfig.from_size(size)
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads) == lha
+    assert set(MODEL_SIZES) == {"tiny", "mini", "small", "medium", "base", "large"}
+
+
+def test_unknown_key_wrong_type_and_indivisible_batch_are_all_reported_at_once(tmp_path):
+    path = write_yaml(
+        tmp_path,
+        "train:\n  global_batch_size: 30\n  zero_stgae: 2\noptim:\n  lr: fast\n"
+        "data:\n  phases:\n    - micro_batch_size: 4\n      steps: 10\n",
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["launch.gpus_per_node=2"])
+    text = str(err.value)
+    assert "train.zero_stgae: unknown key" in text
+    assert "optim.lr: expected float, got str 'fast'" in text
+    assert "train.global_batch_size: 30 is not divisible by data.phases.0.micro_batch_size x world size = 4 x 2" in text
+
+
+def test_unknown_section_and_bad_override_syntax(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["optimiser.lr=1", "train.seed"])
+    assert "optimiser: unknown key" in str(err.value)
+    assert "override 'train.seed': expected key.sub=value" in str(err.value)
+
+
+def test_impossible_combinations_name_their_fields(tmp_path, vocab):
+    cfg = load_config(
+        None,
+        [
+            f"data.vocab_file={vocab}",
+            "model.size=tiny",
+            "model.num_attention_heads=3",
+            "model.vocab_size=4",
+            "optim.warmup_steps=5000",
+            "data.phases.0.steps=100",
+            "data.phases.0.max_seq_length=1024",
+            "train.precision=fp8",
+        ],
+    )
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, world_size=1)
+    problems = "\n".join(err.value.problems)
+    assert "model.hidden_size: 128 is not divisible by model.num_attention_heads=3" in problems
+    assert "model.vocab_size: 4 is smaller than the 7 tokens" in problems
+    assert "optim.warmup_steps: 5000 is longer than the run" in problems
+    assert "data.phases.0.max_seq_length: 1024 exceeds model.max_position_embeddings=512" in problems
+    assert "train.precision: 'fp8'" in problems
+
+
+def test_missing_vocab_file_is_reported(tmp_path):
+    cfg = load_config(None, [f"data.vocab_file={tmp_path / 'nope.txt'}"])
+    with pytest.raises(ConfigError, match=r"data.vocab_file: .*nope.txt does not exist"):
+        validate(cfg, world_size=1)
+
+
+def test_phases_share_one_schedule_and_derive_accumulation(vocab):
+    cfg = load_config(REPO / "configs" / "bert-large-paper.yaml", [f"data.vocab_file={vocab}"])
+    validate(cfg)
+    assert cfg.total_steps() == 1_000_000
+    assert cfg.phase_at(899_999)[0] == 0 and cfg.phase_at(900_000)[0] == 1
+    assert cfg.gradient_accumulation_steps(cfg.data.phases[0], world_size=16) == 1
+    assert cfg.gradient_accumulation_steps(cfg.data.phases[0], world_size=4) == 4
+
+
+def test_paper_recipe_is_the_papers(vocab):
+    cfg = load_config(REPO / "configs" / "bert-large-paper.yaml")
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads) == (24, 1024, 16)
+    assert cfg.train.global_batch_size == 256 and cfg.total_steps() == 1_000_000
+    assert cfg.optim.lr == 1e-4 and cfg.optim.warmup_steps == 10_000
+    assert cfg.optim.betas == (0.9, 0.999) and cfg.optim.weight_decay == 0.01
+    assert cfg.model.hidden_dropout_prob == 0.1 and cfg.train.precision == "fp16" and cfg.train.zero_stage >= 1
+
+
+def test_flatten_round_trips_every_leaf():
+    flat = flatten(Config().to_dict())
+    assert flat["optim.lr"] == 1e-4
+    assert flat["data.phases.0.max_seq_length"] == 128
+    assert flat["optim.betas"] == [0.9, 0.999]

@@ -1,0 +1,166 @@
+"""bertdist prepare end to end on a real local Ray: determinism, balance, manifest, resume after a kill,
+duplicates, bad input, and the `vocab`/`prepare`/`inspect` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bertdist.cli import main
+from bertdist.data import DataError, iter_samples
+from bertdist.data.inspect import shard_statistics
+from bertdist.data.pipeline.driver import prepare
+from bertdist.data.shards import permute, shard_instances
+from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
+
+pytestmark = pytest.mark.slow
+SMALL_SHARDS = 150
+
+
+def _shard_bytes(directory: str) -> dict[str, bytes]:
+    """Shards under their final names (a killed run may leave `.partial-PID` temporaries beside them)."""
+    names = [n for n in sorted(os.listdir(directory)) if n.startswith("shard-") and n.endswith(".tar")]
+    return {n: open(os.path.join(directory, n), "rb").read() for n in names}
+
+
+@pytest.fixture(scope="module")
+def one_worker_run(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("one_worker") / "data")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, samples_per_shard=SMALL_SHARDS, workers=1))
+    return out
+
+
+def test_bytes_do_not_depend_on_workers(one_worker_run, tiny_corpus, tiny_vocab, tmp_path):
+    out = str(tmp_path / "data")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, samples_per_shard=SMALL_SHARDS, workers=2, unit_bytes=20_000))
+    assert _shard_bytes(out) == _shard_bytes(one_worker_run)
+    assert open(os.path.join(out, "manifest.json")).read() == open(os.path.join(one_worker_run, "manifest.json")).read()
+
+
+def test_manifest_shards_are_balanced_and_checksummed(one_worker_run, tiny_vocab):
+    manifest = json.load(open(os.path.join(one_worker_run, "manifest.json")))
+    counts = [s["num_samples"] for s in manifest["shards"]]
+    assert len(counts) >= 8 and max(counts) - min(counts) <= 1
+    assert sum(counts) == manifest["totals"]["samples"] == sum(1 for _ in iter_samples(one_worker_run))
+    assert manifest["options"]["max_seq_length"] == TEST_SEQ_LENGTH
+    stats = shard_statistics(one_worker_run)  # verifies every sha256
+    assert stats["per_shard"] == counts
+    assert abs(stats["masked_fraction"] - 0.15) < 0.02 and abs(stats["mask_token_fraction"] - 0.8) < 0.03
+    assert "pickle" not in open(os.path.join(one_worker_run, "manifest.json")).read()
+    assert not os.path.exists(os.path.join(one_worker_run, ".work"))
+
+
+@pytest.mark.parametrize("total, num_shards", [(10_000, 8), (1_000_003, 300)])
+def test_shards_partition_the_instances_spread_over_a_band(total, num_shards):
+    band = 64
+    shards = [shard_instances(s, num_shards, total, band, key=12345) for s in range(num_shards)]
+    assert sorted(np.concatenate(shards).tolist()) == list(range(total))  # every instance exactly once
+    sizes = [len(x) for x in shards]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    where = np.empty(total, dtype=np.int64)
+    for s, x in enumerate(shards):
+        where[x] = s
+    # the first 64 instances (one document's, typically) land in many shards of the first band
+    first = where[:64]
+    assert len(set(first.tolist())) >= min(num_shards, band) // 2 and first.max() < band
+    # a shard draws from one band's contiguous range of instances (a few groups), not from the whole corpus
+    per_band = total * min(band, num_shards) // num_shards + band
+    assert max(int(x.max() - x.min()) for x in shards) < per_band
+    # and nobody else's: the permutation is a bijection
+    assert sorted(permute(np.arange(10_000), 10_000, key=1).tolist()) == list(range(10_000))
+
+
+def test_killed_run_resumes_to_the_same_bytes(one_worker_run, tiny_corpus, tiny_vocab, ray_local, tmp_path):
+    out = str(tmp_path / "data")
+    cmd = [
+        sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", out, "--vocab", tiny_vocab,
+        "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2", "--samples-per-shard", str(SMALL_SHARDS),
+        "--group-mb", str(64 / 1024), "--workers", "1", "--no-progress",
+        "--ray-address", ray_local.get_runtime_context().gcs_address,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(n.endswith(".tar") for n in (os.listdir(out) if os.path.isdir(out) else [])):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)  # let Ray reap the dead driver's tasks
+    reference = _shard_bytes(one_worker_run)
+    finished = _shard_bytes(out)
+    assert finished and len(finished) < len(reference), "the kill should land while shards are being written"
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    for name, data in finished.items():  # whatever has a final name is complete
+        assert data == reference[name]
+    assert main(cmd[3:]) == 0
+    assert _shard_bytes(out) == reference
+
+
+def test_duplicates_are_dropped_and_counted(tiny_corpus, tiny_vocab, ray_local, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = open(os.path.join(tiny_corpus, "part-000.txt")).read()
+    (corpus / "a.txt").write_text(text)
+    (corpus / "b.txt").write_text(text.split("\n\n", 3)[-1])  # all but the first 3 documents again
+    report = prepare(tiny_prepare_options(str(corpus), tiny_vocab, str(tmp_path / "out")))
+    totals = report.manifest["totals"]
+    assert totals["duplicate_documents"] == totals["documents"] - 3
+
+
+def _bad_corpus(directory) -> dict[str, bytes]:
+    good = b"The first sentence is here.\nAnd a second one.\n\nAnother document starts.\nIt ends.\n"
+    files = {
+        "good.txt": good,
+        "utf8.txt": good + b"bad \xff\xfe byte\n",
+        "nul.txt": good + b"a\x00b\n",
+        "empty.txt": b"",
+        "blank.txt": b"\n\n  \n",
+        "binary.txt": bytes(range(256)) * 8,
+    }
+    import bz2
+
+    files["truncated.txt.bz2"] = bz2.compress(good * 200)[:-40]
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return files
+
+
+def test_bad_input_fails_naming_every_file_or_is_skipped_and_reported(tiny_vocab, ray_local, tmp_path, capsys):
+    corpus = tmp_path / "bad"
+    corpus.mkdir()
+    files = _bad_corpus(corpus)
+    base = ["prepare", "--input", str(corpus), "--vocab", tiny_vocab, "--max-seq-length", "32", "--no-progress"]
+    assert main(base + ["--output", str(tmp_path / "fail")]) == 2
+    err = capsys.readouterr().err
+    for name in files:
+        if name != "good.txt":
+            assert str(corpus / name) in err, name
+    assert "invalid UTF-8" in err and "NUL byte" in err and "empty file" in err and "truncated" in err
+    assert main(base + ["--output", str(tmp_path / "skip"), "--on-bad-input", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped inputs: {len(files) - 1}" in out
+    manifest = json.load(open(tmp_path / "skip" / "manifest.json"))
+    assert {os.path.basename(s["path"]) for s in manifest["skipped_inputs"]} == set(files) - {"good.txt"}
+    assert manifest["totals"]["documents"] == 2
+
+
+def test_refuses_a_directory_of_other_data(tiny_shards, tiny_corpus, tiny_vocab):
+    with pytest.raises(DataError, match="already holds prepared data"):
+        prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, tiny_shards))
+
+
+def test_vocab_and_inspect_commands(tiny_corpus, tiny_shards, tmp_path, capsys):
+    assert main(["vocab", "--input", tiny_corpus, "--output", str(tmp_path / "v"), "--vocab-size", "300"]) == 0
+    tokens = open(tmp_path / "v" / "vocab.txt").read().split("\n")
+    assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(tokens) - 1 <= 300
+    assert os.path.exists(tmp_path / "v" / "tokenizer.json")
+    capsys.readouterr()
+    assert main(["inspect", tiny_shards, "--examples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "checksums OK" in out and "NotNext" in out and "[CLS]" in out and "histogram" in out

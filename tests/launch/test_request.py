@@ -1,0 +1,392 @@
+"""`bertdist submit|status|logs`: rendering and validation for every backend, and real submissions to a
+local Ray head (token authentication on) and to a one-node SLURM cluster (scripts/setup_slurm.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bertdist.cli import main
+from bertdist.config import load_config
+from bertdist.launch.checks import SubmitError, parse_hostfile, render_template
+from bertdist.launch.job import SubmitRequest
+from bertdist.launch.request import plan
+from bertdist.train.distributed import free_tcp_port
+from tests import training_runs
+from tests.conftest import REPO, TEST_SEQ_LENGTH, TINY_SHARD_SAMPLES
+
+VENV_BIN = Path(sys.executable).parent
+TINY_CONFIG = REPO / "configs" / "bert-tiny.yaml"
+
+
+def bertdist(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The CLI in its own process: Ray's token settings must not leak into the test process."""
+    return subprocess.run([sys.executable, "-m", "bertdist", *args], env={**os.environ, **(env or {})}, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering and validation (no cluster needed).
+
+
+@pytest.mark.parametrize("backend", ["local", "deepspeed", "slurm", "ray"])
+def test_dry_run_renders_the_job_and_writes_nothing(backend, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2  # comment\n")
+    flags = {
+        "local": ["--gpus-per-node", "2"],
+        "deepspeed": ["--nodes", "2", "--gpus-per-node", "1", "--hostfile", str(hostfile)],
+        "slurm": ["--nodes", "2", "--gpus-per-node", "1", "--time", "01:30:00", "--partition", "gpu"],
+        "ray": ["--nodes", "2", "--gpus-per-node", "1", "--address", "http://10.0.0.5:8265"],
+    }[backend]
+    code = main(["submit", "--backend", backend, "--config", str(TINY_CONFIG), "--dry-run", *flags,
+                 "tracking.run_name=it's $(touch pwned)"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "pwned").exists()
+    assert f"on backend {backend}" in out
+    if backend == "local":
+        assert "NPROC_PER_NODE=2" in out and "launch/single_node.sh --config" in out
+    elif backend == "deepspeed":
+        assert "NUM_NODES=2" in out and "MASTER_ADDR=node-a" in out and "multinode_hostfile.sh" in out
+    elif backend == "slurm":
+        for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=01:30:00", "#SBATCH --requeue",
+                     "#SBATCH --signal=USR1@300", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1"):
+            assert line in out.splitlines(), line
+        assert "{{" not in out and "sbatch --parsable" in out
+    else:
+        assert "entrypoint: python launch/ray_train.py --nodes 2 --gpus-per-node 1" in out
+        assert "BERTDIST_CONFIG_YAML" in out and '"working_dir"' in out
+    # The override reaches the job only inside the resolved YAML, never a command line.
+    resolved = yaml.safe_load(out.split("# --- ", 2)[1].split("\n", 1)[1].split("\n# --- ")[0])
+    assert resolved["tracking"]["run_name"] == "it's $(touch pwned)" and resolved["launch"]["backend"] == backend
+    assert "pwned" not in out.replace("run_name: it's $(touch pwned)", "")
+
+
+def test_resolved_config_round_trips_through_the_trainers_loader(tmp_path):
+    job = plan(SubmitRequest(backend="local", config=str(TINY_CONFIG), overrides=["optim.lr=0.0003", "data.phases.0.steps=700"],
+                             gpus_per_node=2, jobs_dir=str(tmp_path)))
+    (path, text), = job.files.items()
+    Path(path).write_text(text)
+    cfg = load_config(path)
+    expected = load_config(TINY_CONFIG, ["optim.lr=0.0003", "data.phases.0.steps=700"])
+    expected.launch.gpus_per_node = 2
+    assert cfg.to_dict() == expected.to_dict()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--name", "x;rm -rf /"], "job name (--name / launch.job_name): 'x;rm -rf /' is not allowed"),
+        (["--name=-oProxyCommand"], "is not allowed"),
+        (["--time", "24:61:00"], "--time: '24:61:00' is not allowed (HH:MM:SS"),
+        (["--time", "1-00:00:00"], "--time: '1-00:00:00' is not allowed"),
+        (["--partition", "gpu\n#SBATCH --uid=0"], "--partition: "),
+        (["--python", "python; id"], "--python: 'python; id' is not allowed"),
+        (["--jobs-dir=-rf"], "--jobs-dir: '-rf' is not allowed"),
+        (["--signal-before", "4000", "--time", "01:00:00"], "--signal-before: 4000 s must be positive and shorter"),
+        (["--nodes", "0"], "--nodes: must be at least 1"),
+        (["--gpus-per-node", "3"], "train.global_batch_size: 32 is not divisible by data.phases.0.micro_batch_size x world size = 16 x 3"),
+        (["checkpoint.resume=none"], "checkpoint.resume: a requeueable SLURM job resumes from its latest checkpoint"),
+        (["train.output_dir=a\nb"], "contains a control character or newline"),
+        (["x y=1"], "override 'x y=1': key: 'x y' is not allowed"),
+        (["model.hiden_size=3"], "model.hiden_size: unknown key"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["submit", "--backend", "slurm", "--config", str(TINY_CONFIG), "--dry-run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_problem_is_reported_at_once(capsys):
+    assert main(["submit", "--backend", "slurm", "--config", str(TINY_CONFIG), "--dry-run", "--nodes", "0",
+                 "--name", "a b", "--time", "soon", "--partition", "p;q"]) == 2
+    err = capsys.readouterr().err
+    for field in ("--nodes", "job name", "--time", "--partition"):
+        assert field in err
+
+
+def test_backend_specific_refusals(tmp_path, capsys):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("good-host slots=8\n-oProxyCommand=evil slots=8\nbad_host slots=2\ngood-host slots=1\n")
+    with pytest.raises(SubmitError) as e:
+        parse_hostfile(str(hostfile))
+    assert [p.split(": ", 1)[0] for p in e.value.problems] == [f"--hostfile {hostfile}:2", f"--hostfile {hostfile}:3",
+                                                             f"--hostfile {hostfile}:4"]
+    hostfile.write_text("node-a slots=1\n")
+    cases = [
+        (["--backend", "deepspeed", "--nodes", "2", "--gpus-per-node", "1", "--hostfile", str(hostfile)], "lists 1"),
+        (["--backend", "deepspeed", "--gpus-per-node", "2", "--hostfile", str(hostfile)], "node-a in"),
+        (["--backend", "deepspeed"], "--hostfile: the deepspeed backend needs a hostfile"),
+        (["--backend", "local", "--nodes", "2", "--gpus-per-node", "1"], "the local backend runs on this machine only"),
+        (["--backend", "ray", "--address", "ray://x:10001"], "--address: 'ray://x:10001' is not allowed"),
+    ]
+    for argv, message in cases:
+        assert main(["submit", "--config", str(TINY_CONFIG), "--dry-run", *argv]) == 2
+        assert message in capsys.readouterr().err, argv
+    assert main(["submit", "--backend", "slurm", "--job", "prepare", "--dry-run", "--", "--input", "x"]) == 2
+    assert "runs as a Ray job" in capsys.readouterr().err
+
+
+def test_submitting_without_slurm_commands_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["submit", "--backend", "slurm", "--config", str(TINY_CONFIG), "--cpu-only"]) == 2
+    assert "sbatch: not found; SLURM jobs are submitted and followed from a machine with the SLURM client" in capsys.readouterr().err
+
+
+def test_prepare_arguments_reach_the_ray_entrypoint_as_one_word_each(capsys):
+    hostile = ["--input", "/data/my corpus; rm -rf ~", "--output", "$(id)", "--vocab", "a'b\"c"]
+    assert main(["submit", "--backend", "ray", "--job", "prepare", "--dry-run", "--", *hostile]) == 0
+    entrypoint = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("entrypoint: "))
+    assert shlex.split(entrypoint.removeprefix("entrypoint: ")) == ["python", "launch/ray_prepare.py", *hostile]
+
+
+def test_render_template_needs_every_field_and_uses_every_value():
+    assert render_template("a={{x}}\n{{opt}}\nb\n", {"x": "1", "opt": ""}) == "a=1\nb\n"
+    with pytest.raises(SubmitError, match=r"fields without a value: \['y'\]"):
+        render_template("{{x}} {{y}}", {"x": "1"})
+    with pytest.raises(SubmitError, match=r"values without a field: \['z'\]"):
+        render_template("{{x}}", {"x": "1", "z": "2"})
+
+
+def test_status_and_logs_of_unknown_or_hostile_job_ids(tmp_path, capsys):
+    assert main(["status", "12345", "--jobs-dir", str(tmp_path)]) == 2
+    assert "no record" in capsys.readouterr().err
+    assert main(["logs", "../../etc/passwd", "--jobs-dir", str(tmp_path)]) == 2
+    assert "job id: '../../etc/passwd' is not allowed" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The slow pieces overlap: the SLURM job (module fixture) trains, is preempted and waits to be requeued
+# while the Ray head starts and runs `prepare`; each test then checks its own half.
+
+SLURM_STEPS = 40
+SLURM_CHECKPOINT_EVERY = 4
+JOB_TIMEOUT_S = 600
+"""Generous: on a machine shared with other test runs, a 2-rank start alone can take minutes."""
+
+
+class SlurmPreemption:
+    """A tiny training job submitted with `bertdist submit --backend slurm`, then preempted with SIGUSR1 at
+    its first checkpoint: the signal that `#SBATCH --signal` sends before the time limit. A thread does the
+    preempting, so the job runs on while other tests work."""
+
+    def __init__(self, tmp: Path, shards: str, vocab: str):
+        config = training_runs.write_config(tmp, shards, vocab, zero_stage=1, log_every_steps=4)
+        cfg = yaml.safe_load(config.read_text())
+        cfg["data"]["phases"][0].update(steps=SLURM_STEPS, eval_dir="")
+        cfg["data"]["loader_workers"] = 0
+        cfg["checkpoint"]["every_steps"] = SLURM_CHECKPOINT_EVERY
+        config.write_text(yaml.safe_dump(cfg))
+        self.out = Path(cfg["train"]["output_dir"])
+        self.jobs = tmp / "jobs"
+        submitted = bertdist("submit", "--backend", "slurm", "--config", str(config), "--cpu-only", "--gpus-per-node", "2",
+                             "--time", "00:15:00", "--signal-before", "120", "--master-port", str(free_tcp_port()),
+                             "--name", "bertdist-test", "--jobs-dir", str(self.jobs), env={"OMP_NUM_THREADS": "1"}, cwd=tmp)
+        assert submitted.returncode == 0, submitted.stderr
+        self.job_id = submitted.stdout.split("submitted slurm job ", 1)[1].split()[0]
+        self.preempted = threading.Event()
+        self._thread = threading.Thread(target=self._preempt_at_first_checkpoint, daemon=True)
+        self._thread.start()
+
+    def _preempt_at_first_checkpoint(self) -> None:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while training_runs.latest_tag(self.out) is None:
+            if time.monotonic() > deadline:
+                return  # never preempted: the test reports it with the job's log
+            time.sleep(0.5)
+        if subprocess.run(["scancel", "--signal=USR1", self.job_id]).returncode == 0:
+            self.preempted.set()
+
+    def cancel(self) -> None:
+        subprocess.run(["scancel", self.job_id], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_job(tiny_shards, tiny_vocab, tmp_path_factory):
+    """The preempted SLURM job, or the reason there is no SLURM here (scripts/setup_slurm.sh, which `make
+    test` runs first and which returns at once when the cluster is up)."""
+    skip_file = Path(tempfile.gettempdir()) / "bertdist-slurm-unavailable"
+    setup = subprocess.run(["bash", str(REPO / "scripts" / "setup_slurm.sh")], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "SLURM_SKIP_FILE": str(skip_file)})
+    if skip_file.exists():
+        yield f"no SLURM here: {skip_file.read_text().strip()}"
+        return
+    assert setup.returncode == 0, setup.stderr
+    job = SlurmPreemption(tmp_path_factory.mktemp("slurm"), tiny_shards, tiny_vocab)
+    try:
+        yield job
+    finally:
+        job.cancel()
+
+
+class RayHead:
+    """`ray start --head` on 127.0.0.1 with token authentication, in a private temp dir, so no other Ray
+    user on this machine finds it or is stopped with it.
+
+    `ray stop` would stop every Ray on the machine (other tests run their own); `stop` ends only the
+    processes of this head's session and their children, found through the session directory.
+    """
+
+    def __init__(self) -> None:
+        # Short path: Ray's Unix socket names must stay under 107 characters.
+        self.temp_dir = tempfile.mkdtemp(prefix="bdray-", dir="/tmp")
+        self.token = secrets.token_hex(16)
+        self.dashboard_port = free_tcp_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
+               # A job's entrypoint runs `python`: the one of this environment, as on a cluster image.
+               "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("RAY_ADDRESS", None)
+        ports = {flag: str(free_tcp_port()) for flag in (
+            "--port", "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+            "--metrics-export-port", "--runtime-env-agent-port")}
+        argv = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
+                "--dashboard-port", str(self.dashboard_port), "--num-cpus", "2", "--temp-dir", self.temp_dir,
+                "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
+        self._starting = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self) -> None:
+        output, _ = self._starting.communicate(timeout=240)
+        assert self._starting.returncode == 0, output[-3000:]
+
+    def stop(self) -> None:
+        if self._starting.poll() is None:
+            self._starting.kill()
+        marker = f"{self.temp_dir}/session_"
+        table = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                table[int(entry)] = (ppid, cmdline)
+        ours = {pid for pid, (_, cmd) in table.items() if marker in cmd and pid != os.getpid()}
+        grew = True
+        while grew:
+            children = {pid for pid, (ppid, _) in table.items() if ppid in ours} - ours
+            ours |= children
+            grew = bool(children)
+        for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+            for pid in ours:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(_alive(pid) for pid in ours):
+                time.sleep(0.2)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def ray_head():
+    head = RayHead()  # starts in the background; the test's other fixtures are made meanwhile
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def _follow(job_id: str, jobs_dir: Path, env: dict | None = None) -> tuple[str, str]:
+    """`bertdist logs --follow` until the job ends (one process, no polling loop here), then its status."""
+    logs = bertdist("logs", job_id, "--jobs-dir", str(jobs_dir), "--follow", env=env, timeout=JOB_TIMEOUT_S)
+    status = bertdist("status", job_id, "--jobs-dir", str(jobs_dir), env=env)
+    return status.stdout + status.stderr, logs.stdout + logs.stderr
+
+
+@pytest.mark.slow
+def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray_head, tiny_corpus, tiny_vocab, tiny_shards, tmp_path):
+    # `slurm_job` is not used here: asking for it starts the SLURM job, which trains meanwhile.
+    ray_head.wait_ready()
+    output = tmp_path / "shards"
+    jobs = tmp_path / "jobs"
+    prepare_args = ["--input", tiny_corpus, "--output", str(output), "--vocab", tiny_vocab,
+                    "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2", "--samples-per-shard",
+                    str(TINY_SHARD_SAMPLES), "--group-mb", str((64 << 10) / (1 << 20)), "--workers", "2", "--no-progress"]
+    submit = ["submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs), "--job", "prepare",
+              "--", *prepare_args]
+
+    # Without the token the head refuses the job, and says what is missing.
+    refused = bertdist(*submit, env={"RAY_AUTH_TOKEN": "", "RAY_AUTH_MODE": "", "HOME": str(tmp_path)})
+    assert refused.returncode == 2 and "token" in refused.stderr.lower(), refused.stderr[-2000:]
+
+    # With the token in the environment (as a user exports it), our client turns token mode on by itself.
+    env = {"RAY_AUTH_TOKEN": ray_head.token, "RAY_AUTH_MODE": ""}
+    submitted = bertdist(*submit, env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
+    assert f"dashboard: {ray_head.address}/#/jobs/{job_id}" in submitted.stdout
+
+    status, logs = _follow(job_id, jobs, env)
+    assert status.startswith("succeeded"), status + logs[-3000:]
+    assert "launch/ray_prepare.py" in logs and "wrote" in logs
+    record = json.loads((jobs / f"{job_id}.json").read_text())
+    assert record["backend"] == "ray" and record["address"] == ray_head.address
+
+    # The cluster's shards are byte-identical to the ones the in-process pipeline made from the same inputs.
+    got = json.loads((output / "manifest.json").read_text())
+    want = json.loads((Path(tiny_shards) / "manifest.json").read_text())
+    assert [(s["name"], s["num_samples"], s["sha256"]) for s in got["shards"]] == \
+        [(s["name"], s["num_samples"], s["sha256"]) for s in want["shards"]]
+    assert all((output / s["name"]).is_file() for s in got["shards"])
+
+    # Training on the cluster's shards, as a Ray job (launch/ray_train.py: a placement group, torchrun per node).
+    config = training_runs.write_config(tmp_path / "train", str(output), tiny_vocab, zero_stage=1)
+    submitted = bertdist("submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs),
+                         "--config", str(config), "--cpu-only", "--nodes", "1", "--gpus-per-node", "1",
+                         "--master-port", str(free_tcp_port()), "data.phases.0.steps=2", "data.phases.0.eval_dir=",
+                         "data.loader_workers=0", "optim.warmup_steps=1", "checkpoint.every_steps=2", env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
+    status, logs = _follow(job_id, jobs, env)
+    assert status.startswith("succeeded"), status + logs[-3000:]
+    assert "ray_train.py: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
+    assert training_runs.latest_tag(tmp_path / "train" / "out") == "step_00000002"
+    listing = bertdist("status", "--jobs-dir", str(jobs)).stdout.splitlines()
+    assert [line.split("\t")[1:3] for line in listing] == [["ray", "prepare"], ["ray", "train"]]
+
+
+@pytest.mark.slow
+def test_slurm_job_is_preempted_requeued_and_resumes_from_its_checkpoint(slurm_job):
+    if isinstance(slurm_job, str):
+        pytest.skip(slurm_job)
+    status, log = _follow(slurm_job.job_id, slurm_job.jobs)
+    assert slurm_job.preempted.is_set(), log[-3000:]
+    assert status.startswith("succeeded") and "restarts 1" in status, status + log[-4000:]
+    assert "the trainer checkpointed for preemption; requeueing" in log
+    stopped_at = int(log.split("stop requested by signal: checkpoint at step ", 1)[1].split(";")[0])
+    assert SLURM_CHECKPOINT_EVERY <= stopped_at < SLURM_STEPS
+    out = slurm_job.out
+    assert "restart 1 on" in log and f"resumed from {out}/checkpoints/step_{stopped_at:08d} at step {stopped_at}" in log
+    assert f"training steps {stopped_at}..{SLURM_STEPS - 1}" in log
+    assert training_runs.latest_tag(out) == f"step_{SLURM_STEPS:08d}"
+    assert max(training_runs.read_metrics(out)) == SLURM_STEPS

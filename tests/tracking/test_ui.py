@@ -1,0 +1,119 @@
+"""`bertdist ui` over a run directory's own SQLite store: it serves the run, on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from bertdist.cli import main
+from bertdist.config import TrackingConfig
+from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.ui import UIError, check_host
+from bertdist.train.distributed import free_tcp_port
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run directory whose default store (mlflow.db, no server) holds one run, made by the tracker."""
+    directory = tmp_path_factory.mktemp("run")
+    cfg = TrackingConfig(experiment_name="ui-test", run_name="dashboard-run", log_system_metrics=False)
+    tracker = build_tracker(cfg, str(directory), rank=0)
+    tracker.log_metrics({"loss": 2.5}, step=10)
+    tracker.close()
+    assert (directory / "mlflow.db").is_file()
+    return directory, tracker.run_id
+
+
+def read_until(stream, marker: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen += line
+        if marker in line:
+            return line
+    raise AssertionError(f"{marker!r} not printed; output so far:\n{seen}")
+
+
+def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
+    directory, run_id = run_dir
+    port = free_tcp_port()
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        line = read_until(ui.stdout, "MLflow dashboard", timeout_s=180)
+        url = f"http://127.0.0.1:{port}"
+        assert url in line
+        with urllib.request.urlopen(f"{url}/api/2.0/mlflow/runs/get?run_id={run_id}", timeout=30) as response:
+            run = json.load(response)["run"]
+        assert run["info"]["run_name"] == "dashboard-run"
+        assert [(m["key"], m["value"], int(m["step"])) for m in run["data"]["metrics"]] == [("loss", 2.5, 10)]
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert b"<html" in response.read().lower()  # the dashboard page itself
+        listening = [
+            c.laddr for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        assert listening and {a.ip for a in listening} == {"127.0.0.1"}
+        server_pids = [p.pid for p in psutil.Process(ui.pid).children(recursive=True)]
+        assert server_pids
+    finally:
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=60) == 0
+    time.sleep(0.5)
+    assert not [pid for pid in server_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
+    assert main(["ui", "--run-dir", str(tmp_path), "--port", str(free_tcp_port())]) == 2
+    err = capsys.readouterr().err
+    assert f"--run-dir {tmp_path}" in err and "mlflow.db does not exist" in err
+
+
+def test_ui_refuses_a_port_in_use(run_dir, capsys):
+    directory, _ = run_dir
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["ui", "--run-dir", str(directory), "--port", str(port)]) == 2
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_ui_points_at_a_tracking_server_instead_of_starting_one(capsys):
+    assert main(["ui", "--tracking-uri", "http://127.0.0.1:5999"]) == 0
+    assert "open http://127.0.0.1:5999" in capsys.readouterr().out
+
+
+def test_ui_host_must_be_an_address_or_a_hostname():
+    assert check_host("127.0.0.1") == "127.0.0.1"
+    assert check_host("::1") == "::1"
+    assert check_host("node-3.cluster") == "node-3.cluster"
+    for bad in ("", "a b", "host;rm -rf /", "$(id)", "-h"):
+        with pytest.raises(UIError, match="--host"):
+            check_host(bad)
+
+
+def test_ui_uses_the_environment_store_when_no_flag_is_given(monkeypatch, run_dir):
+    from bertdist.tracking.store import local_store_uri
+    from bertdist.tracking.ui import store_for
+
+    directory, _ = run_dir
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert store_for(None, None) == ("http://127.0.0.1:5999", None)
+    assert store_for(str(directory), None) == (local_store_uri(directory), str(directory / "mlartifacts"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(directory.parent)
+    with pytest.raises(UIError, match="runs/train"):
+        store_for(None, None)

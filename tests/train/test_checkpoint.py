@@ -1,0 +1,87 @@
+"""Checkpoint layout and commit protocol: what counts as complete, resume resolution, pruning, RNG
+round trips, and (with real DeepSpeed ranks) a crash while saving leaving the previous one loadable."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertdist.train import checkpoint
+from bertdist.train.checkpoint import CheckpointError, TrainState
+from tests import training_runs as runs
+
+
+def _fake_complete(root: Path, step: int, with_state: bool = True) -> Path:
+    """A step directory as save() leaves it; the DeepSpeed files do not matter to these checks."""
+    d = root / checkpoint.tag_for(step)
+    d.mkdir(parents=True)
+    (d / "mp_rank_00_model_states.pt").write_bytes(b"")
+    if with_state:
+        state = TrainState(step, 0, 0, 1, [{}], [{}], {"train": {"zero_stage": 1}})
+        (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps(asdict(state)))
+    return d
+
+
+def test_tags_are_zero_padded_and_sort_by_step():
+    assert checkpoint.tag_for(100) == "step_00000100"
+    assert sorted(checkpoint.tag_for(s) for s in (1000, 20, 300)) == [checkpoint.tag_for(s) for s in (20, 300, 1000)]
+
+
+def test_resume_auto_follows_latest_and_none_starts_fresh(tmp_path):
+    root = checkpoint.checkpoints_dir(tmp_path)
+    assert checkpoint.resolve_resume(tmp_path, "auto") is None  # nothing yet: a fresh start
+    old = _fake_complete(root, 4)
+    _fake_complete(root, 8, with_state=False)  # a save that crashed: never followed
+    (root / checkpoint.LATEST_FILENAME).write_text(old.name)
+    assert checkpoint.resolve_resume(tmp_path, "auto") == old
+    assert checkpoint.resolve_resume(tmp_path, "none") is None
+    assert checkpoint.resolve_resume(tmp_path, str(old)) == old
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        checkpoint.resolve_resume(tmp_path, str(root / checkpoint.tag_for(8)))
+
+
+def test_prune_keeps_the_newest_complete_and_drops_leftovers(tmp_path):
+    root = tmp_path
+    for step in (1, 2, 3):
+        _fake_complete(root, step)
+    _fake_complete(root, 4, with_state=False)
+    checkpoint.prune(root, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == [checkpoint.tag_for(2), checkpoint.tag_for(3)]
+
+
+def test_unreadable_or_foreign_train_state_is_named(tmp_path):
+    d = _fake_complete(tmp_path, 1)
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable train state"):
+        checkpoint.read_train_state(d)
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**asdict(TrainState(1, 0, 0, 1, [], [], {})), "version": 99}))
+    with pytest.raises(CheckpointError, match="version 99"):
+        checkpoint.read_train_state(d)
+
+
+def test_rng_state_survives_json():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    saved = json.loads(json.dumps(checkpoint.capture_rng_state()))
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    checkpoint.restore_rng_state(saved)
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+@pytest.mark.slow
+def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path_factory, tiny_shards, tiny_vocab):
+    base = str(tmp_path_factory.getbasetemp() / "training")
+    run = runs.interrupted(base, tiny_shards, tiny_vocab, 2, crash_during_save=True)
+    assert run.exit_codes["crashed"] == [9, 9]  # both ranks died inside DeepSpeed's save of the last step
+    # `latest` still named the SIGTERM checkpoint, and the next run loaded it and finished.
+    assert run.notes["crashed_latest"] == run.notes["terminated_latest"]
+    assert f"resumed from {run.out / 'checkpoints' / run.notes['terminated_latest']}" in run.notes["final"]
+    assert run.exit_codes["final"] == [0, 0]
+    assert checkpoint.read_train_state(run.out / "checkpoints" / checkpoint.tag_for(runs.STEPS)).step == runs.STEPS

@@ -1,0 +1,75 @@
+"""Rank layout from each launcher's environment, and SLURM node-list expansion."""
+
+from __future__ import annotations
+
+import pytest
+
+from bertdist.train.distributed import LaunchEnvironmentError, expand_nodelist, read_env
+
+
+def test_no_launcher_is_a_single_local_rank():
+    env = read_env({})
+    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.launcher) == (0, 1, 0, "127.0.0.1", "none")
+    assert env.is_main and env.nodes == 1
+
+
+def test_torchrun_and_deepspeed_launcher_variables():
+    env = read_env(
+        {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "MASTER_ADDR": "node1", "MASTER_PORT": "1234", "LOCAL_WORLD_SIZE": "8"}
+    )
+    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port) == (5, 16, 5, "node1", 1234)
+    assert env.nodes == 2 and env.launcher == "torchrun"
+    assert read_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_SIZE": "2"}).nodes == 2  # deepspeed launcher's name
+
+
+def test_slurm_variables_take_the_first_host_as_master():
+    env = read_env(
+        {
+            "SLURM_PROCID": "9",
+            "SLURM_NTASKS": "16",
+            "SLURM_LOCALID": "1",
+            "SLURM_NODELIST": "gpu[07-08]",
+            "SLURM_TASKS_PER_NODE": "8(x2)",
+        },
+        default_port=29600,
+    )
+    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port) == (9, 16, 1, "gpu07", 29600)
+    assert env.nodes == 2 and env.launcher == "slurm"
+
+
+def test_torchrun_variables_win_over_the_outer_slurm_allocation():
+    env = read_env({"RANK": "3", "WORLD_SIZE": "4", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODELIST": "a"})
+    assert (env.rank, env.world_size, env.launcher) == (3, 4, "torchrun")
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "not within world size"),
+        ({"RANK": "x", "WORLD_SIZE": "4"}, "RANK='x' is not an integer"),
+        ({"WORLD_SIZE": "4"}, "RANK is not set"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "not a TCP port"),
+    ],
+)
+def test_bad_launcher_environment_is_named(environ, message):
+    with pytest.raises(LaunchEnvironmentError, match=message):
+        read_env(environ)
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node1", ["node1"]),
+        ("gpu[01-03,07],login1", ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]),
+        ("a[8-10]", ["a8", "a9", "a10"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ],
+)
+def test_expand_nodelist(nodelist, hosts):
+    assert expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[01-", "gpu[a-b]", ""])
+def test_bad_nodelist_is_an_error(nodelist):
+    with pytest.raises(LaunchEnvironmentError):
+        expand_nodelist(nodelist)

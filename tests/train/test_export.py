@@ -1,0 +1,49 @@
+"""`bertdist export`: a ZeRO checkpoint becomes a Hugging Face directory that `transformers` loads and
+that predicts exactly what the checkpoint predicts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertdist.cli import main
+from bertdist.config import ModelConfig
+from bertdist.model.bert import BertForPreTraining
+from bertdist.train.checkpoint import (
+    CheckpointError,
+    consolidated_state_dict,
+    read_train_state,
+)
+from bertdist.train.export import find_checkpoint
+from tests import training_runs as runs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_exported_model_predicts_like_the_checkpoint(tmp_path, tmp_path_factory, tiny_shards, tiny_vocab, zero_stage):
+    transformers = pytest.importorskip("transformers")
+    base = str(tmp_path_factory.getbasetemp() / "training")
+    run = runs.uninterrupted(base, tiny_shards, tiny_vocab, zero_stage)
+    assert main(["export", str(run.out), "--output", str(tmp_path / "hf")]) == 0  # the run dir -> its latest
+
+    source = find_checkpoint(run.out)
+    ours = BertForPreTraining(ModelConfig(**read_train_state(source).config["model"]))
+    ours.load_state_dict(consolidated_state_dict(source))
+    theirs = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    batch = tokenizer(["the river ran past the old [MASK] and the church .", "a team of [MASK] played"], padding=True, return_tensors="pt")
+    ours.eval(), theirs.eval()
+    with torch.no_grad():
+        want = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        got = theirs(**batch)
+    torch.testing.assert_close(got.prediction_logits, want.mlm_logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.prediction_logits.argmax(-1), want.mlm_logits.argmax(-1))
+    torch.testing.assert_close(got.seq_relationship_logits, want.nsp_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_export_of_something_that_is_not_a_checkpoint_is_an_error(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--output", str(tmp_path / "hf")]) == 2
+    assert "neither a complete checkpoint" in capsys.readouterr().err
+    with pytest.raises(CheckpointError):
+        find_checkpoint(tmp_path)

@@ -1,0 +1,63 @@
+"""BERT's optimizer (AdamW groups without decay on LayerNorm and biases) and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertdist.config import Config, load_config
+from bertdist.model.bert import BertForPreTraining
+from bertdist.train.optim import build_optimizer, learning_rate, param_groups
+from tests.conftest import tiny_model_config
+
+
+def _cfg(*overrides: str) -> Config:
+    return load_config(None, list(overrides))
+
+
+def test_warmup_then_linear_decay_to_zero():
+    peak, warmup, total = 1e-3, 10, 110
+    rates = [learning_rate(s, peak, warmup, total) for s in range(total)]
+    assert rates[0] == pytest.approx(peak / warmup)  # the first update already moves the weights
+    assert rates[warmup - 1] == pytest.approx(peak) and rates[warmup] == pytest.approx(peak)
+    assert max(rates) == pytest.approx(peak)
+    warm = [rates[s + 1] - rates[s] for s in range(warmup - 1)]
+    decay = [rates[s + 1] - rates[s] for s in range(warmup, total - 1)]
+    assert all(d == pytest.approx(peak / warmup) for d in warm)
+    assert all(d == pytest.approx(-peak / (total - warmup)) for d in decay)
+    # one more decay step past the last step would land exactly on zero
+    assert rates[-1] == pytest.approx(peak / (total - warmup))
+
+
+def test_no_warmup_starts_at_the_peak():
+    assert learning_rate(0, 1.0, 0, 4) == 1.0
+    assert [learning_rate(s, 1.0, 0, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+
+
+def test_step_outside_the_run_is_an_error():
+    with pytest.raises(ValueError, match="outside"):
+        learning_rate(10, 1.0, 2, 10)
+
+
+def test_param_groups_exclude_layernorm_and_biases_from_decay():
+    model = BertForPreTraining(tiny_model_config())
+    decay, no_decay = param_groups(model, weight_decay=0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    assert all(n.endswith("bias") or "LayerNorm" in n for n in no_decay_names)
+    assert {names[id(p)] for p in decay["params"]} == {n for n, p in model.named_parameters() if p.ndim == 2}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_cpu_optimizer_is_adamw_without_decay_on_layernorm_and_biases():
+    cfg = _cfg("optim.weight_decay=0.01")
+    model = BertForPreTraining(tiny_model_config())
+    opt = build_optimizer(model, cfg.optim, "cpu")
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"]  # torch's fused CPU kernel
+    assert not build_optimizer(model, _cfg("optim.fused=off").optim, "cpu").defaults["fused"]
+    assert _cfg("optim.fused=on").optim.fused == "on"  # YAML reads a bare on as a boolean; the schema maps it back
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim >= 2 for p in decay["params"])
+    assert opt.defaults["eps"] == cfg.optim.eps

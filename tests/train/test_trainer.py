@@ -1,0 +1,130 @@
+"""End-to-end training with 2 real DeepSpeed ranks on CPU: exact resume after SIGKILL and SIGTERM for
+ZeRO 1 and 2, falling loss, the learning-rate curve, and clear failures on bad configs and shards."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertdist.config import load_config
+from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
+from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.optim import learning_rate
+from bertdist.train.trainer import train
+from tests import training_runs as runs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> str:
+    return str(tmp_path_factory.getbasetemp() / "training")
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_resume_after_sigkill_and_sigterm_is_bit_identical(base, tiny_shards, tiny_vocab, zero_stage):
+    reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, zero_stage)
+    resumed = runs.interrupted(base, tiny_shards, tiny_vocab, zero_stage, crash_during_save=zero_stage == 2)
+    assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
+
+    # SIGTERM: every rank finished the step, saved, and asked to be requeued.
+    assert resumed.exit_codes["terminated"] == [REQUEUE_EXIT_CODE] * 2, resumed.notes["terminated"][-3000:]
+    stopped_at = read_train_state(resumed.out / "checkpoints" / resumed.notes["terminated_latest"]).step
+    assert runs.CHECKPOINT_EVERY < stopped_at < runs.STEPS
+    assert resumed.exit_codes["final"] == [0, 0], resumed.notes["final"][-3000:]
+
+    final = f"step_{runs.STEPS:08d}"
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(resumed.out / "checkpoints" / final)
+    assert want.keys() == got.keys()
+    different = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not different, f"parameters differ after resume: {different}"
+
+    expected, logged = runs.read_metrics(reference.out), runs.read_metrics(resumed.out)
+    assert sorted(expected) == sorted(logged) == list(range(1, runs.STEPS + 1))
+    for step in expected:
+        for key in ("loss/train", "loss/train_mlm", "loss/train_nsp", "mlm_accuracy/train", "optimizer/grad_norm", "optimizer/learning_rate", "progress/tokens_seen"):
+            assert logged[step][key] == expected[step][key], (step, key)
+
+
+def test_loss_falls_and_learning_rate_follows_warmup_then_linear_decay(base, tiny_shards, tiny_vocab):
+    run = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
+    metrics = runs.read_metrics(run.out)
+    losses = [metrics[s]["loss/train"] for s in sorted(metrics)]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+    rates = [metrics[s]["optimizer/learning_rate"] for s in sorted(metrics)]
+    assert rates == pytest.approx([learning_rate(s, runs.PEAK_LR, runs.WARMUP_STEPS, runs.STEPS) for s in range(runs.STEPS)])
+    last = metrics[runs.STEPS]
+    for key in ("throughput/sequences_per_second", "throughput/tokens_per_second", "throughput/mfu", "throughput/data_wait_fraction", "optimizer/grad_norm"):
+        assert last[key] > 0, key
+    assert last["optimizer/loss_scale"] == 1.0 and last["optimizer/skipped_steps"] == 0
+    evals = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines() if "loss/eval" in line]
+    assert [e["step"] for e in evals] == [0, 4, 8]
+    assert evals[-1]["loss/eval_mlm"] < evals[0]["loss/eval_mlm"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Failing at start: in-process, with the environment of rank 0 of 2 (nothing is started before the
+# checks, so no second process is needed).
+
+
+@pytest.fixture
+def rank0_of_2(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+
+
+def _config(tmp_path: Path, shards: str, vocab: str, *overrides: str):
+    path = runs.write_config(tmp_path, shards, vocab, zero_stage=1)
+    return load_config(path, list(overrides))
+
+
+def _copy_shards(tiny_shards: str, target: Path, edit) -> str:
+    shutil.copytree(tiny_shards, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    edit(manifest)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return str(target)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("wrong_vocab", "another vocabulary"),
+        ("wrong_length", "max_seq_length 32, not 64"),
+        ("no_shards", "the manifest lists no shards"),
+        ("too_few_samples_for_ranks", "cannot give each of 2 ranks"),
+        ("missing_shard", "listed in the manifest but missing"),
+        ("batch_not_divisible", "train.global_batch_size: 18 is not divisible"),
+        ("missing_eval", "manifest"),
+    ],
+)
+def test_bad_config_or_shards_fail_at_start(rank0_of_2, tmp_path, tiny_shards, tiny_vocab, capsys, case, message):
+    shards, vocab, overrides = tiny_shards, tiny_vocab, []
+    if case == "wrong_vocab":
+        vocab = str(tmp_path / "vocab.txt")
+        tokens = Path(tiny_vocab).read_text().splitlines()
+        tokens[-2], tokens[-1] = tokens[-1], tokens[-2]  # same size, other ids: other shards
+        Path(vocab).write_text("\n".join(tokens) + "\n")
+    elif case == "wrong_length":
+        overrides = ["data.phases.0.max_seq_length=64"]
+    elif case == "no_shards":
+        shards = _copy_shards(tiny_shards, tmp_path / "empty", lambda m: m.update(shards=[]))
+    elif case == "too_few_samples_for_ranks":
+        overrides = ["data.phases.0.micro_batch_size=100000", "train.global_batch_size=200000"]
+    elif case == "missing_shard":
+        shards = _copy_shards(tiny_shards, tmp_path / "missing", lambda m: m["shards"].append({**m["shards"][0], "name": "gone.tar"}))
+    elif case == "batch_not_divisible":
+        overrides = ["train.global_batch_size=18"]
+    elif case == "missing_eval":
+        overrides = [f"data.phases.0.eval_dir={tmp_path / 'nowhere'}"]
+    cfg = _config(tmp_path / "run", shards, vocab, *overrides)
+    assert train(cfg) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (Path(cfg.train.output_dir) / "checkpoints").exists()
