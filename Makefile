@@ -13,10 +13,12 @@ install:
 test: install test-services
 	$(PY) -m pytest -q
 
-# Services the suite uses that pip cannot install: a one-node SLURM cluster (scripts/setup_slurm.sh: apt-get
-# slurm-wlm + munge when missing and root; otherwise it says why and the SLURM tests skip with that reason).
+# What the suite uses that pip cannot install: a one-node SLURM cluster (scripts/setup_slurm.sh: apt-get
+# slurm-wlm + munge when missing and root) and a headless Chromium for the dashboard test
+# (scripts/setup_chromium.sh). Where either cannot be set up, the script says why and those tests skip.
 test-services:
 	bash scripts/setup_slurm.sh
+	bash scripts/setup_chromium.sh
 
 demo: install
 	$(VENV)/bin/bertdist demo

@@ -164,7 +164,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             "data.phases.0.steps=100."
         ),
     )
-    p.add_argument("--config", required=True, help="YAML file with the run's configuration (see configs/)")
+    p.add_argument("--config", required=True, help="YAML file with the run's configuration, or the name of a shipped "
+                   "one (bert-tiny, bert-base, bert-large, bert-large-paper)")
     p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and the plan, exit")
     p.add_argument("--resume", help="shorthand for checkpoint.resume=VALUE (auto, none, or a checkpoint path)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
@@ -232,7 +233,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--backend", choices=["local", "deepspeed", "slurm", "ray"], help="default: launch.backend")
     p.add_argument("--job", choices=["train", "prepare"], default="train", help="what to run (prepare: Ray only)")
-    p.add_argument("--config", default="", help="training config YAML (train jobs)")
+    p.add_argument("--config", default="", help="training config YAML, or the name of a shipped one (train jobs)")
     p.add_argument("--nodes", type=int, help="machines (default: launch.nodes)")
     p.add_argument("--gpus-per-node", type=int, help="ranks per machine, one per GPU (default: launch.gpus_per_node)")
     p.add_argument("--cpu-only", action="store_true", help="ranks are CPU processes: request no GPUs, set DS_ACCELERATOR=cpu")

@@ -75,7 +75,7 @@ def check_rayjob(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayJob"
     spec = doc["spec"]
-    assert "launch/ray_prepare.py" in spec["entrypoint"]
+    assert spec["entrypoint"].startswith("python -m bertdist prepare")
     for flag in ("--input", "--output", "--vocab"):
         assert flag in spec["entrypoint"], f"{path.name}: entrypoint lacks {flag}"
     assert isinstance(spec["shutdownAfterJobFinishes"], bool)

@@ -30,9 +30,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     problems: list[str] = []
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
+            loaded = yaml.safe_load(resolve_config_path(path).read_text()) or {}
         except FileNotFoundError:
-            raise ConfigError([f"config file {path}: not found"]) from None
+            raise ConfigError([f"config file {path}: not found (shipped configs: {', '.join(shipped_config_names())})"]) from None
         except yaml.YAMLError as e:
             raise ConfigError([f"config file {path}: not valid YAML ({e})"]) from None
         if not isinstance(loaded, dict):
@@ -53,6 +53,29 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             problems.extend(e.problems)
         raise ConfigError(problems)
     return cfg
+
+
+def resolve_config_path(path: str | os.PathLike) -> Path:
+    """`path` itself when it exists or names a directory; else a config shipped with bertdist of that name.
+
+    So `--config bert-base` (or `bert-base.yaml`) works from any directory, also from an installed wheel.
+    """
+    from bertdist.resources import shipped
+
+    given = Path(path)
+    if given.exists() or given.parent != Path("."):
+        return given
+    for name in (given.name, f"{given.name}.yaml"):
+        candidate = shipped("configs") / name
+        if candidate.is_file():
+            return candidate
+    return given
+
+
+def shipped_config_names() -> list[str]:
+    from bertdist.resources import shipped
+
+    return sorted(p.stem for p in shipped("configs").glob("*.yaml"))
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:

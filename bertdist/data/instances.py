@@ -1,6 +1,6 @@
 """BERT's pretraining instances, rule for rule as google-research/bert `create_pretraining_data.py`.
 
-See /work/shared/BERT_REFERENCE.md ("Pretraining data generation"). The rules are reproduced exactly; the
+See that script (github.com/google-research/bert) and Devlin et al. 2018, appendix A.1. The rules are reproduced exactly; the
 random numbers are not the reference's (it uses Python's `random`), the distributions are.
 
 Two differences of implementation, neither visible in the statistics:

@@ -13,9 +13,11 @@ warning (the export on disk is what matters), not an error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 from bertdist.config import TrackingConfig
 from bertdist.tracking import store
@@ -39,17 +41,42 @@ def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | No
         from mlflow.models import ModelSignature
         from mlflow.types import ColSpec, Schema
 
-        # Model.log reads the process-wide URI and experiment; this process only exports.
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
-        info = mlflow.models.Model.log(
-            artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
-            python_model=str(MODEL_CODE), artifacts={"hf_model": str(export_dir)},
-            signature=ModelSignature(inputs=Schema([ColSpec("string", "text")])),
-            pip_requirements=MODEL_REQUIREMENTS, registered_model_name=cfg.register_model_name or None,
-        )  # fmt: skip
+        with _process_wide_store(uri, client.get_run(run_id).info.experiment_id):
+            info = mlflow.models.Model.log(
+                artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
+                python_model=str(MODEL_CODE), artifacts={"hf_model": str(export_dir)},
+                signature=ModelSignature(inputs=Schema([ColSpec("string", "text")])),
+                pip_requirements=MODEL_REQUIREMENTS, registered_model_name=cfg.register_model_name or None,
+            )  # fmt: skip
         client.set_tag(run_id, EXPORT_TAG, str(Path(export_dir).resolve()))
     except Exception as e:
         warnings.warn(f"bertdist: export not logged to MLflow run {run_id} at {uri}: {store.short_error(e)}", RuntimeWarning, stacklevel=2)
         return None
     return info.model_uri
+
+
+@contextlib.contextmanager
+def _process_wide_store(uri: str, experiment_id: str) -> Iterator[None]:
+    """MLflow's process-wide tracking URI and experiment set for the block, then put back as they were.
+
+    `Model.log` has no client argument: it reads both from MLflow's module globals, and setting them
+    also writes MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_ID into the environment. Left set, they would
+    redirect every later run of this process (and its subprocesses) to this store.
+    """
+    import mlflow
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils
+
+    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
+    saved_uri, saved_experiment = utils._tracking_uri, fluent._active_experiment_id
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    try:
+        yield
+    finally:
+        utils._tracking_uri, fluent._active_experiment_id = saved_uri, saved_experiment
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -26,6 +26,8 @@ from bertdist.tracking.store import local_store_uri
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_PORT = 5000
+TRAINING_VIEW = "workflowType=machine_learning"
+"""The query that opens MLflow 3's UI in its model-training view (see `experiment_links`)."""
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
@@ -100,12 +102,26 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         wait_until_serving(url, server, STARTUP_TIMEOUT_S)
         print(f"MLflow dashboard for {store}: {url}  (Ctrl-C to stop)", flush=True)
+        for name, link in experiment_links(store, url):
+            print(f"  experiment {name}: {link}", flush=True)
         return server.wait()
     except KeyboardInterrupt:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         _stop(server)
+
+
+def experiment_links(store: str, url: str) -> list[tuple[str, str]]:
+    """(name, link) of each experiment in `store`, opening in the UI's model-training view.
+
+    MLflow 3's UI keeps a global GenAI / model-training switch whose default is GenAI; the
+    `workflowType` parameter of a link selects the training view, whatever the browser last used.
+    """
+    from bertdist.tracking.store import client
+
+    experiments = client(store).search_experiments()
+    return [(e.name, f"{url}/#/experiments/{e.experiment_id}?{TRAINING_VIEW}") for e in experiments if e.name != "Default"]
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -1,4 +1,4 @@
-"""Every rule of BERT's instance generation (BERT_REFERENCE.md, steps 3-8), checked on a generated corpus."""
+"""Every rule of BERT's instance generation (Google's create_pretraining_data.py), checked on a generated corpus."""
 
 from __future__ import annotations
 

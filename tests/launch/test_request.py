@@ -69,8 +69,8 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, tmp_path, capsys, m
             assert line in out.splitlines(), line
         assert "{{" not in out and "sbatch --parsable" in out
     else:
-        assert "entrypoint: python launch/ray_train.py --nodes 2 --gpus-per-node 1" in out
-        assert "BERTDIST_CONFIG_YAML" in out and '"working_dir"' in out
+        assert "entrypoint: python -m bertdist.launch.ray_job --nodes 2 --gpus-per-node 1" in out
+        assert "BERTDIST_CONFIG_YAML" in out and '"working_dir"' not in out  # the cluster's own bertdist runs
     # The override reaches the job only inside the resolved YAML, never a command line.
     resolved = yaml.safe_load(out.split("# --- ", 2)[1].split("\n", 1)[1].split("\n# --- ")[0])
     assert resolved["tracking"]["run_name"] == "it's $(touch pwned)" and resolved["launch"]["backend"] == backend
@@ -156,7 +156,7 @@ def test_prepare_arguments_reach_the_ray_entrypoint_as_one_word_each(capsys):
     hostile = ["--input", "/data/my corpus; rm -rf ~", "--output", "$(id)", "--vocab", "a'b\"c"]
     assert main(["submit", "--backend", "ray", "--job", "prepare", "--dry-run", "--", *hostile]) == 0
     entrypoint = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("entrypoint: "))
-    assert shlex.split(entrypoint.removeprefix("entrypoint: ")) == ["python", "launch/ray_prepare.py", *hostile]
+    assert shlex.split(entrypoint.removeprefix("entrypoint: ")) == ["python", "-m", "bertdist", "prepare", *hostile]
 
 
 def test_render_template_needs_every_field_and_uses_every_value():
@@ -348,7 +348,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
 
     status, logs = _follow(job_id, jobs, env)
     assert status.startswith("succeeded"), status + logs[-3000:]
-    assert "launch/ray_prepare.py" in logs and "wrote" in logs
+    assert "wrote" in logs
     record = json.loads((jobs / f"{job_id}.json").read_text())
     assert record["backend"] == "ray" and record["address"] == ray_head.address
 
@@ -359,7 +359,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
         [(s["name"], s["num_samples"], s["sha256"]) for s in want["shards"]]
     assert all((output / s["name"]).is_file() for s in got["shards"])
 
-    # Training on the cluster's shards, as a Ray job (launch/ray_train.py: a placement group, torchrun per node).
+    # Training on the cluster's shards, as a Ray job (bertdist.launch.ray_job: a placement group, torchrun per node).
     config = training_runs.write_config(tmp_path / "train", str(output), tiny_vocab, zero_stage=1)
     submitted = bertdist("submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs),
                          "--config", str(config), "--cpu-only", "--nodes", "1", "--gpus-per-node", "1",
@@ -369,7 +369,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
     job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
     status, logs = _follow(job_id, jobs, env)
     assert status.startswith("succeeded"), status + logs[-3000:]
-    assert "ray_train.py: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
+    assert "ray_job: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
     assert training_runs.latest_tag(tmp_path / "train" / "out") == "step_00000002"
     listing = bertdist("status", "--jobs-dir", str(jobs)).stdout.splitlines()
     assert [line.split("\t")[1:3] for line in listing] == [["ray", "prepare"], ["ray", "train"]]
@@ -390,3 +390,14 @@ def test_slurm_job_is_preempted_requeued_and_resumes_from_its_checkpoint(slurm_j
     assert f"training steps {stopped_at}..{SLURM_STEPS - 1}" in log
     assert training_runs.latest_tag(out) == f"step_{SLURM_STEPS:08d}"
     assert max(training_runs.read_metrics(out)) == SLURM_STEPS
+
+
+def test_ship_package_uploads_this_installations_bertdist_and_only_for_ray(tmp_path):
+    import bertdist
+
+    config = str(REPO / "configs" / "bert-tiny.yaml")
+    job = plan(SubmitRequest(backend="ray", config=config, ship_package=True, jobs_dir=str(tmp_path)))
+    assert job.runtime_env["py_modules"] == [str(Path(bertdist.__file__).parent)]
+    assert "py_modules" not in plan(SubmitRequest(backend="ray", config=config, jobs_dir=str(tmp_path))).runtime_env
+    with pytest.raises(SubmitError, match="--ship-package: only Ray jobs"):
+        plan(SubmitRequest(backend="local", config=config, ship_package=True, jobs_dir=str(tmp_path)))

@@ -60,8 +60,8 @@ def test_rendered_slurm_script_is_valid_bash(tmp_path, monkeypatch):
     assert "srun --kill-on-bad-exit=0 --wait=120" in script and "checkpoint" in script
 
 
-def test_ray_train_entry_point_needs_the_resolved_config():
-    out = subprocess.run([sys.executable, str(LAUNCH / "ray_train.py"), "--nodes", "1", "--gpus-per-node", "1"],
+def test_ray_job_entry_point_needs_the_resolved_config():
+    out = subprocess.run([sys.executable, "-m", "bertdist.launch.ray_job", "--nodes", "1", "--gpus-per-node", "1"],
                          env={k: v for k, v in os.environ.items() if k != "BERTDIST_CONFIG_YAML"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "BERTDIST_CONFIG_YAML is not set" in out.stderr
@@ -110,5 +110,5 @@ def test_two_nodes_of_one_rank_train_exactly_like_one_node_of_two_ranks(tiny_sha
     got = consolidated_state_dict(two_nodes.parent / "out" / "checkpoints" / final)
     assert want.keys() == got.keys()
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
-    losses = {s: r["loss"] for s, r in training_runs.read_metrics(one_node.parent / "out").items()}
-    assert losses == {s: r["loss"] for s, r in training_runs.read_metrics(two_nodes.parent / "out").items()}
+    losses = {s: r["loss/train"] for s, r in training_runs.read_metrics(one_node.parent / "out").items()}
+    assert losses == {s: r["loss/train"] for s, r in training_runs.read_metrics(two_nodes.parent / "out").items()}

@@ -95,6 +95,11 @@ def test_export_is_attached_to_the_run_that_trained_it(mlflow_server, tracked_jo
     out, _ = tracked_job
     run_id = json.loads((out / "checkpoints" / f"step_{runs.STEPS:08d}" / "train_state.json").read_text())["tracking_run_id"]
     assert main(["export", str(out), "--output", str(tmp_path / "hf")]) == 0
-    exported = mlflow_server.artifacts(run_id, "hf_export")
-    assert {"hf_export/config.json", "hf_export/model.safetensors", "hf_export/vocab.txt"} <= set(exported)
+    from mlflow import MlflowClient
+
+    experiment_id = mlflow_server.run(run_id)["info"]["experiment_id"]
+    (model,) = MlflowClient(mlflow_server.url).search_logged_models(experiment_ids=[experiment_id])
+    assert model.source_run_id == run_id and model.name == "model"
+    files = [f.path for f in MlflowClient(mlflow_server.url).list_logged_model_artifacts(model.model_id, "artifacts/hf_model")]
+    assert {"artifacts/hf_model/config.json", "artifacts/hf_model/model.safetensors", "artifacts/hf_model/vocab.txt"} <= set(files)
     assert mlflow_server.tags(run_id)["bertdist.hf_export"] == str((tmp_path / "hf").resolve())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bertdist.config import TrackingConfig
@@ -12,7 +14,7 @@ from bertdist.tracking.models import EXPORT_TAG, MODEL_NAME, log_export
 from tests.conftest import tiny_model_config
 
 
-def test_an_export_is_the_runs_mlflow_model_and_answers_fill_mask(mlflow_server, tmp_path, tiny_vocab):
+def test_an_export_is_the_runs_mlflow_model_and_answers_fill_mask(mlflow_server, tmp_path, tiny_vocab, monkeypatch):
     import mlflow
     import torch
 
@@ -24,8 +26,9 @@ def test_an_export_is_the_runs_mlflow_model_and_answers_fill_mask(mlflow_server,
     export_dir = tmp_path / "hf"
     save_pretrained(BertForPreTraining(tiny_model_config()), export_dir, vocab_file=tiny_vocab)
 
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     model_uri = log_export(cfg, tmp_path, tracker.run_id, export_dir)
-    assert model_uri
+    assert model_uri and "MLFLOW_TRACKING_URI" not in os.environ  # MLflow's process-wide state is put back
     logged = mlflow.MlflowClient(mlflow_server.url).search_logged_models(
         experiment_ids=[mlflow_server.run(tracker.run_id)["info"]["experiment_id"]]
     )
@@ -35,7 +38,7 @@ def test_an_export_is_the_runs_mlflow_model_and_answers_fill_mask(mlflow_server,
     assert mlflow_server.tags(tracker.run_id)[EXPORT_TAG] == str(export_dir.resolve())
 
     pandas = pytest.importorskip("pandas")
-    mlflow.set_tracking_uri(mlflow_server.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
     loaded = mlflow.pyfunc.load_model("models:/bert-tiny-unit/1")
     answers = loaded.predict(pandas.DataFrame({"text": ["the [MASK] of the list .", "a [MASK] ."]}))
     assert list(answers.columns) == ["text_index", "rank", "token", "score", "sequence"]
