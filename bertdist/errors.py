@@ -19,3 +19,11 @@ REQUEUE_EXIT_CODE = 75
 
 class UserError(Exception):
     """A problem with what the user gave us, explained in the message."""
+
+
+class DataError(UserError, ValueError):
+    """A problem with input files, shards or a manifest. The message always names the file concerned.
+
+    Defined here rather than in `bertdist.data` so that the data modules import it without importing
+    their own package's `__init__` (which imports them back); `bertdist.data` re-exports it.
+    """

@@ -14,11 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from bertdist.errors import UserError
-
-
-class DataError(UserError, ValueError):
-    """A problem with input files, shards or a manifest. The message always names the file concerned."""
+from bertdist.errors import DataError
 
 
 def iter_samples(shard_dir: str, verify_checksums: bool = False) -> Iterator[dict[str, np.ndarray]]:

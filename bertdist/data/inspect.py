@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 
-from bertdist.data import DataError
 from bertdist.data.samples import Samples
 from bertdist.data.shards import block_locations, read_block, read_manifest
+from bertdist.errors import DataError
 from bertdist.io import file_sha256
 
 

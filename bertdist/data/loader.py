@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bertdist.data import DataError
 from bertdist.data.samples import Samples
 from bertdist.data.shards import block_locations, read_block, read_manifest
+from bertdist.errors import DataError
 
 STATE_VERSION = 1
 

@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
 
-from bertdist.data import DataError
+from bertdist.errors import DataError
 
 MAX_LINE_BYTES = 8 << 20
 """A longer line is an error: a binary file, or text without line breaks that would exhaust memory."""

@@ -23,8 +23,8 @@ from typing import Iterator
 
 import numpy as np
 
-from bertdist.data import DataError
 from bertdist.data.samples import Samples
+from bertdist.errors import DataError
 from bertdist.io import atomic_write, file_sha256, write_json
 
 FORMAT_VERSION = 2

@@ -21,7 +21,7 @@ from tokenizers import (
     trainers,
 )
 
-from bertdist.data import DataError
+from bertdist.errors import DataError
 from bertdist.io import write_json, write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

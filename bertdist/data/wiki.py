@@ -14,7 +14,7 @@ from typing import BinaryIO, Iterator
 
 import mwparserfromhell
 
-from bertdist.data import DataError
+from bertdist.errors import DataError
 
 # Wiki links to these namespaces are media or metadata, not text.
 _DROPPED_LINK_PREFIXES = ("file:", "image:", "category:", "media:")

@@ -61,6 +61,46 @@ def send(client: MlflowClient, run_id: str, kind: str, items: list[Any]) -> None
         raise ValueError(f"unknown tracking record kind {kind!r}")
 
 
+class RunContents:
+    """What the MLflow run already holds, so that a resumed run gets each metric step once and keeps the
+    first value of each parameter (MLflow forbids changing one; the new value becomes a tag)."""
+
+    def __init__(self) -> None:
+        self.last_step: dict[str, int] = {}
+        self.params: dict[str, str] = {}
+
+    def read(self, run: Any) -> None:
+        # The latest value of each metric carries its step (MLflow's own system-metrics resume reads it the
+        # same way); reading the full histories instead would be unbounded.
+        for metric in getattr(run.data, "_metric_objs", []):
+            self.last_step[metric.key] = max(metric.step, self.last_step.get(metric.key, -1))
+        self.params = dict(run.data.params)
+
+    def next_step(self, prefix: str) -> int:
+        """One past the last step of any metric whose name starts with `prefix`."""
+        return 1 + max((s for k, s in list(self.last_step.items()) if k.startswith(prefix)), default=-1)
+
+    def unsent_metrics(self, metrics: list[Any]) -> list[Any]:
+        """Steps only move forward per key, within a batch too: a batch can hold a killed attempt's spooled
+        steps followed by the resumed attempt's rerun of the same steps."""
+        kept, last = [], {}
+        for m in metrics:
+            if m.step > last.get(m.key, self.last_step.get(m.key, -1)):
+                kept.append(m)
+                last[m.key] = m.step
+        return kept
+
+    def sent_metrics(self, metrics: list[Any]) -> None:
+        for m in metrics:
+            self.last_step[m.key] = max(m.step, self.last_step.get(m.key, -1))
+
+    def split_params(self, items: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(new parameters to log, `resumed_with.*` tags for the ones the run has with another value)."""
+        changed = [(f"resumed_with.{k}", truncate(v, MAX_TAG_VALUE_CHARS)) for k, v in items
+                   if k in self.params and self.params[k] != v]
+        return [(k, v) for k, v in items if k not in self.params], changed
+
+
 class Spool:
     """The write-ahead file of one run (and node: nodes may share the run directory)."""
 

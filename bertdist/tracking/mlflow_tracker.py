@@ -40,6 +40,7 @@ from bertdist.tracking.delivery import (
     MAX_TAG_VALUE_CHARS,
     Outage,
     Record,
+    RunContents,
     Spool,
     describe,
     send,
@@ -112,8 +113,7 @@ class MLflowTracker(Tracker):
         self._max_retry_interval_s = max_retry_interval_s
         self._system_metrics_interval_s = system_metrics_interval_s
 
-        self._last_step: dict[str, int] = {}  # per metric key, the last step the run has (read at resume, then sent)
-        self._existing_params: dict[str, str] = {}
+        self._contents = RunContents()
         self._queue: collections.deque[Record] = collections.deque()
         self._buffered_metrics = 0
         self._dropped_metrics = 0
@@ -262,8 +262,7 @@ class MLflowTracker(Tracker):
             self._open_spool()
             self._started.set()
             if self._cfg.log_system_metrics:
-                prefix = system.prefix_for(self._node_rank)
-                first_step = 1 + max((s for k, s in list(self._last_step.items()) if k.startswith(prefix)), default=-1)
+                first_step = self._contents.next_step(system.prefix_for(self._node_rank))
                 threading.Thread(
                     target=system.sample_forever, name="bertdist-sysmetrics", daemon=True,
                     args=(self.log_metrics, self._run_id, self.tracking_uri, self._node_rank, first_step,
@@ -362,12 +361,7 @@ class MLflowTracker(Tracker):
         self._run_id = run.info.run_id
 
     def _read_run(self, run: Any) -> None:
-        """What a continued run already holds: the last step of each metric, and the parameters."""
-        # The latest value of each metric carries its step (MLflow's own system-metrics resume reads
-        # it the same way); reading the full histories instead would be unbounded.
-        for metric in getattr(run.data, "_metric_objs", []):
-            self._last_step[metric.key] = max(metric.step, self._last_step.get(metric.key, -1))
-        self._existing_params = dict(run.data.params)
+        self._contents.read(run)
         self._run_id = run.info.run_id
 
     def _deliver(self, client: MlflowClient, record: Record) -> None:
@@ -386,33 +380,21 @@ class MLflowTracker(Tracker):
                 self._warn(f"rejected {what}", f"MLflow did not accept {what}: {store.short_error(e)}")
 
     def _unsent(self, record: Record) -> list[Any]:
-        """Drop what a resumed run already has: metric steps logged before the interruption, equal params."""
+        """Drop what a resumed run already has: metric steps logged before the interruption, params."""
         if record.kind == "metrics":
-            # Steps only move forward per key, within a batch too: a batch can hold a killed attempt's
-            # spooled steps followed by the resumed attempt's rerun of the same steps.
-            kept, last = [], {}
-            for m in record.items:
-                if m.step > last.get(m.key, self._last_step.get(m.key, -1)):
-                    kept.append(m)
-                    last[m.key] = m.step
-            return kept
-        if record.kind == "params" and self._existing_params:
-            changed = {k: v for k, v in record.items if k in self._existing_params and self._existing_params[k] != v}
+            return self._contents.unsent_metrics(record.items)
+        if record.kind == "params":
+            new, changed = self._contents.split_params(record.items)
             if changed:
-                # MLflow forbids changing a parameter; the new value stays visible as a tag, sent next.
-                tags = [(f"resumed_with.{k}", truncate(v, MAX_TAG_VALUE_CHARS)) for k, v in changed.items()]
                 with self._cond:
-                    self._queue.insert(1, Record("tags", tags))
-            return [(k, v) for k, v in record.items if k not in self._existing_params]
+                    self._queue.insert(1, Record("tags", changed))  # sent right after these params
+            return new
         return record.items
 
     def _send(self, client: MlflowClient, kind: str, items: list[Any]) -> None:
         send(client, self._run_id, kind, items)
-        if kind == "metrics":
-            # A step is sent once per run: what a killed attempt left in the spool and the resumed
-            # attempt's rerun of the same steps (deterministic, the same values) must not both arrive.
-            for m in items:
-                self._last_step[m.key] = max(m.step, self._last_step.get(m.key, -1))
+        if kind == "metrics":  # a step is sent once per run (see RunContents)
+            self._contents.sent_metrics(items)
 
     def _with_retry(self, action: Callable[[], Any]) -> Any:
         """Run `action` until it succeeds or fails for a non-transient reason; back off while it can't."""

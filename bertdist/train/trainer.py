@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
-from bertdist.data import DataError
 from bertdist.errors import (
     FAILED_EXIT_CODE,
     OK_EXIT_CODE,
     REQUEUE_EXIT_CODE,
     USAGE_EXIT_CODE,
+    DataError,
 )
 from bertdist.train import checkpoint, metrics
 from bertdist.train.console import Console

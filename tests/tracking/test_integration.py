@@ -100,6 +100,7 @@ def test_export_is_attached_to_the_run_that_trained_it(mlflow_server, tracked_jo
     experiment_id = mlflow_server.run(run_id)["info"]["experiment_id"]
     (model,) = MlflowClient(mlflow_server.url).search_logged_models(experiment_ids=[experiment_id])
     assert model.source_run_id == run_id and model.name == "model"
-    files = [f.path for f in MlflowClient(mlflow_server.url).list_logged_model_artifacts(model.model_id, "artifacts/hf_model")]
-    assert {"artifacts/hf_model/config.json", "artifacts/hf_model/model.safetensors", "artifacts/hf_model/vocab.txt"} <= set(files)
+    # MLflow keeps the export directory's own name under the model's artifacts/
+    files = MlflowClient(mlflow_server.url).list_logged_model_artifacts(model.model_id, "artifacts/hf")
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= {Path(f.path).name for f in files}
     assert mlflow_server.tags(run_id)["bertdist.hf_export"] == str((tmp_path / "hf").resolve())

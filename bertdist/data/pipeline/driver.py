@@ -31,7 +31,6 @@ from typing import Any, Callable
 import numpy as np
 
 from bertdist import io
-from bertdist.data import DataError
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.pipeline.stages import make_group, read_unit, write_one_shard
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units
@@ -41,6 +40,7 @@ from bertdist.data.shards import (
     SAMPLES_PER_BLOCK,
     write_manifest,
 )
+from bertdist.errors import DataError
 from bertdist.io import file_sha256
 
 WORK_DIR = ".work"

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from bertdist import io
-from bertdist.data import DataError
 from bertdist.data.instances import (
     Documents,
     InstanceOptions,
@@ -37,6 +36,7 @@ from bertdist.data.shards import (
     shard_name,
     write_shard,
 )
+from bertdist.errors import DataError
 
 _TOKENIZE_BATCH_BYTES = 1 << 20
 
