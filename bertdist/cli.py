@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Callable
 
@@ -92,23 +93,6 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _run_prepare(args: argparse.Namespace) -> int:
     from bertdist.data.pipeline.driver import prepare, summary_text
 
-    problems = [
-        f"{name}: {why}"
-        for name, bad, why in [
-            ("--max-seq-length", not 8 <= args.max_seq_length <= 65535, "must be in [8, 65535]"),
-            ("--dupe-factor", args.dupe_factor < 1, "must be at least 1"),
-            ("--masked-lm-prob", not 0 < args.masked_lm_prob < 1, "must be in (0, 1)"),
-            ("--max-predictions-per-seq", args.max_predictions_per_seq < 1, "must be at least 1"),
-            ("--short-seq-prob", not 0 <= args.short_seq_prob <= 1, "must be in [0, 1]"),
-            ("--workers", args.workers < 0, "must be >= 0"),
-            ("--samples-per-shard", args.samples_per_shard < 1, "must be at least 1"),
-            ("--group-mb", args.group_mb <= 0, "must be positive"),
-        ]
-        if bad
-    ]
-    if problems:
-        print("bertdist prepare: " + "; ".join(problems), file=sys.stderr)
-        return USAGE_EXIT_CODE
     opts = PrepareOptions(
         inputs=args.input,
         output_dir=args.output,
@@ -124,7 +108,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         ),
         cased=args.cased,
         samples_per_shard=args.samples_per_shard,
-        group_bytes=int(args.group_mb * (1 << 20)),
+        group_bytes=int(args.group_mb * (1 << 20)) if 0 < args.group_mb < 1 << 20 else 0,  # check() names the flag
         workers=args.workers,
         ray_address=args.ray_address,
         on_bad_input=args.on_bad_input,
@@ -394,9 +378,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][\w.]*=.*", re.DOTALL)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse takes key=value positionals only before the first flag; users also write them after one
+    # (`train --config X --dry-run optim.lr=1e-3`).
+    positional = "overrides" if hasattr(args, "overrides") else "args" if getattr(args, "job", None) == "train" else None
+    if extra and positional and all(_OVERRIDE.fullmatch(e) for e in extra):
+        getattr(args, positional).extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return USAGE_EXIT_CODE
@@ -404,4 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UserError as e:  # bad input, config, paths or flags: the message names what to fix
         print(f"bertdist {args.command}: {e}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except OSError as e:  # a path that cannot be written or read (permissions, full disk, read-only mount)
+        if e.filename is None:
+            raise
+        print(f"bertdist {args.command}: {e.strerror or type(e).__name__}: {e.filename}", file=sys.stderr)
         return USAGE_EXIT_CODE

@@ -9,7 +9,9 @@ beside it, so `size: base` with `num_layers: 6` means a six-layer base.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -33,14 +35,17 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             loaded = yaml.safe_load(resolve_config_path(path).read_text()) or {}
         except FileNotFoundError:
             raise ConfigError([f"config file {path}: not found (shipped configs: {', '.join(shipped_config_names())})"]) from None
+        except (UnicodeDecodeError, OSError) as e:
+            raise ConfigError([f"config file {path}: unreadable ({type(e).__name__}: {e})"]) from None
         except yaml.YAMLError as e:
             raise ConfigError([f"config file {path}: not valid YAML ({e})"]) from None
         if not isinstance(loaded, dict):
             raise ConfigError([f"config file {path}: top level must be a mapping of sections"])
         raw = loaded
+    defaults = Config().to_dict()
     for item in overrides:
         try:
-            _apply_override(raw, item)
+            _apply_override(raw, item, defaults)
         except ValueError as e:
             problems.append(str(e))
     cfg = _build(Config, raw, "", problems)
@@ -78,34 +83,41 @@ def shipped_config_names() -> list[str]:
     return sorted(p.stem for p in shipped("configs").glob("*.yaml"))
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def _apply_override(raw: dict[str, Any], item: str, defaults: dict[str, Any]) -> None:
+    """Set one `key.sub=value` in `raw`. A list index must name an existing entry: the file's, or the
+    defaults' when the file has no such list (`data.phases.1.steps` with one phase is an error, not a
+    new phase with default paths)."""
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise ValueError(f"override {item!r}: expected key.sub=value")
     value = yaml.safe_load(text) if text.strip() else ""
     parts = key.split(".")
     node: Any = raw
-    for i, part in enumerate(parts[:-1]):
-        nxt_is_index = parts[i + 1].isdigit()
+    default: Any = defaults
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
         if isinstance(node, list):
-            idx = int(part)
-            while len(node) <= idx:
-                node.append({})
-            node = node[idx]
-            continue
-        if part not in node or node[part] is None:
-            node[part] = [] if nxt_is_index else {}
+            if not part.isdigit() or int(part) >= len(node):
+                where = ".".join(parts[:i])
+                raise ValueError(f"override {item!r}: {where} has {len(node)} entries (indices 0..{len(node) - 1}); "
+                                 f"add entries in the YAML file")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ValueError(f"override {item!r}: {'.'.join(parts[:i])} is not a section")
+        default = _child(default, part)
+        if last:
+            node[part] = value
+        elif isinstance(node, dict) and node.get(part) is None:
+            node[part] = [{} for _ in default] if isinstance(default, list) else {}
         node = node[part]
-    last = parts[-1]
-    if isinstance(node, list):
-        idx = int(last)
-        while len(node) <= idx:
-            node.append({})
-        node[idx] = value
-    elif isinstance(node, dict):
-        node[last] = value
-    else:
-        raise ValueError(f"override {item!r}: {'.'.join(parts[:-1])} is not a section")
+
+
+def _child(default: Any, part: Any) -> Any:
+    if isinstance(default, dict):
+        return default.get(part)
+    if isinstance(default, list) and isinstance(part, int) and part < len(default):
+        return default[part]
+    return None
 
 
 def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
@@ -139,6 +151,17 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
         return cls()
 
 
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _number(value: Any) -> Any:
+    """PyYAML follows YAML 1.1, which reads `1e-3` and `5e4` (no dot) as strings; users mean numbers."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        number = float(value)
+        return int(number) if number.is_integer() and not any(c in value for c in ".eE") else number
+    return value
+
+
 _INVALID = object()  # a leaf whose type was wrong: the field keeps its default and a problem is recorded
 
 
@@ -168,12 +191,17 @@ def _coerce(value: Any, hint: Any, name: str, problems: list[str]) -> Any:
         if isinstance(value, bool):
             return value
     elif hint is int:
+        value = _number(value)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
     elif hint is float:
+        value = _number(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                problems.append(f"{name}: must be a finite number, got {value!r}")
+                return _INVALID
             return float(value)
     elif hint is str:
         if isinstance(value, str):

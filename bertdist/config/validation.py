@@ -80,8 +80,12 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
     elif total > 0 and o.warmup_steps > total:
         p.append(f"optim.warmup_steps: {o.warmup_steps} is longer than the run (sum of data.phases.*.steps = {total})")
-    if o.lr <= 0:
+    if not o.lr > 0:
         p.append(f"optim.lr: must be positive, got {o.lr}")
+    if not o.eps > 0:
+        p.append(f"optim.eps: must be positive, got {o.eps}")
+    if not o.weight_decay >= 0:
+        p.append(f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
     if len(o.betas) == 2 and not all(0.0 <= b < 1.0 for b in o.betas):
         p.append(f"optim.betas: each must be in [0, 1), got {list(o.betas)}")
     if o.fused not in ("auto", "on", "off"):
@@ -109,6 +113,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             n = count_vocab_lines(d.vocab_file)
             if n > m.vocab_size:
                 p.append(f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}")
+        if Path(t.output_dir).exists() and not Path(t.output_dir).is_dir():
+            p.append(f"train.output_dir: {t.output_dir} is a file, not a directory")
         if cfg.checkpoint.init_from_pretrained and not Path(cfg.checkpoint.init_from_pretrained).is_dir():
             p.append(f"checkpoint.init_from_pretrained: {cfg.checkpoint.init_from_pretrained} is not a directory")
     if p:

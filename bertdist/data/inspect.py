@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from bertdist.data.samples import Samples
-from bertdist.data.shards import block_locations, read_block, read_manifest
+from bertdist.data.shards import iter_directory_blocks, read_manifest
 from bertdist.errors import DataError
 from bertdist.io import file_sha256
 
@@ -19,24 +19,19 @@ from bertdist.io import file_sha256
 def shard_statistics(shard_dir: str) -> dict:
     """Per-directory statistics, also used by the tests; verifies every shard's checksum."""
     manifest = read_manifest(shard_dir)
-    lengths, masked, not_next, per_shard = [], [], [], []
+    lengths, masked, not_next = [], [], []
     mask_tokens = same_tokens = 0
     mask_id = manifest.get("mask_id")
-    for shard in manifest["shards"]:
-        path = os.path.join(shard_dir, shard["name"])
-        if file_sha256(path) != shard["sha256"]:
-            raise DataError(f"{path}: sha256 differs from the manifest (corrupt or replaced shard)")
-        count = 0
-        for location in block_locations(path):
-            block = read_block(path, location)
-            count += len(block)
-            lengths.append(block.lengths.astype(np.int64))
-            masked.append(block.masked_counts.astype(np.int64))
-            not_next.append(block.next_sentence_labels.astype(np.int64))
-            at_positions = _tokens_at_masked_positions(block)
-            mask_tokens += int((at_positions == mask_id).sum())
-            same_tokens += int((at_positions == block.masked_lm_ids).sum())
-        per_shard.append(count)
+    counts: dict[str, int] = {}
+    for path, block in iter_directory_blocks(shard_dir, verify_checksums=True):
+        counts[path] = counts.get(path, 0) + len(block)
+        lengths.append(block.lengths.astype(np.int64))
+        masked.append(block.masked_counts.astype(np.int64))
+        not_next.append(block.next_sentence_labels.astype(np.int64))
+        at_positions = _tokens_at_masked_positions(block)
+        mask_tokens += int((at_positions == mask_id).sum())
+        same_tokens += int((at_positions == block.masked_lm_ids).sum())
+    per_shard = list(counts.values())
     lengths_all, masked_all = np.concatenate(lengths), np.concatenate(masked)
     total_masked = max(int(masked_all.sum()), 1)
     return dict(

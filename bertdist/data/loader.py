@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertdist.data.samples import Samples
-from bertdist.data.shards import block_locations, read_block, read_manifest
+from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.errors import DataError
 
 STATE_VERSION = 1
@@ -48,7 +48,7 @@ class _Layout:
         self._epoch = -1
         self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
         self._decoded: OrderedDict[int, tuple[Samples, np.ndarray, np.ndarray]] = OrderedDict()
-        self._locations: dict[str, list[tuple[int, int]]] = {}
+        self._locations = shard_blocks(shard_dir, manifest)  # checks every shard against the manifest
         self._cache_blocks = 2 * (window // max(per_block, 1) + 2)
 
     def _set_epoch(self, epoch: int) -> None:
@@ -85,15 +85,20 @@ class _Layout:
             self._decoded.move_to_end(block_id)
             return self._decoded[block_id]
         name, index, _ = self.blocks[block_id]
-        path = os.path.join(self.shard_dir, name)
-        if name not in self._locations:
-            self._locations[name] = block_locations(path)
-        samples = read_block(path, self._locations[name][index])
+        offset, size, count = self._locations[name][index]
+        samples = read_block(os.path.join(self.shard_dir, name), (offset, size), count)
         entry = (samples, samples.token_offsets(), samples.mask_offsets())
         self._decoded[block_id] = entry
         while len(self._decoded) > self._cache_blocks:
             self._decoded.popitem(last=False)
         return entry
+
+
+def _worker_message(error: DataError) -> str:
+    """The one line a DataError said in a DataLoader worker, without torch's "Caught ... Original Traceback"."""
+    text = str(error)
+    marker = f"{DataError.__name__}: "
+    return text.rsplit(marker, 1)[1].strip() if "Original Traceback" in text and marker in text else text
 
 
 _FIELDS = ["input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
@@ -230,9 +235,6 @@ class PretrainingLoader:
         made_for = manifest["options"]["max_seq_length"]
         if made_for != max_seq_length:
             raise DataError(f"{shard_dir}: shards were made for max_seq_length {made_for}, not {max_seq_length}")
-        for shard in manifest["shards"]:
-            if not os.path.isfile(os.path.join(shard_dir, shard["name"])):
-                raise DataError(f"{os.path.join(shard_dir, shard['name'])}: listed in the manifest but missing")
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} is outside world size {world_size}")
         if micro_batch_size < 1 or num_workers < 0 or shuffle_buffer_size < 1:
@@ -278,9 +280,12 @@ class PretrainingLoader:
                 if self.num_workers
                 else stream
             )
-            for buffer, shape in batches:
-                segment.batches_done += 1
-                yield dict(zip(_FIELDS, _views(buffer, tuple(shape))))
+            try:
+                for buffer, shape in batches:
+                    segment.batches_done += 1
+                    yield dict(zip(_FIELDS, _views(buffer, tuple(shape))))
+            except DataError as e:
+                raise DataError(_worker_message(e)) from None
 
     def state_dict(self) -> dict[str, Any]:
         s = self._segment

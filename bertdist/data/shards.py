@@ -75,8 +75,8 @@ def decode_block(data: bytes, where: str) -> Samples:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             return Samples(**{name: npz[name] for name in Samples.column_names()})
-    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
-        raise DataError(f"{where}: corrupt sample block ({e})") from None
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(f"{where}: corrupt sample block ({type(e).__name__}: {e})") from None
 
 
 def write_shard(path: str, samples: Samples, samples_per_block: int) -> str:
@@ -114,14 +114,54 @@ def block_locations(path: str) -> list[tuple[int, int]]:
         raise DataError(f"{path}: unreadable shard ({e})") from None
 
 
-def read_block(path: str, location: tuple[int, int]) -> Samples:
+def read_block(path: str, location: tuple[int, int], expected_samples: int | None = None) -> Samples:
     offset, size = location
     with open(path, "rb") as f:
         f.seek(offset)
         data = f.read(size)
     if len(data) != size:
         raise DataError(f"{path}: truncated shard (block at byte {offset})")
-    return decode_block(data, path)
+    samples = decode_block(data, path)
+    if expected_samples is not None and len(samples) != expected_samples:
+        raise DataError(f"{path}: the block at byte {offset} holds {len(samples)} samples, the manifest implies "
+                        f"{expected_samples} (edited manifest or replaced shard)")
+    return samples
+
+
+def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, int, int]]]:
+    """Every shard checked against the manifest, cheaply (no decoding): it exists, has the recorded size, and
+    its tar headers list the blocks its sample count needs. Returns {shard: [(offset, size, samples)]}.
+
+    A flipped byte in a tar header or a shard cut at a member boundary would otherwise end the shard early
+    without an error; here it is a DataError naming the file before training starts. The content of the
+    blocks is verified by checksum only with `verify_checksums` (reading every byte).
+    """
+    per_block = manifest["options"]["samples_per_block"]
+    out, problems = {}, []
+    for shard in manifest["shards"]:
+        path = os.path.join(shard_dir, shard["name"])
+        if not os.path.isfile(path):
+            problems.append(f"{path}: listed in the manifest but missing")
+            continue
+        if os.path.getsize(path) != shard["bytes"]:
+            problems.append(f"{path}: {os.path.getsize(path):,} bytes, the manifest says {shard['bytes']:,} (truncated or replaced shard)")
+            continue
+        n = shard["num_samples"]
+        counts = [min(per_block, n - lo) for lo in range(0, n, per_block)]
+        try:
+            locations = block_locations(path)
+        except DataError as e:
+            problems.append(str(e))
+            continue
+        if len(locations) != len(counts):
+            problems.append(f"{path}: {len(locations)} sample blocks, the manifest's {n} samples need {len(counts)} "
+                            "(damaged tar header, or an edited manifest)")
+            continue
+        out[shard["name"]] = [(offset, size, count) for (offset, size), count in zip(locations, counts)]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise DataError("; ".join(problems[:5]) + more)
+    return out
 
 
 def write_manifest(shard_dir: str, manifest: dict) -> None:
@@ -141,17 +181,35 @@ def read_manifest(shard_dir: str) -> dict:
         raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, this bertdist reads {FORMAT_VERSION}")
     if not manifest.get("shards"):
         raise DataError(f"{path}: the manifest lists no shards")
+    try:
+        listed = sum(int(s["num_samples"]) for s in manifest["shards"])
+        total = manifest["totals"]["samples"]
+        manifest["options"]["samples_per_block"], manifest["options"]["max_seq_length"], manifest["vocab_sha256"]
+        [(s["name"], s["bytes"], s["sha256"]) for s in manifest["shards"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{path}: incomplete manifest ({type(e).__name__}: {e})") from None
+    if listed != total:
+        raise DataError(f"{path}: its shards hold {listed} samples but totals.samples says {total} (edited manifest?)")
+    if any("/" in s["name"] or s["name"].startswith(".") for s in manifest["shards"]):
+        raise DataError(f"{path}: a shard name points outside the directory")
     return manifest
 
 
 def iter_directory_samples(shard_dir: str, verify_checksums: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    for path, block in iter_directory_blocks(shard_dir, verify_checksums):
+        yield from block.as_dicts()
+
+
+def iter_directory_blocks(shard_dir: str, verify_checksums: bool = False) -> Iterator[tuple[str, Samples]]:
+    """(shard path, block) of every block in storage order, each checked against the manifest."""
     manifest = read_manifest(shard_dir)
+    blocks = shard_blocks(shard_dir, manifest)
     for shard in manifest["shards"]:
         path = os.path.join(shard_dir, shard["name"])
         if verify_checksums and file_sha256(path) != shard["sha256"]:
             raise DataError(f"{path}: sha256 differs from the manifest (corrupt or replaced shard)")
-        for location in block_locations(path):
-            yield from read_block(path, location).as_dicts()
+        for offset, size, count in blocks[shard["name"]]:
+            yield path, read_block(path, (offset, size), count)
 
 
 # ---- the shuffle across shards ------------------------------------------------------------------------------

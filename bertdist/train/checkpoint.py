@@ -18,13 +18,16 @@ This module also consolidates any ZeRO stage into one plain state dict, which ex
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -35,6 +38,7 @@ CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
 TRAIN_STATE_FILENAME = "train_state.json"
 TRAIN_STATE_VERSION = 1
+STATE_CHECKSUM_KEY = "sha256"
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -61,6 +65,11 @@ class TrainState:
     version: int = field(default=TRAIN_STATE_VERSION)
 
 
+def _state_checksum(raw: dict[str, Any]) -> str:
+    """sha256 of the state's canonical JSON: a flipped digit in `step` must not pass as another step."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+
+
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
@@ -79,9 +88,12 @@ def read_train_state(checkpoint_dir: str | os.PathLike) -> TrainState:
         raise CheckpointError(f"{checkpoint_dir} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})")
     try:
         raw = json.loads(path.read_text())
+        recorded = raw.pop(STATE_CHECKSUM_KEY, None)  # absent in checkpoints of bertdist < 0.2
+        if recorded is not None and recorded != _state_checksum(raw):
+            raise ValueError("its checksum does not match its content (edited or damaged)")
         state = TrainState(**raw)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: unreadable train state ({e})") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: unreadable train state ({e}){_beside(Path(checkpoint_dir).parent)}") from None
     if state.version != TRAIN_STATE_VERSION:
         raise CheckpointError(f"{path}: train state version {state.version}, this bertdist reads {TRAIN_STATE_VERSION}")
     return state
@@ -96,16 +108,61 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
     if resume == "none":
         return None
     if resume == "auto":
-        root = checkpoints_dir(output_dir)
-        marker = root / LATEST_FILENAME
-        if not marker.is_file():
+        checkpoint = latest(checkpoints_dir(output_dir))
+        if checkpoint is None:
             return None
-        checkpoint = root / marker.read_text().strip()
     else:
         checkpoint = Path(resume)
     if not is_complete(checkpoint):
-        raise CheckpointError(f"checkpoint.resume: {checkpoint} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})")
+        raise CheckpointError(f"checkpoint.resume: {checkpoint} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})"
+                              f"{_beside(checkpoint.parent)}")
     return checkpoint
+
+
+def latest(root: Path) -> Path | None:
+    """The checkpoint that `root/latest` names; None without a marker; CheckpointError when it is damaged
+    or names a checkpoint that is not there (naming the complete one beside it, if any)."""
+    marker = root / LATEST_FILENAME
+    if not marker.is_file():
+        return None
+    checkpoint = root / _read_marker(marker)
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"{marker} names {checkpoint.name}, and there is no such checkpoint{_beside(root)}")
+    return checkpoint
+
+
+def _read_marker(marker: Path) -> str:
+    """The tag in `latest`: one line of the form step_NNNNNNNN, or a CheckpointError naming the file."""
+    try:
+        tag = marker.read_text(encoding="ascii").strip()
+    except (UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{marker}: unreadable ({type(e).__name__}){_beside(marker.parent)}") from None
+    if not re.fullmatch(r"step_\d{8,}", tag):
+        raise CheckpointError(f"{marker}: {tag[:40]!r} is not a checkpoint tag (step_NNNNNNNN){_beside(marker.parent)}")
+    return tag
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete step_* checkpoints under `root`, oldest first."""
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and is_complete(p)) if root.is_dir() else []
+
+
+def _beside(root: Path) -> str:
+    newest = complete_checkpoints(root)
+    return f"; the newest complete checkpoint there is {newest[-1]} (checkpoint.resume={newest[-1]} resumes from it)" if newest else ""
+
+
+def refuse_foreign_checkpoints(output_dir: str | os.PathLike) -> None:
+    """A fresh run must not share a checkpoints/ directory with another run: pruning keeps the newest
+    `keep_last` by name, so the other run's later steps would delete this run's checkpoints (and `latest`
+    would name a deleted one)."""
+    existing = complete_checkpoints(checkpoints_dir(output_dir))
+    if existing:
+        raise CheckpointError(
+            f"train.output_dir {output_dir} holds another run's checkpoints (newest {existing[-1].name}): continue "
+            f"from it with checkpoint.resume={existing[-1]} (or --resume auto where its `latest` marker is intact), "
+            "or start fresh in another train.output_dir"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +233,8 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     # declared complete.
     dist.barrier()
     if dist.get_rank() == 0:
-        write_text(target / TRAIN_STATE_FILENAME, json.dumps(asdict(state)))
+        raw = asdict(state)
+        write_text(target / TRAIN_STATE_FILENAME, json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)}))
         write_text(root / LATEST_FILENAME, tag)
         prune(root, keep_last)
     dist.barrier()
@@ -192,9 +250,10 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
             f"position of each rank and the ZeRO partitions depend on the world size: resume with "
             f"{state.world_size} ranks, or start a new run from an export (checkpoint.init_from_pretrained)."
         )
-    path, _ = engine.load_checkpoint(
-        str(checkpoint_dir.parent), tag=checkpoint_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
-    )
+    with _damage_is_a_checkpoint_error(checkpoint_dir):
+        path, _ = engine.load_checkpoint(
+            str(checkpoint_dir.parent), tag=checkpoint_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load {checkpoint_dir}")
     return state
@@ -203,7 +262,7 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
 def prune(root: Path, keep_last: int) -> None:
     """Keep the `keep_last` newest complete checkpoints; remove older ones and incomplete leftovers."""
     step_dirs = sorted(p for p in root.glob("step_*") if p.is_dir())
-    complete = [p for p in step_dirs if is_complete(p)]
+    complete = complete_checkpoints(root)
     doomed = complete[:-keep_last] + [p for p in step_dirs if not is_complete(p)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
@@ -224,12 +283,31 @@ def consolidated_state_dict(checkpoint_dir: str | os.PathLike) -> dict[str, Any]
 
     checkpoint_dir = Path(checkpoint_dir)
     state = read_train_state(checkpoint_dir)
-    if state.config["train"]["zero_stage"] == 0:
-        model_states = checkpoint_dir / "mp_rank_00_model_states.pt"
-        if not model_states.is_file():
-            raise CheckpointError(f"{checkpoint_dir}: missing {model_states.name}")
-        module = torch.load(model_states, map_location="cpu", weights_only=True)["module"]
-        return {k: v.float() if v.is_floating_point() else v for k, v in module.items()}
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    with _damage_is_a_checkpoint_error(checkpoint_dir):
+        if state.config["train"]["zero_stage"] == 0:
+            model_states = checkpoint_dir / "mp_rank_00_model_states.pt"
+            if not model_states.is_file():
+                raise CheckpointError(f"{checkpoint_dir}: missing {model_states.name}")
+            module = torch.load(model_states, map_location="cpu", weights_only=True)["module"]
+            return {k: v.float() if v.is_floating_point() else v for k, v in module.items()}
+        from deepspeed.utils.zero_to_fp32 import (
+            get_fp32_state_dict_from_zero_checkpoint,
+        )
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir.parent), tag=checkpoint_dir.name)
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir.parent), tag=checkpoint_dir.name)
+
+
+@contextlib.contextmanager
+def _damage_is_a_checkpoint_error(checkpoint_dir: Path) -> Iterator[None]:
+    """A truncated or corrupt file fails inside torch or DeepSpeed with their own words (a zip reader's
+    error, an unpickling error, a missing key); the user needs one line naming the checkpoint."""
+    import pickle
+    import zipfile
+
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{checkpoint_dir}: damaged checkpoint, its files cannot be read ({first})") from None

@@ -185,13 +185,20 @@ def init_process_group(env: DistributedEnv, backend: str, timeout_minutes: float
     )
     if dist.is_initialized():
         return
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{_bracket_ipv6(env.master_addr)}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(minutes=timeout_minutes),
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{_bracket_ipv6(env.master_addr)}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    except dist.DistNetworkError as e:  # rank 0 could not listen: the port is taken, or the address is not ours
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LaunchEnvironmentError(
+            f"rank {env.rank} cannot open the rendezvous at {env.master_addr}:{env.master_port} ({first[:200]}); "
+            "pick a free port (launch.master_port, --master_port, MASTER_PORT)"
+        ) from None
 
 
 def _bracket_ipv6(addr: str) -> str:

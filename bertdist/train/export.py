@@ -21,9 +21,9 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     if checkpoint.is_complete(path):
         return path
     for root in (path, path / checkpoint.CHECKPOINTS_DIRNAME):
-        marker = root / checkpoint.LATEST_FILENAME
-        if marker.is_file():
-            return root / marker.read_text().strip()
+        found = checkpoint.latest(root)
+        if found is not None:
+            return found
     raise checkpoint.CheckpointError(
         f"{path}: neither a complete checkpoint (no {checkpoint.TRAIN_STATE_FILENAME}) nor a directory with a "
         f"'{checkpoint.LATEST_FILENAME}' marker"

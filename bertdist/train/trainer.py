@@ -33,24 +33,42 @@ from bertdist.errors import (
     OK_EXIT_CODE,
     REQUEUE_EXIT_CODE,
     USAGE_EXIT_CODE,
-    DataError,
+    UserError,
 )
 from bertdist.train import checkpoint, metrics
 from bertdist.train.console import Console
-from bertdist.train.distributed import DistributedEnv, LaunchEnvironmentError, read_env
+from bertdist.train.distributed import DistributedEnv, read_env
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def train(cfg: Config) -> int:
-    """Run (or continue) the training described by `cfg`; returns the process exit code."""
+    """Run (or continue) the training described by `cfg`; returns the process exit code.
+
+    A problem with the input (config, data, checkpoint, launch environment, a path that cannot be written)
+    is one line and USAGE_EXIT_CODE, also when it is found mid-run (a damaged shard read at step 5,000):
+    the last checkpoint stays as it was.
+    """
     try:
         trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port))
-    except (ConfigError, DataError, LaunchEnvironmentError, checkpoint.CheckpointError) as e:
-        print(f"bertdist train: {e}", file=sys.stderr)
+    except (UserError, OSError) as e:
+        print(f"bertdist train: {_one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
     with trainer:
-        return trainer.train()
+        try:
+            return trainer.train()
+        except (UserError, OSError) as e:
+            print(f"bertdist train: [rank {trainer.env.rank}] {_one_line(e)}", file=sys.stderr)
+            trainer.tracker.set_tags({"bertdist.stop_reason": _one_line(e)[:500]})
+            trainer.tracker.close("FAILED")
+            return USAGE_EXIT_CODE
+
+
+def _one_line(error: BaseException) -> str:
+    """A UserError's own message; an OSError as `strerror: filename` (no traceback for a full disk)."""
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or type(error).__name__}: {error.filename}"
+    return str(error)
 
 
 class _StopFlag:
@@ -87,6 +105,8 @@ class Trainer(contextlib.ExitStack):
         self.cfg, self.env = cfg, env
         self.output_dir = Path(cfg.train.output_dir)
         self.resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume)
+        if self.resume_from is None:
+            checkpoint.refuse_foreign_checkpoints(cfg.train.output_dir)
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
         if self.resumed is not None and self.resumed.config["model"] != cfg.to_dict()["model"]:
             raise ConfigError([f"model: differs from the model of checkpoint {self.resume_from}; resume needs the same model"])

@@ -40,7 +40,7 @@ from bertdist.data.shards import (
     SAMPLES_PER_BLOCK,
     write_manifest,
 )
-from bertdist.errors import DataError
+from bertdist.errors import DataError, UserError
 from bertdist.io import file_sha256
 
 WORK_DIR = ".work"
@@ -63,15 +63,26 @@ class PrepareReport:
 def prepare(opts: PrepareOptions) -> PrepareReport:
     """Run (or resume) the whole pipeline; returns the manifest written to OUTPUT/manifest.json."""
     t_start = time.perf_counter()
-    if opts.on_bad_input not in ("fail", "skip"):
-        raise DataError(f"--on-bad-input must be fail or skip, not {opts.on_bad_input!r}")
+    opts.check()
     from bertdist.data.vocab import read_vocab
 
     vocab_size = len(read_vocab(opts.vocab_file))
     files = expand_inputs(opts.inputs)
     fingerprint = _fingerprint(opts, files, file_sha256(opts.vocab_file))
+    existed = os.path.isdir(opts.output_dir)
     work_dir = _claim_output(opts.output_dir, fingerprint)
+    try:
+        return _run(opts, files, fingerprint, vocab_size, work_dir, t_start)
+    except UserError:
+        # Bad input found on the way: nothing of this run is worth resuming (fixing the input changes the
+        # fingerprint), and leftovers would make the corrected command refuse the directory.
+        shutil.rmtree(work_dir, ignore_errors=True)
+        if not existed and not os.listdir(opts.output_dir):
+            os.rmdir(opts.output_dir)
+        raise
 
+
+def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, work_dir: str, t_start: float) -> PrepareReport:
     ray, ray_start_seconds = _start_ray(opts)
     run = _TaskRunner(ray, opts.workers, opts.progress)
 
@@ -308,6 +319,8 @@ def _manifest(
     from bertdist.data.vocab import read_vocab
 
     samples = sum(r["instances"] for r in group_results)
+    skipped_paths = {s["path"] for s in skipped}
+    used = [f for f in files if f.path not in skipped_paths]  # skipped files are listed, not counted as input
     return dict(
         format_version=FORMAT_VERSION,
         fingerprint=fingerprint,
@@ -316,10 +329,10 @@ def _manifest(
         vocab_size=vocab_size,
         mask_id=read_vocab(opts.vocab_file).index("[MASK]"),
         options=_output_options(opts),
-        inputs=[dict(path=f.path, bytes=f.size_bytes) for f in files],
-        skipped_inputs=skipped,
+        inputs=[dict(path=f.path, bytes=f.size_bytes) for f in used],
+        skipped_inputs=[dict(s, bytes=f.size_bytes) for s in skipped for f in files if f.path == s["path"]],
         totals=dict(
-            input_bytes=sum(f.size_bytes for f in files),
+            input_bytes=sum(f.size_bytes for f in used),
             **document_stats,
             samples=samples,
             sample_tokens=sum(r["tokens"] for r in group_results),

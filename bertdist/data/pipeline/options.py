@@ -1,10 +1,13 @@
-"""The options of one `bertdist prepare` run; the CLI takes its defaults from here."""
+"""The options of one `bertdist prepare` run and their limits; the CLI takes its defaults from here."""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 
 from bertdist.data.instances import InstanceOptions
+from bertdist.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -26,3 +29,30 @@ class PrepareOptions:
     ray_address: str = ""
     on_bad_input: str = "fail"
     progress: bool = True
+
+    def check(self) -> None:
+        """DataError listing every out-of-range option (by its flag) and an output that cannot be a directory.
+
+        Called before anything is started or written: a bad value must not fail inside a Ray task.
+        """
+        i = self.instances
+        problems = [
+            f"{flag}: {why}"
+            for flag, bad, why in [
+                ("--max-seq-length", not 8 <= i.max_seq_length <= 65535, "must be in [8, 65535]"),
+                ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
+                ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
+                ("--max-predictions-per-seq", i.max_predictions_per_seq < 1, "must be at least 1"),
+                ("--short-seq-prob", not 0 <= i.short_seq_prob <= 1, "must be in [0, 1]"),
+                ("--seed", not 0 <= i.seed < 2**63, "must be in [0, 2^63)"),
+                ("--workers", self.workers < 0, "must be >= 0"),
+                ("--samples-per-shard", self.samples_per_shard < 1, "must be at least 1"),
+                ("--group-mb", not (math.isfinite(self.group_bytes) and self.group_bytes > 0), "must be positive"),
+                ("--on-bad-input", self.on_bad_input not in ("fail", "skip"), "must be fail or skip"),
+                ("--output", os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir),
+                 f"{self.output_dir} is a file, not a directory"),
+            ]
+            if bad
+        ]
+        if problems:
+            raise DataError("; ".join(problems))
