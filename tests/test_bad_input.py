@@ -390,3 +390,32 @@ def test_fuzzed_configs_give_a_config_error_or_a_config(tmp_path):
             pass
         except yaml.YAMLError as e:  # pragma: no cover - a YAML error must be wrapped
             raise AssertionError(f"unwrapped YAML error: {e}")
+
+
+def test_unwritable_outputs_are_one_line(tmp_path, tiny_corpus, tiny_vocab, tiny_shards, capsys):
+    """As root nothing is permission-denied, so the unwritable place is a read-only kernel filesystem."""
+    assert main(["prepare", "--input", tiny_corpus, "--output", "/proc/bertdist/out", "--vocab", tiny_vocab,
+                 "--no-progress"]) == USAGE_EXIT_CODE  # fmt: skip
+    err = capsys.readouterr().err
+    assert "/proc/bertdist" in err and "Traceback" not in err, err
+    config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
+    assert train(load_config(config, ["train.output_dir=/proc/bertdist/run", "tracking.enabled=false"])) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "/proc/bertdist" in err and "Traceback" not in err, err
+
+
+def test_a_taken_rendezvous_port_is_one_line(tmp_path, tiny_shards, tiny_vocab, capsys, monkeypatch):
+    import socket
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
+        cfg = load_config(config, [f"launch.master_port={port}", "launch.gpus_per_node=1", "tracking.enabled=false",
+                                   "train.global_batch_size=4"])
+        assert train(cfg) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "pick a free port" in err and "Traceback" not in err, err
