@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -58,10 +59,24 @@ def train(cfg: Config) -> int:
         try:
             return trainer.train()
         except (UserError, OSError) as e:
-            print(f"bertdist train: [rank {trainer.env.rank}] {_one_line(e)}", file=sys.stderr)
-            trainer.tracker.set_tags({"bertdist.stop_reason": _one_line(e)[:500]})
-            trainer.tracker.close("FAILED")
-            return USAGE_EXIT_CODE
+            return trainer.stop_with(_one_line(e), USAGE_EXIT_CODE)
+        except RuntimeError as e:
+            if not _lost_peers(e):
+                raise
+            return trainer.stop_with(
+                f"lost contact with the other ranks during step {trainer.step + 1}: another rank stopped first "
+                f"(the one whose log ends without this line) ({_one_line(e)[:200]})", FAILED_EXIT_CODE
+            )  # fmt: skip
+
+
+def _lost_peers(error: RuntimeError) -> bool:
+    """A collective failed because a peer is gone (killed, crashed, its host lost), not because of a bug."""
+    import torch.distributed as dist
+
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        words in text for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+    )
 
 
 def _one_line(error: BaseException) -> str:
@@ -236,7 +251,7 @@ class Trainer(contextlib.ExitStack):
         batches: Iterator[dict[str, Any]] = iter(())
         nonfinite_streak = 0
         interval = metrics.Interval()
-        step = self.start_step
+        step = self.step = self.start_step
         self.console.line(f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}")
         first_phase = cfg.data.phases[0]
         if step == 0 and first_phase.eval_dir:
@@ -250,7 +265,7 @@ class Trainer(contextlib.ExitStack):
             lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, total_steps)
             set_learning_rate(engine.optimizer.param_groups, lr)
             sums = self._train_step(batches)
-            step += 1
+            step = self.step = step + 1
             interval.add(sums)
             loss = sums["loss"] / sums["micro_batches"]
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
@@ -353,6 +368,13 @@ class Trainer(contextlib.ExitStack):
         self.console.eval(step, values)
 
     # --- checkpoints and stops ---------------------------------------------------------------------
+    def stop_with(self, reason: str, exit_code: int) -> int:
+        """The run cannot go on: say why in one line naming this rank and host, end the MLflow run as FAILED."""
+        print(f"bertdist train: [rank {self.env.rank} on {socket.gethostname()}] {reason}", file=sys.stderr, flush=True)
+        self.tracker.set_tags({"bertdist.stop_reason": reason[:500]})
+        self.tracker.close("FAILED")
+        return exit_code
+
     def _save(self, step: int, phase_index: int, nonfinite_streak: int) -> None:
         if nonfinite_streak:
             self.console.line(f"step {step}: not checkpointing while the loss is non-finite ({nonfinite_streak} step(s))")

@@ -128,3 +128,19 @@ def test_bad_config_or_shards_fail_at_start(rank0_of_2, tmp_path, tiny_shards, t
     err = capsys.readouterr().err
     assert message in err, err
     assert not (Path(cfg.train.output_dir) / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_named_by_the_ranks_it_leaves(base, tiny_shards, tiny_vocab):
+    """SIGKILL rank 0 mid-run: rank 1 does not hang or print a traceback; it says in one line that it lost
+    its peers, naming itself and its host, so the rank that stopped first is the one without that line."""
+    import signal
+
+    config = runs.write_config(Path(base) / "killed-rank", tiny_shards, tiny_vocab, zero_stage=1, log_every_steps=1)
+    ranks = runs.start_ranks(config, "killed-rank")
+    ranks.wait_for(lambda: "step 2/" in ranks.output(0), "two steps")
+    ranks.procs[0].send_signal(signal.SIGKILL)
+    codes = ranks.wait()
+    survivor = ranks.output(1)
+    assert codes[1] == 1, survivor[-3000:]
+    assert "[rank 1 on " in survivor and "lost contact with the other ranks" in survivor and "Traceback" not in survivor
