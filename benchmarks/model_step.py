@@ -31,7 +31,8 @@ from common import (
 )
 
 from bertdist.config import MODEL_SIZES, ModelConfig
-from bertdist.model.bert import IGNORE_INDEX, BertForPreTraining
+from bertdist.model.bert import BertForPreTraining
+from bertdist.model.ops import IGNORE_INDEX
 from bertdist.model.flops import train_flops_per_sequence
 from bertdist.model.hf import config_to_hf
 

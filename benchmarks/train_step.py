@@ -24,6 +24,7 @@ from bertdist.config import MODEL_SIZES, ModelConfig, load_config
 from bertdist.model.bert import BertForPreTraining
 from bertdist.train import deepspeed as engine
 from bertdist.train import distributed
+from bertdist.train.optim import build_optimizer
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(0)
     plain_model = BertForPreTraining(model_cfg).to(device).train()
-    plain_optimizer = engine.build_optimizer(plain_model, cfg.optim, device.type)
+    plain_optimizer = build_optimizer(plain_model, cfg.optim, device.type)
 
     def plain_step() -> None:
         plain_optimizer.zero_grad(set_to_none=True)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     ds_model = BertForPreTraining(model_cfg)
     ds_engine = engine.initialize(
-        ds_model, engine.build_optimizer(ds_model, cfg.optim, device.type), engine.deepspeed_config(cfg, cfg.data.phases[0], 1)
+        ds_model, build_optimizer(ds_model, cfg.optim, device.type), engine.deepspeed_config(cfg, cfg.data.phases[0], 1)
     )
 
     def engine_step() -> None:

@@ -67,3 +67,25 @@ def test_every_module_has_a_docstring_and_stays_small():
         assert ast.get_docstring(tree), f"{name}: no module docstring saying what it is for"
     long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_every_import_of_bertdist_names_something_that_exists():
+    """Function-level imports (the package imports its heavy stages lazily) fail only when reached; a
+    renamed or moved name must fail here instead, in the package, the benchmarks and the tests."""
+    import importlib
+
+    missing = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(REPO / "benchmarks").glob("*.py"), *(REPO / "tests").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("bertdist")):
+                continue
+            if node.module.endswith("fill_mask_model"):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name):
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ImportError:
+                        missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}.{alias.name}")
+    assert not missing, "\n".join(missing)
