@@ -118,7 +118,11 @@ def test_bad_config_or_shards_fail_at_start(rank0_of_2, tmp_path, tiny_shards, t
     elif case == "too_few_samples_for_ranks":
         overrides = ["data.phases.0.micro_batch_size=100000", "train.global_batch_size=200000"]
     elif case == "missing_shard":
-        shards = _copy_shards(tiny_shards, tmp_path / "missing", lambda m: m["shards"].append({**m["shards"][0], "name": "gone.tar"}))
+        def add_a_missing_shard(m):
+            m["shards"].append({**m["shards"][0], "name": "gone.tar"})
+            m["totals"]["samples"] += m["shards"][0]["num_samples"]
+
+        shards = _copy_shards(tiny_shards, tmp_path / "missing", add_a_missing_shard)
     elif case == "batch_not_divisible":
         overrides = ["train.global_batch_size=18"]
     elif case == "missing_eval":
