@@ -5,6 +5,7 @@
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format
+    bertdist checkpoints  list a run's checkpoints and verify their files
     bertdist submit   submit a training or preprocessing job to a cluster
     bertdist ui       open the MLflow dashboard of a run
 
@@ -202,6 +203,26 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_checkpoints(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "checkpoints",
+        help="list a run's checkpoints and verify their files",
+        description="Every checkpoint of a run (train.output_dir, or its checkpoints/ directory): complete or not, and "
+        "whether its files still match the sizes and sha256 recorded when it was saved. Exit 1 if any is damaged.",
+    )
+    p.add_argument("dir", metavar="DIR", help="a run directory (train.output_dir) or its checkpoints/")
+    p.add_argument("--verify", choices=["sha256", "size"], default="sha256", help="how thoroughly (default sha256)")
+    p.set_defaults(func=_run_checkpoints)
+
+
+def _run_checkpoints(args: argparse.Namespace) -> int:
+    from bertdist.train.checkpoint import listing
+
+    text = listing(args.dir, args.verify)
+    print(text)
+    return 1 if " DAMAGED " in text else 0
+
+
 def _add_submit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "submit",
@@ -357,6 +378,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_inspect,
     _add_train,
     _add_export,
+    _add_checkpoints,
     _add_submit,
     _add_status,
     _add_logs,

@@ -144,6 +144,8 @@ class CheckpointConfig:
     """auto: continue from the latest complete checkpoint if any; none: start fresh; or a path."""
     init_from_pretrained: str = ""
     """A Hugging Face BERT directory to start from (continued pretraining)."""
+    verify: str = "sha256"
+    """Before loading a checkpoint, check its files against the record made at save: sha256 (every byte) or size."""
 
 
 @dataclass

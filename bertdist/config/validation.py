@@ -95,6 +95,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
 
     if cfg.checkpoint.every_steps <= 0:
         p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
+    if cfg.checkpoint.verify not in ("sha256", "size"):
+        p.append(f"checkpoint.verify: {cfg.checkpoint.verify!r} is not one of sha256, size")
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
 

@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +34,7 @@ import numpy as np
 
 from bertdist.errors import UserError
 from bertdist.io import write_text
+from bertdist.train import integrity
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
@@ -63,6 +65,8 @@ class TrainState:
     """The resolved Config.to_dict() of the run that wrote the checkpoint."""
     tracking_run_id: str | None = None
     version: int = field(default=TRAIN_STATE_VERSION)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Size and sha256 of every DeepSpeed file of the checkpoint (bertdist.train.integrity); {} before 0.2."""
 
 
 def _state_checksum(raw: dict[str, Any]) -> str:
@@ -99,7 +103,7 @@ def read_train_state(checkpoint_dir: str | os.PathLike) -> TrainState:
     return state
 
 
-def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
+def resolve_resume(output_dir: str | os.PathLike, resume: str, verify: str = "sha256") -> Path | None:
     """The checkpoint directory that `checkpoint.resume` asks for, or None to start fresh.
 
     `auto` follows the `latest` marker if there is one; `none` starts fresh; anything else must be a
@@ -111,12 +115,43 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
         checkpoint = latest(checkpoints_dir(output_dir))
         if checkpoint is None:
             return None
+        return newest_intact(checkpoint, verify)
     else:
         checkpoint = Path(resume)
     if not is_complete(checkpoint):
         raise CheckpointError(f"checkpoint.resume: {checkpoint} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})"
                               f"{_beside(checkpoint.parent)}")
+    verify_files(checkpoint, verify)
     return checkpoint
+
+
+def verify_files(checkpoint: Path, mode: str = "sha256") -> TrainState:
+    """The checkpoint's train state, after checking its files against the record; CheckpointError naming them."""
+    state = read_train_state(checkpoint)
+    found = integrity.problems(checkpoint, state.files, mode)
+    if found:
+        raise CheckpointError(f"{checkpoint}: damaged checkpoint: " + "; ".join(found[:3]) + (" ..." if len(found) > 3 else ""))
+    return state
+
+
+def newest_intact(newest: Path, mode: str = "sha256") -> Path:
+    """`newest` if it verifies, else the next older complete checkpoint that does, saying so on stderr.
+
+    A checkpoint damaged after it was declared complete (a bad disk, a cut copy) must not stop a requeued
+    job that has an intact older one; it is never loaded, and it is left on disk for inspection.
+    """
+    candidates = [newest] + [p for p in reversed(complete_checkpoints(newest.parent)) if p.name < newest.name]
+    skipped = []
+    for candidate in candidates:
+        try:
+            verify_files(candidate, mode)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        for reason in skipped:
+            print(f"bertdist: WARNING {reason}; resuming from the older {candidate.name} instead", file=sys.stderr, flush=True)
+        return candidate
+    raise CheckpointError("no intact checkpoint to resume from: " + " | ".join(skipped))
 
 
 def latest(root: Path) -> Path | None:
@@ -163,6 +198,36 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike) -> None:
             f"from it with checkpoint.resume={existing[-1]} (or --resume auto where its `latest` marker is intact), "
             "or start fresh in another train.output_dir"
         )
+
+
+def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> str:
+    """`bertdist checkpoints DIR`: every checkpoint of a run, its state and whether its files are intact."""
+    path = Path(output_dir)
+    root = path if path.name == CHECKPOINTS_DIRNAME or (path / LATEST_FILENAME).is_file() else checkpoints_dir(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{output_dir}: no checkpoints directory")
+    try:
+        marked = _read_marker(root / LATEST_FILENAME) if (root / LATEST_FILENAME).is_file() else None
+    except CheckpointError as e:
+        marked, marker_problem = None, str(e)
+    else:
+        marker_problem = ""
+    lines = [f"{'checkpoint':<16} {'state':<10} {'files':>6} {'GB':>8}  notes"]
+    for step_dir in sorted(p for p in root.glob("step_*") if p.is_dir()):
+        notes = ["latest"] if step_dir.name == marked else []
+        try:
+            state = verify_files(step_dir, mode)
+        except CheckpointError as e:
+            status, files, size = ("incomplete" if not is_complete(step_dir) else "DAMAGED"), "-", "-"
+            notes.append(str(e).split(": ", 1)[-1] if is_complete(step_dir) else f"no {TRAIN_STATE_FILENAME}")
+        else:
+            status = "intact" if state.files else "unverified"
+            files, size = str(len(state.files)), f"{sum(f['bytes'] for f in state.files.values()) / 1e9:.3f}"
+            notes.append(f"step {state.step}, world size {state.world_size}")
+        lines.append(f"{step_dir.name:<16} {status:<10} {files:>6} {size:>8}  {'; '.join(notes)}")
+    if marker_problem:
+        lines.append(marker_problem)
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +297,9 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     # Every rank's files are written once all ranks pass this barrier; only then is the checkpoint
     # declared complete.
     dist.barrier()
+    own: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(own, integrity.describe_own_files(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME}))
+    state.files = {name: facts for files in own for name, facts in files.items()}
     if dist.get_rank() == 0:
         raw = asdict(state)
         write_text(target / TRAIN_STATE_FILENAME, json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)}))

@@ -16,14 +16,16 @@ from bertdist.train import checkpoint
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
-    """Accept a checkpoint directory, a run's checkpoints/ directory, or a run directory (its latest)."""
+    """Accept a checkpoint directory (verified), or a run or its checkpoints/ directory: the newest intact
+    checkpoint there, as `--resume auto` would take it (an older one, with a warning, if the newest is damaged)."""
     path = Path(path)
     if checkpoint.is_complete(path):
+        checkpoint.verify_files(path)
         return path
     for root in (path, path / checkpoint.CHECKPOINTS_DIRNAME):
         found = checkpoint.latest(root)
         if found is not None:
-            return found
+            return checkpoint.newest_intact(found)
     raise checkpoint.CheckpointError(
         f"{path}: neither a complete checkpoint (no {checkpoint.TRAIN_STATE_FILENAME}) nor a directory with a "
         f"'{checkpoint.LATEST_FILENAME}' marker"

@@ -119,7 +119,7 @@ class Trainer(contextlib.ExitStack):
             raise ConfigError(problems)
         self.cfg, self.env = cfg, env
         self.output_dir = Path(cfg.train.output_dir)
-        self.resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume)
+        self.resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
         if self.resume_from is None:
             checkpoint.refuse_foreign_checkpoints(cfg.train.output_dir)
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None

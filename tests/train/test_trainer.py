@@ -148,3 +148,30 @@ def test_a_killed_rank_is_named_by_the_ranks_it_leaves(base, tiny_shards, tiny_v
     survivor = ranks.output(1)
     assert codes[1] == 1, survivor[-3000:]
     assert "[rank 1 on " in survivor and "lost contact with the other ranks" in survivor and "Traceback" not in survivor
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identically(base, tiny_shards, tiny_vocab, tmp_path, capsys):
+    """The newest checkpoint's model file cut to 1,000 bytes after it was declared complete (a bad disk):
+    `bertdist checkpoints` names it, and `--resume auto` never loads it but continues from the intact step
+    before it, ending with the same weights as a run that was never damaged."""
+    from bertdist.cli import main
+
+    reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
+    config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
+    out = tmp_path / "run" / "out"
+    shutil.copytree(reference.out, out)
+    final = f"step_{runs.STEPS:08d}"
+    model_file = out / "checkpoints" / final / "mp_rank_00_model_states.pt"
+    model_file.write_bytes(model_file.read_bytes()[:1000])
+
+    assert main(["checkpoints", str(out)]) == 1
+    listed = capsys.readouterr().out
+    assert f"{final}    DAMAGED" in listed and "mp_rank_00_model_states.pt" in listed
+    assert f"step_{runs.CHECKPOINT_EVERY:08d}    intact" in listed
+
+    ranks = runs.start_ranks(config, "resume-damaged", "--resume", "auto")
+    assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
+    assert f"resuming from the older step_{runs.CHECKPOINT_EVERY:08d} instead" in ranks.output(0)
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(out / "checkpoints" / final)
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
