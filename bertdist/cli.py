@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Callable
 
-from bertdist.config import ModelConfig, dump_yaml, load_config, validate
+from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_yaml, load_config, validate
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
@@ -211,16 +211,16 @@ def _add_checkpoints(sub: argparse._SubParsersAction) -> None:
         "whether its files still match the sizes and sha256 recorded when it was saved. Exit 1 if any is damaged.",
     )
     p.add_argument("dir", metavar="DIR", help="a run directory (train.output_dir) or its checkpoints/")
-    p.add_argument("--verify", choices=["sha256", "size"], default="sha256", help="how thoroughly (default sha256)")
+    p.add_argument("--verify", choices=VERIFY_MODES, default=CheckpointConfig.verify, help="how thoroughly (default sha256)")
     p.set_defaults(func=_run_checkpoints)
 
 
 def _run_checkpoints(args: argparse.Namespace) -> int:
     from bertdist.train.checkpoint import listing
 
-    text = listing(args.dir, args.verify)
+    text, damaged = listing(args.dir, args.verify)
     print(text)
-    return 1 if " DAMAGED " in text else 0
+    return 1 if damaged else 0
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:

@@ -21,10 +21,10 @@ from bertdist.config.schema import (
     TrackingConfig,
     TrainConfig,
 )
-from bertdist.config.validation import BACKENDS, PRECISIONS, count_vocab_lines, validate
+from bertdist.config.validation import BACKENDS, PRECISIONS, VERIFY_MODES, count_vocab_lines, validate
 
 __all__ = [
     "BACKENDS", "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "LaunchConfig",
-    "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "count_vocab_lines", "dump_yaml",
+    "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "VERIFY_MODES", "count_vocab_lines", "dump_yaml",
     "flatten", "load_config", "validate",
 ]  # fmt: skip

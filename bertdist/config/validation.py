@@ -14,6 +14,8 @@ from bertdist.config.schema import Config, ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 BACKENDS = ("local", "deepspeed", "slurm", "ray")
+VERIFY_MODES = ("sha256", "size")
+"""How a checkpoint's files are checked before loading (bertdist.train.integrity)."""
 
 
 def count_vocab_lines(path: str | os.PathLike) -> int:
@@ -95,8 +97,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
 
     if cfg.checkpoint.every_steps <= 0:
         p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
-    if cfg.checkpoint.verify not in ("sha256", "size"):
-        p.append(f"checkpoint.verify: {cfg.checkpoint.verify!r} is not one of sha256, size")
+    if cfg.checkpoint.verify not in VERIFY_MODES:
+        p.append(f"checkpoint.verify: {cfg.checkpoint.verify!r} is not one of {', '.join(VERIFY_MODES)}")
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
 

@@ -200,8 +200,8 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike) -> None:
         )
 
 
-def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> str:
-    """`bertdist checkpoints DIR`: every checkpoint of a run, its state and whether its files are intact."""
+def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, bool]:
+    """`bertdist checkpoints DIR`: a table of every checkpoint of a run and its state; and whether any is damaged."""
     path = Path(output_dir)
     root = path if path.name == CHECKPOINTS_DIRNAME or (path / LATEST_FILENAME).is_file() else checkpoints_dir(path)
     if not root.is_dir():
@@ -213,12 +213,14 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> str:
     else:
         marker_problem = ""
     lines = [f"{'checkpoint':<16} {'state':<10} {'files':>6} {'GB':>8}  notes"]
+    damaged = bool(marker_problem)
     for step_dir in sorted(p for p in root.glob("step_*") if p.is_dir()):
         notes = ["latest"] if step_dir.name == marked else []
         try:
             state = verify_files(step_dir, mode)
         except CheckpointError as e:
             status, files, size = ("incomplete" if not is_complete(step_dir) else "DAMAGED"), "-", "-"
+            damaged |= status == "DAMAGED"
             notes.append(str(e).split(": ", 1)[-1] if is_complete(step_dir) else f"no {TRAIN_STATE_FILENAME}")
         else:
             status = "intact" if state.files else "unverified"
@@ -227,7 +229,7 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> str:
         lines.append(f"{step_dir.name:<16} {status:<10} {files:>6} {size:>8}  {'; '.join(notes)}")
     if marker_problem:
         lines.append(marker_problem)
-    return "\n".join(lines)
+    return "\n".join(lines), damaged
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from bertdist.io import file_sha256
 
-VERIFY_MODES = ("sha256", "size")
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
 
 
