@@ -271,7 +271,7 @@ def test_numbers_written_the_way_people_write_them_are_numbers(tmp_path):
 
 
 def test_overrides_may_follow_flags(capsys):
-    assert main(["train", "--config", "bert-tiny", "--dry-run", "optim.lr=3e-3", "data.vocab_file=" + str(REPO / "README.md")]) in (0, 2)
+    assert main(["train", "--config", "bert-tiny", "--dry-run", "optim.lr=3e-3", "data.vocab_file=" + str(REPO / "README.md")]) == 0
     out = capsys.readouterr()
     assert "unrecognized arguments" not in out.err and "lr: 0.003" in out.out
 
