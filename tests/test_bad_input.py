@@ -222,6 +222,45 @@ def test_damaged_checkpoints_fail_export_and_resume_naming_the_file(damage, read
         assert "newest complete checkpoint there is" in err and "step_00000004" in err  # the one beside it
 
 
+class _Payload:
+    """Unpickling this creates a file: the stand-in for the code a tampered checkpoint would run."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("reader", ["export", "resume"])
+def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(reader, tmp_path, capsys, tiny_vocab, tiny_shards):
+    """The attacker rewrote the file *and* its record (so verification passes): only loading without
+    unpickling objects stands between the file and every rank that resumes from it."""
+    import torch
+
+    from bertdist.train.integrity import describe_own_files
+
+    run = _fake_run(tmp_path)
+    target = run / "checkpoints" / "step_00000004"
+    states = target / "mp_rank_00_model_states.pt"
+    marker = tmp_path / "payload-ran"
+    torch.save({**torch.load(states, weights_only=True), "client_state": _Payload(marker)}, states)
+    raw = json.loads((target / checkpoint.TRAIN_STATE_FILENAME).read_text())
+    raw["files"] = describe_own_files(target, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
+    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)}))
+
+    if reader == "export":
+        code = main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab])
+    else:
+        cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
+                          [f"train.output_dir={run}", "checkpoint.resume=auto"])
+        code = train(cfg)
+    err = capsys.readouterr().err
+    assert code == USAGE_EXIT_CODE and "Traceback" not in err, err
+    assert f"{states}: refused to load" in err and "(io.open)" in err and "not plain data" in err, err
+    assert not marker.exists()
+
+
 # ---- data loss ------------------------------------------------------------------------------------------------
 
 

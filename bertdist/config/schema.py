@@ -132,6 +132,13 @@ class TrainConfig:
     eval_batches: int = 20
     max_nonfinite_steps: int = 20
     """Stop after this many consecutive steps with a non-finite loss."""
+    rendezvous_timeout_s: float = 300.0
+    """How long the ranks wait for each other at start-up before naming the missing side."""
+    collective_timeout_s: float = 1800.0
+    """How long one collective (all-reduce, barrier) may wait for a peer before it fails."""
+    stall_timeout_s: float = 600.0
+    """Stop the job when this rank makes no progress (no micro batch, eval batch or checkpoint file) for this
+    long, naming the rank that stalled; 0 turns the watchdog off. Must exceed the slowest checkpoint save."""
     deepspeed: dict[str, Any] = field(default_factory=dict)
     """Extra DeepSpeed config keys merged over the generated ones (for experts)."""
 

@@ -50,6 +50,11 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     for name in ("log_every_steps", "eval_every_steps", "eval_batches", "max_nonfinite_steps"):
         if getattr(t, name) <= 0:
             p.append(f"train.{name}: must be positive, got {getattr(t, name)}")
+    for name in ("rendezvous_timeout_s", "collective_timeout_s"):
+        if not getattr(t, name) > 0:
+            p.append(f"train.{name}: must be positive, got {getattr(t, name)}")
+    if not t.stall_timeout_s >= 0:
+        p.append(f"train.stall_timeout_s: must be >= 0 (0: no watchdog), got {t.stall_timeout_s}")
     if world <= 0:
         p.append(f"launch.nodes x launch.gpus_per_node: world size must be positive, got {world}")
 

@@ -35,6 +35,7 @@ import numpy as np
 from bertdist.errors import UserError
 from bertdist.io import write_text
 from bertdist.train import integrity
+from bertdist.train.safe_load import weights_only_loading
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
@@ -320,7 +321,7 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
             f"position of each rank and the ZeRO partitions depend on the world size: resume with "
             f"{state.world_size} ranks, or start a new run from an export (checkpoint.init_from_pretrained)."
         )
-    with _damage_is_a_checkpoint_error(checkpoint_dir):
+    with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
         path, _ = engine.load_checkpoint(
             str(checkpoint_dir.parent), tag=checkpoint_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
         )
@@ -353,7 +354,7 @@ def consolidated_state_dict(checkpoint_dir: str | os.PathLike) -> dict[str, Any]
 
     checkpoint_dir = Path(checkpoint_dir)
     state = read_train_state(checkpoint_dir)
-    with _damage_is_a_checkpoint_error(checkpoint_dir):
+    with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
         if state.config["train"]["zero_stage"] == 0:
             model_states = checkpoint_dir / "mp_rank_00_model_states.pt"
             if not model_states.is_file():
@@ -376,7 +377,7 @@ def _damage_is_a_checkpoint_error(checkpoint_dir: Path) -> Iterator[None]:
 
     try:
         yield
-    except CheckpointError:
+    except UserError:  # ours already names the file (CheckpointError, UnsafeCheckpointError)
         raise
     except (RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__

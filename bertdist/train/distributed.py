@@ -169,10 +169,15 @@ def _expand_item(item: str, whole: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def init_process_group(env: DistributedEnv, backend: str, timeout_minutes: float = 30.0) -> None:
+def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: float = 300.0,
+                       collective_timeout_s: float = 1800.0) -> None:
     """Start torch.distributed for `env` with `backend` (nccl on GPU, gloo on CPU).
 
-    Sets the torchrun-style variables first, because DeepSpeed reads them again when it initialises.
+    Two timeouts, because one is wrong for both: the rendezvous (every rank reaching rank 0's store)
+    should fail within minutes when a rank never starts or MASTER_ADDR is unreachable, while a collective
+    of a healthy job may legitimately wait longer (a slow checkpoint on one rank). The store is built here
+    with the first and the process group with the second. Sets the torchrun-style variables first,
+    because DeepSpeed reads them again when it initialises.
     """
     import torch.distributed as dist
 
@@ -185,20 +190,36 @@ def init_process_group(env: DistributedEnv, backend: str, timeout_minutes: float
     )
     if dist.is_initialized():
         return
+    where = f"{env.master_addr}:{env.master_port}"
     try:
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{_bracket_ipv6(env.master_addr)}:{env.master_port}",
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
-        )
-    except dist.DistNetworkError as e:  # rank 0 could not listen: the port is taken, or the address is not ours
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise LaunchEnvironmentError(
-            f"rank {env.rank} cannot open the rendezvous at {env.master_addr}:{env.master_port} ({first[:200]}); "
-            "pick a free port (launch.master_port, --master_port, MASTER_PORT)"
-        ) from None
+        store = dist.TCPStore(
+            env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
+            timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True,
+        )  # fmt: skip
+    except dist.DistError as e:
+        if env.rank == 0 and isinstance(e, dist.DistNetworkError):  # the port is taken, or the address is not ours
+            raise LaunchEnvironmentError(
+                f"rank 0 cannot open the rendezvous at {where} ({_first_line(e)}); "
+                "pick a free port (launch.master_port, --master_port, MASTER_PORT)"
+            ) from None
+        if env.rank == 0:
+            joined = re.search(r"(\d+)/(\d+) clients joined", str(e))
+            count = f"{int(joined.group(1)) - 1} of the other {env.world_size - 1}" if joined else "not all of the other"
+            problem = f"rank 0 waited {rendezvous_timeout_s:g} s at {where} and {count} ranks arrived"
+            hint = "the missing ranks did not start, or cannot reach this address"
+        else:
+            problem = f"rank {env.rank} could not reach the rendezvous at {where} within {rendezvous_timeout_s:g} s"
+            hint = "rank 0 did not start, or MASTER_ADDR is not an address of rank 0's host that this host can reach"
+        raise LaunchEnvironmentError(f"{problem} (train.rendezvous_timeout_s): {hint} ({_first_line(e)[:160]})") from None
+    dist.init_process_group(
+        backend=backend, store=store, rank=env.rank, world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=collective_timeout_s),
+    )  # fmt: skip
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def _bracket_ipv6(addr: str) -> str:

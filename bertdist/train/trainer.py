@@ -39,6 +39,7 @@ from bertdist.errors import (
 from bertdist.train import checkpoint, metrics
 from bertdist.train.console import Console
 from bertdist.train.distributed import DistributedEnv, read_env
+from bertdist.train.watchdog import StallWatchdog
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -155,6 +156,8 @@ class Trainer(contextlib.ExitStack):
         self.tracker = self._build_tracker()
         self.node_monitor = self.enter_context(self._build_node_monitor())
         self.console = Console(self.output_dir, env.is_main)
+        self.watchdog = StallWatchdog(env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s)
+        self.callback(self.watchdog.close)
         # Last, so that nothing done at start-up draws from the generators.
         if self.resumed is not None:
             checkpoint.restore_rng_state(self.resumed.rng_states[env.rank])
@@ -177,7 +180,9 @@ class Trainer(contextlib.ExitStack):
 
         if self.device_type == "cuda":
             torch.cuda.set_device(self.env.local_rank)
-        distributed.init_process_group(self.env, backend="nccl" if self.device_type == "cuda" else "gloo")
+        t = self.cfg.train
+        distributed.init_process_group(self.env, backend="nccl" if self.device_type == "cuda" else "gloo",
+                                       rendezvous_timeout_s=t.rendezvous_timeout_s, collective_timeout_s=t.collective_timeout_s)
         self.callback(distributed.destroy_process_group)
 
     def _build_engine(self) -> Any:
@@ -266,6 +271,8 @@ class Trainer(contextlib.ExitStack):
             set_learning_rate(engine.optimizer.param_groups, lr)
             sums = self._train_step(batches)
             step = self.step = step + 1
+            if step == self.start_step + 1:  # start-up (JIT builds, first collectives) is not a stall
+                self.watchdog.start()
             interval.add(sums)
             loss = sums["loss"] / sums["micro_batches"]
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
@@ -305,6 +312,7 @@ class Trainer(contextlib.ExitStack):
             if engine.is_gradient_accumulation_boundary():
                 self.grad_norm = self._grad_norm_before_step()
             engine.step()
+            self.watchdog.progress(self.step)
             metrics.accumulate(acc, out, batch)
             sequences, seq_length = batch["input_ids"].shape
             predictions = batch["masked_lm_ids"].shape[1]
@@ -361,6 +369,7 @@ class Trainer(contextlib.ExitStack):
             for _ in range(self.cfg.train.eval_batches):
                 batch = {k: v.to(self.device) for k, v in next(batches).items()}
                 metrics.accumulate(acc, self.engine(**batch), batch)
+                self.watchdog.progress(self.step)
         dist.all_reduce(acc)
         checkpoint.restore_rng_state(rng)
         values = metrics.quality(dict(zip(metrics.STEP_SLOTS, acc.tolist())), "eval")
@@ -385,7 +394,9 @@ class Trainer(contextlib.ExitStack):
             tracking_run_id=self.tracker.run_id,
         )  # fmt: skip
         local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
+        self.watchdog.progress(step)
         path = checkpoint.save(self.engine, self.output_dir, state, local, self.cfg.checkpoint.keep_last)
+        self.watchdog.progress(step)
         self.console.line(f"step {step}: checkpoint {path}")
         self.tracker.log_checkpoint(path, step)
 

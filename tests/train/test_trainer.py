@@ -175,3 +175,39 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identica
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(out / "checkpoints" / final)
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continues(base, tiny_shards, tiny_vocab, tmp_path):
+    """SIGSTOP rank 1 after the first checkpoint (stopped, not dead: its sockets stay open, so nothing fails
+    by itself): rank 0's watchdog names rank 1 and its host, exits with the requeue code, and kills the
+    stopped rank on its host; every process is gone within the timeout plus a few seconds. `--resume auto`
+    then ends with the weights of a run that was never stopped."""
+    import signal
+    import time
+
+    from bertdist.errors import REQUEUE_EXIT_CODE
+
+    stall_timeout_s = 8
+    reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
+    config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1, stall_timeout_s=stall_timeout_s)
+    out = tmp_path / "run" / "out"
+    ranks = runs.start_ranks(config, "stopped")
+    ranks.wait_for(lambda: runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", "the first checkpoint")
+    ranks.procs[1].send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    for p in ranks.procs:
+        p.wait(timeout=stall_timeout_s + 30)
+    gone_after_s = time.monotonic() - stopped_at
+    log = ranks.output(0)
+    assert [p.returncode for p in ranks.procs] == [REQUEUE_EXIT_CODE, -signal.SIGKILL], log[-3000:]
+    assert gone_after_s < stall_timeout_s + 15, gone_after_s
+    assert "[rank 0 on " in log and f"train.stall_timeout_s={stall_timeout_s}" in log, log[-3000:]
+    assert "rank 1 on " in log and "sent no heartbeat in" in log and "Traceback" not in log, log[-3000:]
+
+    ranks = runs.start_ranks(config, "resumed", "--resume", "auto")
+    assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
+    final = f"step_{runs.STEPS:08d}"
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(out / "checkpoints" / final)
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
