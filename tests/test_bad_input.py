@@ -459,3 +459,28 @@ def test_a_taken_rendezvous_port_is_one_line(tmp_path, tiny_shards, tiny_vocab, 
         assert train(cfg) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "pick a free port" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_alone_at_the_rendezvous_gives_up_within_the_rendezvous_timeout(rank, tmp_path, tiny_shards, tiny_vocab, capsys, monkeypatch):
+    """Rank 0 without its peer, or rank 1 without rank 0 (never started, wrong MASTER_ADDR): one line naming
+    the address and what is missing after train.rendezvous_timeout_s, not the 30-minute collective timeout."""
+    import time
+
+    from bertdist.train.distributed import free_tcp_port
+
+    port = free_tcp_port()
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
+    started = time.monotonic()
+    assert train(load_config(config, ["train.rendezvous_timeout_s=3"])) == USAGE_EXIT_CODE
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "train.rendezvous_timeout_s" in err and "Traceback" not in err, err
+    if rank == 0:
+        assert "0 of the other 1 ranks arrived" in err, err
+    else:
+        assert "rank 1 could not reach the rendezvous" in err and "rank 0 did not start" in err, err
