@@ -296,7 +296,8 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     if dist.get_rank() == 0 and target.exists():
         shutil.rmtree(target)  # left by a save that crashed before completing
     dist.barrier()
-    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    with _write_failure_stops_the_run(target):
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
     # Every rank's files are written once all ranks pass this barrier; only then is the checkpoint
     # declared complete.
     dist.barrier()
@@ -305,11 +306,48 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     state.files = {name: facts for files in own for name, facts in files.items()}
     if dist.get_rank() == 0:
         raw = asdict(state)
-        write_text(target / TRAIN_STATE_FILENAME, json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)}))
-        write_text(root / LATEST_FILENAME, tag)
+        with _write_failure_stops_the_run(target):
+            write_text(target / TRAIN_STATE_FILENAME, json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)}))
+            write_text(root / LATEST_FILENAME, tag)
         prune(root, keep_last)
     dist.barrier()
     return target
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a lost mount): the run stops, `latest` unchanged."""
+
+
+@contextlib.contextmanager
+def _write_failure_stops_the_run(target: Path) -> Iterator[None]:
+    """Turn a failed write of checkpoint `target` into one line naming it, the free space, and what is intact.
+
+    The run stops rather than training on and retrying at the next interval: a disk that filled once fills
+    again, and every step trained after the last complete checkpoint would be lost at the next failure
+    anyway. The other ranks, waiting for this one in the save's closing barrier, stop with "lost contact";
+    rank 0 never declares the checkpoint complete, so `latest` keeps naming the previous one. torch.save
+    reports a full disk as a RuntimeError ("file write failed"), not as an OSError.
+    """
+    from bertdist.train.distributed import lost_peer
+
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        if lost_peer(e):  # another rank stopped first (maybe this same failure): the trainer says so
+            raise
+        root = target.parent
+        previous = [p for p in complete_checkpoints(root) if p.name < target.name]
+        try:
+            free_bytes = shutil.disk_usage(root).free
+            free = f"{free_bytes / 1e6:,.1f} MB free there" + (": the file system is full" if free_bytes < 2**20 else "")
+        except OSError:
+            free = "its free space cannot be read"
+        detail = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename else str(e).strip().splitlines()[0][:200]
+        raise CheckpointSaveError(
+            f"checkpoint {target} could not be written ({detail}; {free}). The newest complete checkpoint is "
+            f"{previous[-1].name if previous else 'none'}; free space (the incomplete {target.name} can go) and "
+            "run again with --resume auto"
+        ) from None
 
 
 def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:

@@ -222,6 +222,16 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
+def lost_peer(error: BaseException) -> bool:
+    """A collective failed because a peer is gone (killed, crashed, its host lost), not because of a bug."""
+    import torch.distributed as dist
+
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        words in text for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+    )
+
+
 def _bracket_ipv6(addr: str) -> str:
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
 

@@ -38,7 +38,7 @@ from bertdist.errors import (
 )
 from bertdist.train import checkpoint, metrics
 from bertdist.train.console import Console
-from bertdist.train.distributed import DistributedEnv, read_env
+from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.watchdog import StallWatchdog
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -59,25 +59,17 @@ def train(cfg: Config) -> int:
     with trainer:
         try:
             return trainer.train()
+        except checkpoint.CheckpointSaveError as e:  # not the input's fault: no usage exit code
+            return trainer.stop_with(str(e), FAILED_EXIT_CODE)
         except (UserError, OSError) as e:
             return trainer.stop_with(_one_line(e), USAGE_EXIT_CODE)
         except RuntimeError as e:
-            if not _lost_peers(e):
+            if not lost_peer(e):
                 raise
             return trainer.stop_with(
                 f"lost contact with the other ranks during step {trainer.step + 1}: another rank stopped first "
                 f"(the one whose log ends without this line) ({_one_line(e)[:200]})", FAILED_EXIT_CODE
             )  # fmt: skip
-
-
-def _lost_peers(error: RuntimeError) -> bool:
-    """A collective failed because a peer is gone (killed, crashed, its host lost), not because of a bug."""
-    import torch.distributed as dist
-
-    text = str(error)
-    return isinstance(error, dist.DistError) or any(
-        words in text for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
-    )
 
 
 def _one_line(error: BaseException) -> str:

@@ -211,3 +211,47 @@ def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continu
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(out / "checkpoints" / final)
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4.5 MB tmpfs: room for the first checkpoint of the test model (~3 MB) and not for the second."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4500k", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(base, tiny_shards, tiny_vocab, tmp_path, small_disk):
+    """The second checkpoint does not fit: the run stops (exit 1) with a line naming the checkpoint, the free
+    space and the intact one; `latest` still names step 4; once there is room, `--resume auto` ends with the
+    weights of an uninterrupted run."""
+    import subprocess
+
+    reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
+    config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1, output_dir=str(small_disk))
+    ranks = runs.start_ranks(config, "full")
+    codes = ranks.wait()
+    logs = ranks.output(0) + ranks.output(1)
+    assert codes == [1, 1], logs[-4000:]
+    final = f"step_{runs.STEPS:08d}"
+    assert f"checkpoint {small_disk / 'checkpoints' / final} could not be written" in logs, logs[-4000:]
+    assert "MB free there: the file system is full" in logs and f"newest complete checkpoint is step_{runs.CHECKPOINT_EVERY:08d}" in logs
+    assert "Traceback" not in logs, logs[-4000:]
+    assert runs.latest_tag(small_disk) == f"step_{runs.CHECKPOINT_EVERY:08d}"
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    ranks = runs.start_ranks(config, "resumed", "--resume", "auto")
+    assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(small_disk / "checkpoints" / final)
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
