@@ -62,9 +62,11 @@ def ray_local():
     """One local Ray for the whole session (starting Ray costs seconds); shut down only if we started it."""
     import ray
 
+    from bertdist.data.pipeline.driver import start_local_ray
+
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray(num_cpus=2)
     yield ray
     if started:
         ray.shutdown()

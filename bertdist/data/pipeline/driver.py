@@ -17,8 +17,10 @@ corpus. On a multi-node cluster OUTPUT must be on a filesystem that every node s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -26,7 +28,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -192,12 +194,56 @@ def _start_ray(opts: PrepareOptions) -> tuple[Any, float]:
 
     if not ray.is_initialized():
         if opts.ray_address:
-            ray.init(address=opts.ray_address, log_to_driver=False)
+            with loopback_ray() if _is_loopback(opts.ray_address) else contextlib.nullcontext():
+                ray.init(address=opts.ray_address, log_to_driver=False)
         elif os.environ.get("RAY_ADDRESS"):  # under `ray job submit`
             ray.init(log_to_driver=False)
         else:
-            ray.init(num_cpus=opts.workers or None, include_dashboard=False, log_to_driver=False)
+            start_local_ray(opts.workers or None)
     return ray, time.perf_counter() - t0
+
+
+def start_local_ray(num_cpus: int | None) -> None:
+    """A one-machine Ray whose servers (GCS, raylet, workers, agents) listen on 127.0.0.1 only."""
+    import ray
+
+    with loopback_ray():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+@contextlib.contextmanager
+def loopback_ray() -> Iterator[None]:
+    """Ray's local-only mode, for starting a Ray on 127.0.0.1 or joining one there as a driver.
+
+    Ray 2.60 replaces a loopback node address with the machine's external one (services.resolve_ip_for_
+    localhost) and then listens on every interface, so `_node_ip_address="127.0.0.1"` has no effect. Its
+    local-only mode (the one it uses on macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) makes the
+    node address 127.0.0.1, and its servers then bind loopback; a driver joining such a Ray needs the
+    same mode to find its raylet. The variable is read when ray is imported, so it is set in the imported
+    module and, while Ray starts its processes, in the environment they inherit; both are put back
+    afterwards. tests/data/pipeline checks the listening sockets: a Ray upgrade that changes this fails there.
+    """
+    from ray._private import ray_constants
+
+    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    env_before, constant_before = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = constant_before
+        if env_before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = env_before
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _with_peak_rss(fn: Callable, *args: Any) -> dict[str, Any]:

@@ -164,3 +164,19 @@ def test_vocab_and_inspect_commands(tiny_corpus, tiny_shards, tmp_path, capsys):
     assert main(["inspect", tiny_shards, "--examples", "2"]) == 0
     out = capsys.readouterr().out
     assert "checksums OK" in out and "NotNext" in out and "[CLS]" in out and "histogram" in out
+
+
+def test_a_local_ray_listens_on_loopback_only(ray_local):
+    """The local Ray that `prepare` starts (and the tests share) must not be reachable from the network:
+    every listening socket of its GCS, raylet, agents and workers is on 127.0.0.1."""
+    import psutil
+
+    node = ray_local._private.worker._global_node
+    assert node.node_ip_address == "127.0.0.1"
+    pids = {info.process.pid for infos in node.all_processes.values() for info in infos}
+    pids |= {c.pid for pid in list(pids) for c in psutil.Process(pid).children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert listening, "no Ray server sockets found"
+    exposed = [(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in listening
+               if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]  # fmt: skip
+    assert exposed == []
