@@ -114,20 +114,20 @@ class Ranks:
             time.sleep(0.1)
 
 
-def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = None) -> Ranks:
-    """Start WORLD_SIZE `bertdist train` processes with the environment srun gives its tasks."""
+def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = None, world_size: int = WORLD_SIZE) -> Ranks:
+    """Start `world_size` `bertdist train` processes with the environment srun gives its tasks."""
     port = free_tcp_port()
     procs, logs = [], []
-    for rank in range(WORLD_SIZE):
+    for rank in range(world_size):
         env = {
             **os.environ,
             "DS_ACCELERATOR": "cpu",
             "OMP_NUM_THREADS": "1",
             "SLURM_PROCID": str(rank),
-            "SLURM_NTASKS": str(WORLD_SIZE),
+            "SLURM_NTASKS": str(world_size),
             "SLURM_LOCALID": str(rank),
             "SLURM_NODELIST": "localhost",
-            "SLURM_TASKS_PER_NODE": str(WORLD_SIZE),
+            "SLURM_TASKS_PER_NODE": str(world_size),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
         }

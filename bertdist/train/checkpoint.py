@@ -351,18 +351,33 @@ def _write_failure_stops_the_run(target: Path) -> Iterator[None]:
 
 
 def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
-    """Load model and optimizer state into `engine` and return the train state (every rank calls this)."""
+    """Load model and optimizer state into `engine` and return the train state (every rank calls this).
+
+    A checkpoint from another number of ranks is loaded through DeepSpeed's universal format
+    (bertdist.train.reshard); the engine must have been built with `checkpoint.load_universal` then.
+    """
+    import torch.distributed as dist
+
+    from bertdist.train import reshard
+
     state = read_train_state(checkpoint_dir)
-    if state.world_size != world_size:
-        raise CheckpointError(
-            f"{checkpoint_dir} was written by {state.world_size} ranks; this run has {world_size}. The data "
-            f"position of each rank and the ZeRO partitions depend on the world size: resume with "
-            f"{state.world_size} ranks, or start a new run from an export (checkpoint.init_from_pretrained)."
-        )
-    with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
-        path, _ = engine.load_checkpoint(
-            str(checkpoint_dir.parent), tag=checkpoint_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
+    source = checkpoint_dir
+    if state.world_size != world_size and reshard.has_partitions(checkpoint_dir):
+        if dist.get_rank() == 0:
+            with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
+                reshard.universal_copy(checkpoint_dir)
+        dist.barrier()
+        source = reshard.universal_path(checkpoint_dir)
+    try:
+        with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
+            path, _ = engine.load_checkpoint(
+                str(source.parent), tag=source.name, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
+    finally:
+        if source != checkpoint_dir:
+            dist.barrier()
+            if dist.get_rank() == 0:
+                reshard.remove_copy(checkpoint_dir)
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load {checkpoint_dir}")
     return state

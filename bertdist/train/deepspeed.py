@@ -28,8 +28,12 @@ OWNED_KEYS = {
 FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
 
 
-def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int) -> dict[str, Any]:
-    """DeepSpeed's config dictionary for `phase` on `world_size` data-parallel ranks."""
+def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int, load_universal: bool = False) -> dict[str, Any]:
+    """DeepSpeed's config dictionary for `phase` on `world_size` data-parallel ranks.
+
+    `load_universal`: the checkpoint to resume from is loaded from DeepSpeed's universal format (it was
+    written by another number of ranks; bertdist.train.reshard).
+    """
     t, o = cfg.train, cfg.optim
     ds: dict[str, Any] = {
         "train_batch_size": t.global_batch_size,
@@ -41,6 +45,8 @@ def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int) -> dict[s
         "bf16": {"enabled": t.precision == "bf16"},
         "wall_clock_breakdown": False,
     }
+    if load_universal:
+        ds["checkpoint"] = {"load_universal": True}
     if t.zero_stage >= 2:
         ds["zero_optimization"].update(overlap_comm=True, contiguous_gradients=True)
     problems = [

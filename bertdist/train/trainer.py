@@ -36,7 +36,7 @@ from bertdist.errors import (
     USAGE_EXIT_CODE,
     UserError,
 )
-from bertdist.train import checkpoint, metrics
+from bertdist.train import checkpoint, metrics, reshard
 from bertdist.train.console import Console
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.watchdog import StallWatchdog
@@ -118,6 +118,7 @@ class Trainer(contextlib.ExitStack):
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
         if self.resumed is not None and self.resumed.config["model"] != cfg.to_dict()["model"]:
             raise ConfigError([f"model: differs from the model of checkpoint {self.resume_from}; resume needs the same model"])
+        self.resharding = self.resumed is not None and self.resumed.world_size != env.world_size
         self.loaders = [self._loader(phase, phase.train_dir, cfg.data.loader_workers) for phase in cfg.data.phases]
         for phase in cfg.data.phases:  # construct once so that a bad eval set fails now, not at the first eval
             if phase.eval_dir:
@@ -151,8 +152,10 @@ class Trainer(contextlib.ExitStack):
         self.watchdog = StallWatchdog(env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s)
         self.callback(self.watchdog.close)
         # Last, so that nothing done at start-up draws from the generators.
-        if self.resumed is not None:
+        if self.resumed is not None and not self.resharding:
             checkpoint.restore_rng_state(self.resumed.rng_states[env.rank])
+        elif self.resumed is not None:  # new streams, distinct from the first run's (seed + rank) ones
+            _seed_everything(cfg.train.seed + env.rank + 1_000_003 * self.start_step)
         else:
             _seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
 
@@ -193,16 +196,23 @@ class Trainer(contextlib.ExitStack):
             model = BertForPreTraining(cfg.model)
         _, phase = cfg.phase_at(self.start_step)
         optimizer = build_optimizer(model, cfg.optim, self.device_type)
-        return ds.initialize(model, optimizer, ds.deepspeed_config(cfg, phase, self.env.world_size))
+        universal = self.resharding and reshard.has_partitions(self.resume_from)
+        return ds.initialize(model, optimizer, ds.deepspeed_config(cfg, phase, self.env.world_size, load_universal=universal))
 
     def _restore(self) -> None:
         state = checkpoint.load(self.engine, self.resume_from, self.env.world_size)
         self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
-        mine = state.loader_states[self.env.rank]
+        # Every rank's loader state describes the same epoch segment; new ranks continue it from rank 0's.
+        mine = state.loader_states[0 if self.resharding else self.env.rank]
         phase_index, _ = self.cfg.phase_at(self.start_step)
         if mine["phase"] == phase_index:  # a checkpoint at a phase's last step continues with a fresh loader
             self.loaders[phase_index].load_state_dict(mine["loader"])
         print(f"[rank {self.env.rank}] resumed from {self.resume_from} at step {state.step}", flush=True)
+        if self.resharding and self.env.is_main:
+            print(f"the checkpoint was written by {state.world_size} rank(s) and this run has {self.env.world_size}: the "
+                  "weights and optimizer state continue exactly and the epoch continues without repeating or skipping a "
+                  "sample; which rank reads which sample, and the dropout streams, differ from a run that kept "
+                  f"{state.world_size} rank(s)", flush=True)  # fmt: skip
 
     def _build_tracker(self) -> Any:
         from bertdist.tracking.mlflow_tracker import build_tracker
