@@ -32,9 +32,9 @@ from common import (
 
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.model.bert import BertForPreTraining
-from bertdist.model.ops import IGNORE_INDEX
 from bertdist.model.flops import train_flops_per_sequence
 from bertdist.model.hf import config_to_hf
+from bertdist.model.ops import IGNORE_INDEX
 
 
 def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device) -> dict:

@@ -8,7 +8,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from bertdist.launch.request import plan
 from bertdist.train.distributed import free_tcp_port
 from tests import training_runs
 from tests.conftest import REPO, TEST_SEQ_LENGTH, TINY_SHARD_SAMPLES
+from tests.hosts import kill_processes_mentioning
 
 VENV_BIN = Path(sys.executable).parent
 TINY_CONFIG = REPO / "configs" / "bert-tiny.yaml"
@@ -271,40 +271,8 @@ class RayHead:
     def stop(self) -> None:
         if self._starting.poll() is None:
             self._starting.kill()
-        marker = f"{self.temp_dir}/session_"
-        table = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                table[int(entry)] = (ppid, cmdline)
-        ours = {pid for pid, (_, cmd) in table.items() if marker in cmd and pid != os.getpid()}
-        grew = True
-        while grew:
-            children = {pid for pid, (ppid, _) in table.items() if ppid in ours} - ours
-            ours |= children
-            grew = bool(children)
-        for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-            for pid in ours:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(_alive(pid) for pid in ours):
-                time.sleep(0.2)
+        kill_processes_mentioning(f"{self.temp_dir}/session_")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ switch (the universal copy against the checkpoint) and the data (every sample of
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 

@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -57,6 +58,8 @@ class PrepareReport:
     resumed_shards: int
     worker_peak_rss_mb: float
     """Largest resident memory of any Ray worker process that ran a task (bounded by group/shard size)."""
+    tasks_per_node: dict[str, int]
+    """How many tasks each Ray node (by address) ran: shows that a cluster's nodes were all used."""
 
 
 # ---- the driver --------------------------------------------------------------------------------------------
@@ -130,6 +133,7 @@ def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_s
         ray_start_seconds=ray_start_seconds,
         resumed_shards=sum(1 for r in shard_results if r["resumed"]),
         worker_peak_rss_mb=max(r["peak_rss_mb"] for r in unit_results + group_results + shard_results),
+        tasks_per_node=dict(sorted(Counter(r["node"] for r in unit_results + group_results + shard_results).items())),
     )
 
 
@@ -246,11 +250,15 @@ def _is_loopback(address: str) -> bool:
         return host == "localhost"
 
 
-def _with_peak_rss(fn: Callable, *args: Any) -> dict[str, Any]:
-    """Run a stage function and report the worker's peak memory (the 'bounded memory' property)."""
+def _with_worker_facts(fn: Callable, *args: Any) -> dict[str, Any]:
+    """Run a stage function and report the worker's peak memory (the 'bounded memory' property) and node."""
     import resource
 
-    return dict(fn(*args), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    import ray
+
+    result = fn(*args)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return dict(result, peak_rss_mb=rss_mb, node=ray.util.get_node_ip_address())
 
 
 class _TaskRunner:
@@ -266,7 +274,7 @@ class _TaskRunner:
 
         ray = self.ray
         if self.remote is None:
-            self.remote = ray.remote(num_cpus=1, max_retries=2)(_with_peak_rss)
+            self.remote = ray.remote(num_cpus=1, max_retries=2)(_with_worker_facts)
         weights = weights or [1] * len(args)
         results: list[Any] = [None] * len(args)
         pending: dict[Any, int] = {}
@@ -404,5 +412,7 @@ def summary_text(report: PrepareReport) -> str:
         f"  time: {report.seconds:.1f} s ({report.ray_start_seconds:.1f} s starting Ray), "
         f"{t['samples'] / max(report.seconds, 1e-9):,.0f} samples/s; peak worker memory {report.worker_peak_rss_mb:,.0f} MB; "
         f"{report.resumed_shards} shards kept from a previous run",
+        f"  ray nodes: {len(report.tasks_per_node)} ("
+        + ", ".join(f"{node}: {tasks} tasks" for node, tasks in report.tasks_per_node.items()) + ")",
     ]
     return "\n".join(lines)
