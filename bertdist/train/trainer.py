@@ -224,6 +224,10 @@ class Trainer(contextlib.ExitStack):
             run_name=cfg.tracking.run_name or default_run_name(cfg),
         )  # fmt: skip
         tracker.log_run_start(cfg, env.world_size, env.nodes)
+        marked = checkpoint.latest(checkpoint.checkpoints_dir(self.output_dir)) if cfg.checkpoint.resume == "auto" else None
+        if marked is not None and self.resume_from is not None and marked != self.resume_from:
+            tracker.set_tags({"bertdist.resume_fallback": f"{marked.name} failed verification; resumed from the older "
+                                                          f"{self.resume_from.name}"})  # fmt: skip
         if self.resume_from is not None:  # a kill can land between a checkpoint's completion and its record
             tracker.log_checkpoint(self.resume_from, self.start_step)
         return tracker

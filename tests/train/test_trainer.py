@@ -169,9 +169,16 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identica
     assert f"{final}    DAMAGED" in listed and "mp_rank_00_model_states.pt" in listed
     assert f"step_{runs.CHECKPOINT_EVERY:08d}    intact" in listed
 
-    ranks = runs.start_ranks(config, "resume-damaged", "--resume", "auto")
+    ranks = runs.start_ranks(config, "resume-damaged", "--resume", "auto", "tracking.enabled=true")
     assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
     assert f"resuming from the older step_{runs.CHECKPOINT_EVERY:08d} instead" in ranks.output(0)
+    import mlflow
+
+    from bertdist.tracking.store import local_store_uri
+
+    client = mlflow.MlflowClient(local_store_uri(out))
+    (run,) = client.search_runs([client.get_experiment_by_name("bertdist").experiment_id])  # the MLflow run says so too
+    assert run.data.tags["bertdist.resume_fallback"] == f"{final} failed verification; resumed from the older step_{runs.CHECKPOINT_EVERY:08d}"
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(out / "checkpoints" / final)
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
