@@ -185,22 +185,26 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """The encoder: `forward(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)`."""
+    """The encoder: `forward(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)`.
 
-    def __init__(self, cfg: ModelConfig):
+    Without the pooler (token tagging and QA read every position, as in `transformers`, whose checkpoints of
+    those tasks have no pooler weights), `pooled_output` is None.
+    """
+
+    def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
-        self.pooler = BertPooler(cfg)
+        self.pooler = BertPooler(cfg) if add_pooling_layer else None
 
     def forward(
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), _sdpa_mask(attention_mask))
-        return sequence_output, self.pooler(sequence_output)
+        return sequence_output, None if self.pooler is None else self.pooler(sequence_output)
 
 
 def _sdpa_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -253,33 +257,36 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
 
 
+def check_heads_divide(cfg: ModelConfig) -> None:
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ValueError(
+            f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_attention_heads={cfg.num_attention_heads}"
+        )
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation (for `Module.apply`): matrices from N(0, std), biases 0, LayerNorm scale 1."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, BertLMPredictionHead):
+        nn.init.zeros_(module.bias)
+
+
 class BertForPreTraining(nn.Module):
     """BERT with its two pretraining heads: masked language model (tied decoder) and next-sentence prediction."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.hidden_size % cfg.num_attention_heads:
-            raise ValueError(
-                f"model.hidden_size={cfg.hidden_size} is not divisible by "
-                f"model.num_attention_heads={cfg.num_attention_heads}"
-            )
+        check_heads_divide(cfg)
         self.config = cfg
         self.bert = BertModel(cfg)
         self.cls = BertPreTrainingHeads(cfg)
-        self.apply(self._init_weights)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        """BERT's initialisation: every matrix from N(0, initializer_range), biases 0, LayerNorm scale 1."""
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
-            nn.init.zeros_(module.bias)
+        self.apply(lambda module: init_weights(module, cfg.initializer_range))
 
     def forward(
         self,

@@ -122,7 +122,7 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
     return ModelConfig(size=size, **values)
 
 
-def _read_config(directory: Path) -> ModelConfig:
+def read_config(directory: Path) -> ModelConfig:
     path = directory / CONFIG_FILE
     try:
         hf = json.loads(path.read_text())
@@ -179,7 +179,7 @@ def from_hf_state_dict(
     return {k: v for k, v in renamed.items() if k not in _TIED_OR_BUFFERS}
 
 
-def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
+def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
     """All tensors of the checkpoint in `directory`, preferring safetensors; returns them and the file read."""
     for name, reader in ((SAFETENSORS_FILE, load_file), (PYTORCH_FILE, _load_torch)):
         single, index = directory / name, directory / f"{name}.index.json"
@@ -218,9 +218,9 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     use (a fine-tuned classifier, say) are named in a warning and ignored.
     """
     directory = Path(directory)
-    checkpoint_cfg = _read_config(directory)
-    cfg = checkpoint_cfg if model_cfg is None else _agreeing_config(model_cfg, checkpoint_cfg, directory)
-    tensors, source = _read_weights(directory)
+    checkpoint_cfg = read_config(directory)
+    cfg = checkpoint_cfg if model_cfg is None else agreeing_config(model_cfg, checkpoint_cfg, directory)
+    tensors, source = read_weights(directory)
     state = from_hf_state_dict(tensors, source)
 
     model = BertForPreTraining(cfg)
@@ -244,7 +244,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     return model
 
 
-def _agreeing_config(model_cfg: ModelConfig, checkpoint_cfg: ModelConfig, directory: Path) -> ModelConfig:
+def agreeing_config(model_cfg: ModelConfig, checkpoint_cfg: ModelConfig, directory: Path) -> ModelConfig:
     differ = [
         f"model.{f}={_arch(model_cfg, f)} but {_arch(checkpoint_cfg, f)} in the checkpoint"
         for f in _ARCHITECTURE_FIELDS

@@ -1,0 +1,128 @@
+"""Fine-tuned models in the Hugging Face format: what `transformers`' Auto classes load, both ways.
+
+`save_task_model` writes model.safetensors (the heads already use `transformers`' names), a config.json
+naming the architecture (`BertForSequenceClassification`, ...) with `id2label`/`label2id`, `num_labels` and
+`problem_type`, and the tokenizer files; `AutoModelFor<Task>` loads it with no missing or unexpected key.
+`load_task_model` reads such a directory, whoever wrote it. `task_model_from_pretrained` starts a task model
+from a pretrained encoder (a bertdist export or any HF BERT directory, with or without the pretraining heads):
+the encoder's weights are loaded, the head starts from BERT's initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from bertdist.config import ModelConfig
+from bertdist.model.heads import (
+    REGRESSION,
+    SINGLE_LABEL,
+    TASK_MODELS,
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertdist.model.hf import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    CheckpointFormatError,
+    agreeing_config,
+    config_to_hf,
+    from_hf_state_dict,
+    hf_state_dict,
+    read_config,
+    read_weights,
+    write_tokenizer_files,
+)
+
+
+def build_task_model(architecture: str, cfg: ModelConfig, labels: list[str], problem_type: str = SINGLE_LABEL) -> Any:
+    """A freshly initialised task model; `labels` are the class names (one name for regression and QA/MC)."""
+    if architecture == "BertForSequenceClassification":
+        return BertForSequenceClassification(cfg, len(labels), problem_type)
+    if architecture == "BertForTokenClassification":
+        return BertForTokenClassification(cfg, len(labels))
+    if architecture == "BertForQuestionAnswering":
+        return BertForQuestionAnswering(cfg)
+    if architecture == "BertForMultipleChoice":
+        return BertForMultipleChoice(cfg)
+    raise CheckpointFormatError(f"architecture {architecture!r} is not one of {', '.join(TASK_MODELS)}")
+
+
+def save_task_model(model: Any, directory: str | os.PathLike, labels: list[str], vocab_file: str | os.PathLike | None,
+                    extra_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """Write `directory` for `AutoModelFor<Task>.from_pretrained` and `AutoTokenizer` (offline)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    pad_token_id = 0
+    if vocab_file is not None:
+        pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
+    save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+    config = config_to_hf(model.config, pad_token_id=pad_token_id)
+    config["architectures"] = [type(model).__name__]
+    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+        config["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        config["label2id"] = {name: i for i, name in enumerate(labels)}
+    if isinstance(model, BertForSequenceClassification):
+        config["problem_type"] = model.problem_type
+    config.update(extra_config or {})
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_task_model(directory: str | os.PathLike) -> tuple[Any, list[str]]:
+    """A fine-tuned model saved by us or by `transformers` (architecture from config.json) and its labels."""
+    directory = Path(directory)
+    cfg = read_config(directory)
+    raw = json.loads((directory / CONFIG_FILE).read_text())
+    architecture = (raw.get("architectures") or [""])[0]
+    labels = _labels(raw, directory)
+    problem_type = raw.get("problem_type") or (REGRESSION if len(labels) == 1 and architecture == "BertForSequenceClassification" else SINGLE_LABEL)
+    model = build_task_model(architecture, cfg, labels, problem_type)
+    tensors, source = read_weights(directory)
+    state = from_hf_state_dict(tensors, source)
+    missing, unexpected = _key_differences(model, state)
+    if missing or unexpected:
+        raise CheckpointFormatError(f"{source}: not a {architecture} checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.load_state_dict(state, strict=True)
+    return model, labels
+
+
+def task_model_from_pretrained(directory: str | os.PathLike, architecture: str, labels: list[str],
+                               problem_type: str = SINGLE_LABEL, model_cfg: ModelConfig | None = None) -> Any:  # fmt: skip
+    """A task model whose encoder comes from the pretrained BERT in `directory`; the head is fresh.
+
+    `model_cfg` (dropout and the like) must agree with the checkpoint's architecture. A checkpoint without
+    the encoder's weights is refused, naming what is missing; the pretraining heads are left out.
+    """
+    directory = Path(directory)
+    checkpoint_cfg = read_config(directory)
+    cfg = checkpoint_cfg if model_cfg is None else agreeing_config(model_cfg, checkpoint_cfg, directory)
+    model = build_task_model(architecture, cfg, labels, problem_type)
+    tensors, source = read_weights(directory)
+    state = from_hf_state_dict(tensors, source)
+    encoder = {k: v for k, v in model.state_dict().items() if k.startswith("bert.")}
+    missing = [k for k in encoder if k not in state and not k.startswith("bert.pooler.")]
+    if missing:
+        raise CheckpointFormatError(f"{source}: missing BERT encoder weights: {', '.join(missing[:5])}")
+    model.load_state_dict({k: v for k, v in state.items() if k in encoder}, strict=False)
+    return model
+
+
+def _labels(raw: dict[str, Any], directory: Path) -> list[str]:
+    id2label = raw.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            return [str(id2label[str(i)]) for i in range(len(id2label))]
+        except KeyError:
+            raise CheckpointFormatError(f"{directory / CONFIG_FILE}: id2label keys are not 0..{len(id2label) - 1}") from None
+    return [f"LABEL_{i}" for i in range(int(raw.get("num_labels", 2)))]
+
+
+def _key_differences(model: Any, state: dict[str, Any]) -> tuple[list[str], list[str]]:
+    expected = set(model.state_dict())
+    return sorted(expected - set(state)), sorted(set(state) - expected)
