@@ -4,6 +4,10 @@
     deepspeed    the DeepSpeed config dict from our config; the engine
     optim        AdamW parameter groups and the learning-rate schedule
     checkpoint   save, resume (exact: data cursor, RNG, tracking run id), consolidate
+    integrity    size and sha256 of every checkpoint file, recorded at save and checked before loading
+    safe_load    every torch.load of a checkpoint weights-only (no code from a tampered file)
+    reshard      resuming on another number of ranks (DeepSpeed's universal checkpoint)
+    watchdog     heartbeats; a stalled rank named, the job stopped for a requeue
     distributed  rank/world/master from torchrun, the deepspeed launcher or SLURM; the process group
     metrics      what a step measures and the names it is logged under
     console      the one-line-per-interval console and metrics.jsonl

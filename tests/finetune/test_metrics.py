@@ -1,0 +1,75 @@
+"""The task metrics against their references: scikit-learn and scipy (installed with MLflow), seqeval's
+README example and a broken entity worked by hand, and SQuAD's official normalisation on worked examples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bertdist.finetune import metrics
+
+sklearn_metrics = pytest.importorskip("sklearn.metrics")
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_classification_metrics_equal_scikit_learn(seed):
+    rng = np.random.default_rng(seed)
+    classes = 2 if seed < 2 else 4
+    gold = rng.integers(0, classes, 200)
+    predicted = np.where(rng.random(200) < 0.6, gold, rng.integers(0, classes, 200))
+    assert metrics.accuracy(predicted, gold) == pytest.approx(sklearn_metrics.accuracy_score(gold, predicted), abs=1e-12)
+    assert metrics.matthews(predicted, gold) == pytest.approx(sklearn_metrics.matthews_corrcoef(gold, predicted), abs=1e-12)
+    assert metrics.macro_f1(predicted, gold) == pytest.approx(sklearn_metrics.f1_score(gold, predicted, average="macro"), abs=1e-12)
+    if classes == 2:
+        assert metrics.f1(predicted, gold) == pytest.approx(sklearn_metrics.f1_score(gold, predicted), abs=1e-12)
+
+
+def test_matthews_is_zero_when_one_class_is_predicted():
+    assert metrics.matthews([1, 1, 1, 1], [0, 1, 0, 1]) == 0.0 == sklearn_metrics.matthews_corrcoef([0, 1, 0, 1], [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_correlations_equal_scipy_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 6, 100).astype(float)  # STS-B-like scores 0..5, many ties
+    y = x + rng.normal(0, 1.5, 100)
+    assert metrics.pearson(x, y) == pytest.approx(scipy_stats.pearsonr(x, y)[0], abs=1e-12)
+    assert metrics.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y)[0], abs=1e-12)
+    assert metrics.spearman(x, np.round(y)) == pytest.approx(scipy_stats.spearmanr(x, np.round(y))[0], abs=1e-12)
+
+
+def test_entity_scores_follow_seqeval():
+    # seqeval's README example: precision = recall = f1 = 0.50
+    gold = [["O", "O", "O", "B-MISC", "I-MISC", "I-MISC", "O"], ["B-PER", "I-PER", "O"]]
+    predicted = [["O", "O", "B-MISC", "I-MISC", "I-MISC", "I-MISC", "O"], ["B-PER", "I-PER", "O"]]
+    assert metrics.entity_scores(predicted, gold) == {"precision": 0.5, "recall": 0.5, "f1": 0.5}
+    # A broken entity: I-PER after O starts a second PER; I-LOC after B-PER starts a LOC.
+    assert metrics.entities(["B-PER", "O", "I-PER", "I-LOC", "B-ORG", "I-ORG"]) == {
+        ("PER", 0, 0), ("PER", 2, 2), ("LOC", 3, 3), ("ORG", 4, 5)}
+    scores = metrics.entity_scores([["B-PER", "O", "I-PER"]], [["B-PER", "I-PER", "I-PER"]])
+    assert scores == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+    scores = metrics.entity_scores([["B-PER", "O", "B-LOC"]], [["B-PER", "O", "O"]])
+    assert scores == pytest.approx({"precision": 0.5, "recall": 1.0, "f1": 2 / 3})
+
+
+def test_squad_official_normalisation_and_scores():
+    assert metrics.normalize_answer("The  Denver Broncos!") == "denver broncos"
+    assert metrics.normalize_answer("an apple, a pear") == "apple pear"
+    gold = {"q1": ["Denver Broncos", "The Denver Broncos"], "q2": ["Santa Clara, California"], "q3": ["1990s"]}
+    predicted = {"q1": "the Denver Broncos", "q2": "Santa Clara", "q3": "the 1980s"}
+    scores = metrics.squad_scores(predicted, gold)
+    # q1 exact; q2 F1 = 2*(2/2*2/3)/(1+2/3) = 0.8; q3 nothing in common
+    assert scores == pytest.approx({"exact_match": 100 / 3, "f1": 100 * (1 + 0.8 + 0) / 3, "total": 3})
+
+
+def test_squad_v2_splits_answerable_and_unanswerable_questions():
+    gold = {"a": ["Paris"], "b": [""], "c": [], "d": ["in 1887"]}
+    predicted = {"a": "Paris", "b": "", "c": "somewhere", "d": "1887"}
+    scores = metrics.squad_scores(predicted, gold)
+    assert scores["HasAns_total"] == 2 and scores["NoAns_total"] == 2
+    assert scores["HasAns_exact"] == 50.0 and scores["HasAns_f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
+    assert scores["NoAns_exact"] == 50.0 and scores["NoAns_f1"] == 50.0
+    assert scores["exact_match"] == 50.0
+    with pytest.raises(ValueError, match="no prediction for 1 question"):
+        metrics.squad_scores({"a": "Paris"}, {"a": ["Paris"], "z": ["x"]})
