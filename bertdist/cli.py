@@ -5,6 +5,7 @@
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format
+    bertdist finetune fine-tune a pretrained BERT on a classification or regression task
     bertdist checkpoints  list a run's checkpoints and verify their files
     bertdist submit   submit a training or preprocessing job to a cluster
     bertdist ui       open the MLflow dashboard of a run
@@ -176,6 +177,29 @@ def _run_train(args: argparse.Namespace) -> int:
     from bertdist.train.trainer import train
 
     return train(cfg)
+
+
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a pretrained BERT on a labelled task",
+        description=(
+            "Fine-tune a bertdist checkpoint, its export or any Hugging Face BERT (finetune.init_from) on a "
+            "classification or regression task read from CSV, TSV or JSON lines, under the same launchers and "
+            "DeepSpeed engine as pretraining; the best dev epoch is exported as a Hugging Face directory. "
+            "Overrides are key.sub=value pairs, e.g. finetune.train_file=train.tsv finetune.lr=3e-5."
+        ),
+    )
+    p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    p.set_defaults(func=_run_finetune)
+
+
+def _run_finetune(args: argparse.Namespace) -> int:
+    from bertdist.finetune.runner import finetune
+
+    return finetune(load_config(args.config, list(args.overrides)))
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -377,6 +401,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_prepare,
     _add_inspect,
     _add_train,
+    _add_finetune,
     _add_export,
     _add_checkpoints,
     _add_submit,

@@ -439,7 +439,10 @@ def test_unwritable_outputs_are_one_line(tmp_path, tiny_corpus, tiny_vocab, tiny
     err = capsys.readouterr().err
     assert "/proc/bertdist" in err and "Traceback" not in err, err
     config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
-    assert train(load_config(config, ["train.output_dir=/proc/bertdist/run", "tracking.enabled=false"])) == USAGE_EXIT_CODE
+    from bertdist.train.distributed import free_tcp_port
+
+    overrides = ["train.output_dir=/proc/bertdist/run", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]
+    assert train(load_config(config, overrides)) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert "/proc/bertdist" in err and "Traceback" not in err, err
 

@@ -188,6 +188,41 @@ class LaunchConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    """`bertdist finetune`: one downstream task on a pretrained BERT, with the paper's recipe as defaults.
+
+    Shared with pretraining: optim.betas/eps/weight_decay/grad_clip_norm, train.precision/zero_stage/seed,
+    tracking and launch. The model's dimensions come from `init_from`; model.* dropout settings apply.
+    """
+
+    task: str = "classification"
+    """classification (one text or a pair, any number of labels) or regression (one score, MSE)."""
+    init_from: str = ""
+    """A bertdist run directory or checkpoint (step_N), its export, or any Hugging Face BERT directory;
+    empty: random initialisation of model.* (the baseline a pretrained model must beat)."""
+    vocab_file: str = ""
+    """WordPiece vocabulary; empty: the vocab.txt of init_from (an export or HF directory)."""
+    train_file: str = ""
+    """CSV, TSV or JSON lines (by extension) with a header / keys naming the columns."""
+    dev_file: str = ""
+    text_column: str = "sentence"
+    text_pair_column: str = ""
+    """Empty: single sentences; else the column of the second text ([CLS] A [SEP] B [SEP])."""
+    label_column: str = "label"
+    on_bad_input: str = "error"
+    """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
+    max_seq_length: int = 128
+    batch_size: int = 32
+    """Sequences per optimizer step over all ranks."""
+    micro_batch_size: int = 32
+    epochs: float = 3.0
+    lr: float = 2e-5
+    warmup_proportion: float = 0.1
+    """Share of the steps with linear warmup; then linear decay to zero (BERT's fine-tuning schedule)."""
+    output_dir: str = "runs/finetune"
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -196,6 +231,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def total_steps(self) -> int:
         return sum(p.steps for p in self.data.phases)

@@ -294,7 +294,7 @@ def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: i
         shutil.copyfile(vocab_file, directory / "vocab.txt")
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
-        "do_lower_case": _lower_case(vocab_file, tokens),
+        "do_lower_case": vocab_is_lower_case(vocab_file, tokens),
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
         **SPECIAL_TOKENS,
@@ -304,7 +304,7 @@ def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: i
     return tokens.index(SPECIAL_TOKENS["pad_token"])
 
 
-def _lower_case(vocab_file: Path, tokens: list[str]) -> bool:
+def vocab_is_lower_case(vocab_file: Path, tokens: list[str]) -> bool:
     sibling = vocab_file.parent / "tokenizer_config.json"
     if sibling.exists():
         try:

@@ -104,13 +104,24 @@ def task_model_from_pretrained(directory: str | os.PathLike, architecture: str, 
     cfg = checkpoint_cfg if model_cfg is None else agreeing_config(model_cfg, checkpoint_cfg, directory)
     model = build_task_model(architecture, cfg, labels, problem_type)
     tensors, source = read_weights(directory)
-    state = from_hf_state_dict(tensors, source)
-    encoder = {k: v for k, v in model.state_dict().items() if k.startswith("bert.")}
-    missing = [k for k in encoder if k not in state and not k.startswith("bert.pooler.")]
+    load_encoder(model, from_hf_state_dict(tensors, source), source)
+    return model
+
+
+def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
+    """Copy the encoder weights (`bert.*`) of a pretrained state dict into a task model; the head stays fresh.
+
+    The pretraining heads (`cls.*`) are left out, and so is the pooler where the task has none.
+    """
+    encoder = {k for k in model.state_dict() if k.startswith("bert.")}
+    missing = sorted(k for k in encoder if k not in state and not k.startswith("bert.pooler."))
     if missing:
         raise CheckpointFormatError(f"{source}: missing BERT encoder weights: {', '.join(missing[:5])}")
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in model.state_dict().items()
+             if k in encoder and k in state and state[k].shape != v.shape]  # fmt: skip
+    if wrong:
+        raise CheckpointFormatError(f"{source}: shapes disagree with the model: {'; '.join(wrong[:3])}")
     model.load_state_dict({k: v for k, v in state.items() if k in encoder}, strict=False)
-    return model
 
 
 def _labels(raw: dict[str, Any], directory: Path) -> list[str]:

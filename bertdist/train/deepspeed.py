@@ -34,19 +34,27 @@ def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int, load_univ
     `load_universal`: the checkpoint to resume from is loaded from DeepSpeed's universal format (it was
     written by another number of ranks; bertdist.train.reshard).
     """
+    ds = engine_config(cfg, cfg.train.global_batch_size, phase.micro_batch_size,
+                       cfg.gradient_accumulation_steps(phase, world_size))  # fmt: skip
+    if load_universal:
+        ds["checkpoint"] = {"load_universal": True}
+    return ds
+
+
+def engine_config(cfg: Config, global_batch_size: int, micro_batch_size: int, accumulation_steps: int) -> dict[str, Any]:
+    """DeepSpeed's config as pretraining and fine-tuning share it (batch, precision, ZeRO, clipping), with the
+    expert's `train.deepspeed` keys merged over it."""
     t, o = cfg.train, cfg.optim
     ds: dict[str, Any] = {
-        "train_batch_size": t.global_batch_size,
-        "train_micro_batch_size_per_gpu": phase.micro_batch_size,
-        "gradient_accumulation_steps": cfg.gradient_accumulation_steps(phase, world_size),
+        "train_batch_size": global_batch_size,
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": accumulation_steps,
         "gradient_clipping": o.grad_clip_norm,
         "zero_optimization": {"stage": t.zero_stage},
         "fp16": {"enabled": t.precision == "fp16", **(FP16_LOSS_SCALING if t.precision == "fp16" else {})},
         "bf16": {"enabled": t.precision == "bf16"},
         "wall_clock_breakdown": False,
     }
-    if load_universal:
-        ds["checkpoint"] = {"load_universal": True}
     if t.zero_stage >= 2:
         ds["zero_optimization"].update(overlap_comm=True, contiguous_gradients=True)
     problems = [

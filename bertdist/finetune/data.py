@@ -1,0 +1,200 @@
+"""Labelled examples from CSV, TSV or JSON lines, checked row by row, and their encoding for BERT.
+
+The format follows the extension: `.csv` (a header row, RFC 4180 quoting), `.tsv` (a header row, tabs, no
+quoting, as GLUE's files are written), `.jsonl`/`.json` (one object per line). Columns are named in the
+config. A problem with the file as a whole (missing, empty, a named column absent) always stops with the
+file's name and the columns it has. A bad row (an empty text, a label missing, not a number for regression,
+a label of the dev file the training file never had, a line that is not a JSON object) stops with
+`FILE:LINE: ...`, or with `finetune.on_bad_input=skip` is skipped and counted, and the count is reported.
+
+Encoding is BERT's: [CLS] A [SEP] (B [SEP]), segment ids 0 for A and 1 for B, and pairs longer than
+`max_seq_length` truncated one token at a time from the end of the longer text (the reference
+implementation's `_truncate_seq_pair`). Batches are padded to their longest sequence, not to the maximum.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from bertdist.data import DataError
+
+CLASSIFICATION, REGRESSION = "classification", "regression"
+TASKS = (CLASSIFICATION, REGRESSION)
+
+
+@dataclass
+class Example:
+    text: str
+    pair: str | None
+    label: str
+    where: str
+    """FILE:LINE, for messages."""
+
+
+@dataclass
+class Examples:
+    path: str
+    rows: list[Example]
+    skipped: list[str] = field(default_factory=list)
+    """One `FILE:LINE: reason` per skipped row."""
+
+
+def read_examples(path: str, text_column: str, pair_column: str, label_column: str, skip_bad: bool) -> Examples:
+    """Every row of `path` as an Example; DataError naming the file (and line) for bad input."""
+    out = Examples(path, [])
+    wanted = [c for c in (text_column, pair_column, label_column) if c]
+    for line, row in _rows(path, wanted):
+        where = f"{path}:{line}"
+        if isinstance(row, str):  # a line that could not be read as a row
+            _bad(out, where, row, skip_bad)
+            continue
+        text, label = row.get(text_column), row.get(label_column)
+        pair = row.get(pair_column) if pair_column else None
+        empty = [c for c, v in ((text_column, text), (label_column, label), (pair_column, pair)) if c and _blank(v)]
+        if empty:
+            _bad(out, where, f"empty {', '.join(repr(c) for c in empty)}", skip_bad)
+            continue
+        out.rows.append(Example(str(text), None if pair is None else str(pair), str(label).strip(), where))
+    if not out.rows:
+        raise DataError(f"{path}: no usable rows" + (f" ({len(out.skipped)} skipped)" if out.skipped else " (the file is empty)"))
+    return out
+
+
+def _rows(path: str, wanted: list[str]) -> Iterator[tuple[int, dict | str]]:
+    suffix = Path(path).suffix.lower()
+    try:
+        f = open(path, encoding="utf-8", newline="")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror})") from None
+    with f:
+        try:
+            if suffix in (".jsonl", ".json"):
+                for line, text in enumerate(f, start=1):
+                    if text.strip():
+                        yield line, _json_row(text)
+                return
+            if suffix not in (".csv", ".tsv"):
+                raise DataError(f"{path}: unknown format {suffix or '(no extension)'!r}; use .csv, .tsv or .jsonl")
+            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",",
+                                    quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL)  # fmt: skip
+            header = reader.fieldnames or []
+            if not header:
+                raise DataError(f"{path}: empty file (a header row naming the columns comes first)")
+            absent = [c for c in wanted if c not in header]
+            if absent:
+                raise DataError(f"{path}: no column {', '.join(repr(c) for c in absent)}; its columns are {', '.join(header)}")
+            for row in reader:
+                yield reader.line_num, row if None not in row else f"{len(row) - 1 + len(row[None])} fields, the header has {len(header)}"
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text (byte {e.start} of a read block)") from None
+        except csv.Error as e:
+            raise DataError(f"{path}: unreadable CSV ({e})") from None
+
+
+def _json_row(text: str) -> dict | str:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"not valid JSON ({e.msg})"
+    return row if isinstance(row, dict) else "not a JSON object"
+
+
+def _blank(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _bad(out: Examples, where: str, reason: str, skip_bad: bool) -> None:
+    if not skip_bad:
+        raise DataError(f"{where}: {reason} (finetune.on_bad_input=skip skips such rows and counts them)")
+    out.skipped.append(f"{where}: {reason}")
+
+
+def label_names(task: str, train: Examples) -> list[str]:
+    """The label set, from the training file: sorted (numerically when every label is an integer)."""
+    if task == REGRESSION:
+        return ["score"]
+    names = {e.label for e in train.rows}
+    if len(names) < 2:
+        raise DataError(f"{train.path}: one label ({', '.join(names)}) in the whole file; classification needs two or more")
+    return sorted(names, key=lambda n: (0, int(n), n) if n.lstrip("-").isdigit() else (1, 0, n))
+
+
+def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) -> tuple[list[Example], np.ndarray]:
+    """The rows whose label is usable, and their targets (class indices, or float scores)."""
+    index = {name: i for i, name in enumerate(labels)}
+    kept, values = [], []
+    for e in examples.rows:
+        if task == REGRESSION:
+            try:
+                value = float(e.label)
+            except ValueError:
+                value = float("nan")
+            if not np.isfinite(value):
+                _bad(examples, e.where, f"label {e.label!r} is not a finite number", skip_bad)
+                continue
+        elif e.label in index:
+            value = index[e.label]
+        else:
+            _bad(examples, e.where, f"label {e.label!r} is not one of the training file's ({', '.join(labels)})", skip_bad)
+            continue
+        kept.append(e)
+        values.append(value)
+    if not kept:
+        raise DataError(f"{examples.path}: no row with a usable label")
+    return kept, np.asarray(values, dtype=np.float32 if task == REGRESSION else np.int64)
+
+
+@dataclass
+class Encoded:
+    """Token ids of every example (ragged), segment boundaries, and targets."""
+
+    ids: list[np.ndarray]
+    first_lengths: np.ndarray
+    """Tokens of [CLS] A [SEP]; the rest of each row is segment 1."""
+    targets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rows: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
+        """Rows padded to the longest of them."""
+        longest = max(len(self.ids[r]) for r in rows)
+        input_ids = np.full((len(rows), longest), pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), longest), dtype=np.int64)
+        segments = np.zeros((len(rows), longest), dtype=np.int64)
+        for i, r in enumerate(rows):
+            n = len(self.ids[r])
+            input_ids[i, :n], mask[i, :n] = self.ids[r], 1
+            segments[i, self.first_lengths[r] : n] = 1
+        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(segments),
+                "attention_mask": torch.from_numpy(mask), "labels": torch.from_numpy(self.targets[rows])}  # fmt: skip
+
+
+def encode(rows: list[Example], targets_: np.ndarray, vocab_file: str, cased: bool, max_seq_length: int) -> Encoded:
+    from bertdist.data.vocab import load_tokenizer, read_vocab
+
+    vocab = read_vocab(vocab_file)
+    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
+    tokenizer = load_tokenizer(vocab_file, cased)
+    texts = [e.text for e in rows]
+    a_ids = [enc.ids for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    has_pair = rows[0].pair is not None
+    b_ids = [enc.ids for enc in tokenizer.encode_batch([e.pair or "" for e in rows], add_special_tokens=False)] if has_pair else None
+    ids, first = [], []
+    budget = max_seq_length - (3 if has_pair else 2)
+    for i, a in enumerate(a_ids):
+        a = list(a)
+        b = list(b_ids[i]) if b_ids is not None else []
+        while len(a) + len(b) > budget:  # the reference's _truncate_seq_pair
+            (a if len(a) > len(b) else b).pop()
+        first_part = [cls_id, *a, sep_id]
+        ids.append(np.asarray(first_part + ([*b, sep_id] if has_pair else []), dtype=np.int64))
+        first.append(len(first_part))
+    return Encoded(ids, np.asarray(first, dtype=np.int64), targets_)

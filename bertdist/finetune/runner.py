@@ -1,0 +1,276 @@
+"""`bertdist finetune --config FILE [key=value ...]`: one classification or regression task on a pretrained BERT.
+
+The same engine as pretraining: the process group from whichever launcher started us (torchrun, the
+deepspeed launcher, srun, or none), DeepSpeed with the run's ZeRO stage and precision, AdamW with BERT's
+decoupled weight decay, and BERT's fine-tuning schedule (linear warmup over `finetune.warmup_proportion`
+of the steps, then linear decay to zero). Each epoch visits the training rows in a seeded order that every
+rank computes alike; a step's `finetune.batch_size` rows are split among the ranks and their micro batches.
+After every epoch all ranks score a share of the dev file, rank 0 gathers the predictions and computes the
+task's metrics (bertdist.finetune.metrics), logs them, and keeps the best epoch's model, which is exported
+at the end as a Hugging Face directory `AutoModelForSequenceClassification` loads (`{output_dir}/model`).
+
+MLflow records the run's parameters, the dev metrics per epoch, and where it started: tags
+`bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`.
+
+Not yet: token tagging, extractive QA and multiple choice (their heads and exports exist in bertdist.model,
+their data readers do not), ZeRO-3, and checkpoints within a fine-tuning run (a run restarts from its start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from bertdist.config import Config, ConfigError, flatten
+from bertdist.errors import OK_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from bertdist.finetune import data, metrics
+from bertdist.finetune.source import Source, resolve
+
+NOT_YET = ("token_classification", "question_answering", "multiple_choice")
+
+
+def check(cfg: Config, world_size: int) -> None:
+    ft, p = cfg.finetune, []
+    if ft.task in NOT_YET:
+        p.append(f"finetune.task: {ft.task!r} is not supported by `bertdist finetune` yet (its head and Hugging Face "
+                 f"export exist: bertdist.model.heads); supported: {', '.join(data.TASKS)}")  # fmt: skip
+    elif ft.task not in data.TASKS:
+        p.append(f"finetune.task: {ft.task!r} is not one of {', '.join(data.TASKS)}")
+    for name in ("train_file", "dev_file"):
+        if not getattr(ft, name):
+            p.append(f"finetune.{name}: empty")
+    if ft.on_bad_input not in ("error", "skip"):
+        p.append(f"finetune.on_bad_input: {ft.on_bad_input!r} is not error or skip")
+    for name in ("max_seq_length", "batch_size", "micro_batch_size"):
+        if getattr(ft, name) <= 0:
+            p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")
+    if ft.batch_size > 0 and ft.micro_batch_size > 0 and ft.batch_size % (ft.micro_batch_size * world_size):
+        p.append(f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
+                 f"({ft.micro_batch_size}) x {world_size} rank(s)")  # fmt: skip
+    if not (ft.epochs > 0 and math.isfinite(ft.epochs)):
+        p.append(f"finetune.epochs: must be a positive number, got {ft.epochs}")
+    if not (ft.lr > 0 and math.isfinite(ft.lr)):
+        p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
+    if not 0 <= ft.warmup_proportion < 1:
+        p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
+    if cfg.train.zero_stage not in (0, 1, 2):
+        p.append(f"train.zero_stage: fine-tuning supports ZeRO 0-2 (a BERT fits one device), got {cfg.train.zero_stage}")
+    if p:
+        raise ConfigError(p)
+
+
+def finetune(cfg: Config) -> int:
+    from bertdist.train.distributed import read_env
+
+    try:
+        env = read_env(default_port=cfg.launch.master_port)
+        check(cfg, env.world_size)
+        run = Finetuning(cfg, env)
+    except (UserError, OSError) as e:
+        print(f"bertdist finetune: {e}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    try:
+        return run.run()
+    finally:
+        run.close()
+
+
+class Finetuning:
+    def __init__(self, cfg: Config, env: Any) -> None:
+        import torch
+
+        self.cfg, self.env, ft = cfg, env, cfg.finetune
+        self.source: Source = resolve(cfg)
+        skip = ft.on_bad_input == "skip"
+        cased = _cased(self.source.vocab_file)
+        train = data.read_examples(ft.train_file, ft.text_column, ft.text_pair_column, ft.label_column, skip)
+        dev = data.read_examples(ft.dev_file, ft.text_column, ft.text_pair_column, ft.label_column, skip)
+        self.labels = data.label_names(ft.task, train)
+        self.train = data.encode(*data.targets(ft.task, train, self.labels, skip), self.source.vocab_file, cased, ft.max_seq_length)
+        self.dev = data.encode(*data.targets(ft.task, dev, self.labels, skip), self.source.vocab_file, cased, ft.max_seq_length)
+        self.skipped = train.skipped + dev.skipped
+        self.pad_id = _pad_id(self.source.vocab_file)
+        self.steps_per_epoch = len(self.train) // ft.batch_size
+        if self.steps_per_epoch == 0:
+            raise ConfigError([f"finetune.batch_size: {ft.batch_size} is more than the {len(self.train)} training rows"])
+        self.total_steps = max(1, int(ft.epochs * self.steps_per_epoch))
+        self.warmup_steps = int(ft.warmup_proportion * self.total_steps)
+
+        from bertdist.train.distributed import init_process_group
+
+        init_process_group(env, "nccl" if torch.cuda.is_available() else "gloo", cfg.train.rendezvous_timeout_s,
+                           cfg.train.collective_timeout_s)  # fmt: skip
+        self.device = torch.device("cuda", env.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        self.engine = self._engine()
+        self.tracker = self._tracker()
+
+    def _engine(self) -> Any:
+        import torch
+
+        from bertdist.model.heads import REGRESSION, SINGLE_LABEL
+        from bertdist.model.hf_heads import build_task_model, load_encoder
+        from bertdist.train import deepspeed as ds
+        from bertdist.train.optim import build_optimizer
+
+        cfg, ft = self.cfg, self.cfg.finetune
+        torch.manual_seed(cfg.train.seed)  # the same head on every rank
+        problem = REGRESSION if ft.task == data.REGRESSION else SINGLE_LABEL
+        model = build_task_model("BertForSequenceClassification", self.source.model_cfg, self.labels, problem)
+        if self.source.state is not None:
+            load_encoder(model, self.source.state, self.source.description)
+        optim = dataclasses.replace(cfg.optim, lr=ft.lr)
+        device_type = self.device.type
+        accumulation = ft.batch_size // (ft.micro_batch_size * self.env.world_size)
+        engine = ds.initialize(model, build_optimizer(model, optim, device_type),
+                               ds.engine_config(cfg, ft.batch_size, ft.micro_batch_size, accumulation))  # fmt: skip
+        torch.manual_seed(cfg.train.seed + self.env.rank)  # dropout differs per rank
+        return engine
+
+    def _tracker(self) -> Any:
+        from bertdist.tracking.mlflow_tracker import build_tracker
+
+        ft = self.cfg.finetune
+        name = self.cfg.tracking.run_name or f"finetune-{ft.task}-{time.strftime('%Y%m%d-%H%M')}"
+        tracker = build_tracker(self.cfg.tracking, ft.output_dir, self.env.rank, run_name=name)
+        shared = {"finetune": self.cfg.to_dict()["finetune"], "optim": self.cfg.to_dict()["optim"],
+                  "train": {k: getattr(self.cfg.train, k) for k in ("precision", "zero_stage", "seed")}}  # fmt: skip
+        tracker.log_params({**flatten(shared), "world_size": self.env.world_size, "train_rows": len(self.train),
+                            "dev_rows": len(self.dev), "skipped_rows": len(self.skipped), "labels": ",".join(self.labels)})  # fmt: skip
+        tracker.set_tags({"bertdist.kind": "finetune", "bertdist.init_from": ft.init_from or "random initialisation",
+                          "bertdist.pretraining_run_id": self.source.pretraining_run_id or "",
+                          "bertdist.pretraining_checkpoint": self.source.checkpoint or ""})  # fmt: skip
+        return tracker
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        from bertdist.train.optim import learning_rate, set_learning_rate
+
+        ft, engine, say = self.cfg.finetune, self.engine, self._say
+        for reason in self.skipped[:5]:
+            say(f"skipped {reason}")
+        if self.skipped:
+            say(f"skipped {len(self.skipped)} bad row(s) (finetune.on_bad_input=skip)")
+        say(f"{ft.task}: {len(self.train)} training rows, {len(self.dev)} dev rows, labels {', '.join(self.labels)}; "
+            f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), from {self.source.description}")  # fmt: skip
+        best: tuple[float, int, dict[str, float]] | None = None
+        best_state = None
+        step, started = 0, time.perf_counter()
+        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        for epoch in range(epochs):
+            order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
+            losses = []
+            for s in range(self.steps_per_epoch):
+                if step == self.total_steps:
+                    break
+                set_learning_rate(engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps))
+                losses.append(self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size]))
+                step += 1
+            scores = self._evaluate()
+            self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **{f"dev/{k}": v for k, v in scores.items()}}, step)
+            headline = self._headline(scores)
+            say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, dev " +
+                ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + f" ({time.perf_counter() - started:.0f} s)")
+            if best is None or headline > best[0]:
+                best = (headline, epoch + 1, scores)
+                best_state = {k: v.detach().to("cpu", copy=True) for k, v in engine.module.state_dict().items()}
+        assert best is not None and best_state is not None
+        self._export(best_state, best)
+        self.tracker.close("FINISHED")
+        return OK_EXIT_CODE
+
+    def _step(self, rows: np.ndarray) -> float:
+        import torch
+        import torch.distributed as dist
+
+        engine, ft = self.engine, self.cfg.finetune
+        engine.train()
+        mine = np.array_split(rows, self.env.world_size)[self.env.rank]
+        total = torch.zeros(1, dtype=torch.float64)
+        for micro in np.array_split(mine, len(mine) // ft.micro_batch_size):
+            batch = {k: v.to(self.device) for k, v in self.train.batch(micro, self.pad_id).items()}
+            out = engine(**batch)
+            engine.backward(out.loss)
+            engine.step()
+            total += out.loss.detach().double().cpu()
+        dist.all_reduce(total)
+        return float(total) / (self.env.world_size * (len(mine) // ft.micro_batch_size))
+
+    def _evaluate(self) -> dict[str, float]:
+        import torch
+        import torch.distributed as dist
+
+        engine, ft = self.engine, self.cfg.finetune
+        engine.eval()
+        mine = np.array_split(np.arange(len(self.dev)), self.env.world_size)[self.env.rank]
+        outputs = []
+        with torch.no_grad():
+            for start in range(0, len(mine), ft.micro_batch_size):
+                rows = mine[start : start + ft.micro_batch_size]
+                logits = engine(**{k: v.to(self.device) for k, v in self.dev.batch(rows, self.pad_id).items()}).logits
+                outputs.append(logits.float().cpu().numpy())
+        gathered: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(gathered, np.concatenate(outputs) if outputs else np.zeros((0, 1), np.float32))
+        logits = np.concatenate([g for g in gathered if len(g)])
+        return task_scores(ft.task, logits, self.dev.targets, len(self.labels))
+
+    def _headline(self, scores: dict[str, float]) -> float:
+        return scores["pearson"] if self.cfg.finetune.task == data.REGRESSION else scores["accuracy"]
+
+    def _export(self, state: dict[str, Any], best: tuple[float, int, dict[str, float]]) -> None:
+        from bertdist.model.heads import REGRESSION, SINGLE_LABEL
+        from bertdist.model.hf_heads import build_task_model, save_task_model
+
+        _, epoch, scores = best
+        if self.env.is_main:
+            problem = REGRESSION if self.cfg.finetune.task == data.REGRESSION else SINGLE_LABEL
+            model = build_task_model("BertForSequenceClassification", self.source.model_cfg, self.labels, problem)
+            model.load_state_dict(state, strict=True)
+            out = f"{self.cfg.finetune.output_dir}/model"
+            save_task_model(model, out, self.labels, self.source.vocab_file,
+                            extra_config={"bertdist_init_from": self.cfg.finetune.init_from,
+                                          "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip
+            self.tracker.log_metrics({f"best/{k}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
+            self.tracker.set_tags({"bertdist.best_epoch": epoch, "bertdist.model_dir": out})
+            self._say(f"best dev epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + f"; model: {out}")
+
+    def _say(self, line: str) -> None:
+        if self.env.is_main:
+            print(f"bertdist finetune: {line}", flush=True)
+
+    def close(self) -> None:
+        from bertdist.train.distributed import destroy_process_group
+
+        destroy_process_group()
+
+
+def task_scores(task: str, logits: np.ndarray, gold: np.ndarray, num_labels: int) -> dict[str, float]:
+    """The task's dev metrics from the model's outputs."""
+    if task == data.REGRESSION:
+        predicted = logits.reshape(-1)
+        return {"pearson": metrics.pearson(predicted, gold), "spearman": metrics.spearman(predicted, gold),
+                "mse": float(np.mean((predicted - gold) ** 2))}  # fmt: skip
+    predicted = logits.argmax(axis=-1)
+    scores = {"accuracy": metrics.accuracy(predicted, gold), "matthews": metrics.matthews(predicted, gold)}
+    scores["f1" if num_labels == 2 else "macro_f1"] = (
+        metrics.f1(predicted, gold) if num_labels == 2 else metrics.macro_f1(predicted, gold))
+    return scores
+
+
+def _cased(vocab_file: str) -> bool:
+    from pathlib import Path
+
+    from bertdist.data.vocab import read_vocab
+    from bertdist.model.hf import vocab_is_lower_case
+
+    return not vocab_is_lower_case(Path(vocab_file), read_vocab(vocab_file))
+
+
+def _pad_id(vocab_file: str) -> int:
+    from bertdist.data.vocab import read_vocab
+
+    return read_vocab(vocab_file).index("[PAD]")

@@ -1,0 +1,77 @@
+"""Where a fine-tuning run starts: a bertdist checkpoint, its export, any Hugging Face BERT, or nothing.
+
+`finetune.init_from` may name
+- a bertdist run directory or one of its checkpoints (`step_N`): verified like `bertdist export` does, its
+  weights consolidated from any ZeRO stage, its vocabulary and MLflow run id taken from train_state.json;
+- a Hugging Face BERT directory (config.json + weights; a bertdist export is one), with any head or none;
+- nothing: the same architecture from random initialisation (`model.*`), the baseline that shows what
+  pretraining bought.
+The resulting `Source` says what to record, so a fine-tuning run links back to the pretraining run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bertdist.config import Config, ConfigError, ModelConfig
+
+
+@dataclass
+class Source:
+    description: str
+    model_cfg: ModelConfig
+    vocab_file: str
+    state: dict[str, Any] | None
+    """Pretrained weights in bertdist names; None: random initialisation."""
+    pretraining_run_id: str | None = None
+    checkpoint: str | None = None
+
+
+def resolve(cfg: Config) -> Source:
+    ft = cfg.finetune
+    if not ft.init_from:
+        if not ft.vocab_file:
+            raise ConfigError(["finetune.vocab_file: needed when finetune.init_from is empty (random initialisation)"])
+        return Source("random initialisation", cfg.model, ft.vocab_file, None)
+    path = Path(ft.init_from)
+    if not path.is_dir():
+        raise ConfigError([f"finetune.init_from: {path} is not a directory (a run, a checkpoint, or a Hugging Face BERT)"])
+    if (path / "config.json").is_file():
+        return _from_hf(path, cfg)
+    return _from_checkpoint(path, cfg)
+
+
+def _from_hf(path: Path, cfg: Config) -> Source:
+    from bertdist.model.hf import from_hf_state_dict, read_config, read_weights
+
+    model_cfg = _with_dropout(read_config(path), cfg.model)
+    tensors, source = read_weights(path)
+    vocab = cfg.finetune.vocab_file or str(path / "vocab.txt")
+    if not Path(vocab).is_file():
+        raise ConfigError([f"finetune.vocab_file: {path} has no vocab.txt; name the vocabulary it was trained with"])
+    raw = json.loads((path / "config.json").read_text())
+    return Source(f"Hugging Face BERT {path}", model_cfg, vocab, from_hf_state_dict(tensors, source),
+                  pretraining_run_id=raw.get("bertdist_run_id"), checkpoint=raw.get("bertdist_checkpoint"))  # fmt: skip
+
+
+def _from_checkpoint(path: Path, cfg: Config) -> Source:
+    from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+    from bertdist.train.export import find_checkpoint
+
+    checkpoint = find_checkpoint(path)
+    state = read_train_state(checkpoint)
+    model_cfg = _with_dropout(ModelConfig(**state.config["model"]), cfg.model)
+    vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
+    if not Path(vocab).is_file():
+        raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])
+    return Source(f"bertdist checkpoint {checkpoint}", model_cfg, vocab, consolidated_state_dict(checkpoint),
+                  pretraining_run_id=state.tracking_run_id, checkpoint=str(checkpoint))  # fmt: skip
+
+
+def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
+    """The checkpoint's architecture with this run's dropout and activation checkpointing."""
+    return replace(model_cfg, hidden_dropout_prob=run.hidden_dropout_prob, attention_dropout_prob=run.attention_dropout_prob,
+                   activation_checkpointing=run.activation_checkpointing)  # fmt: skip
