@@ -180,16 +180,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _add_finetune(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "finetune",
-        help="fine-tune a pretrained BERT on a labelled task",
-        description=(
-            "Fine-tune a bertdist checkpoint, its export or any Hugging Face BERT (finetune.init_from) on a "
-            "classification or regression task read from CSV, TSV or JSON lines, under the same launchers and "
-            "DeepSpeed engine as pretraining; the best dev epoch is exported as a Hugging Face directory. "
-            "Overrides are key.sub=value pairs, e.g. finetune.train_file=train.tsv finetune.lr=3e-5."
-        ),
-    )
+    p = sub.add_parser("finetune", help="fine-tune a pretrained BERT on a labelled task", description=(
+        "Fine-tune a checkpoint, an export or any Hugging Face BERT (finetune.init_from) on a classification or "
+        "regression task from CSV/TSV/JSONL, e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))
     p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

@@ -1,0 +1,100 @@
+"""Reading labelled files for `bertdist finetune`: every format, every bad row named by file and line (or
+skipped and counted), and BERT's encoding of single texts and pairs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bertdist.data import DataError
+from bertdist.finetune import data
+
+
+def _write(path, rows: list[dict], fmt: str) -> str:
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        sep = "\t" if fmt == "tsv" else ","
+        header = list(rows[0])
+        path.write_text(sep.join(header) + "\n" + "".join(sep.join(str(r[c]) for c in header) + "\n" for r in rows))
+    return str(path)
+
+
+ROWS = [{"sentence": "the cat sat", "other": "on the mat", "label": "pos"},
+        {"sentence": "a dog ran", "other": "far away", "label": "neg"},
+        {"sentence": "birds sing", "other": "at dawn", "label": "pos"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
+def test_every_format_reads_the_same_rows(tmp_path, fmt):
+    path = _write(tmp_path / f"train.{fmt}", ROWS, fmt)
+    read = data.read_examples(path, "sentence", "other", "label", skip_bad=False)
+    assert [(e.text, e.pair, e.label) for e in read.rows] == [(r["sentence"], r["other"], r["label"]) for r in ROWS]
+    assert read.rows[1].where == f"{path}:3" if fmt != "jsonl" else f"{path}:2"
+    assert data.label_names("classification", read) == ["neg", "pos"]
+
+
+def test_whole_file_problems_name_the_file(tmp_path):
+    path = _write(tmp_path / "train.csv", ROWS, "csv")
+    with pytest.raises(DataError, match=r"train.csv: no column 'text'; its columns are sentence, other, label"):
+        data.read_examples(path, "text", "", "label", skip_bad=False)
+    (tmp_path / "empty.tsv").write_text("")
+    with pytest.raises(DataError, match="empty.tsv: empty file"):
+        data.read_examples(str(tmp_path / "empty.tsv"), "sentence", "", "label", skip_bad=False)
+    (tmp_path / "train.txt").write_text("x")
+    with pytest.raises(DataError, match="unknown format '.txt'"):
+        data.read_examples(str(tmp_path / "train.txt"), "sentence", "", "label", skip_bad=False)
+    with pytest.raises(DataError, match="cannot open"):
+        data.read_examples(str(tmp_path / "missing.csv"), "sentence", "", "label", skip_bad=False)
+
+
+def test_bad_rows_stop_naming_the_line_or_are_skipped_and_counted(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n{broken\n" + json.dumps({**ROWS[1], "sentence": " "}) + "\n" + json.dumps(ROWS[2]) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl:2: not valid JSON .*on_bad_input=skip"):
+        data.read_examples(str(path), "sentence", "", "label", skip_bad=False)
+    read = data.read_examples(str(path), "sentence", "", "label", skip_bad=True)
+    assert len(read.rows) == 2 and [s.split(": ", 1)[0] for s in read.skipped] == [f"{path}:2", f"{path}:3"]
+    assert "empty 'sentence'" in read.skipped[1]
+
+
+def test_a_dev_label_the_training_file_never_had_is_named(tmp_path):
+    train = data.read_examples(_write(tmp_path / "train.csv", ROWS, "csv"), "sentence", "", "label", skip_bad=False)
+    dev = data.read_examples(_write(tmp_path / "dev.csv", [{**ROWS[0], "label": "neutral"}, ROWS[1]], "csv"),
+                             "sentence", "", "label", skip_bad=False)  # fmt: skip
+    labels = data.label_names("classification", train)
+    with pytest.raises(DataError, match=r"dev.csv:2: label 'neutral' is not one of the training file's \(neg, pos\)"):
+        data.targets("classification", dev, labels, skip_bad=False)
+    kept, targets = data.targets("classification", dev, labels, skip_bad=True)
+    assert len(kept) == 1 and targets.tolist() == [0] and len(dev.skipped) == 1
+
+
+def test_regression_scores_must_be_numbers(tmp_path):
+    rows = [{**ROWS[0], "label": "3.5"}, {**ROWS[1], "label": "high"}, {**ROWS[2], "label": "nan"}]
+    read = data.read_examples(_write(tmp_path / "sts.tsv", rows, "tsv"), "sentence", "other", "label", skip_bad=True)
+    kept, targets = data.targets("regression", read, ["score"], skip_bad=True)
+    assert targets.tolist() == [3.5] and len(read.skipped) == 2 and "not a finite number" in read.skipped[0]
+
+
+def test_pairs_are_encoded_as_bert_does_and_truncated_from_the_longer_text(tmp_path, tiny_vocab):
+    rows = [data.Example("the cat sat on the mat", "a dog", "pos", "x:2"),
+            data.Example("short", "the cat sat on the mat and then the dog sat", "neg", "x:3")]  # fmt: skip
+    from bertdist.data.vocab import load_tokenizer, read_vocab
+
+    vocab = read_vocab(tiny_vocab)
+    tok = load_tokenizer(tiny_vocab, cased=False)
+    a = tok.encode("the cat sat on the mat", add_special_tokens=False).ids
+    b = tok.encode("a dog", add_special_tokens=False).ids
+    encoded = data.encode(rows, np.array([1, 0]), tiny_vocab, cased=False, max_seq_length=64)
+    assert encoded.ids[0].tolist() == [vocab.index("[CLS]"), *a, vocab.index("[SEP]"), *b, vocab.index("[SEP]")]
+    batch = encoded.batch(np.array([0, 1]), pad_id=vocab.index("[PAD]"))
+    assert batch["token_type_ids"][0].tolist()[: len(a) + 2] == [0] * (len(a) + 2)
+    assert batch["token_type_ids"][0].tolist()[len(a) + 2 : len(a) + len(b) + 3] == [1] * (len(b) + 1)
+    assert batch["attention_mask"].sum(1).tolist() == [len(encoded.ids[0]), len(encoded.ids[1])]
+
+    short = data.encode(rows, np.array([1, 0]), tiny_vocab, cased=False, max_seq_length=8)
+    assert all(len(ids) <= 8 for ids in short.ids)
+    short_a = tok.encode("short", add_special_tokens=False).ids
+    assert len(short.ids[1]) == 8 and short.first_lengths[1] == len(short_a) + 2  # the longer text gave up tokens

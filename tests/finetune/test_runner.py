@@ -1,0 +1,111 @@
+"""`bertdist finetune` end to end on CPU: from a Hugging Face BERT directory in one process, and from a
+bertdist pretraining checkpoint with 2 DeepSpeed ranks; the export loads in transformers and predicts what
+the run measured, and MLflow links the run to where it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertdist.cli import main
+from bertdist.errors import USAGE_EXIT_CODE
+from bertdist.train.distributed import free_tcp_port
+from tests import training_runs as runs
+from tests.conftest import REPO, tiny_model_config
+
+transformers = pytest.importorskip("transformers")
+
+
+def _task(tmp_path: Path, corpus: str) -> tuple[str, str]:
+    """Which of two files of the tiny corpus a sentence comes from (CSV, a header, quoted text)."""
+    import csv
+
+    files = sorted(Path(corpus).glob("*.txt"))[:2]
+    rows = [(line.strip(), f"file{i}") for i, f in enumerate(files) for line in f.read_text().splitlines() if line.strip()]
+    np.random.default_rng(0).shuffle(rows)
+    paths = []
+    for name, part in (("train", rows[: len(rows) * 4 // 5]), ("dev", rows[len(rows) * 4 // 5 :])):
+        path = tmp_path / f"{name}.csv"
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence", "label"])
+            writer.writerows(part)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def _overrides(train: str, dev: str, out: Path, *extra: str) -> list[str]:
+    return [f"finetune.train_file={train}", f"finetune.dev_file={dev}", f"finetune.output_dir={out}",
+            "finetune.epochs=2", "finetune.batch_size=16", "finetune.micro_batch_size=8", "finetune.lr=1e-4",
+            f"launch.master_port={free_tcp_port()}", *extra]  # fmt: skip
+
+
+def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loads(tmp_path, tiny_corpus, tiny_vocab, capsys):
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    out = tmp_path / "run"
+    assert main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}")]) == 0
+    printed = capsys.readouterr().out
+    assert "epoch 2/2" in printed and "best dev epoch" in printed, printed
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
+    assert model.config.id2label == {0: "file0", 1: "file1"}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "model")
+    import csv
+
+    dev_rows = list(csv.DictReader(open(dev)))
+    with torch.no_grad():
+        logits = model(**tokenizer([r["sentence"] for r in dev_rows], padding=True, return_tensors="pt")).logits
+    accuracy = float(np.mean([model.config.id2label[int(i)] == r["label"] for i, r in zip(logits.argmax(-1), dev_rows)]))
+    best = printed.split("best dev epoch", 1)[1]
+    assert f"accuracy {accuracy:.4f}" in best, (accuracy, best)  # the export is the model that was measured
+
+    import mlflow
+
+    from bertdist.tracking.store import local_store_uri
+
+    client = mlflow.MlflowClient(local_store_uri(out))
+    (run,) = client.search_runs([client.get_experiment_by_name("bertdist").experiment_id])
+    assert run.data.tags["bertdist.init_from"] == str(tmp_path / "pretrained") and run.data.tags["bertdist.kind"] == "finetune"
+    assert "dev/accuracy" in run.data.metrics and run.data.params["finetune.lr"] == "0.0001"
+
+
+def test_bad_settings_and_unsupported_tasks_fail_before_anything_starts(tmp_path, tiny_corpus, tiny_vocab, capsys):
+    train, dev = _task(tmp_path, tiny_corpus)
+    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=question_answering",
+                                         "finetune.batch_size=10", f"finetune.vocab_file={tiny_vocab}")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == USAGE_EXIT_CODE and "'question_answering' is not supported by `bertdist finetune` yet" in err, err
+    assert "finetune.batch_size: 10 is not divisible by finetune.micro_batch_size (8)" in err
+    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", f"finetune.init_from={tmp_path / 'nowhere'}")])
+    assert code == USAGE_EXIT_CODE and "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_corpus, tiny_shards, tiny_vocab, tmp_path_factory):
+    reference = runs.uninterrupted(str(tmp_path_factory.getbasetemp() / "training"), tiny_shards, tiny_vocab, 1)
+    train, dev = _task(tmp_path, tiny_corpus)
+    out, port, procs = tmp_path / "run", free_tcp_port(), []
+    for rank in range(2):
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "bertdist", "finetune", *_overrides(train, dev, out, f"finetune.init_from={reference.out}",
+                                                                       "tracking.enabled=false")],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
+    assert "on 2 rank(s), from bertdist checkpoint" in outputs[0] and f"step_{runs.STEPS:08d}" in outputs[0]
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
