@@ -23,6 +23,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -264,12 +265,17 @@ def _arch(cfg: ModelConfig, field: str):
 def save_pretrained(
     model: BertForPreTraining, directory: str | os.PathLike, vocab_file: str | os.PathLike | None = None
 ) -> None:
-    """Write `directory` so that `transformers` loads it offline as `BertForPreTraining` and `AutoTokenizer`.
+    """Write `directory` so that `transformers` loads it offline as `BertForPreTraining` and `AutoTokenizer`."""
+    write_directory(model, directory, vocab_file, {})
 
-    Files: model.safetensors, config.json, and with `vocab_file` also vocab.txt, tokenizer_config.json and
-    special_tokens_map.json. Lower-casing is taken from a tokenizer_config.json next to the vocab file (which
-    `bertdist vocab` writes), else inferred: an uncased vocabulary has no upper-case letters outside its
-    special tokens.
+
+def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | os.PathLike | None,
+                    config_updates: dict[str, Any]) -> None:  # fmt: skip
+    """model.safetensors, config.json (BertForPreTraining's, with `config_updates` over it), and with
+    `vocab_file` also vocab.txt, tokenizer_config.json and special_tokens_map.json.
+
+    Lower-casing is taken from a tokenizer_config.json next to the vocab file (which `bertdist vocab`
+    writes), else inferred: an uncased vocabulary has no upper-case letters outside its special tokens.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -277,7 +283,7 @@ def save_pretrained(
     if vocab_file is not None:
         pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
     save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
-    config = config_to_hf(model.config, pad_token_id=pad_token_id)
+    config = {**config_to_hf(model.config, pad_token_id=pad_token_id), **config_updates}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 

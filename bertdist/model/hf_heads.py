@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
-
 from bertdist.config import ModelConfig
 from bertdist.model.heads import (
     REGRESSION,
@@ -29,15 +27,12 @@ from bertdist.model.heads import (
 )
 from bertdist.model.hf import (
     CONFIG_FILE,
-    SAFETENSORS_FILE,
     CheckpointFormatError,
     agreeing_config,
-    config_to_hf,
     from_hf_state_dict,
-    hf_state_dict,
     read_config,
     read_weights,
-    write_tokenizer_files,
+    write_directory,
 )
 
 
@@ -57,21 +52,13 @@ def build_task_model(architecture: str, cfg: ModelConfig, labels: list[str], pro
 def save_task_model(model: Any, directory: str | os.PathLike, labels: list[str], vocab_file: str | os.PathLike | None,
                     extra_config: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Write `directory` for `AutoModelFor<Task>.from_pretrained` and `AutoTokenizer` (offline)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    pad_token_id = 0
-    if vocab_file is not None:
-        pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
-    save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
-    config = config_to_hf(model.config, pad_token_id=pad_token_id)
-    config["architectures"] = [type(model).__name__]
+    config: dict[str, Any] = {"architectures": [type(model).__name__]}
     if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
         config["id2label"] = {str(i): name for i, name in enumerate(labels)}
         config["label2id"] = {name: i for i, name in enumerate(labels)}
     if isinstance(model, BertForSequenceClassification):
         config["problem_type"] = model.problem_type
-    config.update(extra_config or {})
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_directory(model, directory, vocab_file, {**config, **(extra_config or {})})
 
 
 def load_task_model(directory: str | os.PathLike) -> tuple[Any, list[str]]:
