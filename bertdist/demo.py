@@ -169,6 +169,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.tasks); returns the comparison line, or a failed run's exit code."""
     from bertdist.finetune.tasks import sentence_adjacency
+    from bertdist.train.distributed import free_tcp_port
 
     task = out / "downstream"
     task.mkdir(parents=True, exist_ok=True)
@@ -181,12 +182,15 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int
     starts = {"pretrained": [f"finetune.init_from={model_dir}"],
               "random init": [f"finetune.vocab_file={cfg.data.vocab_file}", f"model.size={cfg.model.size}",
                               f"model.vocab_size={cfg.model.vocab_size}"]}  # fmt: skip
+    # Each run is a single process on a free port, whatever launcher variables this process was given.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     accuracy = {}
     for name, start in starts.items():
         run_dir = task / name.replace(" ", "_")
         result = subprocess.run([sys.executable, "-m", "bertdist", "finetune", *common, *start,
-                                 f"finetune.output_dir={run_dir}", f"tracking.run_name=demo-adjacency-{name.replace(' ', '-')}"],
-                                capture_output=True, text=True, check=False)  # fmt: skip
+                                 f"finetune.output_dir={run_dir}", f"tracking.run_name=demo-adjacency-{name.replace(' ', '-')}",
+                                 f"launch.master_port={free_tcp_port()}"],
+                                capture_output=True, text=True, check=False, env=env)  # fmt: skip
         if result.returncode != 0:
             print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)
             return result.returncode

@@ -65,13 +65,14 @@ def check(cfg: Config, world_size: int) -> None:
 
 
 def finetune(cfg: Config) -> int:
-    from bertdist.train.distributed import read_env
+    from bertdist.train.distributed import destroy_process_group, read_env
 
     try:
         env = read_env(default_port=cfg.launch.master_port)
         check(cfg, env.world_size)
         run = Finetuning(cfg, env)
     except (UserError, OSError) as e:
+        destroy_process_group()  # if it was started before the failure
         print(f"bertdist finetune: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE
     try:

@@ -177,10 +177,13 @@ def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: 
     should fail within minutes when a rank never starts or MASTER_ADDR is unreachable, while a collective
     of a healthy job may legitimately wait longer (a slow checkpoint on one rank). The store is built here
     with the first and the process group with the second. Sets the torchrun-style variables first,
-    because DeepSpeed reads them again when it initialises.
+    because DeepSpeed reads them again when it initialises; `destroy_process_group` (or a failure here)
+    puts them back, so that a later run in the same process, or a job it submits, does not inherit them.
     """
     import torch.distributed as dist
 
+    if not _ENV_BEFORE:
+        _ENV_BEFORE.update({name: os.environ.get(name) for name in _LAUNCH_VARIABLES})
     os.environ.update(
         RANK=str(env.rank),
         WORLD_SIZE=str(env.world_size),
@@ -190,6 +193,29 @@ def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: 
     )
     if dist.is_initialized():
         return
+    try:
+        _start(env, backend, rendezvous_timeout_s, collective_timeout_s)
+    except BaseException:
+        _restore_env()
+        raise
+
+
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_ENV_BEFORE: dict[str, str | None] = {}
+
+
+def _restore_env() -> None:
+    for name, value in _ENV_BEFORE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _ENV_BEFORE.clear()
+
+
+def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, collective_timeout_s: float) -> None:
+    import torch.distributed as dist
+
     where = f"{env.master_addr}:{env.master_port}"
     try:
         store = dist.TCPStore(
@@ -244,7 +270,9 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
 
 
 def destroy_process_group() -> None:
+    """End torch.distributed (if it was started) and put back the launcher variables `init_process_group` set."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    _restore_env()

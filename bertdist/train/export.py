@@ -41,7 +41,7 @@ def export(
     the checkpoint), so the dashboard lists the model beside its metrics; a tracking failure only warns.
     """
     from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.hf import write_directory
     from bertdist.tracking.models import log_export
 
     output = Path(output_dir)
@@ -60,7 +60,9 @@ def export(
         )
     model = BertForPreTraining(ModelConfig(**state.config["model"]))
     model.load_state_dict(checkpoint.consolidated_state_dict(source), strict=True)
-    save_pretrained(model, output, vocab_file=vocab)
+    # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
+    provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
+    write_directory(model, output, vocab, provenance)
     run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
     log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output)
     return output

@@ -73,3 +73,18 @@ def test_expand_nodelist(nodelist, hosts):
 def test_bad_nodelist_is_an_error(nodelist):
     with pytest.raises(LaunchEnvironmentError):
         expand_nodelist(nodelist)
+
+
+def test_a_process_group_leaves_no_launcher_variables_behind(monkeypatch):
+    """In-process runs (tests, notebooks) and jobs submitted afterwards must not inherit RANK/MASTER_PORT."""
+    import os
+
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, free_tcp_port, init_process_group
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "12345")
+    init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none"), "gloo", rendezvous_timeout_s=10)
+    assert os.environ["RANK"] == "0" and os.environ["MASTER_PORT"] != "12345"
+    destroy_process_group()
+    assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ and os.environ["MASTER_PORT"] == "12345"

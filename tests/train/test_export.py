@@ -3,6 +3,8 @@ that predicts exactly what the checkpoint predicts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -28,6 +30,8 @@ def test_exported_model_predicts_like_the_checkpoint(tmp_path, tmp_path_factory,
     assert main(["export", str(run.out), "--output", str(tmp_path / "hf")]) == 0  # the run dir -> its latest
 
     source = find_checkpoint(run.out)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["bertdist_checkpoint"] == str(source.resolve())  # where the weights came from travels with them
     ours = BertForPreTraining(ModelConfig(**read_train_state(source).config["model"]))
     ours.load_state_dict(consolidated_state_dict(source))
     theirs = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")
