@@ -20,6 +20,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -275,4 +276,7 @@ def destroy_process_group() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None:  # DeepSpeed keeps clones of the world group; a later run in this process needs new ones
+        groups._release_process_group_references(group=None)
     _restore_env()
