@@ -5,7 +5,7 @@
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format
-    bertdist finetune fine-tune a pretrained BERT on a classification or regression task
+    bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA, multiple choice)
     bertdist checkpoints  list a run's checkpoints and verify their files
     bertdist submit   submit a training or preprocessing job to a cluster
     bertdist ui       open the MLflow dashboard of a run
@@ -181,8 +181,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _add_finetune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("finetune", help="fine-tune a pretrained BERT on a labelled task", description=(
-        "Fine-tune a checkpoint, an export or any Hugging Face BERT (finetune.init_from) on a classification or "
-        "regression task from CSV/TSV/JSONL, e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))
+        "Fine-tune a checkpoint, an export or any Hugging Face BERT (finetune.init_from) on classification or "
+        "regression (CSV/TSV/JSONL), token_classification (CoNLL), question_answering (SQuAD JSON) or multiple_choice, "
+        "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))
     p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

@@ -8,7 +8,7 @@
     train    configs/bert-tiny.yaml with 2 CPU ranks under the deepspeed launcher, tracked in a local
              MLflow store (run name bert-tiny-demo-DATE-TIME)
     export   the last checkpoint as a Hugging Face directory, logged as the run's MLflow Model
-    finetune a sentence-adjacency task made from the corpus (bertdist.finetune.tasks), fine-tuned from the
+    finetune a sentence-adjacency task made from the corpus (bertdist.finetune.corpus_tasks), fine-tuned from the
              export and from random initialisation: what pretraining bought, in one line
 
 Every stage is skipped when its output is already there, so an interrupted demo continues where it
@@ -167,8 +167,8 @@ def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int 
 
 def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int:
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
-    corpus (bertdist.finetune.tasks); returns the comparison line, or a failed run's exit code."""
-    from bertdist.finetune.tasks import sentence_adjacency
+    corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
+    from bertdist.finetune.corpus_tasks import sentence_adjacency
     from bertdist.train.distributed import free_tcp_port
 
     task = out / "downstream"

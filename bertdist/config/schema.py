@@ -196,7 +196,8 @@ class FinetuneConfig:
     """
 
     task: str = "classification"
-    """classification (one text or a pair, any number of labels) or regression (one score, MSE)."""
+    """classification (one text or a pair, any number of labels), regression (one score, MSE),
+    token_classification (CoNLL files), question_answering (SQuAD v1.1/v2.0 JSON) or multiple_choice."""
     init_from: str = ""
     """A bertdist run directory or checkpoint (step_N), its export, or any Hugging Face BERT directory;
     empty: random initialisation of model.* (the baseline a pretrained model must beat)."""
@@ -209,17 +210,37 @@ class FinetuneConfig:
     text_pair_column: str = ""
     """Empty: single sentences; else the column of the second text ([CLS] A [SEP] B [SEP])."""
     label_column: str = "label"
+    """Classification: the class; regression: the score; multiple choice: the right choice's index (0-based)."""
+    choice_columns: str = ""
+    """Multiple choice: the columns of the candidate endings, comma-separated (SWAG: ending0,ending1,ending2,ending3)."""
     on_bad_input: str = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
-    max_seq_length: int = 128
+    max_seq_length: int = 0
+    """0: the task's usual length, 384 for question_answering (the paper's SQuAD setting) and 128 otherwise,
+    or the model's max_position_embeddings where that is shorter."""
+    doc_stride: int = 128
+    """Question answering: tokens between the starts of a passage's windows."""
+    max_query_length: int = 64
+    """Question answering: a longer question is cut to this many tokens."""
+    max_answer_length: int = 30
+    """Question answering: the longest span (tokens) a prediction may be."""
+    n_best_size: int = 20
+    """Question answering: starts and ends considered per window when decoding a span."""
     batch_size: int = 32
-    """Sequences per optimizer step over all ranks."""
+    """Rows per optimizer step over all ranks (a row: a text or pair, a SQuAD window, a question with its choices)."""
     micro_batch_size: int = 32
     epochs: float = 3.0
     lr: float = 2e-5
     warmup_proportion: float = 0.1
     """Share of the steps with linear warmup; then linear decay to zero (BERT's fine-tuning schedule)."""
     output_dir: str = "runs/finetune"
+
+    def sequence_length(self, model_positions: int) -> int:
+        """max_seq_length, or the task's usual length where the model has that many positions."""
+        return self.max_seq_length or min(384 if self.task == "question_answering" else 128, model_positions)
+
+    def choices(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in self.choice_columns.split(",") if c.strip())
 
 
 @dataclass

@@ -1,4 +1,13 @@
 """The second stage of BERT: fine-tuning and judging a pretrained model on downstream tasks.
 
-    metrics      the standard task metrics: accuracy, F1, Matthews, Pearson/Spearman, entity F1, SQuAD EM/F1
+    runner        `bertdist finetune`: one task on the pretraining engine (DeepSpeed, any launcher), MLflow
+    task          what each finetune.task trains: head, encoded rows, dev metrics
+    data          labelled rows from CSV/TSV/JSONL; classification and regression encoding
+    tagging       CoNLL files, word labels on first sub-tokens, entity scores
+    squad         SQuAD JSON, sliding windows, span decoding, v2.0's null threshold
+    choice        multiple choice (SWAG-style) rows
+    features      encoded rows padded per batch (shared by every task)
+    source        where a run starts: checkpoint, export, Hugging Face BERT, random initialisation
+    corpus_tasks  labelled tasks of each kind made from raw text (the demo, the tests)
+    metrics       the standard task metrics: accuracy, F1, Matthews, Pearson/Spearman, entity F1, SQuAD EM/F1
 """

@@ -1,15 +1,26 @@
-"""A downstream task made from raw text, to judge a pretraining run where no labelled data exists (the demo).
+"""Downstream tasks made from raw text, to judge a pretraining run where no labelled data exists (the demo,
+the tests), one per kind of `bertdist finetune` task. Each reads documents from JSON lines ({"text": ...}).
 
-`sentence_adjacency`: pairs of sentences, labelled `next` when the second follows the first in a document
-and `random` when it comes from another document, half and half. It is the task BERT's next-sentence
-objective rehearses, so a pretrained encoder should beat the same architecture from random initialisation
-by a clear margin after a short fine-tuning; on a model whose pretraining failed, it does not.
+- `sentence_adjacency` (classification, TSV): pairs of sentences, labelled `next` when the second follows
+  the first in a document and `random` when it comes from another document, half and half. It is the task
+  BERT's next-sentence objective rehearses, so a pretrained encoder should beat the same architecture from
+  random initialisation by a clear margin after a short fine-tuning; on a model whose pretraining failed,
+  it does not.
+- `next_sentence_choice` (multiple choice, CSV): a sentence and four candidate continuations, one of them
+  the sentence that really follows it (SWAG's shape).
+- `code_entities` (token classification, CoNLL): the words of sentences, with BIO tags for spans of
+  code-like words (identifiers with `_`, `.` or `()`) and capitalised names inside a sentence.
+- `span_questions` (question answering, SQuAD JSON): a passage of a few sentences and the question
+  `What follows "<a phrase of the passage>"?`, answered by the next words of the passage; with
+  `unanswerable` > 0, that share of questions asks about a phrase from another document (v2.0).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import random
+import re
 from pathlib import Path
 
 from bertdist.data.sentences import split_sentences
@@ -18,8 +29,94 @@ MIN_CHARS, MAX_CHARS = 20, 300
 
 
 def sentence_adjacency(jsonl_file: str | Path, output_file: str | Path, rows: int, seed: int) -> int:
-    """Write `rows` labelled pairs from the documents of `jsonl_file` ({"text": ...} per line) as a TSV."""
-    rng = random.Random(seed)
+    """Write `rows` labelled pairs from the documents of `jsonl_file` as a TSV."""
+    rng, documents = random.Random(seed), _documents(jsonl_file)
+    lines = ["sentence1\tsentence2\tlabel"]
+    for _ in range(rows):
+        doc, i = _sentence(rng, documents)
+        if rng.random() < 0.5:
+            second, label = documents[doc][i + 1], "next"
+        else:
+            second, label = rng.choice(documents[_other(rng, documents, doc)]), "random"
+        lines.append(f"{documents[doc][i]}\t{second}\t{label}")
+    Path(output_file).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return rows
+
+
+def next_sentence_choice(jsonl_file: str | Path, output_file: str | Path, rows: int, seed: int, choices: int = 4) -> int:
+    """Write `rows` questions: a sentence, `choices` endings (one is the next sentence), the right index."""
+    rng, documents = random.Random(seed), _documents(jsonl_file)
+    with open(output_file, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["context", *(f"ending{c}" for c in range(choices)), "label"])
+        for _ in range(rows):
+            doc, i = _sentence(rng, documents)
+            endings = [rng.choice(documents[_other(rng, documents, doc)]) for _ in range(choices - 1)]
+            label = rng.randrange(choices)
+            endings.insert(label, documents[doc][i + 1])
+            writer.writerow([documents[doc][i], *endings, label])
+    return rows
+
+
+CODE_WORD = re.compile(r"^[A-Za-z_][\w.]*(\(\))?$")
+
+
+def code_entities(jsonl_file: str | Path, output_file: str | Path, sentences: int, seed: int) -> int:
+    """Write `sentences` tagged sentences in CoNLL form (word, tag); tags B-/I-CODE, B-/I-NAME and O."""
+    rng, documents = random.Random(seed), _documents(jsonl_file)
+    blocks = []
+    for _ in range(sentences):
+        doc, i = _sentence(rng, documents)
+        words = documents[doc][i].split()
+        tags, previous = [], "O"
+        for position, word in enumerate(words):
+            bare = word.rstrip(",;:")
+            if CODE_WORD.match(bare) and ("_" in bare or "." in bare.strip(".") or bare.endswith("()")):
+                kind = "CODE"
+            elif position > 0 and bare[:1].isupper() and bare.isalpha():
+                kind = "NAME"
+            else:
+                kind = ""
+            tag = "O" if not kind else ("I-" if previous.endswith(kind) else "B-") + kind
+            tags.append(tag)
+            previous = tag
+        blocks.append("\n".join(f"{w} {t}" for w, t in zip(words, tags)))
+    Path(output_file).write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    return sentences
+
+
+def span_questions(jsonl_file: str | Path, output_file: str | Path, questions: int, seed: int, unanswerable: float = 0.0,
+                   passage_sentences: int = 3, phrase_words: int = 3, answer_words: int = 2) -> int:  # fmt: skip
+    """Write `questions` SQuAD questions whose answers are the words after a phrase of their passage."""
+    rng, documents = random.Random(seed), _documents(jsonl_file)
+    paragraphs = []
+    for q in range(questions):
+        words: list = []
+        while len(words) < phrase_words + answer_words:  # a passage long enough to ask about
+            doc = rng.randrange(len(documents))
+            first = rng.randrange(max(1, len(documents[doc]) - passage_sentences + 1))
+            context = " ".join(documents[doc][first : first + passage_sentences])
+            words = [(m.start(), m.group()) for m in re.finditer(r"\S+", context)]
+        qa: dict = {"id": f"q{q}"}
+        if rng.random() < unanswerable:
+            other = rng.choice(documents[_other(rng, documents, doc)]).split()
+            phrase = " ".join(other[:phrase_words])
+            qa.update(answers=[], is_impossible=True)
+        else:
+            at = rng.randrange(len(words) - phrase_words - answer_words + 1)
+            phrase = " ".join(w for _, w in words[at : at + phrase_words])
+            start = words[at + phrase_words][0]
+            last_start, last = words[at + phrase_words + answer_words - 1]
+            qa.update(answers=[{"text": context[start : last_start + len(last)], "answer_start": start}], is_impossible=False)
+        qa["question"] = f'What follows "{phrase}"?'
+        paragraphs.append({"context": context, "qas": [qa]})
+    Path(output_file).write_text(json.dumps({"version": "v2.0" if unanswerable else "1.1",
+                                             "data": [{"title": "corpus", "paragraphs": paragraphs}]}, indent=1))  # fmt: skip
+    return questions
+
+
+def _documents(jsonl_file: str | Path) -> list[list[str]]:
+    """The sentences of every document with two or more of a usable length."""
     documents = []
     with open(jsonl_file, encoding="utf-8") as f:
         for line in f:
@@ -29,16 +126,16 @@ def sentence_adjacency(jsonl_file: str | Path, output_file: str | Path, rows: in
                 documents.append(sentences)
     if len(documents) < 2:
         raise ValueError(f"{jsonl_file}: fewer than two documents with two sentences")
-    lines = ["sentence1\tsentence2\tlabel"]
-    for _ in range(rows):
-        doc = rng.randrange(len(documents))
-        i = rng.randrange(len(documents[doc]) - 1)
-        if rng.random() < 0.5:
-            second, label = documents[doc][i + 1], "next"
-        else:
-            other = rng.randrange(len(documents) - 1)
-            other += other >= doc  # any document but this one
-            second, label = rng.choice(documents[other]), "random"
-        lines.append(f"{documents[doc][i]}\t{second}\t{label}")
-    Path(output_file).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return rows
+    return documents
+
+
+def _sentence(rng: random.Random, documents: list[list[str]]) -> tuple[int, int]:
+    """A document and one of its sentences that has a next one."""
+    doc = rng.randrange(len(documents))
+    return doc, rng.randrange(len(documents[doc]) - 1)
+
+
+def _other(rng: random.Random, documents: list[list[str]], doc: int) -> int:
+    """Any document but `doc`."""
+    other = rng.randrange(len(documents) - 1)
+    return other + (other >= doc)

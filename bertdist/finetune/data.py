@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import torch
 
 from bertdist.data import DataError
+from bertdist.finetune.features import Sequences, bert_sequence, truncate_pair
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 TASKS = (CLASSIFICATION, REGRESSION)
@@ -36,6 +36,8 @@ class Example:
     label: str
     where: str
     """FILE:LINE, for messages."""
+    choices: list[str] = field(default_factory=list)
+    """Multiple choice: the candidate endings, in the order of `finetune.choice_columns`."""
 
 
 @dataclass
@@ -46,22 +48,25 @@ class Examples:
     """One `FILE:LINE: reason` per skipped row."""
 
 
-def read_examples(path: str, text_column: str, pair_column: str, label_column: str, skip_bad: bool) -> Examples:
+def read_examples(path: str, text_column: str, pair_column: str, label_column: str, skip_bad: bool,
+                  choice_columns: tuple[str, ...] = ()) -> Examples:  # fmt: skip
     """Every row of `path` as an Example; DataError naming the file (and line) for bad input."""
     out = Examples(path, [])
-    wanted = [c for c in (text_column, pair_column, label_column) if c]
+    wanted = [c for c in (text_column, pair_column, label_column, *choice_columns) if c]
     for line, row in _rows(path, wanted):
         where = f"{path}:{line}"
         if isinstance(row, str):  # a line that could not be read as a row
-            _bad(out, where, row, skip_bad)
+            bad_row(out, where, row, skip_bad)
             continue
         text, label = row.get(text_column), row.get(label_column)
         pair = row.get(pair_column) if pair_column else None
-        empty = [c for c, v in ((text_column, text), (label_column, label), (pair_column, pair)) if c and _blank(v)]
+        choices = [row.get(c) for c in choice_columns]
+        named = ((text_column, text), (label_column, label), (pair_column, pair), *zip(choice_columns, choices))
+        empty = [c for c, v in named if c and _blank(v)]
         if empty:
-            _bad(out, where, f"empty {', '.join(repr(c) for c in empty)}", skip_bad)
+            bad_row(out, where, f"empty {', '.join(repr(c) for c in empty)}", skip_bad)
             continue
-        out.rows.append(Example(str(text), None if pair is None else str(pair), str(label).strip(), where))
+        out.rows.append(Example(str(text), None if pair is None else str(pair), str(label).strip(), where, [str(c) for c in choices]))
     if not out.rows:
         raise DataError(f"{path}: no usable rows" + (f" ({len(out.skipped)} skipped)" if out.skipped else " (the file is empty)"))
     return out
@@ -110,7 +115,7 @@ def _blank(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def _bad(out: Examples, where: str, reason: str, skip_bad: bool) -> None:
+def bad_row(out: Examples, where: str, reason: str, skip_bad: bool) -> None:
     if not skip_bad:
         raise DataError(f"{where}: {reason} (finetune.on_bad_input=skip skips such rows and counts them)")
     out.skipped.append(f"{where}: {reason}")
@@ -137,12 +142,12 @@ def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) ->
             except ValueError:
                 value = float("nan")
             if not np.isfinite(value):
-                _bad(examples, e.where, f"label {e.label!r} is not a finite number", skip_bad)
+                bad_row(examples, e.where, f"label {e.label!r} is not a finite number", skip_bad)
                 continue
         elif e.label in index:
             value = index[e.label]
         else:
-            _bad(examples, e.where, f"label {e.label!r} is not one of the training file's ({', '.join(labels)})", skip_bad)
+            bad_row(examples, e.where, f"label {e.label!r} is not one of the training file's ({', '.join(labels)})", skip_bad)
             continue
         kept.append(e)
         values.append(value)
@@ -151,50 +156,21 @@ def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) ->
     return kept, np.asarray(values, dtype=np.float32 if task == REGRESSION else np.int64)
 
 
-@dataclass
-class Encoded:
-    """Token ids of every example (ragged), segment boundaries, and targets."""
-
-    ids: list[np.ndarray]
-    first_lengths: np.ndarray
-    """Tokens of [CLS] A [SEP]; the rest of each row is segment 1."""
-    targets: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def batch(self, rows: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
-        """Rows padded to the longest of them."""
-        longest = max(len(self.ids[r]) for r in rows)
-        input_ids = np.full((len(rows), longest), pad_id, dtype=np.int64)
-        mask = np.zeros((len(rows), longest), dtype=np.int64)
-        segments = np.zeros((len(rows), longest), dtype=np.int64)
-        for i, r in enumerate(rows):
-            n = len(self.ids[r])
-            input_ids[i, :n], mask[i, :n] = self.ids[r], 1
-            segments[i, self.first_lengths[r] : n] = 1
-        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(segments),
-                "attention_mask": torch.from_numpy(mask), "labels": torch.from_numpy(self.targets[rows])}  # fmt: skip
-
-
-def encode(rows: list[Example], targets_: np.ndarray, vocab_file: str, cased: bool, max_seq_length: int) -> Encoded:
+def encode(rows: list[Example], targets_: np.ndarray, vocab_file: str, cased: bool, max_seq_length: int) -> Sequences:
+    """[CLS] A [SEP] (B [SEP]) of every row, pairs truncated to `max_seq_length`; targets as `labels`."""
     from bertdist.data.vocab import load_tokenizer, read_vocab
 
     vocab = read_vocab(vocab_file)
     cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
     tokenizer = load_tokenizer(vocab_file, cased)
-    texts = [e.text for e in rows]
-    a_ids = [enc.ids for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    a_ids = [enc.ids for enc in tokenizer.encode_batch([e.text for e in rows], add_special_tokens=False)]
     has_pair = rows[0].pair is not None
     b_ids = [enc.ids for enc in tokenizer.encode_batch([e.pair or "" for e in rows], add_special_tokens=False)] if has_pair else None
     ids, first = [], []
-    budget = max_seq_length - (3 if has_pair else 2)
     for i, a in enumerate(a_ids):
-        a = list(a)
-        b = list(b_ids[i]) if b_ids is not None else []
-        while len(a) + len(b) > budget:  # the reference's _truncate_seq_pair
-            (a if len(a) > len(b) else b).pop()
-        first_part = [cls_id, *a, sep_id]
-        ids.append(np.asarray(first_part + ([*b, sep_id] if has_pair else []), dtype=np.int64))
-        first.append(len(first_part))
-    return Encoded(ids, np.asarray(first, dtype=np.int64), targets_)
+        a, b = list(a), list(b_ids[i]) if b_ids is not None else []
+        truncate_pair(a, b, max_seq_length - (3 if has_pair else 2))
+        sequence, first_length = bert_sequence(cls_id, sep_id, a, b if has_pair else None)
+        ids.append(sequence)
+        first.append(first_length)
+    return Sequences(ids, np.asarray(first, dtype=np.int64), {"labels": targets_})

@@ -1,19 +1,20 @@
-"""`bertdist finetune --config FILE [key=value ...]`: one classification or regression task on a pretrained BERT.
+"""`bertdist finetune --config FILE [key=value ...]`: one downstream task on a pretrained BERT.
 
 The same engine as pretraining: the process group from whichever launcher started us (torchrun, the
 deepspeed launcher, srun, or none), DeepSpeed with the run's ZeRO stage and precision, AdamW with BERT's
 decoupled weight decay, and BERT's fine-tuning schedule (linear warmup over `finetune.warmup_proportion`
-of the steps, then linear decay to zero). Each epoch visits the training rows in a seeded order that every
-rank computes alike; a step's `finetune.batch_size` rows are split among the ranks and their micro batches.
-After every epoch all ranks score a share of the dev file, rank 0 gathers the predictions and computes the
-task's metrics (bertdist.finetune.metrics), logs them, and keeps the best epoch's model, which is exported
-at the end as a Hugging Face directory `AutoModelForSequenceClassification` loads (`{output_dir}/model`).
+of the steps, then linear decay to zero). The task (bertdist.finetune.task) decides the head, the rows and
+the dev metrics: classification, regression, token tagging, extractive QA or multiple choice. Each epoch
+visits the training rows in a seeded order that every rank computes alike; a step's `finetune.batch_size`
+rows are split among the ranks and their micro batches. After every epoch all ranks score a share of the
+dev rows, rank 0 gathers the outputs and computes the task's metrics, logs them, and keeps the best epoch's
+model (by the task's headline metric), exported at the end as a Hugging Face directory the matching
+`AutoModelFor...` class loads (`{output_dir}/model`).
 
 MLflow records the run's parameters, the dev metrics per epoch, and where it started: tags
 `bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`.
 
-Not yet: token tagging, extractive QA and multiple choice (their heads and exports exist in bertdist.model,
-their data readers do not), ZeRO-3, and checkpoints within a fine-tuning run (a run restarts from its start).
+Not yet: ZeRO-3, and checkpoints within a fine-tuning run (a run restarts from its start).
 """
 
 from __future__ import annotations
@@ -28,27 +29,26 @@ import numpy as np
 
 from bertdist.config import Config, ConfigError, flatten
 from bertdist.errors import OK_EXIT_CODE, USAGE_EXIT_CODE, UserError
-from bertdist.finetune import data, metrics
+from bertdist.finetune import task as tasks
 from bertdist.finetune.source import Source, resolve
-
-NOT_YET = ("token_classification", "question_answering", "multiple_choice")
 
 
 def check(cfg: Config, world_size: int) -> None:
     ft, p = cfg.finetune, []
-    if ft.task in NOT_YET:
-        p.append(f"finetune.task: {ft.task!r} is not supported by `bertdist finetune` yet (its head and Hugging Face "
-                 f"export exist: bertdist.model.heads); supported: {', '.join(data.TASKS)}")  # fmt: skip
-    elif ft.task not in data.TASKS:
-        p.append(f"finetune.task: {ft.task!r} is not one of {', '.join(data.TASKS)}")
+    if ft.task not in tasks.TASKS:
+        p.append(f"finetune.task: {ft.task!r} is not one of {', '.join(tasks.TASKS)}")
+    if ft.task == tasks.MULTIPLE_CHOICE and len(ft.choices()) < 2:
+        p.append(f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}")
     for name in ("train_file", "dev_file"):
         if not getattr(ft, name):
             p.append(f"finetune.{name}: empty")
     if ft.on_bad_input not in ("error", "skip"):
         p.append(f"finetune.on_bad_input: {ft.on_bad_input!r} is not error or skip")
-    for name in ("max_seq_length", "batch_size", "micro_batch_size"):
+    for name in ("batch_size", "micro_batch_size", "doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
         if getattr(ft, name) <= 0:
             p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")
+    if ft.max_seq_length < 0:
+        p.append(f"finetune.max_seq_length: must be 0 (the task's default) or positive, got {ft.max_seq_length}")
     if ft.batch_size > 0 and ft.micro_batch_size > 0 and ft.batch_size % (ft.micro_batch_size * world_size):
         p.append(f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
                  f"({ft.micro_batch_size}) x {world_size} rank(s)")  # fmt: skip
@@ -87,14 +87,11 @@ class Finetuning:
 
         self.cfg, self.env, ft = cfg, env, cfg.finetune
         self.source: Source = resolve(cfg)
-        skip = ft.on_bad_input == "skip"
-        cased = _cased(self.source.vocab_file)
-        train = data.read_examples(ft.train_file, ft.text_column, ft.text_pair_column, ft.label_column, skip)
-        dev = data.read_examples(ft.dev_file, ft.text_column, ft.text_pair_column, ft.label_column, skip)
-        self.labels = data.label_names(ft.task, train)
-        self.train = data.encode(*data.targets(ft.task, train, self.labels, skip), self.source.vocab_file, cased, ft.max_seq_length)
-        self.dev = data.encode(*data.targets(ft.task, dev, self.labels, skip), self.source.vocab_file, cased, ft.max_seq_length)
-        self.skipped = train.skipped + dev.skipped
+        positions = self.source.model_cfg.max_position_embeddings
+        if ft.max_seq_length > positions:
+            raise ConfigError([f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {positions} positions"])
+        self.task: tasks.Task = tasks.build(ft, ft.sequence_length(positions), self.source.vocab_file, _cased(self.source.vocab_file))
+        self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
         self.pad_id = _pad_id(self.source.vocab_file)
         self.steps_per_epoch = len(self.train) // ft.batch_size
         if self.steps_per_epoch == 0:
@@ -113,15 +110,13 @@ class Finetuning:
     def _engine(self) -> Any:
         import torch
 
-        from bertdist.model.heads import REGRESSION, SINGLE_LABEL
         from bertdist.model.hf_heads import build_task_model, load_encoder
         from bertdist.train import deepspeed as ds
         from bertdist.train.optim import build_optimizer
 
-        cfg, ft = self.cfg, self.cfg.finetune
+        cfg, ft, task = self.cfg, self.cfg.finetune, self.task
         torch.manual_seed(cfg.train.seed)  # the same head on every rank
-        problem = REGRESSION if ft.task == data.REGRESSION else SINGLE_LABEL
-        model = build_task_model("BertForSequenceClassification", self.source.model_cfg, self.labels, problem)
+        model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
         if self.source.state is not None:
             load_encoder(model, self.source.state, self.source.description)
         optim = dataclasses.replace(cfg.optim, lr=ft.lr)
@@ -141,7 +136,7 @@ class Finetuning:
         shared = {"finetune": self.cfg.to_dict()["finetune"], "optim": self.cfg.to_dict()["optim"],
                   "train": {k: getattr(self.cfg.train, k) for k in ("precision", "zero_stage", "seed")}}  # fmt: skip
         tracker.log_params({**flatten(shared), "world_size": self.env.world_size, "train_rows": len(self.train),
-                            "dev_rows": len(self.dev), "skipped_rows": len(self.skipped), "labels": ",".join(self.labels)})  # fmt: skip
+                            "dev_rows": len(self.dev), "skipped_rows": len(self.skipped), "labels": ",".join(self.task.labels)})  # fmt: skip
         tracker.set_tags({"bertdist.kind": "finetune", "bertdist.init_from": ft.init_from or "random initialisation",
                           "bertdist.pretraining_run_id": self.source.pretraining_run_id or "",
                           "bertdist.pretraining_checkpoint": self.source.checkpoint or ""})  # fmt: skip
@@ -156,7 +151,10 @@ class Finetuning:
             say(f"skipped {reason}")
         if self.skipped:
             say(f"skipped {len(self.skipped)} bad row(s) (finetune.on_bad_input=skip)")
-        say(f"{ft.task}: {len(self.train)} training rows, {len(self.dev)} dev rows, labels {', '.join(self.labels)}; "
+        for note in self.task.notes:
+            say(note)
+        labels = f", labels {', '.join(self.task.labels)}" if self.task.labels else ""
+        say(f"{ft.task}: {len(self.train)} training rows, {len(self.dev)} dev rows{labels}; "
             f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), from {self.source.description}")  # fmt: skip
         best: tuple[float, int, dict[str, float]] | None = None
         best_state = None
@@ -173,7 +171,7 @@ class Finetuning:
                 step += 1
             scores = self._evaluate()
             self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **{f"dev/{k}": v for k, v in scores.items()}}, step)
-            headline = self._headline(scores)
+            headline = next(iter(scores.values()))
             say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, dev " +
                 ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + f" ({time.perf_counter() - started:.0f} s)")
             if best is None or headline > best[0]:
@@ -208,31 +206,26 @@ class Finetuning:
         engine, ft = self.engine, self.cfg.finetune
         engine.eval()
         mine = np.array_split(np.arange(len(self.dev)), self.env.world_size)[self.env.rank]
-        outputs = []
+        outputs: list[np.ndarray] = []
         with torch.no_grad():
             for start in range(0, len(mine), ft.micro_batch_size):
                 rows = mine[start : start + ft.micro_batch_size]
                 logits = engine(**{k: v.to(self.device) for k, v in self.dev.batch(rows, self.pad_id).items()}).logits
-                outputs.append(logits.float().cpu().numpy())
+                outputs += self.dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)
         gathered: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(gathered, np.concatenate(outputs) if outputs else np.zeros((0, 1), np.float32))
-        logits = np.concatenate([g for g in gathered if len(g)])
-        return task_scores(ft.task, logits, self.dev.targets, len(self.labels))
-
-    def _headline(self, scores: dict[str, float]) -> float:
-        return scores["pearson"] if self.cfg.finetune.task == data.REGRESSION else scores["accuracy"]
+        dist.all_gather_object(gathered, outputs)  # every rank's share, in rank order: the dev rows in order
+        return self.task.score([o for share in gathered for o in share])
 
     def _export(self, state: dict[str, Any], best: tuple[float, int, dict[str, float]]) -> None:
-        from bertdist.model.heads import REGRESSION, SINGLE_LABEL
         from bertdist.model.hf_heads import build_task_model, save_task_model
 
         _, epoch, scores = best
         if self.env.is_main:
-            problem = REGRESSION if self.cfg.finetune.task == data.REGRESSION else SINGLE_LABEL
-            model = build_task_model("BertForSequenceClassification", self.source.model_cfg, self.labels, problem)
+            task = self.task
+            model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
             model.load_state_dict(state, strict=True)
             out = f"{self.cfg.finetune.output_dir}/model"
-            save_task_model(model, out, self.labels, self.source.vocab_file,
+            save_task_model(model, out, task.labels, self.source.vocab_file,
                             extra_config={"bertdist_init_from": self.cfg.finetune.init_from,
                                           "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip
             self.tracker.log_metrics({f"best/{k}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
@@ -247,19 +240,6 @@ class Finetuning:
         from bertdist.train.distributed import destroy_process_group
 
         destroy_process_group()
-
-
-def task_scores(task: str, logits: np.ndarray, gold: np.ndarray, num_labels: int) -> dict[str, float]:
-    """The task's dev metrics from the model's outputs."""
-    if task == data.REGRESSION:
-        predicted = logits.reshape(-1)
-        return {"pearson": metrics.pearson(predicted, gold), "spearman": metrics.spearman(predicted, gold),
-                "mse": float(np.mean((predicted - gold) ** 2))}  # fmt: skip
-    predicted = logits.argmax(axis=-1)
-    scores = {"accuracy": metrics.accuracy(predicted, gold), "matthews": metrics.matthews(predicted, gold)}
-    scores["f1" if num_labels == 2 else "macro_f1"] = (
-        metrics.f1(predicted, gold) if num_labels == 2 else metrics.macro_f1(predicted, gold))
-    return scores
 
 
 def _cased(vocab_file: str) -> bool:

@@ -6,7 +6,7 @@ import csv
 import json
 
 from bertdist.data.sentences import split_sentences
-from bertdist.finetune.tasks import sentence_adjacency
+from bertdist.finetune.corpus_tasks import sentence_adjacency
 
 
 def test_sentence_adjacency_pairs_are_adjacent_or_from_another_document(tmp_path):

@@ -81,13 +81,16 @@ def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loa
     assert "dev/accuracy" in run.data.metrics and run.data.params["finetune.lr"] == "0.0001"
 
 
-def test_bad_settings_and_unsupported_tasks_fail_before_anything_starts(tmp_path, tiny_corpus, tiny_vocab, capsys):
+def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, tiny_corpus, tiny_vocab, capsys):
     train, dev = _task(tmp_path, tiny_corpus)
-    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=question_answering",
+    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=summarization", "finetune.doc_stride=0",
                                          "finetune.batch_size=10", f"finetune.vocab_file={tiny_vocab}")])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == USAGE_EXIT_CODE and "'question_answering' is not supported by `bertdist finetune` yet" in err, err
+    assert code == USAGE_EXIT_CODE and "finetune.task: 'summarization' is not one of classification, regression" in err, err
     assert "finetune.batch_size: 10 is not divisible by finetune.micro_batch_size (8)" in err
+    assert "finetune.doc_stride: must be positive, got 0" in err
+    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=multiple_choice", f"finetune.vocab_file={tiny_vocab}")])
+    assert code == USAGE_EXIT_CODE and "finetune.choice_columns: multiple_choice needs two or more" in capsys.readouterr().err
     code = main(["finetune", *_overrides(train, dev, tmp_path / "x", f"finetune.init_from={tmp_path / 'nowhere'}")])
     assert code == USAGE_EXIT_CODE and "is not a directory" in capsys.readouterr().err
 
@@ -109,3 +112,41 @@ def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_co
     assert "on 2 rank(s), from bertdist checkpoint" in outputs[0] and f"step_{runs.STEPS:08d}" in outputs[0]
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
+
+
+def _documents(corpus: str, out: Path) -> Path:
+    """The tiny corpus as JSON lines, one document per blank-line-separated block."""
+    blocks = [b for f in sorted(Path(corpus).glob("*.txt")) for b in f.read_text().split("\n\n") if b.strip()]
+    out.write_text("".join(json.dumps({"text": " ".join(b.split())}) + "\n" for b in blocks))
+    return out
+
+
+TASKS = {  # task: (maker, file suffix, settings, Auto class)
+    "token_classification": ("code_entities", "conll", [], "AutoModelForTokenClassification"),
+    "question_answering": ("span_questions", "json", ["finetune.max_seq_length=64", "finetune.doc_stride=32"], "AutoModelForQuestionAnswering"),
+    "multiple_choice": ("next_sentence_choice", "csv", ["finetune.text_column=context", "finetune.choice_columns=ending0,ending1,ending2,ending3"],
+                        "AutoModelForMultipleChoice"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_trains_and_exports_for_its_auto_class(task, tmp_path, tiny_corpus, tiny_vocab, capsys):
+    from bertdist.finetune import corpus_tasks
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+
+    maker, suffix, settings, auto = TASKS[task]
+    documents = _documents(tiny_corpus, tmp_path / "docs.jsonl")
+    files = [tmp_path / f"{name}.{suffix}" for name in ("train", "dev")]
+    for seed, (path, rows) in enumerate(zip(files, (64, 24))):
+        getattr(corpus_tasks, maker)(documents, path, rows, seed)
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    out = tmp_path / "run"
+    args = _overrides(str(files[0]), str(files[1]), out, f"finetune.task={task}", f"finetune.init_from={tmp_path / 'pretrained'}", *settings)
+    assert main(["finetune", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "epoch 2/2" in printed and "best dev epoch" in printed, printed
+    model, info = getattr(transformers, auto).from_pretrained(out / "model", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert json.loads((out / "model" / "config.json").read_text())["bertdist_init_from"] == str(tmp_path / "pretrained")

@@ -1,0 +1,154 @@
+"""Token classification (NER, tagging) from CoNLL-style files: word-level labels on WordPiece sub-tokens.
+
+A file holds one `word ... label` per line (the first column is the word, the last the label, as in
+CoNLL-2003 whose middle columns are POS and chunk tags), a blank line between sentences, and `-DOCSTART-`
+lines that are ignored. The paper's choice for labels: the first sub-token of each word carries the word's
+label and predicts it; the other sub-tokens, [CLS], [SEP] and padding are ignored (IGNORE_INDEX).
+
+A sentence longer than `max_seq_length` keeps its first words; the words cut off are predicted `O` at
+evaluation (so a gold entity there counts as missed) and the number of such sentences is reported. Dev
+scores are entity-level precision/recall/F1 for BIO tags (bertdist.finetune.metrics.entity_scores) and word
+accuracy; for tags that are not BIO (POS tags, say) only the accuracy means anything, and it is the headline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertdist.data import DataError
+from bertdist.finetune import metrics
+from bertdist.finetune.data import Examples, bad_row
+from bertdist.finetune.features import Sequences, bert_sequence
+from bertdist.model.ops import IGNORE_INDEX
+
+OUTSIDE = "O"
+
+
+@dataclass
+class Sentence:
+    words: list[str]
+    tags: list[str]
+    where: str
+    """FILE:LINE of the sentence's first word."""
+
+
+def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
+    """The sentences of a CoNLL file; the returned Examples only carries the file's name and skipped lines."""
+    report = Examples(path, [])
+    sentences, words, tags, first_line, broken = [], [], [], 0, False
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror})") from None
+
+    def end_sentence() -> None:
+        if words and not broken:
+            sentences.append(Sentence(list(words), list(tags), f"{path}:{first_line}"))
+        words.clear()
+        tags.clear()
+
+    with f:
+        try:
+            for line_number, line in enumerate(f, start=1):
+                fields = line.split()
+                if not fields:
+                    end_sentence()
+                    broken = False
+                    continue
+                if fields[0] == "-DOCSTART-":
+                    continue
+                if len(fields) < 2:
+                    # The whole sentence goes: its other words' labels would be misaligned without this one.
+                    bad_row(report, f"{path}:{line_number}", f"{line.strip()!r} has no label (a line is 'word ... label')", skip_bad)
+                    broken = True
+                    continue
+                if not words:
+                    first_line = line_number
+                words.append(fields[0])
+                tags.append(fields[-1])
+            end_sentence()
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text (byte {e.start} of a read block)") from None
+    if not sentences:
+        raise DataError(f"{path}: no sentences" + (f" ({len(report.skipped)} skipped)" if report.skipped else " (the file is empty)"))
+    return sentences, report
+
+
+def tag_names(train: list[Sentence]) -> list[str]:
+    names = sorted({t for s in train for t in s.tags})
+    if len(names) < 2:
+        raise DataError(f"{train[0].where.rsplit(':', 1)[0]}: one tag ({names[0]}) in the whole file; tagging needs two or more")
+    return names
+
+
+def known_tags(sentences: list[Sentence], labels: list[str], report: Examples, skip_bad: bool) -> list[Sentence]:
+    """The sentences whose every tag is one of the training file's."""
+    known, kept = set(labels), []
+    for s in sentences:
+        unknown = sorted(set(s.tags) - known)
+        if unknown:
+            bad_row(report, s.where, f"tag(s) {', '.join(unknown)} not in the training file ({', '.join(labels)})", skip_bad)
+        else:
+            kept.append(s)
+    if not kept:
+        raise DataError(f"{report.path}: no sentence with known tags")
+    return kept
+
+
+@dataclass
+class Tagged:
+    sequences: Sequences
+    first_positions: list[np.ndarray]
+    """Per sentence, the position of each word's first sub-token, -1 where the word was cut off or has none."""
+    sentences: list[Sentence]
+    truncated: int
+    """Sentences longer than max_seq_length."""
+
+
+def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased: bool, max_seq_length: int) -> Tagged:
+    from bertdist.data.vocab import load_tokenizer, read_vocab
+
+    vocab = read_vocab(vocab_file)
+    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
+    index = {name: i for i, name in enumerate(labels)}
+    encodings = load_tokenizer(vocab_file, cased).encode_batch([s.words for s in sentences], is_pretokenized=True,
+                                                               add_special_tokens=False)  # fmt: skip
+    ids, first_lengths, token_labels, positions, truncated = [], [], [], [], 0
+    budget = max_seq_length - 2
+    for s, enc in zip(sentences, encodings):
+        word_ids = enc.word_ids[:budget]
+        truncated += len(enc.ids) > budget
+        sequence, first_length = bert_sequence(cls_id, sep_id, enc.ids[:budget], None)
+        first = np.full(len(s.words), -1, dtype=np.int64)
+        labels_here = np.full(len(sequence), IGNORE_INDEX, dtype=np.int64)
+        previous = None
+        for position, word in enumerate(word_ids, start=1):  # position 0 is [CLS]
+            if word is not None and word != previous:
+                first[word] = position
+                labels_here[position] = index[s.tags[word]]
+            previous = word
+        ids.append(sequence)
+        first_lengths.append(first_length)
+        token_labels.append(labels_here)
+        positions.append(first)
+    sequences = Sequences(ids, np.asarray(first_lengths, dtype=np.int64), token_targets={"labels": token_labels})
+    return Tagged(sequences, positions, sentences, truncated)
+
+
+def scores(outputs: list[np.ndarray], dev: Tagged, labels: list[str]) -> dict[str, float]:
+    """Entity precision/recall/F1 and word accuracy from each sentence's (length, labels) logits."""
+    predicted_tags = []
+    for logits, first in zip(outputs, dev.first_positions):
+        best = logits.argmax(axis=-1)
+        predicted_tags.append([labels[best[p]] if p >= 0 else OUTSIDE for p in first])
+    gold = [s.tags for s in dev.sentences]
+    flat_p = np.asarray([t for tags in predicted_tags for t in tags])
+    flat_g = np.asarray([t for tags in gold for t in tags])
+    return {"accuracy": metrics.accuracy(flat_p, flat_g), **metrics.entity_scores(predicted_tags, gold)}
+
+
+def is_bio(labels: list[str]) -> bool:
+    """Entity scores mean something: the tags are B-X / I-X / O."""
+    return any(name.startswith(("B-", "I-")) for name in labels)

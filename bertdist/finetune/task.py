@@ -1,0 +1,120 @@
+"""What `bertdist finetune` trains, per `finetune.task`: the head, the encoded rows and how dev outputs score.
+
+| task | files | head | dev metrics (headline first) |
+| --- | --- | --- | --- |
+| classification | CSV/TSV/JSONL, one text or a pair | BertForSequenceClassification | accuracy, matthews, f1 (2 labels) or macro_f1 |
+| regression | CSV/TSV/JSONL, a score per row | BertForSequenceClassification (MSE) | pearson, spearman, mse |
+| token_classification | CoNLL (word ... label) | BertForTokenClassification | f1 (BIO tags; else accuracy), precision, recall, accuracy |
+| question_answering | SQuAD v1.1/v2.0 JSON | BertForQuestionAnswering | f1, exact_match (v2.0: HasAns/NoAns, best_threshold) |
+| multiple_choice | CSV/TSV/JSONL, context + endings | BertForMultipleChoice | accuracy |
+
+The runner only sees a `Task`: rows to batch (`Sequences`), whether dev outputs are per token, and a
+function from the dev outputs of every row, in order, to the metrics. A task's training "rows" are what one
+sequence of the batch is: a sentence, a SQuAD window, or a question with all its choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from bertdist.config import FinetuneConfig
+from bertdist.finetune import choice, data, metrics, squad, tagging
+from bertdist.finetune.features import Sequences
+from bertdist.model.heads import REGRESSION, SINGLE_LABEL
+
+CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE = "classification", "token_classification", "question_answering", "multiple_choice"
+TASKS = (CLASSIFICATION, data.REGRESSION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE)
+
+
+@dataclass
+class Task:
+    architecture: str
+    labels: list[str]
+    """Class or tag names, stored with the model (id2label); QA has none, multiple choice its choice columns."""
+    train: Sequences
+    dev: Sequences
+    score: Callable[[list[np.ndarray]], dict[str, float]]
+    """Dev metrics from the outputs of every dev row, in order; the first metric is the headline."""
+    per_token: bool = False
+    """Dev outputs are (length, ...) per row (tagging, QA), not one vector per row."""
+    problem_type: str = SINGLE_LABEL
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the log should say about the data (windows per question, truncated sentences)."""
+
+
+def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task:
+    """Read, check and encode the training and dev files of `ft.task` as sequences of at most `length` tokens."""
+    skip = ft.on_bad_input == "skip"
+    if ft.task == TAGGING:
+        return _tagging(ft, vocab_file, cased, length, skip)
+    if ft.task == QUESTION_ANSWERING:
+        return _question_answering(ft, vocab_file, cased, length, skip)
+    columns = (ft.text_column, ft.text_pair_column, ft.label_column, skip, ft.choices())
+    train, dev = data.read_examples(ft.train_file, *columns), data.read_examples(ft.dev_file, *columns)
+    if ft.task == MULTIPLE_CHOICE:
+        n = len(ft.choices())
+        train_rows, dev_rows = choice.answers(train, n, skip), choice.answers(dev, n, skip)
+        encoded = [choice.encode(*rows, vocab_file, cased, length) for rows in (train_rows, dev_rows)]
+        gold = dev_rows[1]
+        return Task("BertForMultipleChoice", list(ft.choices()), *encoded, lambda out: choice.scores(out, gold),
+                    skipped=train.skipped + dev.skipped)  # fmt: skip
+    labels = data.label_names(ft.task, train)
+    train_rows, dev_rows = data.targets(ft.task, train, labels, skip), data.targets(ft.task, dev, labels, skip)
+    encoded = [data.encode(*rows, vocab_file, cased, length) for rows in (train_rows, dev_rows)]
+    gold = dev_rows[1]
+    if ft.task == data.REGRESSION:
+        return Task("BertForSequenceClassification", labels, *encoded, lambda out: regression_scores(out, gold),
+                    problem_type=REGRESSION, skipped=train.skipped + dev.skipped)  # fmt: skip
+    return Task("BertForSequenceClassification", labels, *encoded, lambda out: classification_scores(out, gold, len(labels)),
+                skipped=train.skipped + dev.skipped)  # fmt: skip
+
+
+def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
+    train, train_report = tagging.read_conll(ft.train_file, skip)
+    dev, dev_report = tagging.read_conll(ft.dev_file, skip)
+    labels = tagging.tag_names(train)
+    dev = tagging.known_tags(dev, labels, dev_report, skip)
+    encoded_train, encoded_dev = (tagging.encode(s, labels, vocab_file, cased, length) for s in (train, dev))
+    bio = tagging.is_bio(labels)
+
+    def score(outputs: list[np.ndarray]) -> dict[str, float]:
+        s = tagging.scores(outputs, encoded_dev, labels)
+        return {"f1": s["f1"], "precision": s["precision"], "recall": s["recall"], "accuracy": s["accuracy"]} if bio else {"accuracy": s["accuracy"]}
+
+    notes = [f"{t.truncated} {name} sentence(s) longer than {length} tokens were cut (their last words are predicted O)"
+             for name, t in (("training", encoded_train), ("dev", encoded_dev)) if t.truncated]  # fmt: skip
+    return Task("BertForTokenClassification", labels, encoded_train.sequences, encoded_dev.sequences, score, per_token=True,
+                skipped=train_report.skipped + dev_report.skipped, notes=notes)  # fmt: skip
+
+
+def _question_answering(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
+    train, train_report = squad.read_squad(ft.train_file, skip)
+    dev, dev_report = squad.read_squad(ft.dev_file, skip)
+    windows = [squad.encode(q, vocab_file, cased, length, ft.doc_stride, ft.max_query_length) for q in (train, dev)]
+    dev_windows = windows[1]
+
+    def score(outputs: list[np.ndarray]) -> dict[str, float]:
+        s = squad.scores(outputs, dev_windows, ft.n_best_size, ft.max_answer_length)
+        return {"f1": s.pop("f1"), "exact_match": s.pop("exact_match"), **s}
+
+    notes = [f"{name}: {len(q)} questions in {len(w.sequences)} windows of {length} tokens (doc stride {ft.doc_stride})"
+             for name, q, w in (("training", train, windows[0]), ("dev", dev, dev_windows))]  # fmt: skip
+    return Task("BertForQuestionAnswering", [], windows[0].sequences, dev_windows.sequences, score, per_token=True,
+                skipped=train_report.skipped + dev_report.skipped, notes=notes)  # fmt: skip
+
+
+def classification_scores(outputs: list[np.ndarray], gold: np.ndarray, num_labels: int) -> dict[str, float]:
+    predicted = np.asarray([o.argmax() for o in outputs])
+    scores = {"accuracy": metrics.accuracy(predicted, gold), "matthews": metrics.matthews(predicted, gold)}
+    scores["f1" if num_labels == 2 else "macro_f1"] = metrics.f1(predicted, gold) if num_labels == 2 else metrics.macro_f1(predicted, gold)
+    return scores
+
+
+def regression_scores(outputs: list[np.ndarray], gold: np.ndarray) -> dict[str, float]:
+    predicted = np.asarray([float(o.reshape(-1)[0]) for o in outputs])
+    return {"pearson": metrics.pearson(predicted, gold), "spearman": metrics.spearman(predicted, gold),
+            "mse": float(np.mean((predicted - gold) ** 2))}  # fmt: skip

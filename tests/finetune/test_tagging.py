@@ -1,0 +1,90 @@
+"""CoNLL files for token classification: reading (and bad lines by file:line), the first sub-token of each
+word carrying its label, truncation, and entity scores from the model's outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bertdist.data import DataError
+from bertdist.finetune import tagging
+from bertdist.model.ops import IGNORE_INDEX
+
+CONLL = """-DOCSTART- -X- -X- O
+
+The DT B-NP O
+shutil NN I-NP B-CODE
+module NN I-NP O
+copies VBZ B-VP O
+
+Guido NNP B-NP B-NAME
+van NNP I-NP I-NAME
+Rossum NNP I-NP I-NAME
+"""
+
+
+def _vocab(tmp_path) -> str:
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "sh", "##util", "module", "copies", "guido", "van", "ross", "##um"]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    return str(tmp_path / "vocab.txt")
+
+
+def test_reads_words_and_last_column_tags_skipping_docstart(tmp_path):
+    (tmp_path / "train.conll").write_text(CONLL)
+    sentences, report = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
+    assert [s.words for s in sentences] == [["The", "shutil", "module", "copies"], ["Guido", "van", "Rossum"]]
+    assert sentences[1].tags == ["B-NAME", "I-NAME", "I-NAME"] and sentences[1].where.endswith("train.conll:8")
+    assert tagging.tag_names(sentences) == ["B-CODE", "B-NAME", "I-NAME", "O"] and not report.skipped
+
+
+def test_a_line_without_a_label_names_its_line_or_drops_its_sentence_counted(tmp_path):
+    (tmp_path / "train.conll").write_text(CONLL.replace("module NN I-NP O", "module"))
+    with pytest.raises(DataError, match=r"train.conll:5: 'module' has no label"):
+        tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
+    sentences, report = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=True)
+    assert [s.words[0] for s in sentences] == ["Guido"] and len(report.skipped) == 1
+    (tmp_path / "empty.conll").write_text("\n\n")
+    with pytest.raises(DataError, match="empty.conll: no sentences"):
+        tagging.read_conll(str(tmp_path / "empty.conll"), skip_bad=False)
+
+
+def test_unknown_dev_tags_are_named(tmp_path):
+    (tmp_path / "train.conll").write_text(CONLL)
+    sentences, report = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
+    with pytest.raises(DataError, match=r"train.conll:8: tag\(s\) I-NAME not in the training file"):
+        tagging.known_tags(sentences, ["B-CODE", "B-NAME", "O"], report, skip_bad=False)
+
+
+def test_the_first_sub_token_of_each_word_carries_its_label(tmp_path):
+    vocab = _vocab(tmp_path)
+    (tmp_path / "train.conll").write_text(CONLL)
+    sentences, _ = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
+    labels = tagging.tag_names(sentences)
+    tagged = tagging.encode(sentences, labels, vocab, cased=False, max_seq_length=32)
+    # [CLS] the sh ##util module copies [SEP]
+    assert tagged.sequences.ids[0].tolist() == [2, 5, 6, 7, 8, 9, 3]
+    o, code = labels.index("O"), labels.index("B-CODE")
+    assert tagged.sequences.token_targets["labels"][0].tolist() == [IGNORE_INDEX, o, code, IGNORE_INDEX, o, o, IGNORE_INDEX]
+    assert tagged.first_positions[0].tolist() == [1, 2, 4, 5] and tagged.truncated == 0
+    # Cut to 4 tokens: [CLS] guido van [SEP]; Rossum is lost and predicted O.
+    short = tagging.encode(sentences, labels, vocab, cased=False, max_seq_length=4)
+    assert short.first_positions[1].tolist() == [1, 2, -1] and short.truncated == 2
+
+
+def test_scores_follow_each_word_s_first_sub_token(tmp_path):
+    vocab = _vocab(tmp_path)
+    (tmp_path / "dev.conll").write_text(CONLL)
+    sentences, _ = tagging.read_conll(str(tmp_path / "dev.conll"), skip_bad=False)
+    labels = tagging.tag_names(sentences)
+    dev = tagging.encode(sentences, labels, vocab, cased=False, max_seq_length=32)
+    perfect = []
+    for r, s in enumerate(sentences):
+        logits = np.zeros((dev.sequences.length(r), len(labels)))
+        for word, position in enumerate(dev.first_positions[r]):
+            logits[position, labels.index(s.tags[word])] = 1.0
+        perfect.append(logits)
+    assert tagging.scores(perfect, dev, labels) == {"accuracy": 1.0, "precision": 1.0, "recall": 1.0, "f1": 1.0}
+    perfect[1][3, :] = 0.0
+    perfect[1][3, labels.index("B-NAME")] = 1.0  # Rossum starts a new name: neither predicted name is the gold one
+    got = tagging.scores(perfect, dev, labels)
+    assert got["precision"] == pytest.approx(1 / 3) and got["recall"] == pytest.approx(1 / 2) and got["accuracy"] == pytest.approx(6 / 7)
