@@ -6,6 +6,7 @@
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA, multiple choice)
+    bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
     bertdist checkpoints  list a run's checkpoints and verify their files
     bertdist submit   submit a training or preprocessing job to a cluster
     bertdist ui       open the MLflow dashboard of a run
@@ -28,6 +29,7 @@ from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import USAGE_EXIT_CODE, UserError
+from bertdist.finetune.commands import add_embed, add_finetune
 from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
@@ -177,23 +179,6 @@ def _run_train(args: argparse.Namespace) -> int:
     from bertdist.train.trainer import train
 
     return train(cfg)
-
-
-def _add_finetune(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a pretrained BERT on a labelled task", description=(
-        "Fine-tune a checkpoint, an export or any Hugging Face BERT (finetune.init_from) on classification or "
-        "regression (CSV/TSV/JSONL), token_classification (CoNLL), question_answering (SQuAD JSON) or multiple_choice, "
-        "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))
-    p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
-    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    p.set_defaults(func=_run_finetune)
-
-
-def _run_finetune(args: argparse.Namespace) -> int:
-    from bertdist.finetune.runner import finetune
-
-    return finetune(load_config(args.config, list(args.overrides)))
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -395,7 +380,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_prepare,
     _add_inspect,
     _add_train,
-    _add_finetune,
+    add_finetune,
+    add_embed,
     _add_export,
     _add_checkpoints,
     _add_submit,

@@ -30,7 +30,7 @@ import numpy as np
 from bertdist.config import Config, ConfigError, flatten
 from bertdist.errors import OK_EXIT_CODE, USAGE_EXIT_CODE, UserError
 from bertdist.finetune import task as tasks
-from bertdist.finetune.source import Source, resolve
+from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 
 
 def check(cfg: Config, world_size: int) -> None:
@@ -90,9 +90,9 @@ class Finetuning:
         positions = self.source.model_cfg.max_position_embeddings
         if ft.max_seq_length > positions:
             raise ConfigError([f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {positions} positions"])
-        self.task: tasks.Task = tasks.build(ft, ft.sequence_length(positions), self.source.vocab_file, _cased(self.source.vocab_file))
+        self.task: tasks.Task = tasks.build(ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file))
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
-        self.pad_id = _pad_id(self.source.vocab_file)
+        self.pad_id = pad_id(self.source.vocab_file)
         self.steps_per_epoch = len(self.train) // ft.batch_size
         if self.steps_per_epoch == 0:
             raise ConfigError([f"finetune.batch_size: {ft.batch_size} is more than the {len(self.train)} training rows"])
@@ -240,18 +240,3 @@ class Finetuning:
         from bertdist.train.distributed import destroy_process_group
 
         destroy_process_group()
-
-
-def _cased(vocab_file: str) -> bool:
-    from pathlib import Path
-
-    from bertdist.data.vocab import read_vocab
-    from bertdist.model.hf import vocab_is_lower_case
-
-    return not vocab_is_lower_case(Path(vocab_file), read_vocab(vocab_file))
-
-
-def _pad_id(vocab_file: str) -> int:
-    from bertdist.data.vocab import read_vocab
-
-    return read_vocab(vocab_file).index("[PAD]")

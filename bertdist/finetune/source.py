@@ -75,3 +75,17 @@ def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
     """The checkpoint's architecture with this run's dropout and activation checkpointing."""
     return replace(model_cfg, hidden_dropout_prob=run.hidden_dropout_prob, attention_dropout_prob=run.attention_dropout_prob,
                    activation_checkpointing=run.activation_checkpointing)  # fmt: skip
+
+
+def cased_vocabulary(vocab_file: str) -> bool:
+    """Whether the vocabulary keeps upper case (then text is not lower-cased before WordPiece)."""
+    from bertdist.data.vocab import read_vocab
+    from bertdist.model.hf import vocab_is_lower_case
+
+    return not vocab_is_lower_case(Path(vocab_file), read_vocab(vocab_file))
+
+
+def pad_id(vocab_file: str) -> int:
+    from bertdist.data.vocab import read_vocab
+
+    return read_vocab(vocab_file).index("[PAD]")

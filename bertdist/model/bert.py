@@ -206,6 +206,20 @@ class BertModel(nn.Module):
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), _sdpa_mask(attention_mask))
         return sequence_output, None if self.pooler is None else self.pooler(sequence_output)
 
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """The embeddings' output and every layer's, num_layers + 1 tensors (`transformers`' hidden_states):
+        the features of the paper's feature-based approach. Inference only: no activation checkpointing."""
+        states = [self.embeddings(input_ids, token_type_ids)]
+        mask = _sdpa_mask(attention_mask)
+        for layer in self.encoder.layer:
+            states.append(layer(states[-1], mask))
+        return states
+
 
 def _sdpa_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(batch, seq) 1 = real token -> a boolean (batch, 1, 1, seq) key mask, or None when nothing is padding.

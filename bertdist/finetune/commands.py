@@ -1,0 +1,60 @@
+"""The command lines of the second stage: `bertdist finetune` and `bertdist embed` (registered by bertdist.cli).
+
+Like every subcommand, they only parse arguments and call into the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_finetune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a pretrained BERT on a labelled task", description=(
+        "Fine-tune a checkpoint, an export or any Hugging Face BERT (finetune.init_from) on classification or "
+        "regression (CSV/TSV/JSONL), token_classification (CoNLL), question_answering (SQuAD JSON) or multiple_choice, "
+        "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))  # fmt: skip
+    p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    p.set_defaults(func=_run_finetune)
+
+
+def _run_finetune(args: argparse.Namespace) -> int:
+    from bertdist.config import load_config
+    from bertdist.finetune.runner import finetune
+
+    return finetune(load_config(args.config, list(args.overrides)))
+
+
+def add_embed(sub: argparse._SubParsersAction) -> None:
+    from bertdist.finetune.embed import EmbedOptions
+
+    d = EmbedOptions("", "", "")
+    p = sub.add_parser("embed", help="write features of a frozen BERT to .npy shards", description=(
+        "Features for the feature-based approach (docs/finetune.md): one vector per row ([CLS] of a layer, or the "
+        "pooler) or per token, from a bertdist run, checkpoint or export, or any Hugging Face BERT."))  # fmt: skip
+    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT directory")
+    p.add_argument("--input", required=True, help=".txt (a text per line) or .csv/.tsv/.jsonl with --text-column")
+    p.add_argument("--output", required=True, help="an empty or new directory for the shards and index.json")
+    p.add_argument("--text-column", default=d.text_column)
+    p.add_argument("--text-pair-column", default=d.text_pair_column, help="second text of a pair ([CLS] A [SEP] B [SEP])")
+    p.add_argument("--features", default=d.features, help="last, layer:N (0: embeddings), last4-concat, last4-sum or pooled")
+    p.add_argument("--level", default=d.level, help="sequence (one vector per row) or token (one per WordPiece token)")
+    p.add_argument("--max-seq-length", type=int, default=d.max_seq_length)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--shard-rows", type=int, default=d.shard_rows, help="rows per .npy shard")
+    p.add_argument("--dtype", default=d.dtype, help="float32 or float16")
+    p.add_argument("--on-bad-input", choices=("error", "skip"), default="error", help="skip unreadable rows (counted)")
+    p.set_defaults(func=_run_embed)
+
+
+def _run_embed(args: argparse.Namespace) -> int:
+    from bertdist.finetune.embed import EmbedOptions, embed
+
+    index = embed(EmbedOptions(args.model, args.input, args.output, args.text_column, args.text_pair_column, args.features,
+                               args.level, args.max_seq_length, args.batch_size, args.shard_rows, args.dtype,
+                               args.on_bad_input == "skip"))  # fmt: skip
+    summary = {k: index[k] for k in ("rows", "features", "level", "dimension")}
+    print(f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped; {len(index['shards'])} shard(s) in {args.output}")
+    return 0

@@ -1,0 +1,185 @@
+"""`bertdist embed`: features from a frozen BERT, for users who train their own task models on top.
+
+The paper's feature-based approach (section 5.3): instead of fine-tuning, take the activations of one or
+more layers and feed them to another model; for CoNLL NER the concatenation of the last four layers came
+within 0.3 F1 of fine-tuning. Choices (`features`):
+
+| features | what each vector is | dimension |
+| --- | --- | --- |
+| `last` (default), `layer:N` | the output of layer N (0: the embeddings, -1: the last layer) | H |
+| `last4-concat` | the last four layers side by side (the paper's best feature-based NER) | 4H |
+| `last4-sum` | the sum of the last four layers | H |
+| `pooled` | tanh(W·[CLS]) of the pooler (sequence level only) | H |
+
+`level=sequence` writes one vector per row (the [CLS] position, or the pooler); `level=token` one per
+WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so the user can align
+words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for token level
+`tokens-NNNNN.npy` (ids) and `offsets-NNNNN.npy` (row r's vectors are [offsets[r], offsets[r + 1]) of its
+shard), plus `index.json` naming the model, the choices, the dimension and every shard. Shards are
+written atomically and the index last, so a directory with an index is complete. Rows keep the input's
+order; an input row that cannot be read stops the run with FILE:LINE (or is skipped and counted).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertdist.data import DataError
+from bertdist.errors import UserError
+
+FEATURES = re.compile(r"last|layer:-?\d+|last4-concat|last4-sum|pooled")
+LEVELS = ("sequence", "token")
+
+
+@dataclass
+class EmbedOptions:
+    model: str
+    """A bertdist run or checkpoint, a bertdist export, or any Hugging Face BERT directory."""
+    input: str
+    """.txt (one text per line), or .csv/.tsv/.jsonl with `text_column` (and `text_pair_column`)."""
+    output_dir: str
+    text_column: str = "sentence"
+    text_pair_column: str = ""
+    features: str = "last"
+    level: str = "sequence"
+    max_seq_length: int = 0
+    """0: 128, or the model's positions where it has fewer; longer rows are cut."""
+    batch_size: int = 64
+    shard_rows: int = 10_000
+    dtype: str = "float32"
+    """float32 or float16 (half the disk; features rarely need more)."""
+    skip_bad: bool = False
+
+
+def check(o: EmbedOptions) -> None:
+    problems = []
+    if not FEATURES.fullmatch(o.features):
+        problems.append(f"--features: {o.features!r} is not last, layer:N, last4-concat, last4-sum or pooled")
+    if o.level not in LEVELS:
+        problems.append(f"--level: {o.level!r} is not sequence or token")
+    if o.features == "pooled" and o.level == "token":
+        problems.append("--features pooled is one vector per sequence; use --level sequence")
+    if o.max_seq_length < 0:
+        problems.append(f"--max-seq-length: must be 0 (128 or the model's positions) or positive, got {o.max_seq_length}")
+    for name in ("batch_size", "shard_rows"):
+        if getattr(o, name) <= 0:
+            problems.append(f"--{name.replace('_', '-')}: must be positive, got {getattr(o, name)}")
+    if o.dtype not in ("float32", "float16"):
+        problems.append(f"--dtype: {o.dtype!r} is not float32 or float16")
+    output = Path(o.output_dir)
+    if output.exists() and any(output.iterdir()):
+        problems.append(f"--output: {output} is not empty")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def embed(o: EmbedOptions) -> dict[str, Any]:
+    """Write the features of every input row; returns the index."""
+    import torch
+
+    from bertdist.config import Config, FinetuneConfig
+    from bertdist.finetune.data import encode
+    from bertdist.finetune.source import cased_vocabulary, pad_id, resolve
+    from bertdist.model.bert import BertModel
+    from bertdist.model.hf_heads import load_encoder
+
+    check(o)
+    source = resolve(Config(finetune=FinetuneConfig(init_from=o.model)))
+    assert source.state is not None  # init_from is not empty
+    positions = source.model_cfg.max_position_embeddings
+    if o.max_seq_length > positions:
+        raise UserError(f"--max-seq-length: {o.max_seq_length} is longer than the model's {positions} positions")
+    length = o.max_seq_length or min(128, positions)
+    if o.features == "pooled" and "bert.pooler.dense.weight" not in source.state:
+        raise UserError(f"--features pooled: {source.description} has no pooler weights (a tagging or QA model); choose a layer")
+    rows, skipped = _rows(o)
+    encoded = encode(rows, np.zeros(len(rows), dtype=np.int64), source.vocab_file, cased_vocabulary(source.vocab_file), length)
+    model = torch.nn.Module()  # holds the encoder under `bert.`, the names load_encoder reads
+    model.bert = BertModel(source.model_cfg, add_pooling_layer=True)
+    load_encoder(model, source.state, source.description)
+    model.eval()
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    model.to(device)
+    out = Path(o.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shards, pad, dimension = [], pad_id(source.vocab_file), 0
+    with torch.no_grad():
+        for first in range(0, len(encoded), o.shard_rows):
+            shard_rows = np.arange(first, min(first + o.shard_rows, len(encoded)))
+            parts, ids = [], []
+            for start in range(0, len(shard_rows), o.batch_size):
+                batch_rows = shard_rows[start : start + o.batch_size]
+                batch = {k: v.to(device) for k, v in encoded.batch(batch_rows, pad).items() if k != "labels"}
+                vectors = _features(model.bert, batch, o.features, o.level).float().cpu().numpy()
+                if o.level == "token":
+                    parts += encoded.trim(vectors, batch_rows, per_token=True)
+                    ids += [encoded.ids[r] for r in batch_rows]
+                else:
+                    parts.append(vectors)
+            dimension = parts[0].shape[-1]
+            shards.append(_write_shard(out, len(shards), parts, ids, o, int(first)))
+    index = {"model": o.model, "pretraining_run_id": source.pretraining_run_id, "input": o.input, "features": o.features,
+             "level": o.level, "dimension": dimension, "dtype": o.dtype, "max_seq_length": length,
+             "rows": len(encoded), "skipped": skipped, "shards": shards}  # fmt: skip
+    from bertdist.io import write_json
+
+    write_json(out / "index.json", index, indent=1)
+    return index
+
+
+def _features(bert: Any, batch: dict[str, Any], features: str, level: str) -> Any:
+    """(batch, seq, dim) for token level, (batch, dim) for sequence level."""
+    import torch
+
+    states = bert.hidden_states(**batch)
+    if features == "pooled":
+        return bert.pooler(states[-1])
+    if features.startswith("last4") and len(states) < 5:
+        raise UserError(f"--features {features}: the model has {len(states) - 1} layers, fewer than four")
+    if features == "last4-concat":
+        chosen = torch.cat(states[-4:], dim=-1)
+    elif features == "last4-sum":
+        chosen = torch.stack(states[-4:]).sum(dim=0)
+    else:
+        layer = -1 if features == "last" else int(features.split(":")[1])
+        if not -len(states) <= layer < len(states):
+            raise UserError(f"--features {features}: the model has layers 0..{len(states) - 1} (0: the embeddings)")
+        chosen = states[layer]
+    return chosen if level == "token" else chosen[:, 0]
+
+
+def _rows(o: EmbedOptions) -> tuple[list[Any], list[str]]:
+    from bertdist.finetune.data import Example, read_examples
+
+    if Path(o.input).suffix.lower() == ".txt":
+        try:
+            lines = Path(o.input).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"{o.input}: cannot read as UTF-8 text ({e})") from None
+        rows = [Example(line, None, "", f"{o.input}:{i}") for i, line in enumerate(lines, start=1) if line.strip()]
+        if not rows:
+            raise DataError(f"{o.input}: no text (the file is empty)")
+        return rows, []
+    read = read_examples(o.input, o.text_column, o.text_pair_column, "", o.skip_bad)
+    return read.rows, read.skipped
+
+
+def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int) -> dict[str, Any]:
+    from bertdist.io import atomic_write
+
+    files = {"features": np.concatenate(parts).astype(o.dtype)}
+    if o.level == "token":
+        files["tokens"] = np.concatenate(ids).astype(np.int32)
+        files["offsets"] = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
+    entry: dict[str, Any] = {"first_row": first_row, "rows": len(parts) if o.level == "token" else len(files["features"])}
+    for name, array in files.items():
+        path = out / f"{name}-{number:05d}.npy"
+        with atomic_write(path, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        entry[name] = path.name
+    return entry

@@ -1,0 +1,90 @@
+"""`bertdist embed`: features of a frozen model equal transformers' hidden states and pooler on the same
+weights and text, in shards with an index; bad options fail before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertdist.cli import main
+from bertdist.errors import USAGE_EXIT_CODE
+from tests.conftest import tiny_model_config
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["The module copies files.", "A dog ran far away from home, and then it came back.", "Birds sing at dawn.",
+         "Return true if the object is a built-in function.", "x", "Another line of text here.", "The end."]  # fmt: skip
+
+
+@pytest.fixture
+def pretrained(tmp_path, tiny_vocab):
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+
+    torch.manual_seed(0)
+    # Four layers: "the last four" are then not the embeddings' output.
+    save_pretrained(BertForPreTraining(tiny_model_config(num_layers=4)), tmp_path / "pretrained", tiny_vocab)
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    return tmp_path / "pretrained"
+
+
+def _reference(model_dir):
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+    return out, batch["attention_mask"].sum(dim=1).tolist(), batch["input_ids"]
+
+
+def _load(directory, name):
+    index = json.loads((directory / "index.json").read_text())
+    return index, np.concatenate([np.load(directory / s[name]) for s in index["shards"]])
+
+
+@pytest.mark.parametrize("features", ["last", "layer:1", "last4-sum", "pooled"])
+def test_sequence_features_equal_transformers(features, pretrained, tmp_path, capsys):
+    out = tmp_path / f"features-{features.replace(':', '')}"
+    assert main(["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt"), "--output", str(out),
+                 "--features", features, "--shard-rows", "3", "--batch-size", "2"]) == 0  # fmt: skip
+    assert '"rows": 7' in capsys.readouterr().out
+    index, got = _load(out, "features")
+    reference, _, _ = _reference(pretrained)
+    states = reference.hidden_states
+    expected = {"last": states[-1][:, 0], "layer:1": states[1][:, 0], "pooled": reference.pooler_output,
+                "last4-sum": torch.stack(states[-4:]).sum(0)[:, 0]}[features]  # fmt: skip
+    assert [s["rows"] for s in index["shards"]] == [3, 3, 1] and index["dimension"] == 64
+    torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_token_features_are_the_last_four_layers_of_every_token(pretrained, tmp_path):
+    out = tmp_path / "tokens"
+    assert main(["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt"), "--output", str(out),
+                 "--features", "last4-concat", "--level", "token", "--shard-rows", "4"]) == 0  # fmt: skip
+    index = json.loads((out / "index.json").read_text())
+    reference, lengths, ids = _reference(pretrained)
+    expected = torch.cat(reference.hidden_states[-4:], dim=-1)
+    row = 0
+    for shard in index["shards"]:
+        features, tokens, offsets = (np.load(out / shard[k]) for k in ("features", "tokens", "offsets"))
+        assert features.shape[1] == 4 * 64 and len(offsets) == shard["rows"] + 1
+        for r in range(shard["rows"]):
+            n = lengths[row]
+            assert tokens[offsets[r] : offsets[r + 1]].tolist() == ids[row, :n].tolist()
+            torch.testing.assert_close(torch.from_numpy(features[offsets[r] : offsets[r + 1]]), expected[row, :n], atol=1e-5, rtol=1e-5)
+            row += 1
+    assert row == len(TEXTS)
+
+
+def test_bad_options_fail_before_writing(pretrained, tmp_path, capsys):
+    args = ["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt")]
+    assert main([*args, "--output", str(tmp_path / "a"), "--features", "pooled", "--level", "token", "--batch-size", "0"]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "--features pooled is one vector per sequence" in err and "--batch-size: must be positive" in err
+    assert main([*args, "--output", str(tmp_path / "b"), "--features", "layer:9"]) == USAGE_EXIT_CODE
+    assert "the model has layers 0..4" in capsys.readouterr().err
+    assert main([*args, "--output", str(pretrained)]) == USAGE_EXIT_CODE and "is not empty" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
