@@ -7,6 +7,7 @@
     bertdist export   write a checkpoint in the Hugging Face format
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA, multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
+    bertdist evaluate fine-tune and score a model on a suite (GLUE, or your own) with the paper's sweep
     bertdist checkpoints  list a run's checkpoints and verify their files
     bertdist submit   submit a training or preprocessing job to a cluster
     bertdist ui       open the MLflow dashboard of a run
@@ -29,7 +30,7 @@ from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import USAGE_EXIT_CODE, UserError
-from bertdist.finetune.commands import add_embed, add_finetune
+from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
 from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
@@ -382,6 +383,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_train,
     add_finetune,
     add_embed,
+    add_evaluate,
     _add_export,
     _add_checkpoints,
     _add_submit,

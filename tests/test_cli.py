@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-EXPECTED_COMMANDS = ["vocab", "prepare", "inspect", "train", "finetune", "embed", "export", "checkpoints", "submit", "status", "logs", "ui", "demo"]
+EXPECTED_COMMANDS = ["vocab", "prepare", "inspect", "train", "finetune", "embed", "evaluate", "export", "checkpoints", "submit", "status", "logs", "ui", "demo"]
 
 
 def bertdist(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:

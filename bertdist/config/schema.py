@@ -168,6 +168,8 @@ class TrackingConfig:
     """Upload checkpoint files as artifacts (multi-GB); by default only their paths are logged."""
     register_model_name: str = ""
     """Also register each `bertdist export` in the MLflow model registry under this name (a new version each)."""
+    parent_run_id: str = ""
+    """Nest a fine-tuning run under this MLflow run (`bertdist evaluate` sets it: one child per task and setting)."""
 
 
 @dataclass
@@ -211,6 +213,11 @@ class FinetuneConfig:
     """Empty: single sentences; else the column of the second text ([CLS] A [SEP] B [SEP])."""
     label_column: str = "label"
     """Classification: the class; regression: the score; multiple choice: the right choice's index (0-based)."""
+    columns: str = ""
+    """For CSV/TSV files without a header row: their column names, comma-separated (GLUE's CoLA)."""
+    extra_dev_files: str = ""
+    """Classification/regression: more dev files (comma-separated) scored every epoch as `<file stem>/<metric>`
+    (MNLI's dev_mismatched.tsv); the best epoch is still chosen on dev_file."""
     choice_columns: str = ""
     """Multiple choice: the columns of the candidate endings, comma-separated (SWAG: ending0,ending1,ending2,ending3)."""
     on_bad_input: str = "error"
@@ -240,7 +247,17 @@ class FinetuneConfig:
         return self.max_seq_length or min(384 if self.task == "question_answering" else 128, model_positions)
 
     def choices(self) -> tuple[str, ...]:
-        return tuple(c.strip() for c in self.choice_columns.split(",") if c.strip())
+        return _names(self.choice_columns)
+
+    def header(self) -> tuple[str, ...]:
+        return _names(self.columns)
+
+    def extra_dev(self) -> tuple[str, ...]:
+        return _names(self.extra_dev_files)
+
+
+def _names(comma_separated: str) -> tuple[str, ...]:
+    return tuple(c.strip() for c in comma_separated.split(",") if c.strip())
 
 
 @dataclass

@@ -8,7 +8,8 @@
     choice        multiple choice (SWAG-style) rows
     features      encoded rows padded per batch (shared by every task)
     embed         `bertdist embed`: features of a frozen model (a layer, the last four, the pooler) in .npy shards
-    commands      the command lines of finetune and embed
+    suites        `bertdist evaluate`: GLUE (or a suite file) with the paper's sweep, one MLflow parent run
+    commands      the command lines of finetune, embed and evaluate
     source        where a run starts: checkpoint, export, Hugging Face BERT, random initialisation
     corpus_tasks  labelled tasks of each kind made from raw text (the demo, the tests)
     metrics       the standard task metrics: accuracy, F1, Matthews, Pearson/Spearman, entity F1, SQuAD EM/F1

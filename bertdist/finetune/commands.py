@@ -1,4 +1,4 @@
-"""The command lines of the second stage: `bertdist finetune` and `bertdist embed` (registered by bertdist.cli).
+"""The command lines of the second stage: `bertdist finetune`, `embed` and `evaluate` (registered by bertdist.cli).
 
 Like every subcommand, they only parse arguments and call into the package.
 """
@@ -58,3 +58,34 @@ def _run_embed(args: argparse.Namespace) -> int:
     summary = {k: index[k] for k in ("rows", "features", "level", "dimension")}
     print(f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped; {len(index['shards'])} shard(s) in {args.output}")
     return 0
+
+
+def add_evaluate(sub: argparse._SubParsersAction) -> None:
+    from bertdist.finetune.suites import PAPER_LRS
+
+    p = sub.add_parser("evaluate", help="fine-tune and score a model on a suite of tasks (GLUE or your own)", description=(
+        "Fine-tune MODEL on every task of the suite found in --data-dir, once per learning rate, and print the best dev "
+        "result per task as the paper's GLUE table; one MLflow parent run with a child per task and rate (docs/finetune.md). "
+        "key=value overrides apply to every run (e.g. finetune.epochs=2 train.precision=bf16)."))  # fmt: skip
+    p.add_argument("--suite", default="glue", help="glue (the standard GLUE TSV layout) or a suite YAML file")
+    p.add_argument("--data-dir", required=True, help="directory with the suite's files (GLUE: CoLA/, SST-2/, MNLI/, ...)")
+    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT directory")
+    p.add_argument("--tasks", default="", help="comma-separated task names (default: every task found)")
+    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="learning rates of the sweep")
+    p.add_argument("--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)")
+    p.add_argument("--config", help="YAML file applied to every run (train.*, optim.*, tracking.*, finetune.*)")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
+    p.set_defaults(func=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from bertdist.errors import UserError
+    from bertdist.finetune.suites import evaluate
+
+    try:
+        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--lrs: {args.lrs!r} is not a comma-separated list of numbers") from None
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    return evaluate(args.suite, args.data_dir, args.model, args.output, tasks, lrs, args.config, list(args.overrides))

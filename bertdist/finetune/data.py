@@ -49,11 +49,13 @@ class Examples:
 
 
 def read_examples(path: str, text_column: str, pair_column: str, label_column: str, skip_bad: bool,
-                  choice_columns: tuple[str, ...] = ()) -> Examples:  # fmt: skip
-    """Every row of `path` as an Example; DataError naming the file (and line) for bad input."""
+                  choice_columns: tuple[str, ...] = (), header: tuple[str, ...] = ()) -> Examples:  # fmt: skip
+    """Every row of `path` as an Example; DataError naming the file (and line) for bad input.
+
+    `header`: the column names of a CSV/TSV file that has no header row (GLUE's CoLA)."""
     out = Examples(path, [])
     wanted = [c for c in (text_column, pair_column, label_column, *choice_columns) if c]
-    for line, row in _rows(path, wanted):
+    for line, row in _rows(path, wanted, header):
         where = f"{path}:{line}"
         if isinstance(row, str):  # a line that could not be read as a row
             bad_row(out, where, row, skip_bad)
@@ -72,7 +74,7 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
     return out
 
 
-def _rows(path: str, wanted: list[str]) -> Iterator[tuple[int, dict | str]]:
+def _rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterator[tuple[int, dict | str]]:
     suffix = Path(path).suffix.lower()
     try:
         f = open(path, encoding="utf-8", newline="")
@@ -87,7 +89,7 @@ def _rows(path: str, wanted: list[str]) -> Iterator[tuple[int, dict | str]]:
                 return
             if suffix not in (".csv", ".tsv"):
                 raise DataError(f"{path}: unknown format {suffix or '(no extension)'!r}; use .csv, .tsv or .jsonl")
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",",
+            reader = csv.DictReader(f, fieldnames=list(header_names) or None, delimiter="\t" if suffix == ".tsv" else ",",
                                     quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL)  # fmt: skip
             header = reader.fieldnames or []
             if not header:

@@ -23,13 +23,14 @@ import dataclasses
 import math
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from bertdist.config import Config, ConfigError, flatten
 from bertdist.errors import OK_EXIT_CODE, USAGE_EXIT_CODE, UserError
 from bertdist.finetune import task as tasks
+from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 
 
@@ -37,6 +38,8 @@ def check(cfg: Config, world_size: int) -> None:
     ft, p = cfg.finetune, []
     if ft.task not in tasks.TASKS:
         p.append(f"finetune.task: {ft.task!r} is not one of {', '.join(tasks.TASKS)}")
+    if ft.extra_dev() and ft.task not in (tasks.CLASSIFICATION, tasks.REGRESSION):
+        p.append(f"finetune.extra_dev_files: only for classification and regression, not {ft.task}")
     if ft.task == tasks.MULTIPLE_CHOICE and len(ft.choices()) < 2:
         p.append(f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}")
     for name in ("train_file", "dev_file"):
@@ -64,7 +67,8 @@ def check(cfg: Config, world_size: int) -> None:
         raise ConfigError(p)
 
 
-def finetune(cfg: Config) -> int:
+def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
+    """Run one fine-tuning; `results` receives the best epoch's dev metrics (`dev/accuracy`, ...) on every rank."""
     from bertdist.train.distributed import destroy_process_group, read_env
 
     try:
@@ -76,7 +80,7 @@ def finetune(cfg: Config) -> int:
         print(f"bertdist finetune: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE
     try:
-        return run.run()
+        return run.run(results if results is not None else {})
     finally:
         run.close()
 
@@ -140,10 +144,12 @@ class Finetuning:
         tracker.set_tags({"bertdist.kind": "finetune", "bertdist.init_from": ft.init_from or "random initialisation",
                           "bertdist.pretraining_run_id": self.source.pretraining_run_id or "",
                           "bertdist.pretraining_checkpoint": self.source.checkpoint or ""})  # fmt: skip
+        if self.cfg.tracking.parent_run_id:
+            tracker.set_tags({"mlflow.parentRunId": self.cfg.tracking.parent_run_id})
         return tracker
 
     # --- the loop ----------------------------------------------------------------------------------
-    def run(self) -> int:
+    def run(self, results: dict[str, float]) -> int:
         from bertdist.train.optim import learning_rate, set_learning_rate
 
         ft, engine, say = self.cfg.finetune, self.engine, self._say
@@ -169,16 +175,17 @@ class Finetuning:
                 set_learning_rate(engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps))
                 losses.append(self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size]))
                 step += 1
-            scores = self._evaluate()
-            self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **{f"dev/{k}": v for k, v in scores.items()}}, step)
-            headline = next(iter(scores.values()))
-            say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, dev " +
-                ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + f" ({time.perf_counter() - started:.0f} s)")
+            sets = {"dev": (self.dev, self.task.score), **self.task.extra_dev}
+            scores = {f"{name}/{k}": v for name, (rows, score) in sets.items() for k, v in self._evaluate(rows, score).items()}
+            self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **scores}, step)
+            headline = next(iter(scores.values()))  # the task's headline metric on dev_file
+            say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, " + _listed(scores) + f" ({time.perf_counter() - started:.0f} s)")
             if best is None or headline > best[0]:
                 best = (headline, epoch + 1, scores)
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in engine.module.state_dict().items()}
         assert best is not None and best_state is not None
         self._export(best_state, best)
+        results.update(best[2])
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
@@ -199,22 +206,23 @@ class Finetuning:
         dist.all_reduce(total)
         return float(total) / (self.env.world_size * (len(mine) // ft.micro_batch_size))
 
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self, dev: Sequences, score: Callable[[list[np.ndarray]], dict[str, float]]) -> dict[str, float]:
+        """Every rank scores a share of `dev`'s rows; every rank gets the metrics of all of them."""
         import torch
         import torch.distributed as dist
 
         engine, ft = self.engine, self.cfg.finetune
         engine.eval()
-        mine = np.array_split(np.arange(len(self.dev)), self.env.world_size)[self.env.rank]
+        mine = np.array_split(np.arange(len(dev)), self.env.world_size)[self.env.rank]
         outputs: list[np.ndarray] = []
         with torch.no_grad():
             for start in range(0, len(mine), ft.micro_batch_size):
                 rows = mine[start : start + ft.micro_batch_size]
-                logits = engine(**{k: v.to(self.device) for k, v in self.dev.batch(rows, self.pad_id).items()}).logits
-                outputs += self.dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)
+                logits = engine(**{k: v.to(self.device) for k, v in dev.batch(rows, self.pad_id).items()}).logits
+                outputs += dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)
         gathered: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(gathered, outputs)  # every rank's share, in rank order: the dev rows in order
-        return self.task.score([o for share in gathered for o in share])
+        return score([o for share in gathered for o in share])
 
     def _export(self, state: dict[str, Any], best: tuple[float, int, dict[str, float]]) -> None:
         from bertdist.model.hf_heads import build_task_model, save_task_model
@@ -228,9 +236,9 @@ class Finetuning:
             save_task_model(model, out, task.labels, self.source.vocab_file,
                             extra_config={"bertdist_init_from": self.cfg.finetune.init_from,
                                           "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip
-            self.tracker.log_metrics({f"best/{k}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
+            self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
             self.tracker.set_tags({"bertdist.best_epoch": epoch, "bertdist.model_dir": out})
-            self._say(f"best dev epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + f"; model: {out}")
+            self._say(f"best dev epoch {epoch}: " + _listed(scores) + f"; model: {out}")
 
     def _say(self, line: str) -> None:
         if self.env.is_main:
@@ -240,3 +248,13 @@ class Finetuning:
         from bertdist.train.distributed import destroy_process_group
 
         destroy_process_group()
+
+
+def _listed(scores: dict[str, float]) -> str:
+    """`dev accuracy 0.8100, matthews 0.6200, dev_mismatched accuracy 0.8000` for the console."""
+    parts, last = [], None
+    for key, value in scores.items():
+        name, metric = key.split("/", 1)
+        parts.append(f"{name + ' ' if name != last else ''}{metric} {value:.4f}")
+        last = name
+    return ", ".join(parts)

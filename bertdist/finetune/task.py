@@ -16,6 +16,7 @@ sequence of the batch is: a sentence, a SQuAD window, or a question with all its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -44,6 +45,8 @@ class Task:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """What the log should say about the data (windows per question, truncated sentences)."""
+    extra_dev: dict[str, tuple[Sequences, Callable[[list[np.ndarray]], dict[str, float]]]] = field(default_factory=dict)
+    """More dev sets scored every epoch, by name (finetune.extra_dev_files): their rows and score."""
 
 
 def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task:
@@ -53,7 +56,7 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
         return _tagging(ft, vocab_file, cased, length, skip)
     if ft.task == QUESTION_ANSWERING:
         return _question_answering(ft, vocab_file, cased, length, skip)
-    columns = (ft.text_column, ft.text_pair_column, ft.label_column, skip, ft.choices())
+    columns = (ft.text_column, ft.text_pair_column, ft.label_column, skip, ft.choices(), ft.header())
     train, dev = data.read_examples(ft.train_file, *columns), data.read_examples(ft.dev_file, *columns)
     if ft.task == MULTIPLE_CHOICE:
         n = len(ft.choices())
@@ -63,14 +66,21 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
         return Task("BertForMultipleChoice", list(ft.choices()), *encoded, lambda out: choice.scores(out, gold),
                     skipped=train.skipped + dev.skipped)  # fmt: skip
     labels = data.label_names(ft.task, train)
-    train_rows, dev_rows = data.targets(ft.task, train, labels, skip), data.targets(ft.task, dev, labels, skip)
-    encoded = [data.encode(*rows, vocab_file, cased, length) for rows in (train_rows, dev_rows)]
-    gold = dev_rows[1]
-    if ft.task == data.REGRESSION:
-        return Task("BertForSequenceClassification", labels, *encoded, lambda out: regression_scores(out, gold),
-                    problem_type=REGRESSION, skipped=train.skipped + dev.skipped)  # fmt: skip
-    return Task("BertForSequenceClassification", labels, *encoded, lambda out: classification_scores(out, gold, len(labels)),
-                skipped=train.skipped + dev.skipped)  # fmt: skip
+    problem_type = REGRESSION if ft.task == data.REGRESSION else SINGLE_LABEL
+
+    def scored(examples: data.Examples) -> tuple[Sequences, Callable[[list[np.ndarray]], dict[str, float]]]:
+        rows = data.targets(ft.task, examples, labels, skip)
+        gold = rows[1]
+        if ft.task == data.REGRESSION:
+            return data.encode(*rows, vocab_file, cased, length), lambda out: regression_scores(out, gold)
+        return data.encode(*rows, vocab_file, cased, length), lambda out: classification_scores(out, gold, len(labels))
+
+    encoded_dev, score = scored(dev)
+    extra = {Path(f).stem: data.read_examples(f, *columns) for f in ft.extra_dev()}
+    task = Task("BertForSequenceClassification", labels, scored(train)[0], encoded_dev, score, problem_type=problem_type,
+                extra_dev={name: scored(examples) for name, examples in extra.items()})  # fmt: skip
+    task.skipped = train.skipped + dev.skipped + [s for e in extra.values() for s in e.skipped]
+    return task
 
 
 def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
