@@ -1,0 +1,133 @@
+"""Fine-tuning speed of `bertdist finetune` against `transformers.Trainer`: same model, batch and data, one run.
+
+Sentence classification on full-length rows (every row exactly `--seq-length` tokens, so padding treats both
+alike), AdamW at the paper's fine-tuning settings, dropout 0.1, fp32 on CPU (bf16/fp16 on GPU). bertdist is
+timed through its real step (`Finetuning._step`: the DeepSpeed engine's forward, backward and update over the
+batch's micro batches); the Trainer through `trainer.train()`, each step timed by a callback from
+`on_step_begin` to `on_step_end`. The two run in alternating rounds and the median steps are compared.
+
+    python benchmarks/finetune_step.py                      # CPU, BERT-mini, batch 32 x 128 (the acceptance run)
+    python benchmarks/finetune_step.py --size base --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import device_name, use_all_cores  # benchmarks/ is on sys.path when this file runs as a script
+
+from bertdist.config import load_config
+from bertdist.finetune.runner import Finetuning, check
+from bertdist.model.hf import config_to_hf
+from bertdist.train.distributed import destroy_process_group, free_tcp_port, read_env
+
+WORDS = 4000
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def write_task(directory: Path, rows: int, seq_length: int, seed: int) -> tuple[Path, Path]:
+    """A vocabulary of whole words and a TSV of rows of `seq_length - 2` of them: every row is full length."""
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(SPECIAL + [f"w{i}" for i in range(WORDS)]) + "\n")
+    rng = np.random.default_rng(seed)
+    lines = ["sentence\tlabel"] + [" ".join(f"w{i}" for i in rng.integers(0, WORDS, seq_length - 2)) + f"\t{rng.integers(0, 2)}"
+                                   for _ in range(rows)]  # fmt: skip
+    data = directory / "train.tsv"
+    data.write_text("\n".join(lines) + "\n")
+    return vocab, data
+
+
+def bertdist_run(directory: Path, vocab: Path, data: Path, args: argparse.Namespace) -> Finetuning:
+    cfg = load_config(None, [f"finetune.vocab_file={vocab}", f"finetune.train_file={data}", f"finetune.dev_file={data}",
+                             f"finetune.batch_size={args.batch_size}", f"finetune.micro_batch_size={args.batch_size}",
+                             f"finetune.max_seq_length={args.seq_length}", f"finetune.output_dir={directory / 'bertdist'}",
+                             f"model.size={args.size}", f"model.vocab_size={len(SPECIAL) + WORDS}", f"train.precision={args.precision}",
+                             "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"])  # fmt: skip
+    env = read_env(default_port=cfg.launch.master_port)
+    check(cfg, env.world_size)
+    return Finetuning(cfg, env)
+
+
+def trainer_rounds(run: Finetuning, args: argparse.Namespace, directory: Path, steps: int):
+    """A Trainer on the same architecture and rows; returns a function running `steps` steps, giving their times."""
+    import transformers
+
+    hf_config = transformers.BertConfig(**config_to_hf(run.source.model_cfg), num_labels=2)
+    model = transformers.BertForSequenceClassification(hf_config)
+    rows = [{"input_ids": torch.from_numpy(run.train.ids[i]), "token_type_ids": torch.zeros(args.seq_length, dtype=torch.long),
+             "attention_mask": torch.ones(args.seq_length, dtype=torch.long), "labels": int(run.train.targets["labels"][i])}
+            for i in range(len(run.train))]  # fmt: skip
+
+    class Clock(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, *_, **__):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.times.append(time.perf_counter() - self.start)
+
+    def run_steps() -> list[float]:
+        clock = Clock()
+        training = transformers.TrainingArguments(
+            output_dir=str(directory / "trainer"), per_device_train_batch_size=args.batch_size, max_steps=steps,
+            learning_rate=2e-5, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0, report_to=[], save_strategy="no",
+            logging_strategy="no", use_cpu=args.device == "cpu", bf16=args.precision == "bf16", fp16=args.precision == "fp16",
+            dataloader_num_workers=0, disable_tqdm=True, seed=0)  # fmt: skip
+        transformers.Trainer(model=model, args=training, train_dataset=rows, callbacks=[clock]).train()
+        return clock.times
+
+    return run_steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="mini")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per round (after 2 warmup steps)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args()
+    threads = use_all_cores()
+    os.environ.setdefault("DS_ACCELERATOR", args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        vocab, data = write_task(directory, rows=args.batch_size * (args.steps + 2) * args.rounds, seq_length=args.seq_length, seed=0)
+        run = bertdist_run(directory, vocab, data, args)
+        trainer_steps = trainer_rounds(run, args, directory, args.steps + 2)
+        times: dict[str, list[float]] = {"bertdist": [], "transformers Trainer": []}
+        order = np.random.default_rng(0).permutation(len(run.train))
+        for r in range(args.rounds):
+            for s in range(args.steps + 2):
+                first = (r * (args.steps + 2) + s) * args.batch_size
+                start = time.perf_counter()
+                run._step(order[first : first + args.batch_size])
+                if s >= 2:
+                    times["bertdist"].append(time.perf_counter() - start)
+            times["transformers Trainer"] += trainer_steps()[2:]
+        run.close()
+    destroy_process_group()
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    result = {"device": device_name(torch.device(args.device), threads), "size": args.size, "batch": f"{args.batch_size}x{args.seq_length}",
+              "precision": args.precision, **{f"{name} sequences/s": round(args.batch_size / m, 1) for name, m in medians.items()},
+              "ratio": round(medians["transformers Trainer"] / medians["bertdist"], 2)}  # fmt: skip
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
