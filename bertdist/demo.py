@@ -169,7 +169,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
     from bertdist.finetune.corpus_tasks import sentence_adjacency
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.distributed import free_tcp_port, standalone_environment
 
     task = out / "downstream"
     task.mkdir(parents=True, exist_ok=True)
@@ -183,7 +183,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int
               "random init": [f"finetune.vocab_file={cfg.data.vocab_file}", f"model.size={cfg.model.size}",
                               f"model.vocab_size={cfg.model.vocab_size}"]}  # fmt: skip
     # Each run is a single process on a free port, whatever launcher variables this process was given.
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = standalone_environment()
     accuracy = {}
     for name, start in starts.items():
         run_dir = task / name.replace(" ", "_")

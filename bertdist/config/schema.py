@@ -261,6 +261,25 @@ def _names(comma_separated: str) -> tuple[str, ...]:
 
 
 @dataclass
+class DownstreamConfig:
+    """Fine-tune copies of the checkpoints on a small task during pretraining (bertdist.train.downstream)."""
+
+    config: str = ""
+    """A `bertdist finetune` YAML naming the task (files, task, lr, epochs); empty: off."""
+    name: str = "task"
+    """Metrics are logged as downstream/<name>/<metric>."""
+    every_checkpoints: int = 1
+    """Evaluate every N-th checkpoint (checkpoint.every_steps x N steps apart)."""
+    timeout_s: float = 3600.0
+    """How long the end of training waits for the last evaluation."""
+
+
+@dataclass
+class EvalConfig:
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -270,6 +289,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def total_steps(self) -> int:
         return sum(p.steps for p in self.data.phases)

@@ -32,6 +32,7 @@ from bertdist.errors import OK_EXIT_CODE, USAGE_EXIT_CODE, UserError
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
+from bertdist.io import write_json
 
 
 def check(cfg: Config, world_size: int) -> None:
@@ -238,6 +239,7 @@ class Finetuning:
                                           "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip
             self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
             self.tracker.set_tags({"bertdist.best_epoch": epoch, "bertdist.model_dir": out})
+            write_json(f"{self.cfg.finetune.output_dir}/results.json", scores, indent=1)  # for the jobs that started us
             self._say(f"best dev epoch {epoch}: " + _listed(scores) + f"; model: {out}")
 
     def _say(self, line: str) -> None:

@@ -205,6 +205,13 @@ _LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_
 _ENV_BEFORE: dict[str, str | None] = {}
 
 
+def standalone_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process this rank starts that is a job of its own, not a rank of this one
+    (the demo's fine-tuning runs, a downstream evaluation): no launcher or SLURM task variables."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k not in _LAUNCH_VARIABLES and not k.startswith("SLURM_")}
+
+
 def _restore_env() -> None:
     for name, value in _ENV_BEFORE.items():
         if value is None:

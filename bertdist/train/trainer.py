@@ -38,6 +38,7 @@ from bertdist.errors import (
 )
 from bertdist.train import checkpoint, metrics, reshard
 from bertdist.train.console import Console
+from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.watchdog import StallWatchdog
 
@@ -149,6 +150,8 @@ class Trainer(contextlib.ExitStack):
         self.tracker = self._build_tracker()
         self.node_monitor = self.enter_context(self._build_node_monitor())
         self.console = Console(self.output_dir, env.is_main)
+        self.downstream = DownstreamEvaluator(cfg.eval.downstream, self.output_dir, env.is_main, self.console.line)
+        self.callback(self.downstream.stop)
         self.watchdog = StallWatchdog(env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s)
         self.callback(self.watchdog.close)
         # Last, so that nothing done at start-up draws from the generators.
@@ -294,6 +297,7 @@ class Trainer(contextlib.ExitStack):
             if step % cfg.checkpoint.every_steps == 0 or step == total_steps:
                 self._save(step, phase_index, nonfinite_streak)
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
+        self._log_downstream(self.downstream.close())
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
@@ -355,6 +359,7 @@ class Trainer(contextlib.ExitStack):
             **interval.throughput(self.env.world_size, self.peak_flops),
         }
         self.tracker.log_metrics(values, step=step)
+        self._log_downstream(self.downstream.finished())
         eta_s = interval.seconds() / interval.steps * (total_steps - step)
         self.console.train(step, total_steps, values, eta_s)
 
@@ -405,6 +410,11 @@ class Trainer(contextlib.ExitStack):
         self.watchdog.progress(step)
         self.console.line(f"step {step}: checkpoint {path}")
         self.tracker.log_checkpoint(path, step)
+        self.downstream.after_checkpoint(path, step)
+
+    def _log_downstream(self, results: dict[int, dict[str, float]]) -> None:
+        for step, values in results.items():  # at the step of the checkpoint that was evaluated
+            self.tracker.log_metrics(values, step=step)
 
     def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
         self._save(step, phase_index, nonfinite_streak)
