@@ -49,6 +49,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         except ValueError as e:
             problems.append(str(e))
     cfg = _build(Config, raw, "", problems)
+    if cfg.eval.downstream.config:  # the downstream task's own config, checked now rather than at the first checkpoint
+        try:
+            task = load_config(cfg.eval.downstream.config).finetune
+            problems += [f"eval.downstream.config: {cfg.eval.downstream.config}: finetune.{k} is empty"
+                         for k in ("train_file", "dev_file") if not getattr(task, k)]  # fmt: skip
+        except ConfigError as e:
+            problems += [f"eval.downstream.config: {problem}" for problem in e.problems]
     if problems:
         # Fields with a wrong type kept their defaults; report the combinations that fail as well,
         # so one run of the command lists everything to fix.

@@ -118,14 +118,6 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if ds.config and (ds.every_checkpoints <= 0 or not ds.timeout_s > 0 or not re.fullmatch(r"[\w.-]+", ds.name)):
         p.append(f"eval.downstream: every_checkpoints and timeout_s must be positive and name a word (letters, digits, "
                  f"_ . -), got {ds.every_checkpoints}, {ds.timeout_s}, {ds.name!r}")  # fmt: skip
-    if check_files and ds.config:
-        from bertdist.config.loading import load_config
-
-        try:  # the downstream task's own config, checked now rather than at the first checkpoint
-            task = load_config(ds.config).finetune
-            p += [f"eval.downstream.config: {ds.config}: finetune.{k} is empty" for k in ("train_file", "dev_file") if not getattr(task, k)]
-        except ConfigError as e:
-            p += [f"eval.downstream.config: {problem}" for problem in e.problems]
     if check_files:
         if not d.vocab_file:
             p.append("data.vocab_file: empty (make one with `bertdist vocab`)")
