@@ -44,6 +44,7 @@ def test_every_checkpoint_is_fine_tuned_beside_training_and_logged_at_its_step(t
     for step in (runs.CHECKPOINT_EVERY, runs.STEPS):
         results = json.loads((out / "downstream" / f"step_{step:08d}" / "results.json").read_text())
         assert set(results) == {"dev/accuracy", "dev/matthews", "dev/f1"}
+        assert f"from bertdist checkpoint {out / 'checkpoints' / f'step_{step:08d}'}" in (out / "downstream" / f"step_{step:08d}" / "log.txt").read_text()
 
     import mlflow
 
