@@ -14,7 +14,9 @@ model (by the task's headline metric), exported at the end as a Hugging Face dir
 MLflow records the run's parameters, the dev metrics per epoch, and where it started: tags
 `bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`.
 
-Not yet: ZeRO-3, and checkpoints within a fine-tuning run (a run restarts from its start).
+After every epoch a checkpoint (the pretraining format: weights, optimizer, RNG of every rank) lets the same
+command continue an interrupted run exactly; the best epoch's model is exported as soon as it is found.
+Not yet: ZeRO-3.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 from bertdist.io import write_json
+from bertdist.train import checkpoint
 
 
 def check(cfg: Config, world_size: int) -> None:
@@ -110,7 +113,11 @@ class Finetuning:
                            cfg.train.collective_timeout_s)  # fmt: skip
         self.device = torch.device("cuda", env.local_rank) if torch.cuda.is_available() else torch.device("cpu")
         self.engine = self._engine()
-        self.tracker = self._tracker()
+        self.start_step, self.start_epoch, self.best, run_id = 0, 0, None, None
+        self.resume_from = checkpoint.resolve_resume(ft.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
+        if self.resume_from is not None:
+            run_id = self._resume(self.resume_from)
+        self.tracker = self._tracker(run_id)
 
     def _engine(self) -> Any:
         import torch
@@ -132,12 +139,26 @@ class Finetuning:
         torch.manual_seed(cfg.train.seed + self.env.rank)  # dropout differs per rank
         return engine
 
-    def _tracker(self) -> Any:
+    def _resume(self, path: Any) -> str | None:
+        """Continue from the epoch checkpoint at `path`: weights, optimizer, RNG, step and the best epoch so far."""
+        ours, theirs = self.cfg.to_dict()["finetune"], checkpoint.read_train_state(path).config.get("finetune", {})
+        differ = sorted(k for k in ours if ours[k] != theirs.get(k) and k != "output_dir")
+        if differ:
+            raise ConfigError([f"finetune.output_dir: {path} is a checkpoint of another fine-tuning (finetune.{differ[0]} differs); "
+                               "use another output_dir, or checkpoint.resume=none to start over"])  # fmt: skip
+        state = checkpoint.load(self.engine, path, self.env.world_size)
+        mine = state.loader_states[0]
+        self.start_step, self.start_epoch, self.best = state.step, mine["epoch"], tuple(mine["best"])
+        if state.world_size == self.env.world_size:  # else new dropout streams: the data order is seeded per epoch
+            checkpoint.restore_rng_state(state.rng_states[self.env.rank])
+        return state.tracking_run_id
+
+    def _tracker(self, run_id: str | None) -> Any:
         from bertdist.tracking.mlflow_tracker import build_tracker
 
         ft = self.cfg.finetune
         name = self.cfg.tracking.run_name or f"finetune-{ft.task}-{time.strftime('%Y%m%d-%H%M')}"
-        tracker = build_tracker(self.cfg.tracking, ft.output_dir, self.env.rank, run_name=name)
+        tracker = build_tracker(self.cfg.tracking, ft.output_dir, self.env.rank, run_id=run_id, run_name=name)
         shared = {"finetune": self.cfg.to_dict()["finetune"], "optim": self.cfg.to_dict()["optim"],
                   "train": {k: getattr(self.cfg.train, k) for k in ("precision", "zero_stage", "seed")}}  # fmt: skip
         tracker.log_params({**flatten(shared), "world_size": self.env.world_size, "train_rows": len(self.train),
@@ -163,11 +184,12 @@ class Finetuning:
         labels = f", labels {', '.join(self.task.labels)}" if self.task.labels else ""
         say(f"{ft.task}: {len(self.train)} training rows, {len(self.dev)} dev rows{labels}; "
             f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), from {self.source.description}")  # fmt: skip
-        best: tuple[float, int, dict[str, float]] | None = None
-        best_state = None
-        step, started = 0, time.perf_counter()
+        if self.resume_from is not None:
+            say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
+        best = self.best
+        step, started = self.start_step, time.perf_counter()
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        for epoch in range(epochs):
+        for epoch in range(self.start_epoch, epochs):
             order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
             losses = []
             for s in range(self.steps_per_epoch):
@@ -183,10 +205,16 @@ class Finetuning:
             say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, " + _listed(scores) + f" ({time.perf_counter() - started:.0f} s)")
             if best is None or headline > best[0]:
                 best = (headline, epoch + 1, scores)
-                best_state = {k: v.detach().to("cpu", copy=True) for k, v in engine.module.state_dict().items()}
-        assert best is not None and best_state is not None
-        self._export(best_state, best)
-        results.update(best[2])
+                self._export(scores)
+            state = checkpoint.TrainState(step=step, tokens_seen=0, sequences_seen=step * ft.batch_size, world_size=self.env.world_size,
+                                          loader_states=[], rng_states=[], config=self.cfg.to_dict(), tracking_run_id=self.tracker.run_id)  # fmt: skip
+            checkpoint.save(engine, ft.output_dir, state, {"epoch": epoch + 1, "best": list(best)}, keep_last=1)
+        assert best is not None
+        _, epoch, scores = best
+        self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
+        self.tracker.set_tags({"bertdist.best_epoch": epoch})
+        say(f"best dev epoch {epoch}: " + _listed(scores) + f"; model: {ft.output_dir}/model")
+        results.update(scores)
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
@@ -225,22 +253,20 @@ class Finetuning:
         dist.all_gather_object(gathered, outputs)  # every rank's share, in rank order: the dev rows in order
         return score([o for share in gathered for o in share])
 
-    def _export(self, state: dict[str, Any], best: tuple[float, int, dict[str, float]]) -> None:
+    def _export(self, scores: dict[str, float]) -> None:
+        """The model of a new best epoch, written at once (an interrupted run keeps it): a Hugging Face
+        directory for the task's Auto class, and its metrics as results.json for the jobs that started us."""
         from bertdist.model.hf_heads import build_task_model, save_task_model
 
-        _, epoch, scores = best
         if self.env.is_main:
-            task = self.task
+            out, task = f"{self.cfg.finetune.output_dir}/model", self.task
             model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
-            model.load_state_dict(state, strict=True)
-            out = f"{self.cfg.finetune.output_dir}/model"
-            save_task_model(model, out, task.labels, self.source.vocab_file,
+            model.load_state_dict(self.engine.module.state_dict(), strict=True)  # fp32, whatever the training precision
+            save_task_model(model, out, self.task.labels, self.source.vocab_file,
                             extra_config={"bertdist_init_from": self.cfg.finetune.init_from,
                                           "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip
-            self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
-            self.tracker.set_tags({"bertdist.best_epoch": epoch, "bertdist.model_dir": out})
-            write_json(f"{self.cfg.finetune.output_dir}/results.json", scores, indent=1)  # for the jobs that started us
-            self._say(f"best dev epoch {epoch}: " + _listed(scores) + f"; model: {out}")
+            write_json(f"{self.cfg.finetune.output_dir}/results.json", scores, indent=1)
+            self.tracker.set_tags({"bertdist.model_dir": out})
 
     def _say(self, line: str) -> None:
         if self.env.is_main:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,20 +96,29 @@ def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, ti
     assert code == USAGE_EXIT_CODE and "is not a directory" in capsys.readouterr().err
 
 
+def _two_ranks(*args: str) -> list[subprocess.Popen]:
+    """`bertdist finetune` as 2 DeepSpeed ranks on CPU, started with the variables torchrun gives."""
+    port, procs = free_tcp_port(), []
+    for rank in range(2):
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-m", "bertdist", "finetune", *args, "tracking.enabled=false"],
+                                      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen]) -> str:
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
+    return outputs[0]
+
+
 @pytest.mark.slow
 def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_corpus, tiny_shards, tiny_vocab, tmp_path_factory):
     reference = runs.uninterrupted(str(tmp_path_factory.getbasetemp() / "training"), tiny_shards, tiny_vocab, 1)
     train, dev = _task(tmp_path, tiny_corpus)
-    out, port, procs = tmp_path / "run", free_tcp_port(), []
-    for rank in range(2):
-        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2",
-               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "bertdist", "finetune", *_overrides(train, dev, out, f"finetune.init_from={reference.out}",
-                                                                       "tracking.enabled=false")],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
+    out = tmp_path / "run"
+    outputs = [_finish(_two_ranks(*_overrides(train, dev, out, f"finetune.init_from={reference.out}")))]
     assert "on 2 rank(s), from bertdist checkpoint" in outputs[0] and f"step_{runs.STEPS:08d}" in outputs[0]
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
@@ -150,3 +160,37 @@ def test_every_task_trains_and_exports_for_its_auto_class(task, tmp_path, tiny_c
     model, info = getattr(transformers, auto).from_pretrained(out / "model", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert json.loads((out / "model" / "config.json").read_text())["bertdist_init_from"] == str(tmp_path / "pretrained")
+
+
+@pytest.mark.slow
+def test_a_killed_two_rank_finetuning_resumes_bit_identically(tmp_path, tiny_corpus, tiny_vocab):
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+    from bertdist.train.checkpoint import consolidated_state_dict, latest
+
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    args = lambda out: [*_overrides(train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}", "finetune.epochs=3")]  # noqa: E731
+    _finish(_two_ranks(*args(tmp_path / "whole")))
+
+    out = tmp_path / "interrupted"
+    procs = _two_ranks(*args(out))
+    deadline = time.monotonic() + 240
+    while latest(out / "checkpoints") is None:  # the first epoch's checkpoint
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no epoch checkpoint"
+        time.sleep(0.1)
+    for p in procs:
+        p.kill()
+        p.wait()
+    printed = _finish(_two_ranks(*args(out)))
+    assert "resumed from" in printed and "epoch 3/3" in printed and "epoch 1/3" not in printed, printed
+
+    whole, resumed = (latest(d / "checkpoints") for d in (tmp_path / "whole", out))
+    assert whole.name == resumed.name
+    a, b = consolidated_state_dict(whole), consolidated_state_dict(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # weights bit-identical after the interruption
+    assert (tmp_path / "whole" / "model" / "model.safetensors").read_bytes() == (out / "model" / "model.safetensors").read_bytes()
+    assert json.loads((tmp_path / "whole" / "results.json").read_text()) == json.loads((out / "results.json").read_text())
+    code = main(["finetune", *args(out), "finetune.lr=3e-4"])  # the same directory for another fine-tuning
+    assert code == USAGE_EXIT_CODE
