@@ -1,0 +1,148 @@
+"""Does `bertdist finetune` reach what `transformers.Trainer` reaches? Same start, data, hyperparameters; seeds.
+
+Both fine-tune the same initial BERT (one set of weights, written as a Hugging Face directory) on the same
+encoded rows (bertdist's encoding, handed to the Trainer as tensors), with the same learning rate, batch,
+epochs, warmup, weight decay, Adam betas/eps, gradient clipping and dropout, and are scored by the same
+metric code on the same dev rows. What differs is the training loop: data order, dropout streams, the
+optimizer's implementation. So the dev metrics are compared against their spread over seeds: per task, the
+mean and standard deviation of each side over `--seeds` runs, and the difference of the means in units of
+the pooled standard deviation.
+
+Tasks come from Python's own documentation (real text every machine has; bertdist.finetune.corpus_tasks):
+sentence adjacency (classification) and "What follows <phrase>?" span questions (extractive QA).
+
+    python benchmarks/finetune_parity.py                          # BERT-Tiny from random init, 3 seeds
+    python benchmarks/finetune_parity.py --model runs/demo/model  # from the demo's pretrained model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import use_all_cores  # benchmarks/ is on sys.path when this file runs as a script
+
+from bertdist.config import load_config
+from bertdist.finetune import corpus_tasks
+from bertdist.finetune.runner import finetune
+from bertdist.finetune.source import cased_vocabulary, resolve
+from bertdist.finetune.task import build
+from bertdist.train.distributed import free_tcp_port
+
+TASKS = {  # name: (maker, rows train/dev, finetune settings)
+    "adjacency": ("sentence_adjacency", (2000, 400), ["finetune.text_column=sentence1", "finetune.text_pair_column=sentence2"], "tsv"),
+    "span_qa": ("span_questions", (1500, 300), ["finetune.task=question_answering", "finetune.max_seq_length=128", "finetune.doc_stride=64"], "json"),
+}  # fmt: skip
+
+
+def corpus(directory: Path) -> tuple[Path, Path, str]:
+    from bertdist.data.vocab import train_vocab
+    from bertdist.demo import python_documentation
+
+    documents = python_documentation()
+    files = []
+    for name, part in (("train", documents[1::2]), ("dev", documents[::2])):
+        path = directory / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"text": " ".join(d.split())}) + "\n" for d in part))
+        files.append(path)
+    return files[0], files[1], train_vocab(documents, str(directory / "vocab"), vocab_size=8192)
+
+
+def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
+    """transformers.Trainer on the rows bertdist encoded, scored by bertdist's metric code."""
+    import transformers
+
+    ft = cfg.finetune
+    source = resolve(cfg)
+    task = build(ft, ft.sequence_length(source.model_cfg.max_position_embeddings), source.vocab_file, cased_vocabulary(source.vocab_file))
+    auto = getattr(transformers, task.architecture.replace("Bert", "AutoModel"))
+    model = auto.from_pretrained(ft.init_from, **({"num_labels": len(task.labels)} if task.labels else {}))
+
+    def rows(sequences):
+        return [{k: v[0] for k, v in sequences.batch(np.array([i]), 0).items()} for i in range(len(sequences))]
+
+    steps = int(ft.epochs * (len(task.train) // ft.batch_size))
+    args = transformers.TrainingArguments(
+        output_dir=str(directory / f"trainer-{seed}"), per_device_train_batch_size=ft.batch_size, num_train_epochs=ft.epochs,
+        learning_rate=ft.lr, warmup_steps=int(ft.warmup_proportion * steps), weight_decay=cfg.optim.weight_decay,
+        adam_beta1=cfg.optim.betas[0], adam_beta2=cfg.optim.betas[1], adam_epsilon=cfg.optim.eps, max_grad_norm=cfg.optim.grad_clip_norm,
+        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=seed,
+        dataloader_drop_last=True)  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows(task.train), data_collator=_pad_collator)
+    trainer.train()
+    model.eval()
+    outputs = []
+    with torch.no_grad():
+        for start in range(0, len(task.dev), 64):
+            index = np.arange(start, min(start + 64, len(task.dev)))
+            batch = {k: v for k, v in task.dev.batch(index, 0).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+            out = model(**batch)
+            logits = torch.stack([out.start_logits, out.end_logits], -1) if task.per_token else out.logits
+            outputs += task.dev.trim(logits.numpy(), index, task.per_token)
+    return task.score(outputs)
+
+
+def _pad_collator(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    longest = max(f["input_ids"].shape[-1] for f in features)
+    out = {}
+    for key in features[0]:
+        if features[0][key].dim() == 0:
+            out[key] = torch.stack([f[key] for f in features])
+        else:
+            out[key] = torch.stack([torch.nn.functional.pad(f[key], (0, longest - f[key].shape[-1])) for f in features])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a pretrained BERT directory to start from (e.g. runs/demo/model); default: --size from random init")
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=float, default=3)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    args = parser.parse_args()
+    use_all_cores()
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        train_docs, dev_docs, vocab = corpus(directory)
+        from bertdist.config import ModelConfig
+        from bertdist.model.bert import BertForPreTraining
+        from bertdist.model.hf import save_pretrained
+
+        start = Path(args.model) if args.model else directory / "start"
+        if not args.model:
+            torch.manual_seed(0)
+            save_pretrained(BertForPreTraining(ModelConfig.from_size(args.size, vocab_size=8192)), start, vocab)
+        for name in args.tasks.split(","):
+            maker, (n_train, n_dev), settings, suffix = TASKS[name]
+            files = [directory / f"{name}-{part}.{suffix}" for part in ("train", "dev")]
+            getattr(corpus_tasks, maker)(train_docs, files[0], n_train, 0)
+            getattr(corpus_tasks, maker)(dev_docs, files[1], n_dev, 1)
+            scores: dict[str, list[float]] = {"bertdist": [], "transformers Trainer": []}
+            for seed in range(args.seeds):
+                overrides = [f"finetune.init_from={start}", f"finetune.train_file={files[0]}", f"finetune.dev_file={files[1]}",
+                             f"finetune.lr={args.lr}", f"finetune.epochs={args.epochs}", f"train.seed={seed}", "tracking.enabled=false",
+                             f"finetune.output_dir={directory / name / str(seed)}", f"launch.master_port={free_tcp_port()}", *settings]  # fmt: skip
+                cfg = load_config(None, overrides)
+                results: dict[str, float] = {}
+                assert finetune(cfg, results) == 0
+                scores["bertdist"].append(next(iter(results.values())))  # the headline: accuracy, or SQuAD F1
+                scores["transformers Trainer"].append(next(iter(trainer_scores(cfg, seed, directory).values())))
+            means = {k: statistics.mean(v) for k, v in scores.items()}
+            spread = statistics.pstdev(scores["bertdist"] + scores["transformers Trainer"]) or 1e-9
+            report[name] = {**{f"{k} runs": [round(x, 4) for x in v] for k, v in scores.items()},
+                            **{f"{k} mean": round(m, 4) for k, m in means.items()},
+                            "difference / pooled std": round((means["bertdist"] - means["transformers Trainer"]) / spread, 2)}  # fmt: skip
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
