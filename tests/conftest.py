@@ -83,6 +83,17 @@ def tiny_corpus(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_documents(tiny_corpus, tmp_path_factory) -> Path:
+    """`tiny_corpus` as JSON lines, one document per blank-line-separated block (the corpus-made tasks' input)."""
+    import json
+
+    blocks = [b for f in sorted(Path(tiny_corpus).glob("*.txt")) for b in f.read_text().split("\n\n") if b.strip()]
+    out = tmp_path_factory.mktemp("tiny_documents") / "documents.jsonl"
+    out.write_text("".join(json.dumps({"text": " ".join(b.split())}) + "\n" for b in blocks))
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_vocab(tiny_corpus, tmp_path_factory) -> str:
     """vocab.txt of TEST_VOCAB_SIZE WordPiece tokens trained on `tiny_corpus` (uncased)."""
     from bertdist.data.readers import expand_inputs, iter_texts

@@ -124,13 +124,6 @@ def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_co
     assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
 
 
-def _documents(corpus: str, out: Path) -> Path:
-    """The tiny corpus as JSON lines, one document per blank-line-separated block."""
-    blocks = [b for f in sorted(Path(corpus).glob("*.txt")) for b in f.read_text().split("\n\n") if b.strip()]
-    out.write_text("".join(json.dumps({"text": " ".join(b.split())}) + "\n" for b in blocks))
-    return out
-
-
 TASKS = {  # task: (maker, file suffix, settings, Auto class)
     "token_classification": ("code_entities", "conll", [], "AutoModelForTokenClassification"),
     "question_answering": ("span_questions", "json", ["finetune.max_seq_length=64", "finetune.doc_stride=32"], "AutoModelForQuestionAnswering"),
@@ -140,16 +133,15 @@ TASKS = {  # task: (maker, file suffix, settings, Auto class)
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_every_task_trains_and_exports_for_its_auto_class(task, tmp_path, tiny_corpus, tiny_vocab, capsys):
+def test_every_task_trains_and_exports_for_its_auto_class(task, tmp_path, tiny_documents, tiny_vocab, capsys):
     from bertdist.finetune import corpus_tasks
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained
 
     maker, suffix, settings, auto = TASKS[task]
-    documents = _documents(tiny_corpus, tmp_path / "docs.jsonl")
     files = [tmp_path / f"{name}.{suffix}" for name in ("train", "dev")]
     for seed, (path, rows) in enumerate(zip(files, (64, 24))):
-        getattr(corpus_tasks, maker)(documents, path, rows, seed)
+        getattr(corpus_tasks, maker)(tiny_documents, path, rows, seed)
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
     out = tmp_path / "run"

@@ -15,13 +15,6 @@ from bertdist.finetune import squad
 from bertdist.finetune.corpus_tasks import span_questions
 
 
-def _documents(corpus: str, out: Path) -> Path:
-    """The tiny corpus as JSON lines, one document per blank-line-separated block."""
-    blocks = [b for f in sorted(Path(corpus).glob("*.txt")) for b in f.read_text().split("\n\n") if b.strip()]
-    out.write_text("".join(json.dumps({"text": " ".join(b.split())}) + "\n" for b in blocks))
-    return out
-
-
 def test_an_answer_not_at_its_offset_names_file_line_and_question(tmp_path):
     data = {"data": [{"paragraphs": [{"context": "The cat sat on the mat.", "qas": [
         {"id": "good", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]},
@@ -41,10 +34,9 @@ def test_an_answer_not_at_its_offset_names_file_line_and_question(tmp_path):
 
 
 @pytest.fixture
-def long_questions(tmp_path, tiny_corpus, tiny_vocab):
+def long_questions(tmp_path, tiny_documents, tiny_vocab):
     """Questions on 8-sentence passages cut into several 48-token windows."""
-    jsonl = _documents(tiny_corpus, tmp_path / "docs.jsonl")
-    span_questions(jsonl, tmp_path / "qa.json", questions=40, seed=3, passage_sentences=8)
+    span_questions(tiny_documents, tmp_path / "qa.json", questions=40, seed=3, passage_sentences=8)
     questions, _ = squad.read_squad(str(tmp_path / "qa.json"), skip_bad=False)
     return questions, squad.encode(questions, tiny_vocab, cased=False, max_seq_length=48, doc_stride=16, max_query_length=12)
 
@@ -104,9 +96,8 @@ def test_the_best_span_over_windows_is_the_answer(long_questions):
     assert all(len(t.split()) <= 1 for t in texts)  # the longest span a prediction may be, in tokens
 
 
-def test_v2_null_answers_are_chosen_by_the_dev_best_threshold(tmp_path, tiny_corpus, tiny_vocab):
-    jsonl = _documents(tiny_corpus, tmp_path / "docs.jsonl")
-    span_questions(jsonl, tmp_path / "qa.json", questions=30, seed=5, unanswerable=0.4)
+def test_v2_null_answers_are_chosen_by_the_dev_best_threshold(tmp_path, tiny_documents, tiny_vocab):
+    span_questions(tiny_documents, tmp_path / "qa.json", questions=30, seed=5, unanswerable=0.4)
     questions, _ = squad.read_squad(str(tmp_path / "qa.json"), skip_bad=False)
     windows = squad.encode(questions, tiny_vocab, cased=False, max_seq_length=128, doc_stride=64, max_query_length=24)
     scores = squad.scores(_oracle(windows, questions), windows, n_best_size=20, max_answer_length=30)

@@ -55,28 +55,28 @@ def test_unknown_dev_tags_are_named(tmp_path):
         tagging.known_tags(sentences, ["B-CODE", "B-NAME", "O"], report, skip_bad=False)
 
 
-def test_the_first_sub_token_of_each_word_carries_its_label(tmp_path):
-    vocab = _vocab(tmp_path)
+def _encoded(tmp_path, max_seq_length: int = 32):
+    """CONLL read and encoded with a vocabulary that splits `shutil` and `Rossum` into two pieces each."""
     (tmp_path / "train.conll").write_text(CONLL)
     sentences, _ = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
     labels = tagging.tag_names(sentences)
-    tagged = tagging.encode(sentences, labels, vocab, cased=False, max_seq_length=32)
+    return sentences, labels, tagging.encode(sentences, labels, _vocab(tmp_path), cased=False, max_seq_length=max_seq_length)
+
+
+def test_the_first_sub_token_of_each_word_carries_its_label(tmp_path):
+    sentences, labels, tagged = _encoded(tmp_path)
     # [CLS] the sh ##util module copies [SEP]
     assert tagged.sequences.ids[0].tolist() == [2, 5, 6, 7, 8, 9, 3]
     o, code = labels.index("O"), labels.index("B-CODE")
     assert tagged.sequences.token_targets["labels"][0].tolist() == [IGNORE_INDEX, o, code, IGNORE_INDEX, o, o, IGNORE_INDEX]
     assert tagged.first_positions[0].tolist() == [1, 2, 4, 5] and tagged.truncated == 0
     # Cut to 4 tokens: [CLS] guido van [SEP]; Rossum is lost and predicted O.
-    short = tagging.encode(sentences, labels, vocab, cased=False, max_seq_length=4)
+    _, _, short = _encoded(tmp_path, max_seq_length=4)
     assert short.first_positions[1].tolist() == [1, 2, -1] and short.truncated == 2
 
 
 def test_scores_follow_each_word_s_first_sub_token(tmp_path):
-    vocab = _vocab(tmp_path)
-    (tmp_path / "dev.conll").write_text(CONLL)
-    sentences, _ = tagging.read_conll(str(tmp_path / "dev.conll"), skip_bad=False)
-    labels = tagging.tag_names(sentences)
-    dev = tagging.encode(sentences, labels, vocab, cased=False, max_seq_length=32)
+    sentences, labels, dev = _encoded(tmp_path)
     perfect = []
     for r, s in enumerate(sentences):
         logits = np.zeros((dev.sequences.length(r), len(labels)))
