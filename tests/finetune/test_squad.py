@@ -5,7 +5,6 @@ span decoding over windows, and v2.0's null threshold chosen as the official scr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
