@@ -59,6 +59,11 @@ class ModelConfig:
     initializer_range: float = 0.02
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
+    unpad: bool = True
+    """Run the encoder on the real tokens only, not on padding (`bertdist.model.layout`); the same outputs, and
+    faster wherever a batch has padding (measured in benchmarks/packing.py)."""
+    compile: bool = False
+    """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
 
     @classmethod
     def from_size(cls, size: str, **overrides: Any) -> "ModelConfig":
@@ -99,6 +104,11 @@ class DataConfig:
     """DataLoader worker processes per rank."""
     shuffle_buffer_size: int = 2000
     """Samples held for shuffling inside each worker (shards are also shuffled per epoch)."""
+    packing: bool = False
+    """Pack several samples into each row of a batch (block-diagonal attention, positions restarted per sample).
+    A batch still holds `micro_batch_size` samples, and a step the recipe's number of sequences: packing only
+    changes their layout (`bertdist.data.batching`). With `model.unpad` the encoder skips padding anyway, so
+    packing mostly helps the padded encoder and fixed-shape (compiled) GPU runs."""
 
 
 @dataclass

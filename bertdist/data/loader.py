@@ -26,11 +26,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from bertdist.data.batching import FIELDS, Picked, collate, views
 from bertdist.data.samples import Samples
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.errors import DataError
 
 STATE_VERSION = 1
+BATCHES_TRANSFER_SAMPLES = 1024
+"""About how many samples a DataLoader worker sends per transfer (whole batches)."""
 
 
 class _Layout:
@@ -101,48 +104,19 @@ def _worker_message(error: DataError) -> str:
     return text.rsplit(marker, 1)[1].strip() if "Original Traceback" in text and marker in text else text
 
 
-_FIELDS = ["input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
-
-
-def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int) -> tuple[torch.Tensor, tuple]:
-    """A padded batch packed into one int64 buffer: one shared-memory transfer per batch from a worker
-    instead of six (that transfer, not the work, dominates small batches)."""
+def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int, packing: bool):
+    """The batch of the samples at `positions` (`bertdist.data.batching`)."""
     blocks, rows = layout.locate(epoch, positions)
     picked = []
     for block_id, row in zip(blocks.tolist(), rows.tolist()):
         samples, tok, msk = layout.block(block_id)
+        start, m0, m1 = tok[row], msk[row], msk[row + 1]
         picked.append(
-            (samples, tok[row], int(samples.lengths[row]), int(samples.segment_a_lengths[row]), msk[row], msk[row + 1],
-             int(samples.next_sentence_labels[row]))
-        )
-    batch = len(picked)
-    longest = max(p[2] for p in picked)
-    seq = min(max_seq_length, -(-longest // 8) * 8)
-    preds = max(max(p[5] - p[4] for p in picked), 1)
-    shape = (batch, seq, preds)
-    buffer = np.zeros(batch * (3 * seq + 2 * preds + 1), dtype=np.int64)
-    input_ids, token_type_ids, attention_mask, positions_out, labels_out, nsp = _views(buffer, shape)
-    labels_out[:] = -100
-    for i, (samples, start, length, len_a, m0, m1, label) in enumerate(picked):
-        input_ids[i, :length] = samples.input_ids[start : start + length]
-        token_type_ids[i, len_a:length] = 1
-        attention_mask[i, :length] = 1
-        positions_out[i, : m1 - m0] = samples.masked_lm_positions[m0:m1]
-        labels_out[i, : m1 - m0] = samples.masked_lm_ids[m0:m1]
-        nsp[i] = label
-    return torch.from_numpy(buffer), shape
-
-
-def _views(buffer, shape: tuple[int, int, int]) -> list:
-    """The six fields of a packed batch, as views of `buffer` (numpy array or tensor)."""
-    batch, seq, preds = shape
-    sizes = [batch * seq] * 3 + [batch * preds] * 2 + [batch]
-    shapes = [(batch, seq)] * 3 + [(batch, preds)] * 2 + [(batch,)]
-    out, at = [], 0
-    for size, view_shape in zip(sizes, shapes):
-        out.append(buffer[at : at + size].reshape(view_shape))
-        at += size
-    return out
+            Picked(samples.input_ids[start : start + int(samples.lengths[row])], int(samples.segment_a_lengths[row]),
+                   samples.masked_lm_positions[m0:m1], samples.masked_lm_ids[m0:m1],
+                   int(samples.next_sentence_labels[row]))
+        )  # fmt: skip
+    return collate(picked, max_seq_length, packing)
 
 
 class _Segment:
@@ -195,16 +169,24 @@ def _virtual_to_intervals(segment: _Segment, lo: int, hi: int) -> list[list[int]
 
 
 class _BatchStream(IterableDataset):
-    """One epoch segment's batches for one rank; worker w of W makes batches start+w, start+w+W, ..."""
+    """One epoch segment's batches for one rank, in chunks of `chunk` consecutive batches in one buffer; worker
+    w of W makes chunks w, w+W, ... (counted from the segment's first unconsumed batch)."""
 
-    def __init__(self, layout: _Layout, epoch: int, segment: _Segment, rank: int, max_seq_length: int):
-        self.layout, self.epoch, self.segment, self.rank, self.max_seq_length = layout, epoch, segment, rank, max_seq_length
+    def __init__(self, loader: "PretrainingLoader", segment: _Segment, chunk: int):
+        self.layout, self.epoch, self.segment, self.chunk = loader._layout, loader.epoch, segment, chunk
+        self.rank, self.max_seq_length, self.packing = loader.rank, loader.max_seq_length, loader.packing
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, tuple]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, list[tuple[int, int, int, int]]]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for batch in range(self.segment.batches_done + worker, self.segment.batches_per_rank(), workers):
-            yield _collate(self.layout, self.epoch, self.segment.batch_positions(self.rank, batch), self.max_seq_length)
+        first, end = self.segment.batches_done, self.segment.batches_per_rank()
+        for start in range(first + worker * self.chunk, end, workers * self.chunk):
+            parts = [
+                _collate(self.layout, self.epoch, self.segment.batch_positions(self.rank, batch), self.max_seq_length,
+                         self.packing)
+                for batch in range(start, min(start + self.chunk, end))
+            ]  # fmt: skip
+            yield (parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])), [p[1] for p in parts]
 
 
 class PretrainingLoader:
@@ -221,6 +203,7 @@ class PretrainingLoader:
         seed: int = 0,
         num_workers: int = 0,
         shuffle_buffer_size: int = 2000,
+        packing: bool = False,
     ):
         from bertdist.io import file_sha256
 
@@ -241,6 +224,7 @@ class PretrainingLoader:
             raise DataError("micro_batch_size and shuffle_buffer_size must be >= 1, num_workers >= 0")
         self.shard_dir, self.max_seq_length, self.micro_batch_size = shard_dir, max_seq_length, micro_batch_size
         self.rank, self.world_size, self.seed, self.num_workers = rank, world_size, seed, num_workers
+        self.packing = packing
         self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(
@@ -268,7 +252,10 @@ class PretrainingLoader:
                 self._epoch += 1
                 self._segment = self._fresh_segment()
                 continue
-            stream = _BatchStream(self._layout, self._epoch, segment, self.rank, self.max_seq_length)
+            # A worker hands over whole chunks of batches: each transfer through shared memory costs about a
+            # millisecond whatever its size, more than collating a small batch does.
+            chunk = max(1, BATCHES_TRANSFER_SAMPLES // self.micro_batch_size) if self.num_workers else 1
+            stream = _BatchStream(self, segment, chunk)
             batches = (
                 # Its own generator: creating the iterator would otherwise draw a worker seed from the
                 # global torch RNG (the training's dropout stream), and a resumed run creates it at
@@ -281,9 +268,13 @@ class PretrainingLoader:
                 else stream
             )
             try:
-                for buffer, shape in batches:
-                    segment.batches_done += 1
-                    yield dict(zip(_FIELDS, _views(buffer, tuple(shape))))
+                for buffer, shapes in batches:
+                    at = 0
+                    for shape in shapes:
+                        fields = views(buffer[at:], tuple(int(x) for x in shape))
+                        at += sum(f.numel() for f in fields)
+                        segment.batches_done += 1
+                        yield dict(zip(FIELDS, fields))
             except DataError as e:
                 raise DataError(_worker_message(e)) from None
 

@@ -7,6 +7,8 @@ parity tests compare tensor by tensor. What differs is only how the work is done
 - query, key and value stay three parameters (the names users' tooling expects) but are applied as one matmul;
 - attention goes through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU), with no mask
   at all when the batch has no padding;
+- with `model.unpad` the encoder runs on the real tokens only, and packed rows (several samples per row) are
+  understood (`bertdist.model.layout`);
 - the MLM head gathers the masked positions first and projects only those onto the vocabulary, which removes most
   of the head's FLOPs (20 of 128 positions at BERT's length 128), vocabulary-major (faster GEMMs on CPU; see
   `BertLMPredictionHead`);
@@ -28,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
+from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import Dropout, VocabCrossEntropy
 
 
@@ -41,9 +44,9 @@ class PreTrainingOutput:
     """Mean cross-entropy over the MLM predictions whose label is not -100."""
     nsp_loss: torch.Tensor | None
     mlm_logits: torch.Tensor
-    """(batch, predictions, vocab) at `masked_lm_positions` when given, else (batch, seq, vocab)."""
+    """(samples, predictions, vocab) at `masked_lm_positions` when given, else (batch, seq, vocab)."""
     nsp_logits: torch.Tensor
-    """(batch, 2): IsNext, NotNext."""
+    """(samples, 2): IsNext, NotNext. A packed batch has more samples than rows."""
 
 
 class BertEmbeddings(nn.Module):
@@ -57,9 +60,14 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        seq_length = input_ids.shape[1]
-        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:seq_length]
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Any leading shape: (batch, seq) or the (tokens,) of an unpadded batch, which needs position_ids."""
+        if position_ids is None:
+            x = self.word_embeddings(input_ids) + self.position_embeddings.weight[: input_ids.shape[1]]
+        else:
+            x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
@@ -78,8 +86,8 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = Dropout(cfg.attention_dropout_prob)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        batch, seq, hidden = x.shape
+    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        hidden = x.shape[-1]
         # One (hidden -> 3 hidden) matmul reads x once and keeps the GEMM large; concatenating the weights costs
         # a copy of 3 hidden^2 numbers, small next to the batch x seq x hidden activations. Attention's
         # 1/sqrt(head_dim) is applied there too, to the query's weight and bias rather than to every query
@@ -87,9 +95,15 @@ class BertSelfAttention(nn.Module):
         scale = (hidden // self.num_heads) ** -0.5
         weight = torch.cat([self.query.weight * scale, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias * scale, self.key.bias, self.value.bias])
-        qkv = F.linear(x, weight, bias).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
+        dropout_p = self.dropout.p if self.training else 0.0
+        return layout.attention(F.linear(x, weight, bias), self.num_heads, self._attend, dropout_p)
+
+    def _attend(self, qkv: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, seq, 3 x hidden) fused projections -> (batch, seq, hidden)."""
+        batch, seq, hidden = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        qkv = qkv.view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
-        if self.training and self.dropout.p > 0 and x.device.type == "cpu":
+        if self.training and self.dropout.p > 0 and qkv.device.type == "cpu":
             # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's
             # slower dropout; spelling it out lets the attention probabilities use `Dropout`.
             scores = q @ k.transpose(-2, -1)  # (batch, heads, seq, seq)
@@ -122,8 +136,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask), x)
+    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        return self.output(self.self(x, layout), x)
 
 
 class BertIntermediate(nn.Module):
@@ -151,8 +165,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention(x, attn_mask)
+    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        x = self.attention(x, layout)
         return self.output(self.intermediate(x), x)
 
 
@@ -162,14 +176,14 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
         self.activation_checkpointing = cfg.activation_checkpointing
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         for layer in self.layer:
             if self.activation_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant checkpointing replays dropout with the saved RNG state, so gradients are
                 # exactly those of the plain forward.
-                x = checkpoint(layer, x, attn_mask, use_reentrant=False)
+                x = checkpoint(layer, x, layout, use_reentrant=False)
             else:
-                x = layer(x, attn_mask)
+                x = layer(x, layout)
         return x
 
 
@@ -180,8 +194,9 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(sequence_output[:, 0]))
+    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        """(samples, hidden) [CLS] states -> (samples, hidden)."""
+        return torch.tanh(self.dense(first_tokens))
 
 
 class BertModel(nn.Module):
@@ -193,6 +208,7 @@ class BertModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True):
         super().__init__()
+        self.unpad = cfg.unpad
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
@@ -203,8 +219,23 @@ class BertModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), _sdpa_mask(attention_mask))
-        return sequence_output, None if self.pooler is None else self.pooler(sequence_output)
+        """(batch, seq, hidden) states (zeros at padding when unpadded) and the (samples, hidden) pooled output."""
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        return layout.to_grid(states), self.pool(states, layout)
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout: for heads
+        that read a few positions and need no grid."""
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
+        return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout), layout
+
+    def pool(self, states: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
+        return None if self.pooler is None else self.pooler(layout.first_tokens(states))
 
     def hidden_states(
         self,
@@ -214,25 +245,11 @@ class BertModel(nn.Module):
     ) -> list[torch.Tensor]:
         """The embeddings' output and every layer's, num_layers + 1 tensors (`transformers`' hidden_states):
         the features of the paper's feature-based approach. Inference only: no activation checkpointing."""
-        states = [self.embeddings(input_ids, token_type_ids)]
-        mask = _sdpa_mask(attention_mask)
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
+        states = [self.embeddings(*layout.inputs(input_ids, token_type_ids))]
         for layer in self.encoder.layer:
-            states.append(layer(states[-1], mask))
-        return states
-
-
-def _sdpa_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(batch, seq) 1 = real token -> a boolean (batch, 1, 1, seq) key mask, or None when nothing is padding.
-
-    Passing no mask lets SDPA pick its fastest kernels (flash attention on GPU takes no arbitrary mask).
-    Padded query rows still attend to the real keys, so their (unused) outputs stay finite.
-    """
-    if attention_mask is None:
-        return None
-    keep = attention_mask.bool()
-    if bool(keep.all()):
-        return None
-    return keep[:, None, None, :]
+            states.append(layer(states[-1], layout))
+        return [layout.to_grid(s) for s in states]
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -317,14 +334,14 @@ class BertForPreTraining(nn.Module):
         same shape; without it, the head runs on every position and `masked_lm_ids` is (batch, seq) like
         Hugging Face's `labels`. Label -100 marks slots without a prediction.
         """
-        sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+        states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
+        pooled_output = self.bert.pool(states, layout)
         if masked_lm_positions is not None:
-            batch, seq, hidden = sequence_output.shape
-            # Flat row indices: an index_select on (batch*seq, hidden) whose backward is one index_add.
-            rows = masked_lm_positions + torch.arange(batch, device=input_ids.device)[:, None] * seq
-            sequence_output = sequence_output.reshape(batch * seq, hidden)[rows.reshape(-1)]
-            sequence_output = sequence_output.view(*masked_lm_positions.shape, hidden)
-        mlm_logits = self.cls.predictions(sequence_output, self.bert.embeddings.word_embeddings.weight)
+            # An index_select on the flattened states, whose backward is one index_add.
+            predicted = layout.gather(states, masked_lm_positions)
+        else:
+            predicted = layout.to_grid(states)
+        mlm_logits = self.cls.predictions(predicted, self.bert.embeddings.word_embeddings.weight)
         nsp_logits = self.cls.seq_relationship(pooled_output)
 
         mlm_loss = nsp_loss = loss = None

@@ -8,6 +8,8 @@ implementations.
 
 from __future__ import annotations
 
+from typing import Any
+
 from bertdist.config import ModelConfig
 
 
@@ -22,11 +24,19 @@ def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_posit
     )
     mlm_head = 2 * masked_positions * (h * h + h * model.vocab_size)
     nsp_head = 2 * (h * h + h * 2)
-    return float(layers * per_layer + mlm_head + nsp_head)
+    return 1.0 * (layers * per_layer + mlm_head + nsp_head)  # a float, or a tensor when given tensors
 
 
 def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
     return 3.0 * forward_flops_per_sequence(model, seq_length, masked_positions)
+
+
+def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, masked_positions: int) -> Any:
+    """Training FLOPs of `samples` sequences holding `tokens` real tokens in all (padding is not counted).
+
+    Attention is counted as if every sequence had the mean length, which undercounts it a little for mixed
+    lengths. `tokens` may be a device tensor: the result is then one too, with no host sync."""
+    return samples * train_flops_per_sequence(model, tokens / samples, masked_positions)
 
 
 def non_embedding_parameters(model: ModelConfig) -> int:

@@ -70,7 +70,7 @@ class BertForSequenceClassification(_TaskModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        pooled = self.bert.pool(*self.bert.encode(input_ids, token_type_ids, attention_mask))
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
@@ -104,6 +104,9 @@ class BertForQuestionAnswering(_TaskModel):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, num_labels=2)
+        # The start/end softmax runs over every slot of the row, padding included, as in Google's run_squad and
+        # transformers: the padded slots' states are part of the loss, so this encoder always runs padded.
+        self.bert.unpad = False
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
         self.init_weights()
 
@@ -137,7 +140,7 @@ class BertForMultipleChoice(_TaskModel):
         def flat(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.reshape(batch * choices, seq)
 
-        _, pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask))
+        pooled = self.bert.pool(*self.bert.encode(flat(input_ids), flat(token_type_ids), flat(attention_mask)))
         logits = self.classifier(self.dropout(pooled)).view(batch, choices)
         loss = None if labels is None else F.cross_entropy(logits, labels.reshape(-1))
         return TaskOutput(loss, logits)

@@ -15,7 +15,7 @@ from typing import Any
 
 STEP_SLOTS = (
     "loss", "mlm_loss", "nsp_loss", "micro_batches", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
-    "tokens", "sequences", "flops", "data_wait_seconds", "stop_requested",
+    "tokens", "slots", "sequences", "flops", "data_wait_seconds", "stop_requested",
 )  # fmt: skip
 SLOT = {name: i for i, name in enumerate(STEP_SLOTS)}
 
@@ -24,6 +24,7 @@ MLM_ACCURACY = "mlm_accuracy/{split}"
 SEQUENCES_PER_SECOND = "throughput/sequences_per_second"
 MFU = "throughput/mfu"
 DATA_WAIT = "throughput/data_wait_fraction"
+PADDING = "throughput/padding_fraction"
 
 
 def accumulate(acc: Any, out: Any, batch: dict[str, Any]) -> None:
@@ -47,8 +48,9 @@ def accumulate(acc: Any, out: Any, batch: dict[str, Any]) -> None:
         "mlm_count": mask.sum(),
         "nsp_correct": nsp_hits.sum(),
         "nsp_count": nsp_hits.numel(),
-        "tokens": batch["attention_mask"].sum(),
-        "sequences": batch["input_ids"].shape[0],
+        "tokens": (batch["attention_mask"] > 0).sum(),
+        "slots": batch["attention_mask"].numel(),
+        "sequences": batch["next_sentence_label"].shape[0],
     }
     for name, value in values.items():
         acc[SLOT[name]] += value.double() if isinstance(value, torch.Tensor) else value
@@ -88,4 +90,5 @@ class Interval:
             "throughput/tokens_per_second": t["tokens"] / seconds,
             MFU: t["flops"] / seconds / (world_size * peak_flops),
             DATA_WAIT: t["data_wait_seconds"] / world_size / seconds,
+            PADDING: 1.0 - t["tokens"] / max(1.0, t["slots"]),
         }

@@ -169,6 +169,7 @@ class Trainer(contextlib.ExitStack):
             shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
             micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
             seed=self.cfg.train.seed, num_workers=workers, shuffle_buffer_size=self.cfg.data.shuffle_buffer_size,
+            packing=self.cfg.data.packing,
         )  # fmt: skip
 
     def _start_process_group(self) -> None:
@@ -308,7 +309,7 @@ class Trainer(contextlib.ExitStack):
         import torch
         import torch.distributed as dist
 
-        from bertdist.model.flops import train_flops_per_sequence
+        from bertdist.model.flops import train_flops_of_batch
 
         engine, SLOT = self.engine, metrics.SLOT
         engine.train()
@@ -324,9 +325,9 @@ class Trainer(contextlib.ExitStack):
             engine.step()
             self.watchdog.progress(self.step)
             metrics.accumulate(acc, out, batch)
-            sequences, seq_length = batch["input_ids"].shape
-            predictions = batch["masked_lm_ids"].shape[1]
-            acc[SLOT["flops"]] += sequences * train_flops_per_sequence(self.cfg.model, seq_length, predictions)
+            samples, predictions = batch["masked_lm_ids"].shape
+            tokens = (batch["attention_mask"] > 0).sum()
+            acc[SLOT["flops"]] += train_flops_of_batch(self.cfg.model, tokens, samples, predictions)
         acc[SLOT["stop_requested"]] = 1.0 if self.stop.signum else 0.0
         dist.all_reduce(acc)
         sums = dict(zip(metrics.STEP_SLOTS, acc.tolist()))

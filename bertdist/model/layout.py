@@ -1,0 +1,145 @@
+"""Where the real tokens of a (rows, seq) batch are, and of which sample: padding, unpadding and packing.
+
+A batch arrives as a grid of `rows x seq` slots with an `attention_mask`: 0 marks padding, k >= 1 the k-th sample
+of its row. The usual 0/1 mask is the case of one sample per row; a packed batch (`data.packing`) has several,
+each a contiguous run, with positions restarting at its `[CLS]` and attention kept inside it (block-diagonal).
+
+The encoder runs in one of two spaces:
+- **padded** (the grid, (rows, seq, hidden)): every slot is computed; attention gets a key mask, or a
+  block-diagonal mask for packed rows, or none when nothing is padding;
+- **unpadded** (`model.unpad`, (tokens, hidden)): the real tokens only, sample after sample, as MosaicBERT and
+  ModernBERT do. Every matmul and LayerNorm then costs per real token. Attention runs per sample: through
+  flash attention's variable-length kernel on CUDA (`torch.nn.attention.varlen`) when no attention dropout is
+  applied (that kernel has none), otherwise on (samples, length, ...) grids of samples of similar length
+  (buckets `ATTENTION_BUCKET_TOKENS` wide), each with a key mask, so that a short sample does not pay for
+  attention over the longest one's length. At length 512 about half the slots of real BERT data are padding.
+
+Heads address samples through `starts` (each sample's first token in the space in use), so the MLM head
+gathers `starts + masked position` and NSP / classification pool `starts`, whatever the space; heads that need
+every position (tagging, QA) get the grid back from `to_grid`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # PyTorch >= 2.9 on CUDA
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    varlen_attn = None
+
+ATTENTION_BUCKET_TOKENS = 64
+"""Samples whose lengths round up to the same multiple of this share one attention grid (unpadded, CPU path)."""
+
+
+class TokenLayout:
+    """The samples of one batch; built once per forward pass and shared by every layer."""
+
+    def __init__(self, attention_mask: torch.Tensor | None, rows: int, seq: int, device: torch.device, unpad: bool):
+        self.rows, self.seq = rows, seq
+        self.packed = attention_mask is not None and bool((attention_mask > 1).any())
+        dense = attention_mask is None or (not self.packed and bool(attention_mask.bool().all()))
+        self.unpadded = unpad and not dense
+        if dense:  # one sample per row, no padding: nothing to gather, no mask
+            self.token_index = None
+            self.grid_starts = torch.arange(rows, device=device) * seq
+            self.mask = None
+            self.lengths = torch.full((rows,), seq, device=device)
+            return
+        slots = attention_mask.reshape(rows, seq)
+        previous = F.pad(slots[:, :-1], (1, 0))
+        first = ((slots > 0) & (slots != previous)).reshape(-1)
+        self.grid_starts = first.nonzero().squeeze(1)
+        self.token_index = (slots.reshape(-1) > 0).nonzero().squeeze(1)
+        sample_of_token = first[self.token_index].cumsum(0) - 1
+        self.lengths = torch.bincount(sample_of_token, minlength=len(self.grid_starts))
+        self.position_ids = self.token_index - self.grid_starts[sample_of_token]
+        if self.unpadded:
+            self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
+            self.max_seqlen = int(self.lengths.max())
+            self._bucket(sample_of_token, device)
+        elif self.packed:  # block-diagonal; a padding query attends to its row's real keys to stay finite
+            keys = slots[:, None, None, :]
+            queries = slots[:, None, :, None]
+            self.mask = (keys > 0) & ((queries == keys) | (queries == 0))
+        else:
+            self.mask = slots.bool()[:, None, None, :]
+
+    def _bucket(self, sample_of_token: torch.Tensor, device: torch.device) -> None:
+        """The attention grids of the unpadded CPU path: `buckets` (samples, length, key mask) and each token's
+        slot in their concatenation."""
+        keys = (self.lengths + ATTENTION_BUCKET_TOKENS - 1) // ATTENTION_BUCKET_TOKENS
+        base = torch.empty_like(self.lengths)
+        self.buckets: list[tuple[int, int, torch.Tensor | None]] = []
+        offset = 0
+        for key in torch.unique(keys).tolist():
+            members = (keys == key).nonzero().squeeze(1)
+            lengths = self.lengths[members]
+            width = -(-int(lengths.max()) // 8) * 8
+            base[members] = offset + torch.arange(len(members), device=device) * width
+            mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
+            self.buckets.append((len(members), width, None if bool(mask.all()) else mask[:, None, None, :]))
+            offset += len(members) * width
+        self.grid_size = offset
+        self.sample_slots = base[sample_of_token] + self.position_ids
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.grid_starts)
+
+    @property
+    def starts(self) -> torch.Tensor:
+        """Index of each sample's first token ([CLS]) in the flattened states of the space in use."""
+        return self.cu_seqlens[:-1].long() if self.unpadded else self.grid_starts
+
+    def inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None):
+        """(input_ids, token_type_ids, position_ids) as the embeddings read them in the space in use;
+        position_ids None means 0..seq-1 in every row."""
+        if self.unpadded:
+            types = None if token_type_ids is None else token_type_ids.reshape(-1)[self.token_index]
+            return input_ids.reshape(-1)[self.token_index], types, self.position_ids
+        if self.packed:
+            positions = torch.zeros(self.rows * self.seq, dtype=torch.long, device=input_ids.device)
+            positions[self.token_index] = self.position_ids
+            return input_ids, token_type_ids, positions.view(self.rows, self.seq)
+        return input_ids, token_type_ids, None
+
+    def attention(self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float) -> torch.Tensor:
+        """Self-attention over the fused (..., 3 x hidden) projections of the space in use.
+
+        `attend(qkv, mask)` is the padded-space attention, (batch, seq, 3 hidden) -> (batch, seq, hidden), and
+        `dropout_p` the attention dropout it will apply (the variable-length kernel has none)."""
+        if not self.unpadded:
+            return attend(qkv, self.mask)
+        hidden = qkv.shape[-1] // 3
+        fused = qkv.is_cuda and varlen_attn is not None and qkv.dtype in (torch.float16, torch.bfloat16)
+        if fused and dropout_p == 0:
+            q, k, v = qkv.view(-1, 3, num_heads, hidden // num_heads).unbind(1)
+            out = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_seqlen, self.max_seqlen, scale=1.0)
+            return out.reshape(-1, hidden)
+        grid = qkv.new_zeros(self.grid_size, qkv.shape[-1]).index_copy(0, self.sample_slots, qkv)
+        outputs, at = [], 0
+        for samples, width, mask in self.buckets:
+            outputs.append(attend(grid[at : at + samples * width].view(samples, width, -1), mask).reshape(-1, hidden))
+            at += samples * width
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs))[self.sample_slots]
+
+    def to_grid(self, states: torch.Tensor) -> torch.Tensor:
+        """States as (rows, seq, hidden); padding slots of an unpadded run are zeros."""
+        if not self.unpadded:
+            return states
+        grid = states.new_zeros(self.rows * self.seq, states.shape[-1])
+        return grid.index_copy(0, self.token_index, states).view(self.rows, self.seq, -1)
+
+    def first_tokens(self, states: torch.Tensor) -> torch.Tensor:
+        """(samples, hidden): each sample's [CLS] state, what the pooler reads."""
+        if not self.unpadded and not self.packed:
+            return states[:, 0]
+        return states.reshape(-1, states.shape[-1])[self.starts]
+
+    def gather(self, states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(samples, k, hidden): the states at `positions` (samples, k), counted from each sample's start."""
+        flat = states.reshape(-1, states.shape[-1])
+        index = (positions + self.starts[:, None]).reshape(-1)
+        return flat[index].view(*positions.shape, flat.shape[-1])

@@ -1,0 +1,126 @@
+"""Padded, unpadded and packed batches give every sample the same outputs, losses and gradients (fp32, dropout off).
+
+The padded encoder is the reference (it matches `transformers`, tests/model/test_bert.py). Packed batches hold
+the samples in another order (`pack_rows`), so outputs are compared sample by sample through that order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertdist.data.batching import batch_of, pack_rows
+from bertdist.data.samples import Samples
+from bertdist.model.bert import BertForPreTraining
+from bertdist.model.heads import BertForSequenceClassification, BertForTokenClassification
+from bertdist.model.layout import TokenLayout
+from tests.conftest import tiny_model_config
+
+SEQ = 32
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+
+
+def random_samples(count: int, seed: int, every_position: bool = False) -> Samples:
+    """Samples of mixed lengths (a few full, many short, as at length 512) with 1-5 MLM predictions each, or a
+    prediction at every position (so the MLM logits cover every token's state)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([SEQ, SEQ, 5, 9, 14, 20, 27], size=count)
+    ids, positions, labels, counts = [], [], [], []
+    for n in lengths:
+        ids.append(rng.integers(5, 1000, n))
+        chosen = np.arange(n) if every_position else np.sort(rng.choice(np.arange(1, n), rng.integers(1, 5), False))
+        positions.append(chosen)
+        labels.append(rng.integers(5, 1000, len(chosen)))
+        counts.append(len(chosen))
+    return Samples(
+        input_ids=np.concatenate(ids), lengths=lengths, segment_a_lengths=np.maximum(lengths // 2, 1),
+        masked_lm_positions=np.concatenate(positions), masked_lm_ids=np.concatenate(labels),
+        masked_counts=np.array(counts), next_sentence_labels=rng.integers(0, 2, count),
+    )  # fmt: skip
+
+
+def packed_order(samples: Samples) -> list[int]:
+    return [i for row in pack_rows(samples.lengths.tolist(), SEQ) for i in row]
+
+
+def _model(unpad: bool, **config) -> BertForPreTraining:
+    torch.manual_seed(0)
+    return BertForPreTraining(tiny_model_config(unpad=unpad, **config))
+
+
+VARIANTS = {"unpadded": (True, False), "packed": (False, True), "packed_unpadded": (True, True)}
+
+
+@pytest.fixture(params=[64, 8], ids=["one_bucket", "buckets"])
+def bucket_tokens(request, monkeypatch):
+    """The CPU path's attention buckets: one for these short samples, or several (lengths 5 to 32 by 8)."""
+    monkeypatch.setattr("bertdist.model.layout.ATTENTION_BUCKET_TOKENS", request.param)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_sample_gets_the_padded_models_outputs(variant, bucket_tokens):
+    unpad, packing = VARIANTS[variant]
+    samples = random_samples(12, seed=1, every_position=True)
+    reference, model = _model(False).eval(), _model(unpad).eval()
+    with torch.no_grad():
+        want = reference(**batch_of(samples, SEQ))
+        batch = batch_of(samples, SEQ, packing)
+        got = model(**batch)
+    order = packed_order(samples) if packing else list(range(len(samples)))
+    assert batch["input_ids"].shape[0] < len(samples) if packing else True
+    # Every token's final state is behind the MLM logits here (a prediction at every position).
+    torch.testing.assert_close(got.mlm_logits, want.mlm_logits[order], **TOLERANCE)
+    torch.testing.assert_close(got.nsp_logits, want.nsp_logits[order], **TOLERANCE)
+    for name in ("loss", "mlm_loss", "nsp_loss"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), **TOLERANCE)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradients_equal_the_padded_models(variant, bucket_tokens):
+    unpad, packing = VARIANTS[variant]
+    samples = random_samples(10, seed=2)
+    grads = []
+    for use_unpad, use_packing in ((False, False), (unpad, packing)):
+        model = _model(use_unpad, hidden_dropout_prob=0.0, attention_dropout_prob=0.0).train()
+        model(**batch_of(samples, SEQ, use_packing)).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_unpadded_training_with_dropout_runs_and_a_full_batch_stays_on_the_plain_path():
+    samples = random_samples(6, seed=3)
+    model = _model(True).train()
+    loss = model(**batch_of(samples, SEQ)).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    full = torch.ones(2, SEQ, dtype=torch.long)
+    layout = TokenLayout(full, 2, SEQ, torch.device("cpu"), unpad=True)
+    assert not layout.unpadded and not layout.packed and layout.mask is None
+
+
+def test_layout_of_a_packed_row():
+    mask = torch.tensor([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+    layout = TokenLayout(mask, 2, 6, torch.device("cpu"), unpad=True)
+    assert layout.packed and layout.unpadded and layout.num_samples == 3
+    assert layout.cu_seqlens.tolist() == [0, 3, 5, 11]
+    assert layout.position_ids.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5]
+    assert layout.grid_starts.tolist() == [0, 3, 6]
+    padded = TokenLayout(mask, 2, 6, torch.device("cpu"), unpad=False)
+    # Block-diagonal: the first row's sample 2 sees only itself; the padding query sees the row's real keys.
+    assert padded.mask[0, 0, 3].tolist() == [False, False, False, True, True, False]
+    assert padded.mask[0, 0, 5].tolist() == [True] * 5 + [False]
+
+
+def test_task_heads_are_the_same_unpadded():
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(5, 1000, (4, SEQ), generator=g)
+    mask = (torch.arange(SEQ)[None] < torch.tensor([[SEQ], [7], [19], [3]])).long()
+    for cls, args in ((BertForSequenceClassification, (3,)), (BertForTokenClassification, (5,))):
+        outputs = []
+        for unpad in (False, True):
+            torch.manual_seed(0)
+            outputs.append(cls(tiny_model_config(unpad=unpad), *args).eval()(ids * mask, attention_mask=mask).logits)
+        real = mask.bool() if cls is BertForTokenClassification else slice(None)
+        torch.testing.assert_close(outputs[1][real], outputs[0][real], **TOLERANCE)
