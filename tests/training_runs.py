@@ -29,6 +29,10 @@ CHECKPOINT_EVERY = 4
 WARMUP_STEPS = 2
 PEAK_LR = 2e-3
 RUN_TIMEOUT_SECONDS = 240
+ENGINES = [(1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (2, "bf16")]
+"""(ZeRO stage, precision) of the runs trained, resumed and exported: every engine path that runs on CPU (fp16
+needs a GPU; its loss-scaling logic is tested with injected overflows in tests/train/test_fp16.py)."""
+ENGINE_IDS = [f"zero{stage}-{precision}" for stage, precision in ENGINES]
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.
@@ -46,7 +50,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, **train: object) -> Path:
+def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", **train: object) -> Path:
     model = {k: v for k, v in vars(tiny_model_config()).items()}
     cfg = {
         "model": model,
@@ -62,6 +66,7 @@ def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, **tr
         "train": {
             "global_batch_size": 16,  # 4 per micro batch x 2 ranks x 2 accumulation steps
             "zero_stage": zero_stage,
+            "precision": precision,
             "output_dir": str(directory / "out"),
             "log_every_steps": 1,
             "eval_every_steps": CHECKPOINT_EVERY,
@@ -169,20 +174,24 @@ class Scenario:
     notes: dict[str, str]
 
 
+def _directory(base: str, zero_stage: int, precision: str, kind: str) -> Path:
+    return Path(base) / f"zero{zero_stage}{'' if precision == 'fp32' else '-' + precision}-{kind}"
+
+
 @functools.cache
-def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int) -> Scenario:
-    directory = Path(base) / f"zero{zero_stage}-uninterrupted"
-    config = write_config(directory, shards, vocab, zero_stage)
+def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str = "fp32") -> Scenario:
+    directory = _directory(base, zero_stage, precision, "uninterrupted")
+    config = write_config(directory, shards, vocab, zero_stage, precision)
     ranks = start_ranks(config, "run")
     codes = ranks.wait()
     return Scenario(config, directory / "out", {"run": codes}, {"run": ranks.output(0)})
 
 
 @functools.cache
-def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool) -> Scenario:
+def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str = "fp32") -> Scenario:
     """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end."""
-    directory = Path(base) / f"zero{zero_stage}-interrupted"
-    config = write_config(directory, shards, vocab, zero_stage)
+    directory = _directory(base, zero_stage, precision, "interrupted")
+    config = write_config(directory, shards, vocab, zero_stage, precision)
     out = directory / "out"
     codes, notes = {}, {}
 

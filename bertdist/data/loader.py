@@ -204,6 +204,7 @@ class PretrainingLoader:
         num_workers: int = 0,
         shuffle_buffer_size: int = 2000,
         packing: bool = False,
+        pin_memory: bool = False,
     ):
         from bertdist.io import file_sha256
 
@@ -224,7 +225,7 @@ class PretrainingLoader:
             raise DataError("micro_batch_size and shuffle_buffer_size must be >= 1, num_workers >= 0")
         self.shard_dir, self.max_seq_length, self.micro_batch_size = shard_dir, max_seq_length, micro_batch_size
         self.rank, self.world_size, self.seed, self.num_workers = rank, world_size, seed, num_workers
-        self.packing = packing
+        self.packing, self.pin_memory = packing, pin_memory
         self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(
@@ -262,6 +263,7 @@ class PretrainingLoader:
                 # another step than an uninterrupted one. Batches depend on positions, not on that seed.
                 DataLoader(
                     stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False,
+                    pin_memory=self.pin_memory,  # page-locked chunks: the copies to the GPU run asynchronously
                     generator=torch.Generator().manual_seed(self.seed),
                 )
                 if self.num_workers

@@ -63,11 +63,13 @@ class BertEmbeddings(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Any leading shape: (batch, seq) or the (tokens,) of an unpadded batch, which needs position_ids."""
+        """Any leading shape: (batch, seq) or the (tokens,) of an unpadded batch, which needs position_ids.
+
+        Every path calls the same modules: under ZeRO-3 each module call gathers its parameters (and its backward
+        gathers them again), so ranks whose batches take different paths must still make the same calls."""
         if position_ids is None:
-            x = self.word_embeddings(input_ids) + self.position_embeddings.weight[: input_ids.shape[1]]
-        else:
-            x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:

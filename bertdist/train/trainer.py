@@ -169,7 +169,7 @@ class Trainer(contextlib.ExitStack):
             shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
             micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
             seed=self.cfg.train.seed, num_workers=workers, shuffle_buffer_size=self.cfg.data.shuffle_buffer_size,
-            packing=self.cfg.data.packing,
+            packing=self.cfg.data.packing, pin_memory=self.device_type == "cuda",
         )  # fmt: skip
 
     def _start_process_group(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bertdist.data import DataError, iter_samples
+from bertdist.data.batching import pack_rows
 from bertdist.data.loader import PretrainingLoader
 from tests.conftest import TEST_SEQ_LENGTH
 
@@ -83,7 +84,13 @@ def _fingerprints(batch):
     return [tuple(ids[i][mask[i] == 1].tolist()) + tuple(batch["masked_lm_positions"][i].tolist()) for i in range(len(ids))]
 
 
-def test_workers_do_not_change_the_batches_and_epochs_reshuffle(tiny_shards, tiny_vocab):
+@pytest.fixture
+def small_transfers(monkeypatch):
+    """Workers send 2 batches of 8 per transfer, so that chunks interleave between workers."""
+    monkeypatch.setattr("bertdist.data.loader.BATCHES_TRANSFER_SAMPLES", 16)
+
+
+def test_workers_do_not_change_the_batches_and_epochs_reshuffle(tiny_shards, tiny_vocab, small_transfers):
     plain = _take(_loader(tiny_shards, tiny_vocab, rank=1, world_size=2), 6)
     workers = _take(_loader(tiny_shards, tiny_vocab, rank=1, world_size=2, num_workers=2), 6)
     for a, b in zip(plain, workers):
@@ -95,10 +102,11 @@ def test_workers_do_not_change_the_batches_and_epochs_reshuffle(tiny_shards, tin
     assert not torch.equal(batches[0]["input_ids"], batches[n]["input_ids"])
 
 
-def test_exact_resume_two_ranks_two_workers(tiny_shards, tiny_vocab):
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_exact_resume_two_ranks_two_workers(tiny_shards, tiny_vocab, small_transfers, packing):
     """Read 7 batches on each of 2 ranks (2 workers each), save, rebuild, the next 5 equal an uninterrupted run."""
     for rank in range(2):
-        kw = dict(rank=rank, world_size=2, num_workers=2)
+        kw = dict(rank=rank, world_size=2, num_workers=2, packing=packing)
         uninterrupted = _take(_loader(tiny_shards, tiny_vocab, **kw), 12)
         first = _loader(tiny_shards, tiny_vocab, **kw)
         _take(first, 7)
@@ -107,6 +115,26 @@ def test_exact_resume_two_ranks_two_workers(tiny_shards, tiny_vocab):
         resumed.load_state_dict(state)
         for a, b in zip(uninterrupted[7:], _take(resumed, 5)):
             assert all(torch.equal(a[k], b[k]) for k in KEYS)
+
+
+def _sample_keys(batch) -> list[tuple]:
+    """Each sample of a batch as (NSP label, its MLM targets), sorted: what a batch holds, whatever its layout."""
+    ids, labels = batch["masked_lm_ids"].tolist(), batch["next_sentence_label"].tolist()
+    return sorted((label, tuple(i for i in row if i != -100)) for label, row in zip(labels, ids))
+
+
+def test_packing_changes_the_layout_of_a_batch_not_its_samples(tiny_shards, tiny_vocab):
+    padded = _take(_loader(tiny_shards, tiny_vocab), 6)
+    packed = _take(_loader(tiny_shards, tiny_vocab, packing=True), 6)
+    for a, b in zip(padded, packed):
+        assert _sample_keys(a) == _sample_keys(b)
+        rows = pack_rows(a["attention_mask"].sum(1).tolist(), TEST_SEQ_LENGTH)
+        assert len(b["next_sentence_label"]) == 8 and b["input_ids"].shape[0] == len(rows)
+        assert int((b["attention_mask"] > 0).sum()) == int(a["attention_mask"].sum())  # the same real tokens
+        # Every sample of a packed row starts with [CLS]: the first token of each run of equal mask values.
+        mask = b["attention_mask"]
+        starts = (mask > 0) & (mask != torch.nn.functional.pad(mask[:, :-1], (1, 0)))
+        assert int(starts.sum()) == 8 and bool((b["input_ids"][starts] == b["input_ids"][0, 0]).all())
 
 
 def test_resume_with_another_world_size_neither_repeats_nor_loses(tiny_shards, tiny_vocab):

@@ -124,3 +124,4 @@ def test_task_heads_are_the_same_unpadded():
             outputs.append(cls(tiny_model_config(unpad=unpad), *args).eval()(ids * mask, attention_mask=mask).logits)
         real = mask.bool() if cls is BertForTokenClassification else slice(None)
         torch.testing.assert_close(outputs[1][real], outputs[0][real], **TOLERANCE)
+

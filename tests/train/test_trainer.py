@@ -1,5 +1,5 @@
 """End-to-end training with 2 real DeepSpeed ranks on CPU: exact resume after SIGKILL and SIGTERM for
-ZeRO 1 and 2, falling loss, the learning-rate curve, and clear failures on bad configs and shards."""
+ZeRO 1, 2 and 3 in fp32 and ZeRO 1 and 2 in bf16, falling loss, the learning-rate curve, and clear failures on bad configs and shards."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ def base(tmp_path_factory) -> str:
     return str(tmp_path_factory.getbasetemp() / "training")
 
 
-@pytest.mark.parametrize("zero_stage", [1, 2])
-def test_resume_after_sigkill_and_sigterm_is_bit_identical(base, tiny_shards, tiny_vocab, zero_stage):
-    reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, zero_stage)
-    resumed = runs.interrupted(base, tiny_shards, tiny_vocab, zero_stage, crash_during_save=zero_stage == 2)
+@pytest.mark.parametrize("zero_stage, precision", runs.ENGINES, ids=runs.ENGINE_IDS)
+def test_resume_after_sigkill_and_sigterm_is_bit_identical(base, tiny_shards, tiny_vocab, zero_stage, precision):
+    reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, zero_stage, precision)
+    crash = zero_stage == 2 and precision == "fp32"
+    resumed = runs.interrupted(base, tiny_shards, tiny_vocab, zero_stage, crash_during_save=crash, precision=precision)
     assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
 
     # SIGTERM: every rank finished the step, saved, and asked to be requeued.
