@@ -99,9 +99,15 @@ def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
 
 
 def enter_phase(engine: Any, cfg: Config, phase: PhaseConfig, world_size: int) -> None:
-    """Switch the engine to `phase`'s micro batch size; accumulation follows from the global batch."""
+    """Switch the engine to `phase`'s micro batch size; accumulation follows from the global batch.
+
+    DeepSpeed places the accumulation boundary at every `gradient_accumulation_steps`-th micro step counted since
+    the engine was made, and a resumed engine counts from 0 again. Once the accumulation changes, those counts
+    fall out of step (a run resumed in phase 1 would update after 2 of phase 2's 4 micro batches), so a phase
+    starts counting afresh: every step of a phase is then its accumulation's micro batches, resumed or not."""
     engine.set_train_micro_batch_size(phase.micro_batch_size)
     engine.set_train_batch_size(cfg.train.global_batch_size)
+    engine.micro_steps = 0
 
 
 def loss_scale(engine: Any) -> float:
