@@ -95,6 +95,9 @@ def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
         # know to gather it there too.
         deepspeed.zero.register_external_parameter(model.cls.predictions, model.bert.embeddings.word_embeddings.weight)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+    if model.config.compile:
+        # Dynamic shapes: batches are padded per batch and the unpadded encoder's token count varies.
+        engine.compile(compile_kwargs={"dynamic": True})
     return engine
 
 
