@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test test-services demo bench clean
+.PHONY: install test test-services demo bench gpu-check clean
 
 install:
 	bash scripts/install.sh
@@ -26,9 +26,14 @@ demo: install
 	$(VENV)/bin/bertdist demo
 
 # Speed against references measured in the same run (docs/benchmarks.md); minutes, not part of the tests.
-BENCHMARKS := model_step train_step finetune_step prepare_throughput loader_throughput tracking_overhead
+BENCHMARKS := model_step train_step finetune_step packing prepare_throughput loader_throughput tracking_overhead
 bench: install
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
+
+# On a machine with NVIDIA GPUs: the GPU-marked tests, FusedAdam, BERT-Large timings in bf16/fp16 against
+# transformers, a report on one screen and in runs/gpu-check.json. Without a GPU: one line, exit 0.
+gpu-check:
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -37,17 +38,22 @@ from bertdist.model.hf import config_to_hf
 from bertdist.model.ops import IGNORE_INDEX
 
 
-def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device) -> dict:
-    """Full-length sentence pairs (no padding, as most of BERT's length-128 data) with sorted masked positions."""
+def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device, fill: float = 1.0) -> dict:
+    """Sentence pairs with sorted masked positions: full length (fill 1, most of BERT's length-128 data), or of
+    lengths drawn uniformly so that on average `fill` of the slots are real tokens (0.5: BERT's length-512 data)."""
     g = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(5, cfg.vocab_size, (batch_size, seq_length), generator=g)
-    token_type_ids = torch.zeros_like(input_ids)
-    token_type_ids[:, seq_length // 2 :] = 1
-    positions = torch.stack([torch.randperm(seq_length - 1, generator=g)[:predictions] + 1 for _ in range(batch_size)])
+    shortest = max(predictions + 2, round((2 * fill - 1) * seq_length) if fill >= 0.5 else predictions + 2)
+    longest = seq_length if fill >= 0.5 else max(shortest, round(2 * fill * seq_length))
+    lengths = torch.randint(shortest, longest + 1, (batch_size,), generator=g)
+    slots = torch.arange(seq_length)[None, :]
+    attention_mask = (slots < lengths[:, None]).long()
+    input_ids = torch.randint(5, cfg.vocab_size, (batch_size, seq_length), generator=g) * attention_mask
+    token_type_ids = ((slots >= lengths[:, None] // 2) & attention_mask.bool()).long()
+    positions = torch.stack([torch.randperm(int(n) - 1, generator=g)[:predictions] + 1 for n in lengths])
     batch = dict(
         input_ids=input_ids,
         token_type_ids=token_type_ids,
-        attention_mask=torch.ones_like(input_ids),
+        attention_mask=attention_mask,
         masked_lm_positions=positions.sort(dim=1).values,
         masked_lm_ids=torch.randint(5, cfg.vocab_size, (batch_size, predictions), generator=g),
         next_sentence_label=torch.randint(0, 2, (batch_size,), generator=g),
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--masked-positions", type=int, default=20, help="MLM predictions per sequence")
+    p.add_argument("--fill", type=float, default=1.0,
+                   help="mean fraction of real tokens per row (1: no padding); below 1 the padded and the unpadded "
+                        "encoder are both timed")
+    p.add_argument("--compile", action="store_true", help="also time bertdist under torch.compile (model.compile)")
     p.add_argument("--steps", type=int, default=7, help="timed steps per model (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: one per available core)")
@@ -108,10 +118,20 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(str(e))
     torch.manual_seed(0)
     cfg = ModelConfig.from_size(args.size)
-    batch = make_batch(cfg, args.batch_size, args.seq_length, args.masked_positions, device)
+    batch = make_batch(cfg, args.batch_size, args.seq_length, args.masked_positions, device, args.fill)
 
-    ours = BertForPreTraining(cfg).to(device).train()
-    steps = {"bertdist": training_step(ours, lambda: ours(**batch).loss, args.precision, device)}
+    def bertdist_step(**changes) -> callable:
+        torch.manual_seed(0)
+        model = BertForPreTraining(dataclasses.replace(cfg, **changes)).to(device).train()
+        if changes.get("compile"):
+            model.compile(dynamic=True)
+        return training_step(model, lambda: model(**batch).loss, args.precision, device)
+
+    steps = {"bertdist": bertdist_step()}
+    if args.fill < 1:
+        steps["bertdist padded"] = bertdist_step(unpad=False)
+    if args.compile:
+        steps["bertdist+compile"] = bertdist_step(compile=True)
     if not args.no_reference:
         import transformers
 
@@ -126,19 +146,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     peak_flops = matmul_peak_flops(device, DTYPES[args.precision], clock=clock)
     seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=args.warmup_steps, clock=clock)
-    flops_per_sequence = train_flops_per_sequence(cfg, args.seq_length, args.masked_positions)
+    # Useful FLOPs: of the real tokens only, so that padded and unpadded runs are read against the same work.
+    mean_length = float(batch["attention_mask"].sum()) / args.batch_size
+    flops_per_sequence = train_flops_per_sequence(cfg, mean_length, args.masked_positions)
     results = {
         "size": args.size,
         "device": device_name(device, threads),
         "precision": args.precision,
         "batch_size": args.batch_size,
         "seq_length": args.seq_length,
+        "padding_fraction": 1 - mean_length / args.seq_length,
         "matmul_peak_tflops": peak_flops / 1e12,
         "clock": "thread cpu time" if args.cpu_time else "wall",
     }
     print(
         f"BERT-{args.size} fwd+bwd+AdamW, batch {args.batch_size} x {args.seq_length}, "
-        f"{args.masked_positions} masked/seq, {args.precision}, {results['device']}, {results['clock']} clock; "
+        f"{args.masked_positions} masked/seq, padding {results['padding_fraction']:.0%}, {args.precision}, "
+        f"{results['device']}, {results['clock']} clock; "
         f"matmul peak {peak_flops / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f} "
         "(other processes on the machine lower every number, the ratio less)"
     )
@@ -146,10 +170,14 @@ def main(argv: list[str] | None = None) -> dict:
         sequences_per_second = args.batch_size / s
         mfu = sequences_per_second * flops_per_sequence / peak_flops
         results[name] = {"step_seconds": s, "sequences_per_second": sequences_per_second, "mfu": mfu}
-        print(f"  {name:13s} {s * 1e3:8.1f} ms/step  {sequences_per_second:8.1f} sequences/s  MFU {mfu:6.1%}")
+        print(f"  {name:17s} {s * 1e3:8.1f} ms/step  {sequences_per_second:8.1f} sequences/s  MFU {mfu:6.1%}")
     if "transformers" in seconds:
         results["speedup"] = seconds["transformers"] / seconds["bertdist"]
         print(f"  speedup over transformers: {results['speedup']:.2f}x")
+    for variant in ("bertdist padded", "bertdist+compile"):
+        if variant in seconds:
+            results[f"bertdist over {variant}"] = seconds[variant] / seconds["bertdist"]
+            print(f"  bertdist over {variant}: {results[f'bertdist over {variant}']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -119,14 +119,15 @@ class Ranks:
             time.sleep(0.1)
 
 
-def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = None, world_size: int = WORLD_SIZE) -> Ranks:
+def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = None, world_size: int = WORLD_SIZE,
+                accelerator: str = "cpu") -> Ranks:
     """Start `world_size` `bertdist train` processes with the environment srun gives its tasks."""
     port = free_tcp_port()
     procs, logs = [], []
     for rank in range(world_size):
         env = {
             **os.environ,
-            "DS_ACCELERATOR": "cpu",
+            "DS_ACCELERATOR": accelerator,
             "OMP_NUM_THREADS": "1",
             "SLURM_PROCID": str(rank),
             "SLURM_NTASKS": str(world_size),
