@@ -19,7 +19,9 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         f"{total_parameters(m) / 1e6:.1f}M parameters ({non_embedding_parameters(m) / 1e6:.1f}M non-embedding)",
         f"world size: {world_size} ({cfg.launch.nodes} node(s) x {cfg.launch.gpus_per_node} rank(s)), "
         f"precision {cfg.train.precision}, ZeRO stage {cfg.train.zero_stage}",
-        f"global batch: {cfg.train.global_batch_size} sequences",
+        f"global batch: {cfg.train.global_batch_size} sequences (samples, whatever the row layout: "
+        f"{'packed several per row' if cfg.data.packing else 'one per row'}; "
+        f"encoder {'unpadded' if m.unpad else 'padded'})",
     ]
     total_tokens = total_flops = 0.0
     first = 0
