@@ -179,8 +179,13 @@ def _directory(base: str, zero_stage: int, precision: str, kind: str) -> Path:
     return Path(base) / f"zero{zero_stage}{'' if precision == 'fp32' else '-' + precision}-{kind}"
 
 
-@functools.cache
 def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str = "fp32") -> Scenario:
+    """The run of `ENGINES`' (zero_stage, precision) that nothing interrupts (once per session, however called)."""
+    return _uninterrupted(base, shards, vocab, zero_stage, precision)
+
+
+@functools.cache  # positional arguments only: f(x, k=1) and f(x, 1) would be two cache entries, one directory
+def _uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str) -> Scenario:
     directory = _directory(base, zero_stage, precision, "uninterrupted")
     config = write_config(directory, shards, vocab, zero_stage, precision)
     ranks = start_ranks(config, "run")
@@ -188,9 +193,13 @@ def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision
     return Scenario(config, directory / "out", {"run": codes}, {"run": ranks.output(0)})
 
 
-@functools.cache
 def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str = "fp32") -> Scenario:
     """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end."""
+    return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision)
+
+
+@functools.cache
+def _interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str) -> Scenario:
     directory = _directory(base, zero_stage, precision, "interrupted")
     config = write_config(directory, shards, vocab, zero_stage, precision)
     out = directory / "out"

@@ -138,7 +138,7 @@ def _features(bert: Any, batch: dict[str, Any], features: str, level: str) -> An
 
     states = bert.hidden_states(**batch)
     if features == "pooled":
-        return bert.pooler(states[-1])
+        return bert.pooler(states[-1][:, 0])
     if features.startswith("last4") and len(states) < 5:
         raise UserError(f"--features {features}: the model has {len(states) - 1} layers, fewer than four")
     if features == "last4-concat":
