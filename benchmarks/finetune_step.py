@@ -1,12 +1,15 @@
 """Fine-tuning speed of `bertdist finetune` against `transformers.Trainer`: same model, batch and data, one run.
 
 Sentence classification on full-length rows (every row exactly `--seq-length` tokens, so padding treats both
-alike), AdamW at the paper's fine-tuning settings, dropout 0.1, fp32 on CPU (bf16/fp16 on GPU). bertdist is
+alike), or with `--varied-lengths` on rows of 1/8 to all of `--seq-length` tokens (mean ~56%, like GLUE's
+sentences and pairs), where both pad each batch to its longest row (the Trainer through a padding collator, as
+`DataCollatorWithPadding`) and bertdist's encoder also skips the padding (`model.unpad`). AdamW at the paper's fine-tuning settings, dropout 0.1, fp32 on CPU (bf16/fp16 on GPU). bertdist is
 timed through its real step (`Finetuning._step`: the DeepSpeed engine's forward, backward and update over the
 batch's micro batches); the Trainer through `trainer.train()`, each step timed by a callback from
 `on_step_begin` to `on_step_end`. The two run in alternating rounds and the median steps are compared.
 
     python benchmarks/finetune_step.py                      # CPU, BERT-mini, batch 32 x 128 (the acceptance run)
+    python benchmarks/finetune_step.py --varied-lengths       # rows of mixed length, padded per batch
     python benchmarks/finetune_step.py --size base --rounds 2
 """
 
@@ -34,13 +37,15 @@ WORDS = 4000
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def write_task(directory: Path, rows: int, seq_length: int, seed: int) -> tuple[Path, Path]:
-    """A vocabulary of whole words and a TSV of rows of `seq_length - 2` of them: every row is full length."""
+def write_task(directory: Path, rows: int, seq_length: int, seed: int, varied: bool) -> tuple[Path, Path]:
+    """A vocabulary of whole words and a TSV of rows of `seq_length - 2` of them (every row full length), or of
+    seq_length / 8 to seq_length - 2 of them."""
     vocab = directory / "vocab.txt"
     vocab.write_text("\n".join(SPECIAL + [f"w{i}" for i in range(WORDS)]) + "\n")
     rng = np.random.default_rng(seed)
-    lines = ["sentence\tlabel"] + [" ".join(f"w{i}" for i in rng.integers(0, WORDS, seq_length - 2)) + f"\t{rng.integers(0, 2)}"
-                                   for _ in range(rows)]  # fmt: skip
+    words = rng.integers(seq_length // 8, seq_length - 1, rows) if varied else np.full(rows, seq_length - 2)
+    lines = ["sentence\tlabel"] + [" ".join(f"w{i}" for i in rng.integers(0, WORDS, n)) + f"\t{rng.integers(0, 2)}"
+                                   for n in words]  # fmt: skip
     data = directory / "train.tsv"
     data.write_text("\n".join(lines) + "\n")
     return vocab, data
@@ -63,9 +68,19 @@ def trainer_rounds(run: Finetuning, args: argparse.Namespace, directory: Path, s
 
     hf_config = transformers.BertConfig(**config_to_hf(run.source.model_cfg), num_labels=2)
     model = transformers.BertForSequenceClassification(hf_config)
-    rows = [{"input_ids": torch.from_numpy(run.train.ids[i]), "token_type_ids": torch.zeros(args.seq_length, dtype=torch.long),
-             "attention_mask": torch.ones(args.seq_length, dtype=torch.long), "labels": int(run.train.targets["labels"][i])}
+    rows = [{"input_ids": torch.from_numpy(run.train.ids[i]).long(), "labels": int(run.train.targets["labels"][i])}
             for i in range(len(run.train))]  # fmt: skip
+
+    def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
+        """Each batch padded to its longest row, as `DataCollatorWithPadding` does."""
+        longest = max(len(f["input_ids"]) for f in features)
+        input_ids = torch.zeros(len(features), longest, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, f in enumerate(features):
+            input_ids[i, : len(f["input_ids"])] = f["input_ids"]
+            attention_mask[i, : len(f["input_ids"])] = 1
+        return {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids), "attention_mask": attention_mask,
+                "labels": torch.tensor([f["labels"] for f in features])}  # fmt: skip
 
     class Clock(transformers.TrainerCallback):
         def __init__(self) -> None:
@@ -84,7 +99,7 @@ def trainer_rounds(run: Finetuning, args: argparse.Namespace, directory: Path, s
             learning_rate=2e-5, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0, report_to=[], save_strategy="no",
             logging_strategy="no", use_cpu=args.device == "cpu", bf16=args.precision == "bf16", fp16=args.precision == "fp16",
             dataloader_num_workers=0, disable_tqdm=True, seed=0)  # fmt: skip
-        transformers.Trainer(model=model, args=training, train_dataset=rows, callbacks=[clock]).train()
+        transformers.Trainer(model=model, args=training, train_dataset=rows, data_collator=pad_batch, callbacks=[clock]).train()
         return clock.times
 
     return run_steps
@@ -99,13 +114,15 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per round (after 2 warmup steps)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--varied-lengths", action="store_true", help="rows of 1/8 to all of --seq-length tokens")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     threads = use_all_cores()
     os.environ.setdefault("DS_ACCELERATOR", args.device)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        vocab, data = write_task(directory, rows=args.batch_size * (args.steps + 2) * args.rounds, seq_length=args.seq_length, seed=0)
+        vocab, data = write_task(directory, rows=args.batch_size * (args.steps + 2) * args.rounds, seq_length=args.seq_length, seed=0,
+                                 varied=args.varied_lengths)
         run = bertdist_run(directory, vocab, data, args)
         trainer_steps = trainer_rounds(run, args, directory, args.steps + 2)
         times: dict[str, list[float]] = {"bertdist": [], "transformers Trainer": []}
@@ -122,6 +139,7 @@ def main() -> None:
     destroy_process_group()
     medians = {name: statistics.median(t) for name, t in times.items()}
     result = {"device": device_name(torch.device(args.device), threads), "size": args.size, "batch": f"{args.batch_size}x{args.seq_length}",
+              "lengths": "varied" if args.varied_lengths else "full",
               "precision": args.precision, **{f"{name} sequences/s": round(args.batch_size / m, 1) for name, m in medians.items()},
               "ratio": round(medians["transformers Trainer"] / medians["bertdist"], 2)}  # fmt: skip
     print(json.dumps(result, indent=1))
