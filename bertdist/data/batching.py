@@ -62,7 +62,7 @@ def collate(picked: list[Picked], max_seq_length: int, packing: bool) -> tuple[t
     seq = min(max_seq_length, -(-longest // 8) * 8)
     preds = max(max(len(p.masked_lm_positions) for p in picked), 1)
     shape = (len(rows), seq, len(picked), preds)
-    buffer = np.zeros(_size(shape), dtype=np.int64)
+    buffer = np.zeros(buffer_size(shape), dtype=np.int64)
     input_ids, token_type_ids, attention_mask, positions_out, labels_out, nsp = views(buffer, shape)
     labels_out[:] = -100
     sample = 0
@@ -81,7 +81,8 @@ def collate(picked: list[Picked], max_seq_length: int, packing: bool) -> tuple[t
     return torch.from_numpy(buffer), shape
 
 
-def _size(shape: tuple[int, int, int, int]) -> int:
+def buffer_size(shape: tuple[int, int, int, int]) -> int:
+    """int64 numbers in the buffer of a batch of this shape (rows, seq, samples, predictions)."""
     rows, seq, samples, preds = shape
     return 3 * rows * seq + samples * (2 * preds + 1)
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bertdist.data.batching import FIELDS, Picked, collate, views
+from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, views
 from bertdist.data.samples import Samples
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.errors import DataError
@@ -273,8 +273,9 @@ class PretrainingLoader:
                 for buffer, shapes in batches:
                     at = 0
                     for shape in shapes:
-                        fields = views(buffer[at:], tuple(int(x) for x in shape))
-                        at += sum(f.numel() for f in fields)
+                        shape = tuple(int(x) for x in shape)
+                        fields = views(buffer[at : at + buffer_size(shape)], shape)
+                        at += buffer_size(shape)
                         segment.batches_done += 1
                         yield dict(zip(FIELDS, fields))
             except DataError as e:

@@ -85,6 +85,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     from bertdist.config import Config, FinetuneConfig
     from bertdist.finetune.data import encode
     from bertdist.finetune.source import cased_vocabulary, pad_id, resolve
+    from bertdist.io import write_json
     from bertdist.model.bert import BertModel
     from bertdist.model.hf_heads import load_encoder
 
@@ -126,8 +127,6 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     index = {"model": o.model, "pretraining_run_id": source.pretraining_run_id, "input": o.input, "features": o.features,
              "level": o.level, "dimension": dimension, "dtype": o.dtype, "max_seq_length": length,
              "rows": len(encoded), "skipped": skipped, "shards": shards}  # fmt: skip
-    from bertdist.io import write_json
-
     write_json(out / "index.json", index, indent=1)
     return index
 

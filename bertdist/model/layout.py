@@ -41,11 +41,9 @@ class TokenLayout:
         self.packed = attention_mask is not None and bool((attention_mask > 1).any())
         dense = attention_mask is None or (not self.packed and bool(attention_mask.bool().all()))
         self.unpadded = unpad and not dense
-        if dense:  # one sample per row, no padding: nothing to gather, no mask
-            self.token_index = None
+        if not (self.unpadded or self.packed):  # one sample per row, run padded: a key mask at most
             self.grid_starts = torch.arange(rows, device=device) * seq
-            self.mask = None
-            self.lengths = torch.full((rows,), seq, device=device)
+            self.mask = None if dense else attention_mask.bool().reshape(rows, seq)[:, None, None, :]
             return
         slots = attention_mask.reshape(rows, seq)
         previous = F.pad(slots[:, :-1], (1, 0))
@@ -59,12 +57,10 @@ class TokenLayout:
             self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
             self.max_seqlen = int(self.lengths.max())
             self._bucket(sample_of_token, device)
-        elif self.packed:  # block-diagonal; a padding query attends to its row's real keys to stay finite
+        else:  # packed: block-diagonal; a padding query attends to its row's real keys to stay finite
             keys = slots[:, None, None, :]
             queries = slots[:, None, :, None]
             self.mask = (keys > 0) & ((queries == keys) | (queries == 0))
-        else:
-            self.mask = slots.bool()[:, None, None, :]
 
     def _bucket(self, sample_of_token: torch.Tensor, device: torch.device) -> None:
         """The attention grids of the unpadded CPU path: `buckets` (samples, length, key mask) and each token's

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bertdist.config import ModelConfig
+from bertdist.model.flops import train_flops_of_batch
+
 STEP_SLOTS = (
     "loss", "mlm_loss", "nsp_loss", "micro_batches", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
     "tokens", "slots", "sequences", "flops", "data_wait_seconds", "stop_requested",
@@ -27,8 +30,9 @@ DATA_WAIT = "throughput/data_wait_fraction"
 PADDING = "throughput/padding_fraction"
 
 
-def accumulate(acc: Any, out: Any, batch: dict[str, Any]) -> None:
-    """Add one micro batch's losses and prediction counts to `acc` without a host sync."""
+def accumulate(acc: Any, out: Any, batch: dict[str, Any], model: ModelConfig | None = None) -> None:
+    """Add one micro batch's losses and prediction counts to `acc` without a host sync; given the model's
+    config (a training step), also its training FLOPs over the real tokens."""
     import torch
 
     labels = batch["masked_lm_ids"]
@@ -39,6 +43,8 @@ def accumulate(acc: Any, out: Any, batch: dict[str, Any]) -> None:
     label_logits = logits.gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
     mlm_hits = (label_logits == logits.amax(-1)) & mask
     nsp_hits = out.nsp_logits.argmax(-1) == batch["next_sentence_label"]
+    tokens = (batch["attention_mask"] > 0).sum()
+    samples, predictions = batch["masked_lm_ids"].shape
     values = {
         "loss": out.loss.detach(),
         "mlm_loss": out.mlm_loss.detach(),
@@ -48,10 +54,12 @@ def accumulate(acc: Any, out: Any, batch: dict[str, Any]) -> None:
         "mlm_count": mask.sum(),
         "nsp_correct": nsp_hits.sum(),
         "nsp_count": nsp_hits.numel(),
-        "tokens": (batch["attention_mask"] > 0).sum(),
+        "tokens": tokens,
         "slots": batch["attention_mask"].numel(),
-        "sequences": batch["next_sentence_label"].shape[0],
+        "sequences": samples,
     }
+    if model is not None:
+        values["flops"] = train_flops_of_batch(model, tokens, samples, predictions)
     for name, value in values.items():
         acc[SLOT[name]] += value.double() if isinstance(value, torch.Tensor) else value
 

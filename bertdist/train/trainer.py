@@ -309,8 +309,6 @@ class Trainer(contextlib.ExitStack):
         import torch
         import torch.distributed as dist
 
-        from bertdist.model.flops import train_flops_of_batch
-
         engine, SLOT = self.engine, metrics.SLOT
         engine.train()
         acc = torch.zeros(len(metrics.STEP_SLOTS), dtype=torch.float64, device=self.device)
@@ -324,10 +322,7 @@ class Trainer(contextlib.ExitStack):
                 self.grad_norm = self._grad_norm_before_step()
             engine.step()
             self.watchdog.progress(self.step)
-            metrics.accumulate(acc, out, batch)
-            samples, predictions = batch["masked_lm_ids"].shape
-            tokens = (batch["attention_mask"] > 0).sum()
-            acc[SLOT["flops"]] += train_flops_of_batch(self.cfg.model, tokens, samples, predictions)
+            metrics.accumulate(acc, out, batch, self.cfg.model)
         acc[SLOT["stop_requested"]] = 1.0 if self.stop.signum else 0.0
         dist.all_reduce(acc)
         sums = dict(zip(metrics.STEP_SLOTS, acc.tolist()))
