@@ -9,6 +9,9 @@ parity tests compare tensor by tensor. What differs is only how the work is done
   at all when the batch has no padding;
 - with `model.unpad` the encoder runs on the real tokens only, and packed rows (several samples per row) are
   understood (`bertdist.model.layout`);
+- heads that read a few positions (the MLM predictions and [CLS] in pretraining, [CLS] in classification and
+  multiple choice) get the last layer computed there only, from every token's keys and values
+  (`BertModel.encode`'s `at`, as MosaicBERT does): at BERT-mini's 4 layers that is a fifth of the encoder;
 - the MLM head gathers the masked positions first and projects only those onto the vocabulary, which removes most
   of the head's FLOPs (20 of 128 positions at BERT's length 128), vocabulary-major (faster GEMMs on CPU; see
   `BertLMPredictionHead`);
@@ -88,27 +91,35 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = Dropout(cfg.attention_dropout_prob)
 
-    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: TokenLayout, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """Every token's attention output, or with `queries` ((samples, k, hidden): the states of a few tokens
+        per sample) only theirs, (samples, k, hidden), over the keys and values of every token."""
         hidden = x.shape[-1]
         # One (hidden -> 3 hidden) matmul reads x once and keeps the GEMM large; concatenating the weights costs
         # a copy of 3 hidden^2 numbers, small next to the batch x seq x hidden activations. Attention's
         # 1/sqrt(head_dim) is applied there too, to the query's weight and bias rather than to every query
         # (exact when head_dim is a power of 4, as in every BERT size).
         scale = (hidden // self.num_heads) ** -0.5
+        if queries is not None:
+            q = F.linear(queries, self.query.weight * scale, self.query.bias * scale)
+            kv = F.linear(x, torch.cat([self.key.weight, self.value.weight]), torch.cat([self.key.bias, self.value.bias]))
+            return layout.attention_at(q, kv, self._attend)
         weight = torch.cat([self.query.weight * scale, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias * scale, self.key.bias, self.value.bias])
         dropout_p = self.dropout.p if self.training else 0.0
         return layout.attention(F.linear(x, weight, bias), self.num_heads, self._attend, dropout_p)
 
-    def _attend(self, qkv: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch, seq, 3 x hidden) fused projections -> (batch, seq, hidden)."""
-        batch, seq, hidden = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        qkv = qkv.view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
-        if self.training and self.dropout.p > 0 and qkv.device.type == "cpu":
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, queries, hidden) projected queries and (batch, keys, 2 x hidden) keys and values (views of
+        the fused projection, or their own tensors) -> (batch, queries, hidden)."""
+        batch, queries, hidden = q.shape
+        head_dim = hidden // self.num_heads
+        q = q.reshape(batch, queries, self.num_heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
+        k, v = kv.reshape(batch, kv.shape[1], 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.training and self.dropout.p > 0 and q.device.type == "cpu":
             # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's
             # slower dropout; spelling it out lets the attention probabilities use `Dropout`.
-            scores = q @ k.transpose(-2, -1)  # (batch, heads, seq, seq)
+            scores = q @ k.transpose(-2, -1)  # (batch, heads, queries, keys)
             if attn_mask is not None:
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
             out = self.dropout(scores.softmax(dim=-1)) @ v
@@ -116,7 +127,7 @@ class BertSelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0, scale=1.0
             )
-        return out.transpose(1, 2).reshape(batch, seq, hidden)  # (batch, seq, hidden)
+        return out.transpose(1, 2).reshape(batch, queries, hidden)
 
 
 class BertSelfOutput(nn.Module):
@@ -138,8 +149,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        return self.output(self.self(x, layout), x)
+    def forward(self, x: torch.Tensor, layout: TokenLayout, queries: torch.Tensor | None = None) -> torch.Tensor:
+        return self.output(self.self(x, layout, queries), x if queries is None else queries)
 
 
 class BertIntermediate(nn.Module):
@@ -167,8 +178,11 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        x = self.attention(x, layout)
+    def forward(self, x: torch.Tensor, layout: TokenLayout, at: torch.Tensor | None = None) -> torch.Tensor:
+        """(tokens or batch x seq, hidden) -> the same, or with `at` (samples, k) only the outputs at those
+        positions of each sample, (samples, k, hidden): attention reads every token's keys and values, and the
+        rest (query, output projection, feed-forward, LayerNorms) runs on those k tokens alone."""
+        x = self.attention(x, layout) if at is None else self.attention(x, layout, layout.gather(x, at))
         return self.output(self.intermediate(x), x)
 
 
@@ -178,14 +192,16 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
         self.activation_checkpointing = cfg.activation_checkpointing
 
-    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        for layer in self.layer:
+    def forward(self, x: torch.Tensor, layout: TokenLayout, at: torch.Tensor | None = None) -> torch.Tensor:
+        """The last layer's states, everywhere or (with `at`) at those positions of each sample only."""
+        for i, layer in enumerate(self.layer):
+            last_at = at if i == len(self.layer) - 1 else None
             if self.activation_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant checkpointing replays dropout with the saved RNG state, so gradients are
                 # exactly those of the plain forward.
-                x = checkpoint(layer, x, layout, use_reentrant=False)
+                x = checkpoint(layer, x, layout, last_at, use_reentrant=False)
             else:
-                x = layer(x, layout)
+                x = layer(x, layout, last_at)
         return x
 
 
@@ -230,14 +246,32 @@ class BertModel(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TokenLayout]:
-        """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout: for heads
-        that read a few positions and need no grid."""
+        """The final states and the layout, for heads that read a few positions and need no grid.
+
+        Without `at` the states are in the layout's space ((tokens, hidden) when unpadded). With `at`, (samples,
+        k) positions counted from each sample's [CLS] (a classifier's [CLS], the MLM predictions), they are
+        (samples, k, hidden) and the last layer computes only those k tokens (from every token's keys and
+        values), as MosaicBERT does: nothing else of that layer reaches a loss. That is 10/12 of the last
+        layer's matmuls saved (1/4 of BERT-mini's encoder, 1/15 of BERT-Base's) with the same outputs."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout), layout
+        return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, at), layout
 
     def pool(self, states: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
         return None if self.pooler is None else self.pooler(layout.first_tokens(states))
+
+    def pooled_output(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(rows, hidden): the pooler's output for every row of one sample (what classifiers read), with the
+        last layer computed at [CLS] only."""
+        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
+        states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
+        return self.pooler(states[:, 0])
 
     def hidden_states(
         self,
@@ -336,13 +370,14 @@ class BertForPreTraining(nn.Module):
         same shape; without it, the head runs on every position and `masked_lm_ids` is (batch, seq) like
         Hugging Face's `labels`. Label -100 marks slots without a prediction.
         """
-        states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
-        pooled_output = self.bert.pool(states, layout)
         if masked_lm_positions is not None:
-            # An index_select on the flattened states, whose backward is one index_add.
-            predicted = layout.gather(states, masked_lm_positions)
+            # The last layer runs only at each sample's [CLS] (NSP) and its predictions (MLM).
+            first = masked_lm_positions.new_zeros(len(masked_lm_positions), 1)
+            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=torch.cat([first, masked_lm_positions], 1))
+            pooled_output, predicted = self.bert.pooler(states[:, 0]), states[:, 1:]
         else:
-            predicted = layout.to_grid(states)
+            states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
+            pooled_output, predicted = self.bert.pool(states, layout), layout.to_grid(states)
         mlm_logits = self.cls.predictions(predicted, self.bert.embeddings.word_embeddings.weight)
         nsp_logits = self.cls.seq_relationship(pooled_output)
 

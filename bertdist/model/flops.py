@@ -14,17 +14,25 @@ from bertdist.config import ModelConfig
 
 
 def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
-    """Forward FLOPs for one sequence of `seq_length` tokens with `masked_positions` MLM predictions."""
+    """Forward FLOPs for one sequence of `seq_length` tokens with `masked_positions` MLM predictions.
+
+    The last layer is counted where it runs: keys and values for every token, the rest at [CLS] and the
+    predictions only (`BertModel.encode`'s `at`), since nothing else of it reaches a loss."""
     h, f, s, layers = model.hidden_size, model.ffn_size(), seq_length, model.num_layers
-    per_layer = (
-        2 * s * h * 3 * h  # Q, K, V projections
-        + 2 * s * s * h * 2  # scores and weighted sum over all heads
-        + 2 * s * h * h  # attention output projection
-        + 2 * s * h * f * 2  # feed-forward in and out
-    )
+
+    def layer(queries):
+        return (
+            2 * s * h * 2 * h  # K, V projections of every token
+            + 2 * queries * h * h  # Q projection
+            + 2 * queries * s * h * 2  # scores and weighted sum over all heads
+            + 2 * queries * h * h  # attention output projection
+            + 2 * queries * h * f * 2  # feed-forward in and out
+        )
+
     mlm_head = 2 * masked_positions * (h * h + h * model.vocab_size)
     nsp_head = 2 * (h * h + h * 2)
-    return 1.0 * (layers * per_layer + mlm_head + nsp_head)  # a float, or a tensor when given tensors
+    last_layer = layer(masked_positions + 1)
+    return 1.0 * ((layers - 1) * layer(s) + last_layer + mlm_head + nsp_head)  # a float, or a tensor when given tensors
 
 
 def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:

@@ -70,7 +70,7 @@ class BertForSequenceClassification(_TaskModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
-        pooled = self.bert.pool(*self.bert.encode(input_ids, token_type_ids, attention_mask))
+        pooled = self.bert.pooled_output(input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
@@ -140,7 +140,7 @@ class BertForMultipleChoice(_TaskModel):
         def flat(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.reshape(batch * choices, seq)
 
-        pooled = self.bert.pool(*self.bert.encode(flat(input_ids), flat(token_type_ids), flat(attention_mask)))
+        pooled = self.bert.pooled_output(flat(input_ids), flat(token_type_ids), flat(attention_mask))
         logits = self.classifier(self.dropout(pooled)).view(batch, choices)
         loss = None if labels is None else F.cross_entropy(logits, labels.reshape(-1))
         return TaskOutput(loss, logits)

@@ -16,7 +16,8 @@ The encoder runs in one of two spaces:
 
 Heads address samples through `starts` (each sample's first token in the space in use), so the MLM head
 gathers `starts + masked position` and NSP / classification pool `starts`, whatever the space; heads that need
-every position (tagging, QA) get the grid back from `to_grid`.
+every position (tagging, QA) get the grid back from `to_grid`. A last layer computed at a few positions per sample
+only attends through `attention_at`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class TokenLayout:
         first = ((slots > 0) & (slots != previous)).reshape(-1)
         self.grid_starts = first.nonzero().squeeze(1)
         self.token_index = (slots.reshape(-1) > 0).nonzero().squeeze(1)
-        sample_of_token = first[self.token_index].cumsum(0) - 1
+        self.sample_of_token = sample_of_token = first[self.token_index].cumsum(0) - 1
         self.lengths = torch.bincount(sample_of_token, minlength=len(self.grid_starts))
         self.position_ids = self.token_index - self.grid_starts[sample_of_token]
         if self.unpadded:
@@ -104,11 +105,12 @@ class TokenLayout:
     def attention(self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float) -> torch.Tensor:
         """Self-attention over the fused (..., 3 x hidden) projections of the space in use.
 
-        `attend(qkv, mask)` is the padded-space attention, (batch, seq, 3 hidden) -> (batch, seq, hidden), and
-        `dropout_p` the attention dropout it will apply (the variable-length kernel has none)."""
-        if not self.unpadded:
-            return attend(qkv, self.mask)
+        `attend(q, kv, mask)` is the padded-space attention, (batch, seq, hidden) queries and (batch, seq,
+        2 hidden) keys and values -> (batch, seq, hidden), and `dropout_p` the attention dropout it will apply
+        (the variable-length kernel has none)."""
         hidden = qkv.shape[-1] // 3
+        if not self.unpadded:
+            return attend(qkv[..., :hidden], qkv[..., hidden:], self.mask)
         fused = qkv.is_cuda and varlen_attn is not None and qkv.dtype in (torch.float16, torch.bfloat16)
         if fused and dropout_p == 0:
             q, k, v = qkv.view(-1, 3, num_heads, hidden // num_heads).unbind(1)
@@ -117,9 +119,26 @@ class TokenLayout:
         grid = qkv.new_zeros(self.grid_size, qkv.shape[-1]).index_copy(0, self.sample_slots, qkv)
         outputs, at = [], 0
         for samples, width, mask in self.buckets:
-            outputs.append(attend(grid[at : at + samples * width].view(samples, width, -1), mask).reshape(-1, hidden))
+            bucket = grid[at : at + samples * width].view(samples, width, -1)
+            outputs.append(attend(bucket[..., :hidden], bucket[..., hidden:], mask).reshape(-1, hidden))
             at += samples * width
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs))[self.sample_slots]
+
+    def attention_at(self, q: torch.Tensor, kv: torch.Tensor, attend) -> torch.Tensor:
+        """Attention for a few queries per sample: q (samples, k, hidden) and the (..., 2 hidden) keys and
+        values of every token of the space in use -> (samples, k, hidden). The keys and values are laid out as
+        one (samples, longest) grid: with k queries per sample instead of its length, attention is cheap and
+        needs no buckets."""
+        if not (self.unpadded or self.packed):
+            return attend(q, kv, self.mask)
+        flat = kv.reshape(-1, kv.shape[-1])
+        if not self.unpadded:
+            flat = flat[self.token_index]
+        width = -(-int(self.lengths.max()) // 8) * 8
+        slots = self.sample_of_token * width + self.position_ids
+        grid = flat.new_zeros(self.num_samples * width, flat.shape[-1]).index_copy(0, slots, flat)
+        mask = torch.arange(width, device=q.device)[None, :] < self.lengths[:, None]
+        return attend(q, grid.view(self.num_samples, width, -1), None if bool(mask.all()) else mask[:, None, None, :])
 
     def to_grid(self, states: torch.Tensor) -> torch.Tensor:
         """States as (rows, seq, hidden); padding slots of an unpadded run are zeros."""
