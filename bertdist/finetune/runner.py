@@ -15,8 +15,11 @@ MLflow records the run's parameters, the dev metrics per epoch, and where it sta
 `bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`.
 
 After every epoch a checkpoint (the pretraining format: weights, optimizer, RNG of every rank) lets the same
-command continue an interrupted run exactly; the best epoch's model is exported as soon as it is found.
-Not yet: ZeRO-3.
+command continue an interrupted run exactly; the best epoch's model is exported from that checkpoint as soon
+as it is found (the fp32 master weights, consolidated from any ZeRO stage).
+
+Under ZeRO-3 every forward pass gathers parameters with collectives, so every rank runs the same number of
+them: in evaluation a rank whose share of the dev rows ran out repeats its last batch and drops the outputs.
 """
 
 from __future__ import annotations
@@ -65,8 +68,6 @@ def check(cfg: Config, world_size: int) -> None:
         p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
     if not 0 <= ft.warmup_proportion < 1:
         p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
-    if cfg.train.zero_stage not in (0, 1, 2):
-        p.append(f"train.zero_stage: fine-tuning supports ZeRO 0-2 (a BERT fits one device), got {cfg.train.zero_stage}")
     if p:
         raise ConfigError(p)
 
@@ -186,6 +187,8 @@ class Finetuning:
             f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), from {self.source.description}")  # fmt: skip
         if self.resume_from is not None:
             say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
+            if self.best is not None and self.best[1] == self.start_epoch:  # its export may have been cut off
+                self._export(self.resume_from, self.best[2])
         best = self.best
         step, started = self.start_step, time.perf_counter()
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
@@ -205,10 +208,11 @@ class Finetuning:
             say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, " + _listed(scores) + f" ({time.perf_counter() - started:.0f} s)")
             if best is None or headline > best[0]:
                 best = (headline, epoch + 1, scores)
-                self._export(scores)
             state = checkpoint.TrainState(step=step, tokens_seen=0, sequences_seen=step * ft.batch_size, world_size=self.env.world_size,
                                           loader_states=[], rng_states=[], config=self.cfg.to_dict(), tracking_run_id=self.tracker.run_id)  # fmt: skip
-            checkpoint.save(engine, ft.output_dir, state, {"epoch": epoch + 1, "best": list(best)}, keep_last=1)
+            saved = checkpoint.save(engine, ft.output_dir, state, {"epoch": epoch + 1, "best": list(best)}, keep_last=1)
+            if best[1] == epoch + 1:
+                self._export(saved, scores)
         assert best is not None
         _, epoch, scores = best
         self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
@@ -242,26 +246,35 @@ class Finetuning:
 
         engine, ft = self.engine, self.cfg.finetune
         engine.eval()
-        mine = np.array_split(np.arange(len(dev)), self.env.world_size)[self.env.rank]
+        shares = np.array_split(np.arange(len(dev)), self.env.world_size)
+        mine, batches = shares[self.env.rank], math.ceil(len(shares[0]) / ft.micro_batch_size)  # shares[0] is the largest
         outputs: list[np.ndarray] = []
         with torch.no_grad():
-            for start in range(0, len(mine), ft.micro_batch_size):
-                rows = mine[start : start + ft.micro_batch_size]
+            for b in range(batches):  # the same number of forward passes on every rank (ZeRO-3 gathers in them)
+                rows = mine[b * ft.micro_batch_size : (b + 1) * ft.micro_batch_size]
+                extra = len(rows) == 0  # this rank's share ran out: its last batch again, outputs dropped
+                rows = (mine if len(mine) else shares[0])[-ft.micro_batch_size :] if extra else rows
                 logits = engine(**{k: v.to(self.device) for k, v in dev.batch(rows, self.pad_id).items()}).logits
-                outputs += dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)
+                if not extra:
+                    outputs += dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)
         gathered: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(gathered, outputs)  # every rank's share, in rank order: the dev rows in order
         return score([o for share in gathered for o in share])
 
-    def _export(self, scores: dict[str, float]) -> None:
-        """The model of a new best epoch, written at once (an interrupted run keeps it): a Hugging Face
-        directory for the task's Auto class, and its metrics as results.json for the jobs that started us."""
+    def _export(self, saved: Any, scores: dict[str, float]) -> None:
+        """The model of a new best epoch from its checkpoint `saved`, written at once (an interrupted run keeps
+        it): a Hugging Face directory for the task's Auto class, and its metrics as results.json for the jobs
+        that started us."""
         from bertdist.model.hf_heads import build_task_model, save_task_model
+
+        import torch
 
         if self.env.is_main:
             out, task = f"{self.cfg.finetune.output_dir}/model", self.task
-            model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
-            model.load_state_dict(self.engine.module.state_dict(), strict=True)  # fp32, whatever the training precision
+            with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout stream
+                model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
+            # The fp32 master weights, from every rank's partition: no collective, and right under bf16 and ZeRO-3.
+            model.load_state_dict(checkpoint.consolidated_state_dict(saved), strict=True)
             save_task_model(model, out, self.task.labels, self.source.vocab_file,
                             extra_config={"bertdist_init_from": self.cfg.finetune.init_from,
                                           "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip

@@ -90,9 +90,9 @@ def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
     """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
     import deepspeed
 
-    if ds_config["zero_optimization"]["stage"] == 3:
-        # The MLM decoder uses the word-embedding matrix inside another module's forward; ZeRO-3 must
-        # know to gather it there too.
+    if ds_config["zero_optimization"]["stage"] == 3 and hasattr(model, "cls"):
+        # The MLM decoder of the pretraining model uses the word-embedding matrix inside another module's
+        # forward; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
         deepspeed.zero.register_external_parameter(model.cls.predictions, model.bert.embeddings.word_embeddings.weight)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
     if model.config.compile:

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -192,6 +193,9 @@ def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: 
         MASTER_ADDR=env.master_addr,
         MASTER_PORT=str(env.master_port),
     )
+    # DeepSpeed's ZeRO collectives call these deprecated torch functions on every step, and the warning is
+    # printed again and again (something resets the warning registry): a ZeRO-3 epoch wrote hundreds of lines.
+    warnings.filterwarnings("ignore", r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated", FutureWarning)
     if dist.is_initialized():
         return
     try:
