@@ -1,13 +1,13 @@
 """Does `bertdist finetune` reach what `transformers.Trainer` reaches? Same start, data, hyperparameters; seeds.
 
-Both fine-tune the same initial BERT (one set of weights, written as a Hugging Face directory) on the same
-encoded rows (bertdist's encoding, handed to the Trainer as tensors), with the same learning rate, batch,
-epochs, warmup, weight decay, Adam betas/eps, gradient clipping and dropout, and are scored by the same
-metric code on the same dev rows. What differs is the training loop: data order, dropout streams, the
-optimizer's implementation. So the dev metrics are compared against their spread over seeds: per task, the mean
-and standard deviation of each side over `--seeds` runs, the difference of the means, and Welch's t-test of
-that difference (scipy): a p-value above 0.05 means that the noise the seeds themselves show does not tell the
-two loops apart.
+Both fine-tune the same initial BERT (one set of weights, written as a Hugging Face directory) on the same encoded
+rows (bertdist's encoding, handed to the Trainer as tensors), with the same learning rate, batch, epochs, warmup,
+weight decay, Adam betas/eps, gradient clipping and dropout, and are scored by the same metric code on the same dev
+rows after every epoch, each side reporting its best epoch (the rule of `bertdist finetune`). What differs is the
+training loop: data order, dropout streams, the optimizer's implementation. So the dev metrics are compared against
+their spread over seeds: per task, the mean and standard deviation of each side over `--seeds` runs, the difference
+of the means, and Welch's t-test of that difference (scipy): a p-value above 0.05 means that the noise the seeds
+themselves show does not tell the two loops apart.
 
 Tasks come from Python's own documentation (real text every machine has; bertdist.finetune.corpus_tasks):
 sentence adjacency (classification) and "What follows <phrase>?" span questions (extractive QA).
@@ -56,7 +56,8 @@ def corpus(directory: Path) -> tuple[Path, Path, str]:
 
 
 def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
-    """transformers.Trainer on the rows bertdist encoded, scored by bertdist's metric code."""
+    """transformers.Trainer on the rows bertdist encoded, scored by bertdist's metric code after every epoch; the
+    best epoch's scores by the headline metric, the rule `bertdist finetune` reports by."""
     import transformers
 
     ft = cfg.finetune
@@ -68,6 +69,25 @@ def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
     def rows(sequences):
         return [{k: v[0] for k, v in sequences.batch(np.array([i]), 0).items()} for i in range(len(sequences))]
 
+    def score() -> dict[str, float]:
+        model.eval()
+        outputs = []
+        with torch.no_grad():
+            for start in range(0, len(task.dev), 64):
+                index = np.arange(start, min(start + 64, len(task.dev)))
+                batch = {k: v for k, v in task.dev.batch(index, 0).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+                out = model(**batch)
+                logits = torch.stack([out.start_logits, out.end_logits], -1) if task.per_token else out.logits
+                outputs += task.dev.trim(logits.numpy(), index, task.per_token)
+        model.train()
+        return task.score(outputs)
+
+    epochs: list[dict[str, float]] = []
+
+    class EveryEpoch(transformers.TrainerCallback):
+        def on_epoch_end(self, *_, **__):
+            epochs.append(score())
+
     steps = int(ft.epochs * (len(task.train) // ft.batch_size))
     args = transformers.TrainingArguments(
         output_dir=str(directory / f"trainer-{seed}"), per_device_train_batch_size=ft.batch_size, num_train_epochs=ft.epochs,
@@ -75,18 +95,8 @@ def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
         adam_beta1=cfg.optim.betas[0], adam_beta2=cfg.optim.betas[1], adam_epsilon=cfg.optim.eps, max_grad_norm=cfg.optim.grad_clip_norm,
         report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=seed,
         dataloader_drop_last=True)  # fmt: skip
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows(task.train), data_collator=_pad_collator)
-    trainer.train()
-    model.eval()
-    outputs = []
-    with torch.no_grad():
-        for start in range(0, len(task.dev), 64):
-            index = np.arange(start, min(start + 64, len(task.dev)))
-            batch = {k: v for k, v in task.dev.batch(index, 0).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
-            out = model(**batch)
-            logits = torch.stack([out.start_logits, out.end_logits], -1) if task.per_token else out.logits
-            outputs += task.dev.trim(logits.numpy(), index, task.per_token)
-    return task.score(outputs)
+    transformers.Trainer(model=model, args=args, train_dataset=rows(task.train), data_collator=_pad_collator, callbacks=[EveryEpoch()]).train()
+    return max(epochs, key=lambda scores: next(iter(scores.values())))
 
 
 def _pad_collator(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

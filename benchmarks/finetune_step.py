@@ -8,6 +8,11 @@ timed through its real step (`Finetuning._step`: the DeepSpeed engine's forward,
 batch's micro batches); the Trainer through `trainer.train()`, each step timed by a callback from
 `on_step_begin` to `on_step_end`. The two run in alternating rounds and the median steps are compared.
 
+It also prints bertdist's MFU and the ceiling of the ratio: the Trainer's step over the time bertdist's own matmul
+FLOPs (`bertdist.model.flops`: a classifier's last layer runs at [CLS] only) take at the peak a large matmul reaches
+in this process. No implementation of the same math beats that ratio; on full-length rows on this CPU it is
+below 2.
+
     python benchmarks/finetune_step.py                      # CPU, BERT-mini, batch 32 x 128 (the acceptance run)
     python benchmarks/finetune_step.py --varied-lengths       # rows of mixed length, padded per batch
     python benchmarks/finetune_step.py --size base --rounds 2
@@ -30,6 +35,7 @@ from common import device_name, use_all_cores  # benchmarks/ is on sys.path when
 
 from bertdist.config import load_config
 from bertdist.finetune.runner import Finetuning, check
+from bertdist.model.flops import peak_flops_for, train_flops_per_sequence
 from bertdist.model.hf import config_to_hf
 from bertdist.train.distributed import destroy_process_group, free_tcp_port, read_env
 
@@ -138,10 +144,16 @@ def main() -> None:
         run.close()
     destroy_process_group()
     medians = {name: statistics.median(t) for name, t in times.items()}
+    # The floor under any implementation of bertdist's math: its matmul FLOPs at what a large matmul reaches here.
+    step_flops = statistics.mean(sum(train_flops_per_sequence(run.source.model_cfg, len(run.train.ids[i]), 0) for i in order[b : b + args.batch_size])
+                                 for b in range(0, len(order) - args.batch_size + 1, args.batch_size))  # fmt: skip
+    floor_s = step_flops / peak_flops_for(args.device, args.precision)
     result = {"device": device_name(torch.device(args.device), threads), "size": args.size, "batch": f"{args.batch_size}x{args.seq_length}",
               "lengths": "varied" if args.varied_lengths else "full",
               "precision": args.precision, **{f"{name} sequences/s": round(args.batch_size / m, 1) for name, m in medians.items()},
-              "ratio": round(medians["transformers Trainer"] / medians["bertdist"], 2)}  # fmt: skip
+              "ratio": round(medians["transformers Trainer"] / medians["bertdist"], 2),
+              "bertdist MFU": round(floor_s / medians["bertdist"], 3),
+              "ceiling ratio (Trainer step / bertdist's FLOPs at peak)": round(medians["transformers Trainer"] / floor_s, 2)}  # fmt: skip
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
