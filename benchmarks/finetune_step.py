@@ -1,17 +1,18 @@
 """Fine-tuning speed of `bertdist finetune` against `transformers.Trainer`: same model, batch and data, one run.
 
-Sentence classification on full-length rows (every row exactly `--seq-length` tokens, so padding treats both
-alike), or with `--varied-lengths` on rows of 1/8 to all of `--seq-length` tokens (mean ~56%, like GLUE's
-sentences and pairs), where both pad each batch to its longest row (the Trainer through a padding collator, as
-`DataCollatorWithPadding`) and bertdist's encoder also skips the padding (`model.unpad`). AdamW at the paper's fine-tuning settings, dropout 0.1, fp32 on CPU (bf16/fp16 on GPU). bertdist is
-timed through its real step (`Finetuning._step`: the DeepSpeed engine's forward, backward and update over the
-batch's micro batches); the Trainer through `trainer.train()`, each step timed by a callback from
-`on_step_begin` to `on_step_end`. The two run in alternating rounds and the median steps are compared.
+Sentence classification on full-length rows (every row exactly `--seq-length` tokens, so padding treats both alike),
+or with `--varied-lengths` on rows of 1/8 to all of `--seq-length` tokens (mean ~56%; GLUE's sentences and pairs are
+mostly shorter), where both pad each batch to its longest row (the Trainer through a padding collator, as
+`DataCollatorWithPadding`) and bertdist's encoder also skips the padding (`model.unpad`). AdamW at the paper's
+fine-tuning settings, dropout 0.1, fp32 on CPU (bf16/fp16 on GPU). bertdist is timed through its real step
+(`Finetuning._step`: the DeepSpeed engine's forward, backward and update over the batch's micro batches); the
+Trainer through `trainer.train()`, each step timed by a callback from `on_step_begin` to `on_step_end`. The two run
+in alternating rounds and the median steps are compared.
 
 It also prints bertdist's MFU and the ceiling of the ratio: the Trainer's step over the time bertdist's own matmul
 FLOPs (`bertdist.model.flops`: a classifier's last layer runs at [CLS] only) take at the peak a large matmul reaches
 in this process. No implementation of the same math beats that ratio; on full-length rows on this CPU it is
-below 2.
+about 2 (docs/benchmarks.md).
 
     python benchmarks/finetune_step.py                      # CPU, BERT-mini, batch 32 x 128 (the acceptance run)
     python benchmarks/finetune_step.py --varied-lengths       # rows of mixed length, padded per batch

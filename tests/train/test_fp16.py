@@ -1,7 +1,8 @@
 """fp16's bookkeeping driven by injected overflows, through DeepSpeed's real fp16 ZeRO-2 engine and the trainer.
 
 fp16 is refused on CPU for users (this CPU has no fp16 arithmetic: it would be slower than fp32, never faster),
-but DeepSpeed's fp16 engine does run the tiny model here. The test lifts that one refusal in the rank processes
+but DeepSpeed's fp16 engine does run the tiny model here. The test lifts that refusal (bertdist's, and DeepSpeed's
+where oneDNN reports no fp16 on the CPU) in the rank processes
 and makes rank 1's loss gradient infinite at chosen steps (the gradients, not the loss value, overflow), then
 makes the loss NaN from a later step on. What is checked is what a GPU run relies on: the overflowing steps are
 skipped on every rank and counted (`optimizer/skipped_steps`), the loss scale follows DeepSpeed's dynamic
@@ -29,6 +30,8 @@ INJECT = f"""
 import math, os, sys
 import bertdist.train.deepspeed as ds
 ds.device_problems = lambda cfg, device_type: []  # the test's one change to the code path: fp16 allowed on CPU
+from deepspeed.accelerator import get_accelerator
+get_accelerator().is_fp16_supported = lambda: True  # and DeepSpeed's own refusal, on CPUs without oneDNN fp16
 from bertdist.model.bert import BertForPreTraining
 forward, calls = BertForPreTraining.forward, [0]
 def injecting(self, *args, **kwargs):
