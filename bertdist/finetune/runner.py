@@ -265,9 +265,9 @@ class Finetuning:
         """The model of a new best epoch from its checkpoint `saved`, written at once (an interrupted run keeps
         it): a Hugging Face directory for the task's Auto class, and its metrics as results.json for the jobs
         that started us."""
-        from bertdist.model.hf_heads import build_task_model, save_task_model
-
         import torch
+
+        from bertdist.model.hf_heads import build_task_model, save_task_model
 
         if self.env.is_main:
             out, task = f"{self.cfg.finetune.output_dir}/model", self.task
