@@ -254,7 +254,7 @@ class BertModel(nn.Module):
         k) positions counted from each sample's [CLS] (a classifier's [CLS], the MLM predictions), they are
         (samples, k, hidden) and the last layer computes only those k tokens (from every token's keys and
         values), as MosaicBERT does: nothing else of that layer reaches a loss. That is 10/12 of the last
-        layer's matmuls saved (1/4 of BERT-mini's encoder, 1/15 of BERT-Base's) with the same outputs."""
+        layer's matmuls saved (a fifth of BERT-mini's encoder, 1/15 of BERT-Base's) with the same outputs."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
         return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, at), layout
 
