@@ -19,7 +19,7 @@ command continue an interrupted run exactly; the best epoch's model is exported 
 as it is found (the fp32 master weights, consolidated from any ZeRO stage).
 
 Under ZeRO-3 every forward pass gathers parameters with collectives, so every rank runs the same number of
-them: in evaluation a rank whose share of the dev rows ran out repeats its last batch and drops the outputs.
+them: in evaluation a rank whose share of the dev rows ran out runs one more batch and drops its outputs.
 """
 
 from __future__ import annotations
@@ -252,8 +252,8 @@ class Finetuning:
         with torch.no_grad():
             for b in range(batches):  # the same number of forward passes on every rank (ZeRO-3 gathers in them)
                 rows = mine[b * ft.micro_batch_size : (b + 1) * ft.micro_batch_size]
-                extra = len(rows) == 0  # this rank's share ran out: its last batch again, outputs dropped
-                rows = (mine if len(mine) else shares[0])[-ft.micro_batch_size :] if extra else rows
+                extra = len(rows) == 0  # this rank's share ran out: a batch of rank 0's rows, outputs dropped
+                rows = shares[0][: ft.micro_batch_size] if extra else rows
                 logits = engine(**{k: v.to(self.device) for k, v in dev.batch(rows, self.pad_id).items()}).logits
                 if not extra:
                     outputs += dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)

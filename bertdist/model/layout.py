@@ -72,11 +72,9 @@ class TokenLayout:
         offset = 0
         for key in torch.unique(keys).tolist():
             members = (keys == key).nonzero().squeeze(1)
-            lengths = self.lengths[members]
-            width = -(-int(lengths.max()) // 8) * 8
+            width, mask = _key_grid(self.lengths[members])
             base[members] = offset + torch.arange(len(members), device=device) * width
-            mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
-            self.buckets.append((len(members), width, None if bool(mask.all()) else mask[:, None, None, :]))
+            self.buckets.append((len(members), width, mask))
             offset += len(members) * width
         self.grid_size = offset
         self.sample_slots = base[sample_of_token] + self.position_ids
@@ -134,11 +132,10 @@ class TokenLayout:
         flat = kv.reshape(-1, kv.shape[-1])
         if not self.unpadded:
             flat = flat[self.token_index]
-        width = -(-int(self.lengths.max()) // 8) * 8
+        width, mask = _key_grid(self.lengths)
         slots = self.sample_of_token * width + self.position_ids
         grid = flat.new_zeros(self.num_samples * width, flat.shape[-1]).index_copy(0, slots, flat)
-        mask = torch.arange(width, device=q.device)[None, :] < self.lengths[:, None]
-        return attend(q, grid.view(self.num_samples, width, -1), None if bool(mask.all()) else mask[:, None, None, :])
+        return attend(q, grid.view(self.num_samples, width, -1), mask)
 
     def to_grid(self, states: torch.Tensor) -> torch.Tensor:
         """States as (rows, seq, hidden); padding slots of an unpadded run are zeros."""
@@ -158,3 +155,11 @@ class TokenLayout:
         flat = states.reshape(-1, states.shape[-1])
         index = (positions + self.starts[:, None]).reshape(-1)
         return flat[index].view(*positions.shape, flat.shape[-1])
+
+
+def _key_grid(lengths: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+    """The width of a (samples, width) attention grid holding samples of these lengths (the longest, rounded up
+    to 8) and its (samples, 1, 1, width) key mask, None when every sample fills the grid."""
+    width = -(-int(lengths.max()) // 8) * 8
+    mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    return width, None if bool(mask.all()) else mask[:, None, None, :]

@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -97,35 +95,25 @@ def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, ti
     assert code == USAGE_EXIT_CODE and "is not a directory" in capsys.readouterr().err
 
 
-def _two_ranks(*args: str) -> list[subprocess.Popen]:
-    """`bertdist finetune` as 2 DeepSpeed ranks on CPU, started with the variables torchrun gives. Their output
-    goes to files: a rank blocked on a full pipe that nobody reads would stall the other in a collective."""
-    port, procs = free_tcp_port(), []
+def _two_ranks(logs: Path, *args: str) -> runs.Ranks:
+    """`bertdist finetune` as 2 DeepSpeed ranks on CPU, started with the variables torchrun gives; their output
+    goes to `{logs}.rank{N}.log` (a rank blocked on a full pipe that nobody reads would stall the other)."""
+    port, procs, files = free_tcp_port(), [], []
     for rank in range(2):
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
-        log = tempfile.TemporaryFile("w+")
-        procs.append(subprocess.Popen([sys.executable, "-m", "bertdist", "finetune", *args, "tracking.enabled=false"],
-                                      env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True))  # fmt: skip
-        procs[-1].log = log  # type: ignore[attr-defined]
-    return procs
+        files.append(logs.with_name(f"{logs.name}.rank{rank}.log"))
+        with open(files[-1], "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "bertdist", "finetune", *args, "tracking.enabled=false"],
+                                          env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+    return runs.Ranks(procs, files)
 
 
-def _finish(procs: list[subprocess.Popen]) -> str:
+def _finish(ranks: runs.Ranks) -> str:
     """Rank 0's output, once both ranks exited 0."""
-    try:
-        for p in procs:
-            p.wait(timeout=300)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    outputs = []
-    for p in procs:
-        p.log.seek(0)
-        outputs.append(p.log.read())
-    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
-    return outputs[0]
+    codes = ranks.wait()
+    assert codes == [0, 0], ranks.output(0)[-3000:]
+    return ranks.output(0)
 
 
 @pytest.mark.slow
@@ -133,7 +121,7 @@ def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_co
     reference = runs.uninterrupted(str(tmp_path_factory.getbasetemp() / "training"), tiny_shards, tiny_vocab, 1)
     train, dev = _task(tmp_path, tiny_corpus)
     out = tmp_path / "run"
-    outputs = [_finish(_two_ranks(*_overrides(train, dev, out, f"finetune.init_from={reference.out}")))]
+    outputs = [_finish(_two_ranks(out, *_overrides(train, dev, out, f"finetune.init_from={reference.out}")))]
     assert "on 2 rank(s), from bertdist checkpoint" in outputs[0] and f"step_{runs.STEPS:08d}" in outputs[0]
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
@@ -185,18 +173,13 @@ def test_a_killed_two_rank_finetuning_resumes_bit_identically(tmp_path, tiny_cor
     Path(dev).write_text("\n".join(lines) + "\n")  # so under ZeRO-3 rank 1 runs one extra evaluation forward
     args = lambda out: [*_overrides(train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}", "finetune.epochs=3",  # noqa: E731
                                     "train.zero_stage=3")]
-    _finish(_two_ranks(*args(tmp_path / "whole")))
+    _finish(_two_ranks(tmp_path / "whole", *args(tmp_path / "whole")))
 
     out = tmp_path / "interrupted"
-    procs = _two_ranks(*args(out))
-    deadline = time.monotonic() + 240
-    while latest(out / "checkpoints") is None:  # the first epoch's checkpoint
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no epoch checkpoint"
-        time.sleep(0.1)
-    for p in procs:
-        p.kill()
-        p.wait()
-    printed = _finish(_two_ranks(*args(out)))
+    ranks = _two_ranks(out, *args(out))
+    ranks.wait_for(lambda: latest(out / "checkpoints") is not None, "the first epoch's checkpoint")
+    ranks.kill()
+    printed = _finish(_two_ranks(tmp_path / "resumed", *args(out)))
     assert "resumed from" in printed and "epoch 3/3" in printed and "epoch 1/3" not in printed, printed
 
     whole, resumed = (latest(d / "checkpoints") for d in (tmp_path / "whole", out))
