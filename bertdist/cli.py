@@ -29,7 +29,7 @@ from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_ya
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
-from bertdist.errors import USAGE_EXIT_CODE, UserError
+from bertdist.errors import USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
 from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
@@ -429,7 +429,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertdist {args.command}: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE
     except OSError as e:  # a path that cannot be written or read (permissions, full disk, read-only mount)
-        if e.filename is None:
+        if e.filename is None and e.errno is None:
             raise
-        print(f"bertdist {args.command}: {e.strerror or type(e).__name__}: {e.filename}", file=sys.stderr)
+        print(f"bertdist {args.command}: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except KeyboardInterrupt:  # Ctrl-C: what was kept, not a traceback
+        print(f"\nbertdist {args.command}: interrupted; {INTERRUPTED.get(args.command, 'nothing was kept')}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+
+
+INTERRUPTED_EXIT_CODE = 130
+"""128 + SIGINT, what a shell reports for a command stopped by Ctrl-C."""
+
+INTERRUPTED = {
+    "vocab": "no vocabulary was written",
+    "prepare": "the finished parts are kept in OUTPUT/.work: the same command continues from them",
+    "export": "nothing was written (a partial export is removed)",
+    "embed": "nothing was written (partial shards are removed)",
+    "evaluate": "finished runs are kept under --output; the interrupted one continues from its last epoch when rerun",
+    "demo": "finished stages are kept: `bertdist demo` continues from them",
+}
+"""What Ctrl-C leaves, per command (train and finetune handle SIGINT themselves, with a checkpoint)."""

@@ -27,3 +27,10 @@ class DataError(UserError, ValueError):
     Defined here rather than in `bertdist.data` so that the data modules import it without importing
     their own package's `__init__` (which imports them back); `bertdist.data` re-exports it.
     """
+
+
+def one_line(error: BaseException) -> str:
+    """A UserError's own message; an OSError as `strerror: filename` (a full disk is not a traceback)."""
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or type(error).__name__}: {error.filename}"
+    return str(error)

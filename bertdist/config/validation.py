@@ -127,6 +127,12 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             n = count_vocab_lines(d.vocab_file)
             if n > m.vocab_size:
                 p.append(f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}")
+            elif cfg.checkpoint.init_from_pretrained:
+                from bertdist.data.vocab import vocab_mismatch
+
+                problem = vocab_mismatch(d.vocab_file, m.vocab_size, str(Path(cfg.checkpoint.init_from_pretrained) / "vocab.txt"))
+                if problem:
+                    p.append(f"data.vocab_file: {problem} (checkpoint.init_from_pretrained)")
         if Path(t.output_dir).exists() and not Path(t.output_dir).is_dir():
             p.append(f"train.output_dir: {t.output_dir} is a file, not a directory")
         if cfg.checkpoint.init_from_pretrained and not Path(cfg.checkpoint.init_from_pretrained).is_dir():

@@ -70,6 +70,28 @@ def read_vocab(vocab_file: str) -> list[str]:
     return tokens
 
 
+def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | None = None) -> str:
+    """Why `vocab_file` cannot serve a model with `embedding_rows` token embeddings whose weights were trained
+    with the vocabulary `trained_with` (when known and present); '' when it can.
+
+    A vocabulary longer than the embedding gives ids past its end (an IndexError mid-training, an export
+    that `transformers` cannot run); one that differs from the weights' own, even at the same size, gives
+    every token another token's embedding, which trains without an error and silently learns nonsense. A
+    shorter one is fine: the extra rows are unused (as when the embedding is padded to a multiple of 64).
+    """
+    tokens = read_vocab(vocab_file)
+    if len(tokens) > embedding_rows:
+        return f"{vocab_file} has {len(tokens)} tokens, more than the model's {embedding_rows} token embeddings"
+    if trained_with and os.path.isfile(trained_with) and os.path.realpath(trained_with) != os.path.realpath(vocab_file):
+        theirs = read_vocab(trained_with)
+        if theirs != tokens:
+            at = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
+            return (f"{vocab_file} is not the vocabulary the weights were trained with, {trained_with} (they differ from "
+                    f"line {at + 1}: {tokens[at] if at < len(tokens) else 'end'!r} vs {theirs[at] if at < len(theirs) else 'end'!r}); "
+                    "every token would get another token's embedding")  # fmt: skip
+    return ""
+
+
 def load_tokenizer(vocab_file: str, cased: bool) -> Tokenizer:
     """The tokenizer `prepare` uses: no special tokens added, no truncation (instances do their own)."""
     tokens = read_vocab(vocab_file)

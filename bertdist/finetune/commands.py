@@ -56,7 +56,9 @@ def _run_embed(args: argparse.Namespace) -> int:
                                args.level, args.max_seq_length, args.batch_size, args.shard_rows, args.dtype,
                                args.on_bad_input == "skip"))  # fmt: skip
     summary = {k: index[k] for k in ("rows", "features", "level", "dimension")}
-    print(f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped; {len(index['shards'])} shard(s) in {args.output}")
+    blank = f", {len(index['blank_lines'])} blank line(s) embedded as empty text (index.json: blank_lines)" if index["blank_lines"] else ""
+    print(f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped{blank}; "
+          f"{len(index['shards'])} shard(s) in {args.output}")  # fmt: skip
     return 0
 
 

@@ -64,9 +64,9 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
         pair = row.get(pair_column) if pair_column else None
         choices = [row.get(c) for c in choice_columns]
         named = ((text_column, text), (label_column, label), (pair_column, pair), *zip(choice_columns, choices))
-        empty = [c for c, v in named if c and _blank(v)]
-        if empty:
-            bad_row(out, where, f"empty {', '.join(repr(c) for c in empty)}", skip_bad)
+        problem = _field_problem([(c, v) for c, v in named if c])
+        if problem:
+            bad_row(out, where, problem, skip_bad)
             continue
         out.rows.append(Example(str(text), None if pair is None else str(pair), str(label).strip(), where, [str(c) for c in choices]))
     if not out.rows:
@@ -74,10 +74,40 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
     return out
 
 
+def _field_problem(named: list[tuple[str, object]]) -> str:
+    """What is wrong with a row's named fields, or '': text (JSON numbers are text too), not empty, UTF-8."""
+    empty = [c for c, v in named if _blank(v)]
+    if empty:
+        return f"empty {', '.join(repr(c) for c in empty)}"
+    for column, value in named:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return f"field {column!r} must be text or a number, got {type(value).__name__} {json.dumps(value)[:40]}"
+        problem = not_utf8(value) if isinstance(value, str) else ""
+        if problem:
+            return f"field {column!r}: {problem}"
+    return ""
+
+
+def not_utf8(text: str) -> str:
+    """'' for text that was valid UTF-8; else which byte was not. Files are read with errors="surrogateescape",
+    so that a bad byte is one bad row named by its line (and skippable), not the end of the whole file."""
+    try:
+        text.encode("utf-8")
+        return ""
+    except UnicodeEncodeError as e:
+        return f"not UTF-8 text (byte 0x{ord(text[e.start]) - 0xDC00:02x} at character {e.start + 1})"
+
+
+CSV_FIELD_LIMIT_BYTES = 64 << 20
+"""Python's csv module refuses fields over 128 KiB by default, and cannot go on past that row; a long text is
+legitimate (encoding cuts it to max_seq_length), so the limit is raised to one no real text reaches."""
+
+
 def _rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterator[tuple[int, dict | str]]:
     suffix = Path(path).suffix.lower()
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT_BYTES))
     try:
-        f = open(path, encoding="utf-8", newline="")
+        f = open(path, encoding="utf-8", errors="surrogateescape", newline="")
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
     with f:
@@ -97,15 +127,18 @@ def _rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterat
             absent = [c for c in wanted if c not in header]
             if absent:
                 raise DataError(f"{path}: no column {', '.join(repr(c) for c in absent)}; its columns are {', '.join(header)}")
+            bad_header = next((c for c in header if not_utf8(c)), None)
+            if bad_header is not None:
+                raise DataError(f"{path}:1: the header row is {not_utf8(bad_header)}")
             for row in reader:
                 yield reader.line_num, row if None not in row else f"{len(row) - 1 + len(row[None])} fields, the header has {len(header)}"
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text (byte {e.start} of a read block)") from None
         except csv.Error as e:
-            raise DataError(f"{path}: unreadable CSV ({e})") from None
+            raise DataError(f"{path}:{reader.line_num}: unreadable CSV ({e}); the rows after it cannot be told apart") from None
 
 
 def _json_row(text: str) -> dict | str:
+    if not_utf8(text):
+        return not_utf8(text)
     try:
         row = json.loads(text)
     except json.JSONDecodeError as e:

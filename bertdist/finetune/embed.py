@@ -17,11 +17,14 @@ words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for
 `tokens-NNNNN.npy` (ids) and `offsets-NNNNN.npy` (row r's vectors are [offsets[r], offsets[r + 1]) of its
 shard), plus `index.json` naming the model, the choices, the dimension and every shard. Shards are
 written atomically and the index last, so a directory with an index is complete. Rows keep the input's
-order; an input row that cannot be read stops the run with FILE:LINE (or is skipped and counted).
+order (a blank line of a .txt input is a row too, listed in `blank_lines`); an input row that cannot be read
+stops the run with FILE:LINE (or is skipped and counted, with FILE:LINE, in `skipped`). The output directory
+is owned while the command runs, and a failure (a full disk, Ctrl-C) removes what was written.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from bertdist import ownership
 from bertdist.data import DataError
 from bertdist.errors import UserError
 
@@ -72,22 +76,16 @@ def check(o: EmbedOptions) -> None:
     if o.dtype not in ("float32", "float16"):
         problems.append(f"--dtype: {o.dtype!r} is not float32 or float16")
     output = Path(o.output_dir)
-    if output.exists() and any(output.iterdir()):
-        problems.append(f"--output: {output} is not empty")
+    if output.exists() and not output.is_dir():
+        problems.append(f"--output: {output} is a file, not a directory")
     if problems:
         raise UserError("; ".join(problems))
 
 
 def embed(o: EmbedOptions) -> dict[str, Any]:
     """Write the features of every input row; returns the index."""
-    import torch
-
     from bertdist.config import Config, FinetuneConfig
-    from bertdist.finetune.data import encode
-    from bertdist.finetune.source import cased_vocabulary, pad_id, resolve
-    from bertdist.io import write_json
-    from bertdist.model.bert import BertModel
-    from bertdist.model.hf_heads import load_encoder
+    from bertdist.finetune.source import resolve
 
     check(o)
     source = resolve(Config(finetune=FinetuneConfig(init_from=o.model)))
@@ -98,7 +96,22 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     length = o.max_seq_length or min(128, positions)
     if o.features == "pooled" and "bert.pooler.dense.weight" not in source.state:
         raise UserError(f"--features pooled: {source.description} has no pooler weights (a tagging or QA model); choose a layer")
-    rows, skipped = _rows(o)
+    with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
+        if set(os.listdir(out)) - {ownership.LOCK_FILENAME}:
+            raise UserError(f"--output: {out} is not empty")
+        return _embed(o, source, length, out)
+
+
+def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, Any]:
+    import torch
+
+    from bertdist.finetune.data import encode
+    from bertdist.finetune.source import cased_vocabulary, pad_id
+    from bertdist.io import write_json
+    from bertdist.model.bert import BertModel
+    from bertdist.model.hf_heads import load_encoder
+
+    rows, skipped, blank_lines = _rows(o)
     encoded = encode(rows, np.zeros(len(rows), dtype=np.int64), source.vocab_file, cased_vocabulary(source.vocab_file), length)
     model = torch.nn.Module()  # holds the encoder under `bert.`, the names load_encoder reads
     model.bert = BertModel(source.model_cfg, add_pooling_layer=True)
@@ -106,8 +119,6 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     model.eval()
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     model.to(device)
-    out = Path(o.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     shards, pad, dimension = [], pad_id(source.vocab_file), 0
     with torch.no_grad():
         for first in range(0, len(encoded), o.shard_rows):
@@ -126,7 +137,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
             shards.append(_write_shard(out, len(shards), parts, ids, o, int(first)))
     index = {"model": o.model, "pretraining_run_id": source.pretraining_run_id, "input": o.input, "features": o.features,
              "level": o.level, "dimension": dimension, "dtype": o.dtype, "max_seq_length": length,
-             "rows": len(encoded), "skipped": skipped, "shards": shards}  # fmt: skip
+             "rows": len(encoded), "skipped": skipped, "blank_lines": blank_lines, "shards": shards}  # fmt: skip
     write_json(out / "index.json", index, indent=1)
     return index
 
@@ -152,20 +163,30 @@ def _features(bert: Any, batch: dict[str, Any], features: str, level: str) -> An
     return chosen if level == "token" else chosen[:, 0]
 
 
-def _rows(o: EmbedOptions) -> tuple[list[Any], list[str]]:
-    from bertdist.finetune.data import Example, read_examples
+def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
+    """The rows, the skipped ones' reasons, and the line numbers of blank lines of a .txt input.
+
+    Row r of the output is line r + 1 of a .txt input, blank lines included (they are embedded as an empty
+    text, [CLS] [SEP], and listed), so vectors stay aligned with the lines they came from.
+    """
+    from bertdist.finetune.data import Example, Examples, bad_row, not_utf8, read_examples
 
     if Path(o.input).suffix.lower() == ".txt":
         try:
-            lines = Path(o.input).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise DataError(f"{o.input}: cannot read as UTF-8 text ({e})") from None
-        rows = [Example(line, None, "", f"{o.input}:{i}") for i, line in enumerate(lines, start=1) if line.strip()]
-        if not rows:
-            raise DataError(f"{o.input}: no text (the file is empty)")
-        return rows, []
+            lines = Path(o.input).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+        except OSError as e:
+            raise DataError(f"{o.input}: cannot read ({e.strerror})") from None
+        if not any(line.strip() for line in lines):
+            raise DataError(f"{o.input}: no text (the file is empty or blank)")
+        report = Examples(o.input, [])
+        for i, line in enumerate(lines, start=1):
+            if not_utf8(line):
+                bad_row(report, f"{o.input}:{i}", not_utf8(line), o.skip_bad)  # skipped: listed by line in the index
+            else:
+                report.rows.append(Example(line, None, "", f"{o.input}:{i}"))
+        return report.rows, report.skipped, [i for i, line in enumerate(lines, start=1) if not line.strip()]
     read = read_examples(o.input, o.text_column, o.text_pair_column, "", o.skip_bad)
-    return read.rows, read.skipped
+    return read.rows, read.skipped, []
 
 
 def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int) -> dict[str, Any]:

@@ -24,6 +24,7 @@ them: in evaluation a rank whose share of the dev rows ran out runs one more bat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -32,13 +33,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bertdist import ownership
 from bertdist.config import Config, ConfigError, flatten
-from bertdist.errors import OK_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 from bertdist.io import write_json
-from bertdist.train import checkpoint
+from bertdist.train import checkpoint, stopping
 
 
 def check(cfg: Config, world_size: int) -> None:
@@ -76,18 +78,21 @@ def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
     """Run one fine-tuning; `results` receives the best epoch's dev metrics (`dev/accuracy`, ...) on every rank."""
     from bertdist.train.distributed import destroy_process_group, read_env
 
-    try:
-        env = read_env(default_port=cfg.launch.master_port)
-        check(cfg, env.world_size)
-        run = Finetuning(cfg, env)
-    except (UserError, OSError) as e:
-        destroy_process_group()  # if it was started before the failure
-        print(f"bertdist finetune: {e}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    try:
-        return run.run(results if results is not None else {})
-    finally:
-        run.close()
+    with contextlib.ExitStack() as stack:
+        try:
+            env = read_env(default_port=cfg.launch.master_port)
+            check(cfg, env.world_size)
+            if env.is_main:  # before reading the checkpoints another run on this directory could be writing
+                stack.enter_context(ownership.owned(cfg.finetune.output_dir))
+            run = Finetuning(cfg, env)
+        except (UserError, OSError) as e:
+            destroy_process_group()  # if it was started before the failure
+            print(f"bertdist finetune: {one_line(e)}", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        try:
+            return run.run(results if results is not None else {})
+        finally:
+            run.close()
 
 
 class Finetuning:
@@ -119,6 +124,7 @@ class Finetuning:
         if self.resume_from is not None:
             run_id = self._resume(self.resume_from)
         self.tracker = self._tracker(run_id)
+        self.stop = stopping.StopFlag(f"bertdist finetune: [rank {env.rank}]")
 
     def _engine(self) -> Any:
         import torch
@@ -199,8 +205,11 @@ class Finetuning:
                 if step == self.total_steps:
                     break
                 set_learning_rate(engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps))
-                losses.append(self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size]))
+                loss, stop = self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size])
+                losses.append(loss)
                 step += 1
+                if stop:
+                    return self._stopped(step, epoch)
             sets = {"dev": (self.dev, self.task.score), **self.task.extra_dev}
             scores = {f"{name}/{k}": v for name, (rows, score) in sets.items() for k, v in self._evaluate(rows, score).items()}
             self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **scores}, step)
@@ -222,22 +231,33 @@ class Finetuning:
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
-    def _step(self, rows: np.ndarray) -> float:
+    def _step(self, rows: np.ndarray) -> tuple[float, bool]:
         import torch
         import torch.distributed as dist
 
         engine, ft = self.engine, self.cfg.finetune
         engine.train()
         mine = np.array_split(rows, self.env.world_size)[self.env.rank]
-        total = torch.zeros(1, dtype=torch.float64)
+        total = torch.zeros(2, dtype=torch.float64)  # the loss, and how many ranks were asked to stop
         for micro in np.array_split(mine, len(mine) // ft.micro_batch_size):
             batch = {k: v.to(self.device) for k, v in self.train.batch(micro, self.pad_id).items()}
             out = engine(**batch)
             engine.backward(out.loss)
             engine.step()
-            total += out.loss.detach().double().cpu()
+            total[0] += out.loss.detach().double().cpu()
+        total[1] = 1.0 if self.stop.signum else 0.0
         dist.all_reduce(total)
-        return float(total) / (self.env.world_size * (len(mine) // ft.micro_batch_size))
+        return float(total[0]) / (self.env.world_size * (len(mine) // ft.micro_batch_size)), bool(total[1])
+
+    def _stopped(self, step: int, epoch: int) -> int:
+        """A stop request after `step`: the finished epochs' checkpoint and best model stay; the same command
+        continues from the start of `epoch` (checkpoints are per epoch)."""
+        kept = f"the checkpoint of epoch {epoch} and its best model are kept" if epoch else "no epoch had finished"
+        self._say(f"stopped ({self.stop.reason or 'another rank was signalled'}) at step {step}, in epoch {epoch + 1}: {kept}; "
+                  f"run the same command to continue from epoch {epoch + 1}")  # fmt: skip
+        self.tracker.set_tags({"bertdist.stop_reason": self.stop.reason or "signal"})
+        self.tracker.close("KILLED")
+        return REQUEUE_EXIT_CODE
 
     def _evaluate(self, dev: Sequences, score: Callable[[list[np.ndarray]], dict[str, float]]) -> dict[str, float]:
         """Every rank scores a share of `dev`'s rows; every rank gets the metrics of all of them."""
@@ -288,6 +308,7 @@ class Finetuning:
     def close(self) -> None:
         from bertdist.train.distributed import destroy_process_group
 
+        self.stop.close()
         destroy_process_group()
 
 

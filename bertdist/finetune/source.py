@@ -35,6 +35,7 @@ def resolve(cfg: Config) -> Source:
     if not ft.init_from:
         if not ft.vocab_file:
             raise ConfigError(["finetune.vocab_file: needed when finetune.init_from is empty (random initialisation)"])
+        _check_vocab(ft.vocab_file, cfg.model, "")
         return Source("random initialisation", cfg.model, ft.vocab_file, None)
     path = Path(ft.init_from)
     if not path.is_dir():
@@ -52,6 +53,7 @@ def _from_hf(path: Path, cfg: Config) -> Source:
     vocab = cfg.finetune.vocab_file or str(path / "vocab.txt")
     if not Path(vocab).is_file():
         raise ConfigError([f"finetune.vocab_file: {path} has no vocab.txt; name the vocabulary it was trained with"])
+    _check_vocab(vocab, model_cfg, str(path / "vocab.txt"))
     raw = json.loads((path / "config.json").read_text())
     return Source(f"Hugging Face BERT {path}", model_cfg, vocab, from_hf_state_dict(tensors, source),
                   pretraining_run_id=raw.get("bertdist_run_id"), checkpoint=raw.get("bertdist_checkpoint"))  # fmt: skip
@@ -67,8 +69,17 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
     vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
     if not Path(vocab).is_file():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])
+    _check_vocab(vocab, model_cfg, state.config["data"]["vocab_file"])
     return Source(f"bertdist checkpoint {checkpoint}", model_cfg, vocab, consolidated_state_dict(checkpoint),
                   pretraining_run_id=state.tracking_run_id, checkpoint=str(checkpoint))  # fmt: skip
+
+
+def _check_vocab(vocab: str, model_cfg: ModelConfig, trained_with: str) -> None:
+    from bertdist.data.vocab import vocab_mismatch
+
+    problem = vocab_mismatch(vocab, model_cfg.vocab_size, trained_with)
+    if problem:
+        raise ConfigError([f"finetune.vocab_file: {problem}"])
 
 
 def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:

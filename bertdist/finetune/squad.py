@@ -15,8 +15,10 @@ best starts and ends of each window. For v2.0 the null score S·C + E·C (the sm
 compared with the best span: a span is predicted when best_span > null + tau, and tau is the threshold
 that maximises dev F1 (the official v2.0 script's `find_best_thresh`), reported as `best_threshold`.
 
-A question whose answer text is not at its `answer_start` offset is bad input: it stops the run naming the
-file, line and question id (or is skipped and counted with `finetune.on_bad_input=skip`).
+A question whose fields do not have the types the reader needs (`is_impossible` not a JSON boolean, an answer
+`text` that is not text, `answer_start` not an integer >= 0, `qas` not a list), whose answer text is not at
+its `answer_start` offset, or whose id repeats an earlier one is bad input: it stops the run naming the
+file, line and question id and the field (or is skipped and counted with `finetune.on_bad_input=skip`).
 """
 
 from __future__ import annotations
@@ -43,62 +45,98 @@ class Question:
 
 
 def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
-    """Every question of a SQuAD JSON file, with answers checked against their passage."""
+    """Every question of a SQuAD JSON file, each field checked for the type the reader needs, answers
+    checked against their passage, and question ids unique (the score pairs predictions and answers by id:
+    a repeated id would score one question and pair v2.0's null scores with the wrong ones)."""
     report = Examples(path, [])
     try:
         raw = open(path, encoding="utf-8").read()
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        line = e.object[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {e.start} of the file, {e.object[e.start:e.start + 1]!r})") from None
     try:
-        articles = json.loads(raw)["data"]
-        paragraphs = [p for article in articles for p in article["paragraphs"]]
+        document = json.loads(raw)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except (KeyError, TypeError) as e:
-        raise DataError(f"{path}: not SQuAD JSON ({{'data': [{{'paragraphs': [...]}}]}}; {e!s} missing)") from None
-    questions = []
-    for paragraph in paragraphs:
-        context = paragraph.get("context") if isinstance(paragraph, dict) else None
-        for qa in paragraph.get("qas", []) if isinstance(paragraph, dict) else []:
-            qid = str(qa.get("id", "")) if isinstance(qa, dict) else ""
-            where = f"{path}:{_line(raw, qid)}: question {qid!r}"
-            problem = _problem(qa, context)
-            if problem:
-                bad_row(report, where, problem, skip_bad)
+    articles = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(articles, list):
+        raise DataError(f"{path}: not SQuAD JSON: needs {{'data': [{{'paragraphs': [...]}}, ...]}}, 'data' is {_kind(articles)}")
+    questions: list[Question] = []
+    seen: dict[str, str] = {}
+    cursor = 0
+    for a, article in enumerate(articles):
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise DataError(f"{path}: data[{a}]: 'paragraphs' must be a list, got {_kind(paragraphs)}")
+        for p, paragraph in enumerate(paragraphs):
+            record = f"{path}: data[{a}].paragraphs[{p}]"
+            qas = paragraph.get("qas") if isinstance(paragraph, dict) else None
+            if not isinstance(paragraph, dict) or not isinstance(qas, list):
+                bad_row(report, record, f"'qas' must be a list of questions, got {_kind(qas)}" if isinstance(paragraph, dict)
+                        else f"a paragraph must be an object, got {_kind(paragraph)}", skip_bad)  # fmt: skip
                 continue
-            answers = [] if qa.get("is_impossible") else [(a["text"], int(a["answer_start"])) for a in qa["answers"]]
-            questions.append(Question(qid, qa["question"], context, answers, where))
+            context = paragraph.get("context")
+            for q, qa in enumerate(qas):
+                qid = qa.get("id") if isinstance(qa, dict) else None
+                if isinstance(qid, (str, int)):
+                    at = raw.find(json.dumps(qid), cursor)  # questions come in file order: the next mention is this one
+                    cursor = at + 1 if at >= 0 else cursor
+                    where = f"{path}:{raw.count(chr(10), 0, at) + 1 if at >= 0 else '?'}: question {qid!r}"
+                else:
+                    where = f"{record}.qas[{q}]"
+                problem = _problem(qa, context)
+                if not problem and str(qid) in seen:
+                    problem = f"the id {qid!r} is used again (first at {seen[str(qid)]}); question ids must be unique"
+                if problem:
+                    bad_row(report, where, problem, skip_bad)
+                    continue
+                seen[str(qid)] = where.split(": question")[0]
+                answers = [] if qa.get("is_impossible") else [(x["text"], x["answer_start"]) for x in qa["answers"]]
+                questions.append(Question(str(qid), qa["question"], context, answers, where))
     if not questions:
         raise DataError(f"{path}: no usable questions" + (f" ({len(report.skipped)} skipped)" if report.skipped else ""))
     return questions, report
 
 
+def _kind(value: object) -> str:
+    return "missing" if value is None else f"{type(value).__name__} {json.dumps(value)[:40]}"
+
+
 def _problem(qa: object, context: object) -> str:
+    """What is wrong with one question (the field named), or ''."""
+    if not isinstance(qa, dict):
+        return f"a question must be an object, got {_kind(qa)}"
     if not isinstance(context, str) or not context.strip():
-        return "its paragraph has no 'context' text"
-    if not isinstance(qa, dict) or not qa.get("id") or not isinstance(qa.get("question"), str) or not qa["question"].strip():
-        return "no 'id' or an empty 'question'"
-    answers = qa.get("answers") or []
-    if qa.get("is_impossible"):
-        return ""
+        return f"field 'context' of its paragraph must be non-empty text, got {_kind(context)}"
+    qid = qa.get("id")
+    if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
+        return f"field 'id' must be a non-empty string, got {_kind(qid)}"
+    if not isinstance(qa.get("question"), str) or not qa["question"].strip():
+        return f"field 'question' must be non-empty text, got {_kind(qa.get('question'))}"
+    impossible = qa.get("is_impossible", False)
+    if not isinstance(impossible, bool):  # "False" as a string is true in Python: every question would be unanswerable
+        return f"field 'is_impossible' must be true or false, got {_kind(impossible)}"
+    answers = qa.get("answers", [])
+    if not isinstance(answers, list):
+        return f"field 'answers' must be a list, got {_kind(answers)}"
+    if impossible:
+        return "field 'is_impossible' is true but 'answers' is not empty" if answers else ""
     if not answers:
-        return "no answers and not 'is_impossible'"
-    for a in answers:
-        try:
-            text, start = a["text"], int(a["answer_start"])
-        except (KeyError, TypeError, ValueError):
-            return f"answer {a!r} needs 'text' and an integer 'answer_start'"
-        if not text.strip() or context[start : start + len(text)] != text:
+        return "field 'answers' is empty and 'is_impossible' is not true"
+    for x in answers:
+        if not isinstance(x, dict):
+            return f"an answer must be an object with 'text' and 'answer_start', got {_kind(x)}"
+        text, start = x.get("text"), x.get("answer_start")
+        if not isinstance(text, str) or not text.strip():
+            return f"field 'answers[].text' must be non-empty text, got {_kind(text)}"
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            return f"field 'answers[].answer_start' must be an integer >= 0, got {_kind(start)}"
+        if context[start : start + len(text)] != text:
             found = context[start : start + len(text)]
             return f"answer {text!r} is not at its offset {start} (the passage has {found!r} there)"
     return ""
-
-
-def _line(raw: str, qid: str) -> int:
-    at = raw.find(json.dumps(qid))
-    return raw.count("\n", 0, at) + 1 if at >= 0 else 0
 
 
 @dataclass

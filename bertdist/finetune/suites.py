@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import yaml
 
 from bertdist.config import Config, load_config
-from bertdist.errors import OK_EXIT_CODE, UserError
+from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, UserError
 
 PAPER_LRS = (2e-5, 3e-5, 5e-5)
 
@@ -124,7 +124,7 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
             cfg = load_config(config, [*overrides, *_overrides("finetune", settings), *_overrides("tracking", tracking), *port])
             code = finetune(cfg, results)
             if code != OK_EXIT_CODE:
-                parent.close("FAILED")
+                parent.close("KILLED" if code == REQUEUE_EXIT_CODE else "FAILED")
                 return code
             headline = results[task.metrics[0]] if task.metrics else next(iter(results.values()))
             if task.name not in table or headline > table[task.name][0]:
@@ -142,16 +142,14 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
 def _rendezvous_port(env: Any, number: int) -> Iterator[list[str]]:
     """A port of its own for the `number`-th run (DeepSpeed's communication backend keeps a finished run's
     rendezvous store listening until the process exits): under a launcher every rank takes MASTER_PORT +
-    number; alone, a free port, as a `launch.master_port` override for that run."""
+    number; alone, a free port (also when the user exported MASTER_PORT: every run would reuse it)."""
     from bertdist.train.distributed import free_tcp_port
 
-    if env.launcher == "none":
-        yield [f"launch.master_port={free_tcp_port()}"]
-        return
+    port = free_tcp_port() if env.launcher == "none" else env.master_port + number
     before = os.environ.get("MASTER_PORT")
-    os.environ["MASTER_PORT"] = str(env.master_port + number)
+    os.environ["MASTER_PORT"] = str(port)  # it wins over launch.master_port: a user's exported one must not
     try:
-        yield []
+        yield [f"launch.master_port={port}"]
     finally:
         if before is None:
             os.environ.pop("MASTER_PORT")

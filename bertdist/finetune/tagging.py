@@ -19,7 +19,7 @@ import numpy as np
 
 from bertdist.data import DataError
 from bertdist.finetune import metrics
-from bertdist.finetune.data import Examples, bad_row
+from bertdist.finetune.data import Examples, bad_row, not_utf8
 from bertdist.finetune.features import Sequences, bert_sequence
 from bertdist.model.ops import IGNORE_INDEX
 
@@ -39,7 +39,7 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
     report = Examples(path, [])
     sentences, words, tags, first_line, broken = [], [], [], 0, False
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8", errors="surrogateescape")
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
 
@@ -50,27 +50,25 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
         tags.clear()
 
     with f:
-        try:
-            for line_number, line in enumerate(f, start=1):
-                fields = line.split()
-                if not fields:
-                    end_sentence()
-                    broken = False
-                    continue
-                if fields[0] == "-DOCSTART-":
-                    continue
-                if len(fields) < 2:
-                    # The whole sentence goes: its other words' labels would be misaligned without this one.
-                    bad_row(report, f"{path}:{line_number}", f"{line.strip()!r} has no label (a line is 'word ... label')", skip_bad)
-                    broken = True
-                    continue
-                if not words:
-                    first_line = line_number
-                words.append(fields[0])
-                tags.append(fields[-1])
-            end_sentence()
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text (byte {e.start} of a read block)") from None
+        for line_number, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields:
+                end_sentence()
+                broken = False
+                continue
+            if fields[0] == "-DOCSTART-":
+                continue
+            problem = not_utf8(line) or ("" if len(fields) >= 2 else f"{line.strip()!r} has no label (a line is 'word ... label')")
+            if problem:
+                # The whole sentence goes: its other words' labels would be misaligned without this one.
+                bad_row(report, f"{path}:{line_number}", problem, skip_bad)
+                broken = True
+                continue
+            if not words:
+                first_line = line_number
+            words.append(fields[0])
+            tags.append(fields[-1])
+        end_sentence()
     if not sentences:
         raise DataError(f"{path}: no sentences" + (f" ({len(report.skipped)} skipped)" if report.skipped else " (the file is empty)"))
     return sentences, report

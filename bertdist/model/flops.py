@@ -8,6 +8,7 @@ implementations.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from bertdist.config import ModelConfig
@@ -92,11 +93,13 @@ def peak_flops_per_second(device_name: str, precision: str) -> float | None:
     return None
 
 
-def measure_matmul_flops_per_second(size: int = 512, repeats: int = 8) -> float:
-    """Achieved fp32 matmul FLOP/s of this process right now: the CPU's practical peak for MFU.
+def measure_matmul_flops_per_second(size: int = 512, repeats: int = 4, trials: int = 5) -> float:
+    """The best fp32 matmul FLOP/s of this process over `trials` short timings: the CPU's practical peak.
 
     CPUs have no datasheet number that means anything for one process among several sharing cores, so
-    the trainer measures what a large matmul reaches on each rank at start (about 0.1 s).
+    the trainer measures what a large matmul reaches on each rank at start (about 0.2 s). The best of
+    several timings, because a busy machine only ever makes one slower: a single timing taken while another
+    process ran read low, and MFU read over 100%.
     """
     import time
 
@@ -105,16 +108,39 @@ def measure_matmul_flops_per_second(size: int = 512, repeats: int = 8) -> float:
     generator = torch.Generator().manual_seed(0)  # leaves the global RNG (dropout masks) untouched
     a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
     torch.mm(a, b)  # warm up the BLAS threads
-    start = time.perf_counter()
-    for _ in range(repeats):
-        torch.mm(a, b)
-    return 2.0 * size**3 * repeats / (time.perf_counter() - start)
+    best = 0.0
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = max(best, 2.0 * size**3 * repeats / (time.perf_counter() - start))
+    return best
+
+
+class PeakFlops:
+    """The denominator of MFU for one rank, which keeps MFU at or below 100%.
+
+    A GPU in GPU_PEAK_FLOPS has its datasheet peak, which nothing exceeds. Elsewhere (a CPU, an unknown GPU,
+    $BERTDIST_PEAK_FLOPS) the peak is a measurement, a lower bound of the true one: when training itself
+    runs faster than it, training's rate is the better measurement and becomes the peak. On a busy machine
+    MFU then reads low rather than impossibly high.
+    """
+
+    def __init__(self, device_type: str, precision: str) -> None:
+        import torch
+
+        self.value = peak_flops_for(device_type, precision)
+        self.from_datasheet = (not os.environ.get(PEAK_FLOPS_ENV) and device_type == "cuda"
+                               and peak_flops_per_second(torch.cuda.get_device_name(), precision) is not None)  # fmt: skip
+
+    def mfu(self, achieved_flops_per_second: float) -> float:
+        if not self.from_datasheet and achieved_flops_per_second > self.value:
+            self.value = achieved_flops_per_second
+        return achieved_flops_per_second / self.value
 
 
 def peak_flops_for(device_type: str, precision: str) -> float:
     """Peak FLOP/s of one rank, the denominator of MFU: $BERTDIST_PEAK_FLOPS, else the GPU table, else measured."""
-    import os
-
     import torch
 
     if os.environ.get(PEAK_FLOPS_ENV):

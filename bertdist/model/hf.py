@@ -182,7 +182,7 @@ def from_hf_state_dict(
 
 def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
     """All tensors of the checkpoint in `directory`, preferring safetensors; returns them and the file read."""
-    for name, reader in ((SAFETENSORS_FILE, load_file), (PYTORCH_FILE, _load_torch)):
+    for name, reader in ((SAFETENSORS_FILE, _load_safetensors), (PYTORCH_FILE, _load_torch)):
         single, index = directory / name, directory / f"{name}.index.json"
         if single.exists():
             return reader(str(single)), str(single)
@@ -199,11 +199,28 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def _load_torch(path: str) -> dict[str, torch.Tensor]:
+    from bertdist.train.safe_load import refused
+
     # weights_only=True: tensors and plain containers only, never arbitrary pickled objects.
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # the unpickler's many error types all mean the same thing to the user
-        raise CheckpointFormatError(f"{path}: not a plain tensor checkpoint ({e})") from None
+        refusal = refused(path, e)
+        if refusal is not None:
+            raise CheckpointFormatError(str(refusal)) from None
+        raise CheckpointFormatError(f"{path}: not a plain tensor checkpoint, or damaged ({_first_line(e)})") from None
+
+
+def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors' Rust errors (a cut file, a bad header) have no common Python base
+        raise CheckpointFormatError(f"{path}: not a readable safetensors file, truncated or damaged ({_first_line(e)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,8 +300,17 @@ def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | 
     if vocab_file is not None:
         pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
     save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+    _chmod_like_new_files(directory / SAFETENSORS_FILE)
     config = {**config_to_hf(model.config, pad_token_id=pad_token_id), **config_updates}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _chmod_like_new_files(path: Path) -> None:
+    """safetensors writes through a private temporary file (mode 0600); the export's other files follow the
+    umask (usually 0644), and a model that others on the cluster cannot read is not what anyone asked for."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: int) -> int:

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bertdist.errors import UserError
-from bertdist.io import write_text
+from bertdist.io import is_partial, partial_name, write_text
 from bertdist.train import integrity
 from bertdist.train.safe_load import weights_only_loading
 
@@ -147,7 +147,8 @@ def newest_intact(newest: Path, mode: str = "sha256") -> Path:
         try:
             verify_files(candidate, mode)
         except CheckpointError as e:
-            skipped.append(str(e))
+            if candidate.is_dir():  # else pruned by its run while we read it: gone, not damaged
+                skipped.append(str(e))
             continue
         for reason in skipped:
             print(f"bertdist: WARNING {reason}; resuming from the older {candidate.name} instead", file=sys.stderr, flush=True)
@@ -180,7 +181,12 @@ def _read_marker(marker: Path) -> str:
 
 def complete_checkpoints(root: Path) -> list[Path]:
     """The complete step_* checkpoints under `root`, oldest first."""
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and is_complete(p)) if root.is_dir() else []
+    return [p for p in step_dirs(root) if is_complete(p)]
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """Every step_* directory under `root`, oldest first, without those being removed (renamed `.partial-`)."""
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and not is_partial(p)) if root.is_dir() else []
 
 
 def _beside(root: Path) -> str:
@@ -215,7 +221,7 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, b
         marker_problem = ""
     lines = [f"{'checkpoint':<16} {'state':<10} {'files':>6} {'GB':>8}  notes"]
     damaged = bool(marker_problem)
-    for step_dir in sorted(p for p in root.glob("step_*") if p.is_dir()):
+    for step_dir in step_dirs(root):
         notes = ["latest"] if step_dir.name == marked else []
         try:
             state = verify_files(step_dir, mode)
@@ -385,11 +391,18 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
 
 def prune(root: Path, keep_last: int) -> None:
     """Keep the `keep_last` newest complete checkpoints; remove older ones and incomplete leftovers."""
-    step_dirs = sorted(p for p in root.glob("step_*") if p.is_dir())
     complete = complete_checkpoints(root)
-    doomed = complete[:-keep_last] + [p for p in step_dirs if not is_complete(p)]
+    leftovers = [p for p in root.glob("step_*") if p.is_dir() and (is_partial(p) or not is_complete(p))]
+    doomed = complete[:-keep_last] + leftovers
     for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
+        # Renamed first, so that a reader (an export of the run while it trains) sees the checkpoint vanish
+        # at once, not a checkpoint whose files disappear one by one, which would read as damage.
+        gone = Path(partial_name(path))
+        try:
+            os.replace(path, gone)
+        except OSError:
+            continue
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

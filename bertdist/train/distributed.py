@@ -230,12 +230,13 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
 
     where = f"{env.master_addr}:{env.master_port}"
     try:
+        listen_fd = _listening_socket(env.master_addr, env.master_port) if env.rank == 0 else None
         store = dist.TCPStore(
             env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
-            timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True,
+            timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True, master_listen_fd=listen_fd,
         )  # fmt: skip
-    except dist.DistError as e:
-        if env.rank == 0 and isinstance(e, dist.DistNetworkError):  # the port is taken, or the address is not ours
+    except (dist.DistError, OSError) as e:
+        if env.rank == 0 and isinstance(e, (dist.DistNetworkError, OSError)):  # the port is taken, or the address is not ours
             raise LaunchEnvironmentError(
                 f"rank 0 cannot open the rendezvous at {where} ({_first_line(e)}); "
                 "pick a free port (launch.master_port, --master_port, MASTER_PORT)"
@@ -253,6 +254,31 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
         backend=backend, store=store, rank=env.rank, world_size=env.world_size,
         timeout=datetime.timedelta(seconds=collective_timeout_s),
     )  # fmt: skip
+
+
+def _listening_socket(addr: str, port: int) -> int:
+    """A socket listening on `addr`:`port` only, for rank 0's store; its file descriptor, owned by the store.
+
+    torch's TCPStore listens on every interface of the host, and anyone who reaches that port can read and
+    write the store (it has no authentication), which for a run on one host with MASTER_ADDR=127.0.0.1 means
+    every machine on the network. Binding to the master address keeps a one-host run on loopback and a
+    multi-host one on the interface the ranks use (docs/reliability.md: keep it on a private network).
+    """
+    last: OSError | None = None
+    candidates = socket.getaddrinfo(addr.strip("[]"), port, type=socket.SOCK_STREAM)
+    for family, kind, proto, _, sockaddr in sorted(candidates, key=lambda c: c[0] != socket.AF_INET):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(1024)
+        except OSError as e:
+            sock.close()
+            last = e
+            continue
+        return sock.detach()
+    assert last is not None
+    raise last
 
 
 def _first_line(error: BaseException) -> str:

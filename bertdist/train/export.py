@@ -10,8 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
+from bertdist import ownership
 from bertdist.config import ModelConfig, TrackingConfig
+from bertdist.data.vocab import vocab_mismatch
+from bertdist.io import PARTIAL_MARKER
+from bertdist.model.hf import CONFIG_FILE
 from bertdist.train import checkpoint
 
 
@@ -37,32 +42,77 @@ def export(
 ) -> Path:
     """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files); returns it.
 
-    The export is also logged as an MLflow Model of the run that trained the checkpoint (its id travels in
-    the checkpoint), so the dashboard lists the model beside its metrics; a tracking failure only warns.
+    The new files are written to a staging directory inside `output_dir` and moved into place only when all
+    of them are written, so a failure (a full disk, Ctrl-C) leaves the directory as it was, and `--overwrite`
+    replaces an older export only with a complete new one. The export is also logged as an MLflow Model of
+    the run that trained the checkpoint (its id travels in the checkpoint), so the dashboard lists the model
+    beside its metrics; a tracking failure only warns.
     """
-    from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import write_directory
     from bertdist.tracking.models import log_export
 
     output = Path(output_dir)
-    if output.is_dir() and any(output.iterdir()):
-        if not overwrite:
-            raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
-        shutil.rmtree(output)
-    elif output.exists() and not output.is_dir():
+    if output.exists() and not output.is_dir():
         raise checkpoint.CheckpointError(f"--output {output}: is a file, not a directory")
-    source = find_checkpoint(checkpoint_path)
-    state = checkpoint.read_train_state(source)
-    vocab = vocab_file or state.config["data"]["vocab_file"]
-    if not Path(vocab).is_file():
-        raise checkpoint.CheckpointError(
-            f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH"
-        )
-    model = BertForPreTraining(ModelConfig(**state.config["model"]))
-    model.load_state_dict(checkpoint.consolidated_state_dict(source), strict=True)
-    # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
-    provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
-    write_directory(model, output, vocab, provenance)
+    _refuse_output_over_input(output, Path(checkpoint_path))
+    with ownership.owned(output, remove_on_failure=True):
+        old = [p for p in output.iterdir() if p.name != ownership.LOCK_FILENAME]
+        if old and not overwrite:
+            raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
+        source, model = _read_newest(checkpoint_path)
+        state = checkpoint.read_train_state(source)
+        vocab = vocab_file or state.config["data"]["vocab_file"]
+        if not Path(vocab).is_file():
+            raise checkpoint.CheckpointError(f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH")
+        problem = vocab_mismatch(vocab, model.config.vocab_size, state.config["data"]["vocab_file"])
+        if problem:
+            raise checkpoint.CheckpointError(f"--vocab: {problem}")
+        # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
+        provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
+        staging = output / f".export{PARTIAL_MARKER}{os.getpid()}"
+        write_directory(model, staging, vocab, provenance)
+        for path in old:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        for path in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):  # config.json last: it makes a model
+            os.replace(path, output / path.name)
+        staging.rmdir()
     run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
     log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output)
     return output
+
+
+def _refuse_output_over_input(output: Path, given: Path) -> None:
+    """An --output that holds the checkpoints read, sits inside them, or holds checkpoints of its own is
+    never written, whatever the flags: `--overwrite` there would delete the run it exports. An output beside
+    the checkpoints, inside the run directory (`RUN/hf`), is fine."""
+    source = given if checkpoint.is_complete(given) or given.name == checkpoint.CHECKPOINTS_DIRNAME else checkpoint.checkpoints_dir(given)
+    out, src = output.resolve(), source.resolve()
+    if out == src or out in src.parents or src in out.parents:
+        raise checkpoint.CheckpointError(f"--output {output}: holds or is inside {source}, which it would export; choose a "
+                                         f"directory outside it (e.g. {given}/hf for a run)")  # fmt: skip
+    if output.is_dir() and (checkpoint.is_complete(output) or (output / checkpoint.LATEST_FILENAME).is_file()
+                            or (output / checkpoint.CHECKPOINTS_DIRNAME).is_dir()):  # fmt: skip
+        raise checkpoint.CheckpointError(f"--output {output}: holds training checkpoints; bertdist export never writes over "
+                                         "them, choose another directory")  # fmt: skip
+
+
+def _read_newest(checkpoint_path: str | os.PathLike, attempts: int = 5) -> tuple[Path, Any]:
+    """The checkpoint `find_checkpoint` names and its weights in our model (which proves they fit it exactly).
+
+    A run that is training prunes old checkpoints while we read: a checkpoint that vanishes under us was
+    removed by its run, not damaged, so the newest one is taken again.
+    """
+    from bertdist.model.bert import BertForPreTraining
+
+    failures = 0
+    while True:
+        source = find_checkpoint(checkpoint_path)
+        try:
+            state = checkpoint.read_train_state(source)
+            model = BertForPreTraining(ModelConfig(**state.config["model"]))
+            model.load_state_dict(checkpoint.consolidated_state_dict(source), strict=True)
+            return source, model
+        except (checkpoint.CheckpointError, OSError):
+            failures += 1
+            if source.is_dir() or failures == attempts:
+                raise

@@ -91,12 +91,13 @@ class Interval:
     def seconds(self) -> float:
         return time.perf_counter() - self.start
 
-    def throughput(self, world_size: int, peak_flops: float) -> dict[str, float]:
+    def throughput(self, world_size: int, peak: Any) -> dict[str, float]:
+        """Rates of the interval; `peak` is the rank's bertdist.model.flops.PeakFlops."""
         t, seconds = self.totals, self.seconds()
         return {
             SEQUENCES_PER_SECOND: t["sequences"] / seconds,
             "throughput/tokens_per_second": t["tokens"] / seconds,
-            MFU: t["flops"] / seconds / (world_size * peak_flops),
+            MFU: peak.mfu(t["flops"] / seconds / world_size),
             DATA_WAIT: t["data_wait_seconds"] / world_size / seconds,
             PADDING: 1.0 - t["tokens"] / max(1.0, t["slots"]),
         }

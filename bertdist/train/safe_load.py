@@ -35,6 +35,26 @@ def allowed_globals() -> list[Any]:
     return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
 
 
+def refused(path: Any, error: BaseException) -> UnsafeCheckpointError | None:
+    """The one-line refusal for a file that torch's weights-only unpickler turned down because it holds code
+    or objects, or None when `error` is damage (a cut or corrupt file). torch's own message advises loading
+    with `weights_only=False`, which would run the file's code: that advice is never passed on."""
+    text = str(error)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found is not None:
+        what = f"a Python object ({found.group(1)})"
+    elif "Weights only load failed" in text:
+        operand = re.search(r"Unsupported operand \d+|Unsupported class \S+", text)
+        what = f"pickle instructions that are not plain data ({operand.group(0) if operand else 'not tensors or containers'})"
+    else:
+        return None
+    return UnsafeCheckpointError(
+        f"{path}: refused to load: the file holds {what}, and unpickling it could run code. bertdist only loads "
+        "checkpoints without executing them; if you made this file and trust it, convert it to a plain state dict "
+        "(or safetensors) first"
+    )
+
+
 @contextlib.contextmanager
 def weights_only_loading() -> Iterator[None]:
     """Every torch.load in this block reads data only; UnsafeCheckpointError for a file that needs more."""
@@ -47,14 +67,10 @@ def weights_only_loading() -> Iterator[None]:
         try:
             return original(f, *args, **kwargs)
         except pickle.UnpicklingError as e:
-            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-            if found is None:
+            refusal = refused(f, e)
+            if refusal is None:
                 raise  # damage, not a foreign object: the caller's damaged-checkpoint message
-            raise UnsafeCheckpointError(
-                f"{f}: refused to load: the file holds a Python object ({found.group(1)}) that is not plain data, "
-                "and unpickling it could run code. bertdist only loads checkpoints without executing them; "
-                "if you made this file and trust it, convert it to a plain state dict first"
-            ) from None
+            raise refusal from None
 
     with torch.serialization.safe_globals(allowed_globals()):
         torch.load = load

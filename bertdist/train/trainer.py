@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from bertdist import ownership
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
 from bertdist.errors import (
     FAILED_EXIT_CODE,
@@ -35,15 +35,13 @@ from bertdist.errors import (
     REQUEUE_EXIT_CODE,
     USAGE_EXIT_CODE,
     UserError,
+    one_line,
 )
-from bertdist.train import checkpoint, metrics, reshard
+from bertdist.train import checkpoint, metrics, reshard, stopping
 from bertdist.train.console import Console
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.watchdog import StallWatchdog
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
 
 def train(cfg: Config) -> int:
     """Run (or continue) the training described by `cfg`; returns the process exit code.
@@ -55,7 +53,7 @@ def train(cfg: Config) -> int:
     try:
         trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port))
     except (UserError, OSError) as e:
-        print(f"bertdist train: {_one_line(e)}", file=sys.stderr)
+        print(f"bertdist train: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
     with trainer:
         try:
@@ -63,37 +61,14 @@ def train(cfg: Config) -> int:
         except checkpoint.CheckpointSaveError as e:  # not the input's fault: no usage exit code
             return trainer.stop_with(str(e), FAILED_EXIT_CODE)
         except (UserError, OSError) as e:
-            return trainer.stop_with(_one_line(e), USAGE_EXIT_CODE)
+            return trainer.stop_with(one_line(e), USAGE_EXIT_CODE)
         except RuntimeError as e:
             if not lost_peer(e):
                 raise
             return trainer.stop_with(
                 f"lost contact with the other ranks during step {trainer.step + 1}: another rank stopped first "
-                f"(the one whose log ends without this line) ({_one_line(e)[:200]})", FAILED_EXIT_CODE
+                f"(the one whose log ends without this line) ({one_line(e)[:200]})", FAILED_EXIT_CODE
             )  # fmt: skip
-
-
-def _one_line(error: BaseException) -> str:
-    """A UserError's own message; an OSError as `strerror: filename` (no traceback for a full disk)."""
-    if isinstance(error, OSError) and error.filename is not None:
-        return f"{error.strerror or type(error).__name__}: {error.filename}"
-    return str(error)
-
-
-class _StopFlag:
-    """Records SIGTERM/SIGUSR1; the loop acts on it only at a step boundary agreed by all ranks.
-
-    Forked DataLoader workers inherit this handler, so a signal sent to the whole process group (as
-    SLURM does) leaves them running until the checkpoint is written.
-    """
-
-    def __init__(self) -> None:
-        self.signum = 0
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = signum
 
 
 class Trainer(contextlib.ExitStack):
@@ -113,6 +88,16 @@ class Trainer(contextlib.ExitStack):
             raise ConfigError(problems)
         self.cfg, self.env = cfg, env
         self.output_dir = Path(cfg.train.output_dir)
+        with contextlib.ExitStack() as built:  # whatever was taken or built is released if a later step fails
+            built.push(self)
+            if env.is_main:  # before reading checkpoints that another run on this directory could be writing
+                self.enter_context(ownership.owned(self.output_dir))
+            self._check_resume_and_data()
+            self._build_components()
+            built.pop_all()
+
+    def _check_resume_and_data(self) -> None:
+        cfg, env = self.cfg, self.env
         self.resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
         if self.resume_from is None:
             checkpoint.refuse_foreign_checkpoints(cfg.train.output_dir)
@@ -125,19 +110,14 @@ class Trainer(contextlib.ExitStack):
             if phase.eval_dir:
                 self._loader(phase, phase.eval_dir, workers=0)
 
-        # --- components; whatever was built is released if a later one fails
-        with contextlib.ExitStack() as built:
-            built.push(self)
-            self._build_components()
-            built.pop_all()
-
     def _build_components(self) -> None:
         import torch
 
-        from bertdist.model.flops import peak_flops_for
+        from bertdist.model.flops import PeakFlops
 
         cfg, env = self.cfg, self.env
-        self.stop = _StopFlag()
+        self.stop = stopping.StopFlag(f"bertdist train: [rank {env.rank}]")
+        self.callback(self.stop.close)
         self.start_step = self.resumed.step if self.resumed else 0
         self.tokens_seen = self.sequences_seen = 0
         self.grad_norm = float("nan")
@@ -146,7 +126,7 @@ class Trainer(contextlib.ExitStack):
         self.engine = self._build_engine()
         if self.resume_from is not None:
             self._restore()
-        self.peak_flops = peak_flops_for(self.device_type, cfg.train.precision)
+        self.peak_flops = PeakFlops(self.device_type, cfg.train.precision)
         self.tracker = self._build_tracker()
         self.node_monitor = self.enter_context(self._build_node_monitor())
         self.console = Console(self.output_dir, env.is_main)
@@ -414,7 +394,9 @@ class Trainer(contextlib.ExitStack):
 
     def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
         self._save(step, phase_index, nonfinite_streak)
-        self.console.line(f"stop requested by signal: checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued (resume with --resume auto)")
+        why = self.stop.reason or "another rank was signalled"
+        self.console.line(f"stopped ({why}): checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued "
+                          "(continue with --resume auto)")
         self.tracker.close("KILLED")
         return REQUEUE_EXIT_CODE
 

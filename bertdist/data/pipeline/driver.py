@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bertdist import io
+from bertdist import io, ownership
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.pipeline.stages import make_group, read_unit, write_one_shard
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units
@@ -75,14 +75,18 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     files = expand_inputs(opts.inputs)
     fingerprint = _fingerprint(opts, files, file_sha256(opts.vocab_file))
     existed = os.path.isdir(opts.output_dir)
-    work_dir = _claim_output(opts.output_dir, fingerprint)
     try:
-        return _run(opts, files, fingerprint, vocab_size, work_dir, t_start)
+        with ownership.owned(opts.output_dir):  # a second prepare on this output is refused, naming this one
+            work_dir = _claim_output(opts.output_dir, fingerprint)
+            try:
+                return _run(opts, files, fingerprint, vocab_size, work_dir, t_start)
+            except UserError:
+                # Bad input found on the way: nothing of this run is worth resuming (fixing the input changes
+                # the fingerprint), and leftovers would make the corrected command refuse the directory.
+                shutil.rmtree(work_dir, ignore_errors=True)
+                raise
     except UserError:
-        # Bad input found on the way: nothing of this run is worth resuming (fixing the input changes the
-        # fingerprint), and leftovers would make the corrected command refuse the directory.
-        shutil.rmtree(work_dir, ignore_errors=True)
-        if not existed and not os.listdir(opts.output_dir):
+        if not existed and os.path.isdir(opts.output_dir) and not os.listdir(opts.output_dir):
             os.rmdir(opts.output_dir)
         raise
 
@@ -184,7 +188,7 @@ def _claim_output(output_dir: str, fingerprint: str) -> str:
                     f"{output_dir}: holds an unfinished run with other inputs or options; "
                     "delete it or rerun that exact command to resume"
                 )
-    elif os.path.isdir(output_dir) and os.listdir(output_dir):
+    elif os.path.isdir(output_dir) and set(os.listdir(output_dir)) - {ownership.LOCK_FILENAME}:
         raise DataError(f"{output_dir}: exists and is not empty; choose an empty or new --output")
     for sub in ("docs", "groups", "shards"):
         os.makedirs(os.path.join(work_dir, sub), exist_ok=True)
