@@ -31,6 +31,6 @@ class DataError(UserError, ValueError):
 
 def one_line(error: BaseException) -> str:
     """A UserError's own message; an OSError as `strerror: filename` (a full disk is not a traceback)."""
-    if isinstance(error, OSError) and error.filename is not None:
-        return f"{error.strerror or type(error).__name__}: {error.filename}"
+    if isinstance(error, OSError) and (error.filename is not None or error.errno is not None):
+        return f"{error.strerror or type(error).__name__}" + (f": {error.filename}" if error.filename is not None else "")
     return str(error)

@@ -13,9 +13,11 @@ just of the process) would otherwise publish an empty file under the final name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -84,3 +86,26 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def is_partial(path: str | os.PathLike) -> bool:
     return PARTIAL_MARKER in Path(path).name
+
+
+def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
+    """A failed write of `path` as an OSError that names the file and, when the disk is full, says so.
+
+    Libraries report a full disk in their own ways: numpy as "N requested and M written" with no errno,
+    safetensors as a Rust error carrying "os error 28". The command line prints an OSError as one line
+    `reason: file`; this gives every such failure that form.
+    """
+    code = getattr(error, "errno", None)
+    if code is None:
+        found = re.search(r"os error (\d+)", str(error))
+        code = int(found.group(1)) if found else None
+    try:
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    except OSError:
+        free = -1
+    if code is None and 0 <= free < 1 << 20:
+        code = errno.ENOSPC
+    reason = os.strerror(code) if code else f"write failed ({str(error).strip()[:120]})"
+    if 0 <= free < 1 << 20:
+        reason += f" ({free / 1e6:.1f} MB free there)"
+    return OSError(code or errno.EIO, reason, os.fspath(path))

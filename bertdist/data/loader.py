@@ -97,6 +97,17 @@ class _Layout:
         return entry
 
 
+def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
+    """A loader worker ignores SIGTERM and SIGINT: they reach it too when the whole process group is signalled
+    (torchrun and SLURM stop ranks with killpg, Ctrl-C signals the terminal's group), and a worker that died
+    of one would fail its rank before the rank can finish its step and checkpoint. Its rank decides when to
+    stop; the worker ends with it (torch's workers watch their parent)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _worker_message(error: DataError) -> str:
     """The one line a DataError said in a DataLoader worker, without torch's "Caught ... Original Traceback"."""
     text = str(error)
@@ -264,7 +275,7 @@ class PretrainingLoader:
                 DataLoader(
                     stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False,
                     pin_memory=self.pin_memory,  # page-locked chunks: the copies to the GPU run asynchronously
-                    generator=torch.Generator().manual_seed(self.seed),
+                    generator=torch.Generator().manual_seed(self.seed), worker_init_fn=_leave_stop_signals_to_the_rank,
                 )
                 if self.num_workers
                 else stream

@@ -190,7 +190,7 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
 
 
 def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int) -> dict[str, Any]:
-    from bertdist.io import atomic_write
+    from bertdist.io import atomic_write, write_error
 
     files = {"features": np.concatenate(parts).astype(o.dtype)}
     if o.level == "token":
@@ -199,7 +199,10 @@ def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.n
     entry: dict[str, Any] = {"first_row": first_row, "rows": len(parts) if o.level == "token" else len(files["features"])}
     for name, array in files.items():
         path = out / f"{name}-{number:05d}.npy"
-        with atomic_write(path, "wb") as f:
-            np.save(f, array, allow_pickle=False)
+        try:
+            with atomic_write(path, "wb") as f:
+                np.save(f, array, allow_pickle=False)
+        except OSError as e:  # numpy reports a full disk as "N requested and M written", naming no file
+            raise write_error(path, e) from None
         entry[name] = path.name
     return entry

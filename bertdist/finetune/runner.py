@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bertdist import ownership
 from bertdist.config import Config, ConfigError, flatten
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune import task as tasks
@@ -76,14 +75,14 @@ def check(cfg: Config, world_size: int) -> None:
 
 def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
     """Run one fine-tuning; `results` receives the best epoch's dev metrics (`dev/accuracy`, ...) on every rank."""
-    from bertdist.train.distributed import destroy_process_group, read_env
+    from bertdist.train.distributed import destroy_process_group, own_output, read_env
 
     with contextlib.ExitStack() as stack:
         try:
             env = read_env(default_port=cfg.launch.master_port)
             check(cfg, env.world_size)
-            if env.is_main:  # before reading the checkpoints another run on this directory could be writing
-                stack.enter_context(ownership.owned(cfg.finetune.output_dir))
+            # Before reading the checkpoints another run on this directory could be writing.
+            own_output(stack, cfg.finetune.output_dir, env)
             run = Finetuning(cfg, env)
         except (UserError, OSError) as e:
             destroy_process_group()  # if it was started before the failure

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.errors import UserError
+from bertdist.io import write_error
 from bertdist.model.bert import BertForPreTraining
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -299,7 +300,10 @@ def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | 
     pad_token_id = 0
     if vocab_file is not None:
         pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
-    save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+    try:
+        save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+    except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
+        raise write_error(directory / SAFETENSORS_FILE, e) from None
     _chmod_like_new_files(directory / SAFETENSORS_FILE)
     config = {**config_to_hf(model.config, pad_token_id=pad_token_id), **config_updates}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

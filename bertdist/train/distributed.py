@@ -14,6 +14,7 @@ environment and starts torch.distributed; it knows nothing about DeepSpeed or th
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -25,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
+from bertdist import ownership
 from bertdist.errors import UserError
 
 DEFAULT_MASTER_PORT = 29500
@@ -230,9 +232,9 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
 
     where = f"{env.master_addr}:{env.master_port}"
     try:
-        listen_fd = _listening_socket(env.master_addr, env.master_port) if env.rank == 0 else None
+        listen_fd = _listening_socket(env.master_addr, env.master_port) if env.rank == 0 and not _agent_store() else None
         store = dist.TCPStore(
-            env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
+            env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0 and not _agent_store(),
             timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True, master_listen_fd=listen_fd,
         )  # fmt: skip
     except (dist.DistError, OSError) as e:
@@ -250,10 +252,60 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
             problem = f"rank {env.rank} could not reach the rendezvous at {where} within {rendezvous_timeout_s:g} s"
             hint = "rank 0 did not start, or MASTER_ADDR is not an address of rank 0's host that this host can reach"
         raise LaunchEnvironmentError(f"{problem} (train.rendezvous_timeout_s): {hint} ({_first_line(e)[:160]})") from None
+    if env.rank != 0 and store.check([_REFUSAL_KEY]):
+        store.add(_REFUSAL_SEEN_KEY, 1)
+        raise LaunchEnvironmentError(store.get(_REFUSAL_KEY).decode("utf-8", "replace"))
     dist.init_process_group(
         backend=backend, store=store, rank=env.rank, world_size=env.world_size,
         timeout=datetime.timedelta(seconds=collective_timeout_s),
     )  # fmt: skip
+
+
+def own_output(stack: contextlib.ExitStack, directory: str | os.PathLike, env: DistributedEnv) -> None:
+    """Rank 0 owns `directory` for the job until `stack` closes (bertdist.ownership); when another run owns
+    it, every rank stops with the same line."""
+    if not env.is_main:
+        return
+    try:
+        stack.enter_context(ownership.owned(directory))
+    except ownership.DirectoryBusyError as e:
+        refuse_for_all_ranks(env, str(e))
+        raise
+
+
+_REFUSAL_KEY = "bertdist/refused"
+_REFUSAL_SEEN_KEY = "bertdist/refusal_seen"
+
+
+def refuse_for_all_ranks(env: DistributedEnv, message: str, timeout_s: float = 30.0) -> None:
+    """Rank 0 cannot start the job (its output directory is another run's): tell the other ranks through the
+    rendezvous, so that each stops with the same line at once instead of waiting out the rendezvous timeout
+    for a rank 0 that is gone. Serves the store until every rank has connected, at most `timeout_s`; does
+    nothing alone, or when the port is not free (the ranks then time out as for a missing rank 0)."""
+    import time
+
+    import torch.distributed as dist
+
+    if env.rank != 0 or env.world_size == 1:
+        return
+    try:
+        if _agent_store():
+            store = dist.TCPStore(env.master_addr, env.master_port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            store = dist.TCPStore(env.master_addr, env.master_port, None, is_master=True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=timeout_s),
+                                  master_listen_fd=_listening_socket(env.master_addr, env.master_port))  # fmt: skip
+    except (dist.DistError, OSError):
+        return
+    store.set(_REFUSAL_KEY, message)
+    deadline = time.monotonic() + timeout_s
+    while store.add(_REFUSAL_SEEN_KEY, 0) < env.world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _agent_store() -> bool:
+    """Under torchrun the store is its agent's, already listening on MASTER_PORT; the ranks are its clients."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def _listening_socket(addr: str, port: int) -> int:
@@ -263,6 +315,8 @@ def _listening_socket(addr: str, port: int) -> int:
     write the store (it has no authentication), which for a run on one host with MASTER_ADDR=127.0.0.1 means
     every machine on the network. Binding to the master address keeps a one-host run on loopback and a
     multi-host one on the interface the ranks use (docs/reliability.md: keep it on a private network).
+    torchrun's agent hosts its own store on every interface before any rank starts, which bertdist cannot
+    change: under torchrun the ranks use that one.
     """
     last: OSError | None = None
     candidates = socket.getaddrinfo(addr.strip("[]"), port, type=socket.SOCK_STREAM)

@@ -10,8 +10,9 @@ writing checkpoints. So each rank records, at start, the processes above it that
 (the launcher chain a shell started as one job: `deepspeed` -> `launch.py` -> rank, or `bash` ->
 torchrun -> rank) and treats the end of any of them like SIGTERM. Under SLURM each task has a process
 group of its own and nothing is watched: slurmstepd signals the tasks itself. Forked DataLoader workers
-notice a dead parent on their own (torch checks it); they inherit the handler, so a signal sent to the
-whole process group (as SLURM and Ctrl-C do) leaves them running until the checkpoint is written.
+notice a dead parent on their own (torch checks it) and ignore SIGTERM and SIGINT (bertdist.data.loader),
+so a signal sent to the whole process group (torchrun, SLURM, Ctrl-C) leaves them running until the
+checkpoint is written.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from bertdist import ownership
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
 from bertdist.errors import (
     FAILED_EXIT_CODE,
@@ -37,7 +36,7 @@ from bertdist.errors import (
     UserError,
     one_line,
 )
-from bertdist.train import checkpoint, metrics, reshard, stopping
+from bertdist.train import checkpoint, distributed, metrics, reshard, stopping
 from bertdist.train.console import Console
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
@@ -90,8 +89,8 @@ class Trainer(contextlib.ExitStack):
         self.output_dir = Path(cfg.train.output_dir)
         with contextlib.ExitStack() as built:  # whatever was taken or built is released if a later step fails
             built.push(self)
-            if env.is_main:  # before reading checkpoints that another run on this directory could be writing
-                self.enter_context(ownership.owned(self.output_dir))
+            # Before reading checkpoints that another run on this directory could be writing.
+            distributed.own_output(self, self.output_dir, env)
             self._check_resume_and_data()
             self._build_components()
             built.pop_all()

@@ -1,0 +1,144 @@
+"""A signal to whatever process the user started stops the run where the docs say, and leaves no process behind:
+SIGTERM to the `deepspeed` launcher alone (its ranks and their DataLoader workers are not signalled) and to the
+supervisor of `bertdist submit --backend local`: a checkpoint at the step of the stop, exit 75, nothing running;
+SIGTERM and SIGINT (Ctrl-C) to `bertdist finetune`: the finished epochs kept, its MLflow run KILLED, one line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bertdist.errors import REQUEUE_EXIT_CODE
+from bertdist.train.distributed import free_tcp_port
+from tests import training_runs as runs
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+LONG_RUN = ["data.phases.0.steps=100000", "checkpoint.every_steps=100000", "train.eval_every_steps=100000"]
+CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+
+
+def processes_mentioning(marker: str) -> list[str]:
+    """Command lines of the live processes (zombies aside) whose arguments contain `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z" and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmdline[:160]}")
+    return found
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def assert_stopped_with_a_checkpoint(out: Path, log_file: Path, marker: str) -> None:
+    """Every process of the run gone within 30 s, and a checkpoint at the step where it stopped."""
+    try:
+        wait_until(lambda: not processes_mentioning(marker), 30, "every rank and worker to exit")
+    finally:
+        for line in processes_mentioning(marker):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    log = log_file.read_text()
+    stopped = [line for line in log.splitlines() if line.startswith("stopped (")]
+    assert stopped and f"exiting with {REQUEUE_EXIT_CODE}" in stopped[0], log[-3000:]
+    step = int(stopped[0].split("checkpoint at step ")[1].split(";")[0])
+    assert runs.latest_tag(out) == f"step_{step:08d}" and step > 0
+
+
+def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_process(tmp_path, tiny_shards, tiny_vocab):
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    log = tmp_path / "launcher.log"
+    deepspeed = Path(sys.executable).with_name("deepspeed")
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(
+            [str(deepspeed), "--num_gpus", "2", "--master_port", str(free_tcp_port()), "--module", "bertdist", "train",
+             "--config", str(config), *LONG_RUN],
+            env={**os.environ, **CPU_ENV}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "step 3/" in log.read_text() or launcher.poll() is not None, 240, "training to start")
+        assert launcher.poll() is None, log.read_text()[-3000:]
+        launcher.send_signal(signal.SIGTERM)  # the launcher only, as `kill PID` does; not its process group
+        launcher.wait(timeout=30)
+        assert_stopped_with_a_checkpoint(tmp_path / "out", log, str(config))
+        assert "its launcher (" in log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
+def test_sigterm_to_a_local_jobs_supervisor_checkpoints_and_leaves_no_process(tmp_path, tiny_shards, tiny_vocab):
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    jobs = tmp_path / "jobs"
+    submitted = subprocess.run(
+        [sys.executable, "-m", "bertdist", "submit", "--backend", "local", "--config", str(config), "--cpu-only",
+         "--gpus-per-node", "2", "--master-port", str(free_tcp_port()), "--jobs-dir", str(jobs), *LONG_RUN],
+        env={**os.environ, **CPU_ENV}, cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    record = next(jobs.glob("*.json"))
+    pid = json.loads(record.read_text())["pid"]
+    log = next(jobs.glob("*.log"))
+    try:
+        wait_until(lambda: "step 3/" in log.read_text(), 240, f"training to start ({submitted.stdout})")
+        os.kill(pid, signal.SIGTERM)  # the process `bertdist submit` started and printed, not its group
+        assert_stopped_with_a_checkpoint(tmp_path / "out", log, str(jobs))  # the job runs the config copied there
+        exit_file = next(jobs.glob("*.exit"))
+        wait_until(exit_file.is_file, 10, "the supervisor's exit code")
+        assert exit_file.read_text().strip() != "0"  # torchrun ends with 1 after a signal, whatever its ranks return
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_in_one_line(signum, tmp_path, tiny_corpus, tiny_vocab):
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+    from bertdist.tracking.store import client, local_store_uri
+    from tests.conftest import tiny_model_config
+    from tests.finetune.test_runner import _task
+
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "model", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "finetune", f"finetune.init_from={tmp_path / 'model'}", f"finetune.train_file={train}",
+         f"finetune.dev_file={dev}", f"finetune.output_dir={out}", "finetune.epochs=1000", "finetune.batch_size=8",
+         "finetune.micro_batch_size=8", f"launch.master_port={free_tcp_port()}"],
+        env={**os.environ, **CPU_ENV}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("bertdist finetune: epoch 1/"):
+            break
+    assert proc.poll() is None, "".join(lines)[-3000:]
+    proc.send_signal(signum)
+    rest, _ = proc.communicate(timeout=60)
+    output = "".join(lines) + rest
+    assert proc.returncode == REQUEUE_EXIT_CODE, output[-3000:]
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+    stopped = [line for line in rest.splitlines() if " stopped (" in line]
+    assert len(stopped) == 1 and f"stopped ({signal.Signals(signum).name})" in stopped[0], rest
+    assert "the checkpoint of epoch 1 and its best model are kept" in stopped[0] and (out / "model" / "config.json").is_file()
+    store = client(local_store_uri(str(out)))
+    runs_found = store.search_runs(experiment_ids=[e.experiment_id for e in store.search_experiments()])
+    assert [r.info.status for r in runs_found] == ["KILLED"]
+    assert not processes_mentioning(str(out))
