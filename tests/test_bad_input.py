@@ -286,6 +286,143 @@ def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_p
                                                          "tokenizer_config.json", "vocab.txt"]
 
 
+def _files(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("output", [".", "checkpoints", "checkpoints/step_00000004/hf", "../elsewhere-with-checkpoints"])
+def test_export_never_writes_over_the_run_it_exports_whatever_the_flags(output, tmp_path, capsys, tiny_vocab):
+    run = _fake_run(tmp_path)
+    (tmp_path / "elsewhere-with-checkpoints" / "checkpoints").mkdir(parents=True)
+    before = _files(run)
+    assert main(["export", str(run), "--output", str(run / output), "--vocab", tiny_vocab, "--overwrite"]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("holds or is inside" in err or "holds training checkpoints" in err), err
+    assert _files(run) == before and (tmp_path / "elsewhere-with-checkpoints" / "checkpoints").is_dir()
+    assert main(["export", str(run), "--output", str(run / "hf"), "--vocab", tiny_vocab]) == 0  # beside the checkpoints: fine
+    assert oct((run / "hf" / "model.safetensors").stat().st_mode & 0o777) == oct((run / "hf" / "config.json").stat().st_mode & 0o777)
+
+
+def test_an_export_of_a_run_that_prunes_while_it_is_read_takes_the_newest_again(tmp_path, capsys, tiny_vocab, monkeypatch):
+    """The run trains on while `bertdist export RUN` reads its newest checkpoint, and its pruning removes that
+    one: the export takes the newest again, and nothing is called damaged."""
+    run = _fake_run(tmp_path)
+    older, newer = run / "checkpoints" / "step_00000004", run / "checkpoints" / "step_00000008"
+    shutil.copytree(older, newer)
+    (run / "checkpoints" / "latest").write_text("step_00000008")
+    read = checkpoint.consolidated_state_dict
+
+    def pruned_while_read(path):
+        if Path(path) == newer:  # the run moved on and removed step 8 the way prune() removes a checkpoint
+            (run / "checkpoints" / "latest").write_text("step_00000004")
+            gone = Path(str(newer) + ".partial-1")
+            newer.rename(gone)
+            shutil.rmtree(gone)
+        return read(path)
+
+    monkeypatch.setattr(checkpoint, "consolidated_state_dict", pruned_while_read)
+    assert main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab]) == 0
+    assert "damaged" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["bertdist_checkpoint"] == str(older.resolve())
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 300 KB tmpfs: a full disk, as root can make one (skipped otherwise)."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "tiny-disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("making a full file system needs root and mount (tmpfs)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("command", ["export", "embed"])
+def test_a_full_disk_is_one_line_and_leaves_no_partial_output(command, tiny_disk, tmp_path, capsys, tiny_vocab):
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+    from tests.conftest import tiny_model_config
+
+    output = tiny_disk / "out"
+    if command == "export":
+        args = ["export", str(_fake_run(tmp_path)), "--output", str(output), "--vocab", tiny_vocab]
+    else:
+        save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "model", tiny_vocab)
+        texts = tmp_path / "texts.txt"
+        texts.write_text("a line of text\n" * 2000)
+        args = ["embed", "--model", str(tmp_path / "model"), "--input", str(texts), "--output", str(output), "--shard-rows", "500"]
+    assert main(args) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err.strip()
+    assert "No space left on device" in err and str(tiny_disk) in err and len(err.splitlines()) == 1, err
+    assert list(tiny_disk.iterdir()) == []
+
+
+def _reordered(vocab: str, tmp_path: Path) -> str:
+    tokens = Path(vocab).read_text().splitlines()
+    path = tmp_path / "reordered" / "vocab.txt"
+    path.parent.mkdir()
+    path.write_text("\n".join(tokens[:5] + tokens[6:7] + tokens[5:6] + tokens[7:]) + "\n")  # two tokens swapped
+    return str(path)
+
+
+def test_a_vocabulary_that_does_not_fit_the_model_is_refused_before_anything_trains(tmp_path, capsys, tiny_vocab, tiny_shards):
+    from bertdist.config import validate
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+    from tests.conftest import tiny_model_config
+
+    model = tmp_path / "model"
+    save_pretrained(BertForPreTraining(tiny_model_config()), model, tiny_vocab)
+    reordered = _reordered(tiny_vocab, tmp_path)
+    texts = tmp_path / "t.tsv"
+    texts.write_text("sentence\tlabel\na b\t0\nc d\t1\n")
+    common = [f"finetune.train_file={texts}", f"finetune.dev_file={texts}", f"finetune.output_dir={tmp_path / 'ft'}"]
+    assert main(["finetune", f"finetune.init_from={model}", f"finetune.vocab_file={reordered}", *common]) == USAGE_EXIT_CODE
+    assert "is not the vocabulary the weights were trained with" in capsys.readouterr().err
+    small = tmp_path / "small"
+    save_pretrained(BertForPreTraining(tiny_model_config(vocab_size=512)), small, tiny_vocab)  # vocab.txt: 1024 tokens
+    assert main(["finetune", f"finetune.init_from={small}", *common]) == USAGE_EXIT_CODE
+    assert "has 1024 tokens, more than the model's 512 token embeddings" in capsys.readouterr().err
+    cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, reordered, zero_stage=0),
+                      [f"checkpoint.init_from_pretrained={model}"])
+    with pytest.raises(ConfigError, match="data.vocab_file: .* is not the vocabulary the weights were trained with"):
+        validate(cfg)
+    longer = tmp_path / "longer.txt"
+    longer.write_text(Path(tiny_vocab).read_text() + "extra1\nextra2\n")
+    assert main(["export", str(_fake_run(tmp_path)), "--output", str(tmp_path / "hf"), "--vocab", str(longer)]) == USAGE_EXIT_CODE
+    assert "has 1026 tokens, more than the model's 1024 token embeddings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "pickled"])
+def test_a_damaged_or_pickled_model_given_to_finetune_is_one_line_without_unsafe_advice(damage, tmp_path, capsys, tiny_vocab):
+    import torch
+
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+    from tests.conftest import tiny_model_config
+
+    model = tmp_path / "model"
+    save_pretrained(BertForPreTraining(tiny_model_config()), model, tiny_vocab)
+    weights = model / "model.safetensors"
+    marker = tmp_path / "payload-ran"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        weights.unlink()
+        torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(2), "x": _Payload(marker)}, model / "pytorch_model.bin")
+    texts = tmp_path / "t.tsv"
+    texts.write_text("sentence\tlabel\na b\t0\nc d\t1\n")
+    assert main(["finetune", f"finetune.init_from={model}", f"finetune.train_file={texts}", f"finetune.dev_file={texts}",
+                 f"finetune.output_dir={tmp_path / 'ft'}"]) == USAGE_EXIT_CODE  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "weights_only" not in err, err
+    expected = "not a readable safetensors file, truncated or damaged" if damage == "truncated" else "refused to load: the file holds a Python object (io.open)"
+    assert expected in err and not marker.exists(), err
+
+
 # ---- validation holes ----------------------------------------------------------------------------------------
 
 

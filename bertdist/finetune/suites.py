@@ -105,8 +105,9 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
     tasks = _present(read_suite(suite), data_dir, task_names)
     if not lrs or any(not lr > 0 for lr in lrs):
         raise UserError(f"--lrs: learning rates must be positive, got {lrs}")
-    base = load_config(config, overrides)  # checked once, before any run starts
+    base = load_config(config, overrides)
     env = read_env(default_port=base.launch.master_port)
+    _check_every_task(tasks, data_dir, model, output_dir, config, overrides, env.world_size)  # not after hours of runs
     suite_name = "glue" if suite == "glue" else Path(suite).stem
     parent = build_tracker(base.tracking, output_dir, env.rank, run_name=f"{suite_name}-{time.strftime('%Y%m%d-%H%M')}")
     parent.set_tags({"bertdist.kind": "evaluate", "bertdist.suite": suite_name, "bertdist.init_from": model})
@@ -117,11 +118,9 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
     for number, (task, lr) in enumerate((t, lr) for t in tasks for lr in lrs):
         with _rendezvous_port(env, number) as port:
             results: dict[str, float] = {}
-            settings = {**task.settings, **{k: str(Path(data_dir) / v) for k, v in task.settings.items() if k.endswith("_file")},
-                        "extra_dev_files": ",".join(str(Path(data_dir) / f) for f in str(task.settings.get("extra_dev_files", "")).split(",") if f),
-                        "init_from": model, "lr": lr, "output_dir": f"{output_dir}/{task.name}/lr{lr:g}"}  # fmt: skip
             tracking = {"tracking_uri": uri, "parent_run_id": parent.run_id or "", "run_name": f"{suite_name}-{task.name}-lr{lr:g}"}
-            cfg = load_config(config, [*overrides, *_overrides("finetune", settings), *_overrides("tracking", tracking), *port])
+            cfg = load_config(config, [*overrides, *_overrides("finetune", _settings(task, data_dir, model, lr, output_dir)),
+                                       *_overrides("tracking", tracking), *port])  # fmt: skip
             code = finetune(cfg, results)
             if code != OK_EXIT_CODE:
                 parent.close("KILLED" if code == REQUEUE_EXIT_CODE else "FAILED")
@@ -136,6 +135,40 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
     if env.is_main:
         print(_table(columns, average, {name: r["lr"] for name, (_, r) in table.items()}))
     return OK_EXIT_CODE
+
+
+def _settings(task: SuiteTask, data_dir: str, model: str, lr: float, output_dir: str) -> dict[str, Any]:
+    """The finetune.* settings of one run of the sweep: the task's, with its files under `data_dir`."""
+    extra = ",".join(str(Path(data_dir) / f) for f in str(task.settings.get("extra_dev_files", "")).split(",") if f)
+    return {**task.settings, **{k: str(Path(data_dir) / v) for k, v in task.settings.items() if k.endswith("_file")},
+            "extra_dev_files": extra, "init_from": model, "lr": lr, "output_dir": f"{output_dir}/{task.name}/lr{lr:g}"}  # fmt: skip
+
+
+def _check_every_task(tasks: list[SuiteTask], data_dir: str, model: str, output_dir: str, config: str | None,
+                      overrides: list[str], world_size: int) -> None:  # fmt: skip
+    """Every task's settings, files and metric names, all problems at once, before the first fine-tuning."""
+    from bertdist.config import ConfigError
+    from bertdist.finetune import task as kinds
+    from bertdist.finetune.runner import check
+
+    problems = []
+    for task in tasks:
+        try:
+            cfg = load_config(config, [*overrides, *_overrides("finetune", _settings(task, data_dir, model, 1.0, output_dir))])
+            check(cfg, world_size)
+        except ConfigError as e:
+            problems += [f"task {task.name}: {p}" for p in e.problems]
+            continue
+        ft = cfg.finetune
+        for name, path in (("train_file", ft.train_file), ("dev_file", ft.dev_file), *(("extra_dev_files", f) for f in ft.extra_dev())):
+            if not Path(path).is_file():
+                problems.append(f"task {task.name}: finetune.{name} {path} does not exist")
+        for metric in task.metrics:
+            if metric.split("/", 1)[1] not in kinds.METRICS[ft.task]:
+                problems.append(f"task {task.name}: metric {metric.split('/', 1)[1]!r} is not one that {ft.task} reports "
+                                f"({', '.join(kinds.METRICS[ft.task])})")  # fmt: skip
+    if problems:
+        raise UserError("the suite cannot run: " + "; ".join(problems))
 
 
 @contextlib.contextmanager

@@ -27,6 +27,14 @@ from bertdist.finetune.features import Sequences
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 
 CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE = "classification", "token_classification", "question_answering", "multiple_choice"
+METRICS = {
+    CLASSIFICATION: ("accuracy", "matthews", "f1", "macro_f1"),  # f1 with two labels, macro_f1 with more
+    data.REGRESSION: ("pearson", "spearman", "mse"),
+    TAGGING: ("accuracy", "precision", "recall", "f1"),
+    QUESTION_ANSWERING: ("exact_match", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_threshold"),
+    MULTIPLE_CHOICE: ("accuracy",),
+}
+"""The dev metrics each task reports (a suite's `metric:` must be one of its task's)."""
 TASKS = (CLASSIFICATION, data.REGRESSION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE)
 
 

@@ -98,3 +98,24 @@ def test_pairs_are_encoded_as_bert_does_and_truncated_from_the_longer_text(tmp_p
     assert all(len(ids) <= 8 for ids in short.ids)
     short_a = tok.encode("short", add_special_tokens=False).ids
     assert len(short.ids[1]) == 8 and short.first_lengths[1] == len(short_a) + 2  # the longer text gave up tokens
+
+
+def test_non_utf8_bytes_and_non_text_fields_name_their_line_and_field_and_can_be_skipped(tmp_path):
+    csv_file = tmp_path / "t.csv"
+    csv_file.write_bytes(b"sentence,label\ngood one,a\nbad \xff byte,b\nanother,a\n")
+    with pytest.raises(DataError, match=r"t.csv:3: field 'sentence': not UTF-8 text \(byte 0xff at character 5\)"):
+        data.read_examples(str(csv_file), "sentence", "", "label", skip_bad=False)
+    read = data.read_examples(str(csv_file), "sentence", "", "label", skip_bad=True)
+    assert [e.text for e in read.rows] == ["good one", "another"] and read.skipped[0].startswith(f"{csv_file}:3:")
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"sentence": "fine", "label": 1}\n{"sentence": ["a", "list"], "label": 0}\n{"sentence": 42, "label": 0}\n')
+    with pytest.raises(DataError, match=r"t.jsonl:2: field 'sentence' must be text or a number, got list"):
+        data.read_examples(str(jsonl), "sentence", "", "label", skip_bad=False)
+    assert [e.text for e in data.read_examples(str(jsonl), "sentence", "", "label", skip_bad=True).rows] == ["fine", "42"]
+
+
+def test_a_csv_field_longer_than_pythons_default_limit_is_an_ordinary_long_text(tmp_path):
+    path = tmp_path / "long.csv"
+    path.write_text("sentence,label\n" + f'"{"word " * 40_000}",a\nshort,b\n')  # 200 KB: over csv's 128 KiB default
+    rows = data.read_examples(str(path), "sentence", "", "label", skip_bad=False).rows
+    assert len(rows) == 2 and len(rows[0].text) == 200_000

@@ -88,3 +88,17 @@ def test_bad_options_fail_before_writing(pretrained, tmp_path, capsys):
     assert "the model has layers 0..4" in capsys.readouterr().err
     assert main([*args, "--output", str(pretrained)]) == USAGE_EXIT_CODE and "is not empty" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+def test_blank_lines_are_rows_so_vectors_stay_aligned_with_their_lines(pretrained, tmp_path, capsys):
+    with_blanks = tmp_path / "blanks.txt"
+    with_blanks.write_text("\n".join([TEXTS[0], "", TEXTS[1], "   ", TEXTS[2]]) + "\n")
+    out = tmp_path / "blank-features"
+    assert main(["embed", "--model", str(pretrained), "--input", str(with_blanks), "--output", str(out)]) == 0
+    assert "2 blank line(s) embedded as empty text" in capsys.readouterr().out
+    index, got = _load(out, "features")
+    assert index["rows"] == 5 and index["blank_lines"] == [2, 4]
+    reference, _, _ = _reference(pretrained)
+    for line, text_index in ((1, 0), (3, 1), (5, 2)):  # line N of the file is row N - 1
+        torch.testing.assert_close(torch.from_numpy(got[line - 1]), reference.hidden_states[-1][text_index, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], got[3])  # both blank lines: the features of [CLS] [SEP]

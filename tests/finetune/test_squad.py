@@ -113,3 +113,49 @@ def test_best_threshold_is_the_official_find_best_thresh():
     assert squad.best_threshold(predictions, gold, margins) == -3.0  # a -> 3, b -> 2, c -> 3: not better than 3
     predictions["b"] = ""
     assert squad.best_threshold(predictions, gold, margins) == 0.5  # a -> 3, b -> 3, c -> 4
+
+
+def _squad(tmp_path, *qas, context="The cat sat on the mat."):
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": context, "qas": list(qas)}]}]}, indent=1))
+    return str(path)
+
+
+GOOD = {"id": "good", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]}
+
+
+@pytest.mark.parametrize("qa, message", [
+    ({"id": "s", "question": "Who?", "is_impossible": "False", "answers": [{"text": "The cat", "answer_start": 0}]},
+     r"question 's': field 'is_impossible' must be true or false, got str \"False\""),
+    ({"id": "n", "question": "Who?", "answers": [{"text": 7, "answer_start": 0}]}, r"field 'answers\[\].text' must be non-empty text, got int 7"),
+    ({"id": "neg", "question": "Who?", "answers": [{"text": "The", "answer_start": -4}]}, r"'answers\[\].answer_start' must be an integer >= 0, got int -4"),
+    ({"id": "str", "question": "Who?", "answers": [{"text": "The", "answer_start": "0"}]}, r"'answers\[\].answer_start' must be an integer >= 0, got str"),
+    ({"id": "both", "question": "Who?", "is_impossible": True, "answers": [{"text": "The", "answer_start": 0}]}, "is true but 'answers' is not empty"),
+    ({"id": 5.5, "question": "Who?", "answers": []}, r"qas\[1\]: field 'id' must be a non-empty string, got float 5.5"),
+])  # fmt: skip
+def test_every_field_must_have_the_type_the_reader_needs(qa, message, tmp_path):
+    path = _squad(tmp_path, GOOD, qa)
+    with pytest.raises(DataError, match=message):
+        squad.read_squad(path, skip_bad=False)
+    questions, report = squad.read_squad(path, skip_bad=True)
+    assert [q.qid for q in questions] == ["good"] and len(report.skipped) == 1
+
+
+@pytest.mark.parametrize("qas", [None, 3, "x"])
+def test_qas_that_is_not_a_list_names_the_paragraph(qas, tmp_path):
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "The cat sat.", "qas": [GOOD]}, {"context": "C d.", "qas": qas}]}]}))
+    with pytest.raises(DataError, match=r"dev.json: data\[0\].paragraphs\[1\]: 'qas' must be a list of questions"):
+        squad.read_squad(str(path), skip_bad=False)
+    path.write_text(json.dumps({"data": {"paragraphs": []}}))
+    with pytest.raises(DataError, match="'data' is dict"):
+        squad.read_squad(str(path), skip_bad=False)
+
+
+def test_a_repeated_question_id_is_refused_or_skipped_and_counted(tmp_path):
+    again = {**GOOD, "question": "Who sat there?"}
+    path = _squad(tmp_path, GOOD, {"id": "other", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 15}]}, again)
+    with pytest.raises(DataError, match=r"dev.json:2\d: question 'good': the id 'good' is used again \(first at .*dev.json:\d+\)"):
+        squad.read_squad(path, skip_bad=False)
+    questions, report = squad.read_squad(path, skip_bad=True)
+    assert [q.qid for q in questions] == ["good", "other"] and len(report.skipped) == 1

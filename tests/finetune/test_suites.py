@@ -99,3 +99,24 @@ def test_a_custom_suite_file_and_the_task_filter(tmp_path, tiny_corpus, pretrain
     assert main([*args, "--tasks", "nope"]) == USAGE_EXIT_CODE and "nope not in the suite (origin, other)" in capsys.readouterr().err
     suite.write_text("tasks:\n  x:\n    finetune: {train_file: a, dev_file: b, learning_rate: 1}\n")
     assert main(args) == USAGE_EXIT_CODE and "finetune.learning_rate is not a finetune setting" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_suite_is_checked_whole_before_any_run_and_an_exported_master_port_is_not_reused(tmp_path, tiny_corpus, pretrained, capsys,
+                                                                                           monkeypatch):
+    data = _glue(tmp_path / "data", tiny_corpus)
+    suite = tmp_path / "mine.yaml"
+    suite.write_text("tasks:\n  a:\n    metric: acuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
+                     "  b:\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv, epochs: 0}\n")  # fmt: skip
+    monkeypatch.setenv("MASTER_PORT", str(free_tcp_port()))  # a user's shell often exports one
+    args = ["evaluate", "--suite", str(suite), "--data-dir", str(data), "--model", str(pretrained), "--output", str(tmp_path / "o"),
+            *RUN, "tracking.enabled=false"]  # fmt: skip
+    assert main([*args, "--lrs", "1e-4"]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "metric 'acuracy' is not one that classification reports" in err and "finetune.epochs: must be a positive" in err, err
+    assert "SST-2/missing.tsv does not exist" not in err  # b's settings were refused first; its files are checked once they parse
+    assert not (tmp_path / "o").exists()  # nothing ran
+    suite.write_text("tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv}\n")
+    assert main([*args, "--lrs", "1e-4"]) == USAGE_EXIT_CODE and "SST-2/missing.tsv does not exist" in capsys.readouterr().err
+    suite.write_text("tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n")
+    assert main([*args, "--lrs", "1e-4,2e-4"]) == 0, capsys.readouterr().err  # two runs in one process, MASTER_PORT exported

@@ -88,3 +88,29 @@ def test_a_process_group_leaves_no_launcher_variables_behind(monkeypatch):
     assert os.environ["RANK"] == "0" and os.environ["MASTER_PORT"] != "12345"
     destroy_process_group()
     assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ and os.environ["MASTER_PORT"] == "12345"
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp{,6} write them) of the sockets listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_the_rendezvous_store_listens_on_the_master_address_only(monkeypatch):
+    """torch's TCPStore listens on every interface, unauthenticated; a run with MASTER_ADDR=127.0.0.1 must not."""
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, free_tcp_port, init_process_group
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_tcp_port()
+    init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", port, "none"), "gloo", rendezvous_timeout_s=10)
+    try:
+        assert _listening_addresses(port) == ["0100007F"]  # 127.0.0.1, and nothing on 0.0.0.0 or [::]
+    finally:
+        destroy_process_group()
