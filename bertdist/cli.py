@@ -25,6 +25,7 @@ import re
 import sys
 from typing import Callable
 
+from bertdist.chatter import VERBOSE_ENV
 from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_yaml, load_config, validate
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
@@ -401,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # The deepspeed launcher puts --local_rank=N before the subcommand; the rank is read from the environment.
     parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show the libraries' own output (DeepSpeed, MLflow, Ray), which bertdist otherwise keeps out of the way")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -423,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return USAGE_EXIT_CODE
+    if args.verbose:  # through the environment, so that the processes a command starts see it too
+        os.environ[VERBOSE_ENV] = "1"
     try:
         return int(args.func(args) or 0)
     except UserError as e:  # bad input, config, paths or flags: the message names what to fix

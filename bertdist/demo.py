@@ -11,6 +11,10 @@
     finetune a sentence-adjacency task made from the corpus (bertdist.finetune.corpus_tasks), fine-tuned from the
              export and from random initialisation: what pretraining bought, in one line
 
+The console shows what a person needs: each stage, training's progress lines, results, and where things
+are. Everything else (the launchers' INFO lines, DeepSpeed's builds and conversions, MLflow's and Ray's
+notes) goes to `{output}/demo.log`, and to the console as well with `bertdist -v demo`.
+
 Every stage is skipped when its output is already there, so an interrupted demo continues where it
 stopped (training with `--resume auto`). It runs the same from a source checkout and from an installed
 wheel (the config comes from `bertdist.resources`). This module only assembles the real components; it
@@ -19,15 +23,21 @@ adds no behaviour of its own beyond choosing the corpus.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
+import logging
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
-from typing import Any
 from pathlib import Path
+from typing import IO, Any, Iterator
+
+from bertdist import chatter
 
 DEMO_CONFIG = "bert-tiny.yaml"
 DEMO_OUTPUT = "runs/demo"
@@ -99,6 +109,13 @@ def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
 
 def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0) -> int:
     """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _log_file(out / LOG_FILENAME) as log:
+        return _run_stages(out, ranks, steps, log)
+
+
+def _run_stages(out: Path, ranks: int, steps: int, log: IO[str]) -> int:
     from bertdist.config import load_config
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.driver import prepare
@@ -108,7 +125,6 @@ def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int 
     from bertdist.resources import config_file
     from bertdist.train.export import export
 
-    out = Path(output_dir)
     started = time.perf_counter()
     overrides = [
         f"data.vocab_file={out / 'vocab' / 'vocab.txt'}",
@@ -132,7 +148,9 @@ def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int 
 
     _stage(f"vocab: WordPiece, {cfg.model.vocab_size} tokens")
     if not Path(cfg.data.vocab_file).is_file():
-        train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(out / "vocab"), vocab_size=cfg.model.vocab_size)
+        train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(out / "vocab"), vocab_size=cfg.model.vocab_size,
+                    progress=False)  # fmt: skip
+        print(f"  {cfg.data.vocab_file}")
 
     _stage("prepare: masked sentence pairs with local Ray")
     instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5)
@@ -144,28 +162,32 @@ def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int 
                     instances=instances, samples_per_shard=4096 if split == "train" else 512, progress=False,
                 )
             )  # fmt: skip
-            print(f"  {split}: {report.manifest['totals']} in {report.seconds:.0f} s")
+            totals = report.manifest["totals"]
+            print(f"  {split}: {totals['samples']:,} masked sentence pairs from {totals['documents']:,} documents "
+                  f"in {report.seconds:.0f} s ({target})")  # fmt: skip
 
     _stage(f"train: {cfg.model.size} BERT, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
-    code = _launch_training(config, ranks, overrides)
+    code = _launch_training(config, ranks, overrides, log)
     if code != 0:
-        print(f"bertdist demo: training exited with {code}", file=sys.stderr)
+        print(f"bertdist demo: training exited with {code}; its whole output is in {out / LOG_FILENAME}", file=sys.stderr)
         return code
 
     _stage("export: Hugging Face format, logged as the run's MLflow Model")
     model_dir = export(cfg.train.output_dir, out / "model", overwrite=True)
+    print(f"  {model_dir}")
 
     _stage("finetune: sentence adjacency (does the second sentence follow the first?), pretrained vs random init")
-    downstream = _downstream(out, corpus, model_dir, cfg)
+    downstream = _downstream(out, corpus, model_dir, cfg, log)
     if isinstance(downstream, int):
         return downstream
 
     print(_summary(Path(cfg.train.output_dir), model_dir, time.perf_counter() - started))
     print(downstream)
+    print(f"  log of every stage, library output included: {out / LOG_FILENAME}")
     return 0
 
 
-def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int:
+def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]) -> str | int:
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
     from bertdist.finetune.corpus_tasks import sentence_adjacency
@@ -191,6 +213,8 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int
                                  f"finetune.output_dir={run_dir}", f"tracking.run_name=demo-adjacency-{name.replace(' ', '-')}",
                                  f"launch.master_port={free_tcp_port()}"],
                                 capture_output=True, text=True, check=False, env=env)  # fmt: skip
+        log.write(result.stdout + result.stderr)
+        log.flush()
         if result.returncode != 0:
             print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)
             return result.returncode
@@ -201,11 +225,12 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any) -> str | int
             f"fine-tuned from the pretrained model vs {accuracy['random init']:.3f} from random initialisation")
 
 
-def _launch_training(config: Path, ranks: int, overrides: list[str]) -> int:
+def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str]) -> int:
     """`deepspeed --num_gpus RANKS --module bertdist train ...`, as a user would type it on one machine.
 
     With DS_ACCELERATOR=cpu the launcher starts RANKS CPU processes. The rendezvous port is a free one
-    rather than the config's 29500, which another job on the same machine may hold.
+    rather than the config's 29500, which another job on the same machine may hold. All of its output goes
+    to the log; the console gets the trainer's own lines (progress, evaluations, checkpoints, errors).
     """
     from bertdist.train.distributed import free_tcp_port
 
@@ -215,7 +240,33 @@ def _launch_training(config: Path, ranks: int, overrides: list[str]) -> int:
     ]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
     print("  $ deepspeed " + " ".join(command[3:]), flush=True)
-    return subprocess.run(command, env=env, check=False).returncode
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.write(line)
+        if chatter.verbose() or TRAINER_LINE.match(line):
+            print(line if chatter.verbose() else "  " + line, end="", flush=True)
+    log.flush()
+    return proc.wait()
+
+
+TRAINER_LINE = re.compile(r"(step \d|eval at step|training steps|done: |stopped|bertdist |\[rank \d+\] resumed|the checkpoint was written)")
+"""The lines of bertdist's training console (bertdist.train.console) and its errors; the rest is the libraries'."""
+LOG_FILENAME = "demo.log"
+
+
+@contextlib.contextmanager
+def _log_file(path: Path) -> Iterator[IO[str]]:
+    """`path`, appended to, receiving the subprocesses' output and the in-process libraries' chatter."""
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"\n==== bertdist demo {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handler = logging.StreamHandler(log)
+        chatter.LOGGER.addHandler(handler)
+        chatter.LOGGER.setLevel(logging.DEBUG)
+        try:
+            yield log
+        finally:
+            chatter.LOGGER.removeHandler(handler)
 
 
 def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
@@ -234,11 +285,16 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
     ]
     if evals:
         lines.append(f"  MLM accuracy (held-out): {evals[0][eval_key]:.3f} -> {evals[-1][eval_key]:.3f}")
+    # Commands that work as printed, from any shell: this interpreter and its own bertdist, not whatever is on PATH.
+    bertdist = Path(sys.executable).with_name("bertdist")
+    bertdist_command = shlex.quote(str(bertdist)) if bertdist.is_file() else f"{shlex.quote(sys.executable)} -m bertdist"
+    fill_mask = f"from transformers import pipeline; print(pipeline('fill-mask', {str(model_dir)!r})('Return a [MASK] of the list.'))"
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
-        f"    python -c \"from transformers import pipeline; print(pipeline('fill-mask', '{model_dir}')('Return a [MASK] of the list.'))\"",
-        f"  dashboard: bertdist ui --run-dir {run_dir}   (then open http://127.0.0.1:5000; the model is under the run's Models)",
+        f"    {shlex.quote(sys.executable)} -c {shlex.quote(fill_mask)}",
+        f"  dashboard: {bertdist_command} ui --run-dir {shlex.quote(str(run_dir))}   (then open http://127.0.0.1:5000; the model "
+        "is under the run's Models)",
     ]
     return "\n".join(lines)
 

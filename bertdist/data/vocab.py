@@ -8,6 +8,7 @@ same way at preparation time. The special tokens come first, in this order, so `
 from __future__ import annotations
 
 import os
+import sys
 from typing import Iterable
 
 import numpy as np
@@ -37,11 +38,16 @@ def _pipeline(model: models.Model, cased: bool) -> Tokenizer:
     return tokenizer
 
 
-def train_vocab(texts: Iterable[str], output_dir: str, vocab_size: int, cased: bool = False) -> str:
-    """Train on a stream of texts (memory bounded by the word counts, not the corpus); returns vocab.txt."""
+def train_vocab(texts: Iterable[str], output_dir: str, vocab_size: int, cased: bool = False, progress: bool | None = None) -> str:
+    """Train on a stream of texts (memory bounded by the word counts, not the corpus); returns vocab.txt.
+
+    `progress` (default: when stderr is a terminal) shows tokenizers' progress bars; redrawn into a log file
+    or a pipe they are only blank lines.
+    """
     tokenizer = _pipeline(models.WordPiece(unk_token="[UNK]"), cased)
+    show = sys.stderr.isatty() if progress is None else progress
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##", show_progress=True
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##", show_progress=show
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     vocab = tokenizer.get_vocab()

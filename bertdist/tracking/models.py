@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+from bertdist import chatter
 from bertdist.config import TrackingConfig
 from bertdist.tracking import store
 
@@ -41,7 +42,7 @@ def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | No
         from mlflow.models import ModelSignature
         from mlflow.types import ColSpec, Schema
 
-        with _process_wide_store(uri, client.get_run(run_id).info.experiment_id):
+        with _process_wide_store(uri, client.get_run(run_id).info.experiment_id), chatter.quiet():
             info = mlflow.models.Model.log(
                 artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
                 python_model=str(MODEL_CODE), artifacts={"hf_model": str(export_dir)},

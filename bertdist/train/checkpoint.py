@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from bertdist import chatter
 from bertdist.errors import UserError
 from bertdist.io import is_partial, partial_name, write_text
 from bertdist.train import integrity
@@ -420,7 +421,7 @@ def consolidated_state_dict(checkpoint_dir: str | os.PathLike) -> dict[str, Any]
 
     checkpoint_dir = Path(checkpoint_dir)
     state = read_train_state(checkpoint_dir)
-    with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
+    with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading(), chatter.quiet():
         if state.config["train"]["zero_stage"] == 0:
             model_states = checkpoint_dir / "mp_rank_00_model_states.pt"
             if not model_states.is_file():

@@ -45,11 +45,11 @@ def refused(path: Any, error: BaseException) -> UnsafeCheckpointError | None:
         what = f"a Python object ({found.group(1)})"
     elif "Weights only load failed" in text:
         operand = re.search(r"Unsupported operand \d+|Unsupported class \S+", text)
-        what = f"pickle instructions that are not plain data ({operand.group(0) if operand else 'not tensors or containers'})"
+        what = f"pickle instructions ({operand.group(0) if operand else 'not tensors or containers'})"
     else:
         return None
     return UnsafeCheckpointError(
-        f"{path}: refused to load: the file holds {what}, and unpickling it could run code. bertdist only loads "
+        f"{path}: refused to load: the file holds {what} that is not plain data, and unpickling it could run code. bertdist only loads "
         "checkpoints without executing them; if you made this file and trust it, convert it to a plain state dict "
         "(or safetensors) first"
     )

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bertdist import io, ownership
+from bertdist import chatter, io, ownership
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.pipeline.stages import make_group, read_unit, write_one_shard
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units
@@ -202,10 +202,11 @@ def _start_ray(opts: PrepareOptions) -> tuple[Any, float]:
 
     if not ray.is_initialized():
         if opts.ray_address:
-            with loopback_ray() if _is_loopback(opts.ray_address) else contextlib.nullcontext():
+            with loopback_ray() if _is_loopback(opts.ray_address) else contextlib.nullcontext(), chatter.quiet():
                 ray.init(address=opts.ray_address, log_to_driver=False)
         elif os.environ.get("RAY_ADDRESS"):  # under `ray job submit`
-            ray.init(log_to_driver=False)
+            with chatter.quiet():
+                ray.init(log_to_driver=False)
         else:
             start_local_ray(opts.workers or None)
     return ray, time.perf_counter() - t0
@@ -215,7 +216,7 @@ def start_local_ray(num_cpus: int | None) -> None:
     """A one-machine Ray whose servers (GCS, raylet, workers, agents) listen on 127.0.0.1 only."""
     import ray
 
-    with loopback_ray():
+    with loopback_ray(), chatter.quiet():  # Ray's notes on its token and its start
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
