@@ -292,7 +292,7 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
-        f"    {shlex.quote(sys.executable)} -c {shlex.quote(fill_mask)}",
+        f"    {shlex.quote(sys.executable)} -c \"{fill_mask}\"",
         f"  dashboard: {bertdist_command} ui --run-dir {shlex.quote(str(run_dir))}   (then open http://127.0.0.1:5000; the model "
         "is under the run's Models)",
     ]

@@ -57,3 +57,25 @@ def test_dry_run_failure_names_the_field_and_exits_2(tmp_path):
     assert out.returncode == 2
     assert "model.hiden_size: unknown key" in out.stderr
     assert "train.global_batch_size: 33 is not divisible" in out.stderr
+
+
+def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpus, tiny_vocab):
+    """A real SIGINT to a real `bertdist prepare` while its Ray tasks run: no KeyboardInterrupt traceback."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", str(tmp_path / "shards"), "--vocab",
+         tiny_vocab, "--max-seq-length", "32", "--dupe-factor", "40", "--workers", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "shards" / ".work" / "fingerprint").is_file():  # the run has claimed its output: Ray is starting
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "bertdist prepare: interrupted; the finished parts are kept in OUTPUT/.work: the same command continues" in err
