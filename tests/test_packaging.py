@@ -75,6 +75,13 @@ def demo(venv, workdir) -> Path:
     done = run(venv, workdir, "bertdist", "demo", "--output", "runs/demo", "--steps", str(DEMO_STEPS), timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "MLM accuracy (held-out)" in done.stdout and "model (Hugging Face format): runs/demo/model" in done.stdout
+    # A quiet first run: the libraries' chatter is in the log, not on the console.
+    console = done.stdout + done.stderr
+    for chatter in ("[INFO]", "Processing zero checkpoint", "Token authentication", "UserWarning", "\x1b[", "\n\n\n"):
+        assert chatter not in console, f"{chatter!r} on the demo's console:\n{console[-3000:]}"
+    assert "Processing zero checkpoint" in (workdir / "runs" / "demo" / "demo.log").read_text()
+    dashboard = next(line for line in done.stdout.splitlines() if "dashboard: " in line).split("dashboard: ")[1].split("   (")[0]
+    assert dashboard.startswith(str(venv.parent)), dashboard  # runs as printed, without activating the venv
     return workdir / "runs" / "demo"
 
 
