@@ -451,7 +451,10 @@ INTERRUPTED = {
     "prepare": "the finished parts are kept in OUTPUT/.work: the same command continues from them",
     "export": "nothing was written (a partial export is removed)",
     "embed": "nothing was written (partial shards are removed)",
+    "train": "interrupted while starting; the checkpoints written before are kept (--resume auto continues)",
+    "finetune": "interrupted while starting; the finished epochs are kept (the same command continues)",
     "evaluate": "finished runs are kept under --output; the interrupted one continues from its last epoch when rerun",
     "demo": "finished stages are kept: `bertdist demo` continues from them",
 }
-"""What Ctrl-C leaves, per command (train and finetune handle SIGINT themselves, with a checkpoint)."""
+"""What Ctrl-C leaves, per command. Once running, train and finetune handle SIGINT themselves (a checkpoint,
+one line, exit 75); these are the words for a Ctrl-C before that."""
