@@ -274,6 +274,17 @@ def test_a_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_pa
     assert checkpoint.resolve_resume(run, "auto") == run / "checkpoints" / "step_00000004"  # untouched
 
 
+def test_a_fresh_finetune_refuses_an_output_holding_a_pretraining_runs_checkpoints(tmp_path, capsys, tiny_vocab):
+    run = _fake_run(tmp_path)
+    texts = tmp_path / "t.tsv"
+    texts.write_text("sentence\tlabel\na b\t0\nc d\t1\n")
+    assert main(["finetune", f"finetune.init_from={run}", f"finetune.vocab_file={tiny_vocab}", f"finetune.train_file={texts}",
+                 f"finetune.dev_file={texts}", f"finetune.output_dir={run}", "checkpoint.resume=none"]) == USAGE_EXIT_CODE  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"finetune.output_dir {run} holds another run's checkpoints" in err, err
+    assert checkpoint.resolve_resume(run, "auto") == run / "checkpoints" / "step_00000004"  # untouched
+
+
 def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_path, capsys, tiny_vocab):
     run = _fake_run(tmp_path)
     output = tmp_path / "hf"

@@ -99,6 +99,8 @@ class Finetuning:
         import torch
 
         self.cfg, self.env, ft = cfg, env, cfg.finetune
+        if cfg.checkpoint.resume == "none":  # its pruning would delete the checkpoints of whatever run is there
+            checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
         self.source: Source = resolve(cfg)
         positions = self.source.model_cfg.max_position_embeddings
         if ft.max_seq_length > positions:

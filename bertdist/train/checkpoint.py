@@ -195,16 +195,16 @@ def _beside(root: Path) -> str:
     return f"; the newest complete checkpoint there is {newest[-1]} (checkpoint.resume={newest[-1]} resumes from it)" if newest else ""
 
 
-def refuse_foreign_checkpoints(output_dir: str | os.PathLike) -> None:
+def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "train.output_dir") -> None:
     """A fresh run must not share a checkpoints/ directory with another run: pruning keeps the newest
     `keep_last` by name, so the other run's later steps would delete this run's checkpoints (and `latest`
-    would name a deleted one)."""
+    would name a deleted one); a fine-tuning pointed at a pretraining run would delete its checkpoints."""
     existing = complete_checkpoints(checkpoints_dir(output_dir))
     if existing:
         raise CheckpointError(
-            f"train.output_dir {output_dir} holds another run's checkpoints (newest {existing[-1].name}): continue "
+            f"{field} {output_dir} holds another run's checkpoints (newest {existing[-1].name}): continue "
             f"from it with checkpoint.resume={existing[-1]} (or --resume auto where its `latest` marker is intact), "
-            "or start fresh in another train.output_dir"
+            f"or start fresh in another {field}"
         )
 
 
