@@ -8,7 +8,9 @@
     safe_load    every torch.load of a checkpoint weights-only (no code from a tampered file)
     reshard      resuming on another number of ranks (DeepSpeed's universal checkpoint)
     watchdog     heartbeats; a stalled rank named, the job stopped for a requeue
-    distributed  rank/world/master from torchrun, the deepspeed launcher or SLURM; the process group
+    stopping     the stop flag: SIGTERM/SIGINT/SIGUSR1, or the launcher above a rank gone
+    distributed  rank/world/master from torchrun, the deepspeed launcher or SLURM; the process group, its
+                 store bound to the master address; rank 0 owning the output directory for the job
     metrics      what a step measures and the names it is logged under
     console      the one-line-per-interval console and metrics.jsonl
     plan         the dry-run plan: steps, sequences, tokens, FLOPs per phase
