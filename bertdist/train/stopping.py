@@ -109,5 +109,7 @@ def _name(pid: int) -> str:
             args = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return "?"
-    shown = [os.path.basename(a) if i == 0 else a for i, a in enumerate(args[:3])]
-    return " ".join(shown)[:80] or "?"
+    if args and os.path.basename(args[0]).startswith("python"):  # the program, not the interpreter that runs it
+        rest = [a for a in args[1:] if a in ("-m", "-c") or not a.startswith("-")]
+        args = rest[1:2] if rest[:1] == ["-m"] else ["python -c"] if rest[:1] == ["-c"] else rest[:1]
+    return " ".join(os.path.basename(a) for a in args[:2])[:80] or "?"
