@@ -30,7 +30,7 @@ from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_ya
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
-from bertdist.errors import USAGE_EXIT_CODE, UserError, one_line
+from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
 from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
@@ -49,7 +49,7 @@ def _add_vocab(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
-    p.set_defaults(func=_run_vocab)
+    p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
 
 
 def _run_vocab(args: argparse.Namespace) -> int:
@@ -93,7 +93,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                    help="text per document group; NotNext segments come from the same group")
     p.add_argument("--on-bad-input", choices=["fail", "skip"], default="fail")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_run_prepare)
+    p.set_defaults(func=_run_prepare, interrupted="the finished parts are kept in OUTPUT/.work: the same command continues from them")
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
@@ -160,7 +160,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", help="shorthand for checkpoint.resume=VALUE (auto, none, or a checkpoint path)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    p.set_defaults(func=_run_train)
+    p.set_defaults(func=_run_train, interrupted="the checkpoints written before are kept (--resume auto continues)")
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -198,7 +198,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, help="directory to write")
     p.add_argument("--vocab", help="vocab.txt to ship (default: the run's data.vocab_file)")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --output")
-    p.set_defaults(func=_run_export)
+    p.set_defaults(func=_run_export, interrupted="nothing was written (a partial export is removed)")
 
 
 def _run_export(args: argparse.Namespace) -> int:
@@ -365,7 +365,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=DEMO_OUTPUT, help=f"directory for every stage's output (default {DEMO_OUTPUT})")
     p.add_argument("--ranks", type=int, default=DEMO_RANKS, help=f"CPU training processes (default {DEMO_RANKS})")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
-    p.set_defaults(func=_run_demo)
+    p.set_defaults(func=_run_demo, interrupted="finished stages are kept: `bertdist demo` continues from them")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -402,8 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # The deepspeed launcher puts --local_rank=N before the subcommand; the rank is read from the environment.
     parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also show the libraries' own output (DeepSpeed, MLflow, Ray), which bertdist otherwise keeps out of the way")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show the libraries' output (DeepSpeed, MLflow, Ray)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -439,22 +438,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertdist {args.command}: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
     except KeyboardInterrupt:  # Ctrl-C: what was kept, not a traceback
-        print(f"\nbertdist {args.command}: interrupted; {INTERRUPTED.get(args.command, 'nothing was kept')}", file=sys.stderr)
+        # Once running, train and finetune stop on SIGINT themselves (a checkpoint, one line, exit 75).
+        print(f"\nbertdist {args.command}: interrupted; {getattr(args, 'interrupted', 'nothing was kept')}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
-
-
-INTERRUPTED_EXIT_CODE = 130
-"""128 + SIGINT, what a shell reports for a command stopped by Ctrl-C."""
-
-INTERRUPTED = {
-    "vocab": "no vocabulary was written",
-    "prepare": "the finished parts are kept in OUTPUT/.work: the same command continues from them",
-    "export": "nothing was written (a partial export is removed)",
-    "embed": "nothing was written (partial shards are removed)",
-    "train": "interrupted while starting; the checkpoints written before are kept (--resume auto continues)",
-    "finetune": "interrupted while starting; the finished epochs are kept (the same command continues)",
-    "evaluate": "finished runs are kept under --output; the interrupted one continues from its last epoch when rerun",
-    "demo": "finished stages are kept: `bertdist demo` continues from them",
-}
-"""What Ctrl-C leaves, per command. Once running, train and finetune handle SIGINT themselves (a checkpoint,
-one line, exit 75); these are the words for a Ctrl-C before that."""

@@ -15,6 +15,8 @@ USAGE_EXIT_CODE = 2
 """Bad configuration, data, paths or flags; nothing was started or changed."""
 REQUEUE_EXIT_CODE = 75
 """sysexits.h EX_TEMPFAIL: stopped on request with a checkpoint saved; run the same command again."""
+INTERRUPTED_EXIT_CODE = 130
+"""128 + SIGINT, what a shell reports for a command stopped by Ctrl-C before it could stop cleanly."""
 
 
 class UserError(Exception):

@@ -17,7 +17,7 @@ def add_finetune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    p.set_defaults(func=_run_finetune)
+    p.set_defaults(func=_run_finetune, interrupted="the finished epochs are kept (the same command continues)")
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-rows", type=int, default=d.shard_rows, help="rows per .npy shard")
     p.add_argument("--dtype", default=d.dtype, help="float32 or float16")
     p.add_argument("--on-bad-input", choices=("error", "skip"), default="error", help="skip unreadable rows (counted)")
-    p.set_defaults(func=_run_embed)
+    p.set_defaults(func=_run_embed, interrupted="nothing was written (partial shards are removed)")
 
 
 def _run_embed(args: argparse.Namespace) -> int:
@@ -78,7 +78,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML file applied to every run (train.*, optim.*, tracking.*, finetune.*)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
-    p.set_defaults(func=_run_evaluate)
+    p.set_defaults(func=_run_evaluate, interrupted="finished runs are kept under --output; the interrupted one continues from its last epoch when rerun")
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:

@@ -396,8 +396,7 @@ def prune(root: Path, keep_last: int) -> None:
     leftovers = [p for p in root.glob("step_*") if p.is_dir() and (is_partial(p) or not is_complete(p))]
     doomed = complete[:-keep_last] + leftovers
     for path in doomed:
-        # Renamed first, so that a reader (an export of the run while it trains) sees the checkpoint vanish
-        # at once, not a checkpoint whose files disappear one by one, which would read as damage.
+        # Renamed first: a reader (an export while the run trains) sees it vanish, not files going one by one (damage).
         gone = Path(partial_name(path))
         try:
             os.replace(path, gone)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -351,7 +352,7 @@ def test_slurm_job_is_preempted_requeued_and_resumes_from_its_checkpoint(slurm_j
     assert slurm_job.preempted.is_set(), log[-3000:]
     assert status.startswith("succeeded") and "restarts 1" in status, status + log[-4000:]
     assert "the trainer checkpointed for preemption; requeueing" in log
-    stopped_at = int(log.split("stop requested by signal: checkpoint at step ", 1)[1].split(";")[0])
+    stopped_at = int(re.search(r"stopped \(SIGUSR1\): checkpoint at step (\d+);", log).group(1))
     assert SLURM_CHECKPOINT_EVERY <= stopped_at < SLURM_STEPS
     out = slurm_job.out
     assert "restart 1 on" in log and f"resumed from {out}/checkpoints/step_{stopped_at:08d} at step {stopped_at}" in log
