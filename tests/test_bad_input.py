@@ -314,9 +314,10 @@ def test_export_never_writes_over_the_run_it_exports_whatever_the_flags(output, 
     assert oct((run / "hf" / "model.safetensors").stat().st_mode & 0o777) == oct((run / "hf" / "config.json").stat().st_mode & 0o777)
 
 
-def test_an_export_of_a_run_that_prunes_while_it_is_read_takes_the_newest_again(tmp_path, capsys, tiny_vocab, monkeypatch):
-    """The run trains on while `bertdist export RUN` reads its newest checkpoint, and its pruning removes that
-    one: the export takes the newest again, and nothing is called damaged."""
+@pytest.mark.parametrize("command", ["export", "finetune"])
+def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_path, capsys, tiny_vocab, monkeypatch):
+    """The run trains on while `bertdist export RUN` (or a fine-tuning from RUN) reads its newest checkpoint, and
+    its pruning removes that one: the newest is taken again, and nothing is called damaged."""
     run = _fake_run(tmp_path)
     older, newer = run / "checkpoints" / "step_00000004", run / "checkpoints" / "step_00000008"
     shutil.copytree(older, newer)
@@ -332,9 +333,25 @@ def test_an_export_of_a_run_that_prunes_while_it_is_read_takes_the_newest_again(
         return read(path)
 
     monkeypatch.setattr(checkpoint, "consolidated_state_dict", pruned_while_read)
-    assert main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab]) == 0
+    if command == "export":
+        assert main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab]) == 0
+        assert json.loads((tmp_path / "hf" / "config.json").read_text())["bertdist_checkpoint"] == str(older.resolve())
+    else:
+        rows = tmp_path / "t.tsv"
+        rows.write_text("sentence\tlabel\n" + "a b\t0\nc d\t1\n" * 2)
+        assert main(["finetune", f"finetune.init_from={run}", f"finetune.vocab_file={tiny_vocab}", f"finetune.train_file={rows}",
+                     f"finetune.dev_file={rows}", f"finetune.output_dir={tmp_path / 'ft'}", "finetune.epochs=1", "finetune.batch_size=2",
+                     "finetune.micro_batch_size=2", "tracking.enabled=false"]) == 0  # fmt: skip
+        assert f"from bertdist checkpoint {older}" in capsys.readouterr().out
     assert "damaged" not in capsys.readouterr().err
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["bertdist_checkpoint"] == str(older.resolve())
+
+    def pruned_while_verified(path, mode):  # `bertdist checkpoints RUN` while its run prunes what it lists
+        shutil.rmtree(path)
+        raise CheckpointError(f"{path}: damaged checkpoint: a file is missing")
+
+    monkeypatch.setattr(checkpoint, "verify_files", pruned_while_verified)
+    text, damaged = checkpoint.listing(run)
+    assert not damaged and "step_00000004" not in text and "DAMAGED" not in text, text
 
 
 @pytest.fixture

@@ -60,17 +60,15 @@ def _from_hf(path: Path, cfg: Config) -> Source:
 
 
 def _from_checkpoint(path: Path, cfg: Config) -> Source:
-    from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
-    from bertdist.train.export import find_checkpoint
+    from bertdist.train.export import read_newest
 
-    checkpoint = find_checkpoint(path)
-    state = read_train_state(checkpoint)
+    checkpoint, state, weights = read_newest(path)  # also while its run trains and prunes
     model_cfg = _with_dropout(ModelConfig(**state.config["model"]), cfg.model)
     vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
     if not Path(vocab).is_file():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])
     _check_vocab(vocab, model_cfg, state.config["data"]["vocab_file"])
-    return Source(f"bertdist checkpoint {checkpoint}", model_cfg, vocab, consolidated_state_dict(checkpoint),
+    return Source(f"bertdist checkpoint {checkpoint}", model_cfg, vocab, weights,
                   pretraining_run_id=state.tracking_run_id, checkpoint=str(checkpoint))  # fmt: skip
 
 

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -98,8 +99,8 @@ def read_suite(suite: str) -> list[SuiteTask]:
 def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names: list[str], lrs: list[float],
              config: str | None, overrides: list[str]) -> int:  # fmt: skip
     """Fine-tune `model` on every task of the suite found in `data_dir`, print and log the table."""
-    from bertdist.finetune.runner import finetune
     from bertdist.tracking.mlflow_tracker import build_tracker
+    from bertdist.train import stopping
     from bertdist.train.distributed import read_env
 
     tasks = _present(read_suite(suite), data_dir, task_names)
@@ -113,9 +114,37 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
     parent.set_tags({"bertdist.kind": "evaluate", "bertdist.suite": suite_name, "bertdist.init_from": model})
     parent.log_params({"suite": suite_name, "model": model, "data_dir": data_dir, "tasks": ",".join(t.name for t in tasks),
                        "lrs": ",".join(str(lr) for lr in lrs)})  # fmt: skip
-    uri = getattr(parent, "tracking_uri", base.tracking.tracking_uri)
+    stop = stopping.StopFlag("bertdist evaluate")  # a signal between two runs; each run handles its own
+    try:
+        uri = getattr(parent, "tracking_uri", base.tracking.tracking_uri)
+        table = _sweep(tasks, lrs, data_dir, model, output_dir, config, overrides, env, (parent, uri, suite_name), stop)
+    finally:
+        stop.close()
+    if isinstance(table, int):
+        return table
+    columns = _columns(tasks, table)
+    average = sum(columns.values()) / len(columns)
+    parent.log_metrics({**{f"{name}/{k}": v for name, (_, r) in table.items() for k, v in r.items()}, "average": average}, 0)
+    parent.close("FINISHED")
+    if env.is_main:
+        print(_table(columns, average, {name: r["lr"] for name, (_, r) in table.items()}))
+    return OK_EXIT_CODE
+
+
+def _sweep(tasks: list[SuiteTask], lrs: list[float], data_dir: str, model: str, output_dir: str, config: str | None,
+           overrides: list[str], env: Any, tracking_parent: tuple[Any, str, str], stop: Any) -> dict[str, tuple[float, dict[str, float]]] | int:  # fmt: skip
+    """Every task at every rate: the best result per task, or the exit code that ended the sweep (the parent
+    run closed as FAILED, or KILLED after a stop request). `tracking_parent`: the parent run, its store, the suite."""
+    from bertdist.finetune.runner import finetune
+
+    parent, uri, suite_name = tracking_parent
     table: dict[str, tuple[float, dict[str, float]]] = {}
     for number, (task, lr) in enumerate((t, lr) for t in tasks for lr in lrs):
+        if stop.signum:
+            print(f"bertdist evaluate: stopped ({stop.reason}) before {task.name} at lr {lr:g}; finished runs are kept "
+                  f"under {output_dir}", file=sys.stderr, flush=True)  # fmt: skip
+            parent.close("KILLED")
+            return REQUEUE_EXIT_CODE
         with _rendezvous_port(env, number) as port:
             results: dict[str, float] = {}
             tracking = {"tracking_uri": uri, "parent_run_id": parent.run_id or "", "run_name": f"{suite_name}-{task.name}-lr{lr:g}"}
@@ -128,13 +157,7 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
             headline = results[task.metrics[0]] if task.metrics else next(iter(results.values()))
             if task.name not in table or headline > table[task.name][0]:
                 table[task.name] = (headline, {**results, "lr": lr})
-    columns = _columns(tasks, table)
-    average = sum(columns.values()) / len(columns)
-    parent.log_metrics({**{f"{name}/{k}": v for name, (_, r) in table.items() for k, v in r.items()}, "average": average}, 0)
-    parent.close("FINISHED")
-    if env.is_main:
-        print(_table(columns, average, {name: r["lr"] for name, (_, r) in table.items()}))
-    return OK_EXIT_CODE
+    return table
 
 
 def _settings(task: SuiteTask, data_dir: str, model: str, lr: float, output_dir: str) -> dict[str, Any]:

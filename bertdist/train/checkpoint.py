@@ -10,9 +10,8 @@ Layout under `{train.output_dir}/checkpoints/`:
 
 A checkpoint directory without train_state.json is incomplete (a crash while saving) and is never
 loaded; `latest` keeps pointing at the previous one. The train state is JSON rather than DeepSpeed's
-pickled client state so that it can be read without torch and holds nothing executable.
-
-This module also consolidates any ZeRO stage into one plain state dict, which export needs.
+pickled client state so that it can be read without torch and holds nothing executable. This module
+also consolidates any ZeRO stage into one plain state dict, which export needs.
 """
 
 from __future__ import annotations
@@ -186,7 +185,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def step_dirs(root: Path) -> list[Path]:
-    """Every step_* directory under `root`, oldest first, without those being removed (renamed `.partial-`)."""
+    """Every step_* directory under `root`, oldest first, but those being removed (renamed `.partial-`)."""
     return sorted(p for p in root.glob("step_*") if p.is_dir() and not is_partial(p)) if root.is_dir() else []
 
 
@@ -196,9 +195,8 @@ def _beside(root: Path) -> str:
 
 
 def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "train.output_dir") -> None:
-    """A fresh run must not share a checkpoints/ directory with another run: pruning keeps the newest
-    `keep_last` by name, so the other run's later steps would delete this run's checkpoints (and `latest`
-    would name a deleted one); a fine-tuning pointed at a pretraining run would delete its checkpoints."""
+    """A fresh run must not share a checkpoints/ directory with another run: pruning keeps the newest `keep_last`
+    by name, so one run's pruning would delete the other's checkpoints (and `latest` name a deleted one)."""
     existing = complete_checkpoints(checkpoints_dir(output_dir))
     if existing:
         raise CheckpointError(
@@ -227,6 +225,8 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, b
         try:
             state = verify_files(step_dir, mode)
         except CheckpointError as e:
+            if not step_dir.is_dir():  # pruned by its run while listed
+                continue
             status, files, size = ("incomplete" if not is_complete(step_dir) else "DAMAGED"), "-", "-"
             damaged |= status == "DAMAGED"
             notes.append(str(e).split(": ", 1)[-1] if is_complete(step_dir) else f"no {TRAIN_STATE_FILENAME}")

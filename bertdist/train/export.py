@@ -48,6 +48,7 @@ def export(
     the run that trained the checkpoint (its id travels in the checkpoint), so the dashboard lists the model
     beside its metrics; a tracking failure only warns.
     """
+    from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import write_directory
     from bertdist.tracking.models import log_export
 
@@ -59,8 +60,9 @@ def export(
         old = [p for p in output.iterdir() if p.name != ownership.LOCK_FILENAME]
         if old and not overwrite:
             raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
-        source, model = _read_newest(checkpoint_path)
-        state = checkpoint.read_train_state(source)
+        source, state, weights = read_newest(checkpoint_path)
+        model = BertForPreTraining(ModelConfig(**state.config["model"]))
+        model.load_state_dict(weights, strict=True)  # proves that they fit our model exactly
         vocab = vocab_file or state.config["data"]["vocab_file"]
         if not Path(vocab).is_file():
             raise checkpoint.CheckpointError(f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH")
@@ -96,22 +98,18 @@ def _refuse_output_over_input(output: Path, given: Path) -> None:
                                          "them, choose another directory")  # fmt: skip
 
 
-def _read_newest(checkpoint_path: str | os.PathLike, attempts: int = 5) -> tuple[Path, Any]:
-    """The checkpoint `find_checkpoint` names and its weights in our model (which proves they fit it exactly).
+def read_newest(checkpoint_path: str | os.PathLike, attempts: int = 5) -> tuple[Path, checkpoint.TrainState, dict[str, Any]]:
+    """The checkpoint `find_checkpoint` names, its train state and its consolidated fp32 weights.
 
-    A run that is training prunes old checkpoints while we read: a checkpoint that vanishes under us was
-    removed by its run, not damaged, so the newest one is taken again.
+    A run that is training prunes old checkpoints while we read (`bertdist export RUN`, `finetune.init_from=RUN`
+    during pretraining): a checkpoint that vanishes under us was removed by its run, not damaged, so the newest
+    one is taken again.
     """
-    from bertdist.model.bert import BertForPreTraining
-
     failures = 0
     while True:
         source = find_checkpoint(checkpoint_path)
         try:
-            state = checkpoint.read_train_state(source)
-            model = BertForPreTraining(ModelConfig(**state.config["model"]))
-            model.load_state_dict(checkpoint.consolidated_state_dict(source), strict=True)
-            return source, model
+            return source, checkpoint.read_train_state(source), checkpoint.consolidated_state_dict(source)
         except (checkpoint.CheckpointError, OSError):
             failures += 1
             if source.is_dir() or failures == attempts:

@@ -36,6 +36,7 @@ class StopFlag:
         self.signum = 0
         self.reason = ""
         self._who = who
+        self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
         self._launchers = launcher_chain()
@@ -58,9 +59,11 @@ class StopFlag:
                 return
 
     def close(self) -> None:
+        """Stop watching; the handlers from before are back (a fine-tuning inside `bertdist evaluate` gives the
+        signals back to evaluate's own flag)."""
         self._closed.set()
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def launcher_chain(pid: int | None = None) -> list[tuple[int, str, str]]:

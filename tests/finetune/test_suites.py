@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bertdist.cli import main
-from bertdist.errors import USAGE_EXIT_CODE
+from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
 from bertdist.train.distributed import free_tcp_port
 from tests.conftest import tiny_model_config
 
@@ -120,3 +120,32 @@ def test_a_suite_is_checked_whole_before_any_run_and_an_exported_master_port_is_
     assert main([*args, "--lrs", "1e-4"]) == USAGE_EXIT_CODE and "SST-2/missing.tsv does not exist" in capsys.readouterr().err
     suite.write_text("tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n")
     assert main([*args, "--lrs", "1e-4,2e-4"]) == 0, capsys.readouterr().err  # two runs in one process, MASTER_PORT exported
+
+
+@pytest.mark.slow
+def test_a_signal_between_two_runs_stops_the_sweep_and_marks_the_suite_killed(tmp_path, tiny_corpus, pretrained, capsys, monkeypatch):
+    import os
+    import signal
+
+    from bertdist.finetune import runner
+    from bertdist.tracking.store import client, local_store_uri
+
+    real = runner.finetune
+
+    def then_terminated(cfg, results):  # SIGTERM lands after the first run ended, before the second starts
+        code = real(cfg, results)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return code
+
+    monkeypatch.setattr(runner, "finetune", then_terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    data = _glue(tmp_path / "data", tiny_corpus)
+    code = main(["evaluate", "--suite", "glue", "--tasks", "SST-2", "--data-dir", str(data), "--model", str(pretrained), "--output",
+                 str(tmp_path / "o"), "--lrs", "1e-4,2e-4", *RUN])  # fmt: skip
+    assert code == REQUEUE_EXIT_CODE
+    assert "bertdist evaluate: stopped (SIGTERM) before SST-2 at lr 0.0002" in capsys.readouterr().err
+    store = client(local_store_uri(str(tmp_path / "o")))
+    runs_ = store.search_runs([e.experiment_id for e in store.search_experiments()])
+    assert sorted(r.info.status for r in runs_) == ["FINISHED", "KILLED"]  # the finished child, the suite
+    assert not (tmp_path / "o" / "SST-2" / "lr0.0002").exists()
+    assert signal.getsignal(signal.SIGTERM) == before  # given back
