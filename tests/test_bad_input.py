@@ -26,6 +26,7 @@ from bertdist.data.loader import PretrainingLoader
 from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.train import checkpoint
 from bertdist.train.checkpoint import CheckpointError, TrainState
+from bertdist.train.distributed import free_tcp_port
 from bertdist.train.trainer import train
 from tests import training_runs
 from tests.conftest import REPO, TEST_SEQ_LENGTH
@@ -341,7 +342,7 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
         rows.write_text("sentence\tlabel\n" + "a b\t0\nc d\t1\n" * 2)
         assert main(["finetune", f"finetune.init_from={run}", f"finetune.vocab_file={tiny_vocab}", f"finetune.train_file={rows}",
                      f"finetune.dev_file={rows}", f"finetune.output_dir={tmp_path / 'ft'}", "finetune.epochs=1", "finetune.batch_size=2",
-                     "finetune.micro_batch_size=2", "tracking.enabled=false"]) == 0  # fmt: skip
+                     "finetune.micro_batch_size=2", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]) == 0  # fmt: skip
         assert f"from bertdist checkpoint {older}" in capsys.readouterr().out
     assert "damaged" not in capsys.readouterr().err
 
