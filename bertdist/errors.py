@@ -31,6 +31,12 @@ class DataError(UserError, ValueError):
     """
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of a library's error (at most 200 characters), or its type when it says nothing."""
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
 def one_line(error: BaseException) -> str:
     """A UserError's own message; an OSError as `strerror: filename` (a full disk is not a traceback)."""
     if isinstance(error, OSError) and (error.filename is not None or error.errno is not None):

@@ -120,11 +120,21 @@ def _command() -> str:
     return "bertdist " + " ".join(args[:1]) if args else os.path.basename(sys.argv[0] or "python")
 
 
+def contents(directory: Path) -> list[Path]:
+    """What `directory` holds besides the lock file: what a command asks to be empty, or replaces."""
+    return sorted(directory / name for name in os.listdir(directory) if name != LOCK_FILENAME)
+
+
+def remove(path: Path) -> None:
+    """Delete a file, link or directory tree (nothing if it is gone already)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def _remove_added(directory: Path, before: set[str]) -> None:
-    for name in set(os.listdir(directory)) - before - {LOCK_FILENAME}:
-        path = directory / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    for path in contents(directory):
+        if path.name not in before:
+            remove(path)

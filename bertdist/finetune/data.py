@@ -137,8 +137,9 @@ def _rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterat
 
 
 def _json_row(text: str) -> dict | str:
-    if not_utf8(text):
-        return not_utf8(text)
+    problem = not_utf8(text)
+    if problem:
+        return problem
     try:
         row = json.loads(text)
     except json.JSONDecodeError as e:

@@ -24,7 +24,6 @@ is owned while the command runs, and a failure (a full disk, Ctrl-C) removes wha
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +96,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     if o.features == "pooled" and "bert.pooler.dense.weight" not in source.state:
         raise UserError(f"--features pooled: {source.description} has no pooler weights (a tagging or QA model); choose a layer")
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
-        if set(os.listdir(out)) - {ownership.LOCK_FILENAME}:
+        if ownership.contents(out):
             raise UserError(f"--output: {out} is not empty")
         return _embed(o, source, length, out)
 
@@ -180,8 +179,9 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
             raise DataError(f"{o.input}: no text (the file is empty or blank)")
         report = Examples(o.input, [])
         for i, line in enumerate(lines, start=1):
-            if not_utf8(line):
-                bad_row(report, f"{o.input}:{i}", not_utf8(line), o.skip_bad)  # skipped: listed by line in the index
+            problem = not_utf8(line)
+            if problem:
+                bad_row(report, f"{o.input}:{i}", problem, o.skip_bad)  # skipped: listed by line in the index
             else:
                 report.rows.append(Example(line, None, "", f"{o.input}:{i}"))
         return report.rows, report.skipped, [i for i, line in enumerate(lines, start=1) if not line.strip()]

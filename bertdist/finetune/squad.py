@@ -64,8 +64,8 @@ def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
     if not isinstance(articles, list):
         raise DataError(f"{path}: not SQuAD JSON: needs {{'data': [{{'paragraphs': [...]}}, ...]}}, 'data' is {_kind(articles)}")
     questions: list[Question] = []
-    seen: dict[str, str] = {}
-    cursor = 0
+    seen: dict[str, str] = {}  # question id -> FILE:LINE of its first use
+    cursor, line = 0, 1  # the last id found, and its line: ids come in file order, so both only move forward
     for a, article in enumerate(articles):
         paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
         if not isinstance(paragraphs, list):
@@ -80,19 +80,18 @@ def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
             context = paragraph.get("context")
             for q, qa in enumerate(qas):
                 qid = qa.get("id") if isinstance(qa, dict) else None
-                if isinstance(qid, (str, int)):
-                    at = raw.find(json.dumps(qid), cursor)  # questions come in file order: the next mention is this one
-                    cursor = at + 1 if at >= 0 else cursor
-                    where = f"{path}:{raw.count(chr(10), 0, at) + 1 if at >= 0 else '?'}: question {qid!r}"
-                else:
-                    where = f"{record}.qas[{q}]"
+                at = raw.find(json.dumps(qid), cursor) if isinstance(qid, (str, int)) else -1
+                if at >= 0:
+                    line, cursor = line + raw.count("\n", cursor, at), at + 1
+                located = f"{path}:{line}" if at >= 0 else f"{record}.qas[{q}]"
+                where = f"{located}: question {qid!r}" if isinstance(qid, (str, int)) else located
                 problem = _problem(qa, context)
                 if not problem and str(qid) in seen:
                     problem = f"the id {qid!r} is used again (first at {seen[str(qid)]}); question ids must be unique"
                 if problem:
                     bad_row(report, where, problem, skip_bad)
                     continue
-                seen[str(qid)] = where.split(": question")[0]
+                seen[str(qid)] = located
                 answers = [] if qa.get("is_impossible") else [(x["text"], x["answer_start"]) for x in qa["answers"]]
                 questions.append(Question(str(qid), qa["question"], context, answers, where))
     if not questions:

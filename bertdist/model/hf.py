@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
-from bertdist.errors import UserError
+from bertdist.errors import UserError, first_line
 from bertdist.io import write_error
 from bertdist.model.bert import BertForPreTraining
 
@@ -209,19 +209,14 @@ def _load_torch(path: str) -> dict[str, torch.Tensor]:
         refusal = refused(path, e)
         if refusal is not None:
             raise CheckpointFormatError(str(refusal)) from None
-        raise CheckpointFormatError(f"{path}: not a plain tensor checkpoint, or damaged ({_first_line(e)})") from None
+        raise CheckpointFormatError(f"{path}: not a plain tensor checkpoint, or damaged ({first_line(e)})") from None
 
 
 def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
     except Exception as e:  # safetensors' Rust errors (a cut file, a bad header) have no common Python base
-        raise CheckpointFormatError(f"{path}: not a readable safetensors file, truncated or damaged ({_first_line(e)})") from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
+        raise CheckpointFormatError(f"{path}: not a readable safetensors file, truncated or damaged ({first_line(e)})") from None
 
 
 # ---------------------------------------------------------------------------------------------

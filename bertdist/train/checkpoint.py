@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bertdist import chatter
-from bertdist.errors import UserError
+from bertdist.errors import UserError, first_line, one_line
 from bertdist.io import is_partial, partial_name, write_text
 from bertdist.train import integrity
 from bertdist.train.safe_load import weights_only_loading
@@ -349,7 +349,7 @@ def _write_failure_stops_the_run(target: Path) -> Iterator[None]:
             free = f"{free_bytes / 1e6:,.1f} MB free there" + (": the file system is full" if free_bytes < 2**20 else "")
         except OSError:
             free = "its free space cannot be read"
-        detail = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename else str(e).strip().splitlines()[0][:200]
+        detail = one_line(e) if isinstance(e, OSError) and e.filename else first_line(e)
         raise CheckpointSaveError(
             f"checkpoint {target} could not be written ({detail}; {free}). The newest complete checkpoint is "
             f"{previous[-1].name if previous else 'none'}; free space (the incomplete {target.name} can go) and "
@@ -446,5 +446,4 @@ def _damage_is_a_checkpoint_error(checkpoint_dir: Path) -> Iterator[None]:
     except UserError:  # ours already names the file (CheckpointError, UnsafeCheckpointError)
         raise
     except (RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{checkpoint_dir}: damaged checkpoint, its files cannot be read ({first})") from None
+        raise CheckpointError(f"{checkpoint_dir}: damaged checkpoint, its files cannot be read ({first_line(e)})") from None

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from bertdist import ownership
-from bertdist.errors import UserError
+from bertdist.errors import UserError, first_line
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -232,15 +232,16 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
 
     where = f"{env.master_addr}:{env.master_port}"
     try:
-        listen_fd = _listening_socket(env.master_addr, env.master_port) if env.rank == 0 and not _agent_store() else None
+        serves = env.rank == 0 and not _agent_store()
+        listen_fd = _listening_socket(env.master_addr, env.master_port) if serves else None
         store = dist.TCPStore(
-            env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0 and not _agent_store(),
+            env.master_addr, env.master_port, env.world_size, is_master=serves,
             timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True, master_listen_fd=listen_fd,
         )  # fmt: skip
     except (dist.DistError, OSError) as e:
         if env.rank == 0 and isinstance(e, (dist.DistNetworkError, OSError)):  # the port is taken, or the address is not ours
             raise LaunchEnvironmentError(
-                f"rank 0 cannot open the rendezvous at {where} ({_first_line(e)}); "
+                f"rank 0 cannot open the rendezvous at {where} ({first_line(e)}); "
                 "pick a free port (launch.master_port, --master_port, MASTER_PORT)"
             ) from None
         if env.rank == 0:
@@ -251,7 +252,7 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
         else:
             problem = f"rank {env.rank} could not reach the rendezvous at {where} within {rendezvous_timeout_s:g} s"
             hint = "rank 0 did not start, or MASTER_ADDR is not an address of rank 0's host that this host can reach"
-        raise LaunchEnvironmentError(f"{problem} (train.rendezvous_timeout_s): {hint} ({_first_line(e)[:160]})") from None
+        raise LaunchEnvironmentError(f"{problem} (train.rendezvous_timeout_s): {hint} ({first_line(e)[:160]})") from None
     if env.rank != 0 and store.check([_REFUSAL_KEY]):
         store.add(_REFUSAL_SEEN_KEY, 1)
         raise LaunchEnvironmentError(store.get(_REFUSAL_KEY).decode("utf-8", "replace"))
@@ -269,7 +270,7 @@ def own_output(stack: contextlib.ExitStack, directory: str | os.PathLike, env: D
     try:
         stack.enter_context(ownership.owned(directory))
     except ownership.DirectoryBusyError as e:
-        refuse_for_all_ranks(env, str(e))
+        _refuse_for_all_ranks(env, str(e))
         raise
 
 
@@ -277,7 +278,7 @@ _REFUSAL_KEY = "bertdist/refused"
 _REFUSAL_SEEN_KEY = "bertdist/refusal_seen"
 
 
-def refuse_for_all_ranks(env: DistributedEnv, message: str, timeout_s: float = 30.0) -> None:
+def _refuse_for_all_ranks(env: DistributedEnv, message: str, timeout_s: float = 30.0) -> None:
     """Rank 0 cannot start the job (its output directory is another run's): tell the other ranks through the
     rendezvous, so that each stops with the same line at once instead of waiting out the rendezvous timeout
     for a rank 0 that is gone. Serves the store until every rank has connected, at most `timeout_s`; does
@@ -286,7 +287,7 @@ def refuse_for_all_ranks(env: DistributedEnv, message: str, timeout_s: float = 3
 
     import torch.distributed as dist
 
-    if env.rank != 0 or env.world_size == 1:
+    if env.world_size == 1:
         return
     try:
         if _agent_store():
@@ -333,11 +334,6 @@ def _listening_socket(addr: str, port: int) -> int:
         return sock.detach()
     assert last is not None
     raise last
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def lost_peer(error: BaseException) -> bool:

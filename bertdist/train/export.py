@@ -8,7 +8,6 @@ the model's own `save_pretrained` with the vocabulary, so `transformers` loads t
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ def export(
         raise checkpoint.CheckpointError(f"--output {output}: is a file, not a directory")
     _refuse_output_over_input(output, Path(checkpoint_path))
     with ownership.owned(output, remove_on_failure=True):
-        old = [p for p in output.iterdir() if p.name != ownership.LOCK_FILENAME]
+        old = ownership.contents(output)
         if old and not overwrite:
             raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
         source, state, weights = read_newest(checkpoint_path)
@@ -74,7 +73,7 @@ def export(
         staging = output / f".export{PARTIAL_MARKER}{os.getpid()}"
         write_directory(model, staging, vocab, provenance)
         for path in old:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            ownership.remove(path)
         for path in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):  # config.json last: it makes a model
             os.replace(path, output / path.name)
         staging.rmdir()

@@ -35,7 +35,7 @@ class StopFlag:
     def __init__(self, who: str) -> None:
         self.signum = 0
         self.reason = ""
-        self._who = who
+        self._who, self._stderr = who, sys.stderr
         self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
@@ -55,7 +55,7 @@ class StopFlag:
                 pid, name = gone[0]
                 self.reason = f"its launcher ({name}, pid {pid}) ended"
                 self.signum = signal.SIGTERM
-                print(f"{self._who}: {self.reason}: stopping at the end of this step", file=sys.stderr, flush=True)
+                print(f"{self._who}: {self.reason}: stopping at the end of this step", file=self._stderr, flush=True)
                 return
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -188,7 +189,7 @@ def _claim_output(output_dir: str, fingerprint: str) -> str:
                     f"{output_dir}: holds an unfinished run with other inputs or options; "
                     "delete it or rerun that exact command to resume"
                 )
-    elif os.path.isdir(output_dir) and set(os.listdir(output_dir)) - {ownership.LOCK_FILENAME}:
+    elif os.path.isdir(output_dir) and ownership.contents(Path(output_dir)):
         raise DataError(f"{output_dir}: exists and is not empty; choose an empty or new --output")
     for sub in ("docs", "groups", "shards"):
         os.makedirs(os.path.join(work_dir, sub), exist_ok=True)
