@@ -79,7 +79,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", required=True, help="vocab.txt from `bertdist vocab`")
     i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
     p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
-    p.add_argument("--dupe-factor", type=int, default=i.dupe_factor, help="passes over the data, each with new pairs and masks")
+    p.add_argument("--objective", choices=["nsp", "mlm"], default=i.objective,
+                   help="nsp: BERT's sentence pairs (the paper); mlm: full-length contiguous text for MLM-only training")
+    p.add_argument("--masking", choices=["static", "dynamic"], default=i.masking,
+                   help="static: masks written into the shards (the paper); dynamic: the loader masks afresh every epoch")
+    p.add_argument("--dupe-factor", type=int, default=None,
+                   help=f"passes over the data, each with new pairs and masks (default {i.dupe_factor}; 1 with --masking dynamic)")
     p.add_argument("--masked-lm-prob", type=float, default=i.masked_lm_prob)
     p.add_argument("--max-predictions-per-seq", type=int, default=i.max_predictions_per_seq)
     p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
@@ -105,7 +110,9 @@ def _run_prepare(args: argparse.Namespace) -> int:
         vocab_file=args.vocab,
         instances=InstanceOptions(
             max_seq_length=args.max_seq_length,
-            dupe_factor=args.dupe_factor,
+            dupe_factor=args.dupe_factor if args.dupe_factor is not None else (1 if args.masking == "dynamic" else InstanceOptions.dupe_factor),
+            objective=args.objective,
+            masking=args.masking,
             masked_lm_prob=args.masked_lm_prob,
             max_predictions_per_seq=args.max_predictions_per_seq,
             short_seq_prob=args.short_seq_prob,

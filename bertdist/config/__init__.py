@@ -15,6 +15,7 @@ from bertdist.config.schema import (
     ConfigError,
     DataConfig,
     DownstreamConfig,
+    MaskingConfig,
     EvalConfig,
     FinetuneConfig,
     LaunchConfig,
@@ -27,7 +28,7 @@ from bertdist.config.schema import (
 from bertdist.config.validation import BACKENDS, PRECISIONS, VERIFY_MODES, count_vocab_lines, validate
 
 __all__ = [
-    "BACKENDS", "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DownstreamConfig", "EvalConfig", "FinetuneConfig", "LaunchConfig",
+    "BACKENDS", "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DownstreamConfig", "MaskingConfig", "EvalConfig", "FinetuneConfig", "LaunchConfig",
     "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "VERIFY_MODES", "count_vocab_lines", "dump_yaml",
     "flatten", "load_config", "validate",
 ]  # fmt: skip

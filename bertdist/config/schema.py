@@ -12,6 +12,7 @@ are impossible is `bertdist.config.validation`. This module reads and starts not
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -57,6 +58,9 @@ class ModelConfig:
     attention_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    next_sentence_prediction: bool = True
+    """false: MLM-only pretraining (RoBERTa): no NSP head, no pooler, no NSP loss; for shards prepared with
+    `--objective mlm` (whose samples have no second segment). The export is a `BertForMaskedLM`."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
     unpad: bool = True
@@ -97,6 +101,26 @@ class PhaseConfig:
 
 
 @dataclass
+class MaskingConfig:
+    """The masks the loader chooses for shards prepared with `--masking dynamic`: a fresh mask per sample every
+    epoch (`bertdist.data.masking`). Shards prepared with static masks keep the masks written into them."""
+
+    masked_lm_prob: float = 0.15
+    """Share of a sample's tokens predicted (the paper: 0.15; Wettig et al. 2022 find 0.3-0.4 better for large models)."""
+    max_predictions_per_seq: int = 0
+    """At most this many predictions per sample; 0: ceil(masked_lm_prob x max_seq_length) of the phase (20 at 128)."""
+    whole_word_mask: bool = False
+    """Mask all pieces of a word together (a `##` piece goes with the word before it)."""
+    mask_token_fraction: float = 0.8
+    """Of the predicted positions, the share shown as [MASK] (the paper's 80/10/10)."""
+    random_token_fraction: float = 0.1
+    """The share shown as a random token; the rest show the original token."""
+
+    def max_predictions(self, max_seq_length: int) -> int:
+        return self.max_predictions_per_seq or math.ceil(self.masked_lm_prob * max_seq_length - 1e-9)
+
+
+@dataclass
 class DataConfig:
     vocab_file: str = "runs/vocab/vocab.txt"
     phases: list[PhaseConfig] = field(default_factory=lambda: [PhaseConfig()])
@@ -109,6 +133,7 @@ class DataConfig:
     A batch still holds `micro_batch_size` samples, and a step the recipe's number of sequences: packing only
     changes their layout (`bertdist.data.batching`). With `model.unpad` the encoder skips padding anyway, so
     packing mostly helps the padded encoder and fixed-shape (compiled) GPU runs."""
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
 
 
 @dataclass

@@ -80,6 +80,15 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(
                 f"{name}.max_seq_length: {ph.max_seq_length} exceeds model.max_position_embeddings={m.max_position_embeddings}"
             )
+    mk = d.masking
+    if not 0.0 < mk.masked_lm_prob < 1.0:
+        p.append(f"data.masking.masked_lm_prob: must be in (0, 1), got {mk.masked_lm_prob}")
+    if mk.max_predictions_per_seq < 0:
+        p.append(f"data.masking.max_predictions_per_seq: must be >= 0 (0: from the rate), got {mk.max_predictions_per_seq}")
+    if not (mk.mask_token_fraction >= 0 and mk.random_token_fraction >= 0
+            and mk.mask_token_fraction + mk.random_token_fraction <= 1):  # fmt: skip
+        p.append(f"data.masking: mask_token_fraction and random_token_fraction must be >= 0 with a sum <= 1, got "
+                 f"{mk.mask_token_fraction} and {mk.random_token_fraction}")  # fmt: skip
     if d.loader_workers < 0:
         p.append(f"data.loader_workers: must be >= 0, got {d.loader_workers}")
 

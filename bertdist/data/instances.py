@@ -24,6 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
+from bertdist.data.masking import GeneratorDraws, MaskRules, VocabInfo, apply_masks
 from bertdist.data.samples import Samples, ranges
 
 _MASK_CHUNK = 2048
@@ -39,31 +40,17 @@ class InstanceOptions:
     short_seq_prob: float = 0.1
     whole_word_mask: bool = False
     seed: int = 12345
+    objective: str = "nsp"
+    """nsp: BERT's sentence pairs, half of them with a random second segment (the paper). mlm: contiguous
+    full sentences up to the maximum length, crossing document boundaries (RoBERTa's FULL-SENTENCES), for a
+    model trained without next-sentence prediction."""
+    masking: str = "static"
+    """static: masks chosen here and written into the shards, `dupe_factor` passes each with its own (the
+    paper). dynamic: no masks in the shards; the training loader masks every sample afresh each epoch
+    (`bertdist.data.masking`), with the masking settings of the training config."""
 
-
-@dataclass(frozen=True)
-class VocabInfo:
-    """What masking needs from the vocabulary."""
-
-    size: int
-    pad_id: int
-    cls_id: int
-    sep_id: int
-    mask_id: int
-    is_continuation: np.ndarray
-    """Bool per id: the token is a `##` piece (joins the previous word for whole-word masking)."""
-
-    @staticmethod
-    def from_tokens(tokens: list[str]) -> "VocabInfo":
-        ids = {t: i for i, t in enumerate(tokens)}
-        return VocabInfo(
-            size=len(tokens),
-            pad_id=ids["[PAD]"],
-            cls_id=ids["[CLS]"],
-            sep_id=ids["[SEP]"],
-            mask_id=ids["[MASK]"],
-            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
-        )
+    def mask_rules(self) -> MaskRules:
+        return MaskRules(self.masked_lm_prob, self.max_predictions_per_seq, self.whole_word_mask)
 
 
 @dataclass
@@ -186,115 +173,62 @@ def assemble_and_mask(
     docs: Documents, pairs: Pairs, opts: InstanceOptions, vocab: VocabInfo, rng: np.random.Generator
 ) -> Samples:
     """Steps 7-8: `[CLS] A [SEP] B [SEP]`, segment ids, and the masked LM predictions, vectorised."""
+    return mask_in_chunks(assemble(docs, pairs, vocab), opts.mask_rules(), vocab, rng)
+
+
+def assemble(docs: Documents, pairs: Pairs, vocab: VocabInfo) -> Samples:
+    """Step 7: the samples `[CLS] A [SEP] B [SEP]` laid out flat (no padding), not masked yet."""
     # the two special tokens go after the document tokens, so every part of a sample is a range to gather
     tokens = np.concatenate([docs.tokens, np.array([vocab.cls_id, vocab.sep_id], dtype=docs.tokens.dtype)])
-    parts = [
-        _mask_chunk(tokens, pairs, slice(lo, lo + _MASK_CHUNK), opts, vocab, rng)
-        for lo in range(0, len(pairs), _MASK_CHUNK)
-    ]
-    return Samples.concat(parts) if parts else _empty_samples()
-
-
-def _mask_chunk(
-    tokens: np.ndarray, pairs: Pairs, rows: slice, opts: InstanceOptions, vocab: VocabInfo, rng: np.random.Generator
-) -> Samples:
-    """One chunk of pairs: samples laid out flat (no padding), masked positions chosen per sample."""
-    a_lo, b_lo = pairs.a_start[rows], pairs.b_start[rows]
-    len_a, len_b = pairs.a_end[rows] - a_lo, pairs.b_end[rows] - b_lo
-    lengths = len_a + len_b + 3
-    n = len(lengths)
-    starts = np.cumsum(lengths) - lengths  # of each sample in the flat output
+    len_a, len_b = pairs.a_end - pairs.a_start, pairs.b_end - pairs.b_start
+    n = len(pairs)
     cls_at, sep_at, one = np.full(n, len(tokens) - 2), np.full(n, len(tokens) - 1), np.ones(n, dtype=np.int64)
-    original = tokens[
-        ranges(np.stack([cls_at, a_lo, sep_at, b_lo, sep_at], 1).ravel(), np.stack([one, len_a, one, len_b, one], 1).ravel())
-    ]
-    budget = np.minimum(opts.max_predictions_per_seq, np.maximum(1, np.round(lengths * opts.masked_lm_prob))).astype(np.int64)
-    if opts.whole_word_mask:
-        sample, position = _choose_whole_words(original, starts, lengths, len_a, budget, vocab, rng)
-    else:
-        sample, position = _choose_tokens(lengths, len_a, budget, rng)
-
-    # 80% [MASK], 10% unchanged, 10% a uniformly random vocabulary token.
-    at = starts[sample] + position
-    labels = original[at]
-    u = rng.random(len(at))
-    keep = rng.random(len(at)) < 0.5
-    random_ids = rng.integers(0, vocab.size, len(at))
-    masked = original
-    masked[at] = np.where(u < 0.8, vocab.mask_id, np.where(keep, labels, random_ids))
-    return Samples(
-        input_ids=masked,
-        lengths=lengths,
-        segment_a_lengths=len_a + 2,
-        masked_lm_positions=position,
-        masked_lm_ids=labels,
-        masked_counts=np.bincount(sample, minlength=n),
-        next_sentence_labels=pairs.is_random_next[rows],
-    )
+    starts = np.stack([cls_at, pairs.a_start, sep_at, pairs.b_start, sep_at], 1).ravel()
+    return _unmasked(tokens[ranges(starts, np.stack([one, len_a, one, len_b, one], 1).ravel())], len_a + len_b + 3,
+                     len_a + 2, pairs.is_random_next)  # fmt: skip
 
 
-def _choose_tokens(
-    lengths: np.ndarray, len_a: np.ndarray, budget: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """The reference shuffles the candidate positions and takes the first `budget`: the `budget` smallest of
-    one random key per position. Returns (sample, position) of the chosen, ascending within each sample."""
-    n, width = len(lengths), int(lengths.max())
-    keys = rng.random((n, width))
-    keys[np.arange(width) >= lengths[:, None]] = 2.0  # padding, [CLS] and both [SEP] are never chosen
-    every = np.arange(n)
-    keys[:, 0] = keys[every, len_a + 1] = keys[every, lengths - 1] = 2.0
-    kth = int(budget.max())
-    smallest = np.partition(keys, kth - 1, axis=1)[:, :kth]
-    smallest.sort(axis=1)
-    return np.nonzero(keys <= smallest[every, budget - 1][:, None])
+def full_sentences(docs: Documents, opts: InstanceOptions, vocab: VocabInfo) -> Samples:
+    """MLM-only instances: the group's text as one stream, documents joined by [SEP], cut into `[CLS] chunk [SEP]`
+    samples of exactly the maximum length (RoBERTa's FULL-SENTENCES, but cut at the length rather than at a
+    sentence end: the sentence that does not fit continues in the next sample, as transformers' `group_texts`
+    does). Chosen because no sample is short: every step trains on full-length sequences, without the
+    ~15% of padding that stopping at sentence ends leaves, and RoBERTa found the packing variants within noise
+    of each other. Only the group's last sample is shorter; no token is dropped."""
+    room = opts.max_seq_length - 2
+    sentence_lengths = np.diff(docs.sentence_offsets)
+    last_of_document = np.zeros(len(sentence_lengths), dtype=bool)
+    last_of_document[docs.document_offsets[1:] - 1] = True
+    stream_lengths = sentence_lengths + last_of_document  # every sentence, then [SEP] after a document's last
+    total = int(stream_lengths.sum())
+    stream = np.full(total, vocab.sep_id, dtype=np.int64)
+    is_text = np.ones(total, dtype=bool)
+    is_text[np.cumsum(stream_lengths)[last_of_document] - 1] = False
+    stream[is_text] = docs.tokens
+    starts = np.arange(0, total, room, dtype=np.int64)
+    bounds = np.stack([starts, np.minimum(starts + room, total)], 1)
+    # A sample's own [SEP] ends it: a document's [SEP] at either end of a sample is left out.
+    bounds[:, 0] += ~is_text[bounds[:, 0]]
+    bounds[:, 1] -= (bounds[:, 1] > bounds[:, 0]) & ~is_text[bounds[:, 1] - 1]
+    bounds = bounds[bounds[:, 1] > bounds[:, 0]]
+    lengths = bounds[:, 1] - bounds[:, 0]
+    n = len(bounds)
+    stream = np.concatenate([stream, np.array([vocab.cls_id, vocab.sep_id], dtype=np.int64)])
+    cls_at, sep_at, one = np.full(n, total), np.full(n, total + 1), np.ones(n, dtype=np.int64)
+    pieces = ranges(np.stack([cls_at, bounds[:, 0], sep_at], 1).ravel(), np.stack([one, lengths, one], 1).ravel())
+    return _unmasked(stream[pieces].astype(docs.tokens.dtype), lengths + 2, lengths + 2, np.zeros(n, dtype=np.int64))
 
 
-def _choose_whole_words(
-    original: np.ndarray, starts: np.ndarray, lengths: np.ndarray, len_a: np.ndarray, budget: np.ndarray,
-    vocab: VocabInfo, rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-word masking: a `##` piece joins the previous word of its segment; the shuffled words are taken
-    in turn, skipping one that would overshoot the budget. (sample, position) of every token chosen."""
-    n = len(lengths)
-    sample = np.repeat(np.arange(n), lengths)
-    position = np.arange(len(original)) - starts[sample]
-    candidate = np.ones(len(original), dtype=bool)
-    candidate[starts] = candidate[starts + len_a + 1] = candidate[starts + lengths - 1] = False
-    word_start = candidate & ~vocab.is_continuation[original]
-    word_start[starts + 1] = word_start[starts + len_a + 2] = True  # a segment's first token starts a word
-    counted = np.cumsum(word_start)
-    in_sample, where = sample[candidate], np.flatnonzero(candidate)
-    word = counted[where] - 1 - counted[starts][in_sample]  # of each candidate, within its sample ([CLS] is no word)
-    max_words = int(word.max()) + 1
-    sizes = np.bincount(in_sample * max_words + word, minlength=n * max_words).reshape(n, max_words)
-    keys = rng.random((n, max_words))
-    keys[sizes == 0] = 2.0
-    chosen = where[_greedy_groups(keys, sizes, budget)[in_sample, word]]
-    return sample[chosen], position[chosen]
+def _unmasked(input_ids: np.ndarray, lengths: np.ndarray, segment_a_lengths: np.ndarray, nsp: np.ndarray) -> Samples:
+    empty = np.zeros(0, dtype=np.int64)
+    return Samples(input_ids, lengths, segment_a_lengths, empty, empty.copy(), np.zeros(len(lengths), np.int64), nsp)
 
 
-def _greedy_groups(keys: np.ndarray, sizes: np.ndarray, budget: np.ndarray) -> np.ndarray:
-    """Whole words in key order, each taken if it still fits the budget; (n, groups) bool of taken groups.
-
-    Steps through the key order for all samples at once, keeping only the samples that still have budget
-    and words left (padding words have key 2, so they come last and end a sample's walk)."""
-    n, max_groups = keys.shape
-    order = np.argsort(keys, axis=1)
-    ordered_sizes = np.take_along_axis(sizes, order, axis=1)
-    used = np.zeros(n, dtype=np.int64)
-    taken = np.zeros((n, max_groups), dtype=bool)
-    active = np.arange(n)
-    for t in range(max_groups):
-        size_t = ordered_sizes[active, t]
-        take = used[active] + size_t <= budget[active]
-        taken[active, t] = take & (size_t > 0)
-        used[active] += np.where(take, size_t, 0)
-        active = active[(size_t > 0) & (used[active] < budget[active])]
-        if len(active) == 0:
-            break
-    out = np.zeros((n, max_groups), dtype=bool)
-    np.put_along_axis(out, order, taken, axis=1)
-    return out
+def mask_in_chunks(samples: Samples, rules: MaskRules, vocab: VocabInfo, rng: np.random.Generator) -> Samples:
+    """Prepare-time masks, `_MASK_CHUNK` samples at a time from one generator."""
+    parts = [apply_masks(samples.slice(lo, min(lo + _MASK_CHUNK, len(samples))), rules, vocab, GeneratorDraws(rng))
+             for lo in range(0, len(samples), _MASK_CHUNK)]  # fmt: skip
+    return Samples.concat(parts) if parts else _empty_samples()
 
 
 def _empty_samples() -> Samples:
@@ -312,6 +246,11 @@ def create_instances(
     for p in range(opts.dupe_factor):
         pair_rng = np.random.default_rng([opts.seed, *group_seed, p, 0])
         mask_rng = np.random.default_rng([opts.seed, *group_seed, p, 1])
-        pairs = make_pairs(docs, opts, RandomStream(pair_rng))
-        passes.append(assemble_and_mask(docs, pairs, opts, vocab, mask_rng).compact(docs.tokens.dtype))
+        if opts.objective == "mlm":
+            samples = full_sentences(docs, opts, vocab)
+        else:
+            samples = assemble(docs, make_pairs(docs, opts, RandomStream(pair_rng)), vocab)
+        if opts.masking == "static":
+            samples = mask_in_chunks(samples, opts.mask_rules(), vocab, mask_rng)
+        passes.append(samples.compact(docs.tokens.dtype))
     return Samples.concat(passes)

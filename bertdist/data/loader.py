@@ -9,6 +9,9 @@ How an epoch is laid out, and why:
   rank wait for the next epoch's order), so no rank runs out early.
 - DataLoader workers take turns: worker w makes the rank's batches t+w, t+w+W, ..., and PyTorch returns them
   in order, so the batch sequence does not depend on the number of workers.
+- Shards prepared with `--masking dynamic` hold no masks: each sample is masked as it is batched, with
+  numbers keyed by (seed, epoch, the sample's index in the manifest) (`bertdist.data.masking`), so its mask
+  is new every epoch and the same whichever worker or rank reads it.
 - The whole position is (epoch, the segment of the epoch being consumed, batches done), the same on every
   rank. `load_state_dict` with the same world size continues exactly; with another world size (or micro
   batch size) it removes what every old rank consumed and splits the rest of the epoch among the new
@@ -20,13 +23,14 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, views
+from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
+from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
 from bertdist.data.samples import Samples
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.errors import DataError
@@ -36,18 +40,25 @@ BATCHES_TRANSFER_SAMPLES = 1024
 """About how many samples a DataLoader worker sends per transfer (whole batches)."""
 
 
+class _Masker(NamedTuple):
+    rules: MaskRules
+    vocab: VocabInfo
+
+
 class _Layout:
     """Which sample sits at a global position of an epoch, and reading it (cached per process)."""
 
-    def __init__(self, shard_dir: str, manifest: dict, seed: int, window: int):
-        self.shard_dir, self.seed, self.window = shard_dir, seed, window
+    def __init__(self, shard_dir: str, manifest: dict, seed: int, window: int, masker: _Masker | None):
+        self.shard_dir, self.seed, self.window, self.masker = shard_dir, seed, window, masker
         per_block = manifest["options"]["samples_per_block"]
         self.blocks: list[tuple[str, int, int]] = []  # (shard file, block index, samples)
         for shard in manifest["shards"]:
             n = shard["num_samples"]
             for b in range(math.ceil(n / per_block)):
                 self.blocks.append((shard["name"], b, min(per_block, n - b * per_block)))
-        self.num_samples = sum(b[2] for b in self.blocks)
+        self.first_sample = np.cumsum([0] + [b[2] for b in self.blocks])
+        """Of each block, the index of its first sample in manifest order: a sample's identity for its masks."""
+        self.num_samples = int(self.first_sample[-1])
         self._epoch = -1
         self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
         self._decoded: OrderedDict[int, tuple[Samples, np.ndarray, np.ndarray]] = OrderedDict()
@@ -118,6 +129,8 @@ def _worker_message(error: DataError) -> str:
 def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int, packing: bool):
     """The batch of the samples at `positions` (`bertdist.data.batching`)."""
     blocks, rows = layout.locate(epoch, positions)
+    if layout.masker is not None:
+        return _collate_masking(layout, epoch, blocks, rows, max_seq_length, packing)
     picked = []
     for block_id, row in zip(blocks.tolist(), rows.tolist()):
         samples, tok, msk = layout.block(block_id)
@@ -128,6 +141,25 @@ def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length:
                    int(samples.next_sentence_labels[row]))
         )  # fmt: skip
     return collate(picked, max_seq_length, packing)
+
+
+def _collate_masking(layout: _Layout, epoch: int, blocks: np.ndarray, rows: np.ndarray, max_seq_length: int, packing: bool):
+    """The batch of unmasked samples, masked now: the masks depend on (seed, epoch, sample) only."""
+    parts = []
+    for block_id, row in zip(blocks.tolist(), rows.tolist()):
+        samples, tok, _ = layout.block(block_id)
+        parts.append((samples.input_ids[tok[row] : tok[row + 1]], int(samples.segment_a_lengths[row]),
+                      int(samples.next_sentence_labels[row])))  # fmt: skip
+    lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    unmasked = Samples(
+        input_ids=np.concatenate([p[0] for p in parts]), lengths=lengths,
+        segment_a_lengths=np.array([p[1] for p in parts], dtype=np.int64), masked_lm_positions=np.zeros(0, np.int64),
+        masked_lm_ids=np.zeros(0, np.int64), masked_counts=np.zeros(len(parts), np.int64),
+        next_sentence_labels=np.array([p[2] for p in parts], dtype=np.int64),
+    )  # fmt: skip
+    draws = KeyedDraws(layout.seed, epoch, layout.first_sample[blocks] + rows)
+    masked = apply_masks(unmasked, layout.masker.rules, layout.masker.vocab, draws)
+    return collate(picked_from(masked), max_seq_length, packing)
 
 
 class _Segment:
@@ -216,7 +248,10 @@ class PretrainingLoader:
         shuffle_buffer_size: int = 2000,
         packing: bool = False,
         pin_memory: bool = False,
+        masking: MaskRules | None = None,
     ):
+        """`masking`: the rules for shards prepared with `--masking dynamic` (default: the paper's 15%, 80/10/10,
+        at most ceil(0.15 x max_seq_length) predictions); shards with static masks keep theirs."""
         from bertdist.io import file_sha256
 
         manifest = read_manifest(shard_dir)
@@ -237,7 +272,16 @@ class PretrainingLoader:
         self.shard_dir, self.max_seq_length, self.micro_batch_size = shard_dir, max_seq_length, micro_batch_size
         self.rank, self.world_size, self.seed, self.num_workers = rank, world_size, seed, num_workers
         self.packing, self.pin_memory = packing, pin_memory
-        self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size)
+        options = manifest["options"]
+        self.objective = options.get("objective", "nsp")
+        """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
+        masker = None
+        if options.get("masking", "static") == "dynamic":
+            from bertdist.data.vocab import read_vocab
+
+            rules = masking or MaskRules(max_predictions_per_seq=math.ceil(0.15 * max_seq_length - 1e-9))
+            masker = _Masker(rules, VocabInfo.from_tokens(read_vocab(vocab_file)))
+        self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(
                 f"{shard_dir}: {self._layout.num_samples} samples cannot give each of {world_size} ranks "

@@ -42,14 +42,14 @@ class PreTrainingOutput:
     """What `BertForPreTraining.forward` returns. Losses are None when their labels were not given."""
 
     loss: torch.Tensor | None
-    """mlm_loss + nsp_loss (None unless both labels are given)."""
+    """mlm_loss + nsp_loss (None unless both labels are given); mlm_loss alone for an MLM-only model."""
     mlm_loss: torch.Tensor | None
     """Mean cross-entropy over the MLM predictions whose label is not -100."""
     nsp_loss: torch.Tensor | None
     mlm_logits: torch.Tensor
     """(samples, predictions, vocab) at `masked_lm_positions` when given, else (batch, seq, vocab)."""
-    nsp_logits: torch.Tensor
-    """(samples, 2): IsNext, NotNext. A packed batch has more samples than rows."""
+    nsp_logits: torch.Tensor | None
+    """(samples, 2): IsNext, NotNext. A packed batch has more samples than rows. None for an MLM-only model."""
 
 
 class BertEmbeddings(nn.Module):
@@ -321,7 +321,7 @@ class BertPreTrainingHeads(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.predictions = BertLMPredictionHead(cfg)
-        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2) if cfg.next_sentence_prediction else None
 
 
 def check_heads_divide(cfg: ModelConfig) -> None:
@@ -345,13 +345,17 @@ def init_weights(module: nn.Module, std: float) -> None:
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with its two pretraining heads: masked language model (tied decoder) and next-sentence prediction."""
+    """BERT with its two pretraining heads: masked language model (tied decoder) and next-sentence prediction.
+
+    With `next_sentence_prediction` off (MLM-only pretraining, as RoBERTa), there is neither the NSP head nor
+    the pooler it trains: the parameters are those of `transformers.BertForMaskedLM`, whose class loads the
+    export with no missing or unexpected key."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         check_heads_divide(cfg)
         self.config = cfg
-        self.bert = BertModel(cfg)
+        self.bert = BertModel(cfg, add_pooling_layer=cfg.next_sentence_prediction)
         self.cls = BertPreTrainingHeads(cfg)
         self.apply(lambda module: init_weights(module, cfg.initializer_range))
 
@@ -370,24 +374,25 @@ class BertForPreTraining(nn.Module):
         same shape; without it, the head runs on every position and `masked_lm_ids` is (batch, seq) like
         Hugging Face's `labels`. Label -100 marks slots without a prediction.
         """
+        nsp = self.cls.seq_relationship is not None
         if masked_lm_positions is not None:
             # The last layer runs only at each sample's [CLS] (NSP) and its predictions (MLM).
-            first = masked_lm_positions.new_zeros(len(masked_lm_positions), 1)
-            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=torch.cat([first, masked_lm_positions], 1))
-            pooled_output, predicted = self.bert.pooler(states[:, 0]), states[:, 1:]
+            at = torch.cat([masked_lm_positions.new_zeros(len(masked_lm_positions), 1), masked_lm_positions], 1)
+            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=at if nsp else masked_lm_positions)
+            pooled_output, predicted = (self.bert.pooler(states[:, 0]), states[:, 1:]) if nsp else (None, states)
         else:
             states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
             pooled_output, predicted = self.bert.pool(states, layout), layout.to_grid(states)
         mlm_logits = self.cls.predictions(predicted, self.bert.embeddings.word_embeddings.weight)
-        nsp_logits = self.cls.seq_relationship(pooled_output)
+        nsp_logits = self.cls.seq_relationship(pooled_output) if nsp else None
 
         mlm_loss = nsp_loss = loss = None
         if masked_lm_ids is not None:
             mlm_loss = VocabCrossEntropy.apply(
                 mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1)
             )
-        if next_sentence_label is not None:
+        if next_sentence_label is not None and nsp:
             nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1))
-        if mlm_loss is not None and nsp_loss is not None:
-            loss = mlm_loss + nsp_loss
+        if mlm_loss is not None and (nsp_loss is not None or not nsp):
+            loss = mlm_loss if nsp_loss is None else mlm_loss + nsp_loss
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)

@@ -31,8 +31,9 @@ def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_posit
         )
 
     mlm_head = 2 * masked_positions * (h * h + h * model.vocab_size)
-    nsp_head = 2 * (h * h + h * 2)
-    last_layer = layer(masked_positions + 1)
+    nsp = model.next_sentence_prediction
+    nsp_head = 2 * (h * h + h * 2) if nsp else 0  # the pooler and the classifier, at [CLS]
+    last_layer = layer(masked_positions + nsp)
     return 1.0 * ((layers - 1) * layer(s) + last_layer + mlm_head + nsp_head)  # a float, or a tensor when given tensors
 
 
@@ -57,9 +58,9 @@ def non_embedding_parameters(model: ModelConfig) -> int:
 def total_parameters(model: ModelConfig) -> int:
     h = model.hidden_size
     embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h
-    pooler = h * h + h
+    pooler = h * h + h if model.next_sentence_prediction else 0
     mlm_head = h * h + h + 2 * h + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
-    nsp_head = 2 * h + 2
+    nsp_head = 2 * h + 2 if model.next_sentence_prediction else 0
     return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head
 
 

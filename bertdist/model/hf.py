@@ -88,11 +88,12 @@ class CheckpointFormatError(UserError, ValueError):
 
 
 def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
-    """The config.json `transformers` writes for `BertForPreTraining` with these dimensions."""
+    """The config.json `transformers` writes for `BertForPreTraining` with these dimensions (`BertForMaskedLM` for
+    a model without next-sentence prediction)."""
     hf = {hf_key: getattr(cfg, field) for field, hf_key in _CONFIG_KEYS.items()}
     hf["intermediate_size"] = cfg.ffn_size()
     hf.update(
-        architectures=["BertForPreTraining"],
+        architectures=["BertForPreTraining" if cfg.next_sentence_prediction else "BertForMaskedLM"],
         model_type="bert",
         hidden_act="gelu",
         position_embedding_type="absolute",
@@ -121,7 +122,9 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
     dims = (values["num_layers"], values["hidden_size"], values["num_attention_heads"])
     # `size` only names a preset; every dimension is set explicitly, so a non-preset shape is represented exactly.
     size = next((name for name, d in MODEL_SIZES.items() if tuple(d.values()) == dims), "base")
-    return ModelConfig(size=size, **values)
+    # A BertForMaskedLM (an MLM-only pretraining) has no NSP head or pooler to expect.
+    nsp = "BertForMaskedLM" not in (hf.get("architectures") or [])
+    return ModelConfig(size=size, next_sentence_prediction=nsp, **values)
 
 
 def read_config(directory: Path) -> ModelConfig:

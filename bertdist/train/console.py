@@ -48,9 +48,10 @@ class Console:
         self.record(step, metrics)
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
+        nsp = f" | nsp acc {metrics['nsp_accuracy/eval']:.3f}" if "nsp_accuracy/eval" in metrics else ""
         self.line(
             f"eval at step {step} | loss {metrics[LOSS.format(split='eval')]:.3g} | "
-            f"mlm acc {metrics[MLM_ACCURACY.format(split='eval')]:.3f} | nsp acc {metrics['nsp_accuracy/eval']:.3f}"
+            f"mlm acc {metrics[MLM_ACCURACY.format(split='eval')]:.3f}{nsp}"
         )
         self.record(step, metrics)
 

@@ -42,13 +42,14 @@ def accumulate(acc: Any, out: Any, batch: dict[str, Any], model: ModelConfig | N
     logits = out.mlm_logits.detach()
     label_logits = logits.gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
     mlm_hits = (label_logits == logits.amax(-1)) & mask
-    nsp_hits = out.nsp_logits.argmax(-1) == batch["next_sentence_label"]
+    nsp = out.nsp_logits is not None
+    nsp_hits = out.nsp_logits.argmax(-1) == batch["next_sentence_label"] if nsp else mask[:0]
     tokens = (batch["attention_mask"] > 0).sum()
     samples, predictions = batch["masked_lm_ids"].shape
     values = {
         "loss": out.loss.detach(),
         "mlm_loss": out.mlm_loss.detach(),
-        "nsp_loss": out.nsp_loss.detach(),
+        "nsp_loss": out.nsp_loss.detach() if nsp else 0.0,
         "micro_batches": 1,
         "mlm_correct": mlm_hits.sum(),
         "mlm_count": mask.sum(),
@@ -65,14 +66,17 @@ def accumulate(acc: Any, out: Any, batch: dict[str, Any], model: ModelConfig | N
 
 
 def quality(sums: dict[str, float], split: str) -> dict[str, float]:
-    """Mean losses per micro batch and accuracies over all predictions of `split` (train or eval)."""
-    return {
+    """Mean losses per micro batch and accuracies over all predictions of `split` (train or eval); the NSP ones
+    only where there were NSP predictions (not for an MLM-only model)."""
+    values = {
         LOSS.format(split=split): sums["loss"] / sums["micro_batches"],
         f"loss/{split}_mlm": sums["mlm_loss"] / sums["micro_batches"],
-        f"loss/{split}_nsp": sums["nsp_loss"] / sums["micro_batches"],
         MLM_ACCURACY.format(split=split): sums["mlm_correct"] / max(1.0, sums["mlm_count"]),
-        f"nsp_accuracy/{split}": sums["nsp_correct"] / max(1.0, sums["nsp_count"]),
     }
+    if sums["nsp_count"]:
+        values[f"loss/{split}_nsp"] = sums["nsp_loss"] / sums["micro_batches"]
+        values[f"nsp_accuracy/{split}"] = sums["nsp_correct"] / sums["nsp_count"]
+    return values
 
 
 @dataclass

@@ -143,13 +143,21 @@ class Trainer(contextlib.ExitStack):
 
     def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> Any:
         from bertdist.data.loader import PretrainingLoader
+        from bertdist.data.masking import MaskRules
 
-        return PretrainingLoader(
+        m = self.cfg.data.masking
+        rules = MaskRules(m.masked_lm_prob, m.max_predictions(phase.max_seq_length), m.whole_word_mask,
+                          m.mask_token_fraction, m.random_token_fraction)  # fmt: skip
+        loader = PretrainingLoader(
             shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
             micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
             seed=self.cfg.train.seed, num_workers=workers, shuffle_buffer_size=self.cfg.data.shuffle_buffer_size,
-            packing=self.cfg.data.packing, pin_memory=self.device_type == "cuda",
+            packing=self.cfg.data.packing, pin_memory=self.device_type == "cuda", masking=rules,
         )  # fmt: skip
+        if loader.objective == "mlm" and self.cfg.model.next_sentence_prediction:
+            raise ConfigError([f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "
+                               "sentence pairs to classify); set it to false for MLM-only pretraining"])  # fmt: skip
+        return loader
 
     def _start_process_group(self) -> None:
         import torch

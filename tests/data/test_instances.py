@@ -9,11 +9,11 @@ from bertdist.data.instances import (
     Documents,
     InstanceOptions,
     RandomStream,
-    VocabInfo,
     assemble_and_mask,
     create_instances,
     make_pairs,
 )
+from bertdist.data.masking import VocabInfo
 
 VOCAB_SIZE = 500
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import json
 import os
 
@@ -94,17 +97,23 @@ def test_transformers_checkpoint_round_trip(tmp_path):
         assert torch.equal(again.state_dict()[name], tensor), name
 
 
-def test_masked_lm_checkpoint_loads_with_fresh_pooler_and_nsp_head(tmp_path):
+def test_masked_lm_checkpoint_loads_as_mlm_only_or_with_fresh_pooler_and_nsp_head(tmp_path):
     masked_lm = _saved_transformers_model("BertForMaskedLM", tmp_path / "mlm", seed=2)
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every weight it needs is there
+        mlm_only = load_pretrained(tmp_path / "mlm").eval()
+    assert not mlm_only.config.next_sentence_prediction and mlm_only.bert.pooler is None
+    with_nsp = dataclasses.replace(mlm_only.config, next_sentence_prediction=True)
     with pytest.warns(UserWarning, match="bert.pooler.dense.weight.*cls.seq_relationship.weight"):
-        model = load_pretrained(tmp_path / "mlm").eval()
+        model = load_pretrained(tmp_path / "mlm", with_nsp).eval()  # continued pretraining with NSP
+    assert torch.all(model.bert.pooler.dense.bias == 0)  # fresh, BERT-initialised
     batch = make_batch(model.config)
     with torch.no_grad():
-        logits = model(**batch).mlm_logits
         reference = masked_lm(**_encoder_inputs(batch)).logits[torch.arange(4)[:, None], batch["masked_lm_positions"]]
-    torch.testing.assert_close(logits, reference, **TOLERANCE)
-    assert torch.all(model.bert.pooler.dense.bias == 0)  # fresh, BERT-initialised
+        for loaded in (mlm_only, model):
+            torch.testing.assert_close(loaded(**batch).mlm_logits, reference, **TOLERANCE)
+    assert mlm_only(**batch).loss == mlm_only(**batch).mlm_loss
 
 
 def test_bare_bert_model_checkpoint_without_prefix(tmp_path):

@@ -45,6 +45,8 @@ class PrepareOptions:
                 ("--max-predictions-per-seq", i.max_predictions_per_seq < 1, "must be at least 1"),
                 ("--short-seq-prob", not 0 <= i.short_seq_prob <= 1, "must be in [0, 1]"),
                 ("--seed", not 0 <= i.seed < 2**63, "must be in [0, 2^63)"),
+                ("--objective", i.objective not in ("nsp", "mlm"), "must be nsp or mlm"),
+                ("--masking", i.masking not in ("static", "dynamic"), "must be static or dynamic"),
                 ("--workers", self.workers < 0, "must be >= 0"),
                 ("--samples-per-shard", self.samples_per_shard < 1, "must be at least 1"),
                 ("--group-mb", not (math.isfinite(self.group_bytes) and self.group_bytes > 0), "must be positive"),

@@ -22,12 +22,8 @@ from typing import Any
 import numpy as np
 
 from bertdist import io
-from bertdist.data.instances import (
-    Documents,
-    InstanceOptions,
-    VocabInfo,
-    create_instances,
-)
+from bertdist.data.instances import Documents, InstanceOptions, create_instances
+from bertdist.data.masking import VocabInfo
 from bertdist.data.readers import ReadUnit, read_documents
 from bertdist.data.samples import Samples, offsets, ranges
 from bertdist.data.shards import (

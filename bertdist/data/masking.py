@@ -1,0 +1,196 @@
+"""BERT's masked-LM choice, once per sample: which positions to predict and what the model sees there.
+
+One implementation serves both places masks are made:
+- at prepare time (`--masking static`, Google's recipe): a numpy Generator draws the numbers, and the masks are
+  written into the shards, `dupe_factor` different ones per sentence pair;
+- at load time (`--masking dynamic`, RoBERTa's and MosaicBERT's recipe): the loader masks each sample as it is
+  read, a fresh mask every epoch. Its numbers are a hash of (run seed, epoch, sample, position), so a sample's
+  mask is the same whichever DataLoader worker, rank or world size reads it: a resumed run, even on another
+  number of ranks, sees exactly the masks the uninterrupted one would have.
+
+The rules are the reference's (google-research/bert `create_masked_lm_predictions`): [CLS] and [SEP] are never
+predicted; a sample predicts round(length x rate) positions, at least 1 and at most `max_predictions_per_seq`;
+with whole-word masking a `##` piece goes with the word before it and a word that would overshoot the budget
+is skipped; a chosen position shows [MASK] 80% of the time, a uniformly random token 10%, itself 10%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertdist.data.samples import Samples
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_UNIT = 2.0**-53
+
+# Streams of numbers a sample draws from, so that no two decisions share a number.
+_POSITION_KEYS, _WORD_KEYS, _REPLACE, _RANDOM_TOKEN = range(4)
+
+
+@dataclass(frozen=True)
+class MaskRules:
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    whole_word_mask: bool = False
+    mask_token_fraction: float = 0.8
+    """Of the chosen positions, the share shown as [MASK]."""
+    random_token_fraction: float = 0.1
+    """The share shown as a uniformly random vocabulary token; the rest show the original token."""
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What instances and masks need from the vocabulary."""
+
+    size: int
+    pad_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    is_continuation: np.ndarray
+    """Bool per id: the token is a `##` piece (joins the previous word for whole-word masking)."""
+
+    @staticmethod
+    def from_tokens(tokens: list[str]) -> "VocabInfo":
+        ids = {t: i for i, t in enumerate(tokens)}
+        return VocabInfo(
+            size=len(tokens),
+            pad_id=ids["[PAD]"],
+            cls_id=ids["[CLS]"],
+            sep_id=ids["[SEP]"],
+            mask_id=ids["[MASK]"],
+            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
+        )
+
+
+class GeneratorDraws:
+    """Numbers from one numpy Generator, in the order they are asked for (prepare-time masking)."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def uniform(self, stream: int, sample: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        return self.rng.random(np.broadcast(sample, slot).shape)
+
+
+class KeyedDraws:
+    """Numbers that are a function of (seed, epoch, sample id, slot, stream) alone (load-time masking).
+
+    A counter-based generator: SplitMix64's finaliser applied to the key, an avalanche hash whose 53 high bits
+    pass as uniform for this purpose (Steele et al. 2014). Vectorised, so a batch's numbers cost a few numpy
+    operations, and independent of the order or grouping in which samples are masked."""
+
+    def __init__(self, seed: int, epoch: int, sample_ids: np.ndarray):
+        run = _mix(np.asarray([seed], dtype=np.uint64) * _GOLDEN + np.uint64(epoch))
+        self.keys = _mix(run ^ (np.asarray(sample_ids, dtype=np.uint64) * _GOLDEN))
+
+    def uniform(self, stream: int, sample: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        slot = np.asarray(slot, dtype=np.uint64) * np.uint64(4) + np.uint64(stream + 1)
+        return (_mix(self.keys[sample] + slot * _GOLDEN) >> np.uint64(11)).astype(np.float64) * _UNIT
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def apply_masks(samples: Samples, rules: MaskRules, vocab: VocabInfo, draws) -> Samples:
+    """`samples` (unmasked) with their masked-LM predictions chosen and their input tokens replaced.
+
+    `draws` is a `GeneratorDraws` or a `KeyedDraws` for these samples, in this order."""
+    tokens = samples.input_ids.astype(np.int64)
+    lengths = samples.lengths.astype(np.int64)
+    starts = samples.token_offsets()[:-1]
+    n = len(lengths)
+    if n == 0:
+        return samples
+    sample = np.repeat(np.arange(n), lengths)
+    position = np.arange(len(tokens)) - starts[sample]
+    candidate = (tokens != vocab.cls_id) & (tokens != vocab.sep_id)
+    budget = np.minimum(rules.max_predictions_per_seq, np.maximum(1, np.round(lengths * rules.masked_lm_prob)))
+    budget = np.minimum(budget, np.bincount(sample[candidate], minlength=n)).astype(np.int64)
+    if rules.whole_word_mask:
+        chosen = _choose_whole_words(tokens, sample, starts, candidate, budget, vocab, draws)
+    else:
+        chosen = _choose_tokens(sample, position, lengths, candidate, budget, draws)
+    sample, position = sample[chosen], position[chosen]
+    labels = tokens[chosen]
+    u = draws.uniform(_REPLACE, sample, position)
+    random_ids = (draws.uniform(_RANDOM_TOKEN, sample, position) * vocab.size).astype(np.int64)
+    shown_random = u < rules.mask_token_fraction + rules.random_token_fraction
+    tokens[chosen] = np.where(u < rules.mask_token_fraction, vocab.mask_id, np.where(shown_random, random_ids, labels))
+    return Samples(
+        input_ids=tokens,
+        lengths=samples.lengths,
+        segment_a_lengths=samples.segment_a_lengths,
+        masked_lm_positions=position,
+        masked_lm_ids=labels,
+        masked_counts=np.bincount(sample, minlength=n),
+        next_sentence_labels=samples.next_sentence_labels,
+    )
+
+
+def _choose_tokens(
+    sample: np.ndarray, position: np.ndarray, lengths: np.ndarray, candidate: np.ndarray, budget: np.ndarray, draws
+) -> np.ndarray:
+    """The reference shuffles the candidate positions and takes the first `budget`: the `budget` smallest of
+    one random key per position. Returns the flat indices of the chosen tokens (ascending)."""
+    n, width = len(lengths), int(lengths.max())
+    keys = draws.uniform(_POSITION_KEYS, np.arange(n)[:, None], np.arange(width)[None, :])
+    grid = np.full((n, width), 2.0)  # padding and [CLS]/[SEP] are never chosen
+    grid[sample[candidate], position[candidate]] = keys[sample[candidate], position[candidate]]
+    kth = max(int(budget.max()), 1)
+    smallest = np.partition(grid, kth - 1, axis=1)[:, :kth]
+    smallest.sort(axis=1)
+    threshold = np.where(budget > 0, smallest[np.arange(n), np.maximum(budget - 1, 0)], -1.0)
+    return np.flatnonzero(candidate & (grid[sample, position] <= threshold[sample]))
+
+
+def _choose_whole_words(
+    tokens: np.ndarray, sample: np.ndarray, starts: np.ndarray, candidate: np.ndarray, budget: np.ndarray,
+    vocab: VocabInfo, draws,
+) -> np.ndarray:
+    """Whole-word masking: a `##` piece joins the previous word; a token after [CLS] or [SEP] starts a word. The
+    shuffled words are taken in turn, skipping one that would overshoot the budget. Flat indices chosen."""
+    n = len(starts)
+    after_special = np.ones(len(tokens), dtype=bool)
+    after_special[1:] = ~candidate[:-1]
+    word_start = candidate & (~vocab.is_continuation[tokens] | after_special)
+    counted = np.cumsum(word_start)
+    in_sample, where = sample[candidate], np.flatnonzero(candidate)
+    word = counted[where] - 1 - (counted[starts] - word_start[starts])[in_sample]  # of each candidate, in its sample
+    if len(word) == 0:
+        return where
+    max_words = int(word.max()) + 1
+    sizes = np.bincount(in_sample * max_words + word, minlength=n * max_words).reshape(n, max_words)
+    keys = draws.uniform(_WORD_KEYS, np.arange(n)[:, None], np.arange(max_words)[None, :])
+    keys[sizes == 0] = 2.0
+    return where[_greedy_groups(keys, sizes, budget)[in_sample, word]]
+
+
+def _greedy_groups(keys: np.ndarray, sizes: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """Whole words in key order, each taken if it still fits the budget; (n, groups) bool of taken groups.
+
+    Steps through the key order for all samples at once, keeping only the samples that still have budget
+    and words left (padding words have key 2, so they come last and end a sample's walk)."""
+    n, max_groups = keys.shape
+    order = np.argsort(keys, axis=1)
+    ordered_sizes = np.take_along_axis(sizes, order, axis=1)
+    used = np.zeros(n, dtype=np.int64)
+    taken = np.zeros((n, max_groups), dtype=bool)
+    active = np.flatnonzero(budget > 0)
+    for t in range(max_groups):
+        if len(active) == 0:
+            break
+        size_t = ordered_sizes[active, t]
+        take = used[active] + size_t <= budget[active]
+        taken[active, t] = take & (size_t > 0)
+        used[active] += np.where(take, size_t, 0)
+        active = active[(size_t > 0) & (used[active] < budget[active])]
+    out = np.zeros((n, max_groups), dtype=bool)
+    np.put_along_axis(out, order, taken, axis=1)
+    return out

@@ -1,0 +1,155 @@
+"""Masking at load time (`bertdist.data.masking`): BERT's statistics on real prose, whole words, the budget, and
+masks that depend on (seed, epoch, sample) only: the same for any number of workers, ranks or batch layout."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from bertdist.data.instances import InstanceOptions, full_sentences
+from bertdist.data.loader import PretrainingLoader
+from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.data.samples import Samples
+from bertdist.data.vocab import read_vocab
+from bertdist.demo import python_documentation
+from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def prose(tiny_vocab) -> tuple[Samples, VocabInfo]:
+    """Python's own documentation, WordPiece-tokenized and cut into full-length MLM samples (unmasked)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from bertdist.data.instances import Documents
+
+    tokenizer = BertWordPieceTokenizer(tiny_vocab, lowercase=True)
+    texts = [t for t in python_documentation()[:400] if t.strip()]
+    ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    ids = [i for i in ids if i]
+    lengths = np.array([len(i) for i in ids])
+    docs = Documents(np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]),
+                     np.arange(len(ids) + 1))  # fmt: skip
+    vocab = VocabInfo.from_tokens(read_vocab(tiny_vocab))
+    return full_sentences(docs, InstanceOptions(max_seq_length=SEQ), vocab), vocab
+
+
+def _masked(samples: Samples, vocab: VocabInfo, rules: MaskRules, epoch: int = 0, seed: int = 1) -> Samples:
+    return apply_masks(samples, rules, vocab, KeyedDraws(seed, epoch, np.arange(len(samples))))
+
+
+def test_rate_split_budget_and_specials_on_real_text(prose):
+    samples, vocab = prose
+    assert len(samples) > 2000
+    rules = MaskRules(masked_lm_prob=0.15, max_predictions_per_seq=8)
+    out = _masked(samples, vocab, rules)
+    lengths = samples.lengths.astype(np.int64)
+    want = np.minimum(8, np.maximum(1, np.round(lengths * 0.15)))
+    assert np.array_equal(out.masked_counts, want)  # the rate, capped by max predictions
+    at = samples.token_offsets()[:-1][np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions
+    original = samples.input_ids.astype(np.int64)
+    assert np.array_equal(out.masked_lm_ids, original[at])
+    assert not np.isin(out.masked_lm_ids, [vocab.cls_id, vocab.sep_id]).any()
+    shown = out.input_ids[at]
+    as_mask, as_self = shown == vocab.mask_id, shown == original[at]
+    as_random = ~as_mask & ~as_self
+    n = len(at)
+    assert abs(as_mask.mean() - 0.8) < 4 * np.sqrt(0.16 / n)
+    assert abs(as_random.mean() - 0.1) < 4 * np.sqrt(0.09 / n) + 0.1 / vocab.size * 5
+    # nothing but the chosen positions changed
+    untouched = np.ones(len(original), dtype=bool)
+    untouched[at] = False
+    assert np.array_equal(out.input_ids[untouched], original[untouched])
+
+
+def test_other_rates_and_split(prose):
+    samples, vocab = prose
+    out = _masked(samples, vocab, MaskRules(masked_lm_prob=0.3, max_predictions_per_seq=SEQ, mask_token_fraction=1.0,
+                                            random_token_fraction=0.0))  # fmt: skip
+    assert np.array_equal(out.masked_counts, np.maximum(1, np.round(samples.lengths * 0.3)))
+    at = samples.token_offsets()[:-1][np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions
+    assert (out.input_ids[at] == vocab.mask_id).all()
+
+
+def test_whole_words_are_masked_together(prose):
+    samples, vocab = prose
+    out = _masked(samples, vocab, MaskRules(max_predictions_per_seq=10, whole_word_mask=True))
+    tokens = samples.input_ids.astype(np.int64)
+    chosen = np.zeros(len(tokens), dtype=bool)
+    starts = samples.token_offsets()[:-1]
+    chosen[starts[np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions] = True
+    continuation = vocab.is_continuation[tokens]
+    assert continuation[chosen].sum() > 100  # the tiny vocabulary splits Python's words into many pieces
+    # a `##` piece is chosen exactly when the token before it (its word) is; after [CLS] or [SEP] it starts a word
+    joins = continuation[1:] & ~np.isin(tokens[:-1], [vocab.cls_id, vocab.sep_id])
+    assert np.array_equal(chosen[1:][joins], chosen[:-1][joins])
+    assert (out.masked_counts <= 10).all() and out.masked_counts.mean() > 0.8 * np.minimum(10, np.round(samples.lengths * 0.15)).mean()
+
+
+def test_masks_depend_on_seed_epoch_and_sample_only(prose):
+    samples, vocab = prose
+    rules = MaskRules()
+    whole = _masked(samples, vocab, rules)
+    ids = np.arange(len(samples))
+    halves = [apply_masks(samples.slice(a, b), rules, vocab, KeyedDraws(1, 0, ids[a:b])) for a, b in [(0, 700), (700, len(samples))]]
+    assert all(np.array_equal(getattr(whole, c), getattr(Samples.concat(halves), c)) for c in Samples.column_names())
+    other_epoch = _masked(samples, vocab, rules, epoch=1)
+    assert not np.array_equal(whole.masked_lm_positions, other_epoch.masked_lm_positions)
+    assert not np.array_equal(whole.masked_lm_positions, _masked(samples, vocab, rules, seed=2).masked_lm_positions)
+
+
+@pytest.fixture(scope="module")
+def dynamic_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+    from bertdist.data.pipeline.driver import prepare
+
+    out = str(tmp_path_factory.mktemp("dynamic") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, masking="dynamic", dupe_factor=1))
+    return out
+
+
+def _rows(loader: PretrainingLoader, batches: int) -> list[tuple]:
+    out = []
+    for batch in itertools.islice(iter(loader), batches):
+        for i in range(len(batch["input_ids"])):
+            length, predictions = int((batch["attention_mask"][i] > 0).sum()), int((batch["masked_lm_ids"][i] != -100).sum())
+            out.append((tuple(batch["input_ids"][i, :length].tolist()), tuple(batch["masked_lm_positions"][i, :predictions].tolist())))
+    return out
+
+
+def _loader(shards, vocab, **kw):
+    args = dict(max_seq_length=TEST_SEQ_LENGTH, micro_batch_size=8, seed=5, shuffle_buffer_size=300)
+    return PretrainingLoader(shards, vocab, **{**args, **kw})
+
+
+def test_shards_hold_no_masks_and_the_loader_masks_them(dynamic_shards, tiny_vocab, tiny_shards):
+    import json
+    from pathlib import Path
+
+    manifest = json.loads((Path(dynamic_shards) / "manifest.json").read_text())
+    assert manifest["options"]["masking"] == "dynamic" and manifest["totals"]["masked_tokens"] == 0
+    static = json.loads((Path(tiny_shards) / "manifest.json").read_text())
+    # one pass instead of the static shards' two (dupe factor): half the samples
+    assert manifest["totals"]["samples"] * 2 == pytest.approx(static["totals"]["samples"], rel=0.05)
+    batch = next(iter(_loader(dynamic_shards, tiny_vocab)))
+    real = batch["masked_lm_ids"] != -100
+    assert real.any(1).all() and (batch["input_ids"] == read_vocab(tiny_vocab).index("[MASK]")).any()
+
+
+def test_same_masks_for_any_number_of_workers(dynamic_shards, tiny_vocab):
+    per_epoch = _loader(dynamic_shards, tiny_vocab).batches_per_epoch
+    reference = _rows(_loader(dynamic_shards, tiny_vocab), per_epoch + 3)  # into the second epoch
+    for workers in (1, 2):
+        assert _rows(_loader(dynamic_shards, tiny_vocab, num_workers=workers), per_epoch + 3) == reference
+
+
+def test_a_sample_gets_the_same_mask_on_any_rank_layout(dynamic_shards, tiny_vocab):
+    one = _loader(dynamic_shards, tiny_vocab, micro_batch_size=4)
+    alone = set(_rows(one, one.batches_per_epoch))
+    split = set()
+    for rank in range(2):
+        loader = _loader(dynamic_shards, tiny_vocab, micro_batch_size=4, rank=rank, world_size=2)
+        split |= set(_rows(loader, loader.batches_per_epoch))
+    assert len(split) > 0.95 * len(alone) and len(split - alone) == 0
