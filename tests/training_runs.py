@@ -33,6 +33,14 @@ ENGINES = [(1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (2, "bf16")]
 """(ZeRO stage, precision) of the runs trained, resumed and exported: every engine path that runs on CPU (fp16
 needs a GPU; its loss-scaling logic is tested with injected overflows in tests/train/test_fp16.py)."""
 ENGINE_IDS = [f"zero{stage}-{precision}" for stage, precision in ENGINES]
+RECIPES = {
+    "paper": {},
+    # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule
+    "fast": {"model": {"next_sentence_prediction": False}, "optim": {"name": "lamb"},
+             "phase": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS}},
+}  # fmt: skip
+"""Config sections merged over a run's config, by name; the shards must suit the recipe ("fast": prepared
+with --objective mlm --masking dynamic)."""
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.
@@ -50,19 +58,22 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", **train: object) -> Path:
-    model = {k: v for k, v in vars(tiny_model_config()).items()}
+def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", recipe: str = "paper",
+                 **train: object) -> Path:
+    changes = RECIPES[recipe]
+    model = {**vars(tiny_model_config()), **changes.get("model", {})}
     cfg = {
         "model": model,
         "data": {
             "vocab_file": vocab,
             "phases": [
-                {"train_dir": shards, "eval_dir": shards, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": STEPS}
+                {"train_dir": shards, "eval_dir": shards, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": STEPS,
+                 **changes.get("phase", {})}
             ],
             "loader_workers": 1,
             "shuffle_buffer_size": 256,
         },
-        "optim": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS},
+        "optim": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS, **changes.get("optim", {})},
         "train": {
             "global_batch_size": 16,  # 4 per micro batch x 2 ranks x 2 accumulation steps
             "zero_stage": zero_stage,
@@ -175,33 +186,36 @@ class Scenario:
     notes: dict[str, str]
 
 
-def _directory(base: str, zero_stage: int, precision: str, kind: str) -> Path:
-    return Path(base) / f"zero{zero_stage}{'' if precision == 'fp32' else '-' + precision}-{kind}"
+def _directory(base: str, zero_stage: int, precision: str, kind: str, recipe: str) -> Path:
+    recipe_part = "" if recipe == "paper" else f"{recipe}-"
+    return Path(base) / f"{recipe_part}zero{zero_stage}{'' if precision == 'fp32' else '-' + precision}-{kind}"
 
 
-def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str = "fp32") -> Scenario:
+def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", recipe: str = "paper") -> Scenario:
     """The run of `ENGINES`' (zero_stage, precision) that nothing interrupts (once per session, however called)."""
-    return _uninterrupted(base, shards, vocab, zero_stage, precision)
+    return _uninterrupted(base, shards, vocab, zero_stage, precision, recipe)
 
 
 @functools.cache  # positional arguments only: f(x, k=1) and f(x, 1) would be two cache entries, one directory
-def _uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str) -> Scenario:
-    directory = _directory(base, zero_stage, precision, "uninterrupted")
-    config = write_config(directory, shards, vocab, zero_stage, precision)
+def _uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str, recipe: str) -> Scenario:
+    directory = _directory(base, zero_stage, precision, "uninterrupted", recipe)
+    config = write_config(directory, shards, vocab, zero_stage, precision, recipe)
     ranks = start_ranks(config, "run")
     codes = ranks.wait()
     return Scenario(config, directory / "out", {"run": codes}, {"run": ranks.output(0)})
 
 
-def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str = "fp32") -> Scenario:
+def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str = "fp32",
+                recipe: str = "paper") -> Scenario:
     """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end."""
-    return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision)
+    return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision, recipe)
 
 
 @functools.cache
-def _interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str) -> Scenario:
-    directory = _directory(base, zero_stage, precision, "interrupted")
-    config = write_config(directory, shards, vocab, zero_stage, precision)
+def _interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str,
+                 recipe: str) -> Scenario:
+    directory = _directory(base, zero_stage, precision, "interrupted", recipe)
+    config = write_config(directory, shards, vocab, zero_stage, precision, recipe)
     out = directory / "out"
     codes, notes = {}, {}
 

@@ -98,6 +98,15 @@ class PhaseConfig:
     """Sequences per rank per forward/backward pass."""
     steps: int = 1000
     """Optimizer steps spent in this phase."""
+    global_batch_size: int = 0
+    """Sequences per optimizer step in this phase; 0: train.global_batch_size. (NVIDIA's LAMB recipe for
+    BERT-Large: 65,536 at length 128, then 32,768 at 512.)"""
+    lr: float = 0.0
+    """0: the phase follows the run's one schedule (optim.lr and optim.warmup_steps over all phases, the paper).
+    Positive: the phase has its own, linear warmup over `warmup_steps` to `lr` then linear decay to 0 at its
+    last step (NVIDIA's recipe). Either every phase sets it or none does."""
+    warmup_steps: int = 0
+    """Warmup of the phase's own schedule (with `lr`)."""
 
 
 @dataclass
@@ -138,8 +147,10 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """Adam(W) with BERT's decoupled weight decay, linear warmup then linear decay to zero."""
+    """Adam(W) with BERT's decoupled weight decay (or LAMB), linear warmup then linear decay to zero."""
 
+    name: str = "adamw"
+    """adamw (the paper) or lamb (You et al. 2019, for very large batches: `bertdist.train.lamb`)."""
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
@@ -329,8 +340,15 @@ class Config:
     def total_steps(self) -> int:
         return sum(p.steps for p in self.data.phases)
 
+    def global_batch_size(self, phase: PhaseConfig) -> int:
+        return phase.global_batch_size or self.train.global_batch_size
+
     def gradient_accumulation_steps(self, phase: PhaseConfig, world_size: int) -> int:
-        return self.train.global_batch_size // (phase.micro_batch_size * world_size)
+        return self.global_batch_size(phase) // (phase.micro_batch_size * world_size)
+
+    def first_step(self, index: int) -> int:
+        """The first optimizer step of phase `index`."""
+        return sum(p.steps for p in self.data.phases[:index])
 
     def phase_at(self, step: int) -> tuple[int, PhaseConfig]:
         """The phase (index, config) that optimizer step `step` (0-based) belongs to."""

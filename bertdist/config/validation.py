@@ -67,13 +67,21 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(f"{name}.train_dir: empty")
         if ph.steps <= 0:
             p.append(f"{name}.steps: must be positive, got {ph.steps}")
-        if ph.micro_batch_size <= 0:
+        batch, batch_field = (ph.global_batch_size, f"{name}.global_batch_size") if ph.global_batch_size else (
+            t.global_batch_size, "train.global_batch_size")  # fmt: skip
+        if ph.global_batch_size < 0:
+            p.append(f"{name}.global_batch_size: must be >= 0 (0: train.global_batch_size), got {ph.global_batch_size}")
+        elif ph.micro_batch_size <= 0:
             p.append(f"{name}.micro_batch_size: must be positive, got {ph.micro_batch_size}")
-        elif world > 0 and t.global_batch_size % (ph.micro_batch_size * world):
+        elif world > 0 and batch > 0 and batch % (ph.micro_batch_size * world):
             p.append(
-                f"train.global_batch_size: {t.global_batch_size} is not divisible by "
+                f"{batch_field}: {batch} is not divisible by "
                 f"{name}.micro_batch_size x world size = {ph.micro_batch_size} x {world}"
             )
+        if not ph.lr >= 0:
+            p.append(f"{name}.lr: must be >= 0 (0: the run's schedule), got {ph.lr}")
+        if not 0 <= ph.warmup_steps <= max(ph.steps, 0):
+            p.append(f"{name}.warmup_steps: must be in [0, {name}.steps = {ph.steps}], got {ph.warmup_steps}")
         if ph.max_seq_length < 8:
             p.append(f"{name}.max_seq_length: must be at least 8, got {ph.max_seq_length}")
         if ph.max_seq_length > m.max_position_embeddings:
@@ -92,6 +100,15 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if d.loader_workers < 0:
         p.append(f"data.loader_workers: must be >= 0, got {d.loader_workers}")
 
+    own_schedules = [i for i, ph in enumerate(d.phases) if ph.lr]
+    if own_schedules and len(own_schedules) != len(d.phases):
+        p.append(f"data.phases.N.lr: set for phases {own_schedules} only; either every phase has its own schedule or none")
+    if o.name not in ("adamw", "lamb"):
+        p.append(f"optim.name: {o.name!r} is not one of adamw, lamb")
+    elif o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):
+        p.append(f"optim.name: lamb scales each parameter tensor by its own trust ratio, and ZeRO (train.zero_stage="
+                 f"{t.zero_stage}) and DeepSpeed's bf16 optimizer hand the optimizer flattened partitions instead; "
+                 "use train.zero_stage: 0 with fp32 or fp16")  # fmt: skip
     total = cfg.total_steps()
     if o.warmup_steps < 0:
         p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")

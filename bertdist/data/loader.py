@@ -20,8 +20,10 @@ How an epoch is laid out, and why:
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import weakref
 from collections import OrderedDict
 from typing import Any, Iterator, NamedTuple
 
@@ -117,6 +119,23 @@ def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+
+
+_STARTED: weakref.WeakSet = weakref.WeakSet()
+"""The DataLoader iterators with worker processes this process started."""
+
+
+@atexit.register
+def _kill_workers_left_at_exit() -> None:
+    """At exit, multiprocessing ends every daemonic child with SIGTERM and then waits for it without a timeout.
+    Our workers ignore SIGTERM (above), so a worker still alive then (its iterator abandoned but not yet
+    collected) would hang the exit forever: it is ended with SIGKILL first. Registered after multiprocessing's
+    own exit handler, so it runs before it."""
+    for iterator in list(_STARTED):
+        for worker in getattr(iterator, "_workers", []):
+            if worker.is_alive():
+                worker.kill()
+                worker.join(5.0)
 
 
 def _worker_message(error: DataError) -> str:
@@ -324,8 +343,11 @@ class PretrainingLoader:
                 if self.num_workers
                 else stream
             )
+            iterator = iter(batches)
+            if self.num_workers:
+                _STARTED.add(iterator)
             try:
-                for buffer, shapes in batches:
+                for buffer, shapes in iterator:
                     at = 0
                     for shape in shapes:
                         shape = tuple(int(x) for x in shape)
@@ -335,6 +357,10 @@ class PretrainingLoader:
                         yield dict(zip(FIELDS, fields))
             except DataError as e:
                 raise DataError(_worker_message(e)) from None
+            finally:  # the workers end now, not whenever the garbage collector reaches an abandoned iterator
+                shutdown = getattr(iterator, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
 
     def state_dict(self) -> dict[str, Any]:
         s = self._segment

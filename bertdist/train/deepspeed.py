@@ -16,7 +16,7 @@ from bertdist.config import Config, ConfigError, PhaseConfig
 
 # Keys that our config owns; setting them in train.deepspeed would silently disagree with it.
 OWNED_KEYS = {
-    "train_batch_size": "train.global_batch_size",
+    "train_batch_size": "train.global_batch_size (or data.phases.N.global_batch_size)",
     "train_micro_batch_size_per_gpu": "data.phases.N.micro_batch_size",
     "gradient_accumulation_steps": "train.global_batch_size / (micro batch x world size)",
     "optimizer": "optim.*",
@@ -34,7 +34,7 @@ def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int, load_univ
     `load_universal`: the checkpoint to resume from is loaded from DeepSpeed's universal format (it was
     written by another number of ranks; bertdist.train.reshard).
     """
-    ds = engine_config(cfg, cfg.train.global_batch_size, phase.micro_batch_size,
+    ds = engine_config(cfg, cfg.global_batch_size(phase), phase.micro_batch_size,
                        cfg.gradient_accumulation_steps(phase, world_size))  # fmt: skip
     if load_universal:
         ds["checkpoint"] = {"load_universal": True}
@@ -109,7 +109,7 @@ def enter_phase(engine: Any, cfg: Config, phase: PhaseConfig, world_size: int) -
     fall out of step (a run resumed in phase 1 would update after 2 of phase 2's 4 micro batches), so a phase
     starts counting afresh: every step of a phase is then its accumulation's micro batches, resumed or not."""
     engine.set_train_micro_batch_size(phase.micro_batch_size)
-    engine.set_train_batch_size(cfg.train.global_batch_size)
+    engine.set_train_batch_size(cfg.global_batch_size(phase))
     engine.micro_steps = 0
 
 

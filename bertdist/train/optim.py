@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Iterable
 
-from bertdist.config import OptimConfig
+from bertdist.config import Config, OptimConfig
 
 
 def learning_rate(step: int, peak_lr: float, warmup_steps: int, total_steps: int) -> float:
@@ -24,6 +24,15 @@ def learning_rate(step: int, peak_lr: float, warmup_steps: int, total_steps: int
     if step < warmup_steps:
         return peak_lr * (step + 1) / warmup_steps
     return peak_lr * (total_steps - step) / (total_steps - warmup_steps)
+
+
+def scheduled_learning_rate(cfg: Config, step: int) -> float:
+    """The rate of optimizer step `step` of a run: the run's one schedule over all phases, or, where the phases
+    set their own `lr`, the schedule of the phase the step is in (NVIDIA's two-phase recipe)."""
+    index, phase = cfg.phase_at(step)
+    if phase.lr:
+        return learning_rate(step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps)
+    return learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.total_steps())
 
 
 def set_learning_rate(param_groups: Iterable[dict[str, Any]], lr: float) -> None:
@@ -48,7 +57,7 @@ def param_groups(model: Any, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
-    """Adam with decoupled weight decay over `param_groups` (no decay on LayerNorm, biases).
+    """Adam with decoupled weight decay over `param_groups` (no decay on LayerNorm, biases), or LAMB over them.
 
     optim.fused: `auto` uses DeepSpeed's FusedAdam on CUDA and falls back to torch's fused AdamW with a
     warning when the kernel cannot be built; `on` makes that failure an error; on CPU both use torch's
@@ -59,6 +68,10 @@ def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
 
     groups = param_groups(model, optim.weight_decay)
     kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
+    if optim.name == "lamb":
+        from bertdist.train.lamb import Lamb
+
+        return Lamb(groups, **kwargs)
     if optim.fused != "off" and device_type == "cuda":
         try:
             from deepspeed.ops.adam import FusedAdam

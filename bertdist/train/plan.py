@@ -19,27 +19,31 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         f"{total_parameters(m) / 1e6:.1f}M parameters ({non_embedding_parameters(m) / 1e6:.1f}M non-embedding)",
         f"world size: {world_size} ({cfg.launch.nodes} node(s) x {cfg.launch.gpus_per_node} rank(s)), "
         f"precision {cfg.train.precision}, ZeRO stage {cfg.train.zero_stage}",
-        f"global batch: {cfg.train.global_batch_size} sequences (samples, whatever the row layout: "
+        f"global batch: {cfg.train.global_batch_size} sequences unless a phase sets its own (samples, whatever the row layout: "
         f"{'packed several per row' if cfg.data.packing else 'one per row'}; "
         f"encoder {'unpadded' if m.unpad else 'padded'})",
     ]
     total_tokens = total_flops = 0.0
     first = 0
     for i, ph in enumerate(cfg.data.phases):
-        sequences = ph.steps * cfg.train.global_batch_size
+        sequences = ph.steps * cfg.global_batch_size(ph)
         tokens = sequences * ph.max_seq_length
         flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, masked_positions_for(ph.max_seq_length))
         total_tokens += tokens
         total_flops += flops
         lines.append(
             f"phase {i}: steps {first}..{first + ph.steps - 1} ({ph.steps:,}), length {ph.max_seq_length}, "
-            f"micro batch {ph.micro_batch_size}, gradient accumulation {cfg.gradient_accumulation_steps(ph, world_size)}, "
-            f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"
+            f"global batch {cfg.global_batch_size(ph):,}, micro batch {ph.micro_batch_size}, "
+            f"gradient accumulation {cfg.gradient_accumulation_steps(ph, world_size)}, "
+            + (f"lr {ph.lr:g} with {ph.warmup_steps:,} warmup steps then linear decay to 0, " if ph.lr else "")
+            + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"
         )
         first += ph.steps
     o = cfg.optim
+    schedule = (f"each phase its own (above), {o.name}" if cfg.data.phases[0].lr else
+                f"{o.name}, lr {o.lr:g}, {o.warmup_steps:,} warmup steps then linear decay to 0 at step {cfg.total_steps():,}")  # fmt: skip
     lines += [
-        f"schedule: lr {o.lr:g}, {o.warmup_steps:,} warmup steps then linear decay to 0 at step {cfg.total_steps():,}",
+        f"schedule: {schedule}",
         f"total: {cfg.total_steps():,} steps, {total_tokens:,.0f} tokens, {total_flops:.3e} training FLOPs "
         f"(upper bound at full length; short sequences lower it)",
     ]

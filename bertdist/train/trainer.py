@@ -245,7 +245,7 @@ class Trainer(contextlib.ExitStack):
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> int:
         from bertdist.train import deepspeed as ds
-        from bertdist.train.optim import learning_rate, set_learning_rate
+        from bertdist.train.optim import scheduled_learning_rate, set_learning_rate
 
         cfg, engine = self.cfg, self.engine
         total_steps = cfg.total_steps()
@@ -264,7 +264,7 @@ class Trainer(contextlib.ExitStack):
                 phase_index = index
                 ds.enter_phase(engine, cfg, phase, self.env.world_size)
                 batches = iter(self.loaders[index])
-            lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, total_steps)
+            lr = scheduled_learning_rate(cfg, step)
             set_learning_rate(engine.optimizer.param_groups, lr)
             sums = self._train_step(batches)
             step = self.step = step + 1

@@ -170,3 +170,24 @@ def test_iter_samples_format(tiny_shards):
     assert set(sample) == {"input_ids", "token_type_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"}
     assert sample["input_ids"].ndim == 1 and sample["input_ids"].dtype == np.int64
     assert sample["next_sentence_label"] in (0, 1)
+
+
+def test_a_process_with_an_abandoned_loader_exits(tiny_shards, tiny_vocab):
+    """Workers ignore SIGTERM (the rank decides when to stop), and multiprocessing ends daemonic children at exit
+    with SIGTERM and an unbounded wait: a loader still held at exit must not hang its process (it hung the
+    test suite's own exit once)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = (
+        "import itertools, sys\n"
+        "from bertdist.data.loader import PretrainingLoader\n"
+        f"loader = PretrainingLoader({tiny_shards!r}, {tiny_vocab!r}, {TEST_SEQ_LENGTH}, 8, num_workers=2)\n"
+        "held = iter(loader)\n"  # module-global: alive until the interpreter exits
+        "next(held)\n"
+        "print('read', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "read" in done.stdout, done.stderr[-2000:]
