@@ -37,7 +37,7 @@ RECIPES = {
     "paper": {},
     # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule
     "fast": {"model": {"next_sentence_prediction": False}, "optim": {"name": "lamb"},
-             "phase": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS}},
+             "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS}},  # LAMB's step is lr x |w| per tensor
 }  # fmt: skip
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast": prepared
 with --objective mlm --masking dynamic)."""

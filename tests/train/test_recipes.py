@@ -1,0 +1,66 @@
+"""The fast recipe end to end with 2 real DeepSpeed ranks: MLM only on shards masked at load time, LAMB, a
+schedule per phase. Killed and resumed it is bit-identical to an uninterrupted run; its export is a
+`BertForMaskedLM` with every key in place; `bertdist finetune` starts from it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertdist.cli import main
+from bertdist.train.checkpoint import consolidated_state_dict
+from tests import training_runs as runs
+from tests.conftest import tiny_prepare_options
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mlm_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+    from bertdist.data.pipeline.driver import prepare
+
+    out = str(tmp_path_factory.mktemp("mlm_shards") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, objective="mlm", masking="dynamic", dupe_factor=1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> str:
+    return str(tmp_path_factory.getbasetemp() / "training")
+
+
+def test_fast_recipe_resumes_bit_identically(base, mlm_shards, tiny_vocab):
+    reference = runs.uninterrupted(base, mlm_shards, tiny_vocab, 0, "fp32", "fast")
+    resumed = runs.interrupted(base, mlm_shards, tiny_vocab, 0, False, "fp32", "fast")
+    assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
+    assert resumed.exit_codes["final"] == [0, 0], resumed.notes["final"][-3000:]
+    final = f"step_{runs.STEPS:08d}"
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(resumed.out / "checkpoints" / final)
+    assert not any(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in want)
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    expected, logged = runs.read_metrics(reference.out), runs.read_metrics(resumed.out)
+    assert sorted(logged) == list(range(1, runs.STEPS + 1))
+    assert all("loss/train_nsp" not in record for record in expected.values())
+    for step in expected:
+        for key in ("loss/train", "mlm_accuracy/train", "optimizer/grad_norm", "optimizer/learning_rate"):
+            assert logged[step][key] == expected[step][key], (step, key)
+    losses = [expected[s]["loss/train"] for s in sorted(expected)]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+
+def test_fast_recipe_export_is_a_masked_lm_and_fine_tunes(base, mlm_shards, tiny_vocab, tiny_corpus, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    run = runs.uninterrupted(base, mlm_shards, tiny_vocab, 0, "fp32", "fast")
+    assert main(["export", str(run.out), "--output", str(tmp_path / "hf")]) == 0
+    model, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}, info
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf")
+    assert type(theirs).__name__ == "BertForMaskedLM"
+
+    from tests.finetune.test_runner import _overrides, _task
+
+    train, dev = _task(tmp_path, tiny_corpus)
+    assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "model")
+    assert classifier.config.id2label == {0: "file0", 1: "file1"}
