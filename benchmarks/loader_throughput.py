@@ -4,7 +4,8 @@
 
 Without --data it prepares a small length-128 corpus first (local Ray). Reported for num_workers=0 (the
 work of one process, the issue's target is >= 20,000 samples/s) and for 2 DataLoader workers (goal >= 30,000/s,
->= 20,000/s packed), unpacked and packed, next to
+>= 20,000/s packed), unpacked and packed, and with masking at load time (shards prepared with --masking
+dynamic from the same corpus: the loader chooses the masks; goal >= 30,000/s with 2 workers), next to
 `iter_samples` (decode only, no shuffling or padding) measured in the same run as the floor of the cost.
 """
 
@@ -20,7 +21,7 @@ WORKERS_GOAL, WORKERS_GOAL_PACKED = 30_000, 20_000
 """Samples/s per rank with 2 workers (issue 13): what keeps a GPU fed while the training process launches kernels."""
 
 
-def _prepared(workdir: str) -> tuple[str, str]:
+def _prepared(workdir: str) -> tuple[str, str, str]:
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.driver import prepare
     from bertdist.data.pipeline.options import PrepareOptions
@@ -28,14 +29,17 @@ def _prepared(workdir: str) -> tuple[str, str]:
     from bertdist.data.synthetic import write_corpus
     from bertdist.data.vocab import train_vocab
 
-    data, corpus = os.path.join(workdir, "data"), os.path.join(workdir, "corpus")
+    data, corpus, dynamic = os.path.join(workdir, "data"), os.path.join(workdir, "corpus"), os.path.join(workdir, "dynamic")
     vocab = os.path.join(workdir, "vocab", "vocab.txt")
     if not os.path.exists(os.path.join(data, "manifest.json")):
         write_corpus(corpus, 4, 300, seed=3)
         train_vocab(iter_texts(expand_inputs([corpus])), os.path.dirname(vocab), 30522)
         prepare(PrepareOptions(inputs=[corpus], output_dir=data, vocab_file=vocab, progress=False,
                                instances=InstanceOptions(max_seq_length=128, dupe_factor=5)))
-    return data, vocab
+    if not os.path.exists(os.path.join(dynamic, "manifest.json")):
+        prepare(PrepareOptions(inputs=[corpus], output_dir=dynamic, vocab_file=vocab, progress=False,
+                               instances=InstanceOptions(max_seq_length=128, dupe_factor=1, masking="dynamic")))
+    return data, vocab, dynamic
 
 
 def _rate(loader, batches: int) -> float:
@@ -49,12 +53,13 @@ def _rate(loader, batches: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data")
+    parser.add_argument("--dynamic-data", help="shards prepared with --masking dynamic (with --data)")
     parser.add_argument("--vocab")
     parser.add_argument("--workdir", default="runs/bench/loader")
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--micro-batch-size", type=int, default=32)
     args = parser.parse_args()
-    data, vocab = (args.data, args.vocab) if args.data else _prepared(args.workdir)
+    data, vocab, dynamic = (args.data, args.vocab, args.dynamic_data) if args.data else _prepared(args.workdir)
 
     import torch
 
@@ -72,6 +77,9 @@ def main() -> None:
                                   args.batches)
         for packing in (False, True) for workers in (0, 2)
     }  # fmt: skip
+    if dynamic:
+        for workers in (0, 2):
+            rates[workers, "masking"] = _rate(PretrainingLoader(dynamic, vocab, num_workers=workers, **common), args.batches)
     single = rates[0, False]
     print(f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; batches of {args.micro_batch_size}, length 128")
     print(f"iter_samples (decode only):       {decode_rate:>10,.0f} samples/s")
@@ -79,10 +87,11 @@ def main() -> None:
           f"{single / decode_rate:.2f}x iter_samples")
     for (workers, packing), rate in rates.items():
         if (workers, packing) != (0, False):
-            goal = (WORKERS_GOAL_PACKED if packing else WORKERS_GOAL) if workers else None
+            goal = (WORKERS_GOAL_PACKED if packing is True else WORKERS_GOAL) if workers else None
             against = f"  = {rate / goal:.2f}x the {goal:,}/s goal" if goal else ""
-            label = f"PretrainingLoader, {workers} workers{', packed' if packing else ''}:"
-            print(f"{label:<34}{rate:>10,.0f} samples/s{against}")
+            kind = {False: "", True: ", packed", "masking": ", masking at load"}[packing]
+            label = f"PretrainingLoader, {workers} workers{kind}:"
+            print(f"{label:<44}{rate:>10,.0f} samples/s{against}")
 
 
 if __name__ == "__main__":
