@@ -111,11 +111,15 @@ def dynamic_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
 
 
 def _rows(loader: PretrainingLoader, batches: int) -> list[tuple]:
+    return [row for batch in itertools.islice(iter(loader), batches) for row in _batch_rows(batch)]
+
+
+def _batch_rows(batch) -> list[tuple]:
+    """Each sample of a batch as (its masked tokens, its masked positions)."""
     out = []
-    for batch in itertools.islice(iter(loader), batches):
-        for i in range(len(batch["input_ids"])):
-            length, predictions = int((batch["attention_mask"][i] > 0).sum()), int((batch["masked_lm_ids"][i] != -100).sum())
-            out.append((tuple(batch["input_ids"][i, :length].tolist()), tuple(batch["masked_lm_positions"][i, :predictions].tolist())))
+    for i in range(len(batch["input_ids"])):
+        length, predictions = int((batch["attention_mask"][i] > 0).sum()), int((batch["masked_lm_ids"][i] != -100).sum())
+        out.append((tuple(batch["input_ids"][i, :length].tolist()), tuple(batch["masked_lm_positions"][i, :predictions].tolist())))
     return out
 
 
@@ -153,3 +157,22 @@ def test_a_sample_gets_the_same_mask_on_any_rank_layout(dynamic_shards, tiny_voc
         loader = _loader(dynamic_shards, tiny_vocab, micro_batch_size=4, rank=rank, world_size=2)
         split |= set(_rows(loader, loader.batches_per_epoch))
     assert len(split) > 0.95 * len(alone) and len(split - alone) == 0
+
+
+def test_resume_at_another_world_size_keeps_every_sample_and_its_mask(dynamic_shards, tiny_vocab):
+    """2 ranks read part of an epoch, 3 ranks finish it: no sample twice, and each with the mask it has when one
+    rank reads the whole epoch (up to the few samples of the tails that do not fill a batch on every rank)."""
+    one = _loader(dynamic_shards, tiny_vocab, micro_batch_size=4)
+    epoch = set(_rows(one, one.batches_per_epoch))
+    old = [_loader(dynamic_shards, tiny_vocab, micro_batch_size=4, rank=r, world_size=2) for r in range(2)]
+    seen = [row for loader in old for row in _rows(loader, 10)]
+    state = old[0].state_dict()
+    for rank in range(3):
+        loader = _loader(dynamic_shards, tiny_vocab, micro_batch_size=4, rank=rank, world_size=3)
+        loader.load_state_dict(state)
+        for batch in iter(loader):
+            if loader.epoch != 0:
+                break
+            seen.extend(_batch_rows(batch))
+    assert len(seen) == len(set(seen))
+    assert len(set(seen) - epoch) <= 3 * 4 and len(epoch - set(seen)) <= 3 * 4 + 4
