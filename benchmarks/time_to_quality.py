@@ -213,7 +213,7 @@ def _bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: 
     cfg = yaml.safe_load(base.read_text())
     optim = cfg.setdefault("optim", {})
     warmup_fraction = optim["warmup_steps"] / cfg["data"]["phases"][0]["steps"] if name == "fast" else WARMUP_FRACTION
-    cfg.setdefault("model", {}).update(size="mini", vocab_size=VOCAB, num_layers=4, hidden_size=256, num_attention_heads=4)
+    cfg.setdefault("model", {}).update(size="mini", vocab_size=VOCAB)
     cfg.setdefault("data", {}).update(vocab_file=str(prep["vocab"]), loader_workers=1, phases=[
         {"train_dir": str(prep[name]["shards"]), "max_seq_length": SEQ, "micro_batch_size": BATCH, "steps": steps}])
     if name == "paper":
@@ -247,8 +247,11 @@ def trainer_run(directory: str, chunks_file: str, vocab: str, steps: int, every:
     chunks = np.load(chunks_file)
     dataset = [{"input_ids": torch.from_numpy(row.astype(np.int64))} for row in chunks]
     tokenizer = BertTokenizerFast(vocab, do_lower_case=True)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                        max_position_embeddings=512)  # fmt: skip
+    from bertdist.config import MODEL_SIZES
+
+    mini = MODEL_SIZES["mini"]
+    config = BertConfig(vocab_size=VOCAB, hidden_size=mini["hidden_size"], num_hidden_layers=mini["num_layers"],
+                        num_attention_heads=mini["num_attention_heads"], intermediate_size=4 * mini["hidden_size"])  # fmt: skip
     torch.manual_seed(0)
     model = BertForMaskedLM(config)
     step_times, save_times = [], []

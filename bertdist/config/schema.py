@@ -12,7 +12,6 @@ are impossible is `bertdist.config.validation`. This module reads and starts not
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -124,9 +123,6 @@ class MaskingConfig:
     """Of the predicted positions, the share shown as [MASK] (the paper's 80/10/10)."""
     random_token_fraction: float = 0.1
     """The share shown as a random token; the rest show the original token."""
-
-    def max_predictions(self, max_seq_length: int) -> int:
-        return self.max_predictions_per_seq or math.ceil(self.masked_lm_prob * max_seq_length - 1e-9)
 
 
 @dataclass

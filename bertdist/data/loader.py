@@ -298,8 +298,7 @@ class PretrainingLoader:
         if options.get("masking", "static") == "dynamic":
             from bertdist.data.vocab import read_vocab
 
-            rules = masking or MaskRules(max_predictions_per_seq=math.ceil(0.15 * max_seq_length - 1e-9))
-            masker = _Masker(rules, VocabInfo.from_tokens(read_vocab(vocab_file)))
+            masker = _Masker(masking or MaskRules.for_length(max_seq_length), VocabInfo.from_tokens(read_vocab(vocab_file)))
         self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(

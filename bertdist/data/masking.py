@@ -16,6 +16,7 @@ is skipped; a chosen position shows [MASK] 80% of the time, a uniformly random t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,14 @@ class MaskRules:
     """Of the chosen positions, the share shown as [MASK]."""
     random_token_fraction: float = 0.1
     """The share shown as a uniformly random vocabulary token; the rest show the original token."""
+
+    @staticmethod
+    def for_length(max_seq_length: int, max_predictions_per_seq: int = 0, masked_lm_prob: float = 0.15,
+                   **rest) -> "MaskRules":  # fmt: skip
+        """The rules for samples of up to `max_seq_length` tokens (`data.masking`'s fields as keywords); a
+        `max_predictions_per_seq` of 0 is ceil(rate x length): Google's 20 at length 128."""
+        cap = max_predictions_per_seq or math.ceil(masked_lm_prob * max_seq_length - 1e-9)
+        return MaskRules(masked_lm_prob, cap, **rest)
 
 
 @dataclass(frozen=True)

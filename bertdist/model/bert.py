@@ -377,8 +377,10 @@ class BertForPreTraining(nn.Module):
         nsp = self.cls.seq_relationship is not None
         if masked_lm_positions is not None:
             # The last layer runs only at each sample's [CLS] (NSP) and its predictions (MLM).
-            at = torch.cat([masked_lm_positions.new_zeros(len(masked_lm_positions), 1), masked_lm_positions], 1)
-            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=at if nsp else masked_lm_positions)
+            at = masked_lm_positions
+            if nsp:
+                at = torch.cat([at.new_zeros(len(at), 1), at], 1)
+            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=at)
             pooled_output, predicted = (self.bert.pooler(states[:, 0]), states[:, 1:]) if nsp else (None, states)
         else:
             states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
@@ -393,6 +395,8 @@ class BertForPreTraining(nn.Module):
             )
         if next_sentence_label is not None and nsp:
             nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1))
-        if mlm_loss is not None and (nsp_loss is not None or not nsp):
-            loss = mlm_loss if nsp_loss is None else mlm_loss + nsp_loss
+        if mlm_loss is not None and not nsp:
+            loss = mlm_loss
+        elif mlm_loss is not None and nsp_loss is not None:
+            loss = mlm_loss + nsp_loss
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)

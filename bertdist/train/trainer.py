@@ -21,6 +21,7 @@ or data.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import socket
 import sys
@@ -145,9 +146,7 @@ class Trainer(contextlib.ExitStack):
         from bertdist.data.loader import PretrainingLoader
         from bertdist.data.masking import MaskRules
 
-        m = self.cfg.data.masking
-        rules = MaskRules(m.masked_lm_prob, m.max_predictions(phase.max_seq_length), m.whole_word_mask,
-                          m.mask_token_fraction, m.random_token_fraction)  # fmt: skip
+        rules = MaskRules.for_length(phase.max_seq_length, **dataclasses.asdict(self.cfg.data.masking))
         loader = PretrainingLoader(
             shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
             micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
