@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name in args.runs.split(","):
         run_dir = out / name
+        for stale in ("probe", "run"):  # an earlier invocation's checkpoints must not be scored as this one's
+            shutil.rmtree(run_dir / stale, ignore_errors=True)
         seconds_per_step = probe(name, run_dir / "probe", prep)
         steps = max(20, int(0.9 * budget_s / seconds_per_step))
         every = max(5, int(steps * args.checkpoint_minutes * 60 / budget_s))
