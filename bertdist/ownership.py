@@ -18,6 +18,9 @@ same directory in it is refused by a table of its own.
 The lock file is removed when its holder finishes, so finished directories hold nothing extra; a process
 that had opened the old file checks after locking that the name still points to what it locked, and
 otherwise tries again on the new file.
+
+An object-store prefix (`s3://...`) has no locks: `owned` of a URL holds nothing, and two runs writing one
+prefix are not detected. Their writes stay whole (every object is one atomic PUT), not exclusive.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from bertdist import storage
 from bertdist.errors import UserError
 
 LOCK_FILENAME = ".bertdist.lock"
@@ -55,6 +59,9 @@ def owned(directory: str | os.PathLike, remove_on_failure: bool = False) -> Iter
     With `remove_on_failure`, an exception in the block removes what the block added to the directory (and
     the directory, if this call created it), so that a failed `embed` or `export` leaves no partial output.
     """
+    if storage.is_url(directory):
+        yield directory
+        return
     directory = Path(directory)
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import numpy as np
 from bertdist.data.samples import Samples
 from bertdist.data.shards import iter_directory_blocks, read_manifest
 from bertdist.errors import DataError
-from bertdist.io import file_sha256
+from bertdist.storage import file_sha256
 
 
 def shard_statistics(shard_dir: str) -> dict:

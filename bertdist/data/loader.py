@@ -12,6 +12,9 @@ How an epoch is laid out, and why:
 - Shards prepared with `--masking dynamic` hold no masks: each sample is masked as it is batched, with
   numbers keyed by (seed, epoch, the sample's index in the manifest) (`bertdist.data.masking`), so its mask
   is new every epoch and the same whichever worker or rank reads it.
+- Shards in an object store are read block by block (`bertdist.data.streaming`): each loader process
+  fetches the blocks of its next `prefetch_samples` samples ahead of need into a bounded local cache. The
+  order, and so every batch, is the same as from local disk.
 - The whole position is (epoch, the segment of the epoch being consumed, batches done), the same on every
   rank. `load_state_dict` with the same world size continues exactly; with another world size (or micro
   batch size) it removes what every old rank consumed and splits the rest of the epoch among the new
@@ -34,7 +37,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
 from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
 from bertdist.data.samples import Samples
+from bertdist import storage
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
+from bertdist.data.streaming import BlockStream, StreamSettings
 from bertdist.errors import DataError
 
 STATE_VERSION = 1
@@ -50,7 +55,8 @@ class _Masker(NamedTuple):
 class _Layout:
     """Which sample sits at a global position of an epoch, and reading it (cached per process)."""
 
-    def __init__(self, shard_dir: str, manifest: dict, seed: int, window: int, masker: _Masker | None):
+    def __init__(self, shard_dir: str, manifest: dict, seed: int, window: int, masker: _Masker | None,
+                 streaming: StreamSettings):  # fmt: skip
         self.shard_dir, self.seed, self.window, self.masker = shard_dir, seed, window, masker
         per_block = manifest["options"]["samples_per_block"]
         self.blocks: list[tuple[str, int, int]] = []  # (shard file, block index, samples)
@@ -66,6 +72,19 @@ class _Layout:
         self._decoded: OrderedDict[int, tuple[Samples, np.ndarray, np.ndarray]] = OrderedDict()
         self._locations = shard_blocks(shard_dir, manifest)  # checks every shard against the manifest
         self._cache_blocks = 2 * (window // max(per_block, 1) + 2)
+        self.stream: BlockStream | None = None
+        self.prefetch_samples = streaming.prefetch_samples
+        if storage.is_url(shard_dir):
+            if not all("blocks" in shard for shard in manifest["shards"]):
+                raise DataError(f"{shard_dir}: the manifest lists no blocks (prepared by bertdist < 0.2), which streaming "
+                                "from a store needs; prepare the data again, or train from a local copy")  # fmt: skip
+            index = [(shard["name"], *block) for shard in manifest["shards"] for block in shard["blocks"]]
+            self.stream = BlockStream(shard_dir, index, streaming)
+
+    def prefetch(self, epoch: int, positions: np.ndarray) -> None:
+        """Start fetching the blocks of the samples at these positions (streamed shards only)."""
+        if self.stream is not None:
+            self.stream.schedule(self.locate(epoch, positions)[0].tolist())
 
     def _set_epoch(self, epoch: int) -> None:
         if epoch == self._epoch:
@@ -102,7 +121,9 @@ class _Layout:
             return self._decoded[block_id]
         name, index, _ = self.blocks[block_id]
         offset, size, count = self._locations[name][index]
-        samples = read_block(os.path.join(self.shard_dir, name), (offset, size), count)
+        path = storage.join(self.shard_dir, name)
+        data = self.stream.read(block_id) if self.stream is not None else None
+        samples = read_block(path, (offset, size), count, data)
         entry = (samples, samples.token_offsets(), samples.mask_offsets())
         self._decoded[block_id] = entry
         while len(self._decoded) > self._cache_blocks:
@@ -242,13 +263,26 @@ class _BatchStream(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         first, end = self.segment.batches_done, self.segment.batches_per_rank()
-        for start in range(first + worker * self.chunk, end, workers * self.chunk):
+        starts = range(first + worker * self.chunk, end, workers * self.chunk)
+        ahead = max(1, -(-self.layout.prefetch_samples // (self.chunk * self.segment.micro_batch_size)))
+        self._prefetch(starts[:ahead], end)
+        for k, start in enumerate(starts):
+            self._prefetch(starts[k + ahead : k + ahead + 1], end)
             parts = [
                 _collate(self.layout, self.epoch, self.segment.batch_positions(self.rank, batch), self.max_seq_length,
                          self.packing)
                 for batch in range(start, min(start + self.chunk, end))
             ]  # fmt: skip
             yield (parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])), [p[1] for p in parts]
+
+    def _prefetch(self, chunk_starts: range, end: int) -> None:
+        """Ask for the blocks of these chunks ahead of need (streamed shards only)."""
+        if self.layout.stream is None:
+            return
+        for start in chunk_starts:
+            batches = range(start, min(start + self.chunk, end))
+            positions = np.concatenate([self.segment.batch_positions(self.rank, b) for b in batches])
+            self.layout.prefetch(self.epoch, positions)
 
 
 class PretrainingLoader:
@@ -268,15 +302,16 @@ class PretrainingLoader:
         packing: bool = False,
         pin_memory: bool = False,
         masking: MaskRules | None = None,
+        streaming: StreamSettings = StreamSettings(),
     ):
         """`masking`: the rules for shards prepared with `--masking dynamic` (default: the paper's 15%, 80/10/10,
-        at most ceil(0.15 x max_seq_length) predictions); shards with static masks keep theirs."""
-        from bertdist.io import file_sha256
-
+        at most ceil(0.15 x max_seq_length) predictions); shards with static masks keep theirs. `streaming`:
+        the cache and read-ahead for a `shard_dir` that is an object-store URL."""
+        storage.use_endpoint(streaming.endpoint_url)
         manifest = read_manifest(shard_dir)
         if not os.path.isfile(vocab_file):
             raise DataError(f"{vocab_file}: vocabulary file not found")
-        if file_sha256(vocab_file) != manifest["vocab_sha256"]:
+        if storage.file_sha256(vocab_file) != manifest["vocab_sha256"]:
             raise DataError(
                 f"{shard_dir}: shards were made with another vocabulary than {vocab_file} (sha256 differs); "
                 "prepare the data again with this vocab, or point data.vocab_file at the one used"
@@ -299,7 +334,7 @@ class PretrainingLoader:
             from bertdist.data.vocab import read_vocab
 
             masker = _Masker(masking or MaskRules.for_length(max_seq_length), VocabInfo.from_tokens(read_vocab(vocab_file)))
-        self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker)
+        self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker, streaming)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(
                 f"{shard_dir}: {self._layout.num_samples} samples cannot give each of {world_size} ranks "

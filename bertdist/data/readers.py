@@ -12,12 +12,13 @@ are therefore exactly the documents of the file, in order, whatever the cut poin
 XML cannot be split and are one unit.
 
 Every problem raises `DataError` naming the file and the byte offset (in the decompressed stream).
+Inputs may be object-store URLs (`s3://bucket/prefix/`, `s3://bucket/wiki-*.xml.bz2`), read through
+`bertdist.storage` in ranged GETs as the stream advances.
 """
 
 from __future__ import annotations
 
 import bz2
-import glob
 import gzip
 import json
 import os
@@ -25,6 +26,7 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
 
+from bertdist import storage
 from bertdist.errors import DataError
 
 MAX_LINE_BYTES = 8 << 20
@@ -72,26 +74,26 @@ def file_kind(path: str) -> tuple[str, str]:
 
 
 def expand_inputs(patterns: list[str]) -> list[InputFile]:
-    """Files named by paths, directories (searched recursively for known types) or globs, sorted, deduplicated."""
+    """Files named by paths, directories or URL prefixes (searched recursively for known types) or globs,
+    sorted, deduplicated."""
     paths: list[str] = []
     for pattern in patterns:
-        if os.path.isdir(pattern):
-            for root, _, names in os.walk(pattern):
-                paths.extend(os.path.join(root, n) for n in names if _is_known(n))
-        elif os.path.isfile(pattern):
+        if storage.is_file(pattern):
             paths.append(pattern)
+        elif storage.is_dir(pattern):
+            paths.extend(p for p in storage.find(pattern) if _is_known(p))
         else:
-            matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+            matches = storage.glob(pattern)
             if not matches:
                 raise DataError(f"{pattern}: no such file, directory or matching glob")
             paths.extend(matches)
-    unique = sorted({os.path.abspath(p) for p in paths})
+    unique = sorted({storage.absolute(p) for p in paths})
     if not unique:
         raise DataError(f"no input files (.txt, .jsonl, .xml[.gz|.bz2]) in {', '.join(patterns)}")
     files = []
     for i, path in enumerate(unique):
         kind, compression = file_kind(path)
-        files.append(InputFile(i, path, os.path.getsize(path), kind, compression))
+        files.append(InputFile(i, path, storage.size(path), kind, compression))
     return files
 
 
@@ -120,7 +122,7 @@ def read_documents(unit: ReadUnit) -> Iterator[list[str]]:
     f = unit.file
     if f.size_bytes == 0:
         raise DataError(f"{f.path}: empty file")
-    with _open(f) as stream:
+    with storage.open_binary(f.path) as raw, _decompressed(raw, f) as stream:
         if f.kind == "wiki":
             yield from _wiki_documents(stream, f.path)
         elif f.kind == "jsonl":
@@ -129,12 +131,12 @@ def read_documents(unit: ReadUnit) -> Iterator[list[str]]:
             yield from _txt_documents(_Lines(stream, unit), unit)
 
 
-def _open(f: InputFile) -> BinaryIO:
+def _decompressed(raw: BinaryIO, f: InputFile) -> BinaryIO:
     if f.compression == "gz":
-        return gzip.open(f.path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if f.compression == "bz2":
-        return bz2.open(f.path, "rb")
-    return open(f.path, "rb")
+        return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
+    return raw
 
 
 class _Lines:

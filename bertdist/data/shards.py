@@ -6,15 +6,16 @@ ids). Packing many samples per member is what makes ~200 bytes per length-128 in
 header alone is 512 bytes). Nothing is pickled: `np.load(..., allow_pickle=False)` reads it, and every byte
 is deterministic (fixed zip/tar timestamps, owners and modes).
 
-`manifest.json` is written last; its presence means the directory is complete.
+`manifest.json` is written last; its presence means the directory is complete. It lists every shard's
+blocks as (byte offset, size, sha256 of the block's bytes truncated to 128 bits): a reader of a shard in an
+object store fetches one block with one ranged GET and checks it, without reading tar headers first.
+The directory may be a local path or an object-store URL (`bertdist.storage`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
-import os
 import struct
 import tarfile
 import zlib
@@ -24,7 +25,7 @@ import numpy as np
 
 from bertdist.data.samples import Samples
 from bertdist.errors import DataError
-from bertdist.io import atomic_write, file_sha256, write_json
+from bertdist import storage
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
@@ -79,18 +80,27 @@ def decode_block(data: bytes, where: str) -> Samples:
         raise DataError(f"{where}: corrupt sample block ({type(e).__name__}: {str(e)[:200]})") from None
 
 
-def write_shard(path: str, samples: Samples, samples_per_block: int) -> str:
-    """Write atomically (`bertdist.io.atomic_write`); returns the sha256 of the bytes written."""
+def write_shard(path: str, samples: Samples, samples_per_block: int) -> tuple[str, list[list]]:
+    """Write atomically (`bertdist.storage.atomic_write`); returns the sha256 of the bytes written and the
+    blocks as [offset, size, block_digest] (each member's data follows its one 512-byte USTAR header)."""
     digest = hashlib.sha256()
-    with atomic_write(path, "wb") as raw:
+    blocks = []
+    with storage.atomic_write(path, "wb") as raw:
         writer = _HashingWriter(raw, digest)
         with tarfile.open(fileobj=writer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for b, lo in enumerate(range(0, len(samples), samples_per_block)):
                 data = encode_block(samples.slice(lo, min(lo + samples_per_block, len(samples))))
                 info = tarfile.TarInfo(f"{b:06d}.samples.npz")
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
+                blocks.append([tar.offset + tarfile.BLOCKSIZE, len(data), block_digest(data)])
                 tar.addfile(info, io.BytesIO(data))
-    return digest.hexdigest()
+    return digest.hexdigest(), blocks
+
+
+def block_digest(data: bytes) -> str:
+    """sha256 of a block's bytes, its first 128 bits in hex: ample against corruption and replaced objects,
+    and half the manifest size of the full digest (a manifest lists every block of the corpus)."""
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 class _HashingWriter:
@@ -106,7 +116,7 @@ class _HashingWriter:
 
 
 def block_locations(path: str) -> list[tuple[int, int]]:
-    """(byte offset, size) of each block's data in a shard, in order."""
+    """(byte offset, size) of each block's data in a local shard, in order, from its tar headers."""
     try:
         with tarfile.open(path, "r:") as tar:
             return [(m.offset_data, m.size) for m in tar.getmembers() if m.name.endswith(".samples.npz")]
@@ -114,11 +124,11 @@ def block_locations(path: str) -> list[tuple[int, int]]:
         raise DataError(f"{path}: unreadable shard ({e})") from None
 
 
-def read_block(path: str, location: tuple[int, int], expected_samples: int | None = None) -> Samples:
+def read_block(path: str, location: tuple[int, int], expected_samples: int | None = None, data: bytes | None = None) -> Samples:
+    """The block at `location` of a shard, read from `path` or given as its bytes (`data`)."""
     offset, size = location
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read(size)
+    if data is None:
+        data = storage.read_bytes(path, offset, offset + size)
     if len(data) != size:
         raise DataError(f"{path}: truncated shard (block at byte {offset})")
     samples = decode_block(data, path)
@@ -130,26 +140,29 @@ def read_block(path: str, location: tuple[int, int], expected_samples: int | Non
 
 def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, int, int]]]:
     """Every shard checked against the manifest, cheaply (no decoding): it exists, has the recorded size, and
-    its tar headers list the blocks its sample count needs. Returns {shard: [(offset, size, samples)]}.
+    its blocks are the ones its sample count needs. Returns {shard: [(offset, size, samples)]}.
 
-    A flipped byte in a tar header or a shard cut at a member boundary would otherwise end the shard early
+    The blocks come from the manifest's block list (one listing of the directory, no read of any shard); a
+    manifest without one (bertdist before 0.2) is checked against the tar headers of each local shard. A
+    flipped byte in a tar header or a shard cut at a member boundary would otherwise end the shard early
     without an error; here it is a DataError naming the file before training starts. The content of the
-    blocks is verified by checksum only with `verify_checksums` (reading every byte).
+    blocks is verified by checksum only with `verify_checksums`, or block by block by a streaming reader.
     """
     per_block = manifest["options"]["samples_per_block"]
     out, problems = {}, []
+    sizes = storage.sizes(shard_dir)
     for shard in manifest["shards"]:
-        path = os.path.join(shard_dir, shard["name"])
-        if not os.path.isfile(path):
+        path = storage.join(shard_dir, shard["name"])
+        if shard["name"] not in sizes:
             problems.append(f"{path}: listed in the manifest but missing")
             continue
-        if os.path.getsize(path) != shard["bytes"]:
-            problems.append(f"{path}: {os.path.getsize(path):,} bytes, the manifest says {shard['bytes']:,} (truncated or replaced shard)")
+        if sizes[shard["name"]] != shard["bytes"]:
+            problems.append(f"{path}: {sizes[shard['name']]:,} bytes, the manifest says {shard['bytes']:,} (truncated or replaced shard)")
             continue
         n = shard["num_samples"]
         counts = [min(per_block, n - lo) for lo in range(0, n, per_block)]
         try:
-            locations = block_locations(path)
+            locations = [(o, s) for o, s, _ in shard["blocks"]] if "blocks" in shard else block_locations(path)
         except DataError as e:
             problems.append(str(e))
             continue
@@ -165,16 +178,15 @@ def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, in
 
 
 def write_manifest(shard_dir: str, manifest: dict) -> None:
-    write_json(os.path.join(shard_dir, MANIFEST), manifest, indent=2)
+    storage.write_json(storage.join(shard_dir, MANIFEST), manifest, indent=2)
 
 
 def read_manifest(shard_dir: str) -> dict:
-    path = os.path.join(shard_dir, MANIFEST)
-    if not os.path.isfile(path):
+    path = storage.join(shard_dir, MANIFEST)
+    if not storage.is_file(path):
         raise DataError(f"{shard_dir}: no {MANIFEST}; not a directory written by `bertdist prepare` (or unfinished)")
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        manifest = storage.read_json(path)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable manifest ({e})") from None
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -205,8 +217,8 @@ def iter_directory_blocks(shard_dir: str, verify_checksums: bool = False) -> Ite
     manifest = read_manifest(shard_dir)
     blocks = shard_blocks(shard_dir, manifest)
     for shard in manifest["shards"]:
-        path = os.path.join(shard_dir, shard["name"])
-        if verify_checksums and file_sha256(path) != shard["sha256"]:
+        path = storage.join(shard_dir, shard["name"])
+        if verify_checksums and storage.file_sha256(path) != shard["sha256"]:
             raise DataError(f"{path}: sha256 differs from the manifest (corrupt or replaced shard)")
         for offset, size, count in blocks[shard["name"]]:
             yield path, read_block(path, (offset, size), count)

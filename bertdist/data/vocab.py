@@ -23,7 +23,7 @@ from tokenizers import (
 )
 
 from bertdist.errors import DataError
-from bertdist.io import write_json, write_text
+from bertdist.storage import write_json, write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -106,7 +106,7 @@ def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, An
 
     from bertdist.finetune.data import encode
     from bertdist.finetune.source import cased_vocabulary, pad_id
-    from bertdist.io import write_json
+    from bertdist.storage import write_json
     from bertdist.model.bert import BertModel
     from bertdist.model.hf_heads import load_encoder
 
@@ -190,7 +190,7 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
 
 
 def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int) -> dict[str, Any]:
-    from bertdist.io import atomic_write, write_error
+    from bertdist.storage import atomic_write, write_error
 
     files = {"features": np.concatenate(parts).astype(o.dtype)}
     if o.level == "token":

@@ -38,7 +38,7 @@ from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, Us
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
-from bertdist.io import write_json
+from bertdist.storage import write_json
 from bertdist.train import checkpoint, stopping
 
 

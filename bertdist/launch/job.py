@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertdist.config import Config
-from bertdist.io import write_json
+from bertdist.storage import write_json
 from bertdist.launch.checks import SubmitError, check_job_id
 
 DEFAULT_JOBS_DIR = "runs/jobs"

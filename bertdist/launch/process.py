@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bertdist.io import write_text
+from bertdist.storage import write_text
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
 
 

@@ -40,7 +40,7 @@ from bertdist.config import (
     load_config,
     validate,
 )
-from bertdist.io import write_text
+from bertdist.storage import write_text
 from bertdist.launch.backends import MODULES
 from bertdist.launch.checks import (
     JOB_NAME_RE,

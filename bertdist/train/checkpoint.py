@@ -33,7 +33,7 @@ import numpy as np
 
 from bertdist import chatter
 from bertdist.errors import UserError, first_line, one_line
-from bertdist.io import is_partial, partial_name, write_text
+from bertdist.storage import is_partial, partial_name, write_text
 from bertdist.train import integrity
 from bertdist.train.safe_load import weights_only_loading
 

@@ -14,7 +14,7 @@ from typing import Any
 from bertdist import ownership
 from bertdist.config import ModelConfig, TrackingConfig
 from bertdist.data.vocab import vocab_mismatch
-from bertdist.io import PARTIAL_MARKER
+from bertdist.storage import PARTIAL_MARKER
 from bertdist.model.hf import CONFIG_FILE
 from bertdist.train import checkpoint
 

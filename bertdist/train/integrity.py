@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from bertdist.io import file_sha256
+from bertdist.storage import file_sha256
 
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
 

@@ -24,19 +24,17 @@ import ipaddress
 import json
 import math
 import os
-import shutil
 import sys
 import time
-from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bertdist import chatter, io, ownership
+from bertdist import chatter, ownership, storage
 from bertdist.data.pipeline.options import PrepareOptions
-from bertdist.data.pipeline.stages import make_group, read_unit, write_one_shard
+from bertdist.data.pipeline.stages import load_piece, make_group, read_unit, write_one_shard
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units
 from bertdist.data.shards import (
     FORMAT_VERSION,
@@ -45,7 +43,6 @@ from bertdist.data.shards import (
     write_manifest,
 )
 from bertdist.errors import DataError, UserError
-from bertdist.io import file_sha256
 
 WORK_DIR = ".work"
 
@@ -69,13 +66,14 @@ class PrepareReport:
 def prepare(opts: PrepareOptions) -> PrepareReport:
     """Run (or resume) the whole pipeline; returns the manifest written to OUTPUT/manifest.json."""
     t_start = time.perf_counter()
+    storage.use_endpoint(opts.endpoint_url)
     opts.check()
     from bertdist.data.vocab import read_vocab
 
     vocab_size = len(read_vocab(opts.vocab_file))
     files = expand_inputs(opts.inputs)
-    fingerprint = _fingerprint(opts, files, file_sha256(opts.vocab_file))
-    existed = os.path.isdir(opts.output_dir)
+    fingerprint = _fingerprint(opts, files, storage.file_sha256(opts.vocab_file))
+    existed = storage.is_dir(opts.output_dir)
     try:
         with ownership.owned(opts.output_dir):  # a second prepare on this output is refused, naming this one
             work_dir = _claim_output(opts.output_dir, fingerprint)
@@ -84,17 +82,17 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
             except UserError:
                 # Bad input found on the way: nothing of this run is worth resuming (fixing the input changes
                 # the fingerprint), and leftovers would make the corrected command refuse the directory.
-                shutil.rmtree(work_dir, ignore_errors=True)
+                storage.remove_tree(work_dir)
                 raise
     except UserError:
         if not existed and os.path.isdir(opts.output_dir) and not os.listdir(opts.output_dir):
-            os.rmdir(opts.output_dir)
+            os.rmdir(opts.output_dir)  # (an object-store prefix with nothing under it does not exist)
         raise
 
 
 def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, work_dir: str, t_start: float) -> PrepareReport:
     ray, ray_start_seconds = _start_ray(opts)
-    run = _TaskRunner(ray, opts.workers, opts.progress)
+    run = _TaskRunner(ray, opts.workers, opts.progress, opts.endpoint_url or storage.endpoint())
 
     units = plan_units(files, opts.unit_bytes)
     unit_results = run(
@@ -127,10 +125,10 @@ def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_s
 
     manifest = _manifest(opts, files, fingerprint, vocab_size, skipped, document_stats, group_results, shard_results)
     write_manifest(opts.output_dir, manifest)
-    shutil.rmtree(work_dir, ignore_errors=True)
-    for name in os.listdir(opts.output_dir):  # temporaries of a killed earlier run
-        if io.is_partial(name):
-            os.remove(os.path.join(opts.output_dir, name))
+    storage.remove_tree(work_dir)
+    for name in storage.listdir(opts.output_dir):  # temporaries of a killed earlier run
+        if storage.is_partial(name):
+            storage.remove(storage.join(opts.output_dir, name))
     return PrepareReport(
         output_dir=opts.output_dir,
         manifest=manifest,
@@ -148,9 +146,9 @@ def _unit_bytes(unit: ReadUnit) -> int:
 
 
 def _fingerprint(opts: PrepareOptions, files: list[InputFile], vocab_hash: str) -> str:
-    """What the output depends on: the inputs (path, size, mtime), the vocab and the output options."""
+    """What the output depends on: the inputs (path, size, mtime or ETag), the vocab and the output options."""
     described = dict(
-        files=[(f.path, f.size_bytes, os.stat(f.path).st_mtime_ns) for f in files],
+        files=[(f.path, f.size_bytes, storage.version(f.path)) for f in files],
         vocab_sha256=vocab_hash,
         options=_output_options(opts),
         on_bad_input=opts.on_bad_input,
@@ -171,29 +169,27 @@ def _output_options(opts: PrepareOptions) -> dict[str, Any]:
 
 def _claim_output(output_dir: str, fingerprint: str) -> str:
     """Create OUTPUT/.work, or reuse it if it belongs to the same command; refuse anything else."""
-    work_dir = os.path.join(output_dir, WORK_DIR)
-    manifest_path = os.path.join(output_dir, MANIFEST)
-    if os.path.exists(manifest_path):
-        with open(manifest_path, encoding="utf-8") as f:
-            previous = json.load(f).get("fingerprint")
+    work_dir = storage.join(output_dir, WORK_DIR)
+    manifest_path = storage.join(output_dir, MANIFEST)
+    if storage.exists(manifest_path):
+        previous = storage.read_json(manifest_path).get("fingerprint")
         raise DataError(
             f"{output_dir}: already holds prepared data"
             + (" from this same command" if previous == fingerprint else " made with other inputs or options")
             + "; delete it or choose another --output"
         )
-    stamp = os.path.join(work_dir, "fingerprint")
-    if os.path.exists(stamp):
-        with open(stamp, encoding="utf-8") as f:
-            if f.read().strip() != fingerprint:
-                raise DataError(
-                    f"{output_dir}: holds an unfinished run with other inputs or options; "
-                    "delete it or rerun that exact command to resume"
-                )
-    elif os.path.isdir(output_dir) and ownership.contents(Path(output_dir)):
+    stamp = storage.join(work_dir, "fingerprint")
+    if storage.exists(stamp):
+        if storage.read_text(stamp).strip() != fingerprint:
+            raise DataError(
+                f"{output_dir}: holds an unfinished run with other inputs or options; "
+                "delete it or rerun that exact command to resume"
+            )
+    elif [n for n in storage.listdir(output_dir) if n != ownership.LOCK_FILENAME]:
         raise DataError(f"{output_dir}: exists and is not empty; choose an empty or new --output")
     for sub in ("docs", "groups", "shards"):
-        os.makedirs(os.path.join(work_dir, sub), exist_ok=True)
-    io.write_text(stamp, fingerprint + "\n")
+        storage.makedirs(storage.join(work_dir, sub))
+    storage.write_text(stamp, fingerprint + "\n")
     return work_dir
 
 
@@ -256,12 +252,16 @@ def _is_loopback(address: str) -> bool:
         return host == "localhost"
 
 
-def _with_worker_facts(fn: Callable, *args: Any) -> dict[str, Any]:
-    """Run a stage function and report the worker's peak memory (the 'bounded memory' property) and node."""
+def _with_worker_facts(endpoint_url: str, fn: Callable, *args: Any) -> dict[str, Any]:
+    """Run a stage function and report the worker's peak memory (the 'bounded memory' property) and node.
+
+    `endpoint_url` (not a secret, unlike the credentials each node has in its own environment) travels with
+    the task: a worker on another node reaches the same S3-compatible store."""
     import resource
 
     import ray
 
+    storage.use_endpoint(endpoint_url)
     result = fn(*args)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return dict(result, peak_rss_mb=rss_mb, node=ray.util.get_node_ip_address())
@@ -270,8 +270,8 @@ def _with_worker_facts(fn: Callable, *args: Any) -> dict[str, Any]:
 class _TaskRunner:
     """Runs one stage: at most `workers` tasks in flight, results in submission order, a progress bar."""
 
-    def __init__(self, ray: Any, workers: int, progress: bool):
-        self.ray, self.progress = ray, progress
+    def __init__(self, ray: Any, workers: int, progress: bool, endpoint_url: str):
+        self.ray, self.progress, self.endpoint_url = ray, progress, endpoint_url
         self.limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.remote: Any = None
 
@@ -292,7 +292,7 @@ class _TaskRunner:
         with bar:
             while next_task < len(args) or pending:
                 while next_task < len(args) and len(pending) < self.limit:
-                    pending[self.remote.remote(fn, *args[next_task])] = next_task
+                    pending[self.remote.remote(self.endpoint_url, fn, *args[next_task])] = next_task
                     next_task += 1
                 done, _ = ray.wait(list(pending), num_returns=1)
                 i = pending.pop(done[0])
@@ -342,7 +342,7 @@ def _plan_groups(
     pieces = [piece for k in good_units for piece in results[k]["pieces"]]
     hashes, sizes, owner = [], [], []
     for p, piece in enumerate(pieces):
-        with np.load(os.path.join(work_dir, "docs", piece), allow_pickle=False) as npz:
+        with load_piece(work_dir, piece) as npz:
             hashes.append(npz["document_hashes"])
             sizes.append(npz["document_bytes"])
         owner.append(np.full(len(sizes[-1]), p, dtype=np.int64))
@@ -384,8 +384,8 @@ def _manifest(
     return dict(
         format_version=FORMAT_VERSION,
         fingerprint=fingerprint,
-        vocab_sha256=file_sha256(opts.vocab_file),
-        vocab_file=os.path.abspath(opts.vocab_file),
+        vocab_sha256=storage.file_sha256(opts.vocab_file),
+        vocab_file=storage.absolute(opts.vocab_file),
         vocab_size=vocab_size,
         mask_id=read_vocab(opts.vocab_file).index("[MASK]"),
         options=_output_options(opts),
@@ -400,7 +400,7 @@ def _manifest(
             not_next=sum(r["not_next"] for r in group_results),
             shard_bytes=sum(r["bytes"] for r in shard_results),
         ),
-        shards=[dict(name=r["name"], num_samples=r["num_samples"], sha256=r["sha256"], bytes=r["bytes"]) for r in shard_results],
+        shards=[{k: r[k] for k in ("name", "num_samples", "sha256", "bytes", "blocks") if k in r} for r in shard_results],
     )
 
 

@@ -6,6 +6,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from bertdist import storage
 from bertdist.data.instances import InstanceOptions
 from bertdist.errors import DataError
 
@@ -27,6 +28,8 @@ class PrepareOptions:
     workers: int = 0
     """Concurrent tasks; 0 = every CPU of the (local or given) Ray cluster."""
     ray_address: str = ""
+    endpoint_url: str = ""
+    """An S3-compatible store's endpoint for s3:// inputs and output (empty: AWS_ENDPOINT_URL_S3 or AWS)."""
     on_bad_input: str = "fail"
     progress: bool = True
 
@@ -51,7 +54,7 @@ class PrepareOptions:
                 ("--samples-per-shard", self.samples_per_shard < 1, "must be at least 1"),
                 ("--group-mb", not (math.isfinite(self.group_bytes) and self.group_bytes > 0), "must be positive"),
                 ("--on-bad-input", self.on_bad_input not in ("fail", "skip"), "must be fail or skip"),
-                ("--output", os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir),
+                ("--output", storage.is_file(self.output_dir),
                  f"{self.output_dir} is a file, not a directory"),
             ]
             if bad

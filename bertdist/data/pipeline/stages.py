@@ -7,7 +7,7 @@
 3. `write_one_shard`: one shard's instances, found by the inverse of a seeded permutation of its band,
    gathered from the few groups of that band and written as a tar.
 
-Each function writes under OUTPUT/.work/ (never a final name) through `bertdist.io`, and returns early
+Each function writes under OUTPUT/.work/ (never a final name) through `bertdist.storage`, and returns early
 when a previous, killed run already finished its piece of work, which is what makes `prepare` resumable.
 Ray is not imported here: the driver wraps these with `ray.remote`.
 """
@@ -15,13 +15,13 @@ Ray is not imported here: the driver wraps these with `ray.remote`.
 from __future__ import annotations
 
 import hashlib
-import json
+import io
 import os
 from typing import Any
 
 import numpy as np
 
-from bertdist import io
+from bertdist import storage
 from bertdist.data.instances import Documents, InstanceOptions, create_instances
 from bertdist.data.masking import VocabInfo
 from bertdist.data.readers import ReadUnit, read_documents
@@ -35,6 +35,7 @@ from bertdist.data.shards import (
 from bertdist.errors import DataError
 
 _TOKENIZE_BATCH_BYTES = 1 << 20
+GROUP_COMPLETE = "complete"
 
 
 def _single_threaded() -> None:
@@ -45,10 +46,9 @@ def _single_threaded() -> None:
 
 def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece_bytes: int) -> dict[str, Any]:
     """Stage 1 for one unit; returns (and records) its summary, or the error that made its file bad."""
-    record_path = os.path.join(work_dir, "docs", f"{unit.name}.json")
-    if os.path.exists(record_path):
-        with open(record_path, encoding="utf-8") as f:
-            return json.load(f)
+    record_path = storage.join(work_dir, "docs", f"{unit.name}.json")
+    if storage.exists(record_path):
+        return storage.read_json(record_path)
     _single_threaded()
     from bertdist.data.vocab import WordPieceEncoder
 
@@ -73,7 +73,7 @@ def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece
     except DataError as e:
         writer.discard()
         summary["error"] = str(e)
-    io.write_json(record_path, summary)
+    storage.write_json(record_path, summary)
     return summary
 
 
@@ -81,7 +81,7 @@ class _PieceWriter:
     """Accumulates tokenized documents and writes them as piece files of a bounded size."""
 
     def __init__(self, work_dir: str, unit_name: str, token_dtype: np.dtype, unk_id: int):
-        self.dir, self.unit_name, self.token_dtype = os.path.join(work_dir, "docs"), unit_name, token_dtype
+        self.dir, self.unit_name, self.token_dtype = storage.join(work_dir, "docs"), unit_name, token_dtype
         self.unk_id = unk_id
         self.names: list[str] = []
         self.total_tokens = self.unk_tokens = 0
@@ -119,14 +119,14 @@ class _PieceWriter:
         )
         self.total_tokens += len(arrays["tokens"])
         self.unk_tokens += int((arrays["tokens"] == self.unk_id).sum())
-        with io.atomic_write(os.path.join(self.dir, name), "wb") as f:
+        with storage.atomic_write(storage.join(self.dir, name), "wb") as f:
             np.savez(f, **arrays)
         self.names.append(name)
         self._reset()
 
     def discard(self) -> None:
         for name in self.names:
-            os.remove(os.path.join(self.dir, name))
+            storage.remove(storage.join(self.dir, name))
         self.names = []
         self._reset()
 
@@ -155,17 +155,21 @@ def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, s
 def make_group(
     group: int, members: list[tuple[str, np.ndarray]], work_dir: str, vocab_file: str, opts: InstanceOptions
 ) -> dict[str, Any]:
-    """Stage 2 for one group: every pass of instances, written as memory-mappable column files."""
-    out_dir = os.path.join(work_dir, "groups", f"group-{group:06d}")
-    if not os.path.isdir(out_dir):
+    """Stage 2 for one group: every pass of instances, written as column files (memory-mapped when local).
+
+    The columns are written one by one, then a `complete` marker: a group without the marker is redone."""
+    out_dir = storage.join(work_dir, "groups", f"group-{group:06d}")
+    if not storage.exists(storage.join(out_dir, GROUP_COMPLETE)):
         from bertdist.data.vocab import read_vocab
 
         vocab = VocabInfo.from_tokens(read_vocab(vocab_file))
         docs = _load_documents(work_dir, members)
-        samples = create_instances(docs, opts, vocab, group_seed=(group,))
-        with io.atomic_directory(out_dir) as tmp:
-            for name in Samples.column_names():
-                np.save(os.path.join(tmp, f"{name}.npy"), getattr(samples.compact(docs.tokens.dtype), name))
+        samples = create_instances(docs, opts, vocab, group_seed=(group,)).compact(docs.tokens.dtype)
+        storage.makedirs(out_dir)
+        for name in Samples.column_names():
+            with storage.atomic_write(storage.join(out_dir, f"{name}.npy"), "wb") as f:
+                np.save(f, getattr(samples, name))
+        storage.write_text(storage.join(out_dir, GROUP_COMPLETE), "")
     samples = _open_group(out_dir)
     return dict(
         instances=len(samples),
@@ -179,7 +183,7 @@ def _load_documents(work_dir: str, members: list[tuple[str, np.ndarray]]) -> Doc
     """The selected documents of several pieces, concatenated into one `Documents`."""
     tokens, sentence_lengths, document_sentences = [], [], []
     for piece, keep in members:
-        with np.load(os.path.join(work_dir, "docs", piece), allow_pickle=False) as npz:
+        with load_piece(work_dir, piece) as npz:
             piece_tokens, sent, docs = npz["tokens"], npz["sentence_offsets"], npz["document_offsets"]
         first, count = docs[keep], docs[keep + 1] - docs[keep]  # sentences of each kept document
         sentences = ranges(first, count)
@@ -194,10 +198,12 @@ def _load_documents(work_dir: str, members: list[tuple[str, np.ndarray]]) -> Doc
     )
 
 
+def load_piece(work_dir: str, piece: str) -> "np.lib.npyio.NpzFile":
+    return np.load(io.BytesIO(storage.read_bytes(storage.join(work_dir, "docs", piece))), allow_pickle=False)
+
+
 def _open_group(group_dir: str) -> Samples:
-    return Samples(
-        **{n: np.load(os.path.join(group_dir, f"{n}.npy"), mmap_mode="r") for n in Samples.column_names()}
-    )
+    return Samples(**{n: storage.load_array(storage.join(group_dir, f"{n}.npy")) for n in Samples.column_names()})
 
 
 def write_one_shard(
@@ -205,12 +211,11 @@ def write_one_shard(
 ) -> dict[str, Any]:
     """Stage 3 for one shard: gather its instances (inverse permutation) and write the tar atomically."""
     name = shard_name(shard)
-    path = os.path.join(output_dir, name)
-    record_path = os.path.join(work_dir, "shards", f"{name}.json")
-    if os.path.exists(record_path) and os.path.exists(path):
-        with open(record_path, encoding="utf-8") as f:
-            record = json.load(f)
-        if io.file_sha256(path) == record["sha256"]:
+    path = storage.join(output_dir, name)
+    record_path = storage.join(work_dir, "shards", f"{name}.json")
+    if storage.exists(record_path) and storage.exists(path):
+        record = storage.read_json(record_path)
+        if storage.file_sha256(path) == record["sha256"]:
             return dict(record, resumed=True)
     instance = shard_instances(shard, num_shards, int(group_offsets[-1]), band_shards, key)
     group = np.searchsorted(group_offsets, instance, side="right") - 1
@@ -218,12 +223,12 @@ def write_one_shard(
     parts = []
     for g in np.unique(group).tolist():
         rows = by_group[group[by_group] == g]
-        parts.append(_open_group(os.path.join(work_dir, "groups", f"group-{g:06d}")).take(instance[rows] - group_offsets[g]))
+        parts.append(_open_group(storage.join(work_dir, "groups", f"group-{g:06d}")).take(instance[rows] - group_offsets[g]))
     gathered = Samples.concat(parts)
     samples = gathered.take(np.argsort(by_group, kind="stable"))
-    sha256 = write_shard(path, samples, SAMPLES_PER_BLOCK)
-    record = dict(name=name, num_samples=len(samples), sha256=sha256, bytes=os.path.getsize(path))
-    io.write_json(record_path, record)
+    sha256, blocks = write_shard(path, samples, SAMPLES_PER_BLOCK)
+    record = dict(name=name, num_samples=len(samples), sha256=sha256, bytes=storage.size(path), blocks=blocks)
+    storage.write_json(record_path, record)
     return dict(record, resumed=False)
 
 

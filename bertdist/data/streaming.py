@@ -1,0 +1,156 @@
+"""Shard blocks read from an object store: fetched ahead of need into a bounded local cache, and verified.
+
+A rank reads a contiguous part of each epoch's block order, so it needs about 1/world_size of the blocks of
+every shard, never a whole shard: the unit fetched is the block (one ranged GET of ~100 KB for 512
+length-128 samples; the manifest gives its offset, size and digest). Each loader process knows exactly which
+blocks its next batches need (the order is a function of the position), so it fetches those ahead of
+consumption with a few threads, and a batch finds its blocks already on local disk.
+
+The cache is a directory of files named by the blocks' digests (content-addressed: two datasets or two ranks
+on a node share a block, and a block is never confused with another). Every read of a cached or fetched
+block checks its sha256 against the manifest; a fetched block that does not match is fetched once more
+(a read cut short) and then fails naming the object: the object was replaced or damaged in the store. The
+cache is bounded by `cache_bytes`: the writer that passes the bound removes the least recently used files.
+Transient store errors are retried by `bertdist.storage` (backoff, then one line naming the object).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable
+
+from bertdist import storage
+from bertdist.data.shards import block_digest
+from bertdist.errors import DataError
+
+_EVICT_EVERY_WRITES = 32
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """How a loader process reads shards from a store (`storage` in the config)."""
+
+    cache_dir: str = ""
+    """Empty: TMPDIR/bertdist-cache/<hash of the shard URL>."""
+    cache_bytes: int = 4 << 30
+    prefetch_samples: int = 16384
+    """How far ahead of its consumption each loader process fetches, in samples."""
+    threads: int = 8
+    endpoint_url: str = ""
+
+
+def default_cache_dir(shard_dir: str) -> str:
+    key = hashlib.sha256(shard_dir.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "bertdist-cache", key)
+
+
+class BlockStream:
+    """The blocks of a shard directory in a store, by block id (the loader's numbering), cached and verified."""
+
+    def __init__(self, shard_dir: str, blocks: list[tuple[str, int, int, str]], settings: StreamSettings):
+        """`blocks[id]` = (shard name, offset, size, digest) from the manifest."""
+        self.shard_dir, self.blocks, self.settings = shard_dir, blocks, settings
+        self.cache_dir = settings.cache_dir or default_cache_dir(shard_dir)
+        self.hits = self.fetched = 0
+        self.wait_seconds = 0.0
+        self._pid = -1
+
+    def __getstate__(self) -> dict:  # to a DataLoader worker: its own threads, counters and futures
+        state = dict(self.__dict__, _pid=-1)
+        for key in ("_pool", "_pending", "_lock"):
+            state.pop(key, None)
+        return state
+
+    def _start(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            storage.use_endpoint(self.settings.endpoint_url)
+            os.makedirs(self.cache_dir, exist_ok=True)
+            self._pool = ThreadPoolExecutor(self.settings.threads, thread_name_prefix="bertdist-fetch")
+            self._pending: dict[int, Future] = {}
+            self._lock = threading.Lock()
+            self._writes = 0
+            self.hits = self.fetched = 0
+            self.wait_seconds = 0.0
+
+    def _cached(self, block_id: int) -> str:
+        return os.path.join(self.cache_dir, f"{self.blocks[block_id][3]}.block")
+
+    def schedule(self, block_ids: Iterable[int]) -> None:
+        """Start fetching these blocks (the ones not cached or in flight), in this order."""
+        self._start()
+        for block_id in dict.fromkeys(block_ids):
+            with self._lock:
+                if block_id in self._pending or os.path.exists(self._cached(block_id)):
+                    continue
+                self._pending[block_id] = self._pool.submit(self._fetch, block_id)
+
+    def read(self, block_id: int) -> bytes:
+        """The block's bytes: from the cache, from a fetch in flight, or fetched now."""
+        self._start()
+        with self._lock:
+            future = self._pending.pop(block_id, None)
+        if future is not None:
+            t0 = time.perf_counter()
+            data = future.result()
+            self.wait_seconds += time.perf_counter() - t0
+            return data
+        path = self._cached(block_id)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:  # not fetched ahead, or evicted since
+            t0 = time.perf_counter()
+            data = self._fetch(block_id)
+            self.wait_seconds += time.perf_counter() - t0
+            return data
+        if block_digest(data) == self.blocks[block_id][3]:
+            self.hits += 1
+            os.utime(path)  # recently used
+            return data
+        storage.remove(path)  # damaged on local disk: fetch it again
+        return self._fetch(block_id)
+
+    def _fetch(self, block_id: int) -> bytes:
+        name, offset, size, digest = self.blocks[block_id]
+        url = storage.join(self.shard_dir, name)
+        for attempt in range(2):
+            try:
+                data = storage.read_bytes(url, offset, offset + size)
+            except storage.StorageError as e:
+                raise DataError(str(e)) from None
+            if len(data) == size and block_digest(data) == digest:
+                break
+            if attempt == 1:
+                what = f"{len(data)} bytes instead of {size} (truncated object)" if len(data) != size else \
+                    "its sha256 differs from the manifest (the object was replaced or damaged)"
+                raise DataError(f"{url}: the block at byte {offset}: {what}; prepare the data again or restore the object")
+        self.fetched += 1
+        with storage.atomic_write(self._cached(block_id), "wb") as f:
+            f.write(data)
+        self._writes += 1
+        if self._writes % _EVICT_EVERY_WRITES == 0:
+            self._evict()
+        return data
+
+    def _evict(self) -> None:
+        """Remove the least recently used cache files while the cache holds more than `cache_bytes`."""
+        entries = []
+        for entry in os.scandir(self.cache_dir):
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:  # another process evicted it
+                continue
+            entries.append((stat.st_mtime, stat.st_size, entry.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.settings.cache_bytes:
+                break
+            storage.remove(path)
+            total -= size
