@@ -228,7 +228,7 @@ def _add_checkpoints(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_checkpoints(args: argparse.Namespace) -> int:
-    from bertdist.train.checkpoint import listing
+    from bertdist.train.listing import listing
 
     text, damaged = listing(args.dir, args.verify)
     print(text)

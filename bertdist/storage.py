@@ -89,7 +89,7 @@ def use_endpoint(endpoint_url: str) -> None:
         _FILESYSTEMS.clear()
 
 
-_FILESYSTEMS: dict[tuple[str, int], Any] = {}
+_FILESYSTEMS: dict[tuple[str, int, str], Any] = {}
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
@@ -98,7 +98,7 @@ def _filesystem(url: str) -> tuple[Any, str]:
     import fsspec
 
     protocol = _URL.match(url).group(1).lower()
-    key = (protocol, os.getpid())
+    key = (protocol, os.getpid(), endpoint())
     if key not in _FILESYSTEMS:
         options: dict[str, Any] = {"skip_instance_cache": True}
         if protocol in ("s3", "s3a"):

@@ -11,6 +11,11 @@ from bertdist.config import ModelConfig
 
 # DeepSpeed picks its accelerator at import time; the suite is CPU-only.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# The made-up keys of the suite's own S3 server (tests/s3_server.py), set before anything starts: processes
+# started early (the session's Ray workers) inherit them, as a cluster's nodes have their own credentials.
+for _name, _value in {"AWS_ACCESS_KEY_ID": "bertdist-test-key", "AWS_SECRET_ACCESS_KEY": "bertdist-test-secret",
+                      "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+    os.environ[_name] = _value
 
 REPO = Path(__file__).resolve().parent.parent
 """The source checkout: configs/, launch/ and cluster/ are read from here."""
@@ -47,6 +52,20 @@ def mlflow_server(tmp_path_factory):
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     server.start()
     yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3-compatible server on 127.0.0.1 (moto), reached through a relay that injects faults
+    (tests/s3_server.py); its endpoint is in the environment that bertdist and the processes it starts read."""
+    from tests.s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3-server"))
+    server.start()
+    os.environ["AWS_ENDPOINT_URL_S3"] = server.url
+    yield server
+    os.environ.pop("AWS_ENDPOINT_URL_S3", None)
     server.stop()
 
 

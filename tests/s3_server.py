@@ -9,7 +9,6 @@ are made up by the test: moto accepts any, and a client without any fails before
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -50,6 +49,10 @@ class FaultyEndpoint:
         """The endpoint goes away: new connections are refused, open ones are cut mid-request."""
         listener, self._listener = self._listener, None
         if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept(), which a close() alone does not
+            except OSError:
+                pass
             listener.close()
         self._cut_open_connections()
 
@@ -175,23 +178,3 @@ class S3Server:
         """A new bucket; returns its URL `s3://name`."""
         self.client().create_bucket(Bucket=name)
         return f"s3://{name}"
-
-
-def with_environment(env: dict[str, str]):
-    """Set environment variables for the block (monkeypatch-free, for session fixtures)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def manager():
-        before = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            yield
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-    return manager()

@@ -350,8 +350,10 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
         shutil.rmtree(path)
         raise CheckpointError(f"{path}: damaged checkpoint: a file is missing")
 
-    monkeypatch.setattr(checkpoint, "verify_files", pruned_while_verified)
-    text, damaged = checkpoint.listing(run)
+    from bertdist.train import listing
+
+    monkeypatch.setattr(listing, "verify_files", pruned_while_verified)
+    text, damaged = listing.listing(run)
     assert not damaged and "step_00000004" not in text and "DAMAGED" not in text, text
 
 

@@ -142,6 +142,23 @@ class DataConfig:
 
 
 @dataclass
+class StorageConfig:
+    """Object stores: any path field (phase shard_dir, checkpoint.uri, finetune.model...) may be a URL such as
+    s3://bucket/prefix (`bertdist.storage`). Credentials come from the environment or ~/.aws, never from here."""
+
+    endpoint_url: str = ""
+    """An S3-compatible store (MinIO, Ceph, R2, GCS's S3 interface); empty: AWS_ENDPOINT_URL_S3, else AWS."""
+    cache_dir: str = ""
+    """Where shard blocks read from a store are kept; empty: TMPDIR/bertdist-cache/<hash of the URL>."""
+    cache_mb: int = 4096
+    """Bound of that cache, shared by the loader processes of a node that use the same directory."""
+    prefetch_samples: int = 16384
+    """How far ahead of its batches each loader process fetches blocks, in samples."""
+    fetch_threads: int = 8
+    """Concurrent ranged GETs per loader process."""
+
+
+@dataclass
 class OptimConfig:
     """Adam(W) with BERT's decoupled weight decay (or LAMB), linear warmup then linear decay to zero."""
 
@@ -195,6 +212,12 @@ class CheckpointConfig:
     """A Hugging Face BERT directory to start from (continued pretraining)."""
     verify: str = "sha256"
     """Before loading a checkpoint, check its files against the record made at save: sha256 (every byte) or size."""
+    uri: str = ""
+    """Keep checkpoints here instead of OUTPUT/checkpoints, e.g. s3://bucket/run-1/checkpoints: each is saved
+    under OUTPUT/checkpoints first, then uploaded while training goes on; `latest` names it once every file
+    of every rank is in the store and verified (`bertdist.train.remote`)."""
+    upload_timeout_s: float = 3600.0
+    """How long the end of a run (or the next checkpoint) waits for an upload still in flight."""
 
 
 @dataclass
@@ -325,6 +348,7 @@ class EvalConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

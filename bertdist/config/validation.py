@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from bertdist import storage
 from bertdist.config.schema import Config, ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -133,6 +134,14 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"checkpoint.verify: {cfg.checkpoint.verify!r} is not one of {', '.join(VERIFY_MODES)}")
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
+
+    st = cfg.storage
+    for name, low in (("cache_mb", 1), ("prefetch_samples", 0), ("fetch_threads", 1)):
+        if getattr(st, name) < low:
+            p.append(f"storage.{name}: must be at least {low}, got {getattr(st, name)}")
+    if storage.is_url(t.output_dir):
+        p.append(f"train.output_dir: {t.output_dir} is a URL; the run directory (logs, local checkpoint copies) is local: "
+                 "keep it on disk and set checkpoint.uri to the store")  # fmt: skip
 
     lc = cfg.launch
     if lc.backend not in BACKENDS:

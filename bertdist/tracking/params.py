@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import json
 import os
 import platform
 import socket
 import subprocess
 from pathlib import Path
 
+from bertdist import storage
 from bertdist.config import Config, flatten
+from bertdist.errors import UserError
 
 
 def environment_params(world_size: int, nodes: int) -> dict[str, str]:
@@ -46,9 +47,9 @@ def manifest_params(shard_dir: str | os.PathLike, prefix: str) -> dict[str, str]
     itself, and tracking must not be the component that stops a run.
     """
     try:
-        manifest = json.loads((Path(shard_dir) / "manifest.json").read_text())
+        manifest = storage.read_json(storage.join(os.fspath(shard_dir), "manifest.json"))
         shards = manifest["shards"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         return {}
     options = manifest.get("options", {})
     facts = {

@@ -92,15 +92,23 @@ def read_train_state(checkpoint_dir: str | os.PathLike) -> TrainState:
     if not path.is_file():
         raise CheckpointError(f"{checkpoint_dir} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})")
     try:
-        raw = json.loads(path.read_text())
+        return parse_train_state(path.read_bytes(), str(path))
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}{_beside(Path(checkpoint_dir).parent)}") from None
+
+
+def parse_train_state(data: bytes, where: str) -> TrainState:
+    """The train state in `data` (the bytes of train_state.json, from disk or a store), checked."""
+    try:
+        raw = json.loads(data)
         recorded = raw.pop(STATE_CHECKSUM_KEY, None)  # absent in checkpoints of bertdist < 0.2
         if recorded is not None and recorded != _state_checksum(raw):
             raise ValueError("its checksum does not match its content (edited or damaged)")
         state = TrainState(**raw)
     except (ValueError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: unreadable train state ({e}){_beside(Path(checkpoint_dir).parent)}") from None
+        raise CheckpointError(f"{where}: unreadable train state ({e})") from None
     if state.version != TRAIN_STATE_VERSION:
-        raise CheckpointError(f"{path}: train state version {state.version}, this bertdist reads {TRAIN_STATE_VERSION}")
+        raise CheckpointError(f"{where}: train state version {state.version}, this bertdist reads {TRAIN_STATE_VERSION}")
     return state
 
 
@@ -162,20 +170,25 @@ def latest(root: Path) -> Path | None:
     marker = root / LATEST_FILENAME
     if not marker.is_file():
         return None
-    checkpoint = root / _read_marker(marker)
+    checkpoint = root / read_marker(marker)
     if not checkpoint.is_dir():
         raise CheckpointError(f"{marker} names {checkpoint.name}, and there is no such checkpoint{_beside(root)}")
     return checkpoint
 
 
-def _read_marker(marker: Path) -> str:
+def read_marker(marker: Path) -> str:
     """The tag in `latest`: one line of the form step_NNNNNNNN, or a CheckpointError naming the file."""
     try:
-        tag = marker.read_text(encoding="ascii").strip()
+        text = marker.read_text(encoding="ascii")
     except (UnicodeDecodeError, OSError) as e:
         raise CheckpointError(f"{marker}: unreadable ({type(e).__name__}){_beside(marker.parent)}") from None
+    return marker_tag(text, str(marker), _beside(marker.parent))
+
+
+def marker_tag(text: str, where: str, hint: str = "") -> str:
+    tag = text.strip()
     if not re.fullmatch(r"step_\d{8,}", tag):
-        raise CheckpointError(f"{marker}: {tag[:40]!r} is not a checkpoint tag (step_NNNNNNNN){_beside(marker.parent)}")
+        raise CheckpointError(f"{where}: {tag[:40]!r} is not a checkpoint tag (step_NNNNNNNN){hint}")
     return tag
 
 
@@ -204,40 +217,6 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "trai
             f"from it with checkpoint.resume={existing[-1]} (or --resume auto where its `latest` marker is intact), "
             f"or start fresh in another {field}"
         )
-
-
-def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, bool]:
-    """`bertdist checkpoints DIR`: a table of every checkpoint of a run and its state; and whether any is damaged."""
-    path = Path(output_dir)
-    root = path if path.name == CHECKPOINTS_DIRNAME or (path / LATEST_FILENAME).is_file() else checkpoints_dir(path)
-    if not root.is_dir():
-        raise CheckpointError(f"{output_dir}: no checkpoints directory")
-    try:
-        marked = _read_marker(root / LATEST_FILENAME) if (root / LATEST_FILENAME).is_file() else None
-    except CheckpointError as e:
-        marked, marker_problem = None, str(e)
-    else:
-        marker_problem = ""
-    lines = [f"{'checkpoint':<16} {'state':<10} {'files':>6} {'GB':>8}  notes"]
-    damaged = bool(marker_problem)
-    for step_dir in step_dirs(root):
-        notes = ["latest"] if step_dir.name == marked else []
-        try:
-            state = verify_files(step_dir, mode)
-        except CheckpointError as e:
-            if not step_dir.is_dir():  # pruned by its run while listed
-                continue
-            status, files, size = ("incomplete" if not is_complete(step_dir) else "DAMAGED"), "-", "-"
-            damaged |= status == "DAMAGED"
-            notes.append(str(e).split(": ", 1)[-1] if is_complete(step_dir) else f"no {TRAIN_STATE_FILENAME}")
-        else:
-            status = "intact" if state.files else "unverified"
-            files, size = str(len(state.files)), f"{sum(f['bytes'] for f in state.files.values()) / 1e9:.3f}"
-            notes.append(f"step {state.step}, world size {state.world_size}")
-        lines.append(f"{step_dir.name:<16} {status:<10} {files:>6} {size:>8}  {'; '.join(notes)}")
-    if marker_problem:
-        lines.append(marker_problem)
-    return "\n".join(lines), damaged
 
 
 # ---------------------------------------------------------------------------------------------

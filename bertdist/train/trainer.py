@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from bertdist import storage
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
 from bertdist.errors import (
     FAILED_EXIT_CODE,
@@ -37,7 +38,7 @@ from bertdist.errors import (
     UserError,
     one_line,
 )
-from bertdist.train import checkpoint, distributed, metrics, reshard, stopping
+from bertdist.train import checkpoint, distributed, metrics, remote, reshard, stopping
 from bertdist.train.console import Console
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
@@ -88,6 +89,9 @@ class Trainer(contextlib.ExitStack):
             raise ConfigError(problems)
         self.cfg, self.env = cfg, env
         self.output_dir = Path(cfg.train.output_dir)
+        storage.use_endpoint(cfg.storage.endpoint_url)
+        ck = cfg.checkpoint
+        self.uploader = remote.Uploader(ck.uri, env.rank, env.world_size, ck.keep_last, ck.upload_timeout_s) if ck.uri else None
         with contextlib.ExitStack() as built:  # whatever was taken or built is released if a later step fails
             built.push(self)
             # Before reading checkpoints that another run on this directory could be writing.
@@ -98,9 +102,7 @@ class Trainer(contextlib.ExitStack):
 
     def _check_resume_and_data(self) -> None:
         cfg, env = self.cfg, self.env
-        self.resume_from = checkpoint.resolve_resume(cfg.train.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
-        if self.resume_from is None:
-            checkpoint.refuse_foreign_checkpoints(cfg.train.output_dir)
+        self.resume_from = remote.resume_point(cfg.checkpoint, cfg.train.output_dir)
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
         if self.resumed is not None and self.resumed.config["model"] != cfg.to_dict()["model"]:
             raise ConfigError([f"model: differs from the model of checkpoint {self.resume_from}; resume needs the same model"])
@@ -146,12 +148,16 @@ class Trainer(contextlib.ExitStack):
         from bertdist.data.loader import PretrainingLoader
         from bertdist.data.masking import MaskRules
 
+        from bertdist.data.streaming import StreamSettings
+
         rules = MaskRules.for_length(phase.max_seq_length, **dataclasses.asdict(self.cfg.data.masking))
+        st = self.cfg.storage
+        streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads, st.endpoint_url)
         loader = PretrainingLoader(
             shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
             micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
             seed=self.cfg.train.seed, num_workers=workers, shuffle_buffer_size=self.cfg.data.shuffle_buffer_size,
-            packing=self.cfg.data.packing, pin_memory=self.device_type == "cuda", masking=rules,
+            packing=self.cfg.data.packing, pin_memory=self.device_type == "cuda", masking=rules, streaming=streaming,
         )  # fmt: skip
         if loader.objective == "mlm" and self.cfg.model.next_sentence_prediction:
             raise ConfigError([f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "
@@ -283,6 +289,7 @@ class Trainer(contextlib.ExitStack):
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
             if step % cfg.checkpoint.every_steps == 0 or step == total_steps:
                 self._save(step, phase_index, nonfinite_streak)
+        self._finish_uploads()
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
         self._log_downstream(self.downstream.close())
         self.tracker.close("FINISHED")
@@ -388,9 +395,14 @@ class Trainer(contextlib.ExitStack):
         )  # fmt: skip
         local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
         self.watchdog.progress(step)
+        waited = self.uploader.wait(self.cfg.checkpoint.upload_timeout_s) if self.uploader else 0.0
+        if waited > 1:
+            self.console.line(f"step {step}: waited {waited:.1f} s for the previous checkpoint's upload")
         path = checkpoint.save(self.engine, self.output_dir, state, local, self.cfg.checkpoint.keep_last)
         self.watchdog.progress(step)
-        self.console.line(f"step {step}: checkpoint {path}")
+        if self.uploader:
+            self.uploader.start(path)
+        self.console.line(f"step {step}: checkpoint {path}" + (f", uploading to {self.cfg.checkpoint.uri}" if self.uploader else ""))
         self.tracker.log_checkpoint(path, step)
         self.downstream.after_checkpoint(path, step)
 
@@ -398,8 +410,13 @@ class Trainer(contextlib.ExitStack):
         for step, values in results.items():  # at the step of the checkpoint that was evaluated
             self.tracker.log_metrics(values, step=step)
 
+    def _finish_uploads(self) -> None:
+        if self.uploader:
+            self.uploader.wait(self.cfg.checkpoint.upload_timeout_s)
+
     def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
         self._save(step, phase_index, nonfinite_streak)
+        self._finish_uploads()
         why = self.stop.reason or "another rank was signalled"
         self.console.line(f"stopped ({why}): checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued "
                           "(continue with --resume auto)")

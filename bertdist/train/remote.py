@@ -1,0 +1,229 @@
+"""Checkpoints in an object store (`checkpoint.uri`): uploaded behind training, published only when whole.
+
+Layout under the URI, the same as a local checkpoints/ directory:
+
+    step_00000100/...              every rank's DeepSpeed files, then train_state.json (uploaded last)
+    latest                         the tag of the newest checkpoint whose every file is in the store
+    .uploads/step_00000100.rank-R  rank R's files are uploaded (removed once the checkpoint is published)
+
+Saving: `bertdist.train.checkpoint.save` writes the checkpoint to OUTPUT/checkpoints as always; then each
+rank hands the files it wrote to its `Uploader`, a background thread, and trains on: the upload costs the
+step loop nothing beyond the local save. A rank marks its part uploaded once each of its objects is in
+the store with its recorded size (the store checks each PUT's checksum on arrival). Rank 0, after its own
+part, waits for every rank's mark, uploads train_state.json, and only then writes `latest`: a reader of
+the store never finds `latest` naming a checkpoint with a missing file, whatever was killed when. An
+upload still running when the next checkpoint is due is waited for there (said on the console), and at
+the end of the run.
+
+Resuming (`--resume auto` with a URI): the store's `latest` is the truth. Its checkpoint is downloaded
+into OUTPUT/checkpoints (files already there with the recorded sha256 are kept: a restart on the same node
+downloads nothing) and checked like a local one; if it fails, the next older checkpoint in the store is
+tried, as locally. A fresh node, another number of ranks, or an export then reads it like any other.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bertdist import storage
+from bertdist.config import CheckpointConfig
+from bertdist.train import integrity
+from bertdist.train.checkpoint import (
+    LATEST_FILENAME,
+    TRAIN_STATE_FILENAME,
+    CheckpointError,
+    checkpoints_dir,
+    marker_tag,
+    refuse_foreign_checkpoints,
+    resolve_resume,
+    verify_files,
+)
+
+UPLOADS = ".uploads"
+WAIT_POLL_SECONDS = 0.5
+
+
+class Uploader:
+    """One rank's background uploads of its checkpoint files to `uri`; rank 0 also publishes."""
+
+    def __init__(self, uri: str, rank: int, world_size: int, keep_last: int, wait_timeout_s: float):
+        self.uri, self.rank, self.world_size, self.keep_last = uri, rank, world_size, keep_last
+        self.wait_timeout_s = wait_timeout_s
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.published: list[str] = []
+        self.upload_seconds = 0.0
+
+    def start(self, checkpoint_dir: Path) -> float:
+        """Upload this rank's files of `checkpoint_dir` in the background; returns the seconds spent waiting
+        for the previous checkpoint's upload to finish first (0 when it had)."""
+        waited = self.wait()
+        self._thread = threading.Thread(target=self._run, args=(checkpoint_dir,), name="bertdist-upload", daemon=True)
+        self._thread.start()
+        return waited
+
+    def wait(self, timeout_s: float | None = None) -> float:
+        """Wait for the upload in flight; re-raise its error. Returns the seconds waited."""
+        t0 = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise CheckpointError(f"{self.uri}: the upload of a checkpoint did not finish in {timeout_s:.0f} s")
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return time.perf_counter() - t0
+
+    def _run(self, checkpoint_dir: Path) -> None:
+        try:
+            t0 = time.perf_counter()
+            files = integrity.describe_own_files(checkpoint_dir, self.rank, exclude={TRAIN_STATE_FILENAME})
+            tag = checkpoint_dir.name
+            target = storage.join(self.uri, tag)
+            for name, facts in files.items():
+                url = storage.join(target, name)
+                storage.upload_file(str(checkpoint_dir / name), url)
+                if storage.size(url) != facts["bytes"]:
+                    raise CheckpointError(f"{url}: {storage.size(url):,} bytes in the store after upload, {facts['bytes']:,} on disk")
+            storage.write_json(storage.join(self.uri, UPLOADS, f"{tag}.rank-{self.rank:05d}"), sorted(files))
+            if self.rank == 0:
+                self._publish(checkpoint_dir, target, tag)
+            self.upload_seconds += time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001  handed to the training thread by wait()
+            self._error = e
+
+    def _publish(self, checkpoint_dir: Path, target: str, tag: str) -> None:
+        marks = [storage.join(self.uri, UPLOADS, f"{tag}.rank-{r:05d}") for r in range(self.world_size)]
+        deadline = time.monotonic() + self.wait_timeout_s
+        while not all(storage.exists(m) for m in marks):
+            if time.monotonic() > deadline:
+                missing = [r for r, m in enumerate(marks) if not storage.exists(m)]
+                raise CheckpointError(f"{target}: ranks {missing} did not finish uploading in {self.wait_timeout_s:.0f} s; "
+                                      "`latest` in the store still names the previous checkpoint")  # fmt: skip
+            time.sleep(WAIT_POLL_SECONDS)
+        state = json.loads((checkpoint_dir / TRAIN_STATE_FILENAME).read_text())
+        in_store = storage.sizes(target)
+        wrong = [n for n, facts in state["files"].items() if in_store.get(n) != facts["bytes"]]
+        if wrong:
+            raise CheckpointError(f"{target}: {wrong[:3]} missing or of another size in the store after upload")
+        storage.upload_file(str(checkpoint_dir / TRAIN_STATE_FILENAME), storage.join(target, TRAIN_STATE_FILENAME))
+        storage.write_text(storage.join(self.uri, LATEST_FILENAME), tag)
+        for mark in marks:
+            storage.remove(mark)
+        self.published.append(tag)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Keep the `keep_last` newest published checkpoints in the store."""
+        complete = complete_in_store(self.uri)
+        for tag in complete[: -self.keep_last]:
+            storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))  # no longer complete, first
+            storage.remove_tree(storage.join(self.uri, tag))
+
+
+def complete_in_store(uri: str) -> list[str]:
+    """Tags of the checkpoints under `uri` that have their train state, oldest first."""
+    tags = [n for n in storage.listdir(uri) if n.startswith("step_")]
+    return [t for t in tags if storage.exists(storage.join(uri, t, TRAIN_STATE_FILENAME))]
+
+
+def latest_in_store(uri: str) -> str | None:
+    marker = storage.join(uri, LATEST_FILENAME)
+    if not storage.exists(marker):
+        return None
+    return marker_tag(storage.read_text(marker), marker)
+
+
+def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
+    """Checkpoint `tag` of the store, downloaded into `local_root/tag` and checked; CheckpointError if it
+    is incomplete or damaged. Ranks of one node download once: the others wait on a lock, then find it."""
+    source, target = storage.join(uri, tag), local_root / tag
+    local_root.mkdir(parents=True, exist_ok=True)
+    with _node_lock(local_root / ".download.lock", timeout_s=storage.RETRY_SECONDS * 10):
+        state_url = storage.join(source, TRAIN_STATE_FILENAME)
+        if not storage.exists(state_url):
+            raise CheckpointError(f"{source}: not a complete checkpoint (no {TRAIN_STATE_FILENAME} in the store)")
+        raw = storage.read_bytes(state_url)
+        recorded = json.loads(raw).get("files", {})
+        target.mkdir(exist_ok=True)
+        state_path = target / TRAIN_STATE_FILENAME
+        if not state_path.is_file() or state_path.read_bytes() != raw:
+            in_store = storage.sizes(source)
+            for name, facts in sorted(recorded.items()):
+                if name not in in_store:
+                    raise CheckpointError(f"{storage.join(source, name)}: missing from the store")
+                if not integrity.problems(target, {name: facts}, "sha256"):
+                    continue  # already here, with the recorded bytes
+                storage.download_file(storage.join(source, name), str(target / name))
+            with storage.atomic_write(state_path, "wb") as f:
+                f.write(raw)
+    verify_files(target, verify)
+    return target
+
+
+def resume_point(ck: CheckpointConfig, output_dir: str) -> Path | None:
+    """The checkpoint a run continues from (None: a fresh start), from the store when `ck.uri` is set.
+
+    A fresh start refuses a checkpoint directory or URI that holds another run's checkpoints."""
+    local_root = checkpoints_dir(output_dir)
+    if not ck.uri or ck.resume != "auto":
+        found = resolve_resume(output_dir, ck.resume, ck.verify)
+        if found is None:
+            refuse_foreign_checkpoints(output_dir)
+        if found is None and ck.uri and latest_in_store(ck.uri) is not None:
+            raise CheckpointError(f"checkpoint.uri {ck.uri} holds another run's checkpoints (latest "
+                                  f"{latest_in_store(ck.uri)}): continue it with --resume auto, or use another URI")  # fmt: skip
+        return found
+    newest = latest_in_store(ck.uri)
+    if newest is None:
+        refuse_foreign_checkpoints(output_dir)
+        return None
+    return _newest_intact_in_store(ck.uri, newest, local_root, ck.verify)
+
+
+def _newest_intact_in_store(uri: str, newest: str, local_root: Path, verify: str) -> Path:
+    """`newest`, or the next older checkpoint in the store that is intact, downloaded."""
+    candidates = [newest] + [t for t in reversed(complete_in_store(uri)) if t < newest]
+    skipped = []
+    for tag in candidates:
+        try:
+            checkpoint = fetch(uri, tag, local_root, verify)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        for reason in skipped:
+            print(f"bertdist: WARNING {reason}; resuming from the older {tag} instead", file=sys.stderr, flush=True)
+        return checkpoint
+    raise CheckpointError(f"{uri}: no intact checkpoint in the store to resume from: " + " | ".join(skipped))
+
+
+class _node_lock:
+    """An exclusive lock on a local file, waited for with a deadline (ranks of a node take turns)."""
+
+    def __init__(self, path: Path, timeout_s: float):
+        self.path, self.timeout_s = path, timeout_s
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise CheckpointError(f"{self.path}: another rank of this node held it for {self.timeout_s:.0f} s "
+                                          "while downloading a checkpoint") from None  # fmt: skip
+                time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+

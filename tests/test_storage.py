@@ -1,0 +1,178 @@
+"""bertdist.storage and everything that reads or writes through it, against a real S3 server (moto) on
+127.0.0.1 with faults injected between client and server (tests/s3_server.py): prepare from and to the
+store, the loader streaming shards from it, and what each fault ends in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertdist import storage
+from bertdist.data.loader import PretrainingLoader
+from bertdist.data.streaming import StreamSettings
+from bertdist.errors import DataError
+from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
+
+pytestmark = pytest.mark.slow
+
+
+def upload_tree(local: str, url: str) -> None:
+    for path in sorted(Path(local).rglob("*")):
+        if path.is_file():
+            storage.upload_file(str(path), storage.join(url, str(path.relative_to(local))))
+
+
+@pytest.fixture(scope="module")
+def s3_shards(s3, tiny_corpus, tiny_vocab, ray_local) -> str:
+    """`tiny_shards`'s options, prepared by `bertdist prepare` from a corpus in the store into the store."""
+    from bertdist.data.pipeline.driver import prepare
+
+    corpus = storage.join(s3.bucket("corpus"), "books")
+    upload_tree(tiny_corpus, corpus)
+    out = storage.join(s3.bucket("shards"), "tiny", "train")
+    prepare(tiny_prepare_options(corpus + "/", tiny_vocab, out))
+    return out
+
+
+def test_prepare_from_and_to_the_store_writes_the_bytes_of_a_local_prepare(s3_shards, tiny_shards):
+    local = sorted(n for n in os.listdir(tiny_shards) if n.endswith(".tar"))
+    assert [n for n in storage.listdir(s3_shards) if n.endswith(".tar")] == local
+    for name in local:
+        assert storage.read_bytes(storage.join(s3_shards, name)) == Path(tiny_shards, name).read_bytes(), name
+    assert storage.listdir(s3_shards) == sorted(local + ["manifest.json"])  # .work removed, nothing else left
+    manifest = storage.read_json(storage.join(s3_shards, "manifest.json"))
+    assert all(i["path"].startswith("s3://corpus/books/") for i in manifest["inputs"])
+
+
+def batches(shard_dir: str, vocab: str, count: int, workers: int = 0, **settings) -> list[dict]:
+    loader = PretrainingLoader(shard_dir, vocab, TEST_SEQ_LENGTH, micro_batch_size=8, num_workers=workers,
+                               shuffle_buffer_size=256, streaming=StreamSettings(**settings))  # fmt: skip
+    it = iter(loader)
+    out = [next(it) for _ in range(count)]
+    it.close()
+    return out
+
+
+def same(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(bool((x[k] == y[k]).all()) for k in x) for x, y in zip(a, b))
+
+
+def test_the_loader_streams_the_batches_it_reads_from_local_disk(s3_shards, tiny_shards, tiny_vocab, tmp_path):
+    per_epoch = PretrainingLoader(tiny_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8).batches_per_epoch
+    local = batches(tiny_shards, tiny_vocab, 2 * per_epoch)
+    for workers in (0, 2):
+        cache = tmp_path / f"cache-{workers}"
+        assert same(batches(s3_shards, tiny_vocab, 2 * per_epoch, workers, cache_dir=str(cache)), local)
+    # A cache smaller than the data: evicted to its bound, and the batches are the same.
+    small = tmp_path / "small"
+    assert same(batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(small), cache_bytes=200_000), local[:per_epoch])
+    assert sum(p.stat().st_size for p in small.iterdir()) <= 200_000 + 100_000  # the bound, plus the block in hand
+
+
+def test_the_second_epoch_reads_its_blocks_from_the_cache(s3_shards, tiny_vocab, tmp_path):
+    loader = PretrainingLoader(s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8,
+                               streaming=StreamSettings(cache_dir=str(tmp_path)))  # fmt: skip
+    it = iter(loader)
+    for _ in range(loader.batches_per_epoch):
+        next(it)
+    stream = loader._layout.stream
+    fetched = stream.fetched
+    assert fetched == len(stream.blocks) and stream.hits == 0
+    for _ in range(loader.batches_per_epoch):
+        next(it)
+    assert stream.fetched == fetched and stream.hits > 0  # (blocks still decoded in memory are not read at all)
+
+
+def test_the_endpoint_going_away_and_coming_back_mid_epoch_is_retried_and_exact(s3, s3_shards, tiny_shards, tiny_vocab, tmp_path):
+    expected = batches(tiny_shards, tiny_vocab, 400)
+    loader = PretrainingLoader(s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8, shuffle_buffer_size=256,
+                               streaming=StreamSettings(cache_dir=str(tmp_path), prefetch_samples=8))  # fmt: skip
+    it = iter(loader)
+    got = [next(it) for _ in range(5)]
+    s3.endpoint.stop()
+    threading.Timer(3.0, s3.endpoint.start).start()  # back after 3 s: requests meanwhile are refused
+    t0 = time.monotonic()
+    got += [next(it) for _ in range(395)]
+    assert time.monotonic() - t0 > 2.0  # it did wait for the endpoint
+    assert same(got, expected)
+
+
+def test_throttling_is_retried_and_exact(s3, s3_shards, tiny_shards, tiny_vocab, tmp_path):
+    expected = batches(tiny_shards, tiny_vocab, 20)
+    before = s3.endpoint.throttled
+    s3.endpoint.throttle(6)
+    assert same(batches(s3_shards, tiny_vocab, 20, cache_dir=str(tmp_path)), expected)
+    assert s3.endpoint.throttled - before == 6
+
+
+def copy_prefix(source: str, target: str) -> None:
+    for url in storage.find(source):
+        data = storage.read_bytes(url)
+        with storage.atomic_write(target + url[len(source):], "wb") as f:
+            f.write(data)
+
+
+def test_a_truncated_or_replaced_object_is_one_line_naming_it(s3, s3_shards, tiny_vocab, tmp_path):
+    damaged = storage.join(s3.bucket("damaged"), "train")
+    copy_prefix(s3_shards, damaged)
+    shard = storage.join(damaged, "shard-000001.tar")
+    original = storage.read_bytes(shard)
+    with storage.atomic_write(shard, "wb") as f:  # truncated: found before training starts
+        f.write(original[: len(original) // 2])
+    with pytest.raises(DataError, match=r"shard-000001\.tar: .* bytes, the manifest says .* \(truncated or replaced"):
+        batches(damaged, tiny_vocab, 1, cache_dir=str(tmp_path / "a"))
+    # Replaced behind the loader's back by an object of the same size: found by the block digests.
+    with storage.atomic_write(shard, "wb") as f:
+        f.write(original)
+    loader = PretrainingLoader(damaged, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8,
+                               streaming=StreamSettings(cache_dir=str(tmp_path / "b"), prefetch_samples=0))  # fmt: skip
+    flipped = bytearray(original)
+    flipped[2000] ^= 0xFF  # inside the first block's data
+    with storage.atomic_write(shard, "wb") as f:
+        f.write(bytes(flipped))
+    with pytest.raises(DataError, match=r"shard-000001\.tar: the block at byte 512: its sha256 differs from the manifest"):
+        for _ in iter(loader):
+            pass
+
+
+def bertdist(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertdist", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_missing_credentials_and_a_wrong_bucket_are_one_line_and_exit_2(s3, s3_shards, tiny_vocab, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") or k == "AWS_ENDPOINT_URL_S3"}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true", BERTDIST_STORAGE_RETRY_SECONDS="5")  # fmt: skip
+    done = bertdist("checkpoints", s3_shards, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "no credentials for the object store" in done.stderr, done.stderr
+    env.update(AWS_ACCESS_KEY_ID="bertdist-test-key", AWS_SECRET_ACCESS_KEY="bertdist-test-secret", AWS_DEFAULT_REGION="us-east-1")
+    done = bertdist("prepare", "--input", "s3://no-such-bucket/corpus/", "--vocab", tiny_vocab, "--output", str(tmp_path / "out"), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "s3://no-such-bucket/corpus/" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_webdataset_reads_bertdist_shards_straight_from_the_store(s3, s3_shards, tiny_shards):
+    """bertdist's shards are plain WebDataset tars: the `webdataset` library reads them over HTTP from the
+    store (presigned URLs, fetched by curl), each member a block of samples as a pickle-free .npz."""
+    import io
+
+    import webdataset as wds
+
+    client = s3.client()
+    urls = [client.generate_presigned_url("get_object", Params={"Bucket": "shards", "Key": f"tiny/train/{name}"})
+                .replace(f":{s3.moto_port}/", f":{s3.endpoint.port}/")
+            for name in sorted(n for n in os.listdir(tiny_shards) if n.endswith(".tar"))]  # fmt: skip
+    samples = 0
+    for sample in wds.WebDataset(urls, shardshuffle=False):
+        with np.load(io.BytesIO(sample["samples.npz"]), allow_pickle=False) as block:
+            samples += len(block["lengths"])
+    manifest = storage.read_json(storage.join(s3_shards, "manifest.json"))
+    assert samples == manifest["totals"]["samples"]
