@@ -146,3 +146,17 @@ def tiny_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("tiny_shards") / "train")
     prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out))
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_shards(s3, tiny_corpus, tiny_vocab, ray_local) -> str:
+    """`tiny_shards`'s options, prepared by `bertdist prepare` from a corpus in the store into the store."""
+    from bertdist import storage
+    from bertdist.data.pipeline.driver import prepare
+    from tests.s3_server import upload_tree
+
+    corpus = storage.join(s3.bucket("corpus"), "books")
+    upload_tree(tiny_corpus, corpus)
+    out = storage.join(s3.bucket("shards"), "tiny", "train")
+    prepare(tiny_prepare_options(corpus + "/", tiny_vocab, out))
+    return out

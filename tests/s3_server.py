@@ -178,3 +178,19 @@ class S3Server:
         """A new bucket; returns its URL `s3://name`."""
         self.client().create_bucket(Bucket=name)
         return f"s3://{name}"
+
+
+def upload_tree(local: str, url: str) -> None:
+    from bertdist import storage
+
+    for path in sorted(Path(local).rglob("*")):
+        if path.is_file():
+            storage.upload_file(str(path), storage.join(url, str(path.relative_to(local))))
+
+
+def copy_prefix(source: str, target: str) -> None:
+    from bertdist import storage
+
+    for url in storage.find(source):
+        with storage.atomic_write(target + url[len(source):], "wb") as f:
+            f.write(storage.read_bytes(url))

@@ -18,27 +18,10 @@ from bertdist import storage
 from bertdist.data.loader import PretrainingLoader
 from bertdist.data.streaming import StreamSettings
 from bertdist.errors import DataError
-from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
+from tests.conftest import TEST_SEQ_LENGTH
+from tests.s3_server import copy_prefix
 
 pytestmark = pytest.mark.slow
-
-
-def upload_tree(local: str, url: str) -> None:
-    for path in sorted(Path(local).rglob("*")):
-        if path.is_file():
-            storage.upload_file(str(path), storage.join(url, str(path.relative_to(local))))
-
-
-@pytest.fixture(scope="module")
-def s3_shards(s3, tiny_corpus, tiny_vocab, ray_local) -> str:
-    """`tiny_shards`'s options, prepared by `bertdist prepare` from a corpus in the store into the store."""
-    from bertdist.data.pipeline.driver import prepare
-
-    corpus = storage.join(s3.bucket("corpus"), "books")
-    upload_tree(tiny_corpus, corpus)
-    out = storage.join(s3.bucket("shards"), "tiny", "train")
-    prepare(tiny_prepare_options(corpus + "/", tiny_vocab, out))
-    return out
 
 
 def test_prepare_from_and_to_the_store_writes_the_bytes_of_a_local_prepare(s3_shards, tiny_shards):
@@ -110,13 +93,6 @@ def test_throttling_is_retried_and_exact(s3, s3_shards, tiny_shards, tiny_vocab,
     s3.endpoint.throttle(6)
     assert same(batches(s3_shards, tiny_vocab, 20, cache_dir=str(tmp_path)), expected)
     assert s3.endpoint.throttled - before == 6
-
-
-def copy_prefix(source: str, target: str) -> None:
-    for url in storage.find(source):
-        data = storage.read_bytes(url)
-        with storage.atomic_write(target + url[len(source):], "wb") as f:
-            f.write(data)
 
 
 def test_a_truncated_or_replaced_object_is_one_line_naming_it(s3, s3_shards, tiny_vocab, tmp_path):

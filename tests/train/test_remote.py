@@ -1,0 +1,72 @@
+"""Checkpoints in an object store (`checkpoint.uri`, bertdist.train.remote) on the suite's S3 server: a 2-rank
+run that reads its shards from the store and uploads its checkpoints there, killed, then resumed on a fresh
+output directory (another node) from the store alone; and resumed by 1 rank instead of 2."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from bertdist import storage
+from bertdist.train import remote
+from bertdist.train.checkpoint import consolidated_state_dict, read_train_state, tag_for
+from tests import training_runs as runs
+from tests.conftest import REPO
+from tests.s3_server import copy_prefix
+
+pytestmark = pytest.mark.slow
+
+
+def store_config(directory, shards: str, vocab: str, uri: str, **launch):
+    path = runs.write_config(directory, shards, vocab, 1)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["checkpoint"]["uri"] = uri
+    cfg["launch"].update(launch)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def wait_for_published(uri: str, tag: str, ranks: runs.Ranks) -> None:
+    ranks.wait_for(lambda: remote.latest_in_store(uri) == tag, f"{tag} published in {uri}")
+
+
+def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab):
+    base = tmp_path_factory.getbasetemp()
+    reference = runs.uninterrupted(str(base / "training"), tiny_shards, tiny_vocab, 1)
+    uri = storage.join(s3.bucket("checkpoints"), "run-1")
+    first = store_config(base / "store-killed", s3_shards, tiny_vocab, uri)
+    ranks = runs.start_ranks(first, "killed")
+    wait_for_published(uri, tag_for(runs.CHECKPOINT_EVERY), ranks)
+    for p in ranks.procs:
+        p.send_signal(signal.SIGKILL)
+    ranks.wait()
+    copy = storage.join(s3.bucket("checkpoints-copy"), "run-1")
+    copy_prefix(uri, copy)  # for the 1-rank resume below, from the same point
+
+    # Another node: an empty output directory, everything comes from the store.
+    fresh = store_config(base / "store-resumed", s3_shards, tiny_vocab, uri)
+    ranks = runs.start_ranks(fresh, "resumed", "--resume", "auto")
+    assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
+    final = tag_for(runs.STEPS)
+    assert f"resumed from {base / 'store-resumed' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}" in ranks.output(0)
+    assert remote.latest_in_store(uri) == final
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(base / "store-resumed" / "out" / "checkpoints" / final)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    listed = subprocess.run([sys.executable, "-m", "bertdist", "checkpoints", uri], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert listed.returncode == 0 and re.search(rf"{final}\s+intact\s.*latest", listed.stdout), listed.stdout
+    assert not storage.exists(storage.join(uri, remote.UPLOADS, f"{final}.rank-00000"))  # marks cleared once published
+
+    # 2 -> 1 rank, from the store: the one rank continues at step 5 and finishes.
+    one = store_config(base / "store-one-rank", s3_shards, tiny_vocab, copy, gpus_per_node=1)
+    ranks = runs.start_ranks(one, "one", "--resume", "auto", world_size=1)
+    assert ranks.wait() == [0], ranks.output(0)[-3000:]
+    assert f"resumed from {base / 'store-one-rank' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}" in ranks.output(0)
+    assert read_train_state(base / "store-one-rank" / "out" / "checkpoints" / final).step == runs.STEPS
+    assert remote.latest_in_store(copy) == final
