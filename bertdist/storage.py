@@ -354,6 +354,32 @@ def download_file(url: str, local: str) -> None:
             os.remove(tmp)
 
 
+def upload_directory(local: str | os.PathLike, url: str, last: str = "") -> None:
+    """Every file of a local directory (recursively) to `url`; the file named `last` after all others (the
+    one whose presence makes the directory usable, e.g. a model's config.json)."""
+    files = sorted((p for p in Path(local).rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
+    for path in files:
+        upload_file(str(path), join(url, *path.relative_to(local).parts))
+
+
+def download_directory(url: str) -> str:
+    """A local copy of every object under `url`, in TMPDIR/bertdist-cache/downloads/<hash>; files already
+    there with the object's size are kept. Returns the local directory."""
+    import hashlib
+
+    local = os.path.join(tempfile.gettempdir(), "bertdist-cache", "downloads", hashlib.sha256(url.encode()).hexdigest()[:16])
+    prefix = url.rstrip("/") + "/"
+    found = find(url)
+    if not found:
+        raise StorageError(f"{url}: nothing there")
+    for object_url in found:
+        target = os.path.join(local, *object_url[len(prefix) :].split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not (os.path.isfile(target) and os.path.getsize(target) == size(object_url)):
+            download_file(object_url, target)
+    return local
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_write(path) as f:
         f.write(text)
@@ -392,23 +418,6 @@ def remove_tree(path: str) -> None:
         return
     for url in find(path):
         remove(url)
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[str]:
-    """A temporary local directory to fill; it is renamed to `path` when the block succeeds.
-
-    The files inside are written plainly: the rename of the directory is what publishes them.
-    """
-    tmp = partial_name(path)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def write_error(path: str | os.PathLike, error: BaseException) -> OSError:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bertdist import storage
 from bertdist.config import Config, ConfigError, ModelConfig
 
 
@@ -37,12 +38,23 @@ def resolve(cfg: Config) -> Source:
             raise ConfigError(["finetune.vocab_file: needed when finetune.init_from is empty (random initialisation)"])
         _check_vocab(ft.vocab_file, cfg.model, "")
         return Source("random initialisation", cfg.model, ft.vocab_file, None)
-    path = Path(ft.init_from)
+    path = Path(_local(ft.init_from))
     if not path.is_dir():
         raise ConfigError([f"finetune.init_from: {path} is not a directory (a run, a checkpoint, or a Hugging Face BERT)"])
     if (path / "config.json").is_file():
         return _from_hf(path, cfg)
     return _from_checkpoint(path, cfg)
+
+
+def _local(init_from: str) -> str:
+    """A model or checkpoint in a store, downloaded (a checkpoint, verified); a local path unchanged."""
+    if not storage.is_url(init_from):
+        return init_from
+    from bertdist.train import remote
+
+    if remote.holds_checkpoints(init_from):
+        return str(remote.fetch_for_reading(init_from))
+    return storage.download_directory(init_from)
 
 
 def _from_hf(path: Path, cfg: Config) -> Source:

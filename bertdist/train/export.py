@@ -8,10 +8,11 @@ the model's own `save_pretrained` with the vocabulary, so `transformers` loads t
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from bertdist import ownership
+from bertdist import ownership, storage
 from bertdist.config import ModelConfig, TrackingConfig
 from bertdist.data.vocab import vocab_mismatch
 from bertdist.storage import PARTIAL_MARKER
@@ -22,6 +23,10 @@ from bertdist.train import checkpoint
 def find_checkpoint(path: str | os.PathLike) -> Path:
     """Accept a checkpoint directory (verified), or a run or its checkpoints/ directory: the newest intact
     checkpoint there, as `--resume auto` would take it (an older one, with a warning, if the newest is damaged)."""
+    if storage.is_url(os.fspath(path)):
+        from bertdist.train import remote
+
+        return remote.fetch_for_reading(os.fspath(path))
     path = Path(path)
     if checkpoint.is_complete(path):
         checkpoint.verify_files(path)
@@ -37,6 +42,24 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def export(
+    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False
+) -> Path | str:
+    """`export_directory`, to a local directory or to a URL (written locally first, then uploaded with
+    config.json last: a reader that finds config.json finds the whole model)."""
+    output = os.fspath(output_dir)
+    if not storage.is_url(output):
+        return export_directory(checkpoint_path, output, vocab_file, overwrite)
+    if storage.listdir(output) and not overwrite:
+        raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new prefix or pass --overwrite")
+    with tempfile.TemporaryDirectory() as staging:
+        export_directory(checkpoint_path, Path(staging, "model"), vocab_file)
+        if overwrite:
+            storage.remove_tree(output)
+        storage.upload_directory(Path(staging, "model"), output, last=CONFIG_FILE)
+    return output
+
+
+def export_directory(
     checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False
 ) -> Path:
     """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files); returns it.
@@ -54,7 +77,8 @@ def export(
     output = Path(output_dir)
     if output.exists() and not output.is_dir():
         raise checkpoint.CheckpointError(f"--output {output}: is a file, not a directory")
-    _refuse_output_over_input(output, Path(checkpoint_path))
+    if not storage.is_url(os.fspath(checkpoint_path)):
+        _refuse_output_over_input(output, Path(checkpoint_path))
     with ownership.owned(output, remove_on_failure=True):
         old = ownership.contents(output)
         if old and not overwrite:

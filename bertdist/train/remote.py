@@ -227,3 +227,24 @@ class _node_lock:
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
 
+
+
+def holds_checkpoints(url: str) -> bool:
+    """A checkpoint (its train state) or a checkpoint.uri (its `latest`) is at `url`."""
+    return storage.exists(storage.join(url, TRAIN_STATE_FILENAME)) or storage.exists(storage.join(url, LATEST_FILENAME))
+
+
+def fetch_for_reading(url: str) -> Path:
+    """A checkpoint in a store, for export or fine-tuning: `url` is a checkpoint, or a checkpoint.uri whose
+    newest intact checkpoint is taken. Downloaded (and verified) under TMPDIR/bertdist-cache/checkpoints."""
+    import hashlib
+    import tempfile
+
+    if storage.exists(storage.join(url, TRAIN_STATE_FILENAME)):
+        uri, tag = url.rstrip("/").rsplit("/", 1)
+    else:
+        uri, tag = url, latest_in_store(url)
+        if tag is None:
+            raise CheckpointError(f"{url}: neither a checkpoint nor a checkpoint.uri with a `latest` marker")
+    local_root = Path(tempfile.gettempdir(), "bertdist-cache", "checkpoints", hashlib.sha256(uri.encode()).hexdigest()[:16])
+    return _newest_intact_in_store(uri, tag, local_root, "sha256")

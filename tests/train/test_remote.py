@@ -63,6 +63,19 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     assert listed.returncode == 0 and re.search(rf"{final}\s+intact\s.*latest", listed.stdout), listed.stdout
     assert not storage.exists(storage.join(uri, remote.UPLOADS, f"{final}.rank-00000"))  # marks cleared once published
 
+    # Export from the store to the store, and fine-tune from the model there.
+    from bertdist.cli import main
+    from bertdist.train.distributed import free_tcp_port
+
+    model = storage.join(s3.bucket("models"), "bert-tiny")
+    assert main(["export", uri, "--output", model]) == 0
+    assert storage.listdir(model)[:1] == ["config.json"] and "model.safetensors" in storage.listdir(model)
+    rows = base / "store-rows.tsv"
+    rows.write_text("sentence\tlabel\n" + "a b\t0\nc d\t1\n" * 2)
+    assert main(["finetune", f"finetune.init_from={model}", f"finetune.train_file={rows}", f"finetune.dev_file={rows}",
+                 f"finetune.output_dir={base / 'store-finetuned'}", "finetune.epochs=1", "finetune.batch_size=2",
+                 "finetune.micro_batch_size=2", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]) == 0  # fmt: skip
+
     # 2 -> 1 rank, from the store: the one rank continues at step 5 and finishes.
     one = store_config(base / "store-one-rank", s3_shards, tiny_vocab, copy, gpus_per_node=1)
     ranks = runs.start_ranks(one, "one", "--resume", "auto", world_size=1)
