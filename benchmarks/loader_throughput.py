@@ -21,7 +21,7 @@ WORKERS_GOAL, WORKERS_GOAL_PACKED = 30_000, 20_000
 """Samples/s per rank with 2 workers (issue 13): what keeps a GPU fed while the training process launches kernels."""
 
 
-def _prepared(workdir: str) -> tuple[str, str, str]:
+def prepared_data(workdir: str) -> tuple[str, str, str]:
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.driver import prepare
     from bertdist.data.pipeline.options import PrepareOptions
@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--micro-batch-size", type=int, default=32)
     args = parser.parse_args()
-    data, vocab, dynamic = (args.data, args.vocab, args.dynamic_data) if args.data else _prepared(args.workdir)
+    data, vocab, dynamic = (args.data, args.vocab, args.dynamic_data) if args.data else prepared_data(args.workdir)
 
     import torch
 

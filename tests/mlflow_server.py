@@ -26,8 +26,12 @@ MLFLOW_CLI = str(Path(sys.executable).parent / "mlflow")
 class MlflowServer:
     """`mlflow server` over a SQLite store in `store_dir`, on a fixed free port across restarts."""
 
-    def __init__(self, store_dir: Path):
+    def __init__(self, store_dir: Path, artifacts_destination: str = "", environment: dict[str, str] | None = None):
+        """`artifacts_destination`: where the server keeps artifacts (default: a directory in `store_dir`; an
+        s3:// URL puts them in an object store, reached with `environment`'s endpoint and keys)."""
         self.store_dir = Path(store_dir)
+        self.artifacts_destination = artifacts_destination or str(self.store_dir / "artifacts")
+        self.environment = environment or {}
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_tcp_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -39,10 +43,10 @@ class MlflowServer:
             [
                 MLFLOW_CLI, "server",
                 "--backend-store-uri", f"sqlite:///{self.store_dir / 'mlflow.db'}",
-                "--artifacts-destination", str(self.store_dir / "artifacts"),
+                "--artifacts-destination", self.artifacts_destination,
                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
             ],
-            cwd=self.store_dir, stdout=log, stderr=subprocess.STDOUT, env=server_environment(),
+            cwd=self.store_dir, stdout=log, stderr=subprocess.STDOUT, env={**server_environment(), **self.environment},
             start_new_session=True,  # its own process group, so stop() ends the server's workers too
         )
         log.close()

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from bertdist import storage
 from bertdist.cli import main
 from bertdist.data import DataError, iter_samples
 from bertdist.data.inspect import shard_statistics
@@ -26,8 +27,8 @@ SMALL_SHARDS = 150
 
 def _shard_bytes(directory: str) -> dict[str, bytes]:
     """Shards under their final names (a killed run may leave `.partial-PID` temporaries beside them)."""
-    names = [n for n in sorted(os.listdir(directory)) if n.startswith("shard-") and n.endswith(".tar")]
-    return {n: open(os.path.join(directory, n), "rb").read() for n in names}
+    names = [n for n in storage.listdir(directory) if n.startswith("shard-") and n.endswith(".tar")]
+    return {n: storage.read_bytes(storage.join(directory, n)) for n in names}
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,10 @@ def test_shards_partition_the_instances_spread_over_a_band(total, num_shards):
     assert sorted(permute(np.arange(10_000), 10_000, key=1).tolist()) == list(range(10_000))
 
 
-def test_killed_run_resumes_to_the_same_bytes(one_worker_run, tiny_corpus, tiny_vocab, ray_local, tmp_path):
-    out = str(tmp_path / "data")
+@pytest.mark.parametrize("output", ["local", "store"])
+def test_killed_run_resumes_to_the_same_bytes(output, request, one_worker_run, tiny_corpus, tiny_vocab, ray_local, tmp_path):
+    """Killed while writing shards and run again, to a local directory and to an object store (tests/s3_server.py)."""
+    out = str(tmp_path / "data") if output == "local" else storage.join(request.getfixturevalue("s3").bucket("killed-prepare"), "data")
     cmd = [
         sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", out, "--vocab", tiny_vocab,
         "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2", "--samples-per-shard", str(SMALL_SHARDS),
@@ -87,7 +90,7 @@ def test_killed_run_resumes_to_the_same_bytes(one_worker_run, tiny_corpus, tiny_
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not any(n.endswith(".tar") for n in (os.listdir(out) if os.path.isdir(out) else [])):
+    while time.time() < deadline and not any(n.endswith(".tar") for n in storage.listdir(out)):
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -95,7 +98,7 @@ def test_killed_run_resumes_to_the_same_bytes(one_worker_run, tiny_corpus, tiny_
     reference = _shard_bytes(one_worker_run)
     finished = _shard_bytes(out)
     assert finished and len(finished) < len(reference), "the kill should land while shards are being written"
-    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    assert not storage.exists(storage.join(out, "manifest.json"))
     for name, data in finished.items():  # whatever has a final name is complete
         assert data == reference[name]
     assert main(cmd[3:]) == 0
