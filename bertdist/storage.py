@@ -294,11 +294,7 @@ def open_binary(path: str) -> IO[bytes]:
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file or object, read in 1 MiB blocks (shards and checkpoints are large)."""
     digest = hashlib.sha256()
-    path = os.fspath(path)
-    if is_url(path):
-        digest.update(read_bytes(path))
-        return digest.hexdigest()
-    with open(path, "rb") as f:
+    with open_binary(os.fspath(path)) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -100,11 +100,10 @@ class Uploader:
             self._error = e
 
     def _publish(self, checkpoint_dir: Path, target: str, tag: str) -> None:
-        marks = [storage.join(self.uri, UPLOADS, f"{tag}.rank-{r:05d}") for r in range(self.world_size)]
+        names = [f"{tag}.rank-{r:05d}" for r in range(self.world_size)]
         deadline = time.monotonic() + self.wait_timeout_s
-        while not all(storage.exists(m) for m in marks):
+        while missing := _missing(names, storage.listdir(storage.join(self.uri, UPLOADS))):  # one listing per poll
             if time.monotonic() > deadline:
-                missing = [r for r, m in enumerate(marks) if not storage.exists(m)]
                 raise CheckpointError(f"{target}: ranks {missing} did not finish uploading in {self.wait_timeout_s:.0f} s; "
                                       "`latest` in the store still names the previous checkpoint")  # fmt: skip
             time.sleep(WAIT_POLL_SECONDS)
@@ -115,8 +114,8 @@ class Uploader:
             raise CheckpointError(f"{target}: {wrong[:3]} missing or of another size in the store after upload")
         storage.upload_file(str(checkpoint_dir / TRAIN_STATE_FILENAME), storage.join(target, TRAIN_STATE_FILENAME))
         storage.write_text(storage.join(self.uri, LATEST_FILENAME), tag)
-        for mark in marks:
-            storage.remove(mark)
+        for name in names:
+            storage.remove(storage.join(self.uri, UPLOADS, name))
         self.published.append(tag)
         self._prune()
 
@@ -126,6 +125,12 @@ class Uploader:
         for tag in complete[: -self.keep_last]:
             storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))  # no longer complete, first
             storage.remove_tree(storage.join(self.uri, tag))
+
+
+def _missing(names: list[str], present: list[str]) -> list[int]:
+    """The ranks whose upload marks are not among `present`."""
+    found = set(present)
+    return [rank for rank, name in enumerate(names) if name not in found]
 
 
 def complete_in_store(uri: str) -> list[str]:
