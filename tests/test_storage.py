@@ -135,6 +135,18 @@ def test_missing_credentials_and_a_wrong_bucket_are_one_line_and_exit_2(s3, s3_s
     assert "s3://no-such-bucket/corpus/" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+def test_a_vocabulary_trains_on_a_corpus_in_the_store(s3_shards, tiny_corpus, tmp_path):
+    """`bertdist vocab` reads the store's copy of the corpus (uploaded by s3_shards) sentence for sentence as
+    the local one. (The vocabularies themselves are not compared: tokenizers' WordPiece trainer breaks ties
+    differently from run to run.)"""
+    from bertdist.cli import main
+    from bertdist.data.readers import expand_inputs, iter_texts
+
+    assert list(iter_texts(expand_inputs(["s3://corpus/books/"]))) == list(iter_texts(expand_inputs([tiny_corpus])))
+    assert main(["vocab", "--input", "s3://corpus/books/", "--output", str(tmp_path), "--vocab-size", "1024"]) == 0
+    assert len((tmp_path / "vocab.txt").read_text().splitlines()) == 1024
+
+
 def test_webdataset_reads_bertdist_shards_straight_from_the_store(s3, s3_shards, tiny_shards):
     """bertdist's shards are plain WebDataset tars: the `webdataset` library reads them over HTTP from the
     store (presigned URLs, fetched by curl), each member a block of samples as a pickle-free .npz."""

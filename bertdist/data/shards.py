@@ -143,8 +143,9 @@ def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, in
     """Every shard checked against the manifest, cheaply (no decoding): it exists, has the recorded size, and
     its blocks are the ones its sample count needs. Returns {shard: [(offset, size, samples)]}.
 
-    The blocks come from the manifest's block list (one listing of the directory, no read of any shard); a
-    manifest without one (bertdist before 0.2) is checked against the tar headers of each local shard. A
+    Shards in a store are checked against the manifest's block list (one listing of the directory, no read
+    of any shard; each block's digest is checked when it is fetched). Local shards are also checked against
+    their tar headers, which is what a manifest without a block list (bertdist before 0.2) relies on. A
     flipped byte in a tar header or a shard cut at a member boundary would otherwise end the shard early
     without an error; here it is a DataError naming the file before training starts. The content of the
     blocks is verified by checksum only with `verify_checksums`, or block by block by a streaming reader.
@@ -162,10 +163,14 @@ def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, in
             continue
         n = shard["num_samples"]
         counts = [min(per_block, n - lo) for lo in range(0, n, per_block)]
-        try:
-            locations = [(o, s) for o, s, _ in shard["blocks"]] if "blocks" in shard else block_locations(path)
+        listed = [(o, s) for o, s, _ in shard["blocks"]] if "blocks" in shard else None
+        try:  # a local shard's tar headers are read too (cheap there): a damaged one is reported, not read past
+            locations = listed if listed is not None and storage.is_url(path) else block_locations(path)
         except DataError as e:
             problems.append(str(e))
+            continue
+        if listed is not None and len(locations) == len(listed) and locations != listed:
+            problems.append(f"{path}: its tar headers place the blocks elsewhere than the manifest says (edited manifest?)")
             continue
         if len(locations) != len(counts):
             problems.append(f"{path}: {len(locations)} sample blocks, the manifest's {n} samples need {len(counts)} "

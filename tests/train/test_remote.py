@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from bertdist import storage
+from bertdist.config import CheckpointConfig
 from bertdist.train import remote
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state, tag_for
 from tests import training_runs as runs
@@ -21,6 +22,20 @@ from tests.conftest import REPO
 from tests.s3_server import copy_prefix
 
 pytestmark = pytest.mark.slow
+# The killed run holds still once its first checkpoint is saved locally, while its upload goes on in the
+# background: the kill then lands after that checkpoint is in the store and before the next one can be.
+HOLD_AFTER_FIRST_CHECKPOINT = f"""
+import sys, time
+from bertdist.train.trainer import Trainer
+original = Trainer._save
+def save(self, step, *args):
+    original(self, step, *args)
+    if step == {runs.CHECKPOINT_EVERY}:
+        time.sleep(600)
+Trainer._save = save
+from bertdist.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 def store_config(directory, shards: str, vocab: str, uri: str, **launch):
@@ -36,12 +51,13 @@ def wait_for_published(uri: str, tag: str, ranks: runs.Ranks) -> None:
     ranks.wait_for(lambda: remote.latest_in_store(uri) == tag, f"{tag} published in {uri}")
 
 
-def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab):
+def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab,
+                                                                             capsys):
     base = tmp_path_factory.getbasetemp()
     reference = runs.uninterrupted(str(base / "training"), tiny_shards, tiny_vocab, 1)
     uri = storage.join(s3.bucket("checkpoints"), "run-1")
     first = store_config(base / "store-killed", s3_shards, tiny_vocab, uri)
-    ranks = runs.start_ranks(first, "killed")
+    ranks = runs.start_ranks(first, "killed", python_code=HOLD_AFTER_FIRST_CHECKPOINT)
     wait_for_published(uri, tag_for(runs.CHECKPOINT_EVERY), ranks)
     for p in ranks.procs:
         p.send_signal(signal.SIGKILL)
@@ -62,6 +78,18 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     listed = subprocess.run([sys.executable, "-m", "bertdist", "checkpoints", uri], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert listed.returncode == 0 and re.search(rf"{final}\s+intact\s.*latest", listed.stdout), listed.stdout
     assert not storage.exists(storage.join(uri, remote.UPLOADS, f"{final}.rank-00000"))  # marks cleared once published
+
+    # The newest checkpoint damaged in the store: --resume auto falls back to the older intact one, saying so.
+    damaged = storage.join(s3.bucket("checkpoints-damaged"), "run-1")
+    copy_prefix(uri, damaged)
+    victim = storage.join(damaged, final, "mp_rank_00_model_states.pt")
+    data = bytearray(storage.read_bytes(victim))
+    data[-100] ^= 0xFF
+    with storage.atomic_write(victim, "wb") as f:
+        f.write(bytes(data))
+    found = remote.resume_point(CheckpointConfig(uri=damaged), str(base / "store-fallback"))
+    assert found == base / "store-fallback" / "checkpoints" / tag_for(runs.CHECKPOINT_EVERY)
+    assert f"{final}" in capsys.readouterr().err
 
     # Export from the store to the store, and fine-tune from the model there.
     from bertdist.cli import main
