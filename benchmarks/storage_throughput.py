@@ -71,6 +71,7 @@ def train_rate(shard_dir: str, vocab: str, steps: int, workdir: Path, env: dict)
         "model": {"size": "tiny", "vocab_size": 30522},
         "data": {"vocab_file": vocab, "loader_workers": 1,
                  "phases": [{"train_dir": shard_dir, "max_seq_length": 128, "micro_batch_size": 32, "steps": steps}]},
+        "optim": {"warmup_steps": 10},
         "train": {"global_batch_size": 32, "output_dir": str(workdir / "out"), "log_every_steps": 10, "zero_stage": 0},
         "checkpoint": {"every_steps": steps}, "tracking": {"enabled": False},
         "launch": {"nodes": 1, "gpus_per_node": 1, "master_port": free_tcp_port()},
@@ -90,7 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="runs/bench/storage", help="where its shards are prepared (once)")
     parser.add_argument("--batches", type=int, default=400)
-    parser.add_argument("--train-steps", type=int, default=60)
+    parser.add_argument("--train-steps", type=int, default=100)
     args = parser.parse_args()
     data, vocab, _ = prepared_data(args.workdir)
 
