@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bertdist import ownership
+from bertdist import ownership, storage
 from bertdist.data import DataError
 from bertdist.errors import UserError
 
@@ -75,7 +75,10 @@ def check(o: EmbedOptions) -> None:
     if o.dtype not in ("float32", "float16"):
         problems.append(f"--dtype: {o.dtype!r} is not float32 or float16")
     output = Path(o.output_dir)
-    if output.exists() and not output.is_dir():
+    if storage.is_url(o.output_dir):
+        problems.append(f"--output: {o.output_dir} is a URL; features are written to a local directory (a URL here is not "
+                        "supported yet)")  # fmt: skip
+    elif output.exists() and not output.is_dir():
         problems.append(f"--output: {output} is a file, not a directory")
     if problems:
         raise UserError("; ".join(problems))

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bertdist.config import Config, ConfigError, flatten
+from bertdist.config.validation import local_only_problems
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
@@ -69,6 +70,7 @@ def check(cfg: Config, world_size: int) -> None:
         p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
     if not 0 <= ft.warmup_proportion < 1:
         p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
+    p.extend(local_only_problems(cfg))
     if p:
         raise ConfigError(p)
 

@@ -103,6 +103,22 @@ def test_impossible_combinations_name_their_fields(tmp_path, vocab):
     assert "train.precision: 'fp8'" in problems
 
 
+def test_a_url_where_only_a_local_path_works_is_refused_by_name(vocab):
+    """Where a URL is not supported yet it is an error naming the field, never a local directory called `s3:`."""
+    from bertdist.finetune.runner import check
+
+    cfg = load_config(None, [f"data.vocab_file={vocab}", "train.output_dir=s3://bucket/run", "storage.cache_mb=0",
+                             "finetune.output_dir=s3://bucket/ft", "finetune.train_file=t.tsv", "finetune.dev_file=d.tsv"])  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, world_size=1)
+    problems = "\n".join(err.value.problems)
+    assert "train.output_dir: s3://bucket/run is a URL; the run directory" in problems and "set checkpoint.uri" in problems
+    assert "finetune.output_dir: s3://bucket/ft is a URL; this field takes a local path" in problems
+    assert "storage.cache_mb: must be at least 1" in problems
+    with pytest.raises(ConfigError, match="finetune.output_dir: s3://bucket/ft is a URL"):
+        check(cfg, world_size=1)
+
+
 def test_missing_vocab_file_is_reported(tmp_path):
     cfg = load_config(None, [f"data.vocab_file={tmp_path / 'nope.txt'}"])
     with pytest.raises(ConfigError, match=r"data.vocab_file: .*nope.txt does not exist"):
