@@ -64,10 +64,14 @@ def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpu
     import signal
     import time
 
+    # A shell gives the command it starts in the foreground the default SIGINT; a process started by this
+    # test would otherwise inherit whatever disposition the test process has by now.
+    inherited = signal.getsignal(signal.SIGINT)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", str(tmp_path / "shards"), "--vocab",
          tiny_vocab, "--max-seq-length", "32", "--dupe-factor", "40", "--workers", "1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not (tmp_path / "shards" / ".work" / "fingerprint").is_file():  # the run has claimed its output: Ray is starting
@@ -76,6 +80,6 @@ def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpu
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 130, f"SIGINT in the test process: {inherited}\n{err[-3000:]}"
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "bertdist prepare: interrupted; the finished parts are kept in OUTPUT/.work: the same command continues" in err
