@@ -24,6 +24,7 @@ How an epoch is laid out, and why:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import weakref
@@ -152,11 +153,14 @@ def _kill_workers_left_at_exit() -> None:
     Our workers ignore SIGTERM (above), so a worker still alive then (its iterator abandoned but not yet
     collected) would hang the exit forever: it is ended with SIGKILL first. Registered after multiprocessing's
     own exit handler, so it runs before it."""
-    for iterator in list(_STARTED):
-        for worker in getattr(iterator, "_workers", []):
+    workers = [w for iterator in list(_STARTED) for w in getattr(iterator, "_workers", [])]
+    for worker in workers:  # every one first: a failure on one must not leave the next to hang the exit
+        with contextlib.suppress(Exception):
             if worker.is_alive():
                 worker.kill()
-                worker.join(5.0)
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.join(5.0)
 
 
 def _worker_message(error: DataError) -> str:
