@@ -68,13 +68,14 @@ def join(base: str | os.PathLike, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
-def name(path: str) -> str:
-    return os.path.basename(local_path(path).rstrip("/"))
-
-
 def absolute(path: str) -> str:
     path = local_path(path)
     return path if is_url(path) else os.path.abspath(path)
+
+
+def cache_path(kind: str, key: str) -> str:
+    """The local directory where copies of `key` (a URL) of one kind are kept: TMPDIR/bertdist-cache/KIND/<hash>."""
+    return os.path.join(tempfile.gettempdir(), "bertdist-cache", kind, hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
 def endpoint() -> str:
@@ -177,7 +178,7 @@ def is_file(path: str) -> bool:
 def is_dir(path: str) -> bool:
     """A local directory, or a URL prefix with objects under it."""
     path = local_path(path)
-    return bool(is_url(path) and listdir(path)) if is_url(path) else os.path.isdir(path)
+    return bool(listdir(path)) if is_url(path) else os.path.isdir(path)
 
 
 def size(path: str) -> int:
@@ -199,17 +200,7 @@ def listdir(path: str) -> list[str]:
     path = local_path(path)
     if not is_url(path):
         return sorted(os.listdir(path)) if os.path.isdir(path) else []
-    fs, inside = _filesystem(path)
-
-    def names() -> list[str]:
-        try:
-            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(inside.rstrip("/"), detail=False, refresh=True))
-        except FileNotFoundError as e:
-            if "bucket" in str(e).lower():
-                raise
-            return []
-
-    return retrying(path, names)
+    return sorted(_entries(path))
 
 
 def sizes(path: str) -> dict[str, int]:
@@ -218,18 +209,24 @@ def sizes(path: str) -> dict[str, int]:
     path = local_path(path)
     if not is_url(path):
         return {e.name: e.stat().st_size for e in os.scandir(path) if e.is_file()} if os.path.isdir(path) else {}
-    fs, inside = _filesystem(path)
+    return {name: int(entry["size"]) for name, entry in _entries(path).items() if entry["type"] == "file"}
 
-    def listing() -> dict[str, int]:
+
+def _entries(url: str) -> dict[str, dict]:
+    """{name: fsspec entry} directly under a URL prefix; {} for a prefix with nothing under it, an error for
+    a bucket that does not exist."""
+    fs, inside = _filesystem(url)
+
+    def listing() -> dict[str, dict]:
         try:
             entries = fs.ls(inside.rstrip("/"), detail=True, refresh=True)
         except FileNotFoundError as e:
             if "bucket" in str(e).lower():
                 raise
             return {}
-        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries if e["type"] == "file"}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries}
 
-    return retrying(path, listing)
+    return retrying(url, listing)
 
 
 def find(path: str) -> list[str]:
@@ -249,7 +246,8 @@ def glob(pattern: str) -> list[str]:
         return [p for p in globbing.glob(pattern, recursive=True) if os.path.isfile(p)]
     protocol = pattern.split("://", 1)[0]
     fs, inside = _filesystem(pattern)
-    return [f"{protocol}://{p}" for p in retrying(pattern, lambda: fs.glob(inside)) if retrying(p, lambda p=p: fs.isfile(p))]
+    found = retrying(pattern, lambda: fs.glob(inside, detail=True))
+    return [f"{protocol}://{p}" for p, entry in found.items() if entry["type"] == "file"]
 
 
 def read_bytes(path: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -359,11 +357,9 @@ def upload_directory(local: str | os.PathLike, url: str, last: str = "") -> None
 
 
 def download_directory(url: str) -> str:
-    """A local copy of every object under `url`, in TMPDIR/bertdist-cache/downloads/<hash>; files already
+    """A local copy of every object under `url`, in `cache_path("downloads", url)`; files already
     there with the object's size are kept. Returns the local directory."""
-    import hashlib
-
-    local = os.path.join(tempfile.gettempdir(), "bertdist-cache", "downloads", hashlib.sha256(url.encode()).hexdigest()[:16])
+    local = cache_path("downloads", url)
     prefix = url.rstrip("/") + "/"
     found = find(url)
     if not found:
@@ -398,9 +394,9 @@ def remove(path: str) -> None:
     """Remove a file or object; one already gone is fine."""
     path = local_path(path)
     if is_url(path):
-        with contextlib.suppress(FileNotFoundError):
-            fs, inside = _filesystem(path)
-            retrying(path, lambda: fs.rm_file(inside) if fs.exists(inside) else None)
+        fs, inside = _filesystem(path)
+        with contextlib.suppress(StorageError):  # only "no such object" is permanent for a delete
+            retrying(path, lambda: fs.rm_file(inside))
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

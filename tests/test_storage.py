@@ -143,6 +143,7 @@ def test_a_vocabulary_trains_on_a_corpus_in_the_store(s3_shards, tiny_corpus, tm
     from bertdist.data.readers import expand_inputs, iter_texts
 
     assert list(iter_texts(expand_inputs(["s3://corpus/books/"]))) == list(iter_texts(expand_inputs([tiny_corpus])))
+    assert expand_inputs(["s3://corpus/books/*.txt"]) == expand_inputs(["s3://corpus/books/"])  # a glob, the same files
     assert main(["vocab", "--input", "s3://corpus/books/", "--output", str(tmp_path), "--vocab-size", "1024"]) == 0
     assert len((tmp_path / "vocab.txt").read_text().splitlines()) == 1024
 

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from bertdist import storage
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
 from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
 from bertdist.data.samples import Samples
-from bertdist import storage
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.data.streaming import BlockStream, StreamSettings
 from bertdist.errors import DataError
@@ -310,8 +310,8 @@ class PretrainingLoader:
     ):
         """`masking`: the rules for shards prepared with `--masking dynamic` (default: the paper's 15%, 80/10/10,
         at most ceil(0.15 x max_seq_length) predictions); shards with static masks keep theirs. `streaming`:
-        the cache and read-ahead for a `shard_dir` that is an object-store URL."""
-        storage.use_endpoint(streaming.endpoint_url)
+        the cache and read-ahead for a `shard_dir` that is an object-store URL (whose endpoint is the process's:
+        `bertdist.storage.use_endpoint`)."""
         manifest = read_manifest(shard_dir)
         if not os.path.isfile(vocab_file):
             raise DataError(f"{vocab_file}: vocabulary file not found")

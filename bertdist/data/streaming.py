@@ -16,9 +16,7 @@ Transient store errors are retried by `bertdist.storage` (backoff, then one line
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,17 +35,11 @@ class StreamSettings:
     """How a loader process reads shards from a store (`storage` in the config)."""
 
     cache_dir: str = ""
-    """Empty: TMPDIR/bertdist-cache/<hash of the shard URL>."""
+    """Empty: TMPDIR/bertdist-cache/blocks/<hash of the shard URL>."""
     cache_bytes: int = 4 << 30
     prefetch_samples: int = 16384
     """How far ahead of its consumption each loader process fetches, in samples."""
     threads: int = 8
-    endpoint_url: str = ""
-
-
-def default_cache_dir(shard_dir: str) -> str:
-    key = hashlib.sha256(shard_dir.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), "bertdist-cache", key)
 
 
 class BlockStream:
@@ -56,7 +48,7 @@ class BlockStream:
     def __init__(self, shard_dir: str, blocks: list[tuple[str, int, int, str]], settings: StreamSettings):
         """`blocks[id]` = (shard name, offset, size, digest) from the manifest."""
         self.shard_dir, self.blocks, self.settings = shard_dir, blocks, settings
-        self.cache_dir = settings.cache_dir or default_cache_dir(shard_dir)
+        self.cache_dir = settings.cache_dir or storage.cache_path("blocks", shard_dir)
         self.hits = self.fetched = 0
         self.wait_seconds = 0.0
         self._pid = -1
@@ -70,7 +62,6 @@ class BlockStream:
     def _start(self) -> None:
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            storage.use_endpoint(self.settings.endpoint_url)
             os.makedirs(self.cache_dir, exist_ok=True)
             self._pool = ThreadPoolExecutor(self.settings.threads, thread_name_prefix="bertdist-fetch")
             self._pending: dict[int, Future] = {}

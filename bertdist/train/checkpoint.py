@@ -27,7 +27,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -150,18 +150,31 @@ def newest_intact(newest: Path, mode: str = "sha256") -> Path:
     job that has an intact older one; it is never loaded, and it is left on disk for inspection.
     """
     candidates = [newest] + [p for p in reversed(complete_checkpoints(newest.parent)) if p.name < newest.name]
+
+    def verified(candidate: Path) -> Path:
+        verify_files(candidate, mode)
+        return candidate
+
+    return first_intact(candidates, verified, gone=lambda candidate: not candidate.is_dir())
+
+
+def first_intact(candidates: list[Any], opened: Callable[[Any], Path], gone: Callable[[Any], bool] = lambda _: False,
+                 where: str = "") -> Path:  # fmt: skip
+    """The first candidate (newest first) that `opened` turns into a checkpoint without a CheckpointError;
+    each one skipped for damage is named on stderr. One that is `gone` by then was pruned by its run while
+    we read it, not damaged, and is skipped silently. Local and store resume (bertdist.train.remote) share it."""
     skipped = []
     for candidate in candidates:
         try:
-            verify_files(candidate, mode)
+            checkpoint = opened(candidate)
         except CheckpointError as e:
-            if candidate.is_dir():  # else pruned by its run while we read it: gone, not damaged
+            if not gone(candidate):
                 skipped.append(str(e))
             continue
         for reason in skipped:
-            print(f"bertdist: WARNING {reason}; resuming from the older {candidate.name} instead", file=sys.stderr, flush=True)
-        return candidate
-    raise CheckpointError("no intact checkpoint to resume from: " + " | ".join(skipped))
+            print(f"bertdist: WARNING {reason}; resuming from the older {checkpoint.name} instead", file=sys.stderr, flush=True)
+        return checkpoint
+    raise CheckpointError(f"{where}no intact checkpoint to resume from: " + " | ".join(skipped))
 
 
 def latest(root: Path) -> Path | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from bertdist.train.checkpoint import (
     TRAIN_STATE_FILENAME,
     CheckpointError,
     checkpoints_dir,
+    first_intact,
     marker_tag,
     refuse_foreign_checkpoints,
     resolve_resume,
@@ -57,24 +57,21 @@ class Uploader:
         self.wait_timeout_s = wait_timeout_s
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.published: list[str] = []
-        self.upload_seconds = 0.0
 
-    def start(self, checkpoint_dir: Path) -> float:
-        """Upload this rank's files of `checkpoint_dir` in the background; returns the seconds spent waiting
-        for the previous checkpoint's upload to finish first (0 when it had)."""
-        waited = self.wait()
+    def start(self, checkpoint_dir: Path) -> None:
+        """Upload this rank's files of `checkpoint_dir` in the background. The caller has `wait()`ed for the
+        previous upload before saving (the save prunes what an upload may still be reading)."""
+        assert self._thread is None, "the previous upload was not waited for"
         self._thread = threading.Thread(target=self._run, args=(checkpoint_dir,), name="bertdist-upload", daemon=True)
         self._thread.start()
-        return waited
 
-    def wait(self, timeout_s: float | None = None) -> float:
-        """Wait for the upload in flight; re-raise its error. Returns the seconds waited."""
+    def wait(self) -> float:
+        """Wait (at most `wait_timeout_s`) for the upload in flight; re-raise its error. Returns the seconds waited."""
         t0 = time.perf_counter()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(self.wait_timeout_s)
             if self._thread.is_alive():
-                raise CheckpointError(f"{self.uri}: the upload of a checkpoint did not finish in {timeout_s:.0f} s")
+                raise CheckpointError(f"{self.uri}: the upload of a checkpoint did not finish in {self.wait_timeout_s:.0f} s")
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
@@ -83,7 +80,6 @@ class Uploader:
 
     def _run(self, checkpoint_dir: Path) -> None:
         try:
-            t0 = time.perf_counter()
             files = integrity.describe_own_files(checkpoint_dir, self.rank, exclude={TRAIN_STATE_FILENAME})
             tag = checkpoint_dir.name
             target = storage.join(self.uri, tag)
@@ -95,7 +91,6 @@ class Uploader:
             storage.write_json(storage.join(self.uri, UPLOADS, f"{tag}.rank-{self.rank:05d}"), sorted(files))
             if self.rank == 0:
                 self._publish(checkpoint_dir, target, tag)
-            self.upload_seconds += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001  handed to the training thread by wait()
             self._error = e
 
@@ -116,7 +111,6 @@ class Uploader:
         storage.write_text(storage.join(self.uri, LATEST_FILENAME), tag)
         for name in names:
             storage.remove(storage.join(self.uri, UPLOADS, name))
-        self.published.append(tag)
         self._prune()
 
     def _prune(self) -> None:
@@ -151,7 +145,7 @@ def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
     is incomplete or damaged. Ranks of one node download once: the others wait on a lock, then find it."""
     source, target = storage.join(uri, tag), local_root / tag
     local_root.mkdir(parents=True, exist_ok=True)
-    with _node_lock(local_root / ".download.lock", timeout_s=storage.RETRY_SECONDS * 10):
+    with _NodeLock(local_root / ".download.lock", timeout_s=storage.RETRY_SECONDS * 10):
         state_url = storage.join(source, TRAIN_STATE_FILENAME)
         if not storage.exists(state_url):
             raise CheckpointError(f"{source}: not a complete checkpoint (no {TRAIN_STATE_FILENAME} in the store)")
@@ -177,39 +171,28 @@ def resume_point(ck: CheckpointConfig, output_dir: str) -> Path | None:
     """The checkpoint a run continues from (None: a fresh start), from the store when `ck.uri` is set.
 
     A fresh start refuses a checkpoint directory or URI that holds another run's checkpoints."""
-    local_root = checkpoints_dir(output_dir)
-    if not ck.uri or ck.resume != "auto":
-        found = resolve_resume(output_dir, ck.resume, ck.verify)
-        if found is None:
+    newest = latest_in_store(ck.uri) if ck.uri else None
+    if ck.uri and ck.resume == "auto":
+        if newest is None:
             refuse_foreign_checkpoints(output_dir)
-        if found is None and ck.uri and latest_in_store(ck.uri) is not None:
-            raise CheckpointError(f"checkpoint.uri {ck.uri} holds another run's checkpoints (latest "
-                                  f"{latest_in_store(ck.uri)}): continue it with --resume auto, or use another URI")  # fmt: skip
-        return found
-    newest = latest_in_store(ck.uri)
-    if newest is None:
+            return None
+        return _newest_intact_in_store(ck.uri, newest, checkpoints_dir(output_dir), ck.verify)
+    found = resolve_resume(output_dir, ck.resume, ck.verify)
+    if found is None:
         refuse_foreign_checkpoints(output_dir)
-        return None
-    return _newest_intact_in_store(ck.uri, newest, local_root, ck.verify)
+        if newest is not None:
+            raise CheckpointError(f"checkpoint.uri {ck.uri} holds another run's checkpoints (latest {newest}): continue "
+                                  "it with --resume auto, or use another URI")  # fmt: skip
+    return found
 
 
 def _newest_intact_in_store(uri: str, newest: str, local_root: Path, verify: str) -> Path:
     """`newest`, or the next older checkpoint in the store that is intact, downloaded."""
     candidates = [newest] + [t for t in reversed(complete_in_store(uri)) if t < newest]
-    skipped = []
-    for tag in candidates:
-        try:
-            checkpoint = fetch(uri, tag, local_root, verify)
-        except CheckpointError as e:
-            skipped.append(str(e))
-            continue
-        for reason in skipped:
-            print(f"bertdist: WARNING {reason}; resuming from the older {tag} instead", file=sys.stderr, flush=True)
-        return checkpoint
-    raise CheckpointError(f"{uri}: no intact checkpoint in the store to resume from: " + " | ".join(skipped))
+    return first_intact(candidates, lambda tag: fetch(uri, tag, local_root, verify), where=f"{uri}: ")
 
 
-class _node_lock:
+class _NodeLock:
     """An exclusive lock on a local file, waited for with a deadline (ranks of a node take turns)."""
 
     def __init__(self, path: Path, timeout_s: float):
@@ -242,14 +225,10 @@ def holds_checkpoints(url: str) -> bool:
 def fetch_for_reading(url: str) -> Path:
     """A checkpoint in a store, for export or fine-tuning: `url` is a checkpoint, or a checkpoint.uri whose
     newest intact checkpoint is taken. Downloaded (and verified) under TMPDIR/bertdist-cache/checkpoints."""
-    import hashlib
-    import tempfile
-
     if storage.exists(storage.join(url, TRAIN_STATE_FILENAME)):
         uri, tag = url.rstrip("/").rsplit("/", 1)
     else:
         uri, tag = url, latest_in_store(url)
         if tag is None:
             raise CheckpointError(f"{url}: neither a checkpoint nor a checkpoint.uri with a `latest` marker")
-    local_root = Path(tempfile.gettempdir(), "bertdist-cache", "checkpoints", hashlib.sha256(uri.encode()).hexdigest()[:16])
-    return _newest_intact_in_store(uri, tag, local_root, "sha256")
+    return _newest_intact_in_store(uri, tag, Path(storage.cache_path("checkpoints", uri)), "sha256")

@@ -147,12 +147,11 @@ class Trainer(contextlib.ExitStack):
     def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> Any:
         from bertdist.data.loader import PretrainingLoader
         from bertdist.data.masking import MaskRules
-
         from bertdist.data.streaming import StreamSettings
 
         rules = MaskRules.for_length(phase.max_seq_length, **dataclasses.asdict(self.cfg.data.masking))
         st = self.cfg.storage
-        streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads, st.endpoint_url)
+        streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads)
         loader = PretrainingLoader(
             shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
             micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
@@ -395,7 +394,7 @@ class Trainer(contextlib.ExitStack):
         )  # fmt: skip
         local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
         self.watchdog.progress(step)
-        waited = self.uploader.wait(self.cfg.checkpoint.upload_timeout_s) if self.uploader else 0.0
+        waited = self.uploader.wait() if self.uploader else 0.0
         if waited > 1:
             self.console.line(f"step {step}: waited {waited:.1f} s for the previous checkpoint's upload")
         path = checkpoint.save(self.engine, self.output_dir, state, local, self.cfg.checkpoint.keep_last)
@@ -412,7 +411,7 @@ class Trainer(contextlib.ExitStack):
 
     def _finish_uploads(self) -> None:
         if self.uploader:
-            self.uploader.wait(self.cfg.checkpoint.upload_timeout_s)
+            self.uploader.wait()
 
     def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
         self._save(step, phase_index, nonfinite_streak)

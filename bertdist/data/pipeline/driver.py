@@ -92,7 +92,7 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
 
 def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, work_dir: str, t_start: float) -> PrepareReport:
     ray, ray_start_seconds = _start_ray(opts)
-    run = _TaskRunner(ray, opts.workers, opts.progress, opts.endpoint_url or storage.endpoint())
+    run = _TaskRunner(ray, opts.workers, opts.progress, storage.endpoint())  # use_endpoint(opts.endpoint_url) set it
 
     units = plan_units(files, opts.unit_bytes)
     unit_results = run(
