@@ -32,7 +32,7 @@ from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
-from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
+from bertdist.launch.commands import add_logs, add_status, add_submit
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 
@@ -166,6 +166,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and the plan, exit")
     p.add_argument("--resume", help="shorthand for checkpoint.resume=VALUE (auto, none, or a checkpoint path)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    p.add_argument("--restart-event", help=argparse.SUPPRESS)  # passed by the elastic supervisor (bertdist.launch.events)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.set_defaults(func=_run_train, interrupted="the checkpoints written before are kept (--resume auto continues)")
 
@@ -185,9 +186,10 @@ def _run_train(args: argparse.Namespace) -> int:
         print("# plan")
         print(describe_plan(cfg, world_size))
         return 0
+    from bertdist.launch.events import RestartEvent
     from bertdist.train.trainer import train
 
-    return train(cfg)
+    return train(cfg, RestartEvent.decode(args.restart_event) if args.restart_event else None)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -233,104 +235,6 @@ def _run_checkpoints(args: argparse.Namespace) -> int:
     text, damaged = listing(args.dir, args.verify)
     print(text)
     return 1 if damaged else 0
-
-
-def _add_submit(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "submit",
-        help="submit a training or preprocessing job to a cluster",
-        description=(
-            "Render a job from the scripts in launch/ and submit it: local (this machine, N ranks), deepspeed "
-            "(hostfile over SSH), slurm (sbatch; checkpoints and requeues before the time limit) or ray (a Ray "
-            "job). Unset flags come from the config's launch section. Training overrides are key.sub=value "
-            "pairs; a prepare job takes `bertdist prepare` arguments after --, e.g. "
-            "`bertdist submit --backend ray --job prepare -- --input DIR --output DIR --vocab FILE`. "
-            "Prints the job id and how to follow it; see docs/cluster.md."
-        ),
-    )
-    p.add_argument("--backend", choices=["local", "deepspeed", "slurm", "ray"], help="default: launch.backend")
-    p.add_argument("--job", choices=["train", "prepare"], default="train", help="what to run (prepare: Ray only)")
-    p.add_argument("--config", default="", help="training config YAML, or the name of a shipped one (train jobs)")
-    p.add_argument("--nodes", type=int, help="machines (default: launch.nodes)")
-    p.add_argument("--gpus-per-node", type=int, help="ranks per machine, one per GPU (default: launch.gpus_per_node)")
-    p.add_argument("--cpu-only", action="store_true", help="ranks are CPU processes: request no GPUs, set DS_ACCELERATOR=cpu")
-    p.add_argument("--time", dest="time_limit", metavar="HH:MM:SS", help="time limit (default: launch.time_limit)")
-    p.add_argument("--name", help="job name (default: launch.job_name)")
-    p.add_argument("--partition", help="SLURM partition (default: launch.partition or the cluster's default)")
-    p.add_argument("--hostfile", help="DeepSpeed hostfile for --backend deepspeed (default: launch.hostfile)")
-    p.add_argument("--master-port", type=int, help="rendezvous TCP port (default: launch.master_port)")
-    p.add_argument("--signal-before", dest="signal_seconds", type=int, default=DEFAULT_SIGNAL_SECONDS, metavar="SECONDS",
-                   help="SLURM: signal the trainer to checkpoint and requeue this long before the time limit")
-    p.add_argument("--python", default="", help="interpreter that runs bertdist in the job (default: this one)")
-    p.add_argument("--address", default="", help="Ray dashboard address (default: RAY_ADDRESS or http://127.0.0.1:8265)")
-    p.add_argument("--ship-package", action="store_true",
-                   help="Ray: upload this installation's bertdist with the job (default: the cluster's own bertdist)")
-    p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where job records, resolved configs and logs go")
-    p.add_argument("--dry-run", action="store_true", help="print the rendered job and submit nothing")
-    p.add_argument("args", nargs="*", metavar="key=value | -- PREPARE_ARGS",
-                   help="config overrides (train), or `bertdist prepare` arguments after -- (prepare)")
-    p.set_defaults(func=_run_submit)
-
-
-def _run_submit(args: argparse.Namespace) -> int:
-    from bertdist.launch.job import SubmitRequest
-    from bertdist.launch.request import how_to_follow, plan, submit
-
-    train = args.job == "train"
-    request = SubmitRequest(
-        backend=args.backend, job=args.job, config=args.config, overrides=args.args if train else [],
-        args=[] if train else args.args, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-        time_limit=args.time_limit, name=args.name, partition=args.partition, hostfile=args.hostfile,
-        master_port=args.master_port, cpu_only=args.cpu_only, signal_seconds=args.signal_seconds,
-        python=args.python, address=args.address, ship_package=args.ship_package, jobs_dir=args.jobs_dir,
-    )
-    job = plan(request)
-    if args.dry_run:
-        print(job.describe())
-        return 0
-    print(how_to_follow(submit(job), args.jobs_dir))
-    return 0
-
-
-def _add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "status",
-        help="state of a submitted job",
-        description="State of a job submitted with `bertdist submit` (all recorded jobs without JOB). "
-        "Exit code 0 while pending, running or succeeded; 1 when failed, stopped or unknown.",
-    )
-    p.add_argument("job_id", nargs="?", metavar="JOB", help="job id printed by `bertdist submit`")
-    p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where `bertdist submit` recorded the job")
-    p.set_defaults(func=_run_status)
-
-
-def _run_status(args: argparse.Namespace) -> int:
-    from bertdist.launch.job import JobRecord, list_jobs
-    from bertdist.launch.status import job_status
-
-    if args.job_id is None:
-        for record in list_jobs(args.jobs_dir):
-            print(f"{record.job_id}\t{record.backend}\t{record.job}\t{record.name}\t{record.submitted_at}")
-        return 0
-    status = job_status(JobRecord.load(args.job_id, args.jobs_dir))
-    print(f"{status.state}\t{status.detail}")
-    return 0 if status.state in ("pending", "running", "succeeded") else 1
-
-
-def _add_logs(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("logs", help="log of a submitted job", description="Print the log of a job submitted with `bertdist submit`.")
-    p.add_argument("job_id", metavar="JOB", help="job id printed by `bertdist submit`")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where `bertdist submit` recorded the job")
-    p.set_defaults(func=_run_logs)
-
-
-def _run_logs(args: argparse.Namespace) -> int:
-    from bertdist.launch.job import JobRecord
-    from bertdist.launch.status import print_logs
-
-    print_logs(JobRecord.load(args.job_id, args.jobs_dir), follow=args.follow)
-    return 0
 
 
 def _add_ui(sub: argparse._SubParsersAction) -> None:
@@ -394,9 +298,9 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_evaluate,
     _add_export,
     _add_checkpoints,
-    _add_submit,
-    _add_status,
-    _add_logs,
+    add_submit,
+    add_status,
+    add_logs,
     _add_ui,
     _add_demo,
 ]

@@ -249,9 +249,28 @@ class LaunchConfig:
     time_limit: str = "24:00:00"
     partition: str = ""
     job_name: str = "bertdist"
+    # Elastic jobs (deepspeed and ray backends: bertdist.launch.elastic). `nodes` is the most a job uses.
+    min_nodes: int = 0
+    """Fewest nodes the job continues on after losing hosts (0: `nodes`, never fewer than asked); below it the
+    job stops with its last checkpoint kept. `bertdist submit --nodes 2-4` sets min_nodes 2 and nodes 4."""
+    max_restarts: int = 10
+    """Relaunches (after a lost host, a stall, or to grow back) before the job gives up."""
+    restart_backoff_s: float = 10.0
+    """Wait before relaunching after a failure; doubles after each failure with no new checkpoint between."""
+    grow_back: bool = True
+    """Take a lost host back (at a checkpoint the job asks for) once it has answered for `readmit_after_s`."""
+    readmit_after_s: float = 60.0
+    """How long a lost host must answer every probe before it is taken back (a flapping host stays out)."""
+    host_probe_interval_s: float = 10.0
+    """How often every host is probed (SSH or the Ray node table); two failed probes in a row lose it."""
+    stop_timeout_s: float = 600.0
+    """How long ranks asked to checkpoint and stop (to grow back) may take before they are killed."""
 
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def fewest_nodes(self) -> int:
+        return self.min_nodes or self.nodes
 
 
 @dataclass

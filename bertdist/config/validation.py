@@ -166,6 +166,14 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"launch.backend: {lc.backend!r} is not one of {', '.join(BACKENDS)}")
     if not 1 <= lc.master_port <= 65535:
         p.append(f"launch.master_port: {lc.master_port} is not a TCP port")
+    if not 0 <= lc.min_nodes <= max(lc.nodes, 1):
+        p.append(f"launch.min_nodes: must be between 1 and launch.nodes={lc.nodes} (0: launch.nodes), got {lc.min_nodes}")
+    for name in ("max_restarts", "restart_backoff_s", "readmit_after_s"):
+        if getattr(lc, name) < 0:
+            p.append(f"launch.{name}: must be >= 0, got {getattr(lc, name)}")
+    for name in ("host_probe_interval_s", "stop_timeout_s"):
+        if not getattr(lc, name) > 0:
+            p.append(f"launch.{name}: must be positive, got {getattr(lc, name)}")
 
     ds = cfg.eval.downstream
     if ds.config and (ds.every_checkpoints <= 0 or not ds.timeout_s > 0 or not re.fullmatch(r"[\w.-]+", ds.name)):

@@ -1,17 +1,20 @@
-"""The deepspeed backend: many machines over SSH from a DeepSpeed hostfile (launch/multinode_hostfile.sh).
+"""The deepspeed backend: many machines over SSH from a DeepSpeed hostfile, under the elastic supervisor.
 
-The job runs detached on this machine (DeepSpeed's launcher reaches the other hosts with pdsh), so it is
-started and followed like a local one.
+The job runs detached on this machine: `bertdist.launch.elastic` with an SSH fleet
+(`bertdist.launch.ssh_fleet`) starts each launch with launch/multinode_hostfile.sh (DeepSpeed's launcher,
+pdsh over SSH) on the hosts that answer, and relaunches on fewer or more of them as hosts are lost and come
+back (launch.min_nodes .. launch.nodes). Hosts of the hostfile beyond launch.nodes are spares.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from bertdist.launch.checks import PATH_RE, SubmitError, check, parse_hostfile
-from bertdist.launch.job import JobContext, PlannedJob
-from bertdist.launch.process import add_cpu_env, start, status, stop_hint  # noqa: F401  (the backend's interface)
-from bertdist.resources import shipped
+from bertdist.launch import process
+from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
+from bertdist.launch.process import add_cpu_env, start, stop_hint  # noqa: F401  (the backend's interface)
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:
@@ -24,20 +27,28 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
     hosts = parse_hostfile(ctx.hostfile)
     if len(hosts) < ctx.nodes:
         problems.append(f"--nodes: {ctx.nodes} nodes asked for but --hostfile {ctx.hostfile} lists {len(hosts)}")
-    short = [h for h, slots in list(hosts.items())[: ctx.nodes] if slots < ctx.gpus_per_node]
+    short = [h for h, slots in hosts.items() if slots < ctx.gpus_per_node]
     if short:
         problems.append(f"--gpus-per-node: {ctx.gpus_per_node} asked for but {', '.join(short)} in {ctx.hostfile} "
                         "have fewer slots")
     if problems:
         raise SubmitError(problems)
-    job.env = {
-        "HOSTFILE": str(Path(ctx.hostfile).resolve()),
-        "NUM_NODES": str(ctx.nodes),
-        "GPUS_PER_NODE": str(ctx.gpus_per_node),
-        "MASTER_ADDR": next(iter(hosts)),
-        "MASTER_PORT": str(ctx.master_port),
-        "PYTHON": ctx.python,
-    }
     add_cpu_env(job, ctx)
-    job.command = ["bash", str(shipped("launch") / "multinode_hostfile.sh"), "--config", str(ctx.config_file)]
+    state_file = Path(job.jobs_dir) / f"{job.stem}.elastic.json"
+    job.command = [ctx.python, "-m", "bertdist.launch.elastic", "--config", str(ctx.config_file),
+                   "--hostfile", str(Path(ctx.hostfile).resolve()), "--state-file", str(state_file)]
     job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
+
+
+def status(record: JobRecord) -> JobStatus:
+    """The supervisor's state, and its hosts, world size and restarts from the state file."""
+    found = process.status(record)
+    try:
+        state = json.loads(Path(record.log_file).with_suffix(".elastic.json").read_text())
+    except (OSError, ValueError):
+        return found
+    events = state.get("events") or []
+    last = f"; last: {events[-1]['reason']}" if events else ""
+    lost = f"; lost: {', '.join(state['lost_hosts'])}" if state.get("lost_hosts") else ""
+    return JobStatus(found.state, f"{found.detail}; world size {state['world_size']} on {', '.join(state['hosts']) or 'no host'}; "
+                                  f"{state['restarts']} restart(s){last}{lost}")

@@ -37,6 +37,8 @@ class SubmitRequest:
     args: list[str] = field(default_factory=list)
     """Arguments of `bertdist prepare` for `--job prepare`."""
     nodes: int | None = None
+    min_nodes: int | None = None
+    """Elastic jobs: the fewest nodes to continue on (`--nodes 2-4`); default launch.min_nodes."""
     gpus_per_node: int | None = None
     time_limit: str | None = None
     name: str | None = None

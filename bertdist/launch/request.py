@@ -25,6 +25,7 @@ time it starts. This module schedules, retries and cancels nothing itself; the b
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import secrets
 import shlex
@@ -42,6 +43,7 @@ from bertdist.config import (
 )
 from bertdist.storage import write_text
 from bertdist.launch.backends import MODULES
+from bertdist.launch.elastic import batch_problems
 from bertdist.launch.checks import (
     JOB_NAME_RE,
     OVERRIDE_KEY_RE,
@@ -87,6 +89,7 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
 
     backend = req.backend or launch.backend
     nodes = launch.nodes if req.nodes is None else req.nodes
+    min_nodes = launch.min_nodes if req.min_nodes is None else req.min_nodes
     gpus_per_node = launch.gpus_per_node if req.gpus_per_node is None else req.gpus_per_node
     name = req.name or launch.job_name
     time_limit = req.time_limit or launch.time_limit
@@ -125,8 +128,9 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
         problems.extend(e.problems)
 
     if cfg is not None:
-        cfg.launch = LaunchConfig(backend=backend, nodes=nodes, gpus_per_node=gpus_per_node, hostfile=hostfile,
-                                  master_port=master_port, time_limit=time_limit, partition=partition, job_name=name)
+        cfg.launch = dataclasses.replace(cfg.launch, backend=backend, nodes=nodes, min_nodes=min_nodes,
+                                         gpus_per_node=gpus_per_node, hostfile=hostfile, master_port=master_port,
+                                         time_limit=time_limit, partition=partition, job_name=name)
         if backend == "slurm" and cfg.checkpoint.resume != "auto":
             problems.append(f"checkpoint.resume: a requeueable SLURM job resumes from its latest checkpoint, so it "
                             f"must be 'auto', got {cfg.checkpoint.resume!r}")
@@ -135,6 +139,9 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
             validate(cfg, world_size=max(nodes, 1) * max(gpus_per_node, 1), check_files=False)
         except ConfigError as e:
             problems.extend(e.problems)
+        if backend == "slurm" and not problems:  # SLURM picks the count in the range, so each must work
+            for n in range(cfg.launch.fewest_nodes(), nodes):
+                problems += [f"--nodes {cfg.launch.fewest_nodes()}-{nodes}: on {n} node(s) {why}" for why in batch_problems(cfg, n * gpus_per_node)]
     if problems:
         raise SubmitError(problems)
 

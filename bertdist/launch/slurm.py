@@ -1,5 +1,9 @@
 """The slurm backend: sbatch of launch/slurm_train.sbatch, srun one task per GPU, checkpoint and requeue.
 
+A node range (`--nodes 2-4`, launch.min_nodes-launch.nodes) lets SLURM start, and requeue after a node
+failure, on as many nodes as it has, down to the minimum; the trainer resumes on whatever world size it gets
+(gradient accumulation keeps the global batch), and every count of the range is checked at submission.
+
 SLURM signals the trainer `--signal-before` seconds before the time limit; the trainer checkpoints and exits
 with REQUEUE_EXIT_CODE, and the batch script requeues the job, which resumes from that checkpoint.
 """
@@ -42,7 +46,7 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
     template = shipped("launch") / "slurm_train.sbatch"
     job.files[str(script_file)] = render_template(template.read_text(), {
         "job_name": job.name,
-        "nodes": str(ctx.nodes),
+        "nodes": f"{ctx.cfg.launch.fewest_nodes()}-{ctx.nodes}" if ctx.cfg and ctx.cfg.launch.fewest_nodes() < ctx.nodes else str(ctx.nodes),
         "ranks_per_node": str(ctx.gpus_per_node),
         "time_limit": ctx.time_limit,
         "log_file": job.log_file,

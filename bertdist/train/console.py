@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from bertdist.train.metrics import (
     DATA_WAIT,
@@ -22,6 +23,7 @@ from bertdist.train.metrics import (
 )
 
 METRICS_FILENAME = "metrics.jsonl"
+POSITION_KEYS = ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")
 
 
 class Console:
@@ -35,7 +37,10 @@ class Console:
         if self.enabled:
             print(text, flush=True)
 
-    def train(self, step: int, total_steps: int, metrics: dict[str, float], eta_s: float) -> None:
+    def train(self, step: int, total_steps: int, metrics: dict[str, float], eta_s: float, loader_state: dict) -> None:
+        """`loader_state`: the loader's state after this step (the same on every rank); its position goes to
+        metrics.jsonl only, as `data_position`: which samples the run has consumed, so that a run that
+        restarted can be checked for repeated or skipped samples."""
         self.line(" | ".join([
             f"step {step}/{total_steps} ({100 * step // total_steps}%)",
             f"loss {metrics[LOSS.format(split='train')]:.3g}",
@@ -45,7 +50,7 @@ class Console:
             f"data wait {metrics[DATA_WAIT]:.0%}",
             f"eta {duration(eta_s)}",
         ]))  # fmt: skip
-        self.record(step, metrics)
+        self.record(step, {**metrics, "data_position": {k: loader_state[k] for k in POSITION_KEYS}})
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         nsp = f" | nsp acc {metrics['nsp_accuracy/eval']:.3f}" if "nsp_accuracy/eval" in metrics else ""
@@ -55,7 +60,7 @@ class Console:
         )
         self.record(step, metrics)
 
-    def record(self, step: int, metrics: dict[str, float]) -> None:
+    def record(self, step: int, metrics: dict[str, Any]) -> None:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")

@@ -38,21 +38,23 @@ from bertdist.errors import (
     UserError,
     one_line,
 )
-from bertdist.train import checkpoint, distributed, metrics, remote, reshard, stopping
+from bertdist.launch.events import RestartEvent
+from bertdist.train import checkpoint, distributed, metrics, remote, reshard, restarts, stopping
 from bertdist.train.console import Console
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.watchdog import StallWatchdog
 
-def train(cfg: Config) -> int:
-    """Run (or continue) the training described by `cfg`; returns the process exit code.
+def train(cfg: Config, restart: RestartEvent | None = None) -> int:
+    """Run (or continue) the training described by `cfg`; returns the process exit code. `restart`: the
+    elastic supervisor's relaunch that started this run (recorded in the MLflow run).
 
     A problem with the input (config, data, checkpoint, launch environment, a path that cannot be written)
     is one line and USAGE_EXIT_CODE, also when it is found mid-run (a damaged shard read at step 5,000):
     the last checkpoint stays as it was.
     """
     try:
-        trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port))
+        trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port), restart)
     except (UserError, OSError) as e:
         print(f"bertdist train: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
@@ -75,7 +77,7 @@ def train(cfg: Config) -> int:
 class Trainer(contextlib.ExitStack):
     """Every component of a run, built in `__init__`; `train()` runs the loop; leaving the `with` frees them."""
 
-    def __init__(self, cfg: Config, env: DistributedEnv):
+    def __init__(self, cfg: Config, env: DistributedEnv, restart: RestartEvent | None = None):
         super().__init__()
         import torch
 
@@ -87,7 +89,7 @@ class Trainer(contextlib.ExitStack):
         problems = device_problems(cfg, self.device_type)
         if problems:
             raise ConfigError(problems)
-        self.cfg, self.env = cfg, env
+        self.cfg, self.env, self.restart = cfg, env, restart
         self.output_dir = Path(cfg.train.output_dir)
         storage.use_endpoint(cfg.storage.endpoint_url)
         ck = cfg.checkpoint
@@ -225,6 +227,7 @@ class Trainer(contextlib.ExitStack):
                                                           f"{self.resume_from.name}"})  # fmt: skip
         if self.resume_from is not None:  # a kill can land between a checkpoint's completion and its record
             tracker.log_checkpoint(self.resume_from, self.start_step)
+        restarts.log_start(tracker, self.restart, self.start_step, env.world_size)
         return tracker
 
     def _build_node_monitor(self) -> Any:
@@ -274,6 +277,7 @@ class Trainer(contextlib.ExitStack):
             step = self.step = step + 1
             if step == self.start_step + 1:  # start-up (JIT builds, first collectives) is not a stall
                 self.watchdog.start()
+                restarts.log_recovered(self.tracker, self.console.line, self.restart, step)
             interval.add(sums)
             loss = sums["loss"] / sums["micro_batches"]
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
@@ -288,7 +292,8 @@ class Trainer(contextlib.ExitStack):
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
             if step % cfg.checkpoint.every_steps == 0 or step == total_steps:
                 self._save(step, phase_index, nonfinite_streak)
-        self._finish_uploads()
+        if self.uploader:
+            self.uploader.wait()
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
         self._log_downstream(self.downstream.close())
         self.tracker.close("FINISHED")
@@ -349,7 +354,7 @@ class Trainer(contextlib.ExitStack):
         self.tracker.log_metrics(values, step=step)
         self._log_downstream(self.downstream.finished())
         eta_s = interval.seconds() / interval.steps * (total_steps - step)
-        self.console.train(step, total_steps, values, eta_s)
+        self.console.train(step, total_steps, values, eta_s, self.loaders[self.cfg.phase_at(step - 1)[0]].state_dict())
 
     def _evaluate(self, step: int, phase: PhaseConfig) -> None:
         """Losses and accuracies on the first eval_batches batches of the phase's eval shards.
@@ -409,13 +414,10 @@ class Trainer(contextlib.ExitStack):
         for step, values in results.items():  # at the step of the checkpoint that was evaluated
             self.tracker.log_metrics(values, step=step)
 
-    def _finish_uploads(self) -> None:
-        if self.uploader:
-            self.uploader.wait()
-
     def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
         self._save(step, phase_index, nonfinite_streak)
-        self._finish_uploads()
+        if self.uploader:  # the job may end now
+            self.uploader.wait()
         why = self.stop.reason or "another rank was signalled"
         self.console.line(f"stopped ({why}): checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued "
                           "(continue with --resume auto)")

@@ -43,15 +43,15 @@ def bertdist(*args: str, env: dict | None = None, cwd: Path | None = None, timeo
 # Rendering and validation (no cluster needed).
 
 
-@pytest.mark.parametrize("backend", ["local", "deepspeed", "slurm", "ray"])
-def test_dry_run_renders_the_job_and_writes_nothing(backend, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("backend,elastic", [("local", False), ("deepspeed", True), ("slurm", False), ("slurm", True), ("ray", False)])
+def test_dry_run_renders_the_job_and_writes_nothing(backend, elastic, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node-a slots=2\nnode-b slots=2  # comment\n")
     flags = {
         "local": ["--gpus-per-node", "2"],
-        "deepspeed": ["--nodes", "2", "--gpus-per-node", "1", "--hostfile", str(hostfile)],
-        "slurm": ["--nodes", "2", "--gpus-per-node", "1", "--time", "01:30:00", "--partition", "gpu"],
+        "deepspeed": ["--nodes", "1-2", "--gpus-per-node", "1", "--hostfile", str(hostfile)],
+        "slurm": ["--nodes", "1-2" if elastic else "2", "--gpus-per-node", "1", "--time", "01:30:00", "--partition", "gpu"],
         "ray": ["--nodes", "2", "--gpus-per-node", "1", "--address", "http://10.0.0.5:8265"],
     }[backend]
     code = main(["submit", "--backend", backend, "--config", str(TINY_CONFIG), "--dry-run", *flags,
@@ -63,9 +63,9 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, tmp_path, capsys, m
     if backend == "local":
         assert "NPROC_PER_NODE=2" in out and "launch/single_node.sh --config" in out
     elif backend == "deepspeed":
-        assert "NUM_NODES=2" in out and "MASTER_ADDR=node-a" in out and "multinode_hostfile.sh" in out
+        assert f"-m bertdist.launch.elastic --config" in out and f"--hostfile {hostfile}" in out and ".elastic.json" in out
     elif backend == "slurm":
-        for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=01:30:00", "#SBATCH --requeue",
+        for line in ("#SBATCH --nodes=1-2" if elastic else "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=01:30:00", "#SBATCH --requeue",
                      "#SBATCH --signal=USR1@300", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1"):
             assert line in out.splitlines(), line
         assert "{{" not in out and "sbatch --parsable" in out
@@ -138,6 +138,12 @@ def test_backend_specific_refusals(tmp_path, capsys):
         (["--backend", "deepspeed"], "--hostfile: the deepspeed backend needs a hostfile"),
         (["--backend", "local", "--nodes", "2", "--gpus-per-node", "1"], "the local backend runs on this machine only"),
         (["--backend", "ray", "--address", "ray://x:10001"], "--address: 'ray://x:10001' is not allowed"),
+        (["--backend", "slurm", "--nodes", "3-2"], "--nodes: '3-2': the range's minimum is above its maximum"),
+        (["--backend", "slurm", "--nodes", "two"], "--nodes: 'two' is not a number of nodes or a range MIN-MAX"),
+        # SLURM may start a range on any count: 3 nodes of 8 cannot split a global batch of 32 (the others can).
+        (["--backend", "slurm", "--nodes", "2-4", "--gpus-per-node", "1", "data.phases.0.micro_batch_size=8"],
+         "--nodes 2-4: on 3 node(s) train.global_batch_size"),
+        (["--backend", "deepspeed", "--nodes", "3-2", "--hostfile", str(hostfile)], "minimum is above its maximum"),
     ]
     for argv, message in cases:
         assert main(["submit", "--config", str(TINY_CONFIG), "--dry-run", *argv]) == 2

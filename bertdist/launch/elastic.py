@@ -1,0 +1,355 @@
+"""The elastic supervisor: a multi-host job that continues on the hosts it has left, and grows back.
+
+    python -m bertdist.launch.elastic --config JOB.yaml --hostfile HOSTS --state-file JOB.elastic.json
+    # what `bertdist submit --backend deepspeed` runs, detached, on the submitting machine
+
+One loop, whatever starts the ranks (a `Fleet`: SSH hosts from a hostfile here, Ray nodes in
+`bertdist.launch.ray_job`):
+
+1. probe every host; take the first ones that answer, as many as `launch.nodes`, and never a number of nodes
+   whose world size cannot keep the global batch (validation, as at submit: gradient accumulation rises as
+   nodes go, and a micro batch that no longer divides the batch is refused, so a smaller count is taken);
+2. launch the ranks on them (a relaunch with `checkpoint.resume=auto`: the newest verified checkpoint,
+   resharded to the new world size by the trainer, with the epoch's position kept);
+3. watch: the ranks' exit codes, and every host probed each `launch.host_probe_interval_s`;
+   - a host that fails two probes in a row, or whose ranks were killed (an exit code of 128 or more: a
+     signal, or SSH losing the host), is lost: the others are stopped (killed: their collectives are
+     broken anyway) and the job is relaunched without it, after `launch.restart_backoff_s` (doubling after
+     each failure that brought no new checkpoint);
+   - ranks that stopped for a stall (the trainer's watchdog) or a preemption (exit 75) are relaunched on the
+     hosts that still answer; a bad input (exit 2) or a failed run (exit 1 on every host: non-finite loss)
+     ends the job, as a relaunch would fail the same way;
+   - a lost host that has answered every probe for `launch.readmit_after_s` is taken back (`grow_back`):
+     the ranks are asked to stop (SIGTERM: they finish the step, checkpoint and exit 75), and the job is
+     relaunched with it: the next checkpoint is the one it asks for, so no step is redone;
+4. fewer hosts than `launch.min_nodes`, or more than `launch.max_restarts` relaunches: one line naming the
+   reason and the last checkpoint, and the job ends (exit 1).
+
+Every change is one line in the job log, the state (hosts, world size, restarts, events) is in the state
+file that `bertdist status` reads, and the relaunched trainer records the event in the MLflow run
+(`bertdist.launch.events`). Work redone after a failure is at most one checkpoint interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from bertdist import storage
+from bertdist.config import Config, ConfigError, load_config, validate
+from bertdist.errors import FAILED_EXIT_CODE, OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from bertdist.launch.events import RestartEvent
+
+PROBES_TO_LOSE = 2
+"""Failed probes in a row that lose a host: one can be a dropped packet, two at the probe interval are not."""
+MAX_BACKOFF_S = 600.0
+
+
+class Attempt(Protocol):
+    """The ranks of one launch, on a fixed set of hosts."""
+
+    def wait(self, timeout_s: float) -> dict[str, int] | None:
+        """Each host's exit code once every rank has ended; None while any runs."""
+
+    def request_stop(self) -> None:
+        """Ask every rank to checkpoint and exit (SIGTERM: the trainer's preemption path)."""
+
+    def kill(self) -> None:
+        """End every rank of this launch that can still be reached, now."""
+
+
+class Fleet(Protocol):
+    def hosts(self) -> list[str]:
+        """Every host the job may use, in order of preference."""
+
+    def probe(self, hosts: list[str]) -> dict[str, str]:
+        """Why each host that does not answer now does not (hosts that answer are absent)."""
+
+    def clean(self, host: str) -> None:
+        """Kill whatever this job left running on `host` (before it is used again)."""
+
+    def launch(self, hosts: list[str], ranks_per_host: int, trainer_args: list[str]) -> Attempt:
+        """Start the job's ranks on `hosts`, the first as the rendezvous master."""
+
+
+@dataclass
+class _Outcome:
+    kind: str
+    """done, failed (end the job), lost (relaunch without `hosts`), retry (relaunch on what answers), grow."""
+    reason: str
+    hosts: list[str] = field(default_factory=list)
+    exit_code: int = OK_EXIT_CODE
+
+
+@dataclass
+class _Away:
+    """A lost host: when it was lost, and since when it has answered every probe (0: it does not)."""
+
+    lost_at: float
+    answering_since: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, fleet: Fleet, state_file: str | Path, out: TextIO | None = None):
+        self.cfg, self.fleet, self.state_file, self.out = cfg, fleet, Path(state_file), out or sys.stdout
+        lc = cfg.launch
+        self.ranks_per_host = lc.gpus_per_node
+        self.node_counts = [n for n in range(lc.fewest_nodes(), lc.nodes + 1) if not batch_problems(cfg, n * lc.gpus_per_node)]
+        self.restarts = 0
+        self.events: list[dict] = []
+        self.away: dict[str, _Away] = {}
+        self.failed_probes: dict[str, int] = {}
+        self.checkpoint = (_latest_checkpoint(cfg), time.time())
+        self.stop_signal = 0
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+        stopped: tuple[_Outcome, int, float] | None = None  # what ended the last launch, its world size, when
+        failures_in_a_row = 0
+        while not self.stop_signal:
+            hosts, why_not = self._choose()
+            if not hosts:
+                return self._give_up(why_not)
+            trainer_args: list[str] = []
+            if stopped is not None:
+                self.restarts += 1
+                outcome, world_before, stopped_at = stopped
+                event = RestartEvent(
+                    restart=self.restarts, reason=outcome.reason, world_size_before=world_before,
+                    world_size=len(hosts) * self.ranks_per_host, hosts=hosts, stopped_at_step=_last_logged_step(self.cfg),
+                    resumed_step=_step_of(self.checkpoint[0]), checkpoint_seen_at=self.checkpoint[1], stopped_at=stopped_at,
+                )  # fmt: skip
+                self.events.append(asdict(event))
+                self.say(event.line())
+                trainer_args = ["checkpoint.resume=auto", "--restart-event", event.encode()]
+            self._save_state("running", hosts)
+            self.say(f"launching {len(hosts) * self.ranks_per_host} rank(s) on {len(hosts)} host(s): {', '.join(hosts)}")
+            outcome = self._watch(self.fleet.launch(hosts, self.ranks_per_host, trainer_args), hosts)
+            if outcome.kind in ("done", "failed"):
+                self._save_state("succeeded" if outcome.kind == "done" else "failed", hosts)
+                self.say(f"done after {self.restarts} restart(s)" if outcome.kind == "done" else
+                         f"stopping: {outcome.reason}; last checkpoint: {self._checkpoint_name()}")  # fmt: skip
+                return outcome.exit_code
+            if self.stop_signal:
+                break
+            if self.restarts >= self.cfg.launch.max_restarts:
+                self._save_state("failed", hosts)
+                self.say(f"stopping: {outcome.reason}, and the job has been relaunched launch.max_restarts="
+                         f"{self.cfg.launch.max_restarts} time(s) already; last checkpoint: {self._checkpoint_name()}")
+                return FAILED_EXIT_CODE
+            for host in outcome.hosts:
+                self.away.setdefault(host, _Away(time.monotonic()))
+            stopped = (outcome, len(hosts) * self.ranks_per_host, time.time())
+            progressed = self._refresh_checkpoint()
+            failures_in_a_row = 0 if outcome.kind == "grow" or progressed else failures_in_a_row + 1
+            if failures_in_a_row:
+                backoff_s = min(MAX_BACKOFF_S, self.cfg.launch.restart_backoff_s * 2 ** (failures_in_a_row - 1))
+                self.say(f"{outcome.reason}; relaunching in {backoff_s:.0f} s")
+                self._sleep(backoff_s)
+        self._save_state("stopped", [])
+        self.say(f"stopped by signal {self.stop_signal}; last checkpoint: {self._checkpoint_name()} "
+                 "(submit again with --resume auto to continue)")  # fmt: skip
+        return REQUEUE_EXIT_CODE
+
+    def _watch(self, attempt: Attempt, hosts: list[str]) -> _Outcome:
+        interval_s = self.cfg.launch.host_probe_interval_s
+        asked_to_stop = False
+        while True:
+            codes = attempt.wait(interval_s)
+            if codes is not None:
+                return self._classify(codes, hosts, asked_to_stop)
+            if self.stop_signal and not asked_to_stop:
+                attempt.request_stop()
+                asked_to_stop = True
+                continue
+            self._refresh_checkpoint()
+            lost = self._probe(hosts)
+            if lost:
+                attempt.kill()
+                return _Outcome("lost", "; ".join(f"lost {h}: {why}" for h, why in lost.items()), list(lost))
+            back = self._ready_to_return(len(hosts))
+            if back and not asked_to_stop:
+                self.say(f"{', '.join(back)} answer(s) again: asking the ranks for a checkpoint to grow back")
+                attempt.request_stop()
+                asked_to_stop = True
+                codes = attempt.wait(self.cfg.launch.stop_timeout_s)
+                if codes is None:
+                    self.say(f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: killing them")
+                    attempt.kill()
+                    codes = attempt.wait(60) or {}
+                outcome = self._classify(codes, hosts, asked_to_stop=True)
+                if outcome.kind == "retry":
+                    return _Outcome("grow", f"{', '.join(back)} answer(s) again: growing back")
+                return outcome
+
+    def _classify(self, codes: dict[str, int], hosts: list[str], asked_to_stop: bool) -> _Outcome:
+        """What the ranks' exit codes mean for the job (see the module docstring)."""
+        if all(code == OK_EXIT_CODE for code in codes.values()):
+            return _Outcome("done", "finished")
+        killed = {} if asked_to_stop else {h: c for h, c in codes.items() if c >= 128 or c < 0}
+        lost = {**{h: f"its ranks were killed (exit code {c})" for h, c in killed.items()},
+                **self._probe(hosts, probes=PROBES_TO_LOSE)}
+        if lost:
+            return _Outcome("lost", "; ".join(f"lost {h}: {why}" for h, why in lost.items()), list(lost))
+        if any(code == USAGE_EXIT_CODE for code in codes.values()):
+            return _Outcome("failed", "the trainer refused its input (exit 2, the reason is above)", exit_code=USAGE_EXIT_CODE)
+        if any(code == REQUEUE_EXIT_CODE for code in codes.values()) or asked_to_stop:
+            return _Outcome("retry", "the ranks stopped with a checkpoint (a stall, or asked to)")
+        worst = max(codes.values())
+        return _Outcome("failed", f"the run failed (exit codes {codes}; the reason is above)", exit_code=worst or FAILED_EXIT_CODE)
+
+    # --- hosts -------------------------------------------------------------------------------------
+    def _choose(self) -> tuple[list[str], str]:
+        """The hosts of the next launch, or [] and why there are not enough."""
+        candidates = [h for h in self.fleet.hosts() if h not in self.away]
+        down = self.fleet.probe(candidates)
+        for host, why in down.items():
+            self.say(f"{host} does not answer ({why}): leaving it out")
+            self.away[host] = _Away(time.monotonic())
+        answering = [h for h in candidates if h not in down]
+        counts = [n for n in self.node_counts if n <= len(answering)]
+        if counts:
+            return answering[: counts[-1]], ""
+        lc = self.cfg.launch
+        if len(answering) >= lc.fewest_nodes():
+            skipped = [n for n in range(lc.fewest_nodes(), len(answering) + 1) if n not in self.node_counts]
+            return [], "; ".join(f"{n} node(s): {batch_problems(self.cfg, n * lc.gpus_per_node)[0]}" for n in skipped)
+        return [], (f"{len(answering)} host(s) answer ({', '.join(answering) or 'none'}), fewer than launch.min_nodes="
+                    f"{lc.fewest_nodes()}")  # fmt: skip
+
+    def _probe(self, hosts: list[str], probes: int = 1) -> dict[str, str]:
+        """Hosts that have now failed PROBES_TO_LOSE probes in a row (`probes` more are made here), and why."""
+        why: dict[str, str] = {}
+        for _ in range(probes):
+            down = self.fleet.probe(hosts)
+            for host in hosts:
+                self.failed_probes[host] = self.failed_probes.get(host, 0) + 1 if host in down else 0
+            why.update(down)
+        return {h: f"does not answer ({why[h]})" for h in hosts if self.failed_probes[h] >= PROBES_TO_LOSE}
+
+    def _ready_to_return(self, running: int) -> list[str]:
+        """Lost hosts that have answered for launch.readmit_after_s, when taking them back adds nodes."""
+        lc = self.cfg.launch
+        if not self.away or not lc.grow_back:
+            return []
+        now = time.monotonic()
+        down = self.fleet.probe(list(self.away))
+        for host, away in self.away.items():
+            away.answering_since = 0.0 if host in down else (away.answering_since or now)
+        ready = [h for h, a in self.away.items() if a.answering_since and now - a.answering_since >= lc.readmit_after_s]
+        if not ready or not [n for n in self.node_counts if running < n <= running + len(ready)]:
+            return []
+        for host in ready:
+            self.fleet.clean(host)  # ranks of an earlier launch that were cut off with the host
+            del self.away[host]
+            self.failed_probes[host] = 0
+        return ready
+
+    # --- reporting ---------------------------------------------------------------------------------
+    def _give_up(self, why: str) -> int:
+        self._save_state("failed", [])
+        self.say(f"stopping: {why}; last checkpoint: {self._checkpoint_name()} (intact; submit again with "
+                 "--resume auto when enough hosts are back)")  # fmt: skip
+        return FAILED_EXIT_CODE
+
+    def _refresh_checkpoint(self) -> bool:
+        """Note a new checkpoint and when it was first seen; True if there is one."""
+        tag = _latest_checkpoint(self.cfg)
+        if tag != self.checkpoint[0]:
+            self.checkpoint = (tag, time.time())
+            return True
+        return False
+
+    def _checkpoint_name(self) -> str:
+        return self.checkpoint[0] or "none"
+
+    def _save_state(self, state: str, hosts: list[str]) -> None:
+        storage.write_json(self.state_file, {
+            "state": state, "hosts": hosts, "world_size": len(hosts) * self.ranks_per_host, "restarts": self.restarts,
+            "lost_hosts": sorted(self.away), "events": self.events,
+        }, indent=2)  # fmt: skip
+
+    def say(self, text: str) -> None:
+        print(f"bertdist elastic: {time.strftime('%H:%M:%S')} {text}", file=self.out, flush=True)
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.stop_signal = signum
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.stop_signal:
+            time.sleep(min(1.0, deadline - time.monotonic()))
+
+
+def batch_problems(cfg: Config, world_size: int) -> list[str]:
+    """Why `cfg` cannot run on `world_size` ranks (the global batch does not split), or []."""
+    try:
+        validate(cfg, world_size=world_size, check_files=False)
+    except ConfigError as e:
+        return e.problems
+    return []
+
+
+def _latest_checkpoint(cfg: Config) -> str:
+    """The tag the job would resume from (the store's `latest` with checkpoint.uri), or ''."""
+    from bertdist.train import checkpoint, remote
+
+    try:
+        if cfg.checkpoint.uri:
+            return remote.latest_in_store(cfg.checkpoint.uri) or ""
+        found = checkpoint.latest(checkpoint.checkpoints_dir(cfg.train.output_dir))
+        return found.name if found else ""
+    except (UserError, OSError):  # a marker being replaced, a store that does not answer: known again next time
+        return ""
+
+
+def _step_of(tag: str) -> int:
+    return int(tag.split("_")[1]) if tag else 0
+
+
+def _last_logged_step(cfg: Config) -> int:
+    """The last step in the run's metrics.jsonl (rank 0 appends one line per log interval), or -1."""
+    from bertdist.train.console import METRICS_FILENAME
+
+    path = Path(cfg.train.output_dir) / METRICS_FILENAME
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 65536))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return -1
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return -1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bertdist.launch.ssh_fleet import SshFleet
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the job's resolved config (written by bertdist submit)")
+    parser.add_argument("--hostfile", required=True, help="DeepSpeed hostfile: every host the job may use")
+    parser.add_argument("--state-file", required=True, help="JSON state for `bertdist status`")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, [])
+        fleet = SshFleet(args.hostfile, args.config, cfg.launch.master_port, Path(args.state_file).with_suffix(""))
+        return Supervisor(cfg, fleet, args.state_file).run()
+    except UserError as e:
+        print(f"bertdist elastic: {e}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
