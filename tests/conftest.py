@@ -92,6 +92,21 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def two_hosts(tmp_path_factory):
+    """Two network namespaces with their own addresses and sshd (tests/hosts.py), for the whole session."""
+    from tests import hosts
+
+    reason = hosts.unavailable()
+    if reason:
+        pytest.skip(f"no separate hosts here: {reason}")
+    made = hosts.TwoHosts(tmp_path_factory.mktemp("hosts"))
+    try:
+        yield made
+    finally:
+        made.remove()
+
+
+@pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> str:
     """A directory of 4 English-like .txt files (one sentence per line, blank line between documents)."""
     from bertdist.data.synthetic import write_corpus

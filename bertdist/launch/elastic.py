@@ -152,7 +152,8 @@ class Supervisor:
             failures_in_a_row = 0 if outcome.kind == "grow" or progressed else failures_in_a_row + 1
             if failures_in_a_row:
                 backoff_s = min(MAX_BACKOFF_S, self.cfg.launch.restart_backoff_s * 2 ** (failures_in_a_row - 1))
-                self.say(f"{outcome.reason}; relaunching in {backoff_s:.0f} s")
+                self.say(f"{outcome.reason}; backing off {backoff_s:.0f} s ({failures_in_a_row} failure(s) in a row without a "
+                         "new checkpoint)")
                 self._sleep(backoff_s)
         self._save_state("stopped", [])
         self.say(f"stopped by signal {self.stop_signal}; last checkpoint: {self._checkpoint_name()} "
@@ -162,6 +163,7 @@ class Supervisor:
     def _watch(self, attempt: Attempt, hosts: list[str]) -> _Outcome:
         interval_s = self.cfg.launch.host_probe_interval_s
         asked_to_stop = False
+        waiting_from: str | None = None  # hosts to take back: the checkpoint after which they are
         while True:
             codes = attempt.wait(interval_s)
             if codes is not None:
@@ -176,19 +178,28 @@ class Supervisor:
                 attempt.kill()
                 return _Outcome("lost", "; ".join(f"lost {h}: {why}" for h, why in lost.items()), list(lost))
             back = self._ready_to_return(len(hosts))
-            if back and not asked_to_stop:
-                self.say(f"{', '.join(back)} answer(s) again: asking the ranks for a checkpoint to grow back")
-                attempt.request_stop()
-                asked_to_stop = True
-                codes = attempt.wait(self.cfg.launch.stop_timeout_s)
-                if codes is None:
-                    self.say(f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: killing them")
-                    attempt.kill()
-                    codes = attempt.wait(60) or {}
-                outcome = self._classify(codes, hosts, asked_to_stop=True)
-                if outcome.kind == "retry":
-                    return _Outcome("grow", f"{', '.join(back)} answer(s) again: growing back")
-                return outcome
+            if not back or asked_to_stop:
+                waiting_from = None
+                continue
+            if waiting_from is None:  # taken back at the next checkpoint: the launch's work so far is kept
+                waiting_from = self.checkpoint[0]
+                self.say(f"{', '.join(back)} answer(s) again: taking them back at the next checkpoint")
+            if self.checkpoint[0] == waiting_from:
+                continue
+            for host in back:
+                self.fleet.clean(host)  # ranks of an earlier launch that were cut off with the host
+                del self.away[host]
+                self.failed_probes[host] = 0
+            self.say(f"checkpoint {self.checkpoint[0]} written: asking the ranks to stop at the next step to grow back")
+            attempt.request_stop()
+            asked_to_stop = True
+            codes = attempt.wait(self.cfg.launch.stop_timeout_s)
+            if codes is None:
+                self.say(f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: killing them")
+                attempt.kill()
+                codes = attempt.wait(60) or {}
+            outcome = self._classify(codes, hosts, asked_to_stop=True)
+            return _Outcome("grow", f"{', '.join(back)} answer(s) again: growing back") if outcome.kind == "retry" else outcome
 
     def _classify(self, codes: dict[str, int], hosts: list[str], asked_to_stop: bool) -> _Outcome:
         """What the ranks' exit codes mean for the job (see the module docstring)."""
@@ -245,13 +256,7 @@ class Supervisor:
         for host, away in self.away.items():
             away.answering_since = 0.0 if host in down else (away.answering_since or now)
         ready = [h for h, a in self.away.items() if a.answering_since and now - a.answering_since >= lc.readmit_after_s]
-        if not ready or not [n for n in self.node_counts if running < n <= running + len(ready)]:
-            return []
-        for host in ready:
-            self.fleet.clean(host)  # ranks of an earlier launch that were cut off with the host
-            del self.away[host]
-            self.failed_probes[host] = 0
-        return ready
+        return ready if [n for n in self.node_counts if running < n <= running + len(ready)] else []
 
     # --- reporting ---------------------------------------------------------------------------------
     def _give_up(self, why: str) -> int:
@@ -344,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, [])
-        fleet = SshFleet(args.hostfile, args.config, cfg.launch.master_port, Path(args.state_file).with_suffix(""))
+        # A probe waits as long as the probe interval, 2 to 10 s: a host too busy to accept SSH in 10 s is not well.
+        timeout_s = int(min(10, max(2, cfg.launch.host_probe_interval_s)))
+        fleet = SshFleet(args.hostfile, args.config, cfg.launch.master_port, Path(args.state_file).with_suffix(""), timeout_s)
         return Supervisor(cfg, fleet, args.state_file).run()
     except UserError as e:
         print(f"bertdist elastic: {e}", file=sys.stderr)

@@ -40,7 +40,7 @@ class RestartEvent:
 
     def line(self) -> str:
         """The job log's line for this change."""
-        since = self.stopped_at - self.checkpoint_seen_at
+        since = max(0.0, self.stopped_at - self.checkpoint_seen_at)
         return (f"restart {self.restart}: {self.reason}; world size {self.world_size_before} -> {self.world_size} on "
                 f"{len(self.hosts)} host(s) [{', '.join(self.hosts)}], from step {self.resumed_step} "
                 f"({self.steps_redone} step(s) redone, {since:.0f} s of work since that checkpoint)")  # fmt: skip

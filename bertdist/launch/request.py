@@ -139,6 +139,9 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
             validate(cfg, world_size=max(nodes, 1) * max(gpus_per_node, 1), check_files=False)
         except ConfigError as e:
             problems.extend(e.problems)
+        if backend in ("local", "ray") and cfg.launch.fewest_nodes() < nodes:
+            problems.append(f"launch.min_nodes: {backend!r} jobs do not shrink and grow yet (the deepspeed and slurm "
+                            f"backends do); set it to 0 or to --nodes {nodes}")
         if backend == "slurm" and not problems:  # SLURM picks the count in the range, so each must work
             for n in range(cfg.launch.fewest_nodes(), nodes):
                 problems += [f"--nodes {cfg.launch.fewest_nodes()}-{nodes}: on {n} node(s) {why}" for why in batch_problems(cfg, n * gpus_per_node)]

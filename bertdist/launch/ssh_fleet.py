@@ -5,8 +5,8 @@ the hosts chosen for it, in its own session; its output goes to the job log line
 `HOST: ssh exited with exit code N` lines give each host's exit code. Hosts whose line is missing ended
 with 0 (pdsh reports failures only).
 
-Ranks are found on a host by their command line, `-m bertdist train --config <this job's config>`: the
-config file is the job's own (runs/jobs/<unique stem>.yaml), so the pattern names this job's ranks and
+Ranks are found on a host (in its network namespace, see `_pkill`) by their command line,
+`-m bertdist train --config <this job's config>`: the config file is the job's own (runs/jobs/<unique stem>.yaml), so the pattern names this job's ranks and
 nothing else, not even DeepSpeed's per-host launcher or the SSH sessions that carry it (whose command
 lines hold `--module bertdist train`). Stopping sends SIGTERM to those ranks (they checkpoint and exit 75);
 killing sends SIGKILL. Every host name comes from the hostfile, checked by `parse_hostfile`.
@@ -27,7 +27,6 @@ from pathlib import Path
 from bertdist.launch.checks import parse_hostfile
 from bertdist.resources import shipped
 
-PROBE_TIMEOUT_S = 10
 _PDSH_EXIT = re.compile(r"pdsh@\S+: (\S+): ssh exited with exit code (\d+)")
 
 
@@ -42,8 +41,9 @@ def ranks_pattern(config_file: str) -> str:
 
 
 class SshFleet:
-    def __init__(self, hostfile: str, config_file: str, master_port: int, stem: Path):
+    def __init__(self, hostfile: str, config_file: str, master_port: int, stem: Path, probe_timeout_s: int):
         self.slots = parse_hostfile(hostfile)
+        self.timeout_s = probe_timeout_s
         self.config_file = str(Path(config_file).resolve())
         self.master_port = master_port
         self.stem = stem
@@ -57,11 +57,11 @@ class SshFleet:
         if not hosts:
             return {}
         with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-            answers = dict(zip(hosts, pool.map(lambda h: _ssh(h, "true", PROBE_TIMEOUT_S), hosts)))
+            answers = dict(zip(hosts, pool.map(lambda h: _ssh(h, "true", self.timeout_s), hosts)))
         return {h: why for h, why in answers.items() if why}
 
     def clean(self, host: str) -> None:
-        _ssh(host, f"pkill -KILL -f {shlex.quote(ranks_pattern(self.config_file))}; true", PROBE_TIMEOUT_S)
+        _ssh(host, _pkill("KILL", ranks_pattern(self.config_file)), self.timeout_s)
 
     def launch(self, hosts: list[str], ranks_per_host: int, trainer_args: list[str]) -> "SshAttempt":
         self.launches += 1
@@ -70,12 +70,12 @@ class SshFleet:
         env = {**os.environ, "HOSTFILE": str(hostfile), "NUM_NODES": str(len(hosts)), "GPUS_PER_NODE": str(ranks_per_host),
                "MASTER_ADDR": hosts[0], "MASTER_PORT": str(self.master_port), "PYTHON": sys.executable}  # fmt: skip
         command = ["bash", str(shipped("launch") / "multinode_hostfile.sh"), "--config", self.config_file, *trainer_args]
-        return SshAttempt(hosts, command, env, ranks_pattern(self.config_file))
+        return SshAttempt(hosts, command, env, ranks_pattern(self.config_file), self.timeout_s)
 
 
 class SshAttempt:
-    def __init__(self, hosts: list[str], command: list[str], env: dict[str, str], pattern: str):
-        self.hosts, self.pattern = hosts, pattern
+    def __init__(self, hosts: list[str], command: list[str], env: dict[str, str], pattern: str, timeout_s: int):
+        self.hosts, self.pattern, self.timeout_s = hosts, pattern, timeout_s
         self.codes: dict[str, int] = {}
         # Its own session: a signal to the supervisor's process group must not reach DeepSpeed's launcher,
         # which would kill the ranks at once; the supervisor stops them itself, with a checkpoint.
@@ -117,9 +117,16 @@ class SshAttempt:
         self.reader.join(timeout=10)
 
     def _signal_ranks(self, name: str) -> None:
-        command = f"pkill -{name} -f {shlex.quote(self.pattern)}; true"
+        command = _pkill(name, self.pattern)
         with ThreadPoolExecutor(max_workers=min(64, len(self.hosts))) as pool:
-            list(pool.map(lambda h: _ssh(h, command, PROBE_TIMEOUT_S), self.hosts))
+            list(pool.map(lambda h: _ssh(h, command, self.timeout_s), self.hosts))
+
+
+def _pkill(signal_name: str, pattern: str) -> str:
+    """The shell command that signals the matching processes in the host's own network namespace: a host is
+    an address, and the processes behind one share its namespace (containers on one machine, and the test
+    suite's hosts, share a process table but not a network namespace)."""
+    return f"pkill -{signal_name} --ns $$ --nslist net -f {shlex.quote(pattern)}; true"
 
 
 def _ssh(host: str, command: str, timeout_s: int) -> str:

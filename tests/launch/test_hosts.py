@@ -24,18 +24,6 @@ JOB_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
-def two_hosts(tmp_path_factory):
-    reason = hosts_module.unavailable()
-    if reason:
-        pytest.skip(f"no separate hosts here: {reason}")
-    made = hosts_module.TwoHosts(tmp_path_factory.mktemp("hosts"))
-    try:
-        yield made
-    finally:
-        made.remove()
-
-
-@pytest.fixture(scope="module")
 def base(tmp_path_factory) -> str:
     return str(tmp_path_factory.getbasetemp() / "training")
 

@@ -144,6 +144,7 @@ def test_backend_specific_refusals(tmp_path, capsys):
         (["--backend", "slurm", "--nodes", "2-4", "--gpus-per-node", "1", "data.phases.0.micro_batch_size=8"],
          "--nodes 2-4: on 3 node(s) train.global_batch_size"),
         (["--backend", "deepspeed", "--nodes", "3-2", "--hostfile", str(hostfile)], "minimum is above its maximum"),
+        (["--backend", "ray", "--nodes", "1-2"], "launch.min_nodes: 'ray' jobs do not shrink and grow yet"),
     ]
     for argv, message in cases:
         assert main(["submit", "--config", str(TINY_CONFIG), "--dry-run", *argv]) == 2
