@@ -32,7 +32,7 @@ from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
-from bertdist.launch.commands import add_logs, add_status, add_submit
+from bertdist.launch.commands import add_forecast_flags, add_logs, add_status, add_submit, forecast
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 
@@ -163,7 +163,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="YAML file with the run's configuration, or the name of a shipped "
                    "one (bert-tiny, bert-base, bert-large, bert-large-paper)")
-    p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and the plan, exit")
+    p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config, the plan and a forecast "
+                   "of the time (an estimate from peak FLOPs, or measured with --calibrate), exit")
+    add_forecast_flags(p)
     p.add_argument("--resume", help="shorthand for checkpoint.resume=VALUE (auto, none, or a checkpoint path)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("--restart-event", help=argparse.SUPPRESS)  # passed by the elastic supervisor (bertdist.launch.events)
@@ -185,7 +187,12 @@ def _run_train(args: argparse.Namespace) -> int:
         print(dump_yaml(cfg))
         print("# plan")
         print(describe_plan(cfg, world_size))
+        print(forecast(cfg, args.calibrate, args.calibrate_steps).describe(cfg, args.price_per_node_hour))
         return 0
+    if args.calibrate:
+        print("bertdist train: --calibrate goes with --dry-run (or `bertdist submit --calibrate`, which records the "
+              "forecast in the job's config)", file=sys.stderr)
+        return USAGE_EXIT_CODE
     from bertdist.launch.events import RestartEvent
     from bertdist.train.trainer import train
 

@@ -195,6 +195,9 @@ class TrainConfig:
     """How long the ranks wait for each other at start-up before naming the missing side."""
     collective_timeout_s: float = 1800.0
     """How long one collective (all-reduce, barrier) may wait for a peer before it fails."""
+    forecast_hours: float = 0.0
+    """The wall time forecast for this run (`--calibrate`, bertdist.train.forecast); logged as plan/forecast_hours
+    and compared at the end with plan/actual_hours. 0: none."""
     stall_timeout_s: float = 600.0
     """Stop the job when this rank makes no progress (no micro batch, eval batch or checkpoint file) for this
     long, naming the rank that stalled; 0 turns the watchdog off. Must exceed the slowest checkpoint save."""

@@ -44,7 +44,8 @@ def add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ship-package", action="store_true",
                    help="Ray: upload this installation's bertdist with the job (default: the cluster's own bertdist)")
     p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where job records, resolved configs and logs go")
-    p.add_argument("--dry-run", action="store_true", help="print the rendered job and submit nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the rendered job and a forecast of its time, submit nothing")
+    add_forecast_flags(p)
     p.add_argument("args", nargs="*", metavar="key=value | -- PREPARE_ARGS",
                    help="config overrides (train), or `bertdist prepare` arguments after -- (prepare)")
     p.set_defaults(func=_run_submit)
@@ -64,8 +65,14 @@ def _run_submit(args: argparse.Namespace) -> int:
         python=args.python, address=args.address, ship_package=args.ship_package, jobs_dir=args.jobs_dir,
     )
     job = plan(request)
+    predicted = forecast(job.config, args.calibrate, args.calibrate_steps) if train and (args.calibrate or args.dry_run) else None
+    if predicted is not None and args.calibrate:  # the job's config records the forecast it is compared with
+        request.overrides = [*request.overrides, f"train.forecast_hours={predicted.hours(job.config):.6g}"]
+        job = plan(request)
     if args.dry_run:
         print(job.describe())
+        if predicted is not None:
+            print(predicted.describe(job.config, args.price_per_node_hour))
         return 0
     print(how_to_follow(submit(job), args.jobs_dir))
     return 0
@@ -123,3 +130,19 @@ def node_range(text: str | None) -> tuple[int | None, int | None]:
     if low > high:
         raise SubmitError(f"--nodes: {text!r}: the range's minimum is above its maximum")
     return (low if match.group(2) else None), high
+
+
+def add_forecast_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibrate", action="store_true", help="measure the forecast: run a few real steps of every phase on "
+                   "this machine's device, and time a checkpoint and an evaluation (bertdist.train.forecast)")
+    p.add_argument("--calibrate-steps", type=int, default=20, metavar="N", help="timed steps per phase (default 20)")
+    p.add_argument("--price-per-node-hour", type=float, metavar="PRICE", help="also print the forecast's cost")
+
+
+def forecast(cfg, calibrate: bool, steps: int):
+    """The run's forecast: measured with `calibrate`, else estimated from peak FLOPs."""
+    from bertdist.train.forecast import calibrate as measure, estimate
+
+    if calibrate and steps < 1:
+        raise SubmitError(f"--calibrate-steps: must be at least 1, got {steps}")
+    return measure(cfg, steps) if calibrate else estimate(cfg)

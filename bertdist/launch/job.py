@@ -77,6 +77,8 @@ class PlannedJob:
     address: str = ""
     entrypoint: str = ""
     runtime_env: dict = field(default_factory=dict)
+    config: Config | None = None
+    """A training job's resolved configuration (what the job's files carry)."""
 
     def describe(self) -> str:
         """The whole job as text: files to be written, then the command (shell-quoted) that submits it."""

@@ -151,7 +151,7 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
     now = now or datetime.datetime.now()
     stem = f"{name}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
     jobs_dir = Path(req.jobs_dir).resolve()
-    job = PlannedJob(backend=backend, job=req.job, name=name, stem=stem, jobs_dir=str(jobs_dir))
+    job = PlannedJob(backend=backend, job=req.job, name=name, stem=stem, jobs_dir=str(jobs_dir), config=cfg)
     config_file = jobs_dir / f"{stem}.yaml"
     if cfg is not None and backend != "ray":
         job.files[str(config_file)] = dump_yaml(cfg)

@@ -65,6 +65,8 @@ class TrainState:
     config: dict[str, Any]
     """The resolved Config.to_dict() of the run that wrote the checkpoint."""
     tracking_run_id: str | None = None
+    elapsed_seconds: float = 0.0
+    """Wall time the run's training processes have run up to this checkpoint, over every launch."""
     version: int = field(default=TRAIN_STATE_VERSION)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Size and sha256 of every DeepSpeed file of the checkpoint (bertdist.train.integrity); {} before 0.2."""

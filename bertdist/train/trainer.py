@@ -25,6 +25,7 @@ import dataclasses
 import math
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -39,7 +40,7 @@ from bertdist.errors import (
     one_line,
 )
 from bertdist.launch.events import RestartEvent
-from bertdist.train import checkpoint, distributed, metrics, remote, reshard, restarts, stopping
+from bertdist.train import checkpoint, distributed, metrics, remote, reshard, stopping, timeline
 from bertdist.train.console import Console
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
@@ -123,6 +124,7 @@ class Trainer(contextlib.ExitStack):
         self.stop = stopping.StopFlag(f"bertdist train: [rank {env.rank}]")
         self.callback(self.stop.close)
         self.start_step = self.resumed.step if self.resumed else 0
+        self.elapsed_before, self.started = (self.resumed.elapsed_seconds if self.resumed else 0.0), time.monotonic()
         self.tokens_seen = self.sequences_seen = 0
         self.grad_norm = float("nan")
         self._start_process_group()
@@ -227,7 +229,7 @@ class Trainer(contextlib.ExitStack):
                                                           f"{self.resume_from.name}"})  # fmt: skip
         if self.resume_from is not None:  # a kill can land between a checkpoint's completion and its record
             tracker.log_checkpoint(self.resume_from, self.start_step)
-        restarts.log_start(tracker, self.restart, self.start_step, env.world_size)
+        timeline.log_start(tracker, self.restart, self.start_step, env.world_size, cfg.train.forecast_hours)
         return tracker
 
     def _build_node_monitor(self) -> Any:
@@ -277,7 +279,7 @@ class Trainer(contextlib.ExitStack):
             step = self.step = step + 1
             if step == self.start_step + 1:  # start-up (JIT builds, first collectives) is not a stall
                 self.watchdog.start()
-                restarts.log_recovered(self.tracker, self.console.line, self.restart, step)
+                timeline.log_recovered(self.tracker, self.console.line, self.restart, step)
             interval.add(sums)
             loss = sums["loss"] / sums["micro_batches"]
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
@@ -295,14 +297,14 @@ class Trainer(contextlib.ExitStack):
         if self.uploader:
             self.uploader.wait()
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
+        timeline.log_end(self.tracker, self.console.line, step, self.elapsed_before + time.monotonic() - self.started,
+                         cfg.train.forecast_hours)  # fmt: skip
         self._log_downstream(self.downstream.close())
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
     def _train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step (all its micro batches); returns STEP_SLOTS summed over ranks."""
-        import time
-
         import torch
         import torch.distributed as dist
 
@@ -395,7 +397,7 @@ class Trainer(contextlib.ExitStack):
         state = checkpoint.TrainState(
             step=step, tokens_seen=self.tokens_seen, sequences_seen=self.sequences_seen,
             world_size=self.env.world_size, loader_states=[], rng_states=[], config=self.cfg.to_dict(),
-            tracking_run_id=self.tracker.run_id,
+            tracking_run_id=self.tracker.run_id, elapsed_seconds=self.elapsed_before + time.monotonic() - self.started,
         )  # fmt: skip
         local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
         self.watchdog.progress(step)

@@ -1,0 +1,188 @@
+"""How long a run will take and what it will cost, before it starts: `bertdist train --dry-run [--calibrate]`.
+
+Without calibration the time per step is an estimate: the training FLOPs of a step on one rank over the peak
+FLOP/s of the device (this machine's GPU if it is in the datasheet table, else an assumed A100) at an assumed
+MFU; the printout says which. With `--calibrate` it is measured: the real trainer runs a few steps of every
+phase on this machine's device, one rank, at the configured micro batch and length and at the gradient
+accumulation of the requested world size, on the configured shards, and saves a checkpoint and runs an
+evaluation, each timed. The projection adds, per phase, steps x seconds per step (which includes the loader's
+data wait, reported too), the checkpoints at `checkpoint.every_steps`, the evaluations at
+`train.eval_every_steps`, and the start-up (imports, process group, engine, loaders, the first steps'
+warm-up). What one device cannot measure, the all-reduce between ranks, is left out and said so.
+
+The forecast becomes `train.forecast_hours`; the trainer logs it as `plan/forecast_hours` and, at the end,
+the hours the run took as `plan/actual_hours` (`bertdist.train.timeline`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+from bertdist.config import Config
+from bertdist.model.flops import GPU_PEAK_FLOPS, masked_positions_for, peak_flops_per_second, train_flops_per_sequence
+
+ASSUMED_MFU = 0.40
+"""Model FLOPs utilization assumed without calibration: what tuned BERT pretraining reaches on A100s (NVIDIA's
+and MosaicML's published runs report 40-50%)."""
+WARMUP_STEPS = 2
+"""Calibration steps not timed as steady state (JIT builds, allocator warm-up); counted into the start-up."""
+
+
+@dataclass
+class Forecast:
+    source: str
+    step_seconds: list[float]
+    """Per phase: one optimizer step on every rank, in parallel (so: one rank's step)."""
+    data_wait: list[float]
+    """Per phase: the fraction of a step spent waiting for the loader (measured; 0 when estimated)."""
+    checkpoint_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    startup_seconds: float = 0.0
+
+    def parts(self, cfg: Config) -> dict[str, float]:
+        total_steps = cfg.total_steps()
+        checkpoints = total_steps // cfg.checkpoint.every_steps + (total_steps % cfg.checkpoint.every_steps > 0)
+        evals = sum(p.steps // cfg.train.eval_every_steps + 1 for p in cfg.data.phases if p.eval_dir)
+        return {
+            **{f"phase {i}": p.steps * s for i, (p, s) in enumerate(zip(cfg.data.phases, self.step_seconds))},
+            "checkpoints": checkpoints * self.checkpoint_seconds,
+            "evaluations": evals * self.eval_seconds,
+            "start-up": self.startup_seconds,
+        }
+
+    def hours(self, cfg: Config) -> float:
+        return sum(self.parts(cfg).values()) / 3600
+
+    def describe(self, cfg: Config, price_per_node_hour: float | None = None) -> str:
+        lc, ck = cfg.launch, cfg.checkpoint
+        lines = [f"# forecast ({self.source})"]
+        for i, (p, s, w) in enumerate(zip(cfg.data.phases, self.step_seconds, self.data_wait)):
+            lines.append(f"phase {i}: {p.steps:,} steps x {s:.4g} s (data wait {w:.0%}) = {_hms(p.steps * s)}")
+        parts = self.parts(cfg)
+        if self.startup_seconds:
+            lines += [f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = {_hms(parts['checkpoints'])}",
+                      f"evaluations: {self.eval_seconds:.3g} s each = {_hms(parts['evaluations'])}",
+                      f"start-up: {_hms(self.startup_seconds)}"]  # fmt: skip
+        else:
+            lines.append("checkpoints, evaluations, start-up: not estimated (--calibrate times them)")
+        hours = self.hours(cfg)
+        lines.append(f"projected wall time: {_hms(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
+                     "rank(s); the all-reduce between ranks is not in it")  # fmt: skip
+        if price_per_node_hour is not None:
+            lines.append(f"cost: {hours:.4g} h x {lc.nodes} node(s) x {price_per_node_hour:g} per node-hour = "
+                         f"{hours * lc.nodes * price_per_node_hour:,.2f}")
+        redo_s = ck.every_steps * max(self.step_seconds)
+        restart_s = 2 * lc.host_probe_interval_s + lc.restart_backoff_s + self.startup_seconds
+        lines.append(f"a failure costs at most {ck.every_steps:,} steps redone ({_hms(redo_s)}, checkpoint.every_steps) plus "
+                     f"a restart (detection <= {2 * lc.host_probe_interval_s:g} s, backoff {lc.restart_backoff_s:g} s, start-up "
+                     f"{_hms(self.startup_seconds)}) = {_hms(redo_s + restart_s)}")  # fmt: skip
+        lines.append(f"forecast_hours: {hours:.6g} (set train.forecast_hours={hours:.6g} to compare it with the run's "
+                     "actual time in MLflow: plan/forecast_hours, plan/actual_hours)")
+        return "\n".join(lines)
+
+
+def estimate(cfg: Config) -> Forecast:
+    """Seconds per step from FLOPs: this machine's GPU if the table knows it, else an A100, at ASSUMED_MFU."""
+    name, peak = "", None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name()
+            peak = peak_flops_per_second(name, cfg.train.precision)
+    except ImportError:
+        pass
+    if peak is None:
+        name = "A100 (assumed)"
+        _, half, single = next(row for row in GPU_PEAK_FLOPS if row[0] == "A100")
+        peak = single if cfg.train.precision == "fp32" else half
+    world = cfg.launch.world_size()
+    seconds = [cfg.global_batch_size(p) / world * train_flops_per_sequence(cfg.model, p.max_seq_length,
+               masked_positions_for(p.max_seq_length)) / (peak * ASSUMED_MFU) for p in cfg.data.phases]  # fmt: skip
+    return Forecast(f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, "
+                    f"{peak / 1e12:g} TFLOP/s in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; "
+                    "--calibrate measures it", seconds, [0.0] * len(seconds))  # fmt: skip
+
+
+def calibrate(cfg: Config, steps: int = 20) -> Forecast:
+    """Run `steps` real steps of every phase on this machine's device (one rank) and time them."""
+    started = time.monotonic() - _seconds_since_process_start()  # the interpreter and bertdist's imports count too
+    from bertdist.train import deepspeed as ds
+    from bertdist.train.distributed import DistributedEnv, free_tcp_port
+    from bertdist.train.trainer import Trainer
+
+    step_s, wait, startup_s = [], [], 0.0
+    checkpoint_s = eval_s = 0.0
+    world = cfg.launch.world_size()
+    with tempfile.TemporaryDirectory(prefix="bertdist-calibrate-") as tmp:
+        for index, phase in enumerate(cfg.data.phases):
+            accumulation = cfg.gradient_accumulation_steps(phase, world)
+            one = _one_rank_config(cfg, index, steps + WARMUP_STEPS, accumulation, f"{tmp}/phase{index}")
+            with Trainer(one, DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none")) as trainer:
+                built = time.monotonic()
+                ds.enter_phase(trainer.engine, one, one.data.phases[0], 1)
+                batches = iter(trainer.loaders[0])
+                times, waits = [], []
+                for step in range(steps + WARMUP_STEPS):
+                    trainer.step = step
+                    t = time.perf_counter()
+                    waits.append(trainer._train_step(batches)["data_wait_seconds"])
+                    times.append(time.perf_counter() - t)
+                steady = statistics.median(times[WARMUP_STEPS:])
+                step_s.append(steady)
+                wait.append(sum(waits[WARMUP_STEPS:]) / sum(times[WARMUP_STEPS:]))
+                if index == 0:
+                    startup_s = built - started + sum(times[:WARMUP_STEPS]) - WARMUP_STEPS * steady
+                    t = time.perf_counter()
+                    trainer._save(steps + WARMUP_STEPS, 0, 0)
+                    checkpoint_s = time.perf_counter() - t
+                    if phase.eval_dir:
+                        t = time.perf_counter()
+                        trainer._evaluate(steps + WARMUP_STEPS, phase)
+                        eval_s = time.perf_counter() - t
+                trainer.tracker.close()
+    device = "cuda" if _cuda() else "cpu"
+    return Forecast(f"calibrated: {steps} timed steps per phase on this machine's {device}, one rank at each phase's micro "
+                    f"batch and the gradient accumulation of {world} rank(s)", step_s, wait, checkpoint_s, eval_s, startup_s)  # fmt: skip
+
+
+def _one_rank_config(cfg: Config, index: int, steps: int, accumulation: int, output_dir: str) -> Config:
+    """`cfg` for one rank and `steps` steps of phase `index`, at that phase's accumulation, writing only to
+    `output_dir`: no tracking, no resume, no store, no downstream evaluation."""
+    one = copy.deepcopy(cfg)
+    phase = one.data.phases[index]
+    one.data.phases = [dataclasses.replace(phase, steps=steps, global_batch_size=phase.micro_batch_size * accumulation)]
+    one.train.output_dir = output_dir
+    one.train.eval_every_steps = steps + 1
+    one.checkpoint = dataclasses.replace(one.checkpoint, uri="", resume="none", every_steps=steps + 1, keep_last=1)
+    one.tracking.enabled = False
+    one.eval.downstream = dataclasses.replace(one.eval.downstream, config="")
+    one.launch = dataclasses.replace(one.launch, nodes=1, gpus_per_node=1)
+    return one
+
+
+def _seconds_since_process_start() -> float:
+    """How long this process has run (Linux /proc; 0 elsewhere)."""
+    import os
+
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        return max(0.0, float(open("/proc/uptime").read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _hms(seconds: float) -> str:
+    s = max(0, round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s"
