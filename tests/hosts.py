@@ -10,14 +10,17 @@ Everything started inside a namespace is killed when it is removed. Needs root, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 IFNAME = "bd0"
 SKIP_FILE = Path(tempfile.gettempdir()) / "bertdist-hosts-unavailable"
@@ -162,3 +165,26 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+@contextlib.contextmanager
+def ray_cluster(two: TwoHosts, env: dict[str, str], head_cpus: int, worker_cpus: int, port: int = 6380) -> Iterator[str]:
+    """A Ray head in the first host and a worker node in the second (both started with `env`, which their
+    workers inherit); yields the head's address. Everything is stopped after, without touching other Rays."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    head, worker = two.hosts
+    temp_dirs = [Path(f"/tmp/bdray-{host.namespace}") for host in two.hosts]  # short: Ray's socket paths
+    try:
+        for host, temp_dir, extra in ((head, temp_dirs[0], ["--head", f"--port={port}", "--include-dashboard=false", f"--num-cpus={head_cpus}"]),
+                                      (worker, temp_dirs[1], [f"--address={head.address}:{port}", f"--num-cpus={worker_cpus}"])):  # fmt: skip
+            started = subprocess.run(
+                host.command([ray_cli, "start", *extra, f"--node-ip-address={host.address}",
+                              f"--temp-dir={temp_dir}", "--disable-usage-stats"]),
+                env=env, capture_output=True, text=True, timeout=240,
+            )  # fmt: skip
+            assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        yield f"{head.address}:{port}"
+    finally:
+        for temp_dir in temp_dirs:
+            kill_processes_mentioning(str(temp_dir))
+            subprocess.run(["rm", "-rf", str(temp_dir)], check=False)

@@ -8,11 +8,11 @@ back (launch.min_nodes .. launch.nodes). Hosts of the hostfile beyond launch.nod
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bertdist.launch.checks import PATH_RE, SubmitError, check, parse_hostfile
 from bertdist.launch import process
+from bertdist.launch.elastic import elastic_summary
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
 from bertdist.launch.process import add_cpu_env, start, stop_hint  # noqa: F401  (the backend's interface)
 
@@ -34,21 +34,12 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
     if problems:
         raise SubmitError(problems)
     add_cpu_env(job, ctx)
-    state_file = Path(job.jobs_dir) / f"{job.stem}.elastic.json"
+    job.state_file = str(Path(job.jobs_dir) / f"{job.stem}.elastic.json")
     job.command = [ctx.python, "-m", "bertdist.launch.elastic", "--config", str(ctx.config_file),
-                   "--hostfile", str(Path(ctx.hostfile).resolve()), "--state-file", str(state_file)]
+                   "--hostfile", str(Path(ctx.hostfile).resolve()), "--state-file", job.state_file]
     job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
 
 
 def status(record: JobRecord) -> JobStatus:
-    """The supervisor's state, and its hosts, world size and restarts from the state file."""
     found = process.status(record)
-    try:
-        state = json.loads(Path(record.log_file).with_suffix(".elastic.json").read_text())
-    except (OSError, ValueError):
-        return found
-    events = state.get("events") or []
-    last = f"; last: {events[-1]['reason']}" if events else ""
-    lost = f"; lost: {', '.join(state['lost_hosts'])}" if state.get("lost_hosts") else ""
-    return JobStatus(found.state, f"{found.detail}; world size {state['world_size']} on {', '.join(state['hosts']) or 'no host'}; "
-                                  f"{state['restarts']} restart(s){last}{lost}")
+    return JobStatus(found.state, found.detail + elastic_summary(record.state_file))

@@ -277,6 +277,7 @@ class Supervisor:
         return self.checkpoint[0] or "none"
 
     def _save_state(self, state: str, hosts: list[str]) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
         storage.write_json(self.state_file, {
             "state": state, "hosts": hosts, "world_size": len(hosts) * self.ranks_per_host, "restarts": self.restarts,
             "lost_hosts": sorted(self.away), "events": self.events,
@@ -292,6 +293,20 @@ class Supervisor:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.stop_signal:
             time.sleep(min(1.0, deadline - time.monotonic()))
+
+
+def elastic_summary(state_file: str) -> str:
+    """`bertdist status`'s words for an elastic job's state file ('' when there is none to read)."""
+    try:
+        state = json.loads(Path(state_file).read_text()) if state_file else None
+    except (OSError, ValueError):
+        return ""
+    if not state:
+        return ""
+    events = state.get("events") or []
+    last = f"; last: {events[-1]['reason']}" if events else ""
+    lost = f"; lost: {', '.join(state['lost_hosts'])}" if state.get("lost_hosts") else ""
+    return f"; world size {state['world_size']} on {', '.join(state['hosts']) or 'no host'}; {state['restarts']} restart(s){last}{lost}"
 
 
 def batch_problems(cfg: Config, world_size: int) -> list[str]:

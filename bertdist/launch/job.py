@@ -79,6 +79,8 @@ class PlannedJob:
     runtime_env: dict = field(default_factory=dict)
     config: Config | None = None
     """A training job's resolved configuration (what the job's files carry)."""
+    state_file: str = ""
+    """Where an elastic job's supervisor keeps its hosts, world size and restarts (bertdist.launch.elastic)."""
 
     def describe(self) -> str:
         """The whole job as text: files to be written, then the command (shell-quoted) that submits it."""
@@ -130,6 +132,8 @@ class JobRecord:
     """local/deepspeed: the supervising process (its process group holds the whole job)."""
     exit_code_file: str = ""
     address: str = ""
+    state_file: str = ""
+    """The elastic supervisor's state (hosts, world size, restarts), when this machine can read it."""
 
     def save(self, jobs_dir: str | Path) -> Path:
         path = Path(jobs_dir) / f"{self.job_id}.json"

@@ -1,7 +1,7 @@
 """The ray backend: a Ray job submitted through Ray's job API (token authentication when configured).
 
     prepare  entrypoint `python -m bertdist prepare ARGS`: the pipeline joins the job's cluster
-    train    entrypoint `python -m bertdist.launch.ray_job ...`: one torchrun per node (see ray_job)
+    train    entrypoint `python -m bertdist.launch.ray_job ...`: the elastic supervisor over the cluster's nodes
 
 Nothing of the submitting machine is shipped by default: the job runs the bertdist installed in the
 cluster's environment (its image or virtual environment). `--ship-package` uploads this installation's
@@ -22,6 +22,7 @@ from typing import Iterator, TextIO
 import bertdist
 from bertdist.config import dump_yaml
 from bertdist.launch.checks import RAY_ADDRESS_RE, SubmitError, check
+from bertdist.launch.elastic import elastic_summary
 from bertdist.launch.job import (
     RAY_CONFIG_ENV,
     JobContext,
@@ -45,8 +46,10 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
         argv = ["python", "-m", "bertdist", "prepare", *ctx.req.args]
     else:
         env_vars[RAY_CONFIG_ENV] = dump_yaml(ctx.cfg)
-        argv = ["python", "-m", "bertdist.launch.ray_job", "--nodes", str(ctx.nodes), "--gpus-per-node",
-                str(ctx.gpus_per_node), "--master-port", str(ctx.master_port)] + (["--cpu-only"] if ctx.req.cpu_only else [])
+        argv = ["python", "-m", "bertdist.launch.ray_job", "--gpus-per-node", str(ctx.gpus_per_node)] + (
+            ["--cpu-only"] if ctx.req.cpu_only else [])
+        if Path(ctx.cfg.train.output_dir).is_absolute():  # where the supervisor's state is, if this machine sees it
+            job.state_file = str(Path(ctx.cfg.train.output_dir) / "elastic.json")
     job.entrypoint = shlex.join(argv)
     job.runtime_env = {}
     if ctx.req.ship_package:
@@ -67,7 +70,8 @@ def status(record: JobRecord) -> JobStatus:
     with _errors(record.address):
         info = client.get_job_info(record.job_id)
     state = str(info.status.value).lower()
-    return JobStatus(state, f"Ray job {record.job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
+    detail = f"Ray job {record.job_id}: {info.status.value}" + (f" ({info.message})" if info.message else "")
+    return JobStatus(state, detail + elastic_summary(record.state_file))
 
 
 def stop_hint(record: JobRecord) -> str:

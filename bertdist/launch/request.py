@@ -139,9 +139,8 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
             validate(cfg, world_size=max(nodes, 1) * max(gpus_per_node, 1), check_files=False)
         except ConfigError as e:
             problems.extend(e.problems)
-        if backend in ("local", "ray") and cfg.launch.fewest_nodes() < nodes:
-            problems.append(f"launch.min_nodes: {backend!r} jobs do not shrink and grow yet (the deepspeed and slurm "
-                            f"backends do); set it to 0 or to --nodes {nodes}")
+        if backend == "local" and cfg.launch.fewest_nodes() < nodes:
+            problems.append(f"launch.min_nodes: the local backend runs on one machine; set it to 0 or to --nodes {nodes}")
         if backend == "slurm" and not problems:  # SLURM picks the count in the range, so each must work
             for n in range(cfg.launch.fewest_nodes(), nodes):
                 problems += [f"--nodes {cfg.launch.fewest_nodes()}-{nodes}: on {n} node(s) {why}" for why in batch_problems(cfg, n * gpus_per_node)]
@@ -167,7 +166,7 @@ def submit(job: PlannedJob) -> JobRecord:
         write_text(path, text)
     record = JobRecord(job_id=job.stem, backend=job.backend, job=job.job, name=job.name,
                        submitted_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                       log_file=job.log_file, address=job.address)
+                       log_file=job.log_file, address=job.address, state_file=job.state_file)
     MODULES[job.backend].start(job, record)
     record.save(job.jobs_dir)
     return record

@@ -242,3 +242,45 @@ def test_fewer_hosts_than_min_nodes_stops_the_job_with_its_last_checkpoint_intac
     listed = subprocess.run([sys.executable, "-m", "bertdist", "checkpoints", str(out)], cwd=REPO, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert listed.returncode == 0, listed.stdout + listed.stderr
+
+
+def test_a_ray_job_loses_a_node_s_ranks_and_finishes_on_the_other_node(two_hosts, tiny_shards, tiny_vocab, tmp_path):
+    """The same supervisor over a two-node Ray cluster (head on host A, a worker node on host B, token
+    authentication on): the Ray job's driver (`bertdist.launch.ray_job`, run here as a Ray job runs it) starts a
+    task per node; host B's ranks killed, the job finishes on host A's node alone, with no sample repeated or
+    skipped beyond the redone steps, and the state file says so."""
+    import secrets
+
+    from bertdist.config import dump_yaml, load_config
+
+    config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
+    cfg = load_config(str(config), [f"data.phases.0.steps={STEPS}", "data.phases.0.micro_batch_size=8", "data.phases.0.eval_dir=",
+                                    f"train.global_batch_size={GLOBAL_BATCH}", f"checkpoint.every_steps={EVERY}",
+                                    "checkpoint.keep_last=3", "launch.nodes=2", "launch.min_nodes=1", "launch.gpus_per_node=1",
+                                    f"launch.master_port={free_tcp_port()}", "launch.host_probe_interval_s=2",
+                                    "launch.restart_backoff_s=1", "launch.grow_back=false"])  # fmt: skip
+    out = Path(cfg.train.output_dir)
+    env = two_hosts.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), DS_ACCELERATOR="cpu",
+                        GLOO_SOCKET_IFNAME=hosts_module.IFNAME, OMP_NUM_THREADS="1")  # fmt: skip
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path / "driver.log"
+    with hosts_module.ray_cluster(two_hosts, env, head_cpus=1, worker_cpus=1) as address, open(log, "w") as driver_log:
+        driver = subprocess.Popen(
+            two_hosts.hosts[0].command([sys.executable, "-m", "bertdist.launch.ray_job", "--gpus-per-node", "1", "--cpu-only"]),
+            env={**env, "RAY_ADDRESS": address, "BERTDIST_CONFIG_YAML": dump_yaml(cfg)}, cwd=REPO,
+            stdout=driver_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            _wait(lambda: _checkpoint_step(out) >= FAULT_AFTER_STEP or driver.poll() is not None,
+                  f"the checkpoint of step {FAULT_AFTER_STEP}", log)  # fmt: skip
+            assert _kill_ranks(two_hosts.hosts[1]) >= 1, _tail(log)
+            code = driver.wait(timeout=JOB_TIMEOUT_S)
+        finally:
+            driver.kill()
+    text = log.read_text()
+    assert code == 0, text[-6000:]
+    assert f"restart 1: lost {two_hosts.hosts[1].address}: its ranks were killed (exit code 137)" in text, text[-6000:]
+    done = _check_samples(_records(out), tiny_shards)
+    assert sum(n - 1 for n in done.values()) <= EVERY, done
+    state = json.loads((out / "elastic.json").read_text())
+    assert state["state"] == "succeeded" and state["restarts"] == 1 and state["hosts"] == [two_hosts.hosts[0].address], state

@@ -102,37 +102,21 @@ def test_prepare_on_a_ray_cluster_of_two_hosts_uses_both_and_writes_the_same_sha
     import secrets
 
     from tests.conftest import TEST_SEQ_LENGTH, TINY_SHARD_SAMPLES
-    from tests.hosts import kill_processes_mentioning
 
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    head, worker = two_hosts.hosts
-    port = 6380
+    head = two_hosts.hosts[0]
     env = two_hosts.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
     env.pop("RAY_ADDRESS", None)
-    temp_dirs = [Path(f"/tmp/bdray-{host.namespace}") for host in two_hosts.hosts]  # short: Ray's socket paths
-    try:
-        # One CPU on the head and two on the worker, three tasks in flight: the head cannot take them all.
-        for host, temp_dir, extra in ((head, temp_dirs[0], ["--head", f"--port={port}", "--include-dashboard=false", "--num-cpus=1"]),
-                                      (worker, temp_dirs[1], [f"--address={head.address}:{port}", "--num-cpus=2"])):  # fmt: skip
-            started = subprocess.run(
-                host.command([ray_cli, "start", *extra, f"--node-ip-address={host.address}",
-                              f"--temp-dir={temp_dir}", "--disable-usage-stats"]),
-                env=env, capture_output=True, text=True, timeout=240,
-            )  # fmt: skip
-            assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+    # One CPU on the head and two on the worker, three tasks in flight: the head cannot take them all.
+    with hosts_module.ray_cluster(two_hosts, env, head_cpus=1, worker_cpus=2) as address:
         out = tmp_path / "shards"
         prepared = subprocess.run(
             head.command([sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", str(out),
                           "--vocab", tiny_vocab, "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2",
                           "--samples-per-shard", str(TINY_SHARD_SAMPLES), "--group-mb", str(64 / 1024), "--workers", "3",
-                          "--no-progress", "--ray-address", f"{head.address}:{port}"]),
+                          "--no-progress", "--ray-address", address]),
             env=env, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
         )  # fmt: skip
-        assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-3000:]
-        nodes = prepared.stdout.split("ray nodes: ", 1)[1].splitlines()[0]
-        assert nodes.startswith("2 (") and f"{head.address}: " in nodes and f"{worker.address}: " in nodes, nodes
-        assert _shard_bytes(out) == _shard_bytes(Path(tiny_shards))
-    finally:
-        for temp_dir in temp_dirs:
-            kill_processes_mentioning(str(temp_dir))
-            subprocess.run(["rm", "-rf", str(temp_dir)], check=False)
+    assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-3000:]
+    nodes = prepared.stdout.split("ray nodes: ", 1)[1].splitlines()[0]
+    assert nodes.startswith("2 (") and f"{head.address}: " in nodes and f"{two_hosts.hosts[1].address}: " in nodes, nodes
+    assert _shard_bytes(out) == _shard_bytes(Path(tiny_shards))

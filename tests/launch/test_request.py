@@ -70,7 +70,7 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, elastic, tmp_path, 
             assert line in out.splitlines(), line
         assert "{{" not in out and "sbatch --parsable" in out
     else:
-        assert "entrypoint: python -m bertdist.launch.ray_job --nodes 2 --gpus-per-node 1" in out
+        assert "entrypoint: python -m bertdist.launch.ray_job --gpus-per-node 1" in out
         assert "BERTDIST_CONFIG_YAML" in out and '"working_dir"' not in out  # the cluster's own bertdist runs
     # The override reaches the job only inside the resolved YAML, never a command line.
     resolved = yaml.safe_load(out.split("# --- ", 2)[1].split("\n", 1)[1].split("\n# --- ")[0])
@@ -144,7 +144,7 @@ def test_backend_specific_refusals(tmp_path, capsys):
         (["--backend", "slurm", "--nodes", "2-4", "--gpus-per-node", "1", "data.phases.0.micro_batch_size=8"],
          "--nodes 2-4: on 3 node(s) train.global_batch_size"),
         (["--backend", "deepspeed", "--nodes", "3-2", "--hostfile", str(hostfile)], "minimum is above its maximum"),
-        (["--backend", "ray", "--nodes", "1-2"], "launch.min_nodes: 'ray' jobs do not shrink and grow yet"),
+        (["--backend", "local", "--nodes", "1-2"], "launch.min_nodes: the local backend runs on one machine"),
     ]
     for argv, message in cases:
         assert main(["submit", "--config", str(TINY_CONFIG), "--dry-run", *argv]) == 2
@@ -335,7 +335,7 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
         [(s["name"], s["num_samples"], s["sha256"]) for s in want["shards"]]
     assert all((output / s["name"]).is_file() for s in got["shards"])
 
-    # Training on the cluster's shards, as a Ray job (bertdist.launch.ray_job: a placement group, torchrun per node).
+    # Training on the cluster's shards, as a Ray job (bertdist.launch.ray_job: the elastic supervisor, a task per node).
     config = training_runs.write_config(tmp_path / "train", str(output), tiny_vocab, zero_stage=1)
     submitted = bertdist("submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs),
                          "--config", str(config), "--cpu-only", "--nodes", "1", "--gpus-per-node", "1",
@@ -345,7 +345,8 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
     job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
     status, logs = _follow(job_id, jobs, env)
     assert status.startswith("succeeded"), status + logs[-3000:]
-    assert "ray_job: 1 node(s) x 1 rank(s)" in logs and "done: 2 steps" in logs
+    assert "launching 1 rank(s) on 1 host(s)" in logs and "done: 2 steps" in logs
+    assert "world size 1 on" in status and "0 restart(s)" in status, status  # the supervisor's state file
     assert training_runs.latest_tag(tmp_path / "train" / "out") == "step_00000002"
     listing = bertdist("status", "--jobs-dir", str(jobs)).stdout.splitlines()
     assert [line.split("\t")[1:3] for line in listing] == [["ray", "prepare"], ["ray", "train"]]

@@ -61,7 +61,7 @@ def test_rendered_slurm_script_is_valid_bash(tmp_path, monkeypatch):
 
 
 def test_ray_job_entry_point_needs_the_resolved_config():
-    out = subprocess.run([sys.executable, "-m", "bertdist.launch.ray_job", "--nodes", "1", "--gpus-per-node", "1"],
+    out = subprocess.run([sys.executable, "-m", "bertdist.launch.ray_job", "--gpus-per-node", "1"],
                          env={k: v for k, v in os.environ.items() if k != "BERTDIST_CONFIG_YAML"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "BERTDIST_CONFIG_YAML is not set" in out.stderr
