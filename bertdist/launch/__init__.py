@@ -5,8 +5,12 @@
     checks    what user-supplied values may reach a script; the template renderer
     backends  local, deepspeed, slurm, ray: one module each, the same four functions
     process   detached process groups on this machine and their supervisor (local, deepspeed)
+    elastic   the supervisor of multi-host jobs: lost hosts dropped, the job relaunched, hosts taken back
+    ssh_fleet the hosts of a hostfile as the supervisor's fleet (SSH probes, DeepSpeed's launcher per launch)
+    ray_job   the training driver that a Ray job runs on the cluster: the supervisor over Ray nodes
+    events    a relaunch, as the supervisor hands it to the trainer (which records it in MLflow)
     status    status and logs of a recorded job
-    ray_job   the training driver that a Ray job runs on the cluster
+    commands  the command lines of submit, status and logs
 
 The scripts a job runs live in the top-level launch/ directory (shipped in the wheel too, see
 `bertdist.resources`), where users read and adapt them.

@@ -14,5 +14,7 @@
     metrics      what a step measures and the names it is logged under
     console      the one-line-per-interval console and metrics.jsonl
     plan         the dry-run plan: steps, sequences, tokens, FLOPs per phase
+    forecast     the dry-run forecast: time and cost, estimated or measured (--calibrate)
+    timeline     world size, restarts and time of a run, logged against the forecast
     export       a checkpoint as a Hugging Face directory and an MLflow Model
 """

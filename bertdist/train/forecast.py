@@ -5,7 +5,8 @@ FLOP/s of the device (this machine's GPU if it is in the datasheet table, else a
 MFU; the printout says which. With `--calibrate` it is measured: the real trainer runs a few steps of every
 phase on this machine's device, one rank, at the configured micro batch and length and at the gradient
 accumulation of the requested world size, on the configured shards, and saves a checkpoint and runs an
-evaluation, each timed. The projection adds, per phase, steps x seconds per step (which includes the loader's
+evaluation, each timed, in a process of its own whose whole wall time also gives the start-up and shutdown.
+The projection adds, per phase, steps x seconds per step (which includes the loader's
 data wait, reported too), the checkpoints at `checkpoint.every_steps`, the evaluations at
 `train.eval_every_steps`, and the start-up (imports, process group, engine, loaders, the first steps'
 warm-up). What one device cannot measure, the all-reduce between ranks, is left out and said so.
@@ -18,12 +19,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from bertdist.config import Config
+from bertdist.errors import UserError
 from bertdist.model.flops import GPU_PEAK_FLOPS, masked_positions_for, peak_flops_per_second, train_flops_per_sequence
 
 ASSUMED_MFU = 0.40
@@ -43,6 +49,7 @@ class Forecast:
     checkpoint_seconds: float = 0.0
     eval_seconds: float = 0.0
     startup_seconds: float = 0.0
+    """The rest of a run's process: imports, process group, engine, loaders, the first steps' warm-up, exit."""
 
     def parts(self, cfg: Config) -> dict[str, float]:
         total_steps = cfg.total_steps()
@@ -67,9 +74,9 @@ class Forecast:
         if self.startup_seconds:
             lines += [f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = {_hms(parts['checkpoints'])}",
                       f"evaluations: {self.eval_seconds:.3g} s each = {_hms(parts['evaluations'])}",
-                      f"start-up: {_hms(self.startup_seconds)}"]  # fmt: skip
+                      f"start-up and shutdown: {_hms(self.startup_seconds)}"]  # fmt: skip
         else:
-            lines.append("checkpoints, evaluations, start-up: not estimated (--calibrate times them)")
+            lines.append("checkpoints, evaluations, start-up and shutdown: not estimated (--calibrate times them)")
         hours = self.hours(cfg)
         lines.append(f"projected wall time: {_hms(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
                      "rank(s); the all-reduce between ranks is not in it")  # fmt: skip
@@ -110,45 +117,75 @@ def estimate(cfg: Config) -> Forecast:
 
 
 def calibrate(cfg: Config, steps: int = 20) -> Forecast:
-    """Run `steps` real steps of every phase on this machine's device (one rank) and time them."""
-    started = time.monotonic() - _seconds_since_process_start()  # the interpreter and bertdist's imports count too
+    """Time `steps` real steps of every phase on this machine's device (one rank), each phase in a process of
+    its own, as a run is: the first phase's process also gives the start-up and shutdown (its whole wall
+    time less the steps, checkpoint and evaluation it timed inside)."""
+    from bertdist.config import dump_yaml
+
+    world = cfg.launch.world_size()
+    step_s, wait = [], []
+    first: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bertdist-calibrate-") as tmp:
+        for index, phase in enumerate(cfg.data.phases):
+            one = _one_rank_config(cfg, index, steps + WARMUP_STEPS, cfg.gradient_accumulation_steps(phase, world), f"{tmp}/phase{index}")
+            config_file = Path(tmp) / f"phase{index}.yaml"
+            config_file.write_text(dump_yaml(one))
+            started = time.monotonic()
+            child = subprocess.run([sys.executable, "-m", __name__, str(config_file), str(steps), "first" if index == 0 else "steps"],
+                                   capture_output=True, text=True, check=False)  # fmt: skip
+            wall_s = time.monotonic() - started
+            found = [line for line in child.stdout.splitlines() if line.startswith(_RESULT)]
+            if child.returncode or not found:
+                raise UserError(f"--calibrate: the calibration of phase {index} failed (exit {child.returncode}): "
+                                f"{(child.stderr.strip().splitlines() or ['no output'])[-1]}")  # fmt: skip
+            result = json.loads(found[-1].removeprefix(_RESULT))
+            step_s.append(result["step_s"])
+            wait.append(result["data_wait"])
+            if index == 0:
+                first = {**result, "overhead_s": wall_s - result["timed_s"]}
+    device = "cuda" if _cuda() else "cpu"
+    return Forecast(f"calibrated: {steps} timed steps per phase on this machine's {device}, one rank at each phase's micro "
+                    f"batch and the gradient accumulation of {world} rank(s)", step_s, wait, first["checkpoint_s"],
+                    first["eval_s"], first["overhead_s"])  # fmt: skip
+
+
+_RESULT = "bertdist-calibration: "
+
+
+def _measure(config_file: str, steps: int, everything: bool) -> dict[str, float]:
+    """In the calibration's own process: the trainer on `config_file`, `steps` steps timed after WARMUP_STEPS,
+    and (`everything`) a checkpoint and an evaluation."""
+    from bertdist.config import load_config
     from bertdist.train import deepspeed as ds
     from bertdist.train.distributed import DistributedEnv, free_tcp_port
     from bertdist.train.trainer import Trainer
 
-    step_s, wait, startup_s = [], [], 0.0
-    checkpoint_s = eval_s = 0.0
-    world = cfg.launch.world_size()
-    with tempfile.TemporaryDirectory(prefix="bertdist-calibrate-") as tmp:
-        for index, phase in enumerate(cfg.data.phases):
-            accumulation = cfg.gradient_accumulation_steps(phase, world)
-            one = _one_rank_config(cfg, index, steps + WARMUP_STEPS, accumulation, f"{tmp}/phase{index}")
-            with Trainer(one, DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none")) as trainer:
-                built = time.monotonic()
-                ds.enter_phase(trainer.engine, one, one.data.phases[0], 1)
-                batches = iter(trainer.loaders[0])
-                times, waits = [], []
-                for step in range(steps + WARMUP_STEPS):
-                    trainer.step = step
-                    t = time.perf_counter()
-                    waits.append(trainer._train_step(batches)["data_wait_seconds"])
-                    times.append(time.perf_counter() - t)
-                steady = statistics.median(times[WARMUP_STEPS:])
-                step_s.append(steady)
-                wait.append(sum(waits[WARMUP_STEPS:]) / sum(times[WARMUP_STEPS:]))
-                if index == 0:
-                    startup_s = built - started + sum(times[:WARMUP_STEPS]) - WARMUP_STEPS * steady
-                    t = time.perf_counter()
-                    trainer._save(steps + WARMUP_STEPS, 0, 0)
-                    checkpoint_s = time.perf_counter() - t
-                    if phase.eval_dir:
-                        t = time.perf_counter()
-                        trainer._evaluate(steps + WARMUP_STEPS, phase)
-                        eval_s = time.perf_counter() - t
-                trainer.tracker.close()
-    device = "cuda" if _cuda() else "cpu"
-    return Forecast(f"calibrated: {steps} timed steps per phase on this machine's {device}, one rank at each phase's micro "
-                    f"batch and the gradient accumulation of {world} rank(s)", step_s, wait, checkpoint_s, eval_s, startup_s)  # fmt: skip
+    one = load_config(config_file, [])
+    phase = one.data.phases[0]
+    out = {"checkpoint_s": 0.0, "eval_s": 0.0}
+    with Trainer(one, DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none")) as trainer:
+        ds.enter_phase(trainer.engine, one, phase, 1)
+        batches = iter(trainer.loaders[0])
+        times, waits = [], []
+        for step in range(steps + WARMUP_STEPS):
+            trainer.step = step
+            t = time.perf_counter()
+            waits.append(trainer._train_step(batches)["data_wait_seconds"])
+            times.append(time.perf_counter() - t)
+        out["step_s"] = statistics.fmean(times[WARMUP_STEPS:])  # the mean: occasional stalls are part of a step's cost
+        out["data_wait"] = sum(waits[WARMUP_STEPS:]) / sum(times[WARMUP_STEPS:])
+        if everything:
+            t = time.perf_counter()
+            trainer._save(steps + WARMUP_STEPS, 0, 0)
+            out["checkpoint_s"] = time.perf_counter() - t
+            if phase.eval_dir:
+                t = time.perf_counter()
+                trainer._evaluate(steps + WARMUP_STEPS, phase)
+                out["eval_s"] = time.perf_counter() - t
+        trainer.tracker.close()
+    # What the run spends in steps, checkpoints and evaluations; the rest of the process's time is overhead.
+    out["timed_s"] = out["step_s"] * (steps + WARMUP_STEPS) + out["checkpoint_s"] + out["eval_s"]
+    return out
 
 
 def _one_rank_config(cfg: Config, index: int, steps: int, accumulation: int, output_dir: str) -> Config:
@@ -166,17 +203,6 @@ def _one_rank_config(cfg: Config, index: int, steps: int, accumulation: int, out
     return one
 
 
-def _seconds_since_process_start() -> float:
-    """How long this process has run (Linux /proc; 0 elsewhere)."""
-    import os
-
-    try:
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-        return max(0.0, float(open("/proc/uptime").read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def _cuda() -> bool:
     import torch
 
@@ -186,3 +212,7 @@ def _cuda() -> bool:
 def _hms(seconds: float) -> str:
     s = max(0, round(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s"
+
+
+if __name__ == "__main__":  # one phase's calibration: python -m bertdist.train.forecast CONFIG STEPS first|steps
+    print(_RESULT + json.dumps(_measure(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "first")), flush=True)

@@ -206,7 +206,8 @@ class SlurmPreemption:
         config.write_text(yaml.safe_dump(cfg))
         self.out = Path(cfg["train"]["output_dir"])
         self.jobs = tmp / "jobs"
-        submitted = bertdist("submit", "--backend", "slurm", "--config", str(config), "--cpu-only", "--gpus-per-node", "2",
+        # A node range: this one-node cluster starts (and requeues) it on the one node it has.
+        submitted = bertdist("submit", "--backend", "slurm", "--config", str(config), "--cpu-only", "--gpus-per-node", "2", "--nodes", "1-2",
                              "--time", "00:15:00", "--signal-before", "120", "--master-port", str(free_tcp_port()),
                              "--name", "bertdist-test", "--jobs-dir", str(self.jobs), env={"OMP_NUM_THREADS": "1"}, cwd=tmp)
         assert submitted.returncode == 0, submitted.stderr
@@ -360,6 +361,7 @@ def test_slurm_job_is_preempted_requeued_and_resumes_from_its_checkpoint(slurm_j
     assert slurm_job.preempted.is_set(), log[-3000:]
     assert status.startswith("succeeded") and "restarts 1" in status, status + log[-4000:]
     assert "the trainer checkpointed for preemption; requeueing" in log
+    assert "#SBATCH --nodes=1-2" in next(slurm_job.jobs.glob("*.sbatch")).read_text()
     stopped_at = int(re.search(r"stopped \(SIGUSR1\): checkpoint at step (\d+);", log).group(1))
     assert SLURM_CHECKPOINT_EVERY <= stopped_at < SLURM_STEPS
     out = slurm_job.out
