@@ -87,14 +87,6 @@ class _Outcome:
     exit_code: int = OK_EXIT_CODE
 
 
-@dataclass
-class _Away:
-    """A lost host: when it was lost, and since when it has answered every probe (0: it does not)."""
-
-    lost_at: float
-    answering_since: float = 0.0
-
-
 class Supervisor:
     def __init__(self, cfg: Config, fleet: Fleet, state_file: str | Path, out: TextIO | None = None):
         self.cfg, self.fleet, self.state_file, self.out = cfg, fleet, Path(state_file), out or sys.stdout
@@ -103,7 +95,8 @@ class Supervisor:
         self.node_counts = [n for n in range(lc.fewest_nodes(), lc.nodes + 1) if not batch_problems(cfg, n * lc.gpus_per_node)]
         self.restarts = 0
         self.events: list[dict] = []
-        self.away: dict[str, _Away] = {}
+        self.away: dict[str, float] = {}
+        """Lost hosts, and since when each has answered every probe (0: it does not answer)."""
         self.failed_probes: dict[str, int] = {}
         self.checkpoint = (_latest_checkpoint(cfg), time.time())
         self.stop_signal = 0
@@ -146,7 +139,7 @@ class Supervisor:
                          f"{self.cfg.launch.max_restarts} time(s) already; last checkpoint: {self._checkpoint_name()}")
                 return FAILED_EXIT_CODE
             for host in outcome.hosts:
-                self.away.setdefault(host, _Away(time.monotonic()))
+                self.away.setdefault(host, 0.0)
             stopped = (outcome, len(hosts) * self.ranks_per_host, time.time())
             progressed = self._refresh_checkpoint()
             failures_in_a_row = 0 if outcome.kind == "grow" or progressed else failures_in_a_row + 1
@@ -162,23 +155,21 @@ class Supervisor:
 
     def _watch(self, attempt: Attempt, hosts: list[str]) -> _Outcome:
         interval_s = self.cfg.launch.host_probe_interval_s
-        asked_to_stop = False
         waiting_from: str | None = None  # hosts to take back: the checkpoint after which they are
         while True:
             codes = attempt.wait(interval_s)
             if codes is not None:
-                return self._classify(codes, hosts, asked_to_stop)
-            if self.stop_signal and not asked_to_stop:
+                return self._classify(codes, hosts, asked_to_stop=False)
+            if self.stop_signal:
                 attempt.request_stop()
-                asked_to_stop = True
-                continue
+                return self._classify(self._stopped(attempt, hosts), hosts, asked_to_stop=True)
             self._refresh_checkpoint()
             lost = self._probe(hosts)
             if lost:
                 attempt.kill()
                 return _Outcome("lost", "; ".join(f"lost {h}: {why}" for h, why in lost.items()), list(lost))
             back = self._ready_to_return(len(hosts))
-            if not back or asked_to_stop:
+            if not back:
                 waiting_from = None
                 continue
             if waiting_from is None:  # taken back at the next checkpoint: the launch's work so far is kept
@@ -192,14 +183,18 @@ class Supervisor:
                 self.failed_probes[host] = 0
             self.say(f"checkpoint {self.checkpoint[0]} written: asking the ranks to stop at the next step to grow back")
             attempt.request_stop()
-            asked_to_stop = True
-            codes = attempt.wait(self.cfg.launch.stop_timeout_s)
-            if codes is None:
-                self.say(f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: killing them")
-                attempt.kill()
-                codes = attempt.wait(60) or {}
-            outcome = self._classify(codes, hosts, asked_to_stop=True)
+            outcome = self._classify(self._stopped(attempt, hosts), hosts, asked_to_stop=True)
             return _Outcome("grow", f"{', '.join(back)} answer(s) again: growing back") if outcome.kind == "retry" else outcome
+
+    def _stopped(self, attempt: Attempt, hosts: list[str]) -> dict[str, int]:
+        """The exit codes of ranks asked to stop, killed after launch.stop_timeout_s (128 + SIGKILL if even
+        that is not seen within a minute)."""
+        codes = attempt.wait(self.cfg.launch.stop_timeout_s)
+        if codes is None:
+            self.say(f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: killing them")
+            attempt.kill()
+            codes = attempt.wait(60) or {h: 128 + signal.SIGKILL for h in hosts}
+        return codes
 
     def _classify(self, codes: dict[str, int], hosts: list[str], asked_to_stop: bool) -> _Outcome:
         """What the ranks' exit codes mean for the job (see the module docstring)."""
@@ -224,7 +219,7 @@ class Supervisor:
         down = self.fleet.probe(candidates)
         for host, why in down.items():
             self.say(f"{host} does not answer ({why}): leaving it out")
-            self.away[host] = _Away(time.monotonic())
+            self.away[host] = 0.0
         answering = [h for h in candidates if h not in down]
         counts = [n for n in self.node_counts if n <= len(answering)]
         if counts:
@@ -253,9 +248,9 @@ class Supervisor:
             return []
         now = time.monotonic()
         down = self.fleet.probe(list(self.away))
-        for host, away in self.away.items():
-            away.answering_since = 0.0 if host in down else (away.answering_since or now)
-        ready = [h for h, a in self.away.items() if a.answering_since and now - a.answering_since >= lc.readmit_after_s]
+        for host, since in self.away.items():
+            self.away[host] = 0.0 if host in down else (since or now)
+        ready = [h for h, since in self.away.items() if since and now - since >= lc.readmit_after_s]
         return ready if [n for n in self.node_counts if running < n <= running + len(ready)] else []
 
     # --- reporting ---------------------------------------------------------------------------------
