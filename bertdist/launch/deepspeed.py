@@ -15,6 +15,7 @@ from bertdist.launch import process
 from bertdist.launch.elastic import elastic_summary
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
 from bertdist.launch.process import add_cpu_env, start, stop_hint  # noqa: F401  (the backend's interface)
+from bertdist.resources import shipped
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:
@@ -36,7 +37,8 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
     add_cpu_env(job, ctx)
     job.state_file = str(Path(job.jobs_dir) / f"{job.stem}.elastic.json")
     job.command = [ctx.python, "-m", "bertdist.launch.elastic", "--config", str(ctx.config_file),
-                   "--hostfile", str(Path(ctx.hostfile).resolve()), "--state-file", job.state_file]
+                   "--hostfile", str(Path(ctx.hostfile).resolve()), "--state-file", job.state_file,
+                   "--launch-script", str(shipped("launch") / "multinode_hostfile.sh")]
     job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
 
 

@@ -1,6 +1,7 @@
 """The elastic supervisor: a multi-host job that continues on the hosts it has left, and grows back.
 
-    python -m bertdist.launch.elastic --config JOB.yaml --hostfile HOSTS --state-file JOB.elastic.json
+    python -m bertdist.launch.elastic --config JOB.yaml --hostfile HOSTS --state-file JOB.elastic.json \
+        --launch-script launch/multinode_hostfile.sh
     # what `bertdist submit --backend deepspeed` runs, detached, on the submitting machine
 
 One loop, whatever starts the ranks (a `Fleet`: SSH hosts from a hostfile here, Ray nodes in
@@ -356,12 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the job's resolved config (written by bertdist submit)")
     parser.add_argument("--hostfile", required=True, help="DeepSpeed hostfile: every host the job may use")
     parser.add_argument("--state-file", required=True, help="JSON state for `bertdist status`")
+    parser.add_argument("--launch-script", required=True, help="what starts each launch: launch/multinode_hostfile.sh")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, [])
         # A probe waits as long as the probe interval, 2 to 10 s: a host too busy to accept SSH in 10 s is not well.
         timeout_s = int(min(10, max(2, cfg.launch.host_probe_interval_s)))
-        fleet = SshFleet(args.hostfile, args.config, cfg.launch.master_port, Path(args.state_file).with_suffix(""), timeout_s)
+        fleet = SshFleet(args.hostfile, args.config, args.launch_script, cfg.launch.master_port,
+                         Path(args.state_file).with_suffix(""), timeout_s)  # fmt: skip
         return Supervisor(cfg, fleet, args.state_file).run()
     except UserError as e:
         print(f"bertdist elastic: {e}", file=sys.stderr)

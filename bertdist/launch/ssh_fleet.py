@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bertdist.launch.checks import parse_hostfile
-from bertdist.resources import shipped
 
 _PDSH_EXIT = re.compile(r"pdsh@\S+: (\S+): ssh exited with exit code (\d+)")
 
@@ -41,8 +40,9 @@ def ranks_pattern(config_file: str) -> str:
 
 
 class SshFleet:
-    def __init__(self, hostfile: str, config_file: str, master_port: int, stem: Path, probe_timeout_s: int):
+    def __init__(self, hostfile: str, config_file: str, launch_script: str, master_port: int, stem: Path, probe_timeout_s: int):
         self.slots = parse_hostfile(hostfile)
+        self.launch_script = launch_script
         self.timeout_s = probe_timeout_s
         self.config_file = str(Path(config_file).resolve())
         self.master_port = master_port
@@ -69,7 +69,7 @@ class SshFleet:
         hostfile.write_text("".join(f"{h} slots={ranks_per_host}\n" for h in hosts))
         env = {**os.environ, "HOSTFILE": str(hostfile), "NUM_NODES": str(len(hosts)), "GPUS_PER_NODE": str(ranks_per_host),
                "MASTER_ADDR": hosts[0], "MASTER_PORT": str(self.master_port), "PYTHON": sys.executable}  # fmt: skip
-        command = ["bash", str(shipped("launch") / "multinode_hostfile.sh"), "--config", self.config_file, *trainer_args]
+        command = ["bash", self.launch_script, "--config", self.config_file, *trainer_args]
         return SshAttempt(hosts, command, env, ranks_pattern(self.config_file), self.timeout_s)
 
 

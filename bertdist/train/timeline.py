@@ -1,12 +1,12 @@
 """What a run records about its world size, its restarts and its time, against the forecast.
 
-Every start logs `elastic/world_size` at its first step, so the MLflow chart of a run that shrank and grew
+Every start logs `run/world_size` at its first step, so the MLflow chart of a run that shrank and grew
 shows when. A relaunch by the elastic supervisor also logs the event: a tag with the supervisor's line, the
 restart count and the steps redone at its first step, and, once its first step is done, the wall time lost
 since the checkpoint it resumed from (redone work plus the time the job was down). A run with
 `train.forecast_hours` (`bertdist.train.forecast`) logs it as `plan/forecast_hours` at its start and, at its
 end, the hours its training processes ran over all launches as `plan/actual_hours` (the time between
-launches is in `elastic/seconds_lost`).
+launches is in `run/seconds_lost`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from bertdist.launch.events import RestartEvent
 
 
 def log_start(tracker: Any, event: RestartEvent | None, start_step: int, world_size: int, forecast_hours: float) -> None:
-    tracker.log_metrics({"elastic/world_size": float(world_size)}, step=start_step)
+    tracker.log_metrics({"run/world_size": float(world_size)}, step=start_step)
     if forecast_hours:
         tracker.log_metrics({"plan/forecast_hours": forecast_hours}, step=start_step)
     if event is not None:
         tracker.set_tags({f"bertdist.elastic.restart_{event.restart}": event.line()[:4000]})
-        tracker.log_metrics({"elastic/restarts": float(event.restart), "elastic/steps_redone": float(event.steps_redone)},
+        tracker.log_metrics({"run/restarts": float(event.restart), "run/steps_redone": float(event.steps_redone)},
                             step=start_step)  # fmt: skip
 
 
@@ -31,7 +31,7 @@ def log_recovered(tracker: Any, say: Callable[[str], None], event: RestartEvent 
     if event is None:
         return
     lost_s = event.seconds_lost()
-    tracker.log_metrics({"elastic/seconds_lost": lost_s}, step=step)
+    tracker.log_metrics({"run/seconds_lost": lost_s}, step=step)
     say(f"restart {event.restart}: step {step} done {lost_s:.0f} s after the checkpoint of step {event.resumed_step} "
         f"was written ({event.steps_redone} step(s) redone)")
 

@@ -172,9 +172,9 @@ def test_a_host_whose_ranks_are_killed_is_dropped_and_the_job_finishes_on_the_ot
     mlflow = client(local_store_uri(out))
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("elastic").experiment_id])
     assert "lost " + two_hosts.hosts[1].address in run.data.tags["bertdist.elastic.restart_1"], run.data.tags
-    sizes = [m.value for m in sorted(mlflow.get_metric_history(run.info.run_id, "elastic/world_size"), key=lambda m: m.step)]
+    sizes = [m.value for m in sorted(mlflow.get_metric_history(run.info.run_id, "run/world_size"), key=lambda m: m.step)]
     assert sizes == [2.0, 1.0], sizes
-    (lost,) = mlflow.get_metric_history(run.info.run_id, "elastic/seconds_lost")
+    (lost,) = mlflow.get_metric_history(run.info.run_id, "run/seconds_lost")
     assert 0 < lost.value < RECOVERY_BOUND_S + 60, lost
     assert run.info.status == "FINISHED", run.info
 
