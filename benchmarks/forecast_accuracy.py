@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ def write_config(workdir: Path, data: str, vocab: str, steps: int, ranks: int) -
         "checkpoint": {"every_steps": 100, "resume": "none"}, "tracking": {"enabled": False},
         "launch": {"nodes": 1, "gpus_per_node": ranks, "master_port": free_tcp_port()},
     }  # fmt: skip
+    shutil.rmtree(workdir / "out", ignore_errors=True)  # a fresh run each time
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     return workdir / "config.yaml"

@@ -131,7 +131,8 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
             config_file = Path(tmp) / f"phase{index}.yaml"
             config_file.write_text(dump_yaml(one))
             started = time.monotonic()
-            child = subprocess.run([sys.executable, "-m", __name__, str(config_file), str(steps), "first" if index == 0 else "steps"],
+            child = subprocess.run([sys.executable, "-m", __name__, str(config_file), str(steps), "first" if index == 0 else "steps",
+                                    str(cfg.launch.gpus_per_node)],
                                    capture_output=True, text=True, check=False)  # fmt: skip
             wall_s = time.monotonic() - started
             found = [line for line in child.stdout.splitlines() if line.startswith(_RESULT)]
@@ -152,9 +153,16 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
 _RESULT = "bertdist-calibration: "
 
 
-def _measure(config_file: str, steps: int, everything: bool) -> dict[str, float]:
+def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int) -> dict[str, float]:
     """In the calibration's own process: the trainer on `config_file`, `steps` steps timed after WARMUP_STEPS,
-    and (`everything`) a checkpoint and an evaluation."""
+    and (`everything`) a checkpoint and an evaluation. On a CPU the node's ranks share its cores, so the one
+    rank measured gets its share of them, as each rank of the run will."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and ranks_per_node > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
     from bertdist.config import load_config
     from bertdist.train import deepspeed as ds
     from bertdist.train.distributed import DistributedEnv, free_tcp_port
@@ -214,5 +222,5 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s"
 
 
-if __name__ == "__main__":  # one phase's calibration: python -m bertdist.train.forecast CONFIG STEPS first|steps
-    print(_RESULT + json.dumps(_measure(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "first")), flush=True)
+if __name__ == "__main__":  # one phase's calibration: python -m bertdist.train.forecast CONFIG STEPS first|steps RANKS_PER_NODE
+    print(_RESULT + json.dumps(_measure(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "first", int(sys.argv[4]))), flush=True)
