@@ -161,6 +161,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"train.output_dir: {t.output_dir} is a URL; the run directory (logs, local checkpoint copies) is local: "
                  "keep it on disk and set checkpoint.uri to the store")  # fmt: skip
 
+    if not t.forecast_hours >= 0:
+        p.append(f"train.forecast_hours: must be >= 0 (0: no forecast), got {t.forecast_hours}")
     lc = cfg.launch
     if lc.backend not in BACKENDS:
         p.append(f"launch.backend: {lc.backend!r} is not one of {', '.join(BACKENDS)}")

@@ -91,11 +91,19 @@ def test_impossible_combinations_name_their_fields(tmp_path, vocab):
             "data.phases.0.steps=100",
             "data.phases.0.max_seq_length=1024",
             "train.precision=fp8",
+            "train.forecast_hours=-1",
+            "launch.nodes=2",
+            "launch.min_nodes=3",
+            "launch.host_probe_interval_s=0",
+            "launch.max_restarts=-1",
         ],
     )
     with pytest.raises(ConfigError) as err:
         validate(cfg, world_size=1)
     problems = "\n".join(err.value.problems)
+    assert "train.forecast_hours: must be >= 0" in problems
+    assert "launch.min_nodes: must be between 1 and launch.nodes=2 (0: launch.nodes), got 3" in problems
+    assert "launch.host_probe_interval_s: must be positive" in problems and "launch.max_restarts: must be >= 0" in problems
     assert "model.hidden_size: 128 is not divisible by model.num_attention_heads=3" in problems
     assert "model.vocab_size: 4 is smaller than the 7 tokens" in problems
     assert "optim.warmup_steps: 5000 is longer than the run" in problems
