@@ -45,10 +45,10 @@ class RestartEvent:
                 f"{len(self.hosts)} host(s) [{', '.join(self.hosts)}], from step {self.resumed_step} "
                 f"({self.steps_redone} step(s) redone, {since:.0f} s of work since that checkpoint)")  # fmt: skip
 
-    def seconds_lost(self, now: float | None = None) -> float:
-        """Wall time from the checkpoint resumed from to `now` (the relaunch's first step): the redone work
+    def seconds_lost(self) -> float:
+        """Wall time from the checkpoint resumed from to now (the relaunch's first step): the redone work
         plus the time the job was down, with one step's work counted in."""
-        return (time.time() if now is None else now) - self.checkpoint_seen_at
+        return time.time() - self.checkpoint_seen_at
 
     def encode(self) -> str:
         return base64.urlsafe_b64encode(json.dumps(asdict(self), separators=(",", ":")).encode()).decode()

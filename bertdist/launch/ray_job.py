@@ -40,7 +40,7 @@ from bertdist.config import load_config
 from bertdist.errors import USAGE_EXIT_CODE, UserError
 from bertdist.launch.elastic import Supervisor
 from bertdist.launch.job import RAY_CONFIG_ENV
-from bertdist.launch.ssh_fleet import ranks_pattern
+from bertdist.launch.ssh_fleet import pkill_argv, ranks_pattern
 
 LOST_TASK_EXIT_CODE = 255
 STATE_FILENAME = "elastic.json"
@@ -63,8 +63,7 @@ def _run_ranks(node_rank: int, nnodes: int, nproc: int, master_addr: str, master
 
 def _signal_ranks(pattern: str, signum: int) -> None:
     """Signal this job's ranks on this node (its network namespace: see bertdist.launch.ssh_fleet)."""
-    subprocess.run(["pkill", f"-{signal.Signals(signum).name[3:]}", "--ns", str(os.getpid()), "--nslist", "net", "-f", pattern],
-                   check=False, capture_output=True)  # fmt: skip
+    subprocess.run(pkill_argv(signal.Signals(signum).name[3:], pattern, str(os.getpid())), check=False, capture_output=True)
 
 
 class RayFleet:

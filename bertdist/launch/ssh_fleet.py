@@ -122,11 +122,16 @@ class SshAttempt:
             list(pool.map(lambda h: _ssh(h, command, self.timeout_s), self.hosts))
 
 
+def pkill_argv(signal_name: str, pattern: str, namespace_of: str) -> list[str]:
+    """pkill of the processes matching `pattern` in the network namespace of process `namespace_of`: a host
+    is an address, and the processes behind one share its namespace (containers on one machine, and the
+    test suite's hosts, share a process table but not a network namespace)."""
+    return ["pkill", f"-{signal_name}", "--ns", namespace_of, "--nslist", "net", "-f", pattern]
+
+
 def _pkill(signal_name: str, pattern: str) -> str:
-    """The shell command that signals the matching processes in the host's own network namespace: a host is
-    an address, and the processes behind one share its namespace (containers on one machine, and the test
-    suite's hosts, share a process table but not a network namespace)."""
-    return f"pkill -{signal_name} --ns $$ --nslist net -f {shlex.quote(pattern)}; true"
+    """`pkill_argv` as the command line an SSH session runs, in the namespace of its own shell ($$)."""
+    return " ".join(a if a == "$$" else shlex.quote(a) for a in pkill_argv(signal_name, pattern, "$$")) + "; true"
 
 
 def _ssh(host: str, command: str, timeout_s: int) -> str:

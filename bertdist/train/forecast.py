@@ -31,6 +31,7 @@ from pathlib import Path
 from bertdist.config import Config
 from bertdist.errors import UserError
 from bertdist.model.flops import GPU_PEAK_FLOPS, masked_positions_for, peak_flops_per_second, train_flops_per_sequence
+from bertdist.train.console import duration
 
 ASSUMED_MFU = 0.40
 """Model FLOPs utilization assumed without calibration: what tuned BERT pretraining reaches on A100s (NVIDIA's
@@ -69,25 +70,25 @@ class Forecast:
         lc, ck = cfg.launch, cfg.checkpoint
         lines = [f"# forecast ({self.source})"]
         for i, (p, s, w) in enumerate(zip(cfg.data.phases, self.step_seconds, self.data_wait)):
-            lines.append(f"phase {i}: {p.steps:,} steps x {s:.4g} s (data wait {w:.0%}) = {_hms(p.steps * s)}")
+            lines.append(f"phase {i}: {p.steps:,} steps x {s:.4g} s (data wait {w:.0%}) = {duration(p.steps * s)}")
         parts = self.parts(cfg)
         if self.startup_seconds:
-            lines += [f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = {_hms(parts['checkpoints'])}",
-                      f"evaluations: {self.eval_seconds:.3g} s each = {_hms(parts['evaluations'])}",
-                      f"start-up and shutdown: {_hms(self.startup_seconds)}"]  # fmt: skip
+            lines += [f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = {duration(parts['checkpoints'])}",
+                      f"evaluations: {self.eval_seconds:.3g} s each = {duration(parts['evaluations'])}",
+                      f"start-up and shutdown: {duration(self.startup_seconds)}"]  # fmt: skip
         else:
             lines.append("checkpoints, evaluations, start-up and shutdown: not estimated (--calibrate times them)")
         hours = self.hours(cfg)
-        lines.append(f"projected wall time: {_hms(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
+        lines.append(f"projected wall time: {duration(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
                      "rank(s); the all-reduce between ranks is not in it")  # fmt: skip
         if price_per_node_hour is not None:
             lines.append(f"cost: {hours:.4g} h x {lc.nodes} node(s) x {price_per_node_hour:g} per node-hour = "
                          f"{hours * lc.nodes * price_per_node_hour:,.2f}")
         redo_s = ck.every_steps * max(self.step_seconds)
         restart_s = 2 * lc.host_probe_interval_s + lc.restart_backoff_s + self.startup_seconds
-        lines.append(f"a failure costs at most {ck.every_steps:,} steps redone ({_hms(redo_s)}, checkpoint.every_steps) plus "
+        lines.append(f"a failure costs at most {ck.every_steps:,} steps redone ({duration(redo_s)}, checkpoint.every_steps) plus "
                      f"a restart (detection <= {2 * lc.host_probe_interval_s:g} s, backoff {lc.restart_backoff_s:g} s, start-up "
-                     f"{_hms(self.startup_seconds)}) = {_hms(redo_s + restart_s)}")  # fmt: skip
+                     f"{duration(self.startup_seconds)}) = {duration(redo_s + restart_s)}")  # fmt: skip
         lines.append(f"forecast_hours: {hours:.6g} (set train.forecast_hours={hours:.6g} to compare it with the run's "
                      "actual time in MLflow: plan/forecast_hours, plan/actual_hours)")
         return "\n".join(lines)
@@ -96,14 +97,11 @@ class Forecast:
 def estimate(cfg: Config) -> Forecast:
     """Seconds per step from FLOPs: this machine's GPU if the table knows it, else an A100, at ASSUMED_MFU."""
     name, peak = "", None
-    try:
+    if _cuda():
         import torch
 
-        if torch.cuda.is_available():
-            name = torch.cuda.get_device_name()
-            peak = peak_flops_per_second(name, cfg.train.precision)
-    except ImportError:
-        pass
+        name = torch.cuda.get_device_name()
+        peak = peak_flops_per_second(name, cfg.train.precision)
     if peak is None:
         name = "A100 (assumed)"
         _, half, single = next(row for row in GPU_PEAK_FLOPS if row[0] == "A100")
@@ -161,7 +159,7 @@ def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int
 
     import torch
 
-    if not torch.cuda.is_available() and ranks_per_node > 1:
+    if not _cuda() and ranks_per_node > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
     from bertdist.config import load_config
     from bertdist.train import deepspeed as ds
@@ -215,11 +213,6 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _hms(seconds: float) -> str:
-    s = max(0, round(seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s"
 
 
 if __name__ == "__main__":  # one phase's calibration: python -m bertdist.train.forecast CONFIG STEPS first|steps RANKS_PER_NODE
