@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import random
@@ -270,8 +271,6 @@ def read_json(path: str) -> Any:
 
 def load_array(path: str) -> Any:
     """A `.npy` array: memory-mapped from a local file, read whole from an object (no pickle either way)."""
-    import io
-
     import numpy as np
 
     path = local_path(path)
@@ -281,12 +280,17 @@ def load_array(path: str) -> Any:
 
 
 def open_binary(path: str) -> IO[bytes]:
-    """A seekable binary stream (an object is read in ranged GETs of a few MB as the stream advances)."""
+    """A seekable binary stream with the standard library's methods (an object is read in ranged GETs of a
+    few MB as the stream advances).
+
+    An object's stream is wrapped in `io.BufferedReader`: fsspec's file lacks parts of the io interface
+    (`readline(size)`, `peek`), so a reader written against local files failed on the first object larger
+    than one read."""
     path = local_path(path)
     if not is_url(path):
         return open(path, "rb")
     fs, inside = _filesystem(path)
-    return retrying(path, lambda: fs.open(inside, "rb", block_size=8 << 20))
+    return io.BufferedReader(retrying(path, lambda: fs.open(inside, "rb", block_size=8 << 20)), buffer_size=1 << 20)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
