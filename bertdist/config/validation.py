@@ -37,6 +37,42 @@ def local_only_problems(cfg: Config) -> list[str]:
     return found
 
 
+DEEPSPEED_OWNED_KEYS = {
+    "train_batch_size": "train.global_batch_size (or data.phases.N.global_batch_size)",
+    "train_micro_batch_size_per_gpu": "data.phases.N.micro_batch_size",
+    "gradient_accumulation_steps": "train.global_batch_size / (micro batch x world size)",
+    "optimizer": "optim.*",
+    "scheduler": "optim.lr / optim.warmup_steps",
+    "amp": "train.precision",
+    "bfloat16": "train.precision (DeepSpeed's other name for the bf16 section)",
+}
+"""Keys of `train.deepspeed` that the schema owns outright: set there, they would silently disagree with it."""
+
+
+def deepspeed_passthrough_problems(cfg: Config) -> list[str]:
+    """`train.deepspeed` keys that take a schema field's place or contradict it, each naming both.
+
+    The passthrough is merged over the config that validation checked; a contradiction would run a
+    combination that validation refuses (LAMB under ZeRO 2, say) without a word. A key that repeats the
+    schema's own value is harmless and accepted."""
+    t, extra = cfg.train, cfg.train.deepspeed
+    found = [f"train.deepspeed.{key}: set by our config ({owner}); remove it from train.deepspeed"
+             for key, owner in DEEPSPEED_OWNED_KEYS.items() if key in extra]  # fmt: skip
+    zero = extra.get("zero_optimization")
+    if isinstance(zero, dict) and "stage" in zero and zero["stage"] != t.zero_stage:
+        found.append(f"train.deepspeed.zero_optimization.stage: {zero['stage']!r} contradicts train.zero_stage={t.zero_stage}; "
+                     "set train.zero_stage instead")  # fmt: skip
+    for section in ("fp16", "bf16"):
+        value = extra.get(section)
+        if isinstance(value, dict) and "enabled" in value and bool(value["enabled"]) != (t.precision == section):
+            found.append(f"train.deepspeed.{section}.enabled: {value['enabled']!r} contradicts train.precision={t.precision}; "
+                         "set train.precision instead")  # fmt: skip
+    if "gradient_clipping" in extra and extra["gradient_clipping"] != cfg.optim.grad_clip_norm:
+        found.append(f"train.deepspeed.gradient_clipping: {extra['gradient_clipping']!r} contradicts optim.grad_clip_norm="
+                     f"{cfg.optim.grad_clip_norm}; set optim.grad_clip_norm instead")  # fmt: skip
+    return found
+
+
 def count_vocab_lines(path: str | os.PathLike) -> int:
     with open(path, encoding="utf-8") as f:
         return sum(1 for line in f if line.rstrip("\n"))
@@ -145,6 +181,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if o.grad_clip_norm < 0:
         p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
 
+    p.extend(deepspeed_passthrough_problems(cfg))
     if cfg.checkpoint.every_steps <= 0:
         p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
     if cfg.checkpoint.verify not in VERIFY_MODES:

@@ -13,15 +13,7 @@ import copy
 from typing import Any
 
 from bertdist.config import Config, ConfigError, PhaseConfig
-
-# Keys that our config owns; setting them in train.deepspeed would silently disagree with it.
-OWNED_KEYS = {
-    "train_batch_size": "train.global_batch_size (or data.phases.N.global_batch_size)",
-    "train_micro_batch_size_per_gpu": "data.phases.N.micro_batch_size",
-    "gradient_accumulation_steps": "train.global_batch_size / (micro batch x world size)",
-    "optimizer": "optim.*",
-    "scheduler": "optim.lr / optim.warmup_steps",
-}
+from bertdist.config.validation import deepspeed_passthrough_problems
 
 # fp16 dynamic loss scaling as in NVIDIA's and DeepSpeed's BERT recipes: start at 2^16, halve on an
 # overflow (after `hysteresis` of them), double after 1000 clean steps.
@@ -57,11 +49,7 @@ def engine_config(cfg: Config, global_batch_size: int, micro_batch_size: int, ac
     }
     if t.zero_stage >= 2:
         ds["zero_optimization"].update(overlap_comm=True, contiguous_gradients=True)
-    problems = [
-        f"train.deepspeed.{key}: set by our config ({owner}); remove it from train.deepspeed"
-        for key, owner in OWNED_KEYS.items()
-        if key in t.deepspeed
-    ]
+    problems = deepspeed_passthrough_problems(cfg)  # validate() reports them first; fine-tuning comes here directly
     if problems:
         raise ConfigError(problems)
     return deep_merge(ds, t.deepspeed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertdist.config import Config, ConfigError, PhaseConfig, load_config
+from bertdist.config import Config, ConfigError, PhaseConfig, load_config, validate
 from bertdist.train.deepspeed import (
     FP16_LOSS_SCALING,
     deepspeed_config,
@@ -57,3 +57,29 @@ def test_gpu_only_settings_are_refused_on_cpu():
     assert any(p.startswith("train.precision: fp16 needs a CUDA GPU") for p in problems)
     assert device_problems(cfg, "cuda") == []
     assert device_problems(_cfg(), "cpu") == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["train.zero_stage=0", "train.deepspeed.zero_optimization.stage=2"], ("zero_optimization.stage", "train.zero_stage=0")),
+        (["train.deepspeed.bf16.enabled=true"], ("train.deepspeed.bf16.enabled", "train.precision=fp32")),
+        (["train.deepspeed.bfloat16.enabled=true"], ("train.deepspeed.bfloat16", "train.precision")),
+        (["train.deepspeed.gradient_clipping=5.0"], ("train.deepspeed.gradient_clipping", "optim.grad_clip_norm=1.0")),
+    ],
+)
+def test_lamb_cannot_reach_zero_or_bf16_through_the_passthrough(overrides, named):
+    """LAMB under ZeRO 2 or bf16 updates flattened partitions (wrong per-tensor trust ratios): validation refuses
+    it, and the passthrough merged over the validated fields must not bring it back; refused naming both."""
+    cfg = _cfg("optim.name=lamb", "train.zero_stage=0", *overrides)
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, world_size=1, check_files=False)
+    assert all(text in str(e.value) for text in named), str(e.value)
+    with pytest.raises(ConfigError):
+        deepspeed_config(cfg, cfg.data.phases[0], world_size=1)  # fine-tuning reaches the engine without validate()
+
+
+def test_a_passthrough_that_repeats_the_schema_is_accepted():
+    cfg = _cfg("train.zero_stage=2", "train.deepspeed.zero_optimization.stage=2", "train.deepspeed.bf16.enabled=false")
+    validate(cfg, world_size=1, check_files=False)
+    assert deepspeed_config(cfg, cfg.data.phases[0], world_size=1)["zero_optimization"]["stage"] == 2
