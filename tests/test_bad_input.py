@@ -248,13 +248,14 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(reader, t
     torch.save({**torch.load(states, weights_only=True), "client_state": _Payload(marker)}, states)
     raw = json.loads((target / checkpoint.TRAIN_STATE_FILENAME).read_text())
     raw["files"] = describe_own_files(target, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
+    cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
+                      [f"train.output_dir={run}", "checkpoint.resume=auto", *(f"model.{k}={v}" for k, v in raw["config"]["model"].items())])
+    raw["config"] = cfg.to_dict()  # the attacker's checkpoint claims to be this run's
     (target / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)}))
 
     if reader == "export":
         code = main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab])
     else:
-        cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
-                          [f"train.output_dir={run}", "checkpoint.resume=auto"])
         code = train(cfg)
     err = capsys.readouterr().err
     assert code == USAGE_EXIT_CODE and "Traceback" not in err, err

@@ -7,6 +7,8 @@ Layout under `{train.output_dir}/checkpoints/`:
                                    resolved config, the tracking run id: written last, by rank 0, after
                                    every rank has finished its DeepSpeed files
     latest                         the tag of the newest complete checkpoint, replaced atomically
+    step_00000100/DAMAGED          written by the run that found the checkpoint damaged when resuming (why):
+                                   never loaded, never counted toward keep_last, left for inspection
 
 A checkpoint directory without train_state.json is incomplete (a crash while saving) and is never
 loaded; `latest` keeps pointing at the previous one. The train state is JSON rather than DeepSpeed's
@@ -42,6 +44,18 @@ LATEST_FILENAME = "latest"
 TRAIN_STATE_FILENAME = "train_state.json"
 TRAIN_STATE_VERSION = 1
 STATE_CHECKSUM_KEY = "sha256"
+DAMAGED_FILENAME = "DAMAGED"
+DAMAGED_PREFIX = "damaged-"
+"""A damaged checkpoint whose step is saved again is moved aside to `damaged-step_N`, not deleted."""
+RESUMABLE_FIELDS = ("train.output_dir", "launch", "checkpoint", "storage", "tracking", "eval", "train.log_every_steps",
+                    "train.eval_every_steps", "train.eval_batches", "train.stall_timeout_s", "train.rendezvous_timeout_s",
+                    "train.collective_timeout_s", "train.forecast_hours", "train.max_nonfinite_steps", "train.zero_stage",
+                    "train.deepspeed", "data.loader_workers", "data.vocab_file", "data.phases.*.train_dir",
+                    "data.phases.*.eval_dir", "data.phases.*.steps", "data.phases.*.micro_batch_size", "model.compile")  # fmt: skip
+"""What a run may change when it continues from a checkpoint: where things are, how it is launched, tracked and
+checked, how long it runs, how the batch is split over ranks. Every other field (the model, the optimizer and
+schedule, the global batch, the masking, the seed, the precision) makes another run: adopting a checkpoint
+that differs in one would silently continue someone else's training under this run's name."""
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -75,6 +89,27 @@ class TrainState:
 def _state_checksum(raw: dict[str, Any]) -> str:
     """sha256 of the state's canonical JSON: a flipped digit in `step` must not pass as another step."""
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+
+
+def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The fields of `current` (a resolved Config.to_dict()) that differ from `saved` (a checkpoint's) outside
+    RESUMABLE_FIELDS, as dotted names: empty when the checkpoint is this run's."""
+    differ: list[str] = []
+
+    def walk(a: Any, b: Any, path: str, pattern: str) -> None:
+        if any(pattern == f or pattern.startswith(f + ".") for f in RESUMABLE_FIELDS):
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a and isinstance(a[0], dict):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{path}.{i}", f"{pattern}.*")
+        elif json.loads(json.dumps(a)) != json.loads(json.dumps(b)):  # tuples and lists alike
+            differ.append(f"{path} ({json.dumps(a)} there, {json.dumps(b)} here)")
+
+    walk(saved, current, "", "")
+    return differ
 
 
 def tag_for(step: int) -> str:
@@ -114,11 +149,11 @@ def parse_train_state(data: bytes, where: str) -> TrainState:
     return state
 
 
-def resolve_resume(output_dir: str | os.PathLike, resume: str, verify: str = "sha256") -> Path | None:
+def resolve_resume(output_dir: str | os.PathLike, resume: str, verify: str = "sha256", mark_damaged: bool = False) -> Path | None:
     """The checkpoint directory that `checkpoint.resume` asks for, or None to start fresh.
 
     `auto` follows the `latest` marker if there is one; `none` starts fresh; anything else must be a
-    complete checkpoint directory.
+    complete checkpoint directory. `mark_damaged`: the caller owns the run (see `newest_intact`).
     """
     if resume == "none":
         return None
@@ -126,7 +161,7 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, verify: str = "sh
         checkpoint = latest(checkpoints_dir(output_dir))
         if checkpoint is None:
             return None
-        return newest_intact(checkpoint, verify)
+        return newest_intact(checkpoint, verify, mark_damaged)
     else:
         checkpoint = Path(resume)
     if not is_complete(checkpoint):
@@ -145,11 +180,14 @@ def verify_files(checkpoint: Path, mode: str = "sha256") -> TrainState:
     return state
 
 
-def newest_intact(newest: Path, mode: str = "sha256") -> Path:
+def newest_intact(newest: Path, mode: str = "sha256", mark_damaged: bool = False) -> Path:
     """`newest` if it verifies, else the next older complete checkpoint that does, saying so on stderr.
 
     A checkpoint damaged after it was declared complete (a bad disk, a cut copy) must not stop a requeued
-    job that has an intact older one; it is never loaded, and it is left on disk for inspection.
+    job that has an intact older one; it is never loaded, and it is left on disk for inspection. With
+    `mark_damaged` (the run that owns the directory, not a reader such as export) each one skipped gets a
+    DAMAGED file saying why, so that pruning neither counts it toward keep_last nor deletes it: counted, it
+    would have pushed out the intact checkpoint the run resumed from.
     """
     candidates = [newest] + [p for p in reversed(complete_checkpoints(newest.parent)) if p.name < newest.name]
 
@@ -157,14 +195,18 @@ def newest_intact(newest: Path, mode: str = "sha256") -> Path:
         verify_files(candidate, mode)
         return candidate
 
-    return first_intact(candidates, verified, gone=lambda candidate: not candidate.is_dir())
+    def mark(candidate: Path, reason: str) -> None:
+        write_text(candidate / DAMAGED_FILENAME, reason + "\n")
+
+    return first_intact(candidates, verified, gone=lambda candidate: not candidate.is_dir(), on_damaged=mark if mark_damaged else None)
 
 
 def first_intact(candidates: list[Any], opened: Callable[[Any], Path], gone: Callable[[Any], bool] = lambda _: False,
-                 where: str = "") -> Path:  # fmt: skip
+                 where: str = "", on_damaged: Callable[[Any, str], None] | None = None) -> Path:  # fmt: skip
     """The first candidate (newest first) that `opened` turns into a checkpoint without a CheckpointError;
-    each one skipped for damage is named on stderr. One that is `gone` by then was pruned by its run while
-    we read it, not damaged, and is skipped silently. Local and store resume (bertdist.train.remote) share it."""
+    each one skipped for damage is named on stderr (and handed to `on_damaged` with the reason). One that is
+    `gone` by then was pruned by its run while we read it, not damaged, and is skipped silently. Local and
+    store resume (bertdist.train.remote) share it."""
     skipped = []
     for candidate in candidates:
         try:
@@ -172,6 +214,8 @@ def first_intact(candidates: list[Any], opened: Callable[[Any], Path], gone: Cal
         except CheckpointError as e:
             if not gone(candidate):
                 skipped.append(str(e))
+                if on_damaged is not None:
+                    on_damaged(candidate, str(e))
             continue
         for reason in skipped:
             print(f"bertdist: WARNING {reason}; resuming from the older {checkpoint.name} instead", file=sys.stderr, flush=True)
@@ -208,8 +252,8 @@ def marker_tag(text: str, where: str, hint: str = "") -> str:
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
-    """The complete step_* checkpoints under `root`, oldest first."""
-    return [p for p in step_dirs(root) if is_complete(p)]
+    """The complete step_* checkpoints under `root` that no run has found damaged, oldest first."""
+    return [p for p in step_dirs(root) if is_complete(p) and not (p / DAMAGED_FILENAME).is_file()]
 
 
 def step_dirs(root: Path) -> list[Path]:
@@ -294,7 +338,11 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     dist.all_gather_object(per_rank, {"loader": local_loader_state, "rng": capture_rng_state()})
     state.loader_states = [r["loader"] for r in per_rank]
     state.rng_states = [r["rng"] for r in per_rank]
-    if dist.get_rank() == 0 and target.exists():
+    if dist.get_rank() == 0 and (target / DAMAGED_FILENAME).is_file():
+        aside = root / f"{DAMAGED_PREFIX}{tag}"  # kept for inspection, the newest one per step
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(target, aside)
+    elif dist.get_rank() == 0 and target.exists():
         shutil.rmtree(target)  # left by a save that crashed before completing
     dist.barrier()
     with _write_failure_stops_the_run(target):
@@ -385,7 +433,8 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
 
 
 def prune(root: Path, keep_last: int) -> None:
-    """Keep the `keep_last` newest complete checkpoints; remove older ones and incomplete leftovers."""
+    """Keep the `keep_last` newest complete checkpoints; remove older ones and incomplete leftovers. Damaged
+    ones (a DAMAGED file) are neither counted nor removed: they are left for inspection."""
     complete = complete_checkpoints(root)
     leftovers = [p for p in root.glob("step_*") if p.is_dir() and (is_partial(p) or not is_complete(p))]
     doomed = complete[:-keep_last] + leftovers

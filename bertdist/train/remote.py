@@ -34,13 +34,17 @@ from bertdist import storage
 from bertdist.config import CheckpointConfig
 from bertdist.train import integrity
 from bertdist.train.checkpoint import (
+    DAMAGED_FILENAME,
     LATEST_FILENAME,
     TRAIN_STATE_FILENAME,
     CheckpointError,
     checkpoints_dir,
     first_intact,
+    foreign_fields,
     marker_tag,
+    parse_train_state,
     refuse_foreign_checkpoints,
+    read_train_state,
     resolve_resume,
     verify_files,
 )
@@ -107,6 +111,7 @@ class Uploader:
         wrong = [n for n, facts in state["files"].items() if in_store.get(n) != facts["bytes"]]
         if wrong:
             raise CheckpointError(f"{target}: {wrong[:3]} missing or of another size in the store after upload")
+        storage.remove(storage.join(target, DAMAGED_FILENAME))  # this step saved again over a damaged one
         storage.upload_file(str(checkpoint_dir / TRAIN_STATE_FILENAME), storage.join(target, TRAIN_STATE_FILENAME))
         storage.write_text(storage.join(self.uri, LATEST_FILENAME), tag)
         for name in names:
@@ -114,7 +119,7 @@ class Uploader:
         self._prune()
 
     def _prune(self) -> None:
-        """Keep the `keep_last` newest published checkpoints in the store."""
+        """Keep the `keep_last` newest published checkpoints in the store (damaged ones are not counted, and left)."""
         complete = complete_in_store(self.uri)
         for tag in complete[: -self.keep_last]:
             storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))  # no longer complete, first
@@ -128,9 +133,13 @@ def _missing(names: list[str], present: list[str]) -> list[int]:
 
 
 def complete_in_store(uri: str) -> list[str]:
-    """Tags of the checkpoints under `uri` that have their train state, oldest first."""
+    """Tags of the checkpoints under `uri` that have their train state and were not found damaged, oldest first."""
     tags = [n for n in storage.listdir(uri) if n.startswith("step_")]
-    return [t for t in tags if storage.exists(storage.join(uri, t, TRAIN_STATE_FILENAME))]
+    return [t for t in tags if _complete_and_undamaged(storage.listdir(storage.join(uri, t)))]
+
+
+def _complete_and_undamaged(names: list[str]) -> bool:
+    return TRAIN_STATE_FILENAME in names and DAMAGED_FILENAME not in names
 
 
 def latest_in_store(uri: str) -> str | None:
@@ -167,29 +176,57 @@ def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
     return target
 
 
-def resume_point(ck: CheckpointConfig, output_dir: str) -> Path | None:
+def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = None, mark_damaged: bool = False) -> Path | None:
     """The checkpoint a run continues from (None: a fresh start), from the store when `ck.uri` is set.
 
-    A fresh start refuses a checkpoint directory or URI that holds another run's checkpoints."""
+    A fresh start refuses a checkpoint directory or URI that holds another run's checkpoints. With `config`
+    (this run's resolved Config.to_dict()), a checkpoint whose run differs outside what may change on resume
+    (bertdist.train.checkpoint.RESUMABLE_FIELDS) is refused naming the fields, before anything is downloaded.
+    `mark_damaged`: this process owns the run and marks the checkpoints it finds damaged (see newest_intact)."""
     newest = latest_in_store(ck.uri) if ck.uri else None
     if ck.uri and ck.resume == "auto":
         if newest is None:
             refuse_foreign_checkpoints(output_dir)
             return None
-        return _newest_intact_in_store(ck.uri, newest, checkpoints_dir(output_dir), ck.verify)
-    found = resolve_resume(output_dir, ck.resume, ck.verify)
+        if config is not None:
+            state_url = storage.join(ck.uri, newest, TRAIN_STATE_FILENAME)
+            if storage.exists(state_url):
+                _refuse_another_run(parse_train_state(storage.read_bytes(state_url), state_url).config, config,
+                                    f"checkpoint.uri {ck.uri} (latest {newest})")  # fmt: skip
+        return _newest_intact_in_store(ck.uri, newest, checkpoints_dir(output_dir), ck.verify, mark_damaged)
+    found = resolve_resume(output_dir, ck.resume, ck.verify, mark_damaged)
     if found is None:
         refuse_foreign_checkpoints(output_dir)
         if newest is not None:
             raise CheckpointError(f"checkpoint.uri {ck.uri} holds another run's checkpoints (latest {newest}): continue "
                                   "it with --resume auto, or use another URI")  # fmt: skip
+    elif config is not None:
+        _refuse_another_run(read_train_state(found).config, config, f"checkpoint {found}")
     return found
 
 
-def _newest_intact_in_store(uri: str, newest: str, local_root: Path, verify: str) -> Path:
-    """`newest`, or the next older checkpoint in the store that is intact, downloaded."""
+def _refuse_another_run(saved: dict, config: dict, where: str) -> None:
+    differ = foreign_fields(saved, config)
+    if differ:
+        raise CheckpointError(
+            f"{where} was written by a run with other settings: {'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}. "
+            "A resume continues that run as it was; use another checkpoint.uri / train.output_dir for a new run (to start "
+            "one from these weights, export them and set checkpoint.init_from_pretrained)"
+        )
+
+
+def _newest_intact_in_store(uri: str, newest: str, local_root: Path, verify: str, mark_damaged: bool = False) -> Path:
+    """`newest`, or the next older checkpoint in the store that is intact, downloaded. With `mark_damaged`,
+    each one skipped is marked DAMAGED in the store and in its local copy (see checkpoint.newest_intact)."""
     candidates = [newest] + [t for t in reversed(complete_in_store(uri)) if t < newest]
-    return first_intact(candidates, lambda tag: fetch(uri, tag, local_root, verify), where=f"{uri}: ")
+
+    def mark(tag: str, reason: str) -> None:
+        storage.write_text(storage.join(uri, tag, DAMAGED_FILENAME), reason + "\n")
+        if (local_root / tag / TRAIN_STATE_FILENAME).is_file():
+            storage.write_text(local_root / tag / DAMAGED_FILENAME, reason + "\n")
+
+    return first_intact(candidates, lambda tag: fetch(uri, tag, local_root, verify), where=f"{uri}: ",
+                        on_damaged=mark if mark_damaged else None)  # fmt: skip
 
 
 class _NodeLock:

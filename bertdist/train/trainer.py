@@ -105,10 +105,8 @@ class Trainer(contextlib.ExitStack):
 
     def _check_resume_and_data(self) -> None:
         cfg, env = self.cfg, self.env
-        self.resume_from = remote.resume_point(cfg.checkpoint, cfg.train.output_dir)
+        self.resume_from = remote.resume_point(cfg.checkpoint, cfg.train.output_dir, cfg.to_dict(), mark_damaged=env.is_main)
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
-        if self.resumed is not None and self.resumed.config["model"] != cfg.to_dict()["model"]:
-            raise ConfigError([f"model: differs from the model of checkpoint {self.resume_from}; resume needs the same model"])
         self.resharding = self.resumed is not None and self.resumed.world_size != env.world_size
         self.loaders = [self._loader(phase, phase.train_dir, cfg.data.loader_workers) for phase in cfg.data.phases]
         for phase in cfg.data.phases:  # construct once so that a bad eval set fails now, not at the first eval

@@ -55,6 +55,62 @@ def test_prune_keeps_the_newest_complete_and_drops_leftovers(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == [checkpoint.tag_for(2), checkpoint.tag_for(3)]
 
 
+def _recorded(root: Path, step: int, config: dict | None = None) -> Path:
+    """A complete checkpoint whose file is recorded (size, sha256), as save() records it."""
+    from bertdist.train.integrity import describe_own_files
+
+    d = root / checkpoint.tag_for(step)
+    d.mkdir(parents=True)
+    (d / "mp_rank_00_model_states.pt").write_bytes(bytes(range(256)) * step)
+    files = describe_own_files(d, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
+    state = TrainState(step, 0, 0, 1, [{}], [{}], config or {"train": {"zero_stage": 1}}, files=files)
+    raw = asdict(state)
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)}))
+    (root / checkpoint.LATEST_FILENAME).write_text(d.name)
+    return d
+
+
+def test_after_a_fallback_resume_only_intact_checkpoints_count_toward_keep_last(tmp_path, capsys):
+    """keep_last=2 with steps 10, 20 intact and 30 damaged: the run resumes from 20 and saves 25. Counting the
+    damaged 30 would prune 20 and leave one intact checkpoint; it is left for inspection and not counted."""
+    root = checkpoint.checkpoints_dir(tmp_path)
+    for step in (10, 20, 30):
+        _recorded(root, step)
+    with open(root / checkpoint.tag_for(30) / "mp_rank_00_model_states.pt", "r+b") as f:
+        f.write(b"\xff")
+    assert checkpoint.resolve_resume(tmp_path, "auto") == root / checkpoint.tag_for(20)  # a reader marks nothing
+    assert not (root / checkpoint.tag_for(30) / checkpoint.DAMAGED_FILENAME).exists()
+    assert checkpoint.resolve_resume(tmp_path, "auto", mark_damaged=True) == root / checkpoint.tag_for(20)
+    assert "sha256" in (root / checkpoint.tag_for(30) / checkpoint.DAMAGED_FILENAME).read_text()
+    _recorded(root, 25)
+    checkpoint.prune(root, keep_last=2)
+    assert sorted(p.name for p in root.glob("step_*")) == [checkpoint.tag_for(s) for s in (20, 25, 30)]
+    assert checkpoint.complete_checkpoints(root) == [root / checkpoint.tag_for(s) for s in (20, 25)]
+    assert checkpoint.resolve_resume(tmp_path, "auto") == root / checkpoint.tag_for(25)
+    capsys.readouterr()
+
+
+def test_a_resume_refuses_a_checkpoint_of_a_run_with_other_settings(tmp_path):
+    """A checkpoint of another run (other learning rate, global batch, masking) is not continued under this
+    run's name; where things are, how many ranks and how long it runs may change."""
+    from bertdist.config import CheckpointConfig, load_config
+    from bertdist.train import remote
+
+    theirs = load_config(None, ["optim.lr=1e-3", "train.global_batch_size=64", f"train.output_dir={tmp_path / 'a'}"])
+    _recorded(checkpoint.checkpoints_dir(tmp_path / "b"), 10, theirs.to_dict())
+    moved = load_config(None, ["optim.lr=1e-3", "train.global_batch_size=64", f"train.output_dir={tmp_path / 'b'}",
+                               "data.phases.0.steps=2000", "data.phases.0.micro_batch_size=8", "launch.nodes=4"])  # fmt: skip
+    found = remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), moved.to_dict())
+    assert found == checkpoint.checkpoints_dir(tmp_path / "b") / checkpoint.tag_for(10)
+    mine = load_config(None, ["optim.lr=5e-4", "train.global_batch_size=128", "data.masking.masked_lm_prob=0.3",
+                              f"train.output_dir={tmp_path / 'b'}"])  # fmt: skip
+    with pytest.raises(CheckpointError) as e:
+        remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), mine.to_dict())
+    message = str(e.value)
+    assert all(f in message for f in ("optim.lr (0.001 there, 0.0005 here)", "train.global_batch_size",
+                                      "data.masking.masked_lm_prob")), message  # fmt: skip
+
+
 def test_unreadable_or_foreign_train_state_is_named(tmp_path):
     d = _fake_complete(tmp_path, 1)
     (d / checkpoint.TRAIN_STATE_FILENAME).write_text("{not json")
