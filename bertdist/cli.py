@@ -33,6 +33,7 @@ from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
 from bertdist.launch.commands import add_forecast_flags, add_logs, add_status, add_submit, forecast
+from bertdist.storage import credentials_problem
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 
@@ -331,6 +332,12 @@ _OVERRIDE = re.compile(r"[A-Za-z_][\w.]*=.*", re.DOTALL)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    for arg in argv:  # before argparse, whose own errors would repeat the argument
+        problem = credentials_problem(arg, "argument")
+        if problem:
+            print(f"bertdist: {problem}", file=sys.stderr)
+            return USAGE_EXIT_CODE
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse takes key=value positionals only before the first flag; users also write them after one

@@ -40,6 +40,8 @@ PARTIAL_MARKER = ".partial-"
 RETRY_SECONDS = float(os.environ.get("BERTDIST_STORAGE_RETRY_SECONDS", "120"))
 """How long transient object-store errors are retried before giving up (a server restart takes seconds)."""
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.IGNORECASE)
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@]*@", re.IGNORECASE)
+"""The `user:password@` of a URL (anywhere in a text): what `redacted` hides and `credentials_problem` refuses."""
 T = TypeVar("T")
 
 
@@ -60,6 +62,23 @@ def local_path(path: str | os.PathLike) -> str:
     """A local path as a plain path (`file:///x` -> `/x`); a remote URL unchanged."""
     path = os.fspath(path)
     return path[len("file://") :] if path.lower().startswith("file://") else path
+
+
+def redacted(text: str) -> str:
+    """`text` with the user and password of every URL in it replaced by `***`."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def credentials_problem(value: str, where: str) -> str:
+    """A refusal naming `where` (a field or flag) when `value` holds a URL with credentials in it; '' otherwise.
+
+    They would be printed in errors, written to the job's resolved config and log and the tracking run, and
+    s3fs does not use them anyway: credentials belong in the environment or a profile."""
+    if _USERINFO.search(value) is None:
+        return ""
+    return (f"{where}: {redacted(value)}: a URL with credentials in it is refused (they would be written to logs, job "
+            "files and the tracking run); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for an object store, "
+            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD for an MLflow server")  # fmt: skip
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
@@ -99,10 +118,15 @@ def _filesystem(url: str) -> tuple[Any, str]:
     connections do not survive a fork: a DataLoader worker opens its own)."""
     import fsspec
 
+    problem = credentials_problem(url, "URL")
+    if problem:
+        raise StorageError(problem)
     protocol = _URL.match(url).group(1).lower()
     key = (protocol, os.getpid(), endpoint())
     if key not in _FILESYSTEMS:
-        options: dict[str, Any] = {"skip_instance_cache": True}
+        # No listings cache: a run and its readers change a prefix under each other (`latest`, the lease), and an
+        # exists() answered from an earlier listing would be stale.
+        options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if protocol in ("s3", "s3a"):
             options.update(config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}})
         _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
@@ -194,6 +218,16 @@ def version(path: str) -> str:
         return str(os.stat(path).st_mtime_ns)
     info = _remote(path, "info")
     return str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified"))
+
+
+def modified_at(path: str) -> float:
+    """When the file or object was last written, in Unix seconds on its own clock (the store's, for an object)."""
+    path = local_path(path)
+    if not is_url(path):
+        return os.stat(path).st_mtime
+    info = _remote(path, "info")
+    stamp = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)
 
 
 def listdir(path: str) -> list[str]:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+from bertdist import storage
 from bertdist.cli import main
 from bertdist.config import ConfigError, load_config
 from bertdist.data import DataError, iter_samples
@@ -172,8 +173,7 @@ def _fake_run(tmp_path: Path, zero_stage: int = 0) -> Path:
     from bertdist.train.integrity import describe_own_files
 
     files = describe_own_files(target, rank=0, exclude=set())
-    raw = asdict(TrainState(4, 0, 0, 1, [{}], [{}], cfg, files=files))
-    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps(raw))
+    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(checkpoint.state_json(TrainState(4, 0, 0, 1, [{}], [{}], cfg, files=files)))
     (out / "checkpoints" / checkpoint.LATEST_FILENAME).write_text(checkpoint.tag_for(4))
     return out
 
@@ -196,8 +196,7 @@ def truncated_model_states(run: Path) -> str:
 
 def edited_train_state(run: Path) -> str:
     path = run / "checkpoints" / "step_00000004" / checkpoint.TRAIN_STATE_FILENAME
-    raw = json.loads(path.read_text())
-    raw["sha256"] = checkpoint._state_checksum(raw)
+    raw = json.loads(path.read_text())  # with its checksum
     raw["step"] = 5  # a flipped digit
     path.write_text(json.dumps(raw))
     return "train_state.json"
@@ -247,6 +246,7 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(reader, t
     marker = tmp_path / "payload-ran"
     torch.save({**torch.load(states, weights_only=True), "client_state": _Payload(marker)}, states)
     raw = json.loads((target / checkpoint.TRAIN_STATE_FILENAME).read_text())
+    del raw[checkpoint.STATE_CHECKSUM_KEY]
     raw["files"] = describe_own_files(target, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
     cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
                       [f"train.output_dir={run}", "checkpoint.resume=auto", *(f"model.{k}={v}" for k, v in raw["config"]["model"].items())])
@@ -571,8 +571,6 @@ def test_fuzzed_resume_state_gives_an_error_or_the_original_checkpoint(tmp_path)
     run = _fake_run(tmp_path)
     marker = run / "checkpoints" / "latest"
     state_file = run / "checkpoints" / "step_00000004" / checkpoint.TRAIN_STATE_FILENAME
-    raw = json.loads(state_file.read_text())
-    state_file.write_text(json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)}))
     original = checkpoint.read_train_state(state_file.parent)
     rng = random.Random("bertdist-resume")
     for path in (marker, state_file):
@@ -656,3 +654,41 @@ def test_a_rank_alone_at_the_rendezvous_gives_up_within_the_rendezvous_timeout(r
         assert "0 of the other 1 ranks arrived" in err, err
     else:
         assert "rank 1 could not reach the rendezvous" in err and "rank 0 did not start" in err, err
+
+
+# ---- secrets -----------------------------------------------------------------------------------------------------
+
+PLANTED_SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYPLANTEDKEY"
+
+
+def test_a_url_with_credentials_is_refused_redacted_and_written_nowhere(tmp_path, capsys, tiny_vocab, tiny_shards):
+    """`s3://KEY:SECRET@bucket/...` (and an MLflow URI with a password) on the command line or in a config file,
+    for train, submit, prepare and export: one line with the secret redacted, exit 2, and no file that the
+    commands write (run directory, job records, resolved configs, logs, a tracking store) holds it."""
+    import yaml
+
+    url = f"s3://AKIAPLANTED:{PLANTED_SECRET}@bucket/run"
+    out = tmp_path / "out"
+    config = training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0)
+    secret_yaml = tmp_path / "secret.yaml"
+    planted = yaml.safe_load(config.read_text())
+    planted["checkpoint"]["uri"] = url
+    planted["train"]["output_dir"] = str(out)
+    secret_yaml.write_text(yaml.safe_dump(planted))
+    commands = [
+        ["train", "--config", str(config), f"checkpoint.uri={url}", f"train.output_dir={out}"],
+        ["train", "--config", str(secret_yaml)],
+        ["train", "--config", str(config), f"train.output_dir={out}", f"tracking.tracking_uri=http://me:{PLANTED_SECRET}@127.0.0.1:5000"],
+        ["submit", "--backend", "local", "--cpu-only", "--config", str(secret_yaml), "--jobs-dir", str(tmp_path / "jobs")],
+        ["prepare", "--input", url + "/corpus.txt", "--output", str(tmp_path / "shards"), "--vocab", tiny_vocab],
+        ["export", str(out), "--output", url + "/hf"],
+    ]
+    for argv in commands:
+        assert main(argv) == USAGE_EXIT_CODE, argv
+        said = capsys.readouterr()
+        assert PLANTED_SECRET not in said.out + said.err and "://***@" in said.err, (argv, said.err)
+        assert "a URL with credentials in it is refused" in said.err
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != secret_yaml]
+    assert [p for p in written if PLANTED_SECRET.encode() in p.read_bytes()] == []
+    with pytest.raises(storage.StorageError, match=r"s3://\*\*\*@bucket/run: a URL with credentials"):
+        storage.exists(url)  # any other way in

@@ -221,6 +221,9 @@ class CheckpointConfig:
     of every rank is in the store and verified (`bertdist.train.remote`)."""
     upload_timeout_s: float = 3600.0
     """How long the end of a run (or the next checkpoint) waits for an upload still in flight."""
+    lease_timeout_s: float = 120.0
+    """The run holds `checkpoint.uri` with a lease renewed every quarter of this; a lease not renewed for this
+    long (its run was killed) is taken over by the next run (bertdist.lease)."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from bertdist import storage
 from bertdist.config.schema import Config, ConfigError
@@ -71,6 +72,16 @@ def deepspeed_passthrough_problems(cfg: Config) -> list[str]:
         found.append(f"train.deepspeed.gradient_clipping: {extra['gradient_clipping']!r} contradicts optim.grad_clip_norm="
                      f"{cfg.optim.grad_clip_norm}; set optim.grad_clip_norm instead")  # fmt: skip
     return found
+
+
+def credential_problems(values: Any, where: str = "") -> list[str]:
+    """Every string field (at any depth) that holds a URL with credentials in it, redacted (storage.credentials_problem)."""
+    if isinstance(values, dict):
+        return [p for key, value in values.items() for p in credential_problems(value, f"{where}.{key}".lstrip("."))]
+    if isinstance(values, (list, tuple)):
+        return [p for i, value in enumerate(values) for p in credential_problems(value, f"{where}.{i}")]
+    problem = storage.credentials_problem(values, where) if isinstance(values, str) else ""
+    return [problem] if problem else []
 
 
 def count_vocab_lines(path: str | os.PathLike) -> int:
@@ -182,10 +193,13 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
 
     p.extend(deepspeed_passthrough_problems(cfg))
+    p.extend(credential_problems(cfg.to_dict()))
     if cfg.checkpoint.every_steps <= 0:
         p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
     if cfg.checkpoint.verify not in VERIFY_MODES:
         p.append(f"checkpoint.verify: {cfg.checkpoint.verify!r} is not one of {', '.join(VERIFY_MODES)}")
+    if not cfg.checkpoint.lease_timeout_s >= 4:
+        p.append(f"checkpoint.lease_timeout_s: must be at least 4 (a heartbeat every quarter of it), got {cfg.checkpoint.lease_timeout_s}")
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
 

@@ -42,7 +42,9 @@ from bertdist.train.safe_load import weights_only_loading
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
 TRAIN_STATE_FILENAME = "train_state.json"
-TRAIN_STATE_VERSION = 1
+TRAIN_STATE_VERSION = 2
+"""2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without one."""
+READABLE_STATE_VERSIONS = (1, 2)
 STATE_CHECKSUM_KEY = "sha256"
 DAMAGED_FILENAME = "DAMAGED"
 DAMAGED_PREFIX = "damaged-"
@@ -112,6 +114,12 @@ def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return differ
 
 
+def state_json(state: TrainState) -> str:
+    """The text of train_state.json for `state`, with its checksum."""
+    raw = asdict(state)
+    return json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)})
+
+
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
@@ -138,14 +146,17 @@ def parse_train_state(data: bytes, where: str) -> TrainState:
     """The train state in `data` (the bytes of train_state.json, from disk or a store), checked."""
     try:
         raw = json.loads(data)
-        recorded = raw.pop(STATE_CHECKSUM_KEY, None)  # absent in checkpoints of bertdist < 0.2
+        if raw.get("version") not in READABLE_STATE_VERSIONS:
+            raise CheckpointError(f"{where}: train state version {raw.get('version')}, this bertdist reads "
+                                  f"{', '.join(map(str, READABLE_STATE_VERSIONS))}")  # fmt: skip
+        recorded = raw.pop(STATE_CHECKSUM_KEY, None)
+        if recorded is None and raw["version"] >= 2:  # deleting the key must not switch the check off
+            raise ValueError(f"its {STATE_CHECKSUM_KEY} is missing (edited or damaged)")
         if recorded is not None and recorded != _state_checksum(raw):
             raise ValueError("its checksum does not match its content (edited or damaged)")
         state = TrainState(**raw)
     except (ValueError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{where}: unreadable train state ({e})") from None
-    if state.version != TRAIN_STATE_VERSION:
-        raise CheckpointError(f"{where}: train state version {state.version}, this bertdist reads {TRAIN_STATE_VERSION}")
     return state
 
 
@@ -354,9 +365,8 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     dist.all_gather_object(own, integrity.describe_own_files(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME}))
     state.files = {name: facts for files in own for name, facts in files.items()}
     if dist.get_rank() == 0:
-        raw = asdict(state)
         with _write_failure_stops_the_run(target):
-            write_text(target / TRAIN_STATE_FILENAME, json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)}))
+            write_text(target / TRAIN_STATE_FILENAME, state_json(state))
             write_text(root / LATEST_FILENAME, tag)
         prune(root, keep_last)
     dist.barrier()

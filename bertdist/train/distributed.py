@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
-from bertdist import ownership
+from bertdist import lease, ownership, storage
 from bertdist.errors import UserError, first_line
 
 DEFAULT_MASTER_PORT = 29500
@@ -262,16 +262,23 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
     )  # fmt: skip
 
 
-def own_output(stack: contextlib.ExitStack, directory: str | os.PathLike, env: DistributedEnv) -> None:
-    """Rank 0 owns `directory` for the job until `stack` closes (bertdist.ownership); when another run owns
-    it, every rank stops with the same line."""
+def own_output(stack: contextlib.ExitStack, directory: str | os.PathLike, env: DistributedEnv, uri: str = "",
+               lease_timeout_s: float = 0.0) -> lease.StoreLease | None:  # fmt: skip
+    """Rank 0 owns `directory` (bertdist.ownership) and the checkpoint store `uri`, if any (bertdist.lease:
+    a URL's lease is returned, for the uploads to check before they publish), until `stack` closes; when
+    another run owns either, every rank stops with the same line."""
     if not env.is_main:
-        return
+        return None
     try:
         stack.enter_context(ownership.owned(directory))
-    except ownership.DirectoryBusyError as e:
+        if uri and not storage.is_url(uri):
+            stack.enter_context(ownership.owned(uri))
+        elif uri:
+            return stack.enter_context(lease.leased(uri, os.fspath(directory), lease_timeout_s))
+    except (ownership.DirectoryBusyError, lease.LeaseBusyError) as e:
         _refuse_for_all_ranks(env, str(e))
         raise
+    return None
 
 
 _REFUSAL_KEY = "bertdist/refused"

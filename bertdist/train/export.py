@@ -49,14 +49,43 @@ def export(
     output = os.fspath(output_dir)
     if not storage.is_url(output):
         return export_directory(checkpoint_path, output, vocab_file, overwrite)
-    if storage.listdir(output) and not overwrite:
+    output = output.rstrip("/")
+    _refuse_url_over_input(output, os.fspath(checkpoint_path))
+    existing = storage.find(output)
+    if existing and not overwrite:
         raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new prefix or pass --overwrite")
     with tempfile.TemporaryDirectory() as staging:
         export_directory(checkpoint_path, Path(staging, "model"), vocab_file)
-        if overwrite:
-            storage.remove_tree(output)
+        if existing:
+            _refuse_replacing_other_objects(output, existing, {p.name for p in Path(staging, "model").iterdir()})
+            for url in existing:
+                storage.remove(url)
         storage.upload_directory(Path(staging, "model"), output, last=CONFIG_FILE)
     return output
+
+
+def _refuse_url_over_input(output: str, given: str) -> None:
+    """The store's form of `_refuse_output_over_input`: an output prefix equal to the checkpoints read,
+    containing them or inside them is refused whatever the flags (`--overwrite` would delete them)."""
+    if not storage.is_url(given):
+        return
+    source = given.rstrip("/")
+    if output == source or source.startswith(output + "/") or output.startswith(source + "/"):
+        raise checkpoint.CheckpointError(f"--output {output}: holds or is inside {source}, which it would export; choose a "
+                                         "prefix outside it")  # fmt: skip
+
+
+def _refuse_replacing_other_objects(output: str, existing: list[str], export_names: set[str]) -> None:
+    """`--overwrite` of a prefix replaces an earlier export, nothing else: a prefix that holds any other object
+    (checkpoints, shards, another run's files, the rest of a bucket) is refused before anything is deleted.
+    Locally a directory is one thing to replace; a prefix is whatever shares it, up to a whole bucket."""
+    prefix = output + "/"
+    others = [url for url in existing if url[len(prefix):] not in export_names]
+    if others:
+        raise checkpoint.CheckpointError(
+            f"--output {output}: --overwrite replaces an earlier export only, and this prefix holds {len(others)} other "
+            f"object(s) ({others[0]}{', ...' if len(others) > 1 else ''}); nothing was deleted, choose a new prefix"
+        )
 
 
 def export_directory(
@@ -77,8 +106,7 @@ def export_directory(
     output = Path(output_dir)
     if output.exists() and not output.is_dir():
         raise checkpoint.CheckpointError(f"--output {output}: is a file, not a directory")
-    if not storage.is_url(os.fspath(checkpoint_path)):
-        _refuse_output_over_input(output, Path(checkpoint_path))
+    _refuse_output_over_input(output, os.fspath(checkpoint_path))
     with ownership.owned(output, remove_on_failure=True):
         old = ownership.contents(output)
         if old and not overwrite:
@@ -106,13 +134,14 @@ def export_directory(
     return output
 
 
-def _refuse_output_over_input(output: Path, given: Path) -> None:
+def _refuse_output_over_input(output: Path, given_path: str) -> None:
     """An --output that holds the checkpoints read, sits inside them, or holds checkpoints of its own is
     never written, whatever the flags: `--overwrite` there would delete the run it exports. An output beside
     the checkpoints, inside the run directory (`RUN/hf`), is fine."""
+    given = Path(given_path)
     source = given if checkpoint.is_complete(given) or given.name == checkpoint.CHECKPOINTS_DIRNAME else checkpoint.checkpoints_dir(given)
     out, src = output.resolve(), source.resolve()
-    if out == src or out in src.parents or src in out.parents:
+    if not storage.is_url(given_path) and (out == src or out in src.parents or src in out.parents):
         raise checkpoint.CheckpointError(f"--output {output}: holds or is inside {source}, which it would export; choose a "
                                          f"directory outside it (e.g. {given}/hf for a run)")  # fmt: skip
     if output.is_dir() and (checkpoint.is_complete(output) or (output / checkpoint.LATEST_FILENAME).is_file()

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bertdist import storage
 from bertdist.config import CheckpointConfig
+from bertdist.lease import StoreLease
 from bertdist.train import integrity
 from bertdist.train.checkpoint import (
     DAMAGED_FILENAME,
@@ -56,9 +57,12 @@ WAIT_POLL_SECONDS = 0.5
 class Uploader:
     """One rank's background uploads of its checkpoint files to `uri`; rank 0 also publishes."""
 
-    def __init__(self, uri: str, rank: int, world_size: int, keep_last: int, wait_timeout_s: float):
+    def __init__(self, uri: str, rank: int, world_size: int, keep_last: int, wait_timeout_s: float,
+                 lease: StoreLease | None = None):  # fmt: skip
         self.uri, self.rank, self.world_size, self.keep_last = uri, rank, world_size, keep_last
         self.wait_timeout_s = wait_timeout_s
+        self.lease = lease
+        """Rank 0's lease on the URI (bertdist.lease), checked before each publish."""
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -106,6 +110,8 @@ class Uploader:
                 raise CheckpointError(f"{target}: ranks {missing} did not finish uploading in {self.wait_timeout_s:.0f} s; "
                                       "`latest` in the store still names the previous checkpoint")  # fmt: skip
             time.sleep(WAIT_POLL_SECONDS)
+        if self.lease is not None:
+            self.lease.check()  # another run owns the URI now: neither `latest` nor pruning is ours to touch
         state = json.loads((checkpoint_dir / TRAIN_STATE_FILENAME).read_text())
         in_store = storage.sizes(target)
         wrong = [n for n, facts in state["files"].items() if in_store.get(n) != facts["bytes"]]

@@ -94,11 +94,12 @@ class Trainer(contextlib.ExitStack):
         self.output_dir = Path(cfg.train.output_dir)
         storage.use_endpoint(cfg.storage.endpoint_url)
         ck = cfg.checkpoint
-        self.uploader = remote.Uploader(ck.uri, env.rank, env.world_size, ck.keep_last, ck.upload_timeout_s) if ck.uri else None
         with contextlib.ExitStack() as built:  # whatever was taken or built is released if a later step fails
             built.push(self)
-            # Before reading checkpoints that another run on this directory could be writing.
-            distributed.own_output(self, self.output_dir, env)
+            # Before reading checkpoints that another run on this directory or URI could be writing.
+            held = distributed.own_output(self, self.output_dir, env, ck.uri, ck.lease_timeout_s)
+            self.uploader = remote.Uploader(ck.uri, env.rank, env.world_size, ck.keep_last, ck.upload_timeout_s,
+                                            held) if ck.uri else None  # fmt: skip
             self._check_resume_and_data()
             self._build_components()
             built.pop_all()

@@ -24,7 +24,7 @@ def _fake_complete(root: Path, step: int, with_state: bool = True) -> Path:
     (d / "mp_rank_00_model_states.pt").write_bytes(b"")
     if with_state:
         state = TrainState(step, 0, 0, 1, [{}], [{}], {"train": {"zero_stage": 1}})
-        (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps(asdict(state)))
+        (d / checkpoint.TRAIN_STATE_FILENAME).write_text(checkpoint.state_json(state))
     return d
 
 
@@ -64,8 +64,7 @@ def _recorded(root: Path, step: int, config: dict | None = None) -> Path:
     (d / "mp_rank_00_model_states.pt").write_bytes(bytes(range(256)) * step)
     files = describe_own_files(d, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
     state = TrainState(step, 0, 0, 1, [{}], [{}], config or {"train": {"zero_stage": 1}}, files=files)
-    raw = asdict(state)
-    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)}))
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(checkpoint.state_json(state))
     (root / checkpoint.LATEST_FILENAME).write_text(d.name)
     return d
 
@@ -119,6 +118,18 @@ def test_unreadable_or_foreign_train_state_is_named(tmp_path):
     (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**asdict(TrainState(1, 0, 0, 1, [], [], {})), "version": 99}))
     with pytest.raises(CheckpointError, match="version 99"):
         checkpoint.read_train_state(d)
+
+
+def test_a_train_state_without_its_checksum_is_refused_unless_it_is_of_the_old_version(tmp_path):
+    """Deleting the `sha256` key of a current train state must not turn its check off."""
+    d = _recorded(tmp_path, 3)
+    raw = json.loads((d / checkpoint.TRAIN_STATE_FILENAME).read_text())
+    del raw["sha256"]
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "step": 4}))
+    with pytest.raises(CheckpointError, match="sha256 is missing"):
+        checkpoint.read_train_state(d)
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "version": 1}))  # written before checksums
+    assert checkpoint.read_train_state(d).step == 3
 
 
 def test_rng_state_survives_json():

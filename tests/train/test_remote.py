@@ -8,15 +8,16 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 import yaml
 
-from bertdist import storage
-from bertdist.config import CheckpointConfig
+from bertdist import lease, storage
+from bertdist.config import CheckpointConfig, load_config
 from bertdist.train import remote
-from bertdist.train.checkpoint import consolidated_state_dict, read_train_state, tag_for
+from bertdist.train.checkpoint import DAMAGED_FILENAME, CheckpointError, consolidated_state_dict, read_train_state, tag_for
 from tests import training_runs as runs
 from tests.conftest import REPO
 from tests.s3_server import copy_prefix
@@ -38,10 +39,13 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+LEASE_TIMEOUT_S = 6.0
+
+
 def store_config(directory, shards: str, vocab: str, uri: str, **launch):
     path = runs.write_config(directory, shards, vocab, 1)
     cfg = yaml.safe_load(path.read_text())
-    cfg["checkpoint"]["uri"] = uri
+    cfg["checkpoint"].update(uri=uri, lease_timeout_s=LEASE_TIMEOUT_S)
     cfg["launch"].update(launch)
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -59,16 +63,31 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     first = store_config(base / "store-killed", s3_shards, tiny_vocab, uri)
     ranks = runs.start_ranks(first, "killed", python_code=HOLD_AFTER_FIRST_CHECKPOINT)
     wait_for_published(uri, tag_for(runs.CHECKPOINT_EVERY), ranks)
+    # A second run on the same URI while the first trains: refused at start, the first untouched.
+    intruder = runs.start_ranks(store_config(base / "store-intruder", s3_shards, tiny_vocab, uri, gpus_per_node=1),
+                                "intruder", world_size=1)  # fmt: skip
+    assert intruder.wait() == [2] and f"checkpoint.uri {uri} is in use by another run" in intruder.output(0), intruder.output(0)[-2000:]
+    assert remote.latest_in_store(uri) == tag_for(runs.CHECKPOINT_EVERY)
     for p in ranks.procs:
         p.send_signal(signal.SIGKILL)
     ranks.wait()
     copy = storage.join(s3.bucket("checkpoints-copy"), "run-1")
     copy_prefix(uri, copy)  # for the 1-rank resume below, from the same point
+    storage.remove(storage.join(copy, lease.LEASE_NAME))  # a copy, not a run
+    # A new run with its own settings naming this URI is refused before anything is downloaded.
+    other = runs.write_config(base / "store-other", s3_shards, tiny_vocab, 1)
+    theirs = load_config(other, [f"checkpoint.uri={uri}", "optim.lr=0.5"])
+    with pytest.raises(CheckpointError, match=r"written by a run with other settings: optim.lr \("):
+        remote.resume_point(theirs.checkpoint, theirs.train.output_dir, theirs.to_dict())
+    assert not (base / "store-other" / "out" / "checkpoints").exists()
+    time.sleep(LEASE_TIMEOUT_S + 1)  # the killed run's lease goes stale
 
     # Another node: an empty output directory, everything comes from the store.
     fresh = store_config(base / "store-resumed", s3_shards, tiny_vocab, uri)
     ranks = runs.start_ranks(fresh, "resumed", "--resume", "auto")
     assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
+    assert "taking over the lease of a run that stopped renewing it" in ranks.output(0)
+    assert not storage.exists(storage.join(uri, lease.LEASE_NAME))  # given back at the end
     final = tag_for(runs.STEPS)
     assert f"resumed from {base / 'store-resumed' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}" in ranks.output(0)
     assert remote.latest_in_store(uri) == final
@@ -87,10 +106,13 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     data[-100] ^= 0xFF
     with storage.atomic_write(victim, "wb") as f:
         f.write(bytes(data))
-    found = remote.resume_point(CheckpointConfig(uri=damaged), str(base / "store-fallback"))
+    found = remote.resume_point(CheckpointConfig(uri=damaged), str(base / "store-fallback"), mark_damaged=True)
     assert found == base / "store-fallback" / "checkpoints" / tag_for(runs.CHECKPOINT_EVERY)
     warned = capsys.readouterr().err
     assert f"{final}" in warned and f"resuming from the older {tag_for(runs.CHECKPOINT_EVERY)} instead" in warned, warned
+    # Marked: not counted toward keep_last (the next save's prune keeps the checkpoint resumed from), left there.
+    assert remote.complete_in_store(damaged) == [tag_for(runs.CHECKPOINT_EVERY)]
+    assert storage.exists(storage.join(damaged, final, DAMAGED_FILENAME))
 
     # Export from the store to the store, and fine-tune from the model there.
     from bertdist.cli import main
@@ -99,6 +121,13 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     model = storage.join(s3.bucket("models"), "bert-tiny")
     assert main(["export", uri, "--output", model]) == 0
     assert storage.listdir(model)[:1] == ["config.json"] and "model.safetensors" in storage.listdir(model)
+    assert main(["export", uri, "--output", model, "--overwrite"]) == 0  # an earlier export is replaced
+    # --overwrite never deletes what it exports, contains, or anything but an earlier export (a whole bucket).
+    before = storage.find(uri)
+    for output in (uri, "s3://checkpoints", "s3://checkpoints/run-1/hf", "s3://shards", "s3://models"):
+        assert main(["export", uri, "--output", output, "--overwrite"]) == 2, output
+        assert "nothing was deleted" in capsys.readouterr().err or output.startswith("s3://checkpoints")
+    assert storage.find(uri) == before and storage.exists(storage.join(s3_shards, "manifest.json"))
     rows = base / "store-rows.tsv"
     rows.write_text("sentence\tlabel\n" + "a b\t0\nc d\t1\n" * 2)
     assert main(["finetune", f"finetune.init_from={model}", f"finetune.train_file={rows}", f"finetune.dev_file={rows}",
