@@ -107,7 +107,8 @@ def _rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterat
     suffix = Path(path).suffix.lower()
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT_BYTES))
     try:
-        f = open(path, encoding="utf-8", errors="surrogateescape", newline="")
+        # utf-8-sig: a byte-order mark (what Excel writes before a CSV) is not part of the first column's name
+        f = open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
     with f:

@@ -175,7 +175,7 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
 
     if Path(o.input).suffix.lower() == ".txt":
         try:
-            lines = Path(o.input).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+            lines = Path(o.input).read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
         except OSError as e:
             raise DataError(f"{o.input}: cannot read ({e.strerror})") from None
         if not any(line.strip() for line in lines):

@@ -50,7 +50,7 @@ def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
     a repeated id would score one question and pair v2.0's null scores with the wrong ones)."""
     report = Examples(path, [])
     try:
-        raw = open(path, encoding="utf-8").read()
+        raw = open(path, encoding="utf-8-sig").read()
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
     except UnicodeDecodeError as e:

@@ -39,7 +39,7 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
     report = Examples(path, [])
     sentences, words, tags, first_line, broken = [], [], [], 0, False
     try:
-        f = open(path, encoding="utf-8", errors="surrogateescape")
+        f = open(path, encoding="utf-8-sig", errors="surrogateescape")
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
 

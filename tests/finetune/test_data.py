@@ -34,6 +34,10 @@ def test_every_format_reads_the_same_rows(tmp_path, fmt):
     assert [(e.text, e.pair, e.label) for e in read.rows] == [(r["sentence"], r["other"], r["label"]) for r in ROWS]
     assert read.rows[1].where == f"{path}:3" if fmt != "jsonl" else f"{path}:2"
     assert data.label_names("classification", read) == ["neg", "pos"]
+    with_bom = tmp_path / f"excel.{fmt}"  # Excel and Windows Notepad write a UTF-8 byte-order mark first
+    with_bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / f"train.{fmt}").read_bytes())
+    again = data.read_examples(str(with_bom), "sentence", "other", "label", skip_bad=False)
+    assert [(e.text, e.pair, e.label) for e in again.rows] == [(e.text, e.pair, e.label) for e in read.rows]
 
 
 def test_whole_file_problems_name_the_file(tmp_path):
