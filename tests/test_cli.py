@@ -59,6 +59,15 @@ def test_dry_run_failure_names_the_field_and_exits_2(tmp_path):
     assert "train.global_batch_size: 33 is not divisible" in out.stderr
 
 
+@pytest.mark.parametrize("price", ["-1", "nan", "inf", "cheap"])
+def test_a_price_per_node_hour_must_be_a_finite_non_negative_number(price):
+    from bertdist.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", "bert-tiny", "--dry-run", f"--price-per-node-hour={price}"])
+    assert e.value.code == 2
+
+
 def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpus, tiny_vocab):
     """A real SIGINT to a real `bertdist prepare` while its Ray tasks run: no KeyboardInterrupt traceback."""
     import signal

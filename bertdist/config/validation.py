@@ -168,6 +168,14 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     own_schedules = [i for i, ph in enumerate(d.phases) if ph.lr]
     if own_schedules and len(own_schedules) != len(d.phases):
         p.append(f"data.phases.N.lr: set for phases {own_schedules} only; either every phase has its own schedule or none")
+    # A schedule setting that does not apply is refused rather than dropped (the plan would show another warmup).
+    for i, ph in enumerate(d.phases):
+        if ph.warmup_steps and not ph.lr:
+            p.append(f"data.phases.{i}.warmup_steps: applies only to a phase's own schedule (data.phases.{i}.lr); this "
+                     "run follows optim.lr and optim.warmup_steps")  # fmt: skip
+    if own_schedules and len(own_schedules) == len(d.phases) and o.warmup_steps and not any(ph.warmup_steps for ph in d.phases):
+        p.append(f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
+                 "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)")  # fmt: skip
     if o.name not in ("adamw", "lamb"):
         p.append(f"optim.name: {o.name!r} is not one of adamw, lamb")
     elif o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):

@@ -6,6 +6,7 @@ Like every subcommand, they only parse arguments and call into the package.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from bertdist.launch.checks import SubmitError
@@ -136,7 +137,7 @@ def add_forecast_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true", help="measure the forecast: run a few real steps of every phase on "
                    "this machine's device, and time a checkpoint and an evaluation (bertdist.train.forecast)")
     p.add_argument("--calibrate-steps", type=int, default=20, metavar="N", help="timed steps per phase (default 20)")
-    p.add_argument("--price-per-node-hour", type=float, metavar="PRICE", help="also print the forecast's cost")
+    p.add_argument("--price-per-node-hour", type=_price, metavar="PRICE", help="also print the forecast's cost")
 
 
 def forecast(cfg, calibrate: bool, steps: int):
@@ -146,3 +147,14 @@ def forecast(cfg, calibrate: bool, steps: int):
     if calibrate and steps < 1:
         raise SubmitError(f"--calibrate-steps: must be at least 1, got {steps}")
     return measure(cfg, steps) if calibrate else estimate(cfg)
+
+
+def _price(text: str) -> float:
+    """A price per node-hour: a finite number >= 0 (argparse prints the refusal as one usage line, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value

@@ -156,3 +156,17 @@ def test_flatten_round_trips_every_leaf():
     assert flat["optim.lr"] == 1e-4
     assert flat["data.phases.0.max_seq_length"] == 128
     assert flat["optim.betas"] == [0.9, 0.999]
+
+
+def test_a_schedule_setting_that_would_not_apply_is_refused(vocab):
+    """Phases with their own lr follow their own warmups; the run's warmup, or a phase warmup without a phase lr,
+    would otherwise be dropped without a word (the plan showing 0 warmup)."""
+    base = [f"data.vocab_file={vocab}", "model.size=tiny", "data.phases.0.steps=1000"]
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(None, [*base, "data.phases.0.lr=1e-3", "optim.warmup_steps=100"]), world_size=1)
+    assert "optim.warmup_steps: 100 does not apply once every phase sets its own lr" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(None, [*base, "data.phases.0.warmup_steps=50"]), world_size=1)
+    assert "data.phases.0.warmup_steps: applies only to a phase's own schedule (data.phases.0.lr)" in str(err.value)
+    validate(load_config(None, [*base, "data.phases.0.lr=1e-3", "data.phases.0.warmup_steps=50"]), world_size=1)
+    validate(load_config(None, [*base, "data.phases.0.lr=1e-3", "optim.warmup_steps=0"]), world_size=1)
