@@ -19,6 +19,16 @@ parity tests compare tensor by tensor. What differs is only how the work is done
   logit once, forward and backward together (both in `bertdist.model.ops`);
 - optional activation checkpointing per encoder layer.
 
+Every batch makes the same module calls, whatever its lengths (the ZeRO-3 rule). ZeRO-3 gathers a module's
+parameters from every rank when the module is called (and again in its backward), records the order in which the
+first steps call modules, with parameters or without, checks that the ranks' records agree, and prefetches in that
+order afterwards. A call that one rank's batch makes and another's does not leaves a rank waiting in a collective
+the other never joins, or fails that check ("disagreement on list length"): attention dropout applied as a module
+once per length bucket did both at length 512. So everything that depends on the batch (padded, unpadded or
+packed, how many length buckets, how many predictions) is tensor code that calls no module (`TokenLayout`,
+`BertSelfAttention._attend`, `ops.dropout`), and each module is called once per forward pass.
+tests/model/test_layout.py checks the sequence of calls; tests/train/test_deepspeed.py trains ZeRO-3 on two ranks.
+
 This module imports torch and the config schema only: no DeepSpeed, Ray, MLflow or `transformers`. Loading and
 saving in the Hugging Face format is an adapter beside it, `bertdist.model.hf`, which this module never imports.
 """
@@ -34,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import Dropout, VocabCrossEntropy
+from bertdist.model.ops import Dropout, VocabCrossEntropy, dropout
 
 
 @dataclass
@@ -68,16 +78,14 @@ class BertEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """Any leading shape: (batch, seq) or the (tokens,) of an unpadded batch, which needs position_ids.
 
-        Every path calls the same modules: under ZeRO-3 each module call gathers its parameters (and its backward
-        gathers them again), so ranks whose batches take different paths must still make the same calls."""
+        Without token_type_ids every token is of segment 0, looked up like the others rather than read from the
+        weight: the same module calls either way (the ZeRO-3 rule, module docstring)."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]
-        else:
-            x = x + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(x))
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x + self.token_type_embeddings(token_type_ids)))
 
 
 class BertSelfAttention(nn.Module):
@@ -89,7 +97,8 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout = Dropout(cfg.attention_dropout_prob)
+        # A number, not a `Dropout` module: `_attend` runs once per length bucket and must call no module.
+        self.dropout_p = cfg.attention_dropout_prob
 
     def forward(self, x: torch.Tensor, layout: TokenLayout, queries: torch.Tensor | None = None) -> torch.Tensor:
         """Every token's attention output, or with `queries` ((samples, k, hidden): the states of a few tokens
@@ -106,27 +115,30 @@ class BertSelfAttention(nn.Module):
             return layout.attention_at(q, kv, self._attend)
         weight = torch.cat([self.query.weight * scale, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias * scale, self.key.bias, self.value.bias])
-        dropout_p = self.dropout.p if self.training else 0.0
-        return layout.attention(F.linear(x, weight, bias), self.num_heads, self._attend, dropout_p)
+        return layout.attention(F.linear(x, weight, bias), self.num_heads, self._attend, self._dropout_p())
+
+    def _dropout_p(self) -> float:
+        return self.dropout_p if self.training else 0.0
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """(batch, queries, hidden) projected queries and (batch, keys, 2 x hidden) keys and values (views of
-        the fused projection, or their own tensors) -> (batch, queries, hidden)."""
+        the fused projection, or their own tensors) -> (batch, queries, hidden).
+
+        Called once per length bucket on the unpadded CPU path, so it calls no module (ZeRO-3 rule)."""
         batch, queries, hidden = q.shape
         head_dim = hidden // self.num_heads
         q = q.reshape(batch, queries, self.num_heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
         k, v = kv.reshape(batch, kv.shape[1], 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.training and self.dropout.p > 0 and q.device.type == "cpu":
+        dropout_p = self._dropout_p()
+        if dropout_p > 0 and q.device.type == "cpu":
             # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's
-            # slower dropout; spelling it out lets the attention probabilities use `Dropout`.
+            # slower dropout; spelling it out lets the attention probabilities use our cheaper `dropout`.
             scores = q @ k.transpose(-2, -1)  # (batch, heads, queries, keys)
             if attn_mask is not None:
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
-            out = self.dropout(scores.softmax(dim=-1)) @ v
+            out = dropout(scores.softmax(dim=-1), dropout_p) @ v
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout.p if self.training else 0.0, scale=1.0
-            )
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0)
         return out.transpose(1, 2).reshape(batch, queries, hidden)
 
 

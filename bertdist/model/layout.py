@@ -105,7 +105,8 @@ class TokenLayout:
 
         `attend(q, kv, mask)` is the padded-space attention, (batch, seq, hidden) queries and (batch, seq,
         2 hidden) keys and values -> (batch, seq, hidden), and `dropout_p` the attention dropout it will apply
-        (the variable-length kernel has none)."""
+        (the variable-length kernel has none). `attend` runs once per length bucket, so it must call no module:
+        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert`)."""
         hidden = qkv.shape[-1] // 3
         if not self.unpadded:
             return attend(qkv[..., :hidden], qkv[..., hidden:], self.mask)

@@ -1,8 +1,8 @@
 """The model's own operators, faster than torch's general ones for BERT's shapes on CPU, with the same math.
 
-`Dropout` draws fewer random numbers on CPU; `VocabCrossEntropy` is the MLM loss over the (predictions x
-vocabulary) logits, the largest tensor of a step, with one exponential per logit. Both are plain torch and
-are used by `bertdist.model.bert`; their exactness against torch's versions is tested.
+`Dropout` (and `dropout`, the same as a function) draws fewer random numbers on CPU; `VocabCrossEntropy` is the
+MLM loss over the (predictions x vocabulary) logits, the largest tensor of a step, with one exponential per logit.
+Both are plain torch and are used by `bertdist.model.bert`; their exactness against torch's versions is tested.
 """
 
 from __future__ import annotations
@@ -30,14 +30,20 @@ class Dropout(nn.Module):
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, training=True)
-        return x * _cpu_dropout_mask(x, self.p)
+        return dropout(x, self.p) if self.training else x
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """`Dropout`'s training-time function, for code that must not call a module: attention applies it once per
+    length bucket, and a module called a data-dependent number of times breaks ZeRO-3 (`bertdist.model.bert`)."""
+    if p == 0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, training=True)
+    return x * _cpu_dropout_mask(x, p)
 
 
 def _cpu_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:

@@ -15,17 +15,21 @@ from bertdist.data.samples import Samples
 from bertdist.model.bert import BertForPreTraining
 from bertdist.model.heads import BertForSequenceClassification, BertForTokenClassification
 from bertdist.model.layout import TokenLayout
+from bertdist.model.ops import IGNORE_INDEX
 from tests.conftest import tiny_model_config
 
 SEQ = 32
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 
 
-def random_samples(count: int, seed: int, every_position: bool = False) -> Samples:
-    """Samples of mixed lengths (a few full, many short, as at length 512) with 1-5 MLM predictions each, or a
-    prediction at every position (so the MLM logits cover every token's state)."""
+MIXED_LENGTHS = (SEQ, SEQ, 5, 9, 14, 20, 27)
+
+
+def random_samples(count: int, seed: int, every_position: bool = False, lengths_from=MIXED_LENGTHS) -> Samples:
+    """Samples of mixed lengths (a few full, many short, as at length 512; or drawn from `lengths_from`) with 1-5
+    MLM predictions each, or a prediction at every position (so the MLM logits cover every token's state)."""
     rng = np.random.default_rng(seed)
-    lengths = rng.choice([SEQ, SEQ, 5, 9, 14, 20, 27], size=count)
+    lengths = rng.choice(lengths_from, size=count)
     ids, positions, labels, counts = [], [], [], []
     for n in lengths:
         ids.append(rng.integers(5, 1000, n))
@@ -122,6 +126,34 @@ def test_unpadded_training_with_dropout_runs_and_a_full_batch_stays_on_the_plain
     full = torch.ones(2, SEQ, dtype=torch.long)
     layout = TokenLayout(full, 2, SEQ, torch.device("cpu"), unpad=True)
     assert not layout.unpadded and not layout.packed and layout.mask is None
+
+
+@pytest.mark.parametrize("head", ["at_masked_positions", "every_position"])
+@pytest.mark.parametrize("variant", ["padded", *VARIANTS])
+def test_every_batch_calls_the_same_modules_in_the_same_order(variant, head, monkeypatch):
+    """The ZeRO-3 rule of `bertdist.model.bert`: whatever the lengths in a batch (all full, all short, a mix over
+    several attention buckets), a training forward calls the same modules, as often and in the same order.
+    Forward only: ZeRO-3's backward trace follows from the forward's module calls."""
+    monkeypatch.setattr("bertdist.model.layout.ATTENTION_BUCKET_TOKENS", 8)
+    unpad, packing = VARIANTS.get(variant, (False, False))
+    model = _model(unpad).train()  # dropout on, attention's included
+    calls = []
+    for name, module in model.named_modules():
+        module.register_forward_pre_hook(lambda module, args, name=name: calls.append(name))
+    traces, buckets = {}, {}
+    for mix, lengths in {"full": [SEQ], "short": [5], "mixed": MIXED_LENGTHS}.items():
+        batch = batch_of(random_samples(8, seed=7, lengths_from=lengths), SEQ, packing)
+        if head == "every_position":
+            batch["masked_lm_positions"] = None
+            batch["masked_lm_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+        layout = TokenLayout(batch["attention_mask"], *batch["input_ids"].shape, torch.device("cpu"), unpad)
+        buckets[mix] = len(layout.buckets) if layout.unpadded else 0
+        calls.clear()
+        model(**batch).loss.backward()
+        traces[mix] = list(calls)
+    if unpad:  # the premise: these batches take different routes through attention
+        assert buckets["full"] == 0 and buckets["short"] == 1 and buckets["mixed"] > 1, buckets
+    assert traces["full"] == traces["short"] == traces["mixed"]
 
 
 def test_layout_of_a_packed_row():

@@ -1,8 +1,10 @@
-"""DeepSpeed configuration generated from the typed config, and the optimizer choice."""
+"""DeepSpeed configuration generated from the typed config, the optimizer choice, and ZeRO-3 over 2 real ranks
+whose batches differ in lengths."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from bertdist.config import Config, ConfigError, PhaseConfig, load_config, validate
 from bertdist.train.deepspeed import (
@@ -10,6 +12,7 @@ from bertdist.train.deepspeed import (
     deepspeed_config,
     device_problems,
 )
+from tests import training_runs as runs
 
 
 def _cfg(*overrides: str) -> Config:
@@ -83,3 +86,35 @@ def test_a_passthrough_that_repeats_the_schema_is_accepted():
     cfg = _cfg("train.zero_stage=2", "train.deepspeed.zero_optimization.stage=2", "train.deepspeed.bf16.enabled=false")
     validate(cfg, world_size=1, check_files=False)
     assert deepspeed_config(cfg, cfg.data.phases[0], world_size=1)["zero_optimization"]["stage"] == 2
+
+
+# ---- ZeRO-3 with samples of many lengths (issue 30) ------------------------------------------------------------------
+# ZeRO-3 records the modules a step calls and refuses to go on when the ranks' records differ; the unpadded encoder
+# groups a batch's samples by length, so at length 512 two ranks' batches take different routes through attention.
+
+MIXED_SEQ_LENGTH = 512
+MIXED_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def mixed_length_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+    """Shards at length 512 of the tiny corpus, whose documents of 1-40 sentences give samples of every length."""
+    from bertdist.data.pipeline.driver import prepare
+    from tests.conftest import tiny_prepare_options
+
+    out = str(tmp_path_factory.mktemp("mixed_length_shards") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, max_seq_length=MIXED_SEQ_LENGTH))
+    return out
+
+
+@pytest.mark.slow
+def test_zero3_trains_on_two_ranks_whose_batches_have_different_lengths(tmp_path, mixed_length_shards, tiny_vocab):
+    # A rank left waiting in a collective that the other never joins ends the run within a minute.
+    path = runs.write_config(tmp_path, mixed_length_shards, tiny_vocab, zero_stage=3, stall_timeout_s=60)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["model"]["max_position_embeddings"] = MIXED_SEQ_LENGTH
+    cfg["data"]["phases"][0].update(max_seq_length=MIXED_SEQ_LENGTH, steps=MIXED_STEPS)
+    path.write_text(yaml.safe_dump(cfg))
+    ranks = runs.start_ranks(path, "run")
+    assert ranks.wait() == [0, 0], ranks.output(0)[-3000:] + ranks.output(1)[-3000:]
+    assert sorted(runs.read_metrics(tmp_path / "out")) == list(range(1, MIXED_STEPS + 1))
