@@ -3,18 +3,32 @@
 `python -m bertdist.launch.process --exit-code-file F -- CMD...` is the supervisor: a detached job has no
 parent left to collect its exit status, so this process stays and writes CMD's exit code to F, which lets
 `bertdist status` tell a finished job from a crashed one. Termination signals are passed on to CMD.
+
+Nothing of the job outlives its supervisor, however it dies (SIGKILL, the OOM killer): CMD gets SIGTERM from
+the kernel then (PR_SET_PDEATHSIG), which torchrun and the elastic supervisor pass on to the ranks, and the
+ranks watch the supervisor themselves too (bertdist.train.stopping). Either way they finish the step, write a
+checkpoint and exit 75; `bertdist status` then says that the supervisor was killed and whether any of the
+job's processes is left.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from bertdist.storage import write_text
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
+from bertdist.train.stopping import running
+
+JOB_ENV = "BERTDIST_SUPERVISED_JOB"
+"""Set by the supervisor, in its command's environment, to the job's exit-code file; torchrun and DeepSpeed's
+launcher pass it on to the ranks, so `status` can find the job's processes once the supervisor is gone."""
+PR_SET_PDEATHSIG = 1
 
 
 def add_cpu_env(job: PlannedJob, ctx: JobContext) -> None:
@@ -35,17 +49,34 @@ def start(job: PlannedJob, record: JobRecord) -> None:
 
 
 def status(record: JobRecord) -> JobStatus:
+    alive = running(record.pid)  # before the exit file, which the supervisor writes before it ends
     exit_file = Path(record.exit_code_file)
     if exit_file.exists():
         code = int(exit_file.read_text().strip())
         return JobStatus("succeeded" if code == 0 else "failed", f"process group {record.pid} exited with {code}")
-    try:
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return JobStatus("failed", f"process {record.pid} is gone and left no exit code (killed with SIGKILL?)")
-    except PermissionError:
-        pass
-    return JobStatus("running", f"process group {record.pid} on this machine")
+    if alive:
+        return JobStatus("running", f"process group {record.pid} on this machine")
+    killed = f"its supervisor (process {record.pid}) was killed before the job ended"
+    left = job_processes(record.exit_code_file)
+    if left:
+        return JobStatus("running", f"stopping: {killed}; processes of the job left on this machine: {len(left)} "
+                                    "(the ranks finish their step, write a checkpoint and exit)")
+    return JobStatus("stopped", f"{killed}; its ranks were stopped with it: no process of the job is left on "
+                                "this machine")
+
+
+def job_processes(exit_code_file: str) -> list[int]:
+    """Pids of the live processes on this machine whose environment names the job (JOB_ENV)."""
+    mark = f"{JOB_ENV}={exit_code_file}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):  # a zombie's environment reads empty
+                    found.append(int(pid))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
 
 
 def stop_hint(record: JobRecord) -> str:
@@ -58,12 +89,33 @@ def supervise(argv: list[str]) -> int:
         print(f"usage: python -m {__name__} --exit-code-file FILE -- COMMAND...", file=sys.stderr)
         return 2
     exit_code_file, command = argv[1], argv[3:]
-    proc = subprocess.Popen(command)
+    proc = subprocess.Popen(command, env={**os.environ, JOB_ENV: exit_code_file}, preexec_fn=_sigterm_when_i_die())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
     code = proc.wait()
     write_text(exit_code_file, f"{code}\n")
     return code
+
+
+def _sigterm_when_i_die() -> Callable[[], None]:
+    """A preexec_fn that has the kernel send the child SIGTERM when this process dies, by any death.
+
+    Safe here, for PR_SET_PDEATHSIG's three catches: it fires when the *thread* that forked the child ends, and
+    the supervisor forks from its main thread, which lives as long as the process (it waits there); an exec
+    of a set-user-ID program clears it, and the command (bash, python, torchrun) is none; forks do not inherit
+    it, so it reaches the command alone: `single_node.sh` execs torchrun (the setting survives an exec),
+    which signals its ranks. A preexec_fn is safe in this single-threaded process. The supervisor may die
+    between the fork and prctl: the child checks its parent after arming and gives up if it changed."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
+    supervisor = os.getpid()
+
+    def arm() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != supervisor:
+            raise ChildProcessError("the supervisor ended before its command started")
+
+    return arm
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
-"""When a run must stop early: a termination signal, or the launcher that started this rank gone.
+"""When a run must stop early: a termination signal, or a launcher above this rank gone.
 
 Both set one flag that the loop reads at a step boundary, which all ranks agree on (the flag travels in the
 step's all-reduce), so every rank stops after the same step and a checkpoint can be written.
 
-The launcher watch exists because killing the launcher alone (`kill PID` of `deepspeed`, of torchrun's
-parent shell) does not reach the ranks: DeepSpeed's single-node runner installs no signal handler, its
-per-node `launch.py` survives it, and the ranks would train on to the end, re-parented to init, still
-writing checkpoints. So each rank records, at start, the processes above it that share its process group
-(the launcher chain a shell started as one job: `deepspeed` -> `launch.py` -> rank, or `bash` ->
-torchrun -> rank) and treats the end of any of them like SIGTERM. Under SLURM each task has a process
-group of its own and nothing is watched: slurmstepd signals the tasks itself. Forked DataLoader workers
-notice a dead parent on their own (torch checks it) and ignore SIGTERM and SIGINT (bertdist.data.loader),
-so a signal sent to the whole process group (torchrun, SLURM, Ctrl-C) leaves them running until the
-checkpoint is written.
+The launcher watch exists because a launcher that dies without passing a signal on leaves its ranks training,
+re-parented to init, still writing checkpoints: DeepSpeed's single-node runner installs no signal handler and
+its per-node `launch.py` survives it; a SIGKILLed torchrun or supervisor of `bertdist submit` signals nobody.
+So each rank records, at start, its ancestors that are launchers (LAUNCHERS: programs that start ranks and
+supervise them) and treats the end of any of them like SIGTERM. Launchers are told by their program, not by
+the process group: torchrun starts every rank in a session of its own, and the leader of a rank's group may
+be no launcher at all: a script or cron job that ran `nohup bertdist train ... &` and ended, which must
+leave the run going. Under SLURM no launcher is above the tasks and nothing is watched: slurmstepd signals
+them itself. Forked DataLoader workers notice a dead parent on their own (torch checks it) and ignore SIGTERM
+and SIGINT (bertdist.data.loader), so a signal sent to the whole process group (torchrun, SLURM, Ctrl-C)
+leaves them running until the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 """SIGTERM (kill, SLURM's preemption, the launchers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal)."""
 
 POLL_SECONDS = 1.0
+LAUNCHERS = (
+    "torchrun", "torch.distributed.run", "torch.distributed.launch",
+    "deepspeed", "deepspeed.launcher.runner", "deepspeed.launcher.launch",
+    "bertdist.launch.process", "bertdist.launch.elastic",
+)  # fmt: skip
+"""Programs (as `_program` names them) that start ranks and must not be outlived by them: torchrun, DeepSpeed's
+runner and its per-node launch.py, and bertdist's supervisors of a detached job. A Ray task process
+(`ray::<task>`, bertdist.launch.ray_job) that started ranks is one too."""
 
 
 class StopFlag:
@@ -67,21 +76,16 @@ class StopFlag:
 
 
 def launcher_chain(pid: int | None = None) -> list[tuple[int, str, str]]:
-    """(pid, start time, name) of each ancestor of `pid` (default: this process) in its process group."""
-    pid = os.getpid() if pid is None else pid
-    try:
-        group = os.getpgid(pid)
-    except ProcessLookupError:
-        return []
+    """(pid, start time, program) of each ancestor of `pid` (default: this process) that is a launcher.
+
+    All the way up, past the shells between them: a supervisor whose launch script was killed still has
+    ranks below it."""
     chain = []
-    parent = _parent(pid)
+    parent = _parent(os.getpid() if pid is None else pid)
     while parent > 1:
-        try:
-            if os.getpgid(parent) != group:
-                break
-        except ProcessLookupError:
-            break
-        chain.append((parent, _start_time(parent), _name(parent)))
+        program = _program(parent)
+        if program in LAUNCHERS or program.startswith("ray::"):
+            chain.append((parent, _start_time(parent), program))
         parent = _parent(parent)
     return chain
 
@@ -100,19 +104,37 @@ def _parent(pid: int) -> int:
     return int(fields[1]) if len(fields) > 1 else 0
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process; a zombie (dead, and not yet reaped by its parent or init) is not."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
 def _start_time(pid: int) -> str:
     """Clock ticks after boot when `pid` started: tells a live launcher from a new process that reused its pid."""
     fields = _stat_fields(pid)
     return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
 
 
-def _name(pid: int) -> str:
+def _program(pid: int) -> str:
+    """What `pid` runs: the module of `python -m`, the script that a python runs, else the executable's name."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return "?"
-    if args and os.path.basename(args[0]).startswith("python"):  # the program, not the interpreter that runs it
-        rest = [a for a in args[1:] if a in ("-m", "-c") or not a.startswith("-")]
-        args = rest[1:2] if rest[:1] == ["-m"] else ["python -c"] if rest[:1] == ["-c"] else rest[:1]
-    return " ".join(os.path.basename(a) for a in args[:2])[:80] or "?"
+    if not args:
+        return "?"
+    if not os.path.basename(args[0]).startswith("python"):
+        return os.path.basename(args[0])
+    options = iter(args[1:])
+    for arg in options:
+        if arg == "-m":
+            return next(options, "python")
+        if arg == "-c":
+            return "python -c"
+        if arg in ("-W", "-X"):  # the interpreter's options that take a value
+            next(options, None)
+        elif not arg.startswith("-"):
+            return os.path.basename(arg)
+    return "python"

@@ -1,13 +1,14 @@
 """A signal to whatever process the user started stops the run where the docs say, and leaves no process behind:
-SIGTERM to the `deepspeed` launcher alone (its ranks and their DataLoader workers are not signalled) and to the
-supervisor of `bertdist submit --backend local`: a checkpoint at the step of the stop, exit 75, nothing running;
-SIGTERM and SIGINT (Ctrl-C) to `bertdist finetune`: the finished epochs kept, its MLflow run KILLED, one line."""
+SIGTERM to the `deepspeed` launcher alone (its ranks and their DataLoader workers are not signalled), SIGTERM or
+SIGKILL to the supervisor of `bertdist submit --backend local`: a checkpoint at the step of the stop, exit 75,
+nothing running; SIGTERM and SIGINT (Ctrl-C) to `bertdist finetune`: the finished epochs kept, its MLflow run
+KILLED, one line. A shell that started a run and ended is no launcher: `nohup bertdist train ... &` trains on."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,9 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-LONG_RUN = ["data.phases.0.steps=100000", "checkpoint.every_steps=100000", "train.eval_every_steps=100000"]
+UNTIL_THE_END = ["checkpoint.every_steps=100000", "train.eval_every_steps=100000"]
+"""No checkpoint or evaluation before the run ends or stops: the last checkpoint is the one of the end or the stop."""
+LONG_RUN = ["data.phases.0.steps=100000", *UNTIL_THE_END]
 CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
 
@@ -84,7 +87,11 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
             os.killpg(launcher.pid, signal.SIGKILL)
 
 
-def test_sigterm_to_a_local_jobs_supervisor_checkpoints_and_leaves_no_process(tmp_path, tiny_shards, tiny_vocab):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_local_jobs_supervisor_signalled_or_killed_leaves_a_checkpoint_and_no_process(signum, tmp_path, tiny_shards, tiny_vocab):
+    from bertdist.launch.job import JobRecord
+    from bertdist.launch.status import job_status
+
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
     jobs = tmp_path / "jobs"
     submitted = subprocess.run(
@@ -92,19 +99,42 @@ def test_sigterm_to_a_local_jobs_supervisor_checkpoints_and_leaves_no_process(tm
          "--gpus-per-node", "2", "--master-port", str(free_tcp_port()), "--jobs-dir", str(jobs), *LONG_RUN],
         env={**os.environ, **CPU_ENV}, cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    record = next(jobs.glob("*.json"))
-    pid = json.loads(record.read_text())["pid"]
-    log = next(jobs.glob("*.log"))
+    record = JobRecord.load(next(jobs.glob("*.json")).stem, jobs)
+    log = Path(record.log_file)
     try:
         wait_until(lambda: "step 3/" in log.read_text(), 240, f"training to start ({submitted.stdout})")
-        os.kill(pid, signal.SIGTERM)  # the process `bertdist submit` started and printed, not its group
+        os.kill(record.pid, signum)  # the process `bertdist submit` started and printed, not its group
         assert_stopped_with_a_checkpoint(tmp_path / "out", log, str(jobs))  # the job runs the config copied there
-        exit_file = next(jobs.glob("*.exit"))
-        wait_until(exit_file.is_file, 10, "the supervisor's exit code")
-        assert exit_file.read_text().strip() != "0"  # torchrun ends with 1 after a signal, whatever its ranks return
+        status = job_status(record)
+        if signum == signal.SIGTERM:
+            wait_until(Path(record.exit_code_file).is_file, 10, "the supervisor's exit code")
+            assert status.state == "failed"  # torchrun ends with 1 after a signal, whatever its ranks return
+        else:
+            assert status.state == "stopped" and "supervisor" in status.detail and "was killed" in status.detail, status
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(record.pid, signal.SIGKILL)
+
+
+def test_a_run_started_with_nohup_by_a_script_trains_on_after_the_script_ends(tmp_path, tiny_shards, tiny_vocab):
+    """A cron job or `ssh node 'nohup bertdist train ... &'`: the run shares the shell's process group, and the
+    shell ends once the run has started; the run is detached, not stopped."""
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    log = tmp_path / "train.log"
+    steps = 100  # seconds of training after the shell has ended, while the launcher watch looks every second
+    train = [sys.executable, "-m", "bertdist", "train", "--config", str(config), f"launch.master_port={free_tcp_port()}",
+             f"data.phases.0.steps={steps}", *UNTIL_THE_END]  # fmt: skip
+    script = f"nohup {shlex.join(train)} > {shlex.quote(str(log))} 2>&1 & until grep -q 'step 1/' {shlex.quote(str(log))}; do sleep 0.2; done"
+    shell = subprocess.Popen(["bash", "-c", script], env={**os.environ, **CPU_ENV}, cwd=REPO, start_new_session=True)
+    try:
+        assert shell.wait(timeout=240) == 0
+        wait_until(lambda: not processes_mentioning(str(config)), 240, "the run to end")
+        output = log.read_text()
+        assert "its launcher (" not in output and "stopped (" not in output, output[-3000:]
+        assert runs.latest_tag(tmp_path / "out") == f"step_{steps:08d}", output[-3000:]
+    finally:
+        for line in processes_mentioning(str(config)):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
