@@ -192,12 +192,32 @@ def _remote(url: str, method: str, *args: Any, **kwargs: Any) -> Any:
 
 def exists(path: str) -> bool:
     path = local_path(path)
-    return _remote(path, "exists") if is_url(path) else os.path.exists(path)
+    return _info(path) is not None if is_url(path) else os.path.exists(path)
 
 
 def is_file(path: str) -> bool:
     path = local_path(path)
-    return _remote(path, "isfile") if is_url(path) else os.path.isfile(path)
+    if not is_url(path):
+        return os.path.isfile(path)
+    info = _info(path)
+    return info is not None and info["type"] == "file"
+
+
+def _info(url: str) -> dict | None:
+    """The object's (or prefix's) entry, None when there is no such key. Not fsspec's exists()/isfile(), which
+    answer False for every error: missing credentials, an unreachable endpoint and a missing bucket would all
+    read as "no such file" (and a refused connection would not be retried)."""
+    fs, inside = _filesystem(url)
+
+    def call() -> dict | None:
+        try:
+            return fs.info(inside)
+        except FileNotFoundError as e:
+            if "bucket" in str(e).lower():
+                raise
+            return None
+
+    return retrying(url, call)
 
 
 def is_dir(path: str) -> bool:

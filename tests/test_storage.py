@@ -127,13 +127,23 @@ def test_missing_credentials_and_a_wrong_bucket_are_one_line_and_exit_2(s3, s3_s
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") or k == "AWS_ENDPOINT_URL_S3"}
     env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
                AWS_EC2_METADATA_DISABLED="true", BERTDIST_STORAGE_RETRY_SECONDS="5")  # fmt: skip
-    done = bertdist("checkpoints", s3_shards, env=env)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().count("\n") == 0 and "no credentials for the object store" in done.stderr, done.stderr
+    for command in (["checkpoints", s3_shards], ["inspect", s3_shards]):
+        done = bertdist(*command, env=env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().count("\n") == 0 and "no credentials for the object store" in done.stderr, done.stderr
     env.update(AWS_ACCESS_KEY_ID="bertdist-test-key", AWS_SECRET_ACCESS_KEY="bertdist-test-secret", AWS_DEFAULT_REGION="us-east-1")
     done = bertdist("prepare", "--input", "s3://no-such-bucket/corpus/", "--vocab", tiny_vocab, "--output", str(tmp_path / "out"), env=env)
     assert done.returncode == 2, done.stderr
     assert "s3://no-such-bucket/corpus/" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    # Each cause said as itself, never as "not a directory written by bertdist prepare".
+    done = bertdist("inspect", "s3://no-such-bucket/shards", env=env)
+    assert done.returncode == 2 and "no such bucket" in done.stderr and "bertdist prepare" not in done.stderr, done.stderr
+    from bertdist.train.distributed import free_tcp_port
+
+    unreachable = {**env, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_tcp_port()}"}
+    done = bertdist("inspect", s3_shards, env=unreachable)
+    assert done.returncode == 2 and "still failing after 5 s of retries" in done.stderr, done.stderr
+    assert "connect" in done.stderr.lower() and "bertdist prepare" not in done.stderr, done.stderr
 
 
 def test_a_vocabulary_trains_on_a_corpus_in_the_store(s3_shards, tiny_corpus, tmp_path):
