@@ -49,6 +49,11 @@ class StorageError(UserError):
     """An object store refused or kept failing; the message names the URL and the store's error."""
 
 
+class StoreUnavailableError(StorageError):
+    """The store kept failing transiently (down, throttling, unreachable) for the whole retry time: not bad
+    input, and a later attempt may succeed. A run ends to be requeued, not as a usage error."""
+
+
 # ---- paths and URLs ----------------------------------------------------------------------------------------
 
 
@@ -177,7 +182,7 @@ def retrying(url: str, call: Callable[[], T], seconds: float | None = None) -> T
                 raise StorageError(_explain(url, e)) from None
             if time.monotonic() + delay > deadline:
                 waited = RETRY_SECONDS if seconds is None else seconds
-                raise StorageError(f"{_explain(url, e)} (still failing after {waited:.0f} s of retries)") from None
+                raise StoreUnavailableError(f"{_explain(url, e)} (still failing after {waited:.0f} s of retries)") from None
             time.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, 8.0)
 

@@ -2,7 +2,9 @@
 
 `python -m bertdist.launch.process --exit-code-file F -- CMD...` is the supervisor: a detached job has no
 parent left to collect its exit status, so this process stays and writes CMD's exit code to F, which lets
-`bertdist status` tell a finished job from a crashed one. Termination signals are passed on to CMD.
+`bertdist status` tell a finished job from a crashed one. Termination signals are passed on to CMD, and the
+first one is written after the exit code: a job stopped by `kill -TERM -- -PGID` (as `submit` says to) is
+reported stopped, not failed.
 
 Nothing of the job outlives its supervisor, however it dies (SIGKILL, the OOM killer): CMD gets SIGTERM from
 the kernel then (PR_SET_PDEATHSIG), which torchrun and the elastic supervisor pass on to the ranks, and the
@@ -52,8 +54,11 @@ def status(record: JobRecord) -> JobStatus:
     alive = running(record.pid)  # before the exit file, which the supervisor writes before it ends
     exit_file = Path(record.exit_code_file)
     if exit_file.exists():
-        code = int(exit_file.read_text().strip())
-        return JobStatus("succeeded" if code == 0 else "failed", f"process group {record.pid} exited with {code}")
+        code, *signalled = exit_file.read_text().split()
+        if signalled and int(code) != 0:  # torchrun ends with 1 after a signal, whatever its ranks did
+            return JobStatus("stopped", f"stopped by {signalled[0]}, passed on to the job (exit {code}): its ranks "
+                                        "checkpoint on a signal; submit it again to continue (--resume auto)")  # fmt: skip
+        return JobStatus("succeeded" if code == "0" else "failed", f"process group {record.pid} exited with {code}")
     if alive:
         return JobStatus("running", f"process group {record.pid} on this machine")
     killed = f"its supervisor (process {record.pid}) was killed before the job ended"
@@ -90,10 +95,16 @@ def supervise(argv: list[str]) -> int:
         return 2
     exit_code_file, command = argv[1], argv[3:]
     proc = subprocess.Popen(command, env={**os.environ, JOB_ENV: exit_code_file}, preexec_fn=_sigterm_when_i_die())
+    received: list[str] = []
+
+    def pass_on(signum: int, _frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        proc.send_signal(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+        signal.signal(sig, pass_on)
     code = proc.wait()
-    write_text(exit_code_file, f"{code}\n")
+    write_text(exit_code_file, f"{code}\n" + (f"{received[0]}\n" if received else ""))  # the signal: a stop, not a failure
     return code
 
 

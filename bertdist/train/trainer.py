@@ -56,6 +56,9 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
     """
     try:
         trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port), restart)
+    except storage.StoreUnavailableError as e:
+        print(f"bertdist train: {e}{_REQUEUED}", file=sys.stderr)
+        return REQUEUE_EXIT_CODE
     except (UserError, OSError) as e:
         print(f"bertdist train: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
@@ -64,6 +67,8 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
             return trainer.train()
         except checkpoint.CheckpointSaveError as e:  # not the input's fault: no usage exit code
             return trainer.stop_with(str(e), FAILED_EXIT_CODE)
+        except storage.StoreUnavailableError as e:  # the store down (a final upload, a preemption): try again later
+            return trainer.stop_with(f"{e}{_REQUEUED}", REQUEUE_EXIT_CODE)
         except (UserError, OSError) as e:
             return trainer.stop_with(one_line(e), USAGE_EXIT_CODE)
         except RuntimeError as e:
@@ -73,6 +78,10 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
                 f"lost contact with the other ranks during step {trainer.step + 1}: another rank stopped first "
                 f"(the one whose log ends without this line) ({one_line(e)[:200]})", FAILED_EXIT_CODE
             )  # fmt: skip
+
+
+_REQUEUED = (f"; the object store is unavailable, which is not a problem with the input: exiting {REQUEUE_EXIT_CODE} to be "
+             "requeued, and the job continues from the newest checkpoint `latest` names in the store (--resume auto)")
 
 
 class Trainer(contextlib.ExitStack):
@@ -383,10 +392,11 @@ class Trainer(contextlib.ExitStack):
 
     # --- checkpoints and stops ---------------------------------------------------------------------
     def stop_with(self, reason: str, exit_code: int) -> int:
-        """The run cannot go on: say why in one line naming this rank and host, end the MLflow run as FAILED."""
+        """The run cannot go on: say why in one line naming this rank and host, end the MLflow run as FAILED (KILLED
+        when it stops to be requeued)."""
         print(f"bertdist train: [rank {self.env.rank} on {socket.gethostname()}] {reason}", file=sys.stderr, flush=True)
         self.tracker.set_tags({"bertdist.stop_reason": reason[:500]})
-        self.tracker.close("FAILED")
+        self.tracker.close("KILLED" if exit_code == REQUEUE_EXIT_CODE else "FAILED")
         return exit_code
 
     def _save(self, step: int, phase_index: int, nonfinite_streak: int) -> None:

@@ -141,3 +141,32 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     assert f"resumed from {base / 'store-one-rank' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}" in ranks.output(0)
     assert read_train_state(base / "store-one-rank" / "out" / "checkpoints" / final).step == runs.STEPS
     assert remote.latest_in_store(copy) == final
+
+
+STORE_GONE_AT_THE_FINAL_CHECKPOINT = f"""
+import os, sys
+os.environ["BERTDIST_STORAGE_RETRY_SECONDS"] = "3"
+from bertdist import storage
+from bertdist.train.distributed import free_tcp_port
+from bertdist.train.trainer import Trainer
+original = Trainer._save
+def save(self, step, *args):
+    if step == {runs.STEPS}:  # the store goes away before the last checkpoint's upload
+        storage.use_endpoint(f"http://127.0.0.1:{{free_tcp_port()}}")
+    original(self, step, *args)
+Trainer._save = save
+from bertdist.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_store_down_at_the_final_upload_is_a_requeue_not_bad_input(tmp_path, s3, tiny_shards, tiny_vocab):
+    """A transient store failure that outlasts the retries ends the run with 75 (requeue: it continues from the
+    newest checkpoint in the store), not 2, which the elastic supervisor and SLURM take as "fails the same way"."""
+    uri = storage.join(s3.bucket("checkpoints-down"), "run")
+    config = store_config(tmp_path, tiny_shards, tiny_vocab, uri, gpus_per_node=1)
+    ranks = runs.start_ranks(config, "down", world_size=1, python_code=STORE_GONE_AT_THE_FINAL_CHECKPOINT)
+    assert ranks.wait() == [75], ranks.output(0)[-3000:]
+    said = ranks.output(0)
+    assert "still failing after 3 s of retries" in said and "not a problem with the input: exiting 75" in said, said[-2000:]
+    assert remote.latest_in_store(uri) == tag_for(runs.CHECKPOINT_EVERY)  # what a requeued job continues from
