@@ -33,6 +33,7 @@ from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
 from bertdist.launch.commands import add_forecast_flags, add_logs, add_status, add_submit, forecast
+from bertdist import storage
 from bertdist.storage import credentials_problem
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
@@ -188,6 +189,11 @@ def _run_train(args: argparse.Namespace) -> int:
         print(dump_yaml(cfg))
         print("# plan")
         print(describe_plan(cfg, world_size))
+        if cfg.checkpoint.uri:  # what the run checks there (another run's checkpoints or lease), read only
+            from bertdist.train import remote
+
+            storage.use_endpoint(cfg.storage.endpoint_url)
+            print(remote.preview(cfg))
         print(forecast(cfg, args.calibrate, args.calibrate_steps).describe(cfg, args.price_per_node_hour))
         return 0
     if args.calibrate:

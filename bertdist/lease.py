@@ -68,20 +68,13 @@ class StoreLease:
         deadline, said = None, False
         while True:
             held, age_s = self._read_with_age()
-            if not held:  # none, or not a lease (written by hand): nobody's
-                break
-            stale_after = float(held.get("timeout_s", self.timeout_s))
-            if age_s > stale_after:
+            verdict = self._verdict(held, age_s)
+            if verdict == "stale":
                 print(f"bertdist: {self.uri}: taking over the lease of a run that stopped renewing it {age_s:.0f} s ago "
                       f"({holder_text(held)})", file=sys.stderr, flush=True)  # fmt: skip
+            if verdict != "wait":
                 break
-            same_dir = held.get("output_dir") == self.record["output_dir"]
-            if same_dir and held.get("host") == self.record["host"]:
-                break  # this process holds the directory's lock: that holder is gone
-            if not same_dir:
-                raise LeaseBusyError(f"checkpoint.uri {self.uri} is in use by another run ({holder_text(held)}, output "
-                                     f"{held.get('output_dir', '?')}, renewed {age_s:.0f} s ago); wait for it to end or "
-                                     f"choose another URI (a lease not renewed for {stale_after:.0f} s is taken over)")  # fmt: skip
+            stale_after = float(held.get("timeout_s", self.timeout_s))
             deadline = deadline or time.monotonic() + stale_after + SETTLE_SECONDS
             if time.monotonic() > deadline:
                 raise LeaseBusyError(f"checkpoint.uri {self.uri}: the lease of {holder_text(held)} for this output "
@@ -99,6 +92,27 @@ class StoreLease:
                                  f"({holder_text(held or {})}); choose another URI")  # fmt: skip
         self._thread = threading.Thread(target=self._heartbeat, name="bertdist-lease", daemon=True)
         self._thread.start()
+
+    def preview(self) -> str:
+        """What `acquire` would find, in one line, taking nothing; LeaseBusyError where it would refuse."""
+        held, age_s = self._read_with_age()
+        return {"free": "no run holds it", "stale": f"a lease not renewed for {age_s:.0f} s: taken over at start",
+                "mine": "held by this run's earlier launch on this host: taken over at start",
+                "wait": f"held by an earlier launch of this run from another host ({holder_text(held or {})}): waited for "
+                        "until it is stale"}[self._verdict(held, age_s)]  # fmt: skip
+
+    def _verdict(self, held: dict[str, Any] | None, age_s: float) -> str:
+        """free, stale, mine (take it now), wait (an earlier launch of this run elsewhere), or LeaseBusyError."""
+        if not held:  # none, or not a lease (written by hand): nobody's
+            return "free"
+        stale_after = float(held.get("timeout_s", self.timeout_s))
+        if age_s > stale_after:
+            return "stale"
+        if held.get("output_dir") != self.record["output_dir"]:
+            raise LeaseBusyError(f"checkpoint.uri {self.uri} is in use by another run ({holder_text(held)}, output "
+                                 f"{held.get('output_dir', '?')}, renewed {age_s:.0f} s ago); wait for it to end or "
+                                 f"choose another URI (a lease not renewed for {stale_after:.0f} s is taken over)")  # fmt: skip
+        return "mine" if held.get("host") == self.record["host"] else "wait"  # mine: this process holds the directory
 
     def release(self) -> None:
         """Stop renewing, and remove the lease if it is still this run's."""

@@ -175,3 +175,16 @@ def s3_shards(s3, tiny_corpus, tiny_vocab, ray_local) -> str:
     out = storage.join(s3.bucket("shards"), "tiny", "train")
     prepare(tiny_prepare_options(corpus + "/", tiny_vocab, out))
     return out
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 300 KB tmpfs: a full disk, as root can make one (skipped otherwise)."""
+    import subprocess
+
+    mount = tmp_path / "tiny-disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("making a full file system needs root and mount (tmpfs)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)

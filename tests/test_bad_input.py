@@ -358,20 +358,6 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
     assert not damaged and "step_00000004" not in text and "DAMAGED" not in text, text
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 300 KB tmpfs: a full disk, as root can make one (skipped otherwise)."""
-    import os
-    import subprocess
-
-    mount = tmp_path / "tiny-disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)]).returncode != 0:
-        pytest.skip("making a full file system needs root and mount (tmpfs)")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 @pytest.mark.parametrize("command", ["export", "embed"])
 def test_a_full_disk_is_one_line_and_leaves_no_partial_output(command, tiny_disk, tmp_path, capsys, tiny_vocab):
     from bertdist.model.bert import BertForPreTraining

@@ -74,6 +74,21 @@ def test_the_second_epoch_reads_its_blocks_from_the_cache(s3_shards, tiny_vocab,
     assert stream.fetched == fetched and stream.hits > 0  # (blocks still decoded in memory are not read at all)
 
 
+def test_a_full_cache_disk_costs_the_cache_only(s3_shards, tiny_shards, tiny_vocab, tiny_disk, capsys):
+    """The block cache on a full disk: the batches are exact, read from the store uncached, and the disk is named
+    once (it stopped the run with a path-less "No space left on device")."""
+    fd = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(OSError, match="No space left"):
+        while True:
+            os.write(fd, bytes(4096))
+    os.close(fd)
+    per_epoch = PretrainingLoader(tiny_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8).batches_per_epoch
+    assert same(batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(tiny_disk / "cache")), batches(tiny_shards, tiny_vocab, per_epoch))
+    said = capsys.readouterr().err
+    assert said.count("is on a full disk; blocks are read from the store uncached") == 1, said
+    assert str(tiny_disk / "cache") in said and "No space left on device" in said
+
+
 def test_the_endpoint_going_away_and_coming_back_mid_epoch_is_retried_and_exact(s3, s3_shards, tiny_shards, tiny_vocab, tmp_path):
     expected = batches(tiny_shards, tiny_vocab, 400)
     loader = PretrainingLoader(s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8, shuffle_buffer_size=256,

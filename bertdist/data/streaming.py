@@ -16,7 +16,9 @@ Transient store errors are retried by `bertdist.storage` (backoff, then one line
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -67,6 +69,7 @@ class BlockStream:
             self._pending: dict[int, Future] = {}
             self._lock = threading.Lock()
             self._writes = 0
+            self._full = False
             self.hits = self.fetched = 0
             self.wait_seconds = 0.0
 
@@ -114,6 +117,8 @@ class BlockStream:
         for attempt in range(2):
             try:
                 data = storage.read_bytes(url, offset, offset + size)
+            except storage.StoreUnavailableError:
+                raise  # the store down, not bad data: the run is requeued (bertdist.train.trainer)
             except storage.StorageError as e:
                 raise DataError(str(e)) from None
             if len(data) == size and block_digest(data) == digest:
@@ -123,12 +128,28 @@ class BlockStream:
                     "its sha256 differs from the manifest (the object was replaced or damaged)"
                 raise DataError(f"{url}: the block at byte {offset}: {what}; prepare the data again or restore the object")
         self.fetched += 1
-        with storage.atomic_write(self._cached(block_id), "wb") as f:
-            f.write(data)
+        self._keep(block_id, data)
+        return data
+
+    def _keep(self, block_id: int, data: bytes) -> None:
+        """Cache a fetched block. A full cache disk only costs the cache: the block is in hand, the run goes on
+        reading from the store, and the first time says so naming the directory; any other write failure names
+        the file."""
+        try:
+            with storage.atomic_write(self._cached(block_id), "wb") as f:
+                f.write(data)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise storage.write_error(self._cached(block_id), e) from None
+            if not self._full:
+                self._full = True
+                print(f"bertdist: WARNING {storage.write_error(self._cached(block_id), e)}: the block cache {self.cache_dir} "
+                      "is on a full disk; blocks are read from the store uncached (set storage.cache_dir elsewhere or "
+                      "lower storage.cache_mb)", file=sys.stderr, flush=True)  # fmt: skip
+            return
         self._writes += 1
         if self._writes % _EVICT_EVERY_WRITES == 0:
             self._evict()
-        return data
 
     def _evict(self) -> None:
         """Remove the least recently used cache files while the cache holds more than `cache_bytes`."""

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bertdist import storage
-from bertdist.config import CheckpointConfig
+from bertdist.config import CheckpointConfig, Config
 from bertdist.lease import StoreLease
 from bertdist.train import integrity
 from bertdist.train.checkpoint import (
@@ -39,6 +39,7 @@ from bertdist.train.checkpoint import (
     LATEST_FILENAME,
     TRAIN_STATE_FILENAME,
     CheckpointError,
+    TrainState,
     checkpoints_dir,
     first_intact,
     foreign_fields,
@@ -195,10 +196,7 @@ def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = No
             refuse_foreign_checkpoints(output_dir)
             return None
         if config is not None:
-            state_url = storage.join(ck.uri, newest, TRAIN_STATE_FILENAME)
-            if storage.exists(state_url):
-                _refuse_another_run(parse_train_state(storage.read_bytes(state_url), state_url).config, config,
-                                    f"checkpoint.uri {ck.uri} (latest {newest})")  # fmt: skip
+            _refuse_another_runs_store(ck.uri, newest, config)
         return _newest_intact_in_store(ck.uri, newest, checkpoints_dir(output_dir), ck.verify, mark_damaged)
     found = resolve_resume(output_dir, ck.resume, ck.verify, mark_damaged)
     if found is None:
@@ -209,6 +207,33 @@ def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = No
     elif config is not None:
         _refuse_another_run(read_train_state(found).config, config, f"checkpoint {found}")
     return found
+
+
+def preview(cfg: Config) -> str:
+    """A dry run's line on `checkpoint.uri`: what the run would resume from and who holds the URI, read without
+    downloading or taking anything; the refusals the run would meet (another run's checkpoints or lease) raise."""
+    ck = cfg.checkpoint
+    holder = StoreLease(ck.uri, cfg.train.output_dir, ck.lease_timeout_s).preview()
+    newest = latest_in_store(ck.uri)
+    if newest is None:
+        start = "no checkpoint there, the run starts fresh"
+    elif ck.resume == "auto":
+        state = _refuse_another_runs_store(ck.uri, newest, cfg.to_dict())
+        start = f"the run resumes from {newest} (step {state.step if state else '?'}; or the newest intact one before it)"
+    else:
+        start = f"holds checkpoints (latest {newest}); checkpoint.resume={ck.resume}"
+        resume_point(ck, cfg.train.output_dir)  # refuses a fresh start over another run's checkpoints
+    return f"checkpoint.uri {ck.uri}: {start}; lease: {holder}"
+
+
+def _refuse_another_runs_store(uri: str, newest: str, config: dict) -> TrainState | None:
+    """The train state of the store's newest checkpoint, refused when another run wrote it."""
+    state_url = storage.join(uri, newest, TRAIN_STATE_FILENAME)
+    if not storage.exists(state_url):
+        return None
+    state = parse_train_state(storage.read_bytes(state_url), state_url)
+    _refuse_another_run(state.config, config, f"checkpoint.uri {uri} (latest {newest})")
+    return state
 
 
 def _refuse_another_run(saved: dict, config: dict, where: str) -> None:

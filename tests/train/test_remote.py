@@ -68,6 +68,10 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
                                 "intruder", world_size=1)  # fmt: skip
     assert intruder.wait() == [2] and f"checkpoint.uri {uri} is in use by another run" in intruder.output(0), intruder.output(0)[-2000:]
     assert remote.latest_in_store(uri) == tag_for(runs.CHECKPOINT_EVERY)
+    from bertdist.cli import main
+
+    assert main(["train", "--config", str(base / "store-intruder" / "config.yaml"), "--dry-run"]) == 2  # it checks the same
+    assert f"checkpoint.uri {uri} is in use by another run" in capsys.readouterr().err
     for p in ranks.procs:
         p.send_signal(signal.SIGKILL)
     ranks.wait()
@@ -81,10 +85,14 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
         remote.resume_point(theirs.checkpoint, theirs.train.output_dir, theirs.to_dict())
     assert not (base / "store-other" / "out" / "checkpoints").exists()
     time.sleep(LEASE_TIMEOUT_S + 1)  # the killed run's lease goes stale
+    assert main(["train", "--config", str(other), f"checkpoint.uri={uri}", "optim.lr=0.5", "--dry-run"]) == 2
+    assert "written by a run with other settings: optim.lr" in capsys.readouterr().err
+    assert main(["train", "--config", str(fresh_config := store_config(base / "store-resumed", s3_shards, tiny_vocab, uri)),
+                 "--dry-run"]) == 0  # fmt: skip
+    assert f"the run resumes from {tag_for(runs.CHECKPOINT_EVERY)}" in capsys.readouterr().out
 
     # Another node: an empty output directory, everything comes from the store.
-    fresh = store_config(base / "store-resumed", s3_shards, tiny_vocab, uri)
-    ranks = runs.start_ranks(fresh, "resumed", "--resume", "auto")
+    ranks = runs.start_ranks(fresh_config, "resumed", "--resume", "auto")
     assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
     assert "taking over the lease of a run that stopped renewing it" in ranks.output(0)
     assert not storage.exists(storage.join(uri, lease.LEASE_NAME))  # given back at the end
@@ -115,7 +123,6 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     assert storage.exists(storage.join(damaged, final, DAMAGED_FILENAME))
 
     # Export from the store to the store, and fine-tune from the model there.
-    from bertdist.cli import main
     from bertdist.train.distributed import free_tcp_port
 
     model = storage.join(s3.bucket("models"), "bert-tiny")
