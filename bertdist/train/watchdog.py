@@ -69,7 +69,7 @@ class StallWatchdog:
 
         self._store = dist.TCPStore(
             self.master[0], self.master[1], is_master=False, wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=max(5.0, 2 * self.interval_s)),
+            timeout=datetime.timedelta(seconds=self._store_timeout_s()),
         )  # fmt: skip
         self._last_progress = time.monotonic()
         self._publish()
@@ -81,9 +81,20 @@ class StallWatchdog:
         self._last_progress = time.monotonic()
 
     def close(self) -> None:
+        """Stop the thread and wait until it has ended: out of its store call, not only asked to stop.
+
+        A daemon thread still inside a TCPStore call when the interpreter finalizes is ended by pthread_exit
+        when it takes the GIL back, and that forced unwind through torch's C++ frames aborts the process
+        ("terminate called without an active exception", exit 134 after a clean run). The join outlasts the
+        longest store call; on a loaded host a call does take that long, which is when the abort was seen."""
         self._stopped.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.interval_s + 5)
+            self._thread.join(timeout=self._store_timeout_s() + self.interval_s + 5)
+            if self._thread.is_alive():
+                print(f"bertdist: WARNING [rank {self.rank}] the stall watchdog's thread did not end", file=sys.stderr, flush=True)
+
+    def _store_timeout_s(self) -> float:
+        return max(5.0, 2 * self.interval_s)
 
     # --- the thread ------------------------------------------------------------------------------
     def _run(self) -> None:
