@@ -41,6 +41,7 @@ from bertdist.train.checkpoint import (
     CheckpointError,
     TrainState,
     checkpoints_dir,
+    complete_checkpoints,
     first_intact,
     foreign_fields,
     marker_tag,
@@ -197,6 +198,10 @@ def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = No
             return None
         if config is not None:
             _refuse_another_runs_store(ck.uri, newest, config)
+            local = complete_checkpoints(checkpoints_dir(output_dir))
+            if local:  # the staging directory of the uploads: another run's newer checkpoints there would be kept
+                # by the local prune over this run's newest, before its upload had read it
+                _refuse_another_run(read_train_state(local[-1]).config, config, f"train.output_dir checkpoint {local[-1]}")
         return _newest_intact_in_store(ck.uri, newest, checkpoints_dir(output_dir), ck.verify, mark_damaged)
     found = resolve_resume(output_dir, ck.resume, ck.verify, mark_damaged)
     if found is None:

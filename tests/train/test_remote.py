@@ -177,3 +177,19 @@ def test_the_store_down_at_the_final_upload_is_a_requeue_not_bad_input(tmp_path,
     said = ranks.output(0)
     assert "still failing after 3 s of retries" in said and "not a problem with the input: exiting 75" in said, said[-2000:]
     assert remote.latest_in_store(uri) == tag_for(runs.CHECKPOINT_EVERY)  # what a requeued job continues from
+
+
+def test_a_staging_directory_holding_another_runs_checkpoints_is_refused(tmp_path, s3):
+    """With checkpoint.uri, OUTPUT/checkpoints stages the uploads, and its prune keeps the newest by name: another
+    run's newer checkpoints there would outlive this run's newest before its upload read it."""
+    from tests.train.test_checkpoint import _recorded
+
+    mine = load_config(None, [f"train.output_dir={tmp_path / 'out'}", "optim.lr=1e-3"])
+    uri = storage.join(s3.bucket("staging"), "run")
+    storage.upload_directory(_recorded(tmp_path / "store-copy", 10, mine.to_dict()), storage.join(uri, tag_for(10)))
+    storage.write_text(storage.join(uri, "latest"), tag_for(10))
+    theirs = load_config(None, ["optim.lr=5e-4"])
+    _recorded(tmp_path / "out" / "checkpoints", 90, theirs.to_dict())
+    with pytest.raises(CheckpointError, match=r"train.output_dir checkpoint .*step_00000090 was written by a run with other "
+                                              r"settings: optim.lr"):  # fmt: skip
+        remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mine.to_dict())
