@@ -34,7 +34,7 @@ from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, o
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
 from bertdist.launch.commands import add_forecast_flags, add_logs, add_status, add_submit, forecast
 from bertdist import storage
-from bertdist.storage import credentials_problem
+from bertdist.credentials import credentials_problem
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 

@@ -8,6 +8,13 @@ The exit codes live here, not with the trainer, because launchers read them too 
 requeues on REQUEUE_EXIT_CODE) and must not import the training stack to learn one number.
 """
 
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+
 OK_EXIT_CODE = 0
 FAILED_EXIT_CODE = 1
 """The run itself failed: training stopped on non-finite losses, a job ended badly."""
@@ -42,3 +49,26 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and (error.filename is not None or error.errno is not None):
         return f"{error.strerror or type(error).__name__}" + (f": {error.filename}" if error.filename is not None else "")
     return str(error)
+
+
+def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
+    """A failed write of `path` as an OSError that names the file and, when the disk is full, says so.
+
+    Libraries report a full disk in their own ways: numpy as "N requested and M written" with no errno,
+    safetensors as a Rust error carrying "os error 28". The command line prints an OSError as one line
+    `reason: file`; this gives every such failure that form.
+    """
+    code = getattr(error, "errno", None)
+    if code is None:
+        found = re.search(r"os error (\d+)", str(error))
+        code = int(found.group(1)) if found else None
+    try:
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    except OSError:
+        free = -1
+    if code is None and 0 <= free < 1 << 20:
+        code = errno.ENOSPC
+    reason = os.strerror(code) if code else f"write failed ({str(error).strip()[:120]})"
+    if 0 <= free < 1 << 20:
+        reason += f" ({free / 1e6:.1f} MB free there)"
+    return OSError(code or errno.EIO, reason, os.fspath(path))

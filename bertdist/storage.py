@@ -13,8 +13,9 @@ publishes all of the object or none of it, so a killed writer leaves at most a `
 
 Object stores fail transiently (throttling with 503 SlowDown, connections reset, a server restarting): every
 call on a URL goes through `retrying`, which retries those with exponential backoff for up to
-`RETRY_SECONDS` and then raises a `StorageError` naming the object and the last error. Errors a retry
-cannot fix (no such bucket or key, access denied, no credentials) fail at once, in one line.
+`RETRY_SECONDS` and then raises a `StoreUnavailableError` naming the object and the last error (not bad input:
+a run stops to be requeued). Errors a retry cannot fix (no such bucket or key, access denied, no credentials)
+fail at once, in one line, as a `StorageError`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, TypeVar
 
+from bertdist import credentials
 from bertdist.errors import UserError
 
 PARTIAL_MARKER = ".partial-"
@@ -40,8 +42,6 @@ PARTIAL_MARKER = ".partial-"
 RETRY_SECONDS = float(os.environ.get("BERTDIST_STORAGE_RETRY_SECONDS", "120"))
 """How long transient object-store errors are retried before giving up (a server restart takes seconds)."""
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.IGNORECASE)
-_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@]*@", re.IGNORECASE)
-"""The `user:password@` of a URL (anywhere in a text): what `redacted` hides and `credentials_problem` refuses."""
 T = TypeVar("T")
 
 
@@ -67,23 +67,6 @@ def local_path(path: str | os.PathLike) -> str:
     """A local path as a plain path (`file:///x` -> `/x`); a remote URL unchanged."""
     path = os.fspath(path)
     return path[len("file://") :] if path.lower().startswith("file://") else path
-
-
-def redacted(text: str) -> str:
-    """`text` with the user and password of every URL in it replaced by `***`."""
-    return _USERINFO.sub(r"\1***@", text)
-
-
-def credentials_problem(value: str, where: str) -> str:
-    """A refusal naming `where` (a field or flag) when `value` holds a URL with credentials in it; '' otherwise.
-
-    They would be printed in errors, written to the job's resolved config and log and the tracking run, and
-    s3fs does not use them anyway: credentials belong in the environment or a profile."""
-    if _USERINFO.search(value) is None:
-        return ""
-    return (f"{where}: {redacted(value)}: a URL with credentials in it is refused (they would be written to logs, job "
-            "files and the tracking run); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for an object store, "
-            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD for an MLflow server")  # fmt: skip
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
@@ -123,7 +106,7 @@ def _filesystem(url: str) -> tuple[Any, str]:
     connections do not survive a fork: a DataLoader worker opens its own)."""
     import fsspec
 
-    problem = credentials_problem(url, "URL")
+    problem = credentials.credentials_problem(url, "URL")
     if problem:
         raise StorageError(problem)
     protocol = _URL.match(url).group(1).lower()
@@ -328,16 +311,6 @@ def read_json(path: str) -> Any:
     return json.loads(read_bytes(path))
 
 
-def load_array(path: str) -> Any:
-    """A `.npy` array: memory-mapped from a local file, read whole from an object (no pickle either way)."""
-    import numpy as np
-
-    path = local_path(path)
-    if not is_url(path):
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    return np.load(io.BytesIO(read_bytes(path)), allow_pickle=False)
-
-
 def open_binary(path: str) -> IO[bytes]:
     """A seekable binary stream with the standard library's methods (an object is read in ranged GETs of a
     few MB as the stream advances).
@@ -473,26 +446,3 @@ def remove_tree(path: str) -> None:
         return
     for url in find(path):
         remove(url)
-
-
-def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
-    """A failed write of `path` as an OSError that names the file and, when the disk is full, says so.
-
-    Libraries report a full disk in their own ways: numpy as "N requested and M written" with no errno,
-    safetensors as a Rust error carrying "os error 28". The command line prints an OSError as one line
-    `reason: file`; this gives every such failure that form.
-    """
-    code = getattr(error, "errno", None)
-    if code is None:
-        found = re.search(r"os error (\d+)", str(error))
-        code = int(found.group(1)) if found else None
-    try:
-        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-    except OSError:
-        free = -1
-    if code is None and 0 <= free < 1 << 20:
-        code = errno.ENOSPC
-    reason = os.strerror(code) if code else f"write failed ({str(error).strip()[:120]})"
-    if 0 <= free < 1 << 20:
-        reason += f" ({free / 1e6:.1f} MB free there)"
-    return OSError(code or errno.EIO, reason, os.fspath(path))

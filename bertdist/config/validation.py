@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist import storage
+from bertdist.credentials import credentials_problem
 from bertdist.config.schema import Config, ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -75,12 +76,12 @@ def deepspeed_passthrough_problems(cfg: Config) -> list[str]:
 
 
 def credential_problems(values: Any, where: str = "") -> list[str]:
-    """Every string field (at any depth) that holds a URL with credentials in it, redacted (storage.credentials_problem)."""
+    """Every string field (at any depth) that holds a URL with credentials in it, redacted (bertdist.credentials)."""
     if isinstance(values, dict):
         return [p for key, value in values.items() for p in credential_problems(value, f"{where}.{key}".lstrip("."))]
     if isinstance(values, (list, tuple)):
         return [p for i, value in enumerate(values) for p in credential_problems(value, f"{where}.{i}")]
-    problem = storage.credentials_problem(values, where) if isinstance(values, str) else ""
+    problem = credentials_problem(values, where) if isinstance(values, str) else ""
     return [problem] if problem else []
 
 

@@ -27,7 +27,7 @@ from typing import Iterable
 
 from bertdist import storage
 from bertdist.data.shards import block_digest
-from bertdist.errors import DataError
+from bertdist.errors import DataError, write_error
 
 _EVICT_EVERY_WRITES = 32
 
@@ -140,10 +140,10 @@ class BlockStream:
                 f.write(data)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise storage.write_error(self._cached(block_id), e) from None
+                raise write_error(self._cached(block_id), e) from None
             if not self._full:
                 self._full = True
-                print(f"bertdist: WARNING {storage.write_error(self._cached(block_id), e)}: the block cache {self.cache_dir} "
+                print(f"bertdist: WARNING {write_error(self._cached(block_id), e)}: the block cache {self.cache_dir} "
                       "is on a full disk; blocks are read from the store uncached (set storage.cache_dir elsewhere or "
                       "lower storage.cache_mb)", file=sys.stderr, flush=True)  # fmt: skip
             return

@@ -193,7 +193,8 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
 
 
 def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int) -> dict[str, Any]:
-    from bertdist.storage import atomic_write, write_error
+    from bertdist.errors import write_error
+    from bertdist.storage import atomic_write
 
     files = {"features": np.concatenate(parts).astype(o.dtype)}
     if o.level == "token":

@@ -40,7 +40,7 @@ from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 from bertdist.storage import write_json
-from bertdist.train import checkpoint, stopping
+from bertdist.train import checkpoint, rng, stopping
 
 
 def check(cfg: Config, world_size: int) -> None:
@@ -160,7 +160,7 @@ class Finetuning:
         mine = state.loader_states[0]
         self.start_step, self.start_epoch, self.best = state.step, mine["epoch"], tuple(mine["best"])
         if state.world_size == self.env.world_size:  # else new dropout streams: the data order is seeded per epoch
-            checkpoint.restore_rng_state(state.rng_states[self.env.rank])
+            rng.restore_rng_state(state.rng_states[self.env.rank])
         return state.tracking_run_id
 
     def _tracker(self, run_id: str | None) -> Any:

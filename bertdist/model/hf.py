@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.errors import UserError, first_line
-from bertdist.storage import write_error
+from bertdist.errors import write_error
 from bertdist.model.bert import BertForPreTraining
 
 SAFETENSORS_FILE = "model.safetensors"

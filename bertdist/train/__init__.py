@@ -4,6 +4,10 @@
     deepspeed    the DeepSpeed config dict from our config; the engine
     optim        AdamW parameter groups and the learning-rate schedule
     checkpoint   save, resume (exact: data cursor, RNG, tracking run id), consolidate
+    rng          every generator's state as JSON, for the checkpoint; seeding
+    run_identity whether a checkpoint is this run's (the settings that may change on resume)
+    remote       checkpoints in an object store (checkpoint.uri): uploads, publishing, resume from the store
+    extensions   where DeepSpeed JIT-builds its ops (inside the installation); stale build locks
     integrity    size and sha256 of every checkpoint file, recorded at save and checked before loading
     safe_load    every torch.load of a checkpoint weights-only (no code from a tampered file)
     reshard      resuming on another number of ranks (DeepSpeed's universal checkpoint)

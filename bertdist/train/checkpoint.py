@@ -18,12 +18,10 @@ also consolidates any ZeRO stage into one plain state dict, which export needs.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import sys
@@ -31,12 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 
 from bertdist import chatter
 from bertdist.errors import UserError, first_line, one_line
 from bertdist.storage import is_partial, partial_name, write_text
-from bertdist.train import integrity
+from bertdist.train import integrity, rng
 from bertdist.train.safe_load import weights_only_loading
 
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -49,17 +46,6 @@ STATE_CHECKSUM_KEY = "sha256"
 DAMAGED_FILENAME = "DAMAGED"
 DAMAGED_PREFIX = "damaged-"
 """A damaged checkpoint whose step is saved again is moved aside to `damaged-step_N`, not deleted."""
-RESUMABLE_FIELDS = ("train.output_dir", "launch", "checkpoint", "storage", "tracking", "eval", "train.log_every_steps",
-                    "train.eval_every_steps", "train.eval_batches", "train.stall_timeout_s", "train.rendezvous_timeout_s",
-                    "train.collective_timeout_s", "train.forecast_hours", "train.max_nonfinite_steps", "train.zero_stage",
-                    "train.deepspeed", "data.loader_workers", "data.vocab_file", "data.phases.*.train_dir",
-                    "data.phases.*.eval_dir", "data.phases.*.steps", "data.phases.*.micro_batch_size", "model.compile")  # fmt: skip
-"""What a run may change when it continues from a checkpoint: where things are, how it is launched, tracked and
-checked, how long it runs, how the batch is split over ranks. Every other field (the model, the optimizer and
-schedule, the global batch, the masking, the seed, the precision) makes another run: adopting a checkpoint
-that differs in one would silently continue someone else's training under this run's name."""
-
-
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit the run that wants to load it."""
 
@@ -77,7 +63,7 @@ class TrainState:
     loader_states: list[dict[str, Any]]
     """PretrainingLoader.state_dict() of every rank, indexed by rank."""
     rng_states: list[dict[str, Any]]
-    """capture_rng_state() of every rank, indexed by rank."""
+    """rng.capture_rng_state() of every rank, indexed by rank."""
     config: dict[str, Any]
     """The resolved Config.to_dict() of the run that wrote the checkpoint."""
     tracking_run_id: str | None = None
@@ -91,27 +77,6 @@ class TrainState:
 def _state_checksum(raw: dict[str, Any]) -> str:
     """sha256 of the state's canonical JSON: a flipped digit in `step` must not pass as another step."""
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
-
-
-def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The fields of `current` (a resolved Config.to_dict()) that differ from `saved` (a checkpoint's) outside
-    RESUMABLE_FIELDS, as dotted names: empty when the checkpoint is this run's."""
-    differ: list[str] = []
-
-    def walk(a: Any, b: Any, path: str, pattern: str) -> None:
-        if any(pattern == f or pattern.startswith(f + ".") for f in RESUMABLE_FIELDS):
-            return
-        if isinstance(a, dict) and isinstance(b, dict):
-            for key in sorted(set(a) | set(b)):
-                walk(a.get(key), b.get(key), f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
-        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a and isinstance(a[0], dict):
-            for i, (x, y) in enumerate(zip(a, b)):
-                walk(x, y, f"{path}.{i}", f"{pattern}.*")
-        elif json.loads(json.dumps(a)) != json.loads(json.dumps(b)):  # tuples and lists alike
-            differ.append(f"{path} ({json.dumps(a)} there, {json.dumps(b)} here)")
-
-    walk(saved, current, "", "")
-    return differ
 
 
 def state_json(state: TrainState) -> str:
@@ -290,47 +255,6 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "trai
 
 
 # ---------------------------------------------------------------------------------------------
-# RNG state as JSON: Python's Mersenne twister, numpy's global generator, torch's CPU and CUDA ones.
-
-
-def capture_rng_state() -> dict[str, Any]:
-    import torch
-
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "torch": _b64(torch.get_rng_state()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = _b64(torch.cuda.get_rng_state())
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    import torch
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(_unb64(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(_unb64(state["cuda"]))
-
-
-def _b64(t: Any) -> str:
-    return base64.b64encode(t.numpy().tobytes()).decode("ascii")
-
-
-def _unb64(text: str) -> Any:
-    import torch
-
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-
-# ---------------------------------------------------------------------------------------------
 # Save (collective) and load.
 
 
@@ -346,7 +270,7 @@ def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_lo
     tag = tag_for(state.step)
     target = root / tag
     per_rank: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, {"loader": local_loader_state, "rng": capture_rng_state()})
+    dist.all_gather_object(per_rank, {"loader": local_loader_state, "rng": rng.capture_rng_state()})
     state.loader_states = [r["loader"] for r in per_rank]
     state.rng_states = [r["rng"] for r in per_rank]
     if dist.get_rank() == 0 and (target / DAMAGED_FILENAME).is_file():

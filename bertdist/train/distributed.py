@@ -9,7 +9,8 @@ Supported launchers and the environment they set:
 
 The torchrun-style variables win when both are present, because `srun deepspeed ...` or `srun torchrun
 ...` set them per rank while SLURM's describe the outer allocation. This module only reads the
-environment and starts torch.distributed; it knows nothing about DeepSpeed or the model.
+environment and starts torch.distributed (having pointed the ops DeepSpeed builds at this installation first:
+bertdist.train.extensions); it knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Mapping
 
 from bertdist import lease, ownership, storage
 from bertdist.errors import UserError, first_line
+from bertdist.train import extensions
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -183,6 +185,8 @@ def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: 
     with the first and the process group with the second. Sets the torchrun-style variables first,
     because DeepSpeed reads them again when it initialises; `destroy_process_group` (or a failure here)
     puts them back, so that a later run in the same process, or a job it submits, does not inherit them.
+    Every rank of every launcher, and every in-process run, comes here before it builds an optimizer or an
+    engine: where DeepSpeed's op builds are pointed at this installation and stale build locks cleared.
     """
     import torch.distributed as dist
 
@@ -198,13 +202,13 @@ def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: 
     # DeepSpeed's ZeRO collectives call these deprecated torch functions on every step, and the warning is
     # printed again and again (something resets the warning registry): a ZeRO-3 epoch wrote hundreds of lines.
     warnings.filterwarnings("ignore", r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated", FutureWarning)
-    if dist.is_initialized():
-        return
-    try:
-        _start(env, backend, rendezvous_timeout_s, collective_timeout_s)
-    except BaseException:
-        _restore_env()
-        raise
+    if not dist.is_initialized():
+        try:
+            _start(env, backend, rendezvous_timeout_s, collective_timeout_s)
+        except BaseException:
+            _restore_env()
+            raise
+    extensions.prepare()  # after the rendezvous, whose timeout is shorter than a build this may wait for
 
 
 _LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

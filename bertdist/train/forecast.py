@@ -47,6 +47,9 @@ class Forecast:
     """Per phase: one optimizer step on every rank, in parallel (so: one rank's step)."""
     data_wait: list[float]
     """Per phase: the fraction of a step spent waiting for the loader (measured; 0 when estimated)."""
+    sequences_per_step: list[float]
+    """Per phase: the sequences one rank's step processes (micro batch x accumulation); counted by the calibration,
+    whose step time is the run's only if it ran the run's accumulation."""
     checkpoint_seconds: float = 0.0
     eval_seconds: float = 0.0
     startup_seconds: float = 0.0
@@ -69,8 +72,8 @@ class Forecast:
     def describe(self, cfg: Config, price_per_node_hour: float | None = None) -> str:
         lc, ck = cfg.launch, cfg.checkpoint
         lines = [f"# forecast ({self.source})"]
-        for i, (p, s, w) in enumerate(zip(cfg.data.phases, self.step_seconds, self.data_wait)):
-            lines.append(f"phase {i}: {p.steps:,} steps x {s:.4g} s (data wait {w:.0%}) = {duration(p.steps * s)}")
+        for i, (p, s, w, n) in enumerate(zip(cfg.data.phases, self.step_seconds, self.data_wait, self.sequences_per_step)):
+            lines.append(f"phase {i}: {p.steps:,} steps x {s:.4g} s ({n:g} sequences a rank, data wait {w:.0%}) = {duration(p.steps * s)}")
         parts = self.parts(cfg)
         if self.startup_seconds:
             lines += [f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = {duration(parts['checkpoints'])}",
@@ -107,11 +110,12 @@ def estimate(cfg: Config) -> Forecast:
         _, half, single = next(row for row in GPU_PEAK_FLOPS if row[0] == "A100")
         peak = single if cfg.train.precision == "fp32" else half
     world = cfg.launch.world_size()
-    seconds = [cfg.global_batch_size(p) / world * train_flops_per_sequence(cfg.model, p.max_seq_length,
-               masked_positions_for(p.max_seq_length)) / (peak * ASSUMED_MFU) for p in cfg.data.phases]  # fmt: skip
+    sequences = [cfg.global_batch_size(p) / world for p in cfg.data.phases]
+    seconds = [n * train_flops_per_sequence(cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length)) / (peak * ASSUMED_MFU)
+               for p, n in zip(cfg.data.phases, sequences)]  # fmt: skip
     return Forecast(f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, "
                     f"{peak / 1e12:g} TFLOP/s in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; "
-                    "--calibrate measures it", seconds, [0.0] * len(seconds))  # fmt: skip
+                    "--calibrate measures it", seconds, [0.0] * len(seconds), sequences)  # fmt: skip
 
 
 def calibrate(cfg: Config, steps: int = 20) -> Forecast:
@@ -121,7 +125,7 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
     from bertdist.config import dump_yaml
 
     world = cfg.launch.world_size()
-    step_s, wait = [], []
+    step_s, wait, sequences = [], [], []
     first: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bertdist-calibrate-") as tmp:
         for index, phase in enumerate(cfg.data.phases):
@@ -140,11 +144,12 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
             result = json.loads(found[-1].removeprefix(_RESULT))
             step_s.append(result["step_s"])
             wait.append(result["data_wait"])
+            sequences.append(result["sequences_per_step"])
             if index == 0:
                 first = {**result, "overhead_s": wall_s - result["timed_s"]}
     device = "cuda" if _cuda() else "cpu"
     return Forecast(f"calibrated: {steps} timed steps per phase on this machine's {device}, one rank at each phase's micro "
-                    f"batch and the gradient accumulation of {world} rank(s)", step_s, wait, first["checkpoint_s"],
+                    f"batch and the gradient accumulation of {world} rank(s)", step_s, wait, sequences, first["checkpoint_s"],
                     first["eval_s"], first["overhead_s"])  # fmt: skip
 
 
@@ -172,14 +177,16 @@ def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int
     with Trainer(one, DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none")) as trainer:
         ds.enter_phase(trainer.engine, one, phase, 1)
         batches = iter(trainer.loaders[0])
-        times, waits = [], []
+        times, sums = [], []
         for step in range(steps + WARMUP_STEPS):
             trainer.step = step
             t = time.perf_counter()
-            waits.append(trainer._train_step(batches)["data_wait_seconds"])
+            sums.append(trainer._train_step(batches))
             times.append(time.perf_counter() - t)
+        timed = sums[WARMUP_STEPS:]
         out["step_s"] = statistics.fmean(times[WARMUP_STEPS:])  # the mean: occasional stalls are part of a step's cost
-        out["data_wait"] = sum(waits[WARMUP_STEPS:]) / sum(times[WARMUP_STEPS:])
+        out["data_wait"] = sum(s["data_wait_seconds"] for s in timed) / sum(times[WARMUP_STEPS:])
+        out["sequences_per_step"] = statistics.fmean(s["sequences"] for s in timed)
         if everything:
             t = time.perf_counter()
             trainer._save(steps + WARMUP_STEPS, 0, 0)

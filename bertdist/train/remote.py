@@ -34,6 +34,7 @@ from bertdist import storage
 from bertdist.config import CheckpointConfig, Config
 from bertdist.lease import StoreLease
 from bertdist.train import integrity
+from bertdist.train.run_identity import foreign_fields
 from bertdist.train.checkpoint import (
     DAMAGED_FILENAME,
     LATEST_FILENAME,
@@ -43,7 +44,6 @@ from bertdist.train.checkpoint import (
     checkpoints_dir,
     complete_checkpoints,
     first_intact,
-    foreign_fields,
     marker_tag,
     parse_train_state,
     refuse_foreign_checkpoints,
@@ -189,7 +189,7 @@ def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = No
 
     A fresh start refuses a checkpoint directory or URI that holds another run's checkpoints. With `config`
     (this run's resolved Config.to_dict()), a checkpoint whose run differs outside what may change on resume
-    (bertdist.train.checkpoint.RESUMABLE_FIELDS) is refused naming the fields, before anything is downloaded.
+    (bertdist.train.run_identity.RESUMABLE_FIELDS) is refused naming the fields, before anything is downloaded.
     `mark_damaged`: this process owns the run and marks the checkpoints it finds damaged (see newest_intact)."""
     newest = latest_in_store(ck.uri) if ck.uri else None
     if ck.uri and ck.resume == "auto":

@@ -40,7 +40,7 @@ from bertdist.errors import (
     one_line,
 )
 from bertdist.launch.events import RestartEvent
-from bertdist.train import checkpoint, distributed, metrics, remote, reshard, stopping, timeline
+from bertdist.train import checkpoint, distributed, metrics, remote, reshard, rng, stopping, timeline
 from bertdist.train.console import Console
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
@@ -150,11 +150,11 @@ class Trainer(contextlib.ExitStack):
         self.callback(self.watchdog.close)
         # Last, so that nothing done at start-up draws from the generators.
         if self.resumed is not None and not self.resharding:
-            checkpoint.restore_rng_state(self.resumed.rng_states[env.rank])
+            rng.restore_rng_state(self.resumed.rng_states[env.rank])
         elif self.resumed is not None:  # new streams, distinct from the first run's (seed + rank) ones
-            _seed_everything(cfg.train.seed + env.rank + 1_000_003 * self.start_step)
+            rng.seed_everything(cfg.train.seed + env.rank + 1_000_003 * self.start_step)
         else:
-            _seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
+            rng.seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
 
     def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> Any:
         from bertdist.data.loader import PretrainingLoader
@@ -375,7 +375,7 @@ class Trainer(contextlib.ExitStack):
         import torch
         import torch.distributed as dist
 
-        rng = checkpoint.capture_rng_state()
+        saved = rng.capture_rng_state()
         self.engine.eval()
         acc = torch.zeros(len(metrics.STEP_SLOTS), dtype=torch.float64, device=self.device)
         batches = iter(self._loader(phase, phase.eval_dir, workers=0))
@@ -385,7 +385,7 @@ class Trainer(contextlib.ExitStack):
                 metrics.accumulate(acc, self.engine(**batch), batch)
                 self.watchdog.progress(self.step)
         dist.all_reduce(acc)
-        checkpoint.restore_rng_state(rng)
+        rng.restore_rng_state(saved)
         values = metrics.quality(dict(zip(metrics.STEP_SLOTS, acc.tolist())), "eval")
         self.tracker.log_metrics(values, step=step)
         self.console.eval(step, values)
@@ -446,14 +446,3 @@ class Trainer(contextlib.ExitStack):
         self.tracker.set_tags({"bertdist.stop_reason": "non-finite loss"})
         self.tracker.close("FAILED")
         return FAILED_EXIT_CODE
-
-
-def _seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertdist.train import checkpoint
+from bertdist.train import checkpoint, rng
 from bertdist.train.checkpoint import CheckpointError, TrainState
 from tests import training_runs as runs
 
@@ -134,10 +134,10 @@ def test_a_train_state_without_its_checksum_is_refused_unless_it_is_of_the_old_v
 
 def test_rng_state_survives_json():
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
-    saved = json.loads(json.dumps(checkpoint.capture_rng_state()))
+    saved = json.loads(json.dumps(rng.capture_rng_state()))
     expected = (random.random(), np.random.rand(), torch.rand(3))
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    checkpoint.restore_rng_state(saved)
+    rng.restore_rng_state(saved)
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
 

@@ -12,7 +12,7 @@ import torch
 from bertdist.config import OptimConfig
 from bertdist.model.bert import BertForPreTraining
 from bertdist.model.flops import peak_flops_for
-from bertdist.train import checkpoint
+from bertdist.train import checkpoint, rng
 from bertdist.train.checkpoint import consolidated_state_dict
 from bertdist.train.optim import build_optimizer
 from tests import training_runs as runs
@@ -44,10 +44,10 @@ def test_fused_adam_is_built_and_steps():
 
 def test_gpu_peak_flops_and_cuda_rng_state():
     assert peak_flops_for("cuda", "bf16") > 1e13
-    state = checkpoint.capture_rng_state()
+    state = rng.capture_rng_state()
     assert "cuda" in state
     want = torch.rand(4, device="cuda")
-    checkpoint.restore_rng_state(state)
+    rng.restore_rng_state(state)
     assert torch.equal(torch.rand(4, device="cuda"), want)
 
 

@@ -203,7 +203,7 @@ def load_piece(work_dir: str, piece: str) -> "np.lib.npyio.NpzFile":
 
 
 def _open_group(group_dir: str) -> Samples:
-    return Samples(**{n: storage.load_array(storage.join(group_dir, f"{n}.npy")) for n in Samples.column_names()})
+    return Samples(**{n: _load_array(storage.join(group_dir, f"{n}.npy")) for n in Samples.column_names()})
 
 
 def write_one_shard(
@@ -234,3 +234,11 @@ def write_one_shard(
 
 def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def _load_array(path: str) -> Any:
+    """A `.npy` array: memory-mapped from a local file, read whole from an object (no pickle either way)."""
+    path = storage.local_path(path)
+    if not storage.is_url(path):
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    return np.load(io.BytesIO(storage.read_bytes(path)), allow_pickle=False)

@@ -1,0 +1,30 @@
+"""Credentials never travel in URLs: a URL with a user or password in it is refused, redacted.
+
+They would be printed in errors, written to a job's resolved config and log and to the tracking run, and s3fs
+does not use them anyway: credentials belong in the environment or a profile. The CLI checks every argument,
+validation every config field, and bertdist.storage every URL it is handed.
+"""
+
+from __future__ import annotations
+
+import re
+
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@]*@", re.IGNORECASE)
+"""The `user:password@` of a URL (anywhere in a text): what `redacted` hides and `credentials_problem` refuses."""
+
+
+def redacted(text: str) -> str:
+    """`text` with the user and password of every URL in it replaced by `***`."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def credentials_problem(value: str, where: str) -> str:
+    """A refusal naming `where` (a field or flag) when `value` holds a URL with credentials in it; '' otherwise.
+
+    They would be printed in errors, written to the job's resolved config and log and the tracking run, and
+    s3fs does not use them anyway: credentials belong in the environment or a profile."""
+    if _USERINFO.search(value) is None:
+        return ""
+    return (f"{where}: {redacted(value)}: a URL with credentials in it is refused (they would be written to logs, job "
+            "files and the tracking run); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for an object store, "
+            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD for an MLflow server")  # fmt: skip

@@ -1,0 +1,108 @@
+"""Where DeepSpeed's ops are built (`bertdist.train.extensions`): in the environment that holds DeepSpeed unless
+TORCH_EXTENSIONS_DIR says otherwise, and never behind a build lock that nobody holds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bertdist.train import extensions
+
+# What torch's FileBaton does while it builds: create the lock exclusively, keep it open, remove it when done.
+BUILDER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL)
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+os.close(fd)
+os.remove(sys.argv[1])
+"""
+
+
+@pytest.fixture
+def lock(tmp_path, monkeypatch) -> Path:
+    """The lock path of an op's build directory under a TORCH_EXTENSIONS_DIR of the test's own."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(extensions, "POLL_S", 0.05)
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    return tmp_path / "deepspeed_shm_comm" / "lock"
+
+
+def test_the_ops_are_built_in_the_environment_that_holds_deepspeed(monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    expected = Path(sys.prefix).resolve() / "var" / "torch_extensions"  # the suite's environment holds DeepSpeed
+    assert extensions.installation_directory() == expected
+    assert extensions.prepare() == expected and os.environ["TORCH_EXTENSIONS_DIR"] == str(expected)
+
+
+def test_a_directory_the_user_chose_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert extensions.prepare() == tmp_path and os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path)
+
+
+def test_a_read_only_environment_builds_in_a_cache_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(extensions, "_writable", lambda directory: False)
+    directory = extensions.installation_directory()
+    assert directory.parent == tmp_path / "torch_extensions"  # not the folder every environment shares
+    assert directory.name.startswith(f"py{sys.version_info.major}{sys.version_info.minor}-")
+
+
+def test_a_lock_no_process_holds_is_removed_and_said_in_one_line(lock):
+    lock.touch()
+    said = []
+    extensions.prepare(said.append)
+    assert not lock.exists()
+    assert len(said) == 1 and str(lock) in said[0] and "stale" in said[0], said
+
+
+def test_a_build_in_progress_is_waited_for_not_broken(lock):
+    """Another rank's build holds the lock: it is waited for (one line naming the process), and released by
+    its builder, which would fail removing a lock someone else had removed."""
+    builder = subprocess.Popen([sys.executable, "-c", BUILDER, str(lock), "1.0"], stdout=subprocess.PIPE, text=True)
+    assert builder.stdout.readline() == "holding\n"
+    said = []
+    started = time.monotonic()
+    extensions.prepare(said.append)
+    assert builder.wait(timeout=10) == 0 and time.monotonic() - started > 0.5
+    assert len(said) == 1 and f"process {builder.pid}" in said[0] and str(lock) in said[0], said
+
+
+def test_a_build_holding_its_lock_too_long_stops_the_run_in_one_line(lock):
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL)
+    try:
+        old = time.time() - extensions.BUILD_TIMEOUT_S - 1
+        os.utime(lock, (old, old))
+        with pytest.raises(extensions.ExtensionBuildError) as raised:
+            extensions.prepare(print)
+    finally:
+        os.close(fd)
+    assert "\n" not in str(raised.value) and f"process {os.getpid()}" in str(raised.value) and str(lock) in str(raised.value)
+
+
+def test_on_a_shared_filesystem_an_unheld_lock_is_stale_only_once_older_than_any_build(lock, monkeypatch):
+    """No process here holds it, but one on another host mounting the same directory may."""
+    monkeypatch.setattr(extensions, "_host_local", lambda directory: False)
+    monkeypatch.setattr(extensions, "BUILD_TIMEOUT_S", 0.5)
+    lock.touch()
+    said = []
+    waiter = threading.Thread(target=extensions.prepare, args=(said.append,))
+    waiter.start()
+    time.sleep(0.25)
+    assert lock.exists() and len(said) == 1 and "another host" in said[0], said
+    waiter.join(timeout=5)
+    assert not lock.exists() and len(said) == 2 and "stale" in said[1], said
+
+
+def test_the_holders_of_a_file_are_the_processes_that_have_it_open(tmp_path):
+    path = tmp_path / "lock"
+    path.touch()
+    assert extensions.holders_of(path) == []
+    with path.open():
+        assert extensions.holders_of(path) == [os.getpid()]
