@@ -38,9 +38,12 @@ RECIPES = {
     # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule
     "fast": {"model": {"next_sentence_prediction": False}, "optim": {"name": "lamb"},
              "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS}},  # LAMB's step is lr x |w| per tensor
+    # ModernBERT at the tiny width: layers 0 and 3 global, 1-2 within an 8-token half window of the 32 tokens
+    "modernbert": {"model": {"arch": "modernbert", "next_sentence_prediction": False, "num_layers": 4, "intermediate_size": 96,
+                             "local_attention": 16, "layer_norm_eps": 1e-5, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0}},
 }  # fmt: skip
-"""Config sections merged over a run's config, by name; the shards must suit the recipe ("fast": prepared
-with --objective mlm --masking dynamic)."""
+"""Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert":
+prepared with --objective mlm --masking dynamic)."""
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.

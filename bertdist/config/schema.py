@@ -1,7 +1,7 @@
 """The single typed schema of a bertdist run: one dataclass per section, defaults and their meaning.
 
 Every section is its own dataclass so that each component receives only the part it needs
-(`BertForPreTraining(cfg.model)`), and derived quantities (gradient accumulation, total steps) are
+(`build_model(cfg.model)`), and derived quantities (gradient accumulation, total steps) are
 functions rather than fields that could disagree. Each field is documented where it is declared; those
 docstrings are the reference for the YAML files in configs/.
 
@@ -18,13 +18,26 @@ from typing import Any, ClassVar
 from bertdist.errors import UserError
 
 # L / H / A of BERT's published family (Turc et al. 2019 for the small ones; Devlin et al. 2018).
-MODEL_SIZES: dict[str, dict[str, int]] = {
+ARCHITECTURES = ("bert", "modernbert")
+"""model.arch: the names bertdist.model.registry maps to model classes."""
+_MODERNBERT = dict(arch="modernbert", next_sentence_prediction=False, layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
+                   attention_dropout_prob=0.0, vocab_size=50368, max_position_embeddings=8192)  # fmt: skip
+"""ModernBERT's settings shared by every size (transformers' ModernBertConfig defaults)."""
+MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
     "mini": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
     "small": dict(num_layers=4, hidden_size=512, num_attention_heads=8),
     "medium": dict(num_layers=8, hidden_size=512, num_attention_heads=8),
     "base": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
     "large": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
+    # ModernBERT (arXiv 2412.13663; ModernBertConfig): base 22 x 768, GLU 1,152; large 28 x 1,024, GLU 2,624. The
+    # small sizes keep the last layer global (layers 0, 3, 6, ... are) and a window shorter than their sequences.
+    "modernbert-tiny": dict(_MODERNBERT, num_layers=4, hidden_size=128, num_attention_heads=2, intermediate_size=192,
+                            local_attention=16, vocab_size=30522, max_position_embeddings=512),
+    "modernbert-mini": dict(_MODERNBERT, num_layers=7, hidden_size=256, num_attention_heads=4, intermediate_size=384,
+                            local_attention=64, vocab_size=30522, max_position_embeddings=1024),
+    "modernbert-base": dict(_MODERNBERT, num_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152),
+    "modernbert-large": dict(_MODERNBERT, num_layers=28, hidden_size=1024, num_attention_heads=16, intermediate_size=2624),
 }
 
 
@@ -38,12 +51,16 @@ class ConfigError(UserError, ValueError):
 
 @dataclass
 class ModelConfig:
-    """BERT architecture. `size` picks a named preset; any other key given alongside it wins."""
+    """The encoder's architecture. `size` picks a named preset; any other key given alongside it wins."""
 
     PRESET_FIELD: ClassVar[str] = "size"
 
     size: str = "base"
-    """Named size: tiny, mini, small, medium, base or large (sets layers, hidden size, heads)."""
+    """Named size: tiny, mini, small, medium, base or large (BERT: layers, hidden size, heads); modernbert-tiny,
+    -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary)."""
+    arch: str = "bert"
+    """bert (the 2018 architecture, the default) or modernbert (RoPE, GeGLU, pre-norm, alternating global and
+    local attention: bertdist.model.modernbert). One registry: bertdist.model.registry."""
     num_layers: int = 12
     hidden_size: int = 768
     num_attention_heads: int = 12
@@ -67,6 +84,15 @@ class ModelConfig:
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
     """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
+    # ModernBERT only (arch: modernbert); BERT ignores them.
+    global_attn_every_n_layers: int = 3
+    """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""
+    local_attention: int = 128
+    """The sliding window of the local layers, in tokens: a token sees the keys at most half of this away."""
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    bias: bool = False
+    """Biases in the linear layers and LayerNorms (ModernBERT has none; the decoder keeps its own either way)."""
 
     @classmethod
     def from_size(cls, size: str, **overrides: Any) -> "ModelConfig":

@@ -14,7 +14,7 @@ from typing import Any
 
 from bertdist import storage
 from bertdist.credentials import credentials_problem
-from bertdist.config.schema import Config, ConfigError
+from bertdist.config.schema import ARCHITECTURES, Config, ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 BACKENDS = ("local", "deepspeed", "slurm", "ray")
@@ -104,6 +104,18 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         p.append(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
+    if m.arch not in ARCHITECTURES:
+        p.append(f"model.arch: {m.arch!r} is not one of {', '.join(ARCHITECTURES)}")
+    elif m.arch == "modernbert":
+        if m.next_sentence_prediction:
+            p.append("model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false (MLM-only, "
+                     "shards prepared with --objective mlm)")  # fmt: skip
+        if m.global_attn_every_n_layers < 1 or m.local_attention < 2:
+            p.append(f"model.global_attn_every_n_layers and model.local_attention: must be >= 1 and >= 2, got "
+                     f"{m.global_attn_every_n_layers} and {m.local_attention}")  # fmt: skip
+        if not (m.global_rope_theta > 0 and m.local_rope_theta > 0):
+            p.append(f"model.global_rope_theta, model.local_rope_theta: must be positive, got {m.global_rope_theta}, "
+                     f"{m.local_rope_theta}")  # fmt: skip
     for name in ("hidden_dropout_prob", "attention_dropout_prob"):
         if not 0.0 <= getattr(m, name) < 1.0:
             p.append(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")

@@ -76,6 +76,10 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
 
     checkpoint, state, weights = read_newest(path)  # also while its run trains and prunes
     model_cfg = _with_dropout(ModelConfig(**state.config["model"]), cfg.model)
+    if model_cfg.arch != "bert":
+        raise ConfigError([f"finetune.init_from: {checkpoint} is a {model_cfg.arch} checkpoint; fine-tuning, embed and "
+                           "evaluate take BERT models only so far (its `bertdist export` loads in transformers' "
+                           "ModernBertFor* classes)"])  # fmt: skip
     vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
     if not Path(vocab).is_file():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])

@@ -1,7 +1,13 @@
-"""The model: BERT in plain PyTorch and what is computed about it.
+"""The models: encoders in plain PyTorch and what is computed about them.
 
-    bert   BertForPreTraining with Hugging Face's module and parameter names (torch only)
-    ops    its faster operators: CPU dropout, the MLM cross-entropy
-    hf     the one-way adapter to and from the Hugging Face format (the model never imports it)
-    flops  FLOPs per sequence and the peak FLOP/s that MFU is measured against
+    registry        model.arch -> the model class and its Hugging Face adapter; build_model(cfg.model)
+    bert            BertForPreTraining with Hugging Face's module and parameter names (torch only)
+    modernbert      ModernBertForMaskedLM: RoPE, GeGLU, pre-norm, global and sliding-window layers (torch only)
+    layout          padded, unpadded and packed batches: where each sample's tokens are, attention per sample
+    ops             faster operators: CPU dropout, attention over heads, tied logits, the MLM cross-entropy
+    hf              BERT to and from the Hugging Face format (the model never imports it)
+    modernbert_hf   ModernBERT to and from the Hugging Face format
+    hf_heads        fine-tuning heads in the Hugging Face format
+    heads           fine-tuning heads (classification, tagging, QA, multiple choice)
+    flops           FLOPs per sequence and parameters by architecture, and the peak FLOP/s MFU is measured against
 """

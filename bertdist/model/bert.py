@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import Dropout, VocabCrossEntropy, dropout
+from bertdist.model.ops import Dropout, VocabCrossEntropy, multi_head_attention, tied_logits
 
 
 @dataclass
@@ -121,25 +121,8 @@ class BertSelfAttention(nn.Module):
         return self.dropout_p if self.training else 0.0
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch, queries, hidden) projected queries and (batch, keys, 2 x hidden) keys and values (views of
-        the fused projection, or their own tensors) -> (batch, queries, hidden).
-
-        Called once per length bucket on the unpadded CPU path, so it calls no module (ZeRO-3 rule)."""
-        batch, queries, hidden = q.shape
-        head_dim = hidden // self.num_heads
-        q = q.reshape(batch, queries, self.num_heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
-        k, v = kv.reshape(batch, kv.shape[1], 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        dropout_p = self._dropout_p()
-        if dropout_p > 0 and q.device.type == "cpu":
-            # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's
-            # slower dropout; spelling it out lets the attention probabilities use our cheaper `dropout`.
-            scores = q @ k.transpose(-2, -1)  # (batch, heads, queries, keys)
-            if attn_mask is not None:
-                scores = scores.masked_fill(~attn_mask, float("-inf"))
-            out = dropout(scores.softmax(dim=-1), dropout_p) @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0)
-        return out.transpose(1, 2).reshape(batch, queries, hidden)
+        """The padded-space attention `TokenLayout` calls (queries already scaled, above)."""
+        return multi_head_attention(q, kv, attn_mask, self.num_heads, self._dropout_p(), scale=1.0)
 
 
 class BertSelfOutput(nn.Module):
@@ -319,14 +302,8 @@ class BertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        """Logits shaped like x with the vocabulary last, laid out vocabulary-major (see below)."""
-        # The tied matrix is passed in rather than held, so it is registered once (under the embeddings).
-        # The product is computed as (vocab, rows) = W @ x^T and returned transposed. With the 30,522-long
-        # dimension first, MKL runs this GEMM and its two backward GEMMs ~1.4x faster on CPU than x @ W^T
-        # (measured at 640 x 256 x 30522); the logits are then a view whose vocabulary stride is `rows`.
-        h = self.transform(x)
-        logits = torch.addmm(self.bias[:, None], decoder_weight, h.reshape(-1, h.shape[-1]).t())
-        return logits.t().view(*h.shape[:-1], -1)
+        """Logits shaped like x with the vocabulary last, laid out vocabulary-major (`ops.tied_logits`)."""
+        return tied_logits(self.transform(x), decoder_weight, self.bias)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -370,6 +347,10 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(cfg, add_pooling_layer=cfg.next_sentence_prediction)
         self.cls = BertPreTrainingHeads(cfg)
         self.apply(lambda module: init_weights(module, cfg.initializer_range))
+
+    def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
+        """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""
+        return [(self.cls.predictions, self.bert.embeddings.word_embeddings.weight)]
 
     def forward(
         self,

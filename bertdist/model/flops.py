@@ -19,6 +19,8 @@ def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_posit
 
     The last layer is counted where it runs: keys and values for every token, the rest at [CLS] and the
     predictions only (`BertModel.encode`'s `at`), since nothing else of it reaches a loss."""
+    if model.arch == "modernbert":
+        return _modernbert_forward_flops(model, seq_length, masked_positions)
     h, f, s, layers = model.hidden_size, model.ffn_size(), seq_length, model.num_layers
 
     def layer(queries):
@@ -37,6 +39,19 @@ def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_posit
     return 1.0 * ((layers - 1) * layer(s) + last_layer + mlm_head + nsp_head)  # a float, or a tensor when given tensors
 
 
+def _modernbert_forward_flops(model: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
+    """ModernBERT: every layer at every token (fused QKV, output, GeGLU in (2 x intermediate) and out); attention
+    over the whole sample in the global layers and over the window (2 x local_attention / 2 + 1 keys, at most the
+    sample) in the local ones; the head at the predictions only."""
+    h, f, s = model.hidden_size, model.ffn_size(), seq_length
+    window = min(s, 2 * (model.local_attention // 2) + 1) if isinstance(s, (int, float)) else s.clamp(max=2 * (model.local_attention // 2) + 1)
+    global_layers = len(range(0, model.num_layers, model.global_attn_every_n_layers))
+    dense = 2 * s * h * (3 * h + h + 2 * f + f)
+    attention = 2 * 2 * s * h * (global_layers * s + (model.num_layers - global_layers) * window)
+    head = 2 * masked_positions * (h * h + h * model.vocab_size)
+    return 1.0 * (model.num_layers * dense + attention + head)
+
+
 def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
     return 3.0 * forward_flops_per_sequence(model, seq_length, masked_positions)
 
@@ -51,12 +66,20 @@ def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, masked_p
 
 def non_embedding_parameters(model: ModelConfig) -> int:
     h, f = model.hidden_size, model.ffn_size()
+    if model.arch == "modernbert":  # QKV, output, GeGLU in and out, two norms (layer 0: one); biases with model.bias
+        norms = (2 * model.num_layers - 1 + 1) * h * (2 if model.bias else 1)
+        biases = model.num_layers * (3 * h + h + 2 * f + h) if model.bias else 0
+        return model.num_layers * (4 * h * h + 3 * h * f) + norms + biases
     per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attention, FFN, two LayerNorms
     return model.num_layers * per_layer
 
 
 def total_parameters(model: ModelConfig) -> int:
     h = model.hidden_size
+    if model.arch == "modernbert":  # tied embeddings and their norm; head dense and norm; decoder bias
+        per_norm = h * (2 if model.bias else 1)
+        head = h * h + (h if model.bias else 0) + per_norm
+        return model.vocab_size * h + per_norm + non_embedding_parameters(model) + head + model.vocab_size
     embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h
     pooler = h * h + h if model.next_sentence_prediction else 0
     mlm_head = h * h + h + 2 * h + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)

@@ -302,12 +302,12 @@ def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | 
         save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
         raise write_error(directory / SAFETENSORS_FILE, e) from None
-    _chmod_like_new_files(directory / SAFETENSORS_FILE)
+    chmod_like_new_files(directory / SAFETENSORS_FILE)
     config = {**config_to_hf(model.config, pad_token_id=pad_token_id), **config_updates}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _chmod_like_new_files(path: Path) -> None:
+def chmod_like_new_files(path: Path) -> None:
     """safetensors writes through a private temporary file (mode 0600); the export's other files follow the
     umask (usually 0644), and a model that others on the cluster cannot read is not what anyone asked for."""
     umask = os.umask(0)

@@ -100,18 +100,19 @@ class TokenLayout:
             return input_ids, token_type_ids, positions.view(self.rows, self.seq)
         return input_ids, token_type_ids, None
 
-    def attention(self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float) -> torch.Tensor:
+    def attention(self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float, windowed: bool = False) -> torch.Tensor:
         """Self-attention over the fused (..., 3 x hidden) projections of the space in use.
 
         `attend(q, kv, mask)` is the padded-space attention, (batch, seq, hidden) queries and (batch, seq,
         2 hidden) keys and values -> (batch, seq, hidden), and `dropout_p` the attention dropout it will apply
         (the variable-length kernel has none). `attend` runs once per length bucket, so it must call no module:
-        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert`)."""
+        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert`). `windowed`: `attend`
+        masks a sliding window on the grids it gets (ModernBERT's local layers), which the fused kernel cannot."""
         hidden = qkv.shape[-1] // 3
         if not self.unpadded:
             return attend(qkv[..., :hidden], qkv[..., hidden:], self.mask)
         fused = qkv.is_cuda and varlen_attn is not None and qkv.dtype in (torch.float16, torch.bfloat16)
-        if fused and dropout_p == 0:
+        if fused and dropout_p == 0 and not windowed:
             q, k, v = qkv.view(-1, 3, num_heads, hidden // num_heads).unbind(1)
             out = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_seqlen, self.max_seqlen, scale=1.0)
             return out.reshape(-1, hidden)

@@ -78,10 +78,11 @@ def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
     """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
     import deepspeed
 
-    if ds_config["zero_optimization"]["stage"] == 3 and hasattr(model, "cls"):
-        # The MLM decoder of the pretraining model uses the word-embedding matrix inside another module's
-        # forward; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
-        deepspeed.zero.register_external_parameter(model.cls.predictions, model.bert.embeddings.word_embeddings.weight)
+    if ds_config["zero_optimization"]["stage"] == 3:
+        # A pretraining model's MLM decoder uses the embedding matrix inside another module's forward than its
+        # owner's; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
+        for module, parameter in getattr(model, "external_parameters", list)():
+            deepspeed.zero.register_external_parameter(module, parameter)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
     if model.config.compile:
         # Dynamic shapes: batches are padded per batch and the unpadded encoder's token count varies.

@@ -1,4 +1,5 @@
-"""`bertdist export CHECKPOINT --output DIR`: a training checkpoint as a Hugging Face BERT directory.
+"""`bertdist export CHECKPOINT --output DIR`: a training checkpoint as a Hugging Face directory of its
+architecture (`BertForPreTraining`/`BertForMaskedLM`, `ModernBertForMaskedLM`: bertdist.model.registry).
 
 Works from any ZeRO stage in one CPU process (no GPUs, no process group): the fp32 weights are
 consolidated by bertdist.train.checkpoint, loaded into our model to prove they fit it exactly, and written by
@@ -99,8 +100,7 @@ def export_directory(
     the run that trained the checkpoint (its id travels in the checkpoint), so the dashboard lists the model
     beside its metrics; a tracking failure only warns.
     """
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import write_directory
+    from bertdist.model.registry import build_model, hf_adapter
     from bertdist.tracking.models import log_export
 
     output = Path(output_dir)
@@ -112,7 +112,7 @@ def export_directory(
         if old and not overwrite:
             raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
         source, state, weights = read_newest(checkpoint_path)
-        model = BertForPreTraining(ModelConfig(**state.config["model"]))
+        model = build_model(ModelConfig(**state.config["model"]))
         model.load_state_dict(weights, strict=True)  # proves that they fit our model exactly
         vocab = vocab_file or state.config["data"]["vocab_file"]
         if not Path(vocab).is_file():
@@ -123,7 +123,7 @@ def export_directory(
         # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
         provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
         staging = output / f".export{PARTIAL_MARKER}{os.getpid()}"
-        write_directory(model, staging, vocab, provenance)
+        hf_adapter(model.config.arch).write_directory(model, staging, vocab, provenance)
         for path in old:
             ownership.remove(path)
         for path in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):  # config.json last: it makes a model

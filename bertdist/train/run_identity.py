@@ -29,8 +29,10 @@ def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if any(pattern == f or pattern.startswith(f + ".") for f in RESUMABLE_FIELDS):
             return
         if isinstance(a, dict) and isinstance(b, dict):
-            for key in sorted(set(a) | set(b)):
-                walk(a.get(key), b.get(key), f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
+            # A field only one side has was added (or removed) by another bertdist version: the checkpoint was
+            # written with its default, which says nothing about the run.
+            for key in sorted(set(a) & set(b)):
+                walk(a[key], b[key], f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a and isinstance(a[0], dict):
             for i, (x, y) in enumerate(zip(a, b)):
                 walk(x, y, f"{path}.{i}", f"{pattern}.*")

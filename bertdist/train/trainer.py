@@ -190,8 +190,7 @@ class Trainer(contextlib.ExitStack):
     def _build_engine(self) -> Any:
         import torch
 
-        from bertdist.model.bert import BertForPreTraining
-        from bertdist.model.hf import load_pretrained
+        from bertdist.model.registry import build_model, load_pretrained
         from bertdist.train import deepspeed as ds
         from bertdist.train.optim import build_optimizer
 
@@ -200,7 +199,7 @@ class Trainer(contextlib.ExitStack):
         if cfg.checkpoint.init_from_pretrained and self.resume_from is None:
             model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
         else:
-            model = BertForPreTraining(cfg.model)
+            model = build_model(cfg.model)
         _, phase = cfg.phase_at(self.start_step)
         optimizer = build_optimizer(model, cfg.optim, self.device_type)
         universal = self.resharding and reshard.has_partitions(self.resume_from)

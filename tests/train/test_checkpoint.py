@@ -101,6 +101,9 @@ def test_a_resume_refuses_a_checkpoint_of_a_run_with_other_settings(tmp_path):
                                "data.phases.0.steps=2000", "data.phases.0.micro_batch_size=8", "launch.nodes=4"])  # fmt: skip
     found = remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), moved.to_dict())
     assert found == checkpoint.checkpoints_dir(tmp_path / "b") / checkpoint.tag_for(10)
+    newer = moved.to_dict()
+    newer["model"]["a_field_added_since"] = 1  # a checkpoint of an older bertdist lacks it: not another run
+    assert remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), newer) == found
     mine = load_config(None, ["optim.lr=5e-4", "train.global_batch_size=128", "data.masking.masked_lm_prob=0.3",
                               f"train.output_dir={tmp_path / 'b'}"])  # fmt: skip
     with pytest.raises(CheckpointError) as e:

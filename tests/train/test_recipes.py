@@ -1,6 +1,7 @@
 """The fast recipe end to end with 2 real DeepSpeed ranks: MLM only on shards masked at load time, LAMB, a
 schedule per phase. Killed and resumed it is bit-identical to an uninterrupted run; its export is a
-`BertForMaskedLM` with every key in place; `bertdist finetune` starts from it."""
+`BertForMaskedLM` with every key in place; `bertdist finetune` starts from it. ModernBERT the same way, under
+ZeRO-3 (its tied decoder gathered where the model uses it), exported as a `ModernBertForMaskedLM`."""
 
 from __future__ import annotations
 
@@ -64,3 +65,27 @@ def test_fast_recipe_export_is_a_masked_lm_and_fine_tunes(base, mlm_shards, tiny
     assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0
     classifier = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "model")
     assert classifier.config.id2label == {0: "file0", 1: "file1"}
+
+
+def test_modernbert_trains_under_zero3_resumes_bit_identically_and_exports(base, mlm_shards, tiny_vocab, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    reference = runs.uninterrupted(base, mlm_shards, tiny_vocab, 3, "fp32", "modernbert")
+    resumed = runs.interrupted(base, mlm_shards, tiny_vocab, 3, False, "fp32", "modernbert")
+    assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
+    assert resumed.exit_codes["final"] == [0, 0], resumed.notes["final"][-3000:]
+    final = f"step_{runs.STEPS:08d}"
+    want = consolidated_state_dict(reference.out / "checkpoints" / final)
+    got = consolidated_state_dict(resumed.out / "checkpoints" / final)
+    assert "model.layers.1.attn.Wqkv.weight" in want and [k for k in want if not torch.equal(want[k], got[k])] == []
+    losses = [record["loss/train"] for _, record in sorted(runs.read_metrics(reference.out).items())]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+    assert main(["export", str(reference.out), "--output", str(tmp_path / "hf")]) == 0
+    model, info = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert type(model).__name__ == "ModernBertForMaskedLM" and {k: v for k, v in info.items() if v} == {}, info
+    from bertdist.model.modernbert_hf import load_pretrained
+
+    ours = load_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(5, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).mlm_logits, model.eval()(input_ids=ids).logits, atol=1e-5, rtol=0)

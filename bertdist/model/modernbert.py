@@ -1,0 +1,256 @@
+"""ModernBERT (Warner et al. 2024, arXiv 2412.13663) in plain PyTorch, as `transformers.ModernBertForMaskedLM`
+computes it, with bertdist's token layouts (padded, unpadded, packed) and the same module names as the reference,
+so that the Hugging Face adapter (bertdist.model.modernbert_hf) is a short table.
+
+What differs from BERT (bertdist.model.bert):
+- token embeddings then a LayerNorm: no position or segment embeddings; positions enter as rotary embeddings
+  (RoPE, the half-split convention over the whole head) applied to queries and keys, restarting at each
+  sample's first token in every layout;
+- pre-norm layers (layer 0's attention norm is skipped: the embeddings are normed already), a final norm;
+- one fused QKV projection; a GeGLU feed-forward (`Wi` to 2 x intermediate, gelu(first half) x second half);
+- no biases in the linear layers and norms unless `model.bias` (the decoder keeps its own);
+- layer i attends globally when i % global_attn_every_n_layers == 0, the others within a sliding window: a
+  token sees the keys at most local_attention / 2 positions away, inside its own sample; each kind of layer
+  has its own RoPE theta;
+- the MLM head: dense, gelu, norm, then the decoder tied to the token embeddings, with a bias.
+
+Attention goes through `TokenLayout` as BERT's does; a sliding window is a mask on the grid it is handed (a
+sample always starts at slot 0 of its grid, so grid offsets are position offsets). The windowed layers do not
+use the CUDA variable-length kernel (it takes no window here); they take the bucketed grids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from bertdist.config import ModelConfig
+from bertdist.model.bert import PreTrainingOutput
+from bertdist.model.layout import TokenLayout
+from bertdist.model.ops import Dropout, VocabCrossEntropy, multi_head_attention, tied_logits
+
+
+def is_global(cfg: ModelConfig, layer: int) -> bool:
+    return layer % cfg.global_attn_every_n_layers == 0
+
+
+class Rotary:
+    """cos and sin of every token's position in the space in use, for one theta: computed once per forward pass
+    and shared by the layers of that kind (fp32 angles, as the reference)."""
+
+    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+        angles = positions[..., None].float() * inv_freq  # (..., head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.cos, self.sin = angles.cos()[..., None, :].to(dtype), angles.sin()[..., None, :].to(dtype)  # (..., 1, hd)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., heads, head_dim) rotated by each token's position."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x.float() * self.cos + rotated.float() * self.sin).to(x.dtype)
+
+
+def _norm(cfg: ModelConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.bias)
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = _norm(cfg)
+        self.drop = Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.window = 0 if is_global(cfg, layer) else cfg.local_attention // 2
+        self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.bias)
+        self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.dropout_p = cfg.attention_dropout_prob  # a number: `_attend` runs once per bucket (the ZeRO-3 rule)
+        self.out_drop = Dropout(cfg.attention_dropout_prob)
+
+    def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
+        hidden = x.shape[-1]
+        qkv = self.Wqkv(x)
+        shape = (*qkv.shape[:-1], self.num_heads, hidden // self.num_heads)
+        q, k = rotary.apply(qkv[..., :hidden].view(shape)), rotary.apply(qkv[..., hidden : 2 * hidden].view(shape))
+        qkv = torch.cat([q.flatten(-2), k.flatten(-2), qkv[..., 2 * hidden :]], dim=-1)
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = layout.attention(qkv, self.num_heads, self._attend, dropout_p, windowed=bool(self.window))
+        return self.out_drop(self.Wo(out))
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if self.window:
+            mask = window_mask(q.shape[1], kv.shape[1], self.window, mask)
+        head_dim = q.shape[-1] // self.num_heads
+        return multi_head_attention(q, kv, mask, self.num_heads, self.dropout_p if self.training else 0.0, head_dim**-0.5)
+
+
+def window_mask(queries: int, keys: int, half: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """`mask` (None, a key mask or a block mask) and |i - j| <= half on the grid's slots. A query left with no key
+    (padding far from every real token) attends to its whole row instead, to stay finite; it reaches no loss."""
+    i = torch.arange(queries, device=mask.device if mask is not None else None)
+    near = (i[:, None] - torch.arange(keys, device=i.device)[None, :]).abs() <= half  # (queries, keys)
+    allowed = near if mask is None else mask & near
+    return allowed | ~allowed.any(-1, keepdim=True)
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: Wo(drop(gelu(input) * gate)) where (input, gate) = Wi(x) split in two."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_size(), bias=cfg.bias)
+        self.drop = Dropout(cfg.hidden_dropout_prob)
+        self.Wo = nn.Linear(cfg.ffn_size(), cfg.hidden_size, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.drop(F.gelu(inputs) * gate))  # exact erf gelu, as the reference
+
+
+class ModernBertEncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = nn.Identity() if layer == 0 else _norm(cfg)
+        self.attn = ModernBertAttention(cfg, layer)
+        self.mlp_norm = _norm(cfg)
+        self.mlp = ModernBertMLP(cfg)
+
+    def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), layout, rotary)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBertModel(nn.Module):
+    """Embeddings, the layers and the final norm: `encode(input_ids, attention_mask)` -> (states, layout)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = ModernBertEmbeddings(cfg)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = _norm(cfg)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, TokenLayout]:
+        """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout."""
+        states, layout = self._run(input_ids, attention_mask)
+        return states[-1], layout
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The embeddings' output and every layer's as (batch, seq, hidden) grids, the last one after the final
+        norm (`transformers`' hidden_states). Inference only."""
+        states, layout = self._run(input_ids, attention_mask, keep_all=True)
+        return [layout.to_grid(s) for s in states]
+
+    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             keep_all: bool = False) -> tuple[list[torch.Tensor], TokenLayout]:  # fmt: skip
+        cfg = self.config
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, cfg.unpad)
+        ids, _, positions = layout.inputs(input_ids, None)
+        if positions is None:  # one sample per row, from slot 0
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        x = self.embeddings(ids)
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        rotary = {kind: Rotary(positions, head_dim, theta, x.dtype)
+                  for kind, theta in (("global", cfg.global_rope_theta), ("local", cfg.local_rope_theta))}  # fmt: skip
+        states = [x]
+        for i, layer in enumerate(self.layers):
+            args = (layout, rotary["global" if is_global(cfg, i) else "local"])
+            if cfg.activation_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, *args, use_reentrant=False)
+            else:
+                x = layer(x, *args)
+            states.append(x)
+        states[-1] = self.final_norm(x)
+        return (states if keep_all else states[-1:]), layout
+
+
+class ModernBertPredictionHead(nn.Module):
+    """dense, gelu, norm, then the decoder: the token embedding matrix (tied, passed in) and this head's bias (the
+    reference's `decoder.bias`). The decoder is computed inside this module, whose output is a tensor, so that
+    ZeRO-3 gathers the tied matrix for its backward too (bertdist.train.deepspeed)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.norm = _norm(cfg)
+        self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
+        return tied_logits(self.norm(F.gelu(self.dense(x))), decoder_weight, self.decoder_bias)
+
+
+class ModernBertForMaskedLM(nn.Module):
+    """ModernBERT with its MLM head, computed at the masked positions only when they are given (the reference's
+    sparse prediction). It returns bertdist's `PreTrainingOutput` (no NSP), so the training loop is BERT's."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.next_sentence_prediction:
+            raise ValueError("model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false "
+                             "(MLM-only pretraining, on shards prepared with --objective mlm)")  # fmt: skip
+        self.config = cfg
+        self.model = ModernBertModel(cfg)
+        self.head = ModernBertPredictionHead(cfg)
+        self.apply(lambda module: init_weights(module, cfg))
+
+    def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
+        """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""
+        return [(self.head, self.model.embeddings.tok_embeddings.weight)]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_ids: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """As `BertForPreTraining.forward` (token types are not used: ModernBERT has no segments)."""
+        states, layout = self.model.encode(input_ids, attention_mask)
+        predicted = layout.gather(states, masked_lm_positions) if masked_lm_positions is not None else layout.to_grid(states)
+        logits = self.head(predicted, self.model.embeddings.tok_embeddings.weight)
+        loss = None
+        if masked_lm_ids is not None:
+            loss = VocabCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), masked_lm_ids.reshape(-1))
+        return PreTrainingOutput(loss, loss, None, logits, None)
+
+
+def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
+    """The reference's initialisation: truncated normals (cut at 2 sigma), sigma = initializer_range for the
+    embeddings and the input projections, divided by sqrt(2 x layers) for the output projections; biases 0."""
+    std = cfg.initializer_range
+    out_std = std / math.sqrt(2.0 * cfg.num_layers)
+
+    def normal(weight: torch.Tensor, sigma: float) -> None:
+        nn.init.trunc_normal_(weight, mean=0.0, std=sigma, a=-2 * sigma, b=2 * sigma)
+
+    if isinstance(module, ModernBertEmbeddings):
+        normal(module.tok_embeddings.weight, std)
+    elif isinstance(module, ModernBertAttention):
+        normal(module.Wqkv.weight, std)
+        normal(module.Wo.weight, out_std)
+    elif isinstance(module, ModernBertMLP):
+        normal(module.Wi.weight, std)
+        normal(module.Wo.weight, out_std)
+    elif isinstance(module, ModernBertPredictionHead):
+        normal(module.dense.weight, out_std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm) and module.bias is not None:
+        nn.init.zeros_(module.bias)
