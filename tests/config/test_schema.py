@@ -50,12 +50,18 @@ def test_model_size_preset_then_explicit_keys(tmp_path):
 @pytest.mark.parametrize(
     "size,lha",
     [("tiny", (2, 128, 2)), ("mini", (4, 256, 4)), ("small", (4, 512, 8)),
-     ("medium", (8, 512, 8)), ("base", (12, 768, 12)), ("large", (24, 1024, 16))],
+     ("medium", (8, 512, 8)), ("base", (12, 768, 12)), ("large", (24, 1024, 16)),
+     ("modernbert-base", (22, 768, 12)), ("modernbert-large", (28, 1024, 16))],
 )
 def test_named_sizes(size, lha):
     m = ModelConfig.from_size(size)
     assert (m.num_layers, m.hidden_size, m.num_attention_heads) == lha
-    assert set(MODEL_SIZES) == {"tiny", "mini", "small", "medium", "base", "large"}
+    assert set(MODEL_SIZES) == {"tiny", "mini", "small", "medium", "base", "large", "modernbert-tiny", "modernbert-mini",
+                                "modernbert-base", "modernbert-large"}  # fmt: skip
+    if size.startswith("modernbert"):  # the published shapes (transformers' ModernBertConfig)
+        assert (m.arch, m.ffn_size(), m.vocab_size, m.local_attention, m.global_attn_every_n_layers) == (
+            "modernbert", 1152 if size.endswith("base") else 2624, 50368, 128, 3)
+        assert (m.global_rope_theta, m.local_rope_theta, m.layer_norm_eps, m.bias) == (160000.0, 10000.0, 1e-5, False)
 
 
 def test_unknown_key_wrong_type_and_indivisible_batch_are_all_reported_at_once(tmp_path):
