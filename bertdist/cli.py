@@ -27,6 +27,7 @@ from typing import Callable
 
 from bertdist.chatter import VERBOSE_ENV
 from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_yaml, load_config, validate
+from bertdist.config.schema import ARCHITECTURES
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
@@ -290,6 +291,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=DEMO_OUTPUT, help=f"directory for every stage's output (default {DEMO_OUTPUT})")
     p.add_argument("--ranks", type=int, default=DEMO_RANKS, help=f"CPU training processes (default {DEMO_RANKS})")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
+    p.add_argument("--arch", choices=ARCHITECTURES, default="bert",
+                   help="the encoder: bert (configs/bert-tiny.yaml) or modernbert (configs/modernbert-tiny.yaml)")
     p.set_defaults(func=_run_demo, interrupted="finished stages are kept: `bertdist demo` continues from them")
 
 
@@ -299,7 +302,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.ranks < 1 or args.steps < 0:
         print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
         return USAGE_EXIT_CODE
-    return run_demo(args.output, ranks=args.ranks, steps=args.steps)
+    return run_demo(args.output, ranks=args.ranks, steps=args.steps, arch=args.arch)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

@@ -11,6 +11,10 @@
     finetune a sentence-adjacency task made from the corpus (bertdist.finetune.corpus_tasks), fine-tuned from the
              export and from random initialisation: what pretraining bought, in one line
 
+`--arch modernbert` runs the same pipeline for ModernBERT (configs/modernbert-tiny.yaml): MLM-only shards of
+full-length text masked at load time (ModernBERT has no next-sentence head), and an export that
+`ModernBertForMaskedLM` loads.
+
 The console shows what a person needs: each stage, training's progress lines, results, and where things
 are. Everything else (the launchers' INFO lines, DeepSpeed's builds and conversions, MLflow's and Ray's
 notes) goes to `{output}/demo.log`, and to the console as well with `bertdist -v demo`.
@@ -39,7 +43,8 @@ from typing import IO, Any, Iterator
 
 from bertdist import chatter
 
-DEMO_CONFIG = "bert-tiny.yaml"
+DEMO_CONFIGS = {"bert": "bert-tiny.yaml", "modernbert": "modernbert-tiny.yaml"}
+"""The shipped config the demo trains, by model.arch."""
 DEMO_OUTPUT = "runs/demo"
 DEMO_RANKS = 2
 DOWNSTREAM_TRAIN_ROWS, DOWNSTREAM_DEV_ROWS = 4000, 1000
@@ -107,15 +112,15 @@ def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
     return train_file, eval_file, written
 
 
-def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0) -> int:
+def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0, arch: str = "bert") -> int:
     """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with _log_file(out / LOG_FILENAME) as log:
-        return _run_stages(out, ranks, steps, log)
+        return _run_stages(out, ranks, steps, arch, log)
 
 
-def _run_stages(out: Path, ranks: int, steps: int, log: IO[str]) -> int:
+def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> int:
     from bertdist.config import load_config
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.driver import prepare
@@ -136,9 +141,10 @@ def _run_stages(out: Path, ranks: int, steps: int, log: IO[str]) -> int:
         # A shorter run keeps the config's 10% warmup instead of failing the warmup-longer-than-run check.
         *([f"data.phases.0.steps={steps}", f"optim.warmup_steps={max(1, steps // 10)}"] if steps else []),
     ]
-    config = config_file(DEMO_CONFIG)
+    config = config_file(DEMO_CONFIGS[arch])
     cfg = load_config(config, overrides)
     phase = cfg.data.phases[0]
+    mlm_only = not cfg.model.next_sentence_prediction
 
     _stage("corpus: Python's own documentation (pydoc topics + standard-library docstrings)")
     corpus = out / "corpus"
@@ -152,8 +158,12 @@ def _run_stages(out: Path, ranks: int, steps: int, log: IO[str]) -> int:
                     progress=False)  # fmt: skip
         print(f"  {cfg.data.vocab_file}")
 
-    _stage("prepare: masked sentence pairs with local Ray")
-    instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5)
+    if mlm_only:  # full-length text, masked by the loader every epoch: one pass of the corpus
+        _stage("prepare: full-length text for masked-LM only, masked at load time, with local Ray")
+        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=1, objective="mlm", masking="dynamic")
+    else:
+        _stage("prepare: masked sentence pairs with local Ray")
+        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5)
     for split, target in (("train", phase.train_dir), ("eval", phase.eval_dir)):
         if not (Path(target) / "manifest.json").is_file():
             report = prepare(
@@ -163,10 +173,11 @@ def _run_stages(out: Path, ranks: int, steps: int, log: IO[str]) -> int:
                 )
             )  # fmt: skip
             totals = report.manifest["totals"]
-            print(f"  {split}: {totals['samples']:,} masked sentence pairs from {totals['documents']:,} documents "
-                  f"in {report.seconds:.0f} s ({target})")  # fmt: skip
+            print(f"  {split}: {totals['samples']:,} {'sequences' if mlm_only else 'masked sentence pairs'} from "
+                  f"{totals['documents']:,} documents in {report.seconds:.0f} s ({target})")  # fmt: skip
 
-    _stage(f"train: {cfg.model.size} BERT, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
+    name = cfg.model.size if cfg.model.arch != "bert" else f"{cfg.model.size} BERT"
+    _stage(f"train: {name}, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
     code = _launch_training(config, ranks, overrides, log)
     if code != 0:
         print(f"bertdist demo: training exited with {code}; its whole output is in {out / LOG_FILENAME}", file=sys.stderr)
