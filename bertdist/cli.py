@@ -213,7 +213,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         help="write a checkpoint in the Hugging Face format",
         description=(
             "Consolidate a training checkpoint (any ZeRO stage, on CPU, no GPUs needed) and write it as a "
-            "Hugging Face BERT directory: model.safetensors, config.json, vocab.txt and tokenizer files. "
+            "Hugging Face directory of its architecture (BERT, ModernBERT): model.safetensors, config.json, "
+            "vocab.txt and tokenizer files. "
             "CHECKPOINT is a checkpoint directory (.../checkpoints/step_00001000), or a run directory whose "
             "latest checkpoint is taken."
         ),

@@ -177,6 +177,17 @@ def s3_shards(s3, tiny_corpus, tiny_vocab, ray_local) -> str:
     return out
 
 
+@pytest.fixture(scope="session")
+def mlm_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+    """`tiny_shards`' corpus prepared for MLM only (full-length text, masked at load time): the fast recipe's
+    and ModernBERT's data."""
+    from bertdist.data.pipeline.driver import prepare
+
+    out = str(tmp_path_factory.mktemp("mlm_shards") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, objective="mlm", masking="dynamic", dupe_factor=1))
+    return out
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 300 KB tmpfs: a full disk, as root can make one (skipped otherwise)."""

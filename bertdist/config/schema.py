@@ -238,7 +238,7 @@ class CheckpointConfig:
     resume: str = "auto"
     """auto: continue from the latest complete checkpoint if any; none: start fresh; or a path."""
     init_from_pretrained: str = ""
-    """A Hugging Face BERT directory to start from (continued pretraining)."""
+    """A Hugging Face BERT or ModernBERT directory to start from (continued pretraining)."""
     verify: str = "sha256"
     """Before loading a checkpoint, check its files against the record made at save: sha256 (every byte) or size."""
     uri: str = ""
@@ -317,7 +317,7 @@ class FinetuneConfig:
     """classification (one text or a pair, any number of labels), regression (one score, MSE),
     token_classification (CoNLL files), question_answering (SQuAD v1.1/v2.0 JSON) or multiple_choice."""
     init_from: str = ""
-    """A bertdist run directory or checkpoint (step_N), its export, or any Hugging Face BERT directory;
+    """A bertdist run directory or checkpoint (step_N), its export, or any Hugging Face BERT or ModernBERT directory;
     empty: random initialisation of model.* (the baseline a pretrained model must beat)."""
     vocab_file: str = ""
     """WordPiece vocabulary; empty: the vocab.txt of init_from (an export or HF directory)."""

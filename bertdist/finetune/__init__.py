@@ -10,7 +10,7 @@
     embed         `bertdist embed`: features of a frozen model (a layer, the last four, the pooler) in .npy shards
     suites        `bertdist evaluate`: GLUE (or a suite file) with the paper's sweep, one MLflow parent run
     commands      the command lines of finetune, embed and evaluate
-    source        where a run starts: checkpoint, export, Hugging Face BERT, random initialisation
+    source        where a run starts: checkpoint, export, Hugging Face BERT/ModernBERT, random initialisation
     corpus_tasks  labelled tasks of each kind made from raw text (the demo, the tests)
     metrics       the standard task metrics: accuracy, F1, Matthews, Pearson/Spearman, entity F1, SQuAD EM/F1
 """

@@ -11,7 +11,7 @@ import json
 
 def add_finetune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("finetune", help="fine-tune a pretrained BERT on a labelled task", description=(
-        "Fine-tune a checkpoint, an export or any Hugging Face BERT (finetune.init_from) on classification or "
+        "Fine-tune a checkpoint, an export or any Hugging Face BERT or ModernBERT (finetune.init_from) on classification or "
         "regression (CSV/TSV/JSONL), token_classification (CoNLL), question_answering (SQuAD JSON) or multiple_choice, "
         "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))  # fmt: skip
     p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
@@ -33,8 +33,8 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     d = EmbedOptions("", "", "")
     p = sub.add_parser("embed", help="write features of a frozen BERT to .npy shards", description=(
         "Features for the feature-based approach (docs/finetune.md): one vector per row ([CLS] of a layer, or the "
-        "pooler) or per token, from a bertdist run, checkpoint or export, or any Hugging Face BERT."))  # fmt: skip
-    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT directory")
+        "pooler) or per token, from a bertdist run, checkpoint or export, or any Hugging Face BERT or ModernBERT."))  # fmt: skip
+    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory")
     p.add_argument("--input", required=True, help=".txt (a text per line) or .csv/.tsv/.jsonl with --text-column")
     p.add_argument("--output", required=True, help="an empty or new directory for the shards and index.json")
     p.add_argument("--text-column", default=d.text_column)
@@ -71,7 +71,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "key=value overrides apply to every run (e.g. finetune.epochs=2 train.precision=bf16)."))  # fmt: skip
     p.add_argument("--suite", default="glue", help="glue (the standard GLUE TSV layout) or a suite YAML file")
     p.add_argument("--data-dir", required=True, help="directory with the suite's files (GLUE: CoLA/, SST-2/, MNLI/, ...)")
-    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT directory")
+    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory")
     p.add_argument("--tasks", default="", help="comma-separated task names (default: every task found)")
     p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="learning rates of the sweep")
     p.add_argument("--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)")

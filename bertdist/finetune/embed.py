@@ -1,4 +1,4 @@
-"""`bertdist embed`: features from a frozen BERT, for users who train their own task models on top.
+"""`bertdist embed`: features from a frozen BERT or ModernBERT, for users who train their own task models on top.
 
 The paper's feature-based approach (section 5.3): instead of fine-tuning, take the activations of one or
 more layers and feed them to another model; for CoNLL NER the concatenation of the last four layers came
@@ -9,7 +9,7 @@ within 0.3 F1 of fine-tuning. Choices (`features`):
 | `last` (default), `layer:N` | the output of layer N (0: the embeddings, -1: the last layer) | H |
 | `last4-concat` | the last four layers side by side (the paper's best feature-based NER) | 4H |
 | `last4-sum` | the sum of the last four layers | H |
-| `pooled` | tanh(W·[CLS]) of the pooler (sequence level only) | H |
+| `pooled` | tanh(W·[CLS]) of the pooler (sequence level only; BERT with a pooler) | H |
 
 `level=sequence` writes one vector per row (the [CLS] position, or the pooler); `level=token` one per
 WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so the user can align
@@ -42,7 +42,7 @@ LEVELS = ("sequence", "token")
 @dataclass
 class EmbedOptions:
     model: str
-    """A bertdist run or checkpoint, a bertdist export, or any Hugging Face BERT directory."""
+    """A bertdist run or checkpoint, a bertdist export, or any Hugging Face BERT or ModernBERT directory."""
     input: str
     """.txt (one text per line), or .csv/.tsv/.jsonl with `text_column` (and `text_pair_column`)."""
     output_dir: str
@@ -97,7 +97,8 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
         raise UserError(f"--max-seq-length: {o.max_seq_length} is longer than the model's {positions} positions")
     length = o.max_seq_length or min(128, positions)
     if o.features == "pooled" and "bert.pooler.dense.weight" not in source.state:
-        raise UserError(f"--features pooled: {source.description} has no pooler weights (a tagging or QA model); choose a layer")
+        raise UserError(f"--features pooled: {source.description} has no pooler weights (ModernBERT, or a BERT tagging, QA or "
+                        "MLM-only model); choose a layer")
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
         if ownership.contents(out):
             raise UserError(f"--output: {out} is not empty")
@@ -110,14 +111,12 @@ def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, An
     from bertdist.finetune.data import encode
     from bertdist.finetune.source import cased_vocabulary, pad_id
     from bertdist.storage import write_json
-    from bertdist.model.bert import BertModel
-    from bertdist.model.hf_heads import load_encoder
+    from bertdist.model.hf_heads import FAMILIES, pretrained_encoder
 
     rows, skipped, blank_lines = _rows(o)
     encoded = encode(rows, np.zeros(len(rows), dtype=np.int64), source.vocab_file, cased_vocabulary(source.vocab_file), length)
-    model = torch.nn.Module()  # holds the encoder under `bert.`, the names load_encoder reads
-    model.bert = BertModel(source.model_cfg, add_pooling_layer=True)
-    load_encoder(model, source.state, source.description)
+    model = pretrained_encoder(source.model_cfg, source.state, source.description)
+    inputs = FAMILIES[source.model_cfg.arch].inputs  # ModernBERT reads no segments
     model.eval()
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     model.to(device)
@@ -128,8 +127,8 @@ def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, An
             parts, ids = [], []
             for start in range(0, len(shard_rows), o.batch_size):
                 batch_rows = shard_rows[start : start + o.batch_size]
-                batch = {k: v.to(device) for k, v in encoded.batch(batch_rows, pad).items() if k != "labels"}
-                vectors = _features(model.bert, batch, o.features, o.level).float().cpu().numpy()
+                batch = {k: v.to(device) for k, v in encoded.batch(batch_rows, pad).items() if k in inputs}
+                vectors = _features(model, batch, o.features, o.level).float().cpu().numpy()
                 if o.level == "token":
                     parts += encoded.trim(vectors, batch_rows, per_token=True)
                     ids += [encoded.ids[r] for r in batch_rows]
@@ -144,13 +143,13 @@ def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, An
     return index
 
 
-def _features(bert: Any, batch: dict[str, Any], features: str, level: str) -> Any:
+def _features(encoder: Any, batch: dict[str, Any], features: str, level: str) -> Any:
     """(batch, seq, dim) for token level, (batch, dim) for sequence level."""
     import torch
 
-    states = bert.hidden_states(**batch)
+    states = encoder.hidden_states(**batch)
     if features == "pooled":
-        return bert.pooler(states[-1][:, 0])
+        return encoder.pooler(states[-1][:, 0])
     if features.startswith("last4") and len(states) < 5:
         raise UserError(f"--features {features}: the model has {len(states) - 1} layers, fewer than four")
     if features == "last4-concat":

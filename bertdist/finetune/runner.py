@@ -1,10 +1,11 @@
-"""`bertdist finetune --config FILE [key=value ...]`: one downstream task on a pretrained BERT.
+"""`bertdist finetune --config FILE [key=value ...]`: one downstream task on a pretrained BERT or ModernBERT.
 
 The same engine as pretraining: the process group from whichever launcher started us (torchrun, the
 deepspeed launcher, srun, or none), DeepSpeed with the run's ZeRO stage and precision, AdamW with BERT's
 decoupled weight decay, and BERT's fine-tuning schedule (linear warmup over `finetune.warmup_proportion`
 of the steps, then linear decay to zero). The task (bertdist.finetune.task) decides the head, the rows and
-the dev metrics: classification, regression, token tagging, extractive QA or multiple choice. Each epoch
+the dev metrics: classification, regression, token tagging, extractive QA or multiple choice; the encoder
+family (model.arch of the checkpoint) the task model's class (`BertFor...`, `ModernBertFor...`). Each epoch
 visits the training rows in a seeded order that every rank computes alike; a step's `finetune.batch_size`
 rows are split among the ranks and their micro batches. After every epoch all ranks score a share of the
 dev rows, rank 0 gathers the outputs and computes the task's metrics, logs them, and keeps the best epoch's
@@ -39,6 +40,7 @@ from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, Us
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
+from bertdist.model.hf_heads import task_architecture
 from bertdist.storage import write_json
 from bertdist.train import checkpoint, rng, stopping
 
@@ -109,6 +111,7 @@ class Finetuning:
             raise ConfigError([f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {positions} positions"])
         self.task: tasks.Task = tasks.build(ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file))
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
+        self.architecture = task_architecture(self.source.model_cfg.arch, self.task.head)
         self.pad_id = pad_id(self.source.vocab_file)
         self.steps_per_epoch = len(self.train) // ft.batch_size
         if self.steps_per_epoch == 0:
@@ -138,7 +141,7 @@ class Finetuning:
 
         cfg, ft, task = self.cfg, self.cfg.finetune, self.task
         torch.manual_seed(cfg.train.seed)  # the same head on every rank
-        model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
+        model = build_task_model(self.architecture, self.source.model_cfg, task.labels, task.problem_type)
         if self.source.state is not None:
             load_encoder(model, self.source.state, self.source.description)
         optim = dataclasses.replace(cfg.optim, lr=ft.lr)
@@ -295,7 +298,7 @@ class Finetuning:
         if self.env.is_main:
             out, task = f"{self.cfg.finetune.output_dir}/model", self.task
             with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout stream
-                model = build_task_model(task.architecture, self.source.model_cfg, task.labels, task.problem_type)
+                model = build_task_model(self.architecture, self.source.model_cfg, task.labels, task.problem_type)
             # The fp32 master weights, from every rank's partition: no collective, and right under bf16 and ZeRO-3.
             model.load_state_dict(checkpoint.consolidated_state_dict(saved), strict=True)
             save_task_model(model, out, self.task.labels, self.source.vocab_file,

@@ -1,9 +1,11 @@
-"""Where a fine-tuning run starts: a bertdist checkpoint, its export, any Hugging Face BERT, or nothing.
+"""Where a fine-tuning run starts: a bertdist checkpoint, its export, a Hugging Face BERT or ModernBERT, or nothing.
 
 `finetune.init_from` may name
-- a bertdist run directory or one of its checkpoints (`step_N`): verified like `bertdist export` does, its
-  weights consolidated from any ZeRO stage, its vocabulary and MLflow run id taken from train_state.json;
-- a Hugging Face BERT directory (config.json + weights; a bertdist export is one), with any head or none;
+- a bertdist run directory or one of its checkpoints (`step_N`), of either `model.arch`: verified like
+  `bertdist export` does, its weights consolidated from any ZeRO stage, its vocabulary and MLflow run id taken
+  from train_state.json;
+- a Hugging Face directory (config.json + weights + vocab.txt; a bertdist export is one) whose model_type is
+  bert or modernbert, with any head or none;
 - nothing: the same architecture from random initialisation (`model.*`), the baseline that shows what
   pretraining bought.
 The resulting `Source` says what to record, so a fine-tuning run links back to the pretraining run.
@@ -40,7 +42,7 @@ def resolve(cfg: Config) -> Source:
         return Source("random initialisation", cfg.model, ft.vocab_file, None)
     path = Path(_local(ft.init_from))
     if not path.is_dir():
-        raise ConfigError([f"finetune.init_from: {path} is not a directory (a run, a checkpoint, or a Hugging Face BERT)"])
+        raise ConfigError([f"finetune.init_from: {path} is not a directory (a run, a checkpoint, or a Hugging Face model)"])
     if (path / "config.json").is_file():
         return _from_hf(path, cfg)
     return _from_checkpoint(path, cfg)
@@ -58,16 +60,16 @@ def _local(init_from: str) -> str:
 
 
 def _from_hf(path: Path, cfg: Config) -> Source:
-    from bertdist.model.hf import from_hf_state_dict, read_config, read_weights
+    from bertdist.model.hf_heads import read_pretrained
 
-    model_cfg = _with_dropout(read_config(path), cfg.model)
-    tensors, source = read_weights(path)
+    checkpoint_cfg, state, _ = read_pretrained(path)
+    model_cfg = _with_dropout(checkpoint_cfg, cfg.model)
     vocab = cfg.finetune.vocab_file or str(path / "vocab.txt")
     if not Path(vocab).is_file():
         raise ConfigError([f"finetune.vocab_file: {path} has no vocab.txt; name the vocabulary it was trained with"])
     _check_vocab(vocab, model_cfg, str(path / "vocab.txt"))
     raw = json.loads((path / "config.json").read_text())
-    return Source(f"Hugging Face BERT {path}", model_cfg, vocab, from_hf_state_dict(tensors, source),
+    return Source(f"Hugging Face {model_cfg.arch} {path}", model_cfg, vocab, state,
                   pretraining_run_id=raw.get("bertdist_run_id"), checkpoint=raw.get("bertdist_checkpoint"))  # fmt: skip
 
 
@@ -76,10 +78,6 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
 
     checkpoint, state, weights = read_newest(path)  # also while its run trains and prunes
     model_cfg = _with_dropout(ModelConfig(**state.config["model"]), cfg.model)
-    if model_cfg.arch != "bert":
-        raise ConfigError([f"finetune.init_from: {checkpoint} is a {model_cfg.arch} checkpoint; fine-tuning, embed and "
-                           "evaluate take BERT models only so far (its `bertdist export` loads in transformers' "
-                           "ModernBertFor* classes)"])  # fmt: skip
     vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
     if not Path(vocab).is_file():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])

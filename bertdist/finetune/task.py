@@ -2,11 +2,14 @@
 
 | task | files | head | dev metrics (headline first) |
 | --- | --- | --- | --- |
-| classification | CSV/TSV/JSONL, one text or a pair | BertForSequenceClassification | accuracy, matthews, f1 (2 labels) or macro_f1 |
-| regression | CSV/TSV/JSONL, a score per row | BertForSequenceClassification (MSE) | pearson, spearman, mse |
-| token_classification | CoNLL (word ... label) | BertForTokenClassification | f1 (BIO tags; else accuracy), precision, recall, accuracy |
-| question_answering | SQuAD v1.1/v2.0 JSON | BertForQuestionAnswering | f1, exact_match (v2.0: HasAns/NoAns, best_threshold) |
-| multiple_choice | CSV/TSV/JSONL, context + endings | BertForMultipleChoice | accuracy |
+| classification | CSV/TSV/JSONL, one text or a pair | SequenceClassification | accuracy, matthews, f1 (2 labels) or macro_f1 |
+| regression | CSV/TSV/JSONL, a score per row | SequenceClassification (MSE) | pearson, spearman, mse |
+| token_classification | CoNLL (word ... label) | TokenClassification | f1 (BIO tags; else accuracy), precision, recall, accuracy |
+| question_answering | SQuAD v1.1/v2.0 JSON | QuestionAnswering | f1, exact_match (v2.0: HasAns/NoAns, best_threshold) |
+| multiple_choice | CSV/TSV/JSONL, context + endings | MultipleChoice | accuracy |
+
+The head is the same for every encoder family; the model is the family's (`BertFor...`, `ModernBertFor...`:
+bertdist.model.hf_heads.task_architecture).
 
 The runner only sees a `Task`: rows to batch (`Sequences`), whether dev outputs are per token, and a
 function from the dev outputs of every row, in order, to the metrics. A task's training "rows" are what one
@@ -24,6 +27,7 @@ import numpy as np
 from bertdist.config import FinetuneConfig
 from bertdist.finetune import choice, data, metrics, squad, tagging
 from bertdist.finetune.features import Sequences
+from bertdist.model import hf_heads
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 
 CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE = "classification", "token_classification", "question_answering", "multiple_choice"
@@ -40,7 +44,8 @@ TASKS = (CLASSIFICATION, data.REGRESSION, TAGGING, QUESTION_ANSWERING, MULTIPLE_
 
 @dataclass
 class Task:
-    architecture: str
+    head: str
+    """SequenceClassification, TokenClassification, QuestionAnswering or MultipleChoice (bertdist.model.hf_heads)."""
     labels: list[str]
     """Class or tag names, stored with the model (id2label); QA has none, multiple choice its choice columns."""
     train: Sequences
@@ -71,7 +76,7 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
         train_rows, dev_rows = choice.answers(train, n, skip), choice.answers(dev, n, skip)
         encoded = [choice.encode(*rows, vocab_file, cased, length) for rows in (train_rows, dev_rows)]
         gold = dev_rows[1]
-        return Task("BertForMultipleChoice", list(ft.choices()), *encoded, lambda out: choice.scores(out, gold),
+        return Task(hf_heads.MULTIPLE_CHOICE, list(ft.choices()), *encoded, lambda out: choice.scores(out, gold),
                     skipped=train.skipped + dev.skipped)  # fmt: skip
     labels = data.label_names(ft.task, train)
     problem_type = REGRESSION if ft.task == data.REGRESSION else SINGLE_LABEL
@@ -85,7 +90,7 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
 
     encoded_dev, score = scored(dev)
     extra = {Path(f).stem: data.read_examples(f, *columns) for f in ft.extra_dev()}
-    task = Task("BertForSequenceClassification", labels, scored(train)[0], encoded_dev, score, problem_type=problem_type,
+    task = Task(hf_heads.SEQUENCE_CLASSIFICATION, labels, scored(train)[0], encoded_dev, score, problem_type=problem_type,
                 extra_dev={name: scored(examples) for name, examples in extra.items()})  # fmt: skip
     task.skipped = train.skipped + dev.skipped + [s for e in extra.values() for s in e.skipped]
     return task
@@ -105,7 +110,7 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
 
     notes = [f"{t.truncated} {name} sentence(s) longer than {length} tokens were cut (their last words are predicted O)"
              for name, t in (("training", encoded_train), ("dev", encoded_dev)) if t.truncated]  # fmt: skip
-    return Task("BertForTokenClassification", labels, encoded_train.sequences, encoded_dev.sequences, score, per_token=True,
+    return Task(hf_heads.TOKEN_CLASSIFICATION, labels, encoded_train.sequences, encoded_dev.sequences, score, per_token=True,
                 skipped=train_report.skipped + dev_report.skipped, notes=notes)  # fmt: skip
 
 
@@ -121,7 +126,7 @@ def _question_answering(ft: FinetuneConfig, vocab_file: str, cased: bool, length
 
     notes = [f"{name}: {len(q)} questions in {len(w.sequences)} windows of {length} tokens (doc stride {ft.doc_stride})"
              for name, q, w in (("training", train, windows[0]), ("dev", dev, dev_windows))]  # fmt: skip
-    return Task("BertForQuestionAnswering", [], windows[0].sequences, dev_windows.sequences, score, per_token=True,
+    return Task(hf_heads.QUESTION_ANSWERING, [], windows[0].sequences, dev_windows.sequences, score, per_token=True,
                 skipped=train_report.skipped + dev_report.skipped, notes=notes)  # fmt: skip
 
 

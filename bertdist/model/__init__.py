@@ -7,6 +7,7 @@
     ops             faster operators: CPU dropout, attention over heads, tied logits, the MLM cross-entropy
     hf              BERT to and from the Hugging Face format (the model never imports it)
     modernbert_hf   ModernBERT to and from the Hugging Face format
+    modernbert_heads ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}
     hf_heads        fine-tuning heads in the Hugging Face format
     heads           fine-tuning heads (classification, tagging, QA, multiple choice)
     flops           FLOPs per sequence and parameters by architecture, and the peak FLOP/s MFU is measured against

@@ -12,11 +12,15 @@
 Each matches `transformers.BertFor*` output for output on the same weights (tests/model/test_heads.py), so
 `bertdist.model.hf_heads` writes checkpoints the matching Auto class loads with no missing or unexpected
 key, and a model fine-tuned with `transformers` loads here. Token tagging and QA have no pooler, like theirs.
+
+The losses and the multiple-choice reshaping are functions here that ModernBERT's task models
+(bertdist.model.modernbert_heads) share: only the encoder and what sits between it and the classifier differ.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,16 +43,61 @@ class TaskOutput:
     choice: (batch, choices); QA: (batch, seq, 2), start then end."""
 
 
+def check_task(cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL) -> None:
+    check_heads_divide(cfg)
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+    if problem_type not in (SINGLE_LABEL, REGRESSION):
+        raise ValueError(f"problem_type must be {SINGLE_LABEL} or {REGRESSION}, got {problem_type!r}")
+    if problem_type == REGRESSION and num_labels != 1:
+        raise ValueError(f"regression has one output, got num_labels={num_labels}")
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor | None, problem_type: str) -> torch.Tensor | None:
+    """MSE on the one output (regression) or cross-entropy over the classes; None without labels."""
+    if labels is None:
+        return None
+    if problem_type == REGRESSION:
+        return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).reshape(-1))
+    return F.cross_entropy(logits, labels.reshape(-1))
+
+
+def tagging_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Cross-entropy per position; -100 marks positions without a label."""
+    if labels is None:
+        return None
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def span_loss(logits: torch.Tensor, start_positions: torch.Tensor | None, end_positions: torch.Tensor | None) -> torch.Tensor | None:
+    """The mean of the start and end cross-entropies over every slot of the row, logits (batch, seq, 2)."""
+    if start_positions is None or end_positions is None:
+        return None
+    # A position past the sequence (an answer cut off by the window) is ignored, as in transformers.
+    ignored = logits.shape[1]
+    start = start_positions.reshape(-1).clamp(0, ignored)
+    end = end_positions.reshape(-1).clamp(0, ignored)
+    return (F.cross_entropy(logits[..., 0], start, ignore_index=ignored)
+            + F.cross_entropy(logits[..., 1], end, ignore_index=ignored)) / 2  # fmt: skip
+
+
+def multiple_choice(score: Callable[..., torch.Tensor], labels: torch.Tensor | None, **inputs: torch.Tensor | None) -> TaskOutput:
+    """Every choice encoded as its own sequence: `inputs` (batch, choices, seq) are flattened to (batch x
+    choices, seq) rows, `score(**rows)` gives one number per row, and a softmax runs over each question's choices."""
+    batch, choices, seq = inputs["input_ids"].shape
+    rows = {name: None if t is None else t.reshape(batch * choices, seq) for name, t in inputs.items()}
+    logits = score(**rows).view(batch, choices)
+    return TaskOutput(None if labels is None else F.cross_entropy(logits, labels.reshape(-1)), logits)
+
+
 class _TaskModel(nn.Module):
     """The encoder plus a head; subclasses set `head` and implement `forward`."""
 
     add_pooling_layer = True
 
-    def __init__(self, cfg: ModelConfig, num_labels: int):
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
         super().__init__()
-        check_heads_divide(cfg)
-        if num_labels < 1:
-            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+        check_task(cfg, num_labels, problem_type)
         self.config, self.num_labels = cfg, num_labels
         self.bert = BertModel(cfg, add_pooling_layer=self.add_pooling_layer)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
@@ -59,11 +108,7 @@ class _TaskModel(nn.Module):
 
 class BertForSequenceClassification(_TaskModel):
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels)
-        if problem_type not in (SINGLE_LABEL, REGRESSION):
-            raise ValueError(f"problem_type must be {SINGLE_LABEL} or {REGRESSION}, got {problem_type!r}")
-        if problem_type == REGRESSION and num_labels != 1:
-            raise ValueError(f"regression has one output, got num_labels={num_labels}")
+        super().__init__(cfg, num_labels, problem_type)
         self.problem_type = problem_type
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
@@ -72,13 +117,7 @@ class BertForSequenceClassification(_TaskModel):
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
         pooled = self.bert.pooled_output(input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(pooled))
-        loss = None
-        if labels is not None:
-            if self.problem_type == REGRESSION:
-                loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).reshape(-1))
-            else:
-                loss = F.cross_entropy(logits, labels.reshape(-1))
-        return TaskOutput(loss, logits)
+        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
 
 
 class BertForTokenClassification(_TaskModel):
@@ -93,10 +132,7 @@ class BertForTokenClassification(_TaskModel):
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
         sequence, _ = self.bert(input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(sequence))
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=IGNORE_INDEX)
-        return TaskOutput(loss, logits)
+        return TaskOutput(tagging_loss(logits, labels), logits)
 
 
 class BertForQuestionAnswering(_TaskModel):
@@ -115,15 +151,7 @@ class BertForQuestionAnswering(_TaskModel):
                 end_positions: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
         sequence, _ = self.bert(input_ids, token_type_ids, attention_mask)
         logits = self.qa_outputs(sequence)  # no dropout here, as in transformers
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            # A position past the sequence (an answer cut off by the window) is ignored, as in transformers.
-            ignored = logits.shape[1]
-            start = start_positions.reshape(-1).clamp(0, ignored)
-            end = end_positions.reshape(-1).clamp(0, ignored)
-            loss = (F.cross_entropy(logits[..., 0], start, ignore_index=ignored)
-                    + F.cross_entropy(logits[..., 1], end, ignore_index=ignored)) / 2  # fmt: skip
-        return TaskOutput(loss, logits)
+        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
 
 
 class BertForMultipleChoice(_TaskModel):
@@ -135,15 +163,11 @@ class BertForMultipleChoice(_TaskModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
         """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
-        batch, choices, seq = input_ids.shape
 
-        def flat(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.reshape(batch * choices, seq)
+        def score(**rows: torch.Tensor | None) -> torch.Tensor:
+            return self.classifier(self.dropout(self.bert.pooled_output(**rows)))
 
-        pooled = self.bert.pooled_output(flat(input_ids), flat(token_type_ids), flat(attention_mask))
-        logits = self.classifier(self.dropout(pooled)).view(batch, choices)
-        loss = None if labels is None else F.cross_entropy(logits, labels.reshape(-1))
-        return TaskOutput(loss, logits)
+        return multiple_choice(score, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
 
 
 TASK_MODELS = {

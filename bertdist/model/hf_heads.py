@@ -1,114 +1,200 @@
-"""Fine-tuned models in the Hugging Face format: what `transformers`' Auto classes load, both ways.
+"""Fine-tuned models in the Hugging Face format: what `transformers`' Auto classes load, both ways, for each
+encoder family (BERT: bertdist.model.heads; ModernBERT: bertdist.model.modernbert_heads).
 
-`save_task_model` writes model.safetensors (the heads already use `transformers`' names), a config.json
-naming the architecture (`BertForSequenceClassification`, ...) with `id2label`/`label2id`, `num_labels` and
-`problem_type`, and the tokenizer files; `AutoModelFor<Task>` loads it with no missing or unexpected key.
-`load_task_model` reads such a directory, whoever wrote it. `task_model_from_pretrained` starts a task model
-from a pretrained encoder (a bertdist export or any HF BERT directory, with or without the pretraining heads):
-the encoder's weights are loaded, the head starts from BERT's initialisation.
+A task model is named by its `transformers` class, `{family prefix}For{head}` (`BertForSequenceClassification`,
+`ModernBertForMultipleChoice`, ...): `task_architecture(arch, head)` makes the name, and the name picks the class.
+`save_task_model` writes model.safetensors (the task models already use `transformers`' names), a config.json
+naming the architecture with `id2label`/`label2id`, `problem_type` (and ModernBERT's `classifier_pooling`),
+and the tokenizer files; `AutoModelFor<Head>` loads it with no missing or unexpected key. `load_task_model`
+reads such a directory, whoever wrote it: config.json's model_type picks the family. `read_pretrained` and
+`load_encoder` start a task model from a pretrained encoder (a bertdist export or a Hugging Face directory of
+the family, with or without the pretraining heads): the encoder's weights are loaded, the head starts fresh.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from bertdist.config import ModelConfig
-from bertdist.model.heads import (
-    REGRESSION,
-    SINGLE_LABEL,
-    TASK_MODELS,
-    BertForMultipleChoice,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from bertdist.model.hf import (
-    CONFIG_FILE,
-    CheckpointFormatError,
-    agreeing_config,
-    from_hf_state_dict,
-    read_config,
-    read_weights,
-    write_directory,
-)
+from bertdist.model import hf, heads, modernbert_hf, modernbert_heads
+from bertdist.model.bert import BertModel
+from bertdist.model.heads import REGRESSION, SINGLE_LABEL
+from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_weights
+from bertdist.model.modernbert import ModernBertModel
+from bertdist.model.registry import HF_MODEL_TYPES
+
+SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "SequenceClassification", "TokenClassification"
+QUESTION_ANSWERING, MULTIPLE_CHOICE = "QuestionAnswering", "MultipleChoice"
+"""The heads: what follows `For` in a task model's name, and `AutoModelFor` in its Auto class's."""
 
 
-def build_task_model(architecture: str, cfg: ModelConfig, labels: list[str], problem_type: str = SINGLE_LABEL) -> Any:
-    """A freshly initialised task model; `labels` are the class names (one name for regression and QA/MC)."""
-    if architecture == "BertForSequenceClassification":
-        return BertForSequenceClassification(cfg, len(labels), problem_type)
-    if architecture == "BertForTokenClassification":
-        return BertForTokenClassification(cfg, len(labels))
-    if architecture == "BertForQuestionAnswering":
-        return BertForQuestionAnswering(cfg)
-    if architecture == "BertForMultipleChoice":
-        return BertForMultipleChoice(cfg)
-    raise CheckpointFormatError(f"architecture {architecture!r} is not one of {', '.join(TASK_MODELS)}")
+@dataclass(frozen=True)
+class Family:
+    """What a task model of one encoder family needs from the Hugging Face format."""
+
+    prefix: str
+    """Of its class names: `{prefix}For{head}`."""
+    task_models: dict[str, Any]
+    config_from_hf: Callable[[dict, str], ModelConfig]
+    state_from_hf: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]]
+    """A checkpoint's tensors -> bertdist names (the file read, for errors)."""
+    write_directory: Callable[..., None]
+    encoder_name: str
+    """The encoder's attribute in a task model."""
+    encoder: Callable[[ModelConfig], torch.nn.Module]
+    """The bare encoder (BERT's with its pooler), for features."""
+    pretrained: tuple[str, ...]
+    """Prefixes of the weights a task model takes from a pretrained checkpoint: the encoder, and for ModernBERT
+    `head` (the MLM head's transform, which `transformers`' task models start from too)."""
+    optional: tuple[str, ...]
+    """Of those, what a pretrained checkpoint may lack (BERT's pooler; ModernBERT's head)."""
+    inputs: tuple[str, ...]
+    """What its encoder reads of a batch (ModernBERT has no segments)."""
+
+
+FAMILIES = {
+    "bert": Family(
+        "Bert", heads.TASK_MODELS, hf.config_from_hf, hf.from_hf_state_dict, hf.write_directory,
+        "bert", lambda cfg: BertModel(cfg, add_pooling_layer=True),
+        pretrained=("bert.",), optional=("bert.pooler.",), inputs=("input_ids", "token_type_ids", "attention_mask"),
+    ),
+    "modernbert": Family(
+        "ModernBert", modernbert_heads.TASK_MODELS, modernbert_hf.config_from_hf,
+        lambda tensors, source: modernbert_hf.from_hf_state_dict(tensors), modernbert_hf.write_directory,
+        "model", ModernBertModel,
+        pretrained=("model.", "head."), optional=("head.",), inputs=("input_ids", "attention_mask"),
+    ),
+}  # fmt: skip
+"""model.arch -> its task models and their Hugging Face format."""
+
+
+def task_architecture(arch: str, head: str) -> str:
+    """The class name of the `head` task model (SequenceClassification, ...) of the model.arch family."""
+    return f"{FAMILIES[arch].prefix}For{head}"
+
+
+def build_task_model(architecture: str, cfg: ModelConfig, labels: list[str], problem_type: str = SINGLE_LABEL,
+                     classifier_pooling: str | None = None) -> Any:  # fmt: skip
+    """A freshly initialised task model of `cfg`'s family; `labels` are the class names (one name for
+    regression and QA/MC). `classifier_pooling` (ModernBERT) None: the model's default."""
+    family = FAMILIES[cfg.arch]
+    if architecture not in family.task_models:
+        raise CheckpointFormatError(f"architecture {architecture!r} is not a {cfg.arch} task model ({', '.join(family.task_models)})")
+    head = architecture.split("For", 1)[1]
+    options = {} if classifier_pooling is None else {"classifier_pooling": classifier_pooling}
+    model_class = family.task_models[architecture]
+    if head == SEQUENCE_CLASSIFICATION:
+        return model_class(cfg, len(labels), problem_type, **options)
+    if head == TOKEN_CLASSIFICATION:
+        return model_class(cfg, len(labels))
+    if head == MULTIPLE_CHOICE:
+        return model_class(cfg, **options)
+    return model_class(cfg)
 
 
 def save_task_model(model: Any, directory: str | os.PathLike, labels: list[str], vocab_file: str | os.PathLike | None,
                     extra_config: dict[str, Any] | None = None) -> None:  # fmt: skip
-    """Write `directory` for `AutoModelFor<Task>.from_pretrained` and `AutoTokenizer` (offline)."""
-    config: dict[str, Any] = {"architectures": [type(model).__name__]}
-    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+    """Write `directory` for `AutoModelFor<Head>.from_pretrained` and `AutoTokenizer` (offline)."""
+    architecture = type(model).__name__
+    head = architecture.split("For", 1)[1]
+    config: dict[str, Any] = {"architectures": [architecture], "classifier_dropout": model.config.hidden_dropout_prob}
+    if head in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
         config["id2label"] = {str(i): name for i, name in enumerate(labels)}
         config["label2id"] = {name: i for i, name in enumerate(labels)}
-    if isinstance(model, BertForSequenceClassification):
+    if head == SEQUENCE_CLASSIFICATION:
         config["problem_type"] = model.problem_type
-    write_directory(model, directory, vocab_file, {**config, **(extra_config or {})})
+    if hasattr(model, "classifier_pooling"):
+        config["classifier_pooling"] = model.classifier_pooling
+    FAMILIES[model.config.arch].write_directory(model, directory, vocab_file, {**config, **(extra_config or {})})
 
 
 def load_task_model(directory: str | os.PathLike) -> tuple[Any, list[str]]:
     """A fine-tuned model saved by us or by `transformers` (architecture from config.json) and its labels."""
     directory = Path(directory)
-    cfg = read_config(directory)
-    raw = json.loads((directory / CONFIG_FILE).read_text())
+    raw, arch = _read_config(directory)
+    family = FAMILIES[arch]
+    cfg = family.config_from_hf(raw, str(directory / CONFIG_FILE))
     architecture = (raw.get("architectures") or [""])[0]
     labels = _labels(raw, directory)
-    problem_type = raw.get("problem_type") or (REGRESSION if len(labels) == 1 and architecture == "BertForSequenceClassification" else SINGLE_LABEL)
-    model = build_task_model(architecture, cfg, labels, problem_type)
+    sequence = architecture.endswith(SEQUENCE_CLASSIFICATION)
+    problem_type = raw.get("problem_type") or (REGRESSION if len(labels) == 1 and sequence else SINGLE_LABEL)
+    model = build_task_model(architecture, cfg, labels, problem_type, raw.get("classifier_pooling"))
     tensors, source = read_weights(directory)
-    state = from_hf_state_dict(tensors, source)
-    missing, unexpected = _key_differences(model, state)
+    state = family.state_from_hf(tensors, source)
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise CheckpointFormatError(f"{source}: not a {architecture} checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.load_state_dict(state, strict=True)
     return model, labels
 
 
-def task_model_from_pretrained(directory: str | os.PathLike, architecture: str, labels: list[str],
-                               problem_type: str = SINGLE_LABEL, model_cfg: ModelConfig | None = None) -> Any:  # fmt: skip
-    """A task model whose encoder comes from the pretrained BERT in `directory`; the head is fresh.
-
-    `model_cfg` (dropout and the like) must agree with the checkpoint's architecture. A checkpoint without
-    the encoder's weights is refused, naming what is missing; the pretraining heads are left out.
-    """
+def read_pretrained(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
+    """The config, the weights in bertdist names and the file read of a Hugging Face directory of any family."""
     directory = Path(directory)
-    checkpoint_cfg = read_config(directory)
-    cfg = checkpoint_cfg if model_cfg is None else agreeing_config(model_cfg, checkpoint_cfg, directory)
-    model = build_task_model(architecture, cfg, labels, problem_type)
+    raw, arch = _read_config(directory)
+    family = FAMILIES[arch]
+    cfg = family.config_from_hf(raw, str(directory / CONFIG_FILE))
     tensors, source = read_weights(directory)
-    load_encoder(model, from_hf_state_dict(tensors, source), source)
+    return cfg, family.state_from_hf(tensors, source), source
+
+
+def task_model_from_pretrained(directory: str | os.PathLike, architecture: str, labels: list[str],
+                               problem_type: str = SINGLE_LABEL) -> Any:  # fmt: skip
+    """A task model whose encoder comes from the pretrained model in `directory`; the classifier is fresh."""
+    cfg, state, source = read_pretrained(directory)
+    model = build_task_model(architecture, cfg, labels, problem_type)
+    load_encoder(model, state, source)
     return model
 
 
 def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
-    """Copy the encoder weights (`bert.*`) of a pretrained state dict into a task model; the head stays fresh.
+    """Copy the pretrained weights a task model starts from (its family's `pretrained` prefixes) out of a
+    pretrained state dict; the rest (the pretraining heads, a classifier) is left out.
 
-    The pretraining heads (`cls.*`) are left out, and so is the pooler where the task has none.
-    """
-    encoder = {k for k in model.state_dict() if k.startswith("bert.")}
-    missing = sorted(k for k in encoder if k not in state and not k.startswith("bert.pooler."))
+    `model` is a task model, or a module holding a bare encoder under the same name (`pretrained_encoder`)."""
+    family = FAMILIES[model.config.arch]
+    wanted = {k: v for k, v in model.state_dict().items() if k.startswith(family.pretrained)}
+    missing = sorted(k for k in wanted if k not in state and not k.startswith(family.optional))
     if missing:
-        raise CheckpointFormatError(f"{source}: missing BERT encoder weights: {', '.join(missing[:5])}")
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in model.state_dict().items()
-             if k in encoder and k in state and state[k].shape != v.shape]  # fmt: skip
+        raise CheckpointFormatError(f"{source}: missing {model.config.arch} encoder weights: {', '.join(missing[:5])}")
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in wanted.items() if k in state and state[k].shape != v.shape]
     if wrong:
         raise CheckpointFormatError(f"{source}: shapes disagree with the model: {'; '.join(wrong[:3])}")
-    model.load_state_dict({k: v for k, v in state.items() if k in encoder}, strict=False)
+    model.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
+
+
+def pretrained_encoder(cfg: ModelConfig, state: dict[str, Any], source: str) -> torch.nn.Module:
+    """The bare encoder of `cfg`'s family with the pretrained weights of `state` (`encode`, `hidden_states`)."""
+    family = FAMILIES[cfg.arch]
+    holder = torch.nn.Module()  # the encoder under the task models' name, which `state` uses
+    holder.config = cfg
+    setattr(holder, family.encoder_name, family.encoder(cfg))
+    load_encoder(holder, state, source)
+    return getattr(holder, family.encoder_name)
+
+
+def _read_config(directory: Path) -> tuple[dict[str, Any], str]:
+    """config.json and the model.arch its model_type names (BERT when it names none, as old checkpoints)."""
+    path = directory / CONFIG_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointFormatError(f"{path}: not found; a Hugging Face model directory has a config.json") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointFormatError(f"{path}: unreadable ({e})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointFormatError(f"{path}: expected a JSON object")
+    model_type = raw.get("model_type", "bert")
+    if model_type not in HF_MODEL_TYPES:
+        raise CheckpointFormatError(f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(HF_MODEL_TYPES)})")
+    return raw, HF_MODEL_TYPES[model_type]
 
 
 def _labels(raw: dict[str, Any], directory: Path) -> list[str]:
@@ -119,8 +205,3 @@ def _labels(raw: dict[str, Any], directory: Path) -> list[str]:
         except KeyError:
             raise CheckpointFormatError(f"{directory / CONFIG_FILE}: id2label keys are not 0..{len(id2label) - 1}") from None
     return [f"LABEL_{i}" for i in range(int(raw.get("num_labels", 2)))]
-
-
-def _key_differences(model: Any, state: dict[str, Any]) -> tuple[list[str], list[str]]:
-    expected = set(model.state_dict())
-    return sorted(expected - set(state)), sorted(set(state) - expected)

@@ -177,19 +177,30 @@ class ModernBertModel(nn.Module):
         return (states if keep_all else states[-1:]), layout
 
 
-class ModernBertPredictionHead(nn.Module):
-    """dense, gelu, norm, then the decoder: the token embedding matrix (tied, passed in) and this head's bias (the
-    reference's `decoder.bias`). The decoder is computed inside this module, whose output is a tensor, so that
-    ZeRO-3 gathers the tied matrix for its backward too (bertdist.train.deepspeed)."""
+class ModernBertHeadTransform(nn.Module):
+    """dense, gelu, norm: the reference's `ModernBertPredictionHead`, which its task models (bertdist.model.
+    modernbert_heads) put before their classifier as `head`, and the MLM head before its decoder."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.norm = _norm(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x)))
+
+
+class ModernBertPredictionHead(ModernBertHeadTransform):
+    """The transform, then the decoder: the token embedding matrix (tied, passed in) and this head's bias (the
+    reference's `decoder.bias`). The decoder is computed inside this module, whose output is a tensor, so that
+    ZeRO-3 gathers the tied matrix for its backward too (bertdist.train.deepspeed)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        return tied_logits(self.norm(F.gelu(self.dense(x))), decoder_weight, self.decoder_bias)
+        return tied_logits(super().forward(x), decoder_weight, self.decoder_bias)
 
 
 class ModernBertForMaskedLM(nn.Module):
@@ -246,7 +257,7 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
     elif isinstance(module, ModernBertMLP):
         normal(module.Wi.weight, std)
         normal(module.Wo.weight, out_std)
-    elif isinstance(module, ModernBertPredictionHead):
+    elif isinstance(module, ModernBertHeadTransform):
         normal(module.dense.weight, out_std)
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)

@@ -102,3 +102,28 @@ def test_blank_lines_are_rows_so_vectors_stay_aligned_with_their_lines(pretraine
     for line, text_index in ((1, 0), (3, 1), (5, 2)):  # line N of the file is row N - 1
         torch.testing.assert_close(torch.from_numpy(got[line - 1]), reference.hidden_states[-1][text_index, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], got[3])  # both blank lines: the features of [CLS] [SEP]
+
+
+def test_modernbert_features_equal_transformers_hidden_states(tmp_path, tiny_vocab, capsys):
+    from tests.finetune.test_runner import _modernbert_export
+
+    export = _modernbert_export(tmp_path / "modernbert", tiny_vocab)
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    model = transformers.ModernBertModel.from_pretrained(export).eval()
+    batch = transformers.AutoTokenizer.from_pretrained(export)(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model(**batch, output_hidden_states=True).hidden_states
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    for features, level in (("layer:2", "sequence"), ("last", "token")):
+        out = tmp_path / f"features-{level}"
+        assert main(["embed", "--model", str(export), "--input", str(tmp_path / "texts.txt"), "--output", str(out),
+                     "--features", features, "--level", level, "--batch-size", "3"]) == 0  # fmt: skip
+        _, got = _load(out, "features")
+        if level == "sequence":
+            torch.testing.assert_close(torch.from_numpy(got), states[2][:, 0], atol=1e-5, rtol=1e-5)
+        else:
+            expected = torch.cat([states[-1][row, :n] for row, n in enumerate(lengths)])
+            torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
+    code = main(["embed", "--model", str(export), "--input", str(tmp_path / "texts.txt"), "--output", str(tmp_path / "pooled"),
+                 "--features", "pooled"])  # fmt: skip
+    assert code == USAGE_EXIT_CODE and "has no pooler weights (ModernBERT" in capsys.readouterr().err

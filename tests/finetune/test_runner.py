@@ -1,4 +1,4 @@
-"""`bertdist finetune` end to end on CPU: from a Hugging Face BERT directory in one process, and from a
+"""`bertdist finetune` end to end on CPU: from a Hugging Face BERT or ModernBERT directory in one process, and from a
 bertdist pretraining checkpoint with 2 DeepSpeed ranks; the export loads in transformers and predicts what
 the run measured, and MLflow links the run to where it started."""
 
@@ -81,6 +81,44 @@ def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loa
     assert "dev/accuracy" in run.data.metrics and run.data.params["finetune.lr"] == "0.0001"
 
 
+def _modernbert_export(directory: Path, vocab: str) -> Path:
+    from bertdist.config import ModelConfig
+    from bertdist.model.modernbert_hf import write_directory
+    from bertdist.model.registry import build_model
+    from tests.conftest import TEST_VOCAB_SIZE
+
+    torch.manual_seed(0)
+    write_directory(build_model(ModelConfig.from_size("modernbert-tiny", vocab_size=TEST_VOCAB_SIZE)), directory, vocab, {})
+    return directory
+
+
+def test_finetune_from_a_modernbert_export_exports_a_model_transformers_computes_alike(tmp_path, tiny_corpus, tiny_vocab, capsys):
+    from bertdist.model.hf_heads import load_task_model
+
+    pretrained = _modernbert_export(tmp_path / "pretrained", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    out = tmp_path / "run"
+    assert main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={pretrained}", "tracking.enabled=false")]) == 0
+    printed = capsys.readouterr().out
+    assert "epoch 2/2" in printed and f"from Hugging Face modernbert {pretrained}" in printed, printed
+
+    theirs, info = transformers.AutoModelForSequenceClassification.from_pretrained(out / "model", output_loading_info=True)
+    assert type(theirs).__name__ == "ModernBertForSequenceClassification", type(theirs)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ours, labels = load_task_model(out / "model")
+    assert labels == ["file0", "file1"] and theirs.config.id2label == {0: "file0", 1: "file1"}
+    import csv
+
+    dev_rows = list(csv.DictReader(open(dev)))
+    batch = transformers.AutoTokenizer.from_pretrained(out / "model")([r["sentence"] for r in dev_rows], padding=True, return_tensors="pt")
+    with torch.no_grad():  # the tokenizer's token_type_ids go in too: both models ignore them
+        logits = theirs.eval()(**batch).logits
+        torch.testing.assert_close(ours.eval()(**batch).logits, logits, atol=1e-5, rtol=0)
+    accuracy = float(np.mean([theirs.config.id2label[int(i)] == r["label"] for i, r in zip(logits.argmax(-1), dev_rows)]))
+    best = printed.split("best dev epoch", 1)[1]
+    assert f"accuracy {accuracy:.4f}" in best, (accuracy, best)  # the export is the model that was measured
+
+
 def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, tiny_corpus, tiny_vocab, capsys):
     train, dev = _task(tmp_path, tiny_corpus)
     code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=summarization", "finetune.doc_stride=0",
@@ -127,6 +165,30 @@ def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_co
     assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
 
 
+@pytest.mark.slow
+def test_finetune_starts_from_a_modernbert_pretraining_run(tmp_path, tiny_corpus, tiny_vocab, mlm_shards, tmp_path_factory, capsys):
+    """The run's newest checkpoint (ZeRO-3, consolidated): its encoder and MLM head transform, as the task model's start."""
+    from bertdist.config import Config, FinetuneConfig
+    from bertdist.finetune.source import resolve
+    from bertdist.model.hf_heads import build_task_model, load_encoder
+    from bertdist.train.checkpoint import consolidated_state_dict
+
+    run = runs.uninterrupted(str(tmp_path_factory.getbasetemp() / "training"), mlm_shards, tiny_vocab, 3, "fp32", "modernbert")
+    assert run.exit_codes["run"] == [0, 0], run.notes["run"][-3000:]
+    source = resolve(Config(finetune=FinetuneConfig(init_from=str(run.out))))
+    model = build_task_model("ModernBertForSequenceClassification", source.model_cfg, ["a", "b"])
+    load_encoder(model, source.state, source.description)
+    pretrained = consolidated_state_dict(run.out / "checkpoints" / f"step_{runs.STEPS:08d}")
+    started = {k: v for k, v in model.state_dict().items() if not k.startswith("classifier.")}
+    assert started and all(torch.equal(v, pretrained[k]) for k, v in started.items())
+
+    train, dev = _task(tmp_path, tiny_corpus)
+    out = tmp_path / "run"
+    assert main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={run.out}", "tracking.enabled=false")]) == 0
+    assert "from bertdist checkpoint" in capsys.readouterr().out
+    assert json.loads((out / "model" / "config.json").read_text())["architectures"] == ["ModernBertForSequenceClassification"]
+
+
 TASKS = {  # task: (maker, file suffix, settings, Auto class)
     "token_classification": ("code_entities", "conll", [], "AutoModelForTokenClassification"),
     "question_answering": ("span_questions", "json", ["finetune.max_seq_length=64", "finetune.doc_stride=32"], "AutoModelForQuestionAnswering"),
@@ -135,8 +197,9 @@ TASKS = {  # task: (maker, file suffix, settings, Auto class)
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("family", ["Bert", "ModernBert"])
 @pytest.mark.parametrize("task", TASKS)
-def test_every_task_trains_and_exports_for_its_auto_class(task, tmp_path, tiny_documents, tiny_vocab, capsys):
+def test_every_task_trains_and_exports_for_its_auto_class(task, family, tmp_path, tiny_documents, tiny_vocab, capsys):
     from bertdist.finetune import corpus_tasks
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained
@@ -145,15 +208,19 @@ def test_every_task_trains_and_exports_for_its_auto_class(task, tmp_path, tiny_d
     files = [tmp_path / f"{name}.{suffix}" for name in ("train", "dev")]
     for seed, (path, rows) in enumerate(zip(files, (64, 24))):
         getattr(corpus_tasks, maker)(tiny_documents, path, rows, seed)
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    if family == "Bert":
+        torch.manual_seed(0)
+        save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    else:
+        _modernbert_export(tmp_path / "pretrained", tiny_vocab)
     out = tmp_path / "run"
     args = _overrides(str(files[0]), str(files[1]), out, f"finetune.task={task}", f"finetune.init_from={tmp_path / 'pretrained'}", *settings)
     assert main(["finetune", *args]) == 0
     printed = capsys.readouterr().out
     assert "epoch 2/2" in printed and "best dev epoch" in printed, printed
     model, info = getattr(transformers, auto).from_pretrained(out / "model", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(model).__name__ == family + auto.removeprefix("AutoModel"), type(model)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert json.loads((out / "model" / "config.json").read_text())["bertdist_init_from"] == str(tmp_path / "pretrained")
 
 

@@ -16,15 +16,16 @@ transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
 
 
-def reference(bias: bool = False) -> "transformers.ModernBertForMaskedLM":
+def reference(bias: bool = False, model_class: str = "ModernBertForMaskedLM", **settings) -> "transformers.PreTrainedModel":
+    """A tiny transformers ModernBERT (`model_class`, with config `settings`) on random weights."""
     config = transformers.ModernBertConfig(
         vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=2,
         local_attention=32, global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0,
         max_position_embeddings=4096, norm_bias=bias, attention_bias=bias, mlp_bias=bias, classifier_bias=bias,
-        pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3,
+        pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3, **settings,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.ModernBertForMaskedLM(config).eval()
+    model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # biases and norms away from their initial values, so that a mix-up shows
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

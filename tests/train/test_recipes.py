@@ -11,18 +11,8 @@ import torch
 from bertdist.cli import main
 from bertdist.train.checkpoint import consolidated_state_dict
 from tests import training_runs as runs
-from tests.conftest import tiny_prepare_options
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def mlm_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
-    from bertdist.data.pipeline.driver import prepare
-
-    out = str(tmp_path_factory.mktemp("mlm_shards") / "train")
-    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, objective="mlm", masking="dynamic", dupe_factor=1))
-    return out
 
 
 @pytest.fixture(scope="module")
