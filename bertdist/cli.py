@@ -289,7 +289,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
             "continues an interrupted one."
         ),
     )
-    p.add_argument("--output", default=DEMO_OUTPUT, help=f"directory for every stage's output (default {DEMO_OUTPUT})")
+    p.add_argument("--output", help=f"directory for every stage's output (default {DEMO_OUTPUT}, {DEMO_OUTPUT}-modernbert)")
     p.add_argument("--ranks", type=int, default=DEMO_RANKS, help=f"CPU training processes (default {DEMO_RANKS})")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
     p.add_argument("--arch", choices=ARCHITECTURES, default="bert",
@@ -303,7 +303,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.ranks < 1 or args.steps < 0:
         print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
         return USAGE_EXIT_CODE
-    return run_demo(args.output, ranks=args.ranks, steps=args.steps, arch=args.arch)
+    # Each architecture its own directory: the stages skip what exists, and ModernBERT needs MLM-only shards.
+    output = args.output or (DEMO_OUTPUT if args.arch == "bert" else f"{DEMO_OUTPUT}-{args.arch}")
+    return run_demo(output, ranks=args.ranks, steps=args.steps, arch=args.arch)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
