@@ -171,7 +171,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     add_forecast_flags(p)
     p.add_argument("--resume", help="shorthand for checkpoint.resume=VALUE (auto, none, or a checkpoint path)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
-    p.add_argument("--restart-event", help=argparse.SUPPRESS)  # passed by the elastic supervisor (bertdist.launch.events)
+    p.add_argument("--restart-event", help=argparse.SUPPRESS)  # passed by the elastic supervisor (bertdist.train.restart_event)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.set_defaults(func=_run_train, interrupted="the checkpoints written before are kept (--resume auto continues)")
 
@@ -201,7 +201,7 @@ def _run_train(args: argparse.Namespace) -> int:
         print("bertdist train: --calibrate goes with --dry-run (or `bertdist submit --calibrate`, which records the "
               "forecast in the job's config)", file=sys.stderr)
         return USAGE_EXIT_CODE
-    from bertdist.launch.events import RestartEvent
+    from bertdist.train.restart_event import RestartEvent
     from bertdist.train.trainer import train
 
     return train(cfg, RestartEvent.decode(args.restart_event) if args.restart_event else None)

@@ -8,7 +8,6 @@
     elastic   the supervisor of multi-host jobs: lost hosts dropped, the job relaunched, hosts taken back
     ssh_fleet the hosts of a hostfile as the supervisor's fleet (SSH probes, DeepSpeed's launcher per launch)
     ray_job   the training driver that a Ray job runs on the cluster: the supervisor over Ray nodes
-    events    a relaunch, as the supervisor hands it to the trainer (which records it in MLflow)
     status    status and logs of a recorded job
     commands  the command lines of submit, status and logs
 

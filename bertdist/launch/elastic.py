@@ -28,7 +28,7 @@ One loop, whatever starts the ranks (a `Fleet`: SSH hosts from a hostfile here, 
 
 Every change is one line in the job log, the state (hosts, world size, restarts, events) is in the state
 file that `bertdist status` reads, and the relaunched trainer records the event in the MLflow run
-(`bertdist.launch.events`). Work redone after a failure is at most one checkpoint interval.
+(`bertdist.train.restart_event`). Work redone after a failure is at most one checkpoint interval.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Protocol, TextIO
 from bertdist import storage
 from bertdist.config import Config, ConfigError, load_config, validate
 from bertdist.errors import FAILED_EXIT_CODE, OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError
-from bertdist.launch.events import RestartEvent
+from bertdist.train.restart_event import RestartEvent
 
 PROBES_TO_LOSE = 2
 """Failed probes in a row that lose a host: one can be a dropped packet, two at the probe interval are not."""

@@ -29,8 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
-from bertdist.errors import UserError, first_line
-from bertdist.errors import write_error
+from bertdist.errors import UserError, first_line, write_error
 from bertdist.model.bert import BertForPreTraining
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -203,7 +202,7 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def _load_torch(path: str) -> dict[str, torch.Tensor]:
-    from bertdist.train.safe_load import refused
+    from bertdist.safe_load import refused
 
     # weights_only=True: tensors and plain containers only, never arbitrary pickled objects.
     try:

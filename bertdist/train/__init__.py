@@ -8,8 +8,8 @@
     run_identity whether a checkpoint is this run's (the settings that may change on resume)
     remote       checkpoints in an object store (checkpoint.uri): uploads, publishing, resume from the store
     extensions   where DeepSpeed JIT-builds its ops (inside the installation); stale build locks
+    restart_event a relaunch, as the elastic supervisor (bertdist.launch) hands it to the trainer
     integrity    size and sha256 of every checkpoint file, recorded at save and checked before loading
-    safe_load    every torch.load of a checkpoint weights-only (no code from a tampered file)
     reshard      resuming on another number of ranks (DeepSpeed's universal checkpoint)
     watchdog     heartbeats; a stalled rank named, the job stopped for a requeue
     stopping     the stop flag: SIGTERM/SIGINT/SIGUSR1, or the launcher above a rank gone

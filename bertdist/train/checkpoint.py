@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterator
 
 from bertdist import chatter
 from bertdist.errors import UserError, first_line, one_line
+from bertdist.safe_load import weights_only_loading
 from bertdist.storage import is_partial, partial_name, write_text
 from bertdist.train import integrity, rng
-from bertdist.train.safe_load import weights_only_loading
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from bertdist.launch.events import RestartEvent
+from bertdist.train.restart_event import RestartEvent
 
 
 def log_start(tracker: Any, event: RestartEvent | None, start_step: int, world_size: int, forecast_hours: float) -> None:

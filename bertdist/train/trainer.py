@@ -39,11 +39,11 @@ from bertdist.errors import (
     UserError,
     one_line,
 )
-from bertdist.launch.events import RestartEvent
 from bertdist.train import checkpoint, distributed, metrics, remote, reshard, rng, stopping, timeline
 from bertdist.train.console import Console
-from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
+from bertdist.train.downstream import DownstreamEvaluator
+from bertdist.train.restart_event import RestartEvent
 from bertdist.train.watchdog import StallWatchdog
 
 def train(cfg: Config, restart: RestartEvent | None = None) -> int:

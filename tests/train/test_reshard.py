@@ -13,7 +13,7 @@ import torch
 from bertdist.data.loader import _Segment
 from bertdist.train import reshard
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
-from bertdist.train.safe_load import weights_only_loading
+from bertdist.safe_load import weights_only_loading
 from tests import training_runs as runs
 
 pytestmark = pytest.mark.slow
