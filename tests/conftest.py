@@ -199,3 +199,10 @@ def tiny_disk(tmp_path):
         pytest.skip("making a full file system needs root and mount (tmpfs)")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def hf_offline(monkeypatch):
+    """transformers and the hub client told they are offline: a test that would download fails instead."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

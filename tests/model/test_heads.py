@@ -24,11 +24,7 @@ transformers = pytest.importorskip("transformers")
 BATCH, SEQ, CHOICES = 3, 16, 4
 TOLERANCE = 1e-5
 
-
-@pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+pytestmark = pytest.mark.usefixtures("hf_offline")
 
 
 def _inputs(*shape: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -20,16 +20,24 @@ def base(tmp_path_factory) -> str:
     return str(tmp_path_factory.getbasetemp() / "training")
 
 
-def test_fast_recipe_resumes_bit_identically(base, mlm_shards, tiny_vocab):
-    reference = runs.uninterrupted(base, mlm_shards, tiny_vocab, 0, "fp32", "fast")
-    resumed = runs.interrupted(base, mlm_shards, tiny_vocab, 0, False, "fp32", "fast")
+def resumed_bit_identically(base: str, shards: str, vocab: str, zero_stage: int,
+                            recipe: str) -> tuple[runs.Scenario, runs.Scenario, dict]:  # fmt: skip
+    """The recipe's uninterrupted run and its killed-and-resumed twin, both finished, with the same final weights;
+    returns both runs and those weights."""
+    reference = runs.uninterrupted(base, shards, vocab, zero_stage, "fp32", recipe)
+    resumed = runs.interrupted(base, shards, vocab, zero_stage, False, "fp32", recipe)
     assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
     assert resumed.exit_codes["final"] == [0, 0], resumed.notes["final"][-3000:]
     final = f"step_{runs.STEPS:08d}"
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(resumed.out / "checkpoints" / final)
-    assert not any(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in want)
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    return reference, resumed, want
+
+
+def test_fast_recipe_resumes_bit_identically(base, mlm_shards, tiny_vocab):
+    reference, resumed, want = resumed_bit_identically(base, mlm_shards, tiny_vocab, 0, "fast")
+    assert not any(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in want)
     expected, logged = runs.read_metrics(reference.out), runs.read_metrics(resumed.out)
     assert sorted(logged) == list(range(1, runs.STEPS + 1))
     assert all("loss/train_nsp" not in record for record in expected.values())
@@ -59,14 +67,8 @@ def test_fast_recipe_export_is_a_masked_lm_and_fine_tunes(base, mlm_shards, tiny
 
 def test_modernbert_trains_under_zero3_resumes_bit_identically_and_exports(base, mlm_shards, tiny_vocab, tmp_path):
     transformers = pytest.importorskip("transformers")
-    reference = runs.uninterrupted(base, mlm_shards, tiny_vocab, 3, "fp32", "modernbert")
-    resumed = runs.interrupted(base, mlm_shards, tiny_vocab, 3, False, "fp32", "modernbert")
-    assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
-    assert resumed.exit_codes["final"] == [0, 0], resumed.notes["final"][-3000:]
-    final = f"step_{runs.STEPS:08d}"
-    want = consolidated_state_dict(reference.out / "checkpoints" / final)
-    got = consolidated_state_dict(resumed.out / "checkpoints" / final)
-    assert "model.layers.1.attn.Wqkv.weight" in want and [k for k in want if not torch.equal(want[k], got[k])] == []
+    reference, _, want = resumed_bit_identically(base, mlm_shards, tiny_vocab, 3, "modernbert")
+    assert "model.layers.1.attn.Wqkv.weight" in want
     losses = [record["loss/train"] for _, record in sorted(runs.read_metrics(reference.out).items())]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
 
