@@ -34,7 +34,6 @@ from bertdist import storage
 from bertdist.config import CheckpointConfig, Config
 from bertdist.lease import StoreLease
 from bertdist.train import integrity
-from bertdist.train.run_identity import foreign_fields
 from bertdist.train.checkpoint import (
     DAMAGED_FILENAME,
     LATEST_FILENAME,
@@ -51,6 +50,7 @@ from bertdist.train.checkpoint import (
     resolve_resume,
     verify_files,
 )
+from bertdist.train.run_identity import foreign_fields
 
 UPLOADS = ".uploads"
 WAIT_POLL_SECONDS = 0.5

@@ -12,7 +12,7 @@ import torch
 from bertdist.config import OptimConfig
 from bertdist.model.bert import BertForPreTraining
 from bertdist.model.flops import peak_flops_for
-from bertdist.train import checkpoint, rng
+from bertdist.train import rng
 from bertdist.train.checkpoint import consolidated_state_dict
 from bertdist.train.optim import build_optimizer
 from tests import training_runs as runs
