@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -59,6 +58,29 @@ DeepSpeedEngine._save_zero_checkpoint = crash
 from bertdist.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+# Signal this rank itself right after a function of bertdist.train.checkpoint returns, so an interruption lands
+# at the same step however fast the run is: a signal from outside, timed by polling files, raced a run that
+# trains its eight steps in a second and ended before it (the fast recipe: CI, November 2026).
+SIGNAL_AFTER = """
+import os, signal, sys
+from bertdist.train import checkpoint
+original = checkpoint.{function}
+def then_signal(*args, **kwargs):
+    result = original(*args, **kwargs)
+    if {condition}:
+        os.kill(os.getpid(), signal.{signum})
+    return result
+checkpoint.{function} = then_signal
+from bertdist.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+KILL_AFTER_FIRST_CHECKPOINT = SIGNAL_AFTER.format(function="save", condition=f"args[2].step == {CHECKPOINT_EVERY}",
+                                                  signum="SIGKILL")
+"""SIGKILL once every rank has returned from saving step CHECKPOINT_EVERY (`latest` names it)."""
+TERMINATE_AFTER_RESUME = SIGNAL_AFTER.format(function="load", condition="True", signum="SIGTERM")
+"""SIGTERM once the checkpoint is loaded: the stop handler is in place, the next step runs and the run stops."""
 
 
 def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", recipe: str = "paper",
@@ -222,16 +244,11 @@ def _interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_duri
     out = directory / "out"
     codes, notes = {}, {}
 
-    ranks = start_ranks(config, "killed")
-    ranks.wait_for(lambda: latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", "the first checkpoint")
-    for p in ranks.procs:
-        p.send_signal(signal.SIGKILL)
+    ranks = start_ranks(config, "killed", python_code=KILL_AFTER_FIRST_CHECKPOINT)
     codes["killed"] = ranks.wait()
+    assert latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", ranks.output(0)[-3000:]
 
-    ranks = start_ranks(config, "terminated", "--resume", "auto")
-    # The handler is in place once a rank reports the resume; the signal then stops it after one step.
-    ranks.wait_for(lambda: all("resumed from" in log.read_text() for log in ranks.logs), "the resume")
-    ranks.signal(signal.SIGTERM)
+    ranks = start_ranks(config, "terminated", "--resume", "auto", python_code=TERMINATE_AFTER_RESUME)
     codes["terminated"] = ranks.wait()
     notes["terminated"] = ranks.output(0)
     notes["terminated_latest"] = latest_tag(out) or ""
