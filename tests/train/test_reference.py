@@ -1,0 +1,94 @@
+"""A 2-rank `arch: bert` run (ZeRO 1, fp32) against a reference kept from before the model registry.
+
+The encoder-family refactor moved BERT behind `bertdist.model.registry` and made the step metrics follow what
+the model's output reports. Neither may change what an `arch: bert` run computes: the final weights (a SHA-256
+per tensor) and every logged quality metric must equal those of the same run on the code before it, commit
+30a5372, bit for bit. `tests/train/reference/make.sh COMMIT` writes the reference by running this file at that
+commit with BERTDIST_WRITE_REFERENCE set (then the test writes instead of comparing).
+
+The run reads the vocabulary kept beside the reference (tests/train/reference/vocab.txt) rather than the
+session's `tiny_vocab`: tokenizers' WordPiece trainer is not deterministic (tokenizers 0.23: the ids of `##`
+tokens follow a hash map's order and break ties between merges, huggingface/tokenizers#1794), so two trainings on
+one corpus give different vocabularies. Shards are prepared from it here (preparation is deterministic).
+
+Bit identity is a property of one set of CPU kernels: the reference records the torch version and the CPU
+capability it ran with, and on another pair the weights are not compared and the metrics are compared at 1e-4
+(the test says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertdist.train.checkpoint import consolidated_state_dict
+from tests import training_runs as runs
+from tests.conftest import tiny_prepare_options
+
+pytestmark = pytest.mark.slow
+
+REFERENCE = Path(__file__).parent / "reference" / "bert_zero1.json"
+NOT_COMPARED = ("throughput/",)
+"""Wall-clock rates: the only metrics that differ between two identical runs."""
+
+
+def _digest_shards(directory: str) -> str:
+    """SHA-256 of every array of every sample in `directory`'s shards (the tar and npz containers' own bytes
+    carry zip timestamps, so they are not compared)."""
+    h = hashlib.sha256()
+    for shard in sorted(Path(directory).glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in sorted(tar.getmembers(), key=lambda m: m.name):
+                arrays = np.load(io.BytesIO(tar.extractfile(member).read()))
+                for name in sorted(arrays.files):
+                    h.update(f"{member.name}/{name}".encode())
+                    h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
+
+
+def _summary(run: runs.Scenario, shards: str, vocab: str) -> dict:
+    weights = consolidated_state_dict(run.out / "checkpoints" / f"step_{runs.STEPS:08d}")
+    records = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "inputs": {"vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest(), "shards": _digest_shards(shards)},
+        "weights": {k: hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest() for k, v in sorted(weights.items())},
+        "metrics": [{k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in records],
+    }
+
+
+def test_bert_run_is_bit_identical_to_the_reference_from_before_the_registry(tmp_path, tiny_corpus, ray_local):
+    from bertdist.data.pipeline.driver import prepare
+
+    vocab, shards = str(REFERENCE.parent / "vocab.txt"), str(tmp_path / "shards")
+    prepare(tiny_prepare_options(tiny_corpus, vocab, shards))
+    run = runs.uninterrupted(str(tmp_path / "training"), shards, vocab, 1)
+    assert run.exit_codes["run"] == [0, 0], run.notes["run"][-3000:]
+    got = _summary(run, shards, vocab)
+    if os.environ.get("BERTDIST_WRITE_REFERENCE"):
+        Path(os.environ["BERTDIST_WRITE_REFERENCE"]).write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        pytest.skip(f"wrote the reference to {os.environ['BERTDIST_WRITE_REFERENCE']}")
+    want = json.loads(REFERENCE.read_text())
+    assert got["inputs"] == want["inputs"], "the test's corpus, vocabulary or shards changed: the reference no longer applies"
+    same_kernels = (got["torch"], got["cpu_capability"]) == (want["torch"], want["cpu_capability"])
+    if same_kernels:
+        differ = [k for k in want["weights"] if got["weights"].get(k) != want["weights"][k]]
+        assert got["weights"].keys() == want["weights"].keys() and not differ, f"weights differ from the reference: {differ}"
+        assert got["metrics"] == want["metrics"]
+        return
+    # Another torch or CPU: same keys and records, values at 1e-4 (bit identity cannot be asked across kernels).
+    assert got["weights"].keys() == want["weights"].keys()
+    assert len(got["metrics"]) == len(want["metrics"])
+    for g, w in zip(got["metrics"], want["metrics"]):
+        assert g.keys() == w.keys()
+        for key, value in w.items():
+            assert g[key] == (pytest.approx(value, rel=1e-4, abs=1e-6) if isinstance(value, float) else value), key
