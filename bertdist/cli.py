@@ -1,6 +1,6 @@
 """The `bertdist` command. Subcommands only parse their arguments and call into the package.
 
-    bertdist vocab    train a WordPiece vocabulary
+    bertdist vocab    train a tokenizer (WordPiece vocab.txt, or byte-level BPE tokenizer.json)
     bertdist prepare  turn a corpus into WebDataset shards of masked sentence pairs (Ray)
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
@@ -30,6 +30,7 @@ from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_ya
 from bertdist.config.schema import ARCHITECTURES
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
+from bertdist.data.tokenizer import TOKENIZER_MODELS
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
@@ -42,27 +43,34 @@ from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 def _add_vocab(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "vocab",
-        help="train a WordPiece vocabulary",
+        help="train a tokenizer (WordPiece vocab.txt, or byte-level BPE tokenizer.json)",
         description=(
-            "Train WordPiece with Hugging Face tokenizers (BERT normaliser and pre-tokenizer, special tokens "
-            "[PAD] [UNK] [CLS] [SEP] [MASK]), streaming the input. Writes DIR/vocab.txt and DIR/tokenizer.json."
+            "Train a tokenizer with Hugging Face tokenizers, streaming the input, with BERT's special tokens [PAD] "
+            "[UNK] [CLS] [SEP] [MASK] first. --model wordpiece (BERT's normaliser and pre-tokenizer) writes "
+            "DIR/vocab.txt and DIR/tokenizer.json; --model bpe (byte-level BPE as ModernBERT's) writes "
+            "DIR/tokenizer.json, tokenizer_config.json and special_tokens_map.json. data.vocab_file (--vocab) "
+            "names the file printed, or DIR."
         ),
     )
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
     p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--model", choices=TOKENIZER_MODELS, default=TOKENIZER_MODELS[0],
+                   help="wordpiece: BERT's vocab.txt (default); bpe: a byte-level BPE tokenizer.json, as ModernBERT's")
     p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
     p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
 
 
 def _run_vocab(args: argparse.Namespace) -> int:
+    from bertdist.data.bpe import MIN_VOCAB_SIZE, train_bpe
     from bertdist.data.readers import expand_inputs, iter_texts
     from bertdist.data.vocab import train_vocab
 
-    if args.vocab_size < 16:
-        print("bertdist vocab: --vocab-size must be at least 16", file=sys.stderr)
+    train, smallest = (train_bpe, MIN_VOCAB_SIZE) if args.model == "bpe" else (train_vocab, 16)
+    if args.vocab_size < smallest:
+        print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    path = train_vocab(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
+    path = train(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
     print(f"wrote {path}")
     return 0
 
@@ -79,7 +87,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
     p.add_argument("--output", required=True, metavar="DIR")
-    p.add_argument("--vocab", required=True, help="vocab.txt from `bertdist vocab`")
+    p.add_argument("--vocab", required=True, help="the tokenizer: a vocab.txt or tokenizer.json from `bertdist vocab`, "
+                   "or a directory holding either (a Hugging Face model's)")
     i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
     p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
     p.add_argument("--objective", choices=["nsp", "mlm"], default=i.objective,
@@ -92,7 +101,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-predictions-per-seq", type=int, default=i.max_predictions_per_seq)
     p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
     p.add_argument("--whole-word-mask", action="store_true")
-    p.add_argument("--cased", action="store_true", help="the vocab was trained with --cased")
+    p.add_argument("--cased", action="store_true", help="the vocab.txt was trained with --cased (a tokenizer.json "
+                   "carries its own normaliser)")
     p.add_argument("--seed", type=int, default=i.seed)
     p.add_argument("--workers", type=int, default=o.workers, help="concurrent Ray tasks (default: every CPU)")
     p.add_argument("--ray-address", default=o.ray_address, help="'auto' or ray://HOST:PORT for a cluster (default: local Ray)")
@@ -142,7 +152,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("dir", help="a directory written by `bertdist prepare`")
     p.add_argument("--examples", type=int, default=3, help="decoded examples to print")
-    p.add_argument("--vocab", help="vocab.txt for decoding (default: the one recorded in the manifest)")
+    p.add_argument("--vocab", help="vocab.txt or tokenizer.json for decoding (default: the one recorded in the manifest)")
     p.set_defaults(func=_run_inspect)
 
 
@@ -221,7 +231,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory, or a run's output_dir")
     p.add_argument("--output", required=True, help="directory to write")
-    p.add_argument("--vocab", help="vocab.txt to ship (default: the run's data.vocab_file)")
+    p.add_argument("--vocab", help="the tokenizer to ship, a vocab.txt or tokenizer.json (default: the run's data.vocab_file)")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --output")
     p.set_defaults(func=_run_export, interrupted="nothing was written (a partial export is removed)")
 

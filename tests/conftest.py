@@ -137,6 +137,39 @@ def tiny_vocab(tiny_corpus, tmp_path_factory) -> str:
     return train_vocab(iter_texts(expand_inputs([tiny_corpus])), str(out), vocab_size=TEST_VOCAB_SIZE)
 
 
+@pytest.fixture(scope="session")
+def tiny_bpe(tiny_corpus, tmp_path_factory) -> str:
+    """tokenizer.json of TEST_VOCAB_SIZE byte-level BPE tokens trained on `tiny_corpus` (`bertdist vocab --model bpe`)."""
+    from bertdist.data.bpe import train_bpe
+    from bertdist.data.readers import expand_inputs, iter_texts
+
+    out = tmp_path_factory.mktemp("tiny_bpe")
+    return train_bpe(iter_texts(expand_inputs([tiny_corpus])), str(out), vocab_size=TEST_VOCAB_SIZE)
+
+
+@pytest.fixture(scope="session")
+def high_id_tokenizer(tiny_corpus, tmp_path_factory) -> str:
+    """A directory holding a tokenizer.json laid out as ModernBERT's: byte-level BPE without a prefix space, its
+    special tokens appended after the merges in ModernBERT's order ([UNK] [CLS] [SEP] [PAD] [MASK]), so no id is
+    BERT's; 1000 tokens in all (under the tiny model's 1024 rows)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    from bertdist.data.readers import expand_inputs, iter_texts
+    from bertdist.data.vocab import bert_template
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=995, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(iter_texts(expand_inputs([tiny_corpus])), trainer=trainer)
+    tokenizer.add_special_tokens(["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+    tokenizer.post_processor = bert_template(tokenizer)
+    out = tmp_path_factory.mktemp("high_id_tokenizer")
+    tokenizer.save(str(out / "tokenizer.json"))
+    return str(out)
+
+
 def tiny_prepare_options(corpus: str, vocab: str, output: str, **overrides):
     """The PrepareOptions of `tiny_shards`; tests that prepare again start from these."""
     from bertdist.data.instances import InstanceOptions

@@ -25,10 +25,10 @@ from bertdist.config.schema import (
     TrackingConfig,
     TrainConfig,
 )
-from bertdist.config.validation import BACKENDS, PRECISIONS, VERIFY_MODES, count_vocab_lines, validate
+from bertdist.config.validation import BACKENDS, PRECISIONS, VERIFY_MODES, validate
 
 __all__ = [
     "BACKENDS", "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DownstreamConfig", "MaskingConfig", "EvalConfig", "FinetuneConfig", "LaunchConfig",
-    "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "VERIFY_MODES", "count_vocab_lines", "dump_yaml",
+    "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "VERIFY_MODES", "dump_yaml",
     "flatten", "load_config", "validate",
 ]  # fmt: skip

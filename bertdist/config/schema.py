@@ -67,7 +67,7 @@ class ModelConfig:
     intermediate_size: int = 0
     """Feed-forward width; 0 means 4 x hidden_size as in BERT."""
     vocab_size: int = 30522
-    """Rows of the word embedding; must be at least the number of tokens in data.vocab_file."""
+    """Rows of the word embedding; must be at least the number of tokens of the tokenizer data.vocab_file."""
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     hidden_dropout_prob: float = 0.1
@@ -154,6 +154,10 @@ class MaskingConfig:
 @dataclass
 class DataConfig:
     vocab_file: str = "runs/vocab/vocab.txt"
+    """The tokenizer, the one place it is named (`bertdist prepare --vocab` is the same): a WordPiece vocab.txt, a
+    tokenizer.json of any Hugging Face `tokenizers` model (`bertdist vocab --model bpe`, an imported model's), or
+    a directory holding either (its tokenizer.json first). Its special tokens [PAD] [UNK] [CLS] [SEP] [MASK] are
+    looked up by name; shards record its sha256 and refuse another; model.vocab_size must hold all its tokens."""
     phases: list[PhaseConfig] = field(default_factory=lambda: [PhaseConfig()])
     loader_workers: int = 2
     """DataLoader worker processes per rank."""
@@ -320,7 +324,8 @@ class FinetuneConfig:
     """A bertdist run directory or checkpoint (step_N), its export, or any Hugging Face BERT or ModernBERT directory;
     empty: random initialisation of model.* (the baseline a pretrained model must beat)."""
     vocab_file: str = ""
-    """WordPiece vocabulary; empty: the vocab.txt of init_from (an export or HF directory)."""
+    """The tokenizer (a vocab.txt, a tokenizer.json, or a directory holding either); empty: the one of init_from
+    (a run's data.vocab_file, or an export's or HF directory's tokenizer.json, else its vocab.txt)."""
     train_file: str = ""
     """CSV, TSV or JSON lines (by extension) with a header / keys naming the columns."""
     dev_file: str = ""

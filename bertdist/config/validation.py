@@ -7,13 +7,13 @@ submitting machine may not see the cluster's files.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from bertdist import storage
 from bertdist.credentials import credentials_problem
+from bertdist.errors import UserError
 from bertdist.config.schema import ARCHITECTURES, Config, ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -83,11 +83,6 @@ def credential_problems(values: Any, where: str = "") -> list[str]:
         return [p for i, value in enumerate(values) for p in credential_problems(value, f"{where}.{i}")]
     problem = credentials_problem(values, where) if isinstance(values, str) else ""
     return [problem] if problem else []
-
-
-def count_vocab_lines(path: str | os.PathLike) -> int:
-    with open(path, encoding="utf-8") as f:
-        return sum(1 for line in f if line.rstrip("\n"))
 
 
 def validate(cfg: Config, world_size: int | None = None, check_files: bool = True) -> None:
@@ -256,16 +251,20 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if check_files and not storage.is_url(d.vocab_file):
         if not d.vocab_file:
             p.append("data.vocab_file: empty (make one with `bertdist vocab`)")
-        elif not Path(d.vocab_file).is_file():
+        elif not Path(d.vocab_file).exists():
             p.append(f"data.vocab_file: {d.vocab_file} does not exist (make one with `bertdist vocab`)")
         else:
-            n = count_vocab_lines(d.vocab_file)
+            from bertdist.data.tokenizer import count_tokens, vocab_mismatch
+
+            try:
+                n = count_tokens(d.vocab_file)
+            except UserError as e:
+                p.append(f"data.vocab_file: {e}")
+                n = 0
             if n > m.vocab_size:
                 p.append(f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}")
-            elif cfg.checkpoint.init_from_pretrained:
-                from bertdist.data.vocab import vocab_mismatch
-
-                problem = vocab_mismatch(d.vocab_file, m.vocab_size, str(Path(cfg.checkpoint.init_from_pretrained) / "vocab.txt"))
+            elif n and cfg.checkpoint.init_from_pretrained:
+                problem = vocab_mismatch(d.vocab_file, m.vocab_size, cfg.checkpoint.init_from_pretrained)
                 if problem:
                     p.append(f"data.vocab_file: {problem} (checkpoint.init_from_pretrained)")
         if Path(t.output_dir).exists() and not Path(t.output_dir).is_dir():

@@ -83,13 +83,14 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
 
 def _examples(shard_dir: str, manifest: dict, count: int, vocab_file: str | None) -> str:
     from bertdist.data import iter_samples
-    from bertdist.data.vocab import read_vocab
+    from bertdist.data.tokenizer import open_tokenizer, tokenizer_file
 
-    if not vocab_file or not os.path.isfile(vocab_file):
+    if not vocab_file or not os.path.exists(vocab_file):
         return "examples: pass --vocab to decode (the vocab recorded in the manifest is not available)"
+    vocab_file = tokenizer_file(vocab_file)
     if file_sha256(vocab_file) != manifest["vocab_sha256"]:
         raise DataError(f"{vocab_file}: not the vocab these shards were made with (sha256 differs)")
-    tokens = read_vocab(vocab_file)
+    tokens = open_tokenizer(vocab_file).tokens
     lines = ["examples (tokens as stored; masked positions shown as [MASK]/token(original)):"]
     for n, sample in zip(range(count), iter_samples(shard_dir)):
         ids = sample["input_ids"].tolist()

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from bertdist import storage
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
 from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.data.tokenizer import open_tokenizer, tokenizer_file
 from bertdist.data.samples import Samples
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.data.streaming import BlockStream, StreamSettings
@@ -313,8 +314,9 @@ class PretrainingLoader:
         the cache and read-ahead for a `shard_dir` that is an object-store URL (whose endpoint is the process's:
         `bertdist.storage.use_endpoint`)."""
         manifest = read_manifest(shard_dir)
-        if not os.path.isfile(vocab_file):
+        if not os.path.exists(vocab_file):
             raise DataError(f"{vocab_file}: vocabulary file not found")
+        vocab_file = tokenizer_file(vocab_file)
         if storage.file_sha256(vocab_file) != manifest["vocab_sha256"]:
             raise DataError(
                 f"{shard_dir}: shards were made with another vocabulary than {vocab_file} (sha256 differs); "
@@ -335,9 +337,7 @@ class PretrainingLoader:
         """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
         masker = None
         if options.get("masking", "static") == "dynamic":
-            from bertdist.data.vocab import read_vocab
-
-            masker = _Masker(masking or MaskRules.for_length(max_seq_length), VocabInfo.from_tokens(read_vocab(vocab_file)))
+            masker = _Masker(masking or MaskRules.for_length(max_seq_length), VocabInfo.from_tokenizer(open_tokenizer(vocab_file)))
         self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker, streaming)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(

@@ -10,7 +10,8 @@ One implementation serves both places masks are made:
 
 The rules are the reference's (google-research/bert `create_masked_lm_predictions`): [CLS] and [SEP] are never
 predicted; a sample predicts round(length x rate) positions, at least 1 and at most `max_predictions_per_seq`;
-with whole-word masking a `##` piece goes with the word before it and a word that would overshoot the budget
+with whole-word masking a piece that does not start a word (a `##` piece; for byte-level BPE, one without a
+leading space: `bertdist.data.tokenizer`) goes with the word before it and a word that would overshoot the budget
 is skipped; a chosen position shows [MASK] 80% of the time, a uniformly random token 10%, itself 10%.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertdist.data.samples import Samples
+from bertdist.data.tokenizer import TextTokenizer, wordpiece_tokens
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -60,19 +62,18 @@ class VocabInfo:
     sep_id: int
     mask_id: int
     is_continuation: np.ndarray
-    """Bool per id: the token is a `##` piece (joins the previous word for whole-word masking)."""
+    """Bool per id: the token continues the word before it (WordPiece's `##` pieces, byte-level BPE's tokens
+    without a leading space: `bertdist.data.tokenizer`), so whole-word masking keeps it with that word."""
+
+    @staticmethod
+    def from_tokenizer(tokenizer: TextTokenizer) -> "VocabInfo":
+        return VocabInfo(size=tokenizer.size, pad_id=tokenizer.pad_id, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                         mask_id=tokenizer.mask_id, is_continuation=~tokenizer.starts_word)  # fmt: skip
 
     @staticmethod
     def from_tokens(tokens: list[str]) -> "VocabInfo":
-        ids = {t: i for i, t in enumerate(tokens)}
-        return VocabInfo(
-            size=len(tokens),
-            pad_id=ids["[PAD]"],
-            cls_id=ids["[CLS]"],
-            sep_id=ids["[SEP]"],
-            mask_id=ids["[MASK]"],
-            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
-        )
+        """Of a WordPiece vocabulary given as its tokens by id (a vocab.txt's lines)."""
+        return VocabInfo.from_tokenizer(wordpiece_tokens(tokens))
 
 
 class GeneratorDraws:
@@ -163,7 +164,7 @@ def _choose_whole_words(
     tokens: np.ndarray, sample: np.ndarray, starts: np.ndarray, candidate: np.ndarray, budget: np.ndarray,
     vocab: VocabInfo, draws,
 ) -> np.ndarray:
-    """Whole-word masking: a `##` piece joins the previous word; a token after [CLS] or [SEP] starts a word. The
+    """Whole-word masking: a continuation joins the previous word; a token after [CLS] or [SEP] starts a word. The
     shuffled words are taken in turn, skipping one that would overshoot the budget. Flat indices chosen."""
     n = len(starts)
     after_special = np.ones(len(tokens), dtype=bool)

@@ -1,4 +1,5 @@
-"""WordPiece: training a vocabulary, and the tokenizer that `prepare` uses with it.
+"""WordPiece: training a vocabulary, and the tokenizer that `prepare` uses with it (`bertdist.data.tokenizer`
+is what the stages call: it reads this module's vocab.txt, and tokenizer.json files of other models).
 
 Both sides build the same pipeline (BERT normaliser: clean text, CJK spacing, lower-case + strip accents
 unless cased; BERT pre-tokenizer; WordPiece with `##` continuations), so a vocab trained here tokenizes the
@@ -51,16 +52,21 @@ def train_vocab(texts: Iterable[str], output_dir: str, vocab_size: int, cased: b
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     vocab = tokenizer.get_vocab()
-    cls_id, sep_id = vocab["[CLS]"], vocab["[SEP]"]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
-    )
+    tokenizer.post_processor = bert_template(tokenizer)
     os.makedirs(output_dir, exist_ok=True)
     vocab_file = os.path.join(output_dir, "vocab.txt")
     write_text(vocab_file, "".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
     tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
     write_json(os.path.join(output_dir, "tokenizer_config.json"), {"do_lower_case": not cased, "tokenizer_class": "BertTokenizer"}, indent=2)
     return vocab_file
+
+
+def bert_template(tokenizer: Tokenizer) -> processors.TemplateProcessing:
+    """BERT's inputs: `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]` (B's tokens of type 1)."""
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    return processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
 
 
 def read_vocab(vocab_file: str) -> list[str]:
@@ -74,28 +80,6 @@ def read_vocab(vocab_file: str) -> list[str]:
     if missing:
         raise DataError(f"{vocab_file}: not a BERT vocabulary, missing {' '.join(missing)}")
     return tokens
-
-
-def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | None = None) -> str:
-    """Why `vocab_file` cannot serve a model with `embedding_rows` token embeddings whose weights were trained
-    with the vocabulary `trained_with` (when known and present); '' when it can.
-
-    A vocabulary longer than the embedding gives ids past its end (an IndexError mid-training, an export
-    that `transformers` cannot run); one that differs from the weights' own, even at the same size, gives
-    every token another token's embedding, which trains without an error and silently learns nonsense. A
-    shorter one is fine: the extra rows are unused (as when the embedding is padded to a multiple of 64).
-    """
-    tokens = read_vocab(vocab_file)
-    if len(tokens) > embedding_rows:
-        return f"{vocab_file} has {len(tokens)} tokens, more than the model's {embedding_rows} token embeddings"
-    if trained_with and os.path.isfile(trained_with) and os.path.realpath(trained_with) != os.path.realpath(vocab_file):
-        theirs = read_vocab(trained_with)
-        if theirs != tokens:
-            at = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
-            return (f"{vocab_file} is not the vocabulary the weights were trained with, {trained_with} (they differ from "
-                    f"line {at + 1}: {tokens[at] if at < len(tokens) else 'end'!r} vs {theirs[at] if at < len(theirs) else 'end'!r}); "
-                    "every token would get another token's embedding")  # fmt: skip
-    return ""
 
 
 def load_tokenizer(vocab_file: str, cased: bool) -> Tokenizer:

@@ -29,13 +29,12 @@ def answers(examples: Examples, choices: int, skip_bad: bool) -> tuple[list[Exam
 
 
 def encode(rows: list[Example], labels: np.ndarray, vocab_file: str, cased: bool, max_seq_length: int) -> Sequences:
-    from bertdist.data.vocab import load_tokenizer, read_vocab
+    from bertdist.data.tokenizer import open_tokenizer
 
-    vocab = read_vocab(vocab_file)
-    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
-    tokenizer = load_tokenizer(vocab_file, cased)
-    contexts = tokenizer.encode_batch([e.text for e in rows], add_special_tokens=False)
-    endings = tokenizer.encode_batch([" ".join(filter(None, (e.pair, c))) for e in rows for c in e.choices], add_special_tokens=False)
+    tokenizer = open_tokenizer(vocab_file, cased)
+    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    contexts = tokenizer.encode_batch([e.text for e in rows])
+    endings = tokenizer.encode_batch([" ".join(filter(None, (e.pair, c))) for e in rows for c in e.choices])
     group = len(rows[0].choices)
     ids, first_lengths = [], []
     for r, context in enumerate(contexts):

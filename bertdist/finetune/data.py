@@ -195,14 +195,13 @@ def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) ->
 
 def encode(rows: list[Example], targets_: np.ndarray, vocab_file: str, cased: bool, max_seq_length: int) -> Sequences:
     """[CLS] A [SEP] (B [SEP]) of every row, pairs truncated to `max_seq_length`; targets as `labels`."""
-    from bertdist.data.vocab import load_tokenizer, read_vocab
+    from bertdist.data.tokenizer import open_tokenizer
 
-    vocab = read_vocab(vocab_file)
-    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
-    tokenizer = load_tokenizer(vocab_file, cased)
-    a_ids = [enc.ids for enc in tokenizer.encode_batch([e.text for e in rows], add_special_tokens=False)]
+    tokenizer = open_tokenizer(vocab_file, cased)
+    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    a_ids = [enc.ids for enc in tokenizer.encode_batch([e.text for e in rows])]
     has_pair = rows[0].pair is not None
-    b_ids = [enc.ids for enc in tokenizer.encode_batch([e.pair or "" for e in rows], add_special_tokens=False)] if has_pair else None
+    b_ids = [enc.ids for enc in tokenizer.encode_batch([e.pair or "" for e in rows])] if has_pair else None
     ids, first = [], []
     for i, a in enumerate(a_ids):
         a, b = list(a), list(b_ids[i]) if b_ids is not None else []

@@ -4,7 +4,7 @@
 - a bertdist run directory or one of its checkpoints (`step_N`), of either `model.arch`: verified like
   `bertdist export` does, its weights consolidated from any ZeRO stage, its vocabulary and MLflow run id taken
   from train_state.json;
-- a Hugging Face directory (config.json + weights + vocab.txt; a bertdist export is one) whose model_type is
+- a Hugging Face directory (config.json + weights + tokenizer.json or vocab.txt; a bertdist export is one) whose model_type is
   bert or modernbert, with any head or none;
 - nothing: the same architecture from random initialisation (`model.*`), the baseline that shows what
   pretraining bought.
@@ -20,6 +20,7 @@ from typing import Any
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, ModelConfig
+from bertdist.data.tokenizer import TOKENIZER_JSON, VOCAB_TXT, open_tokenizer, tokenizer_file, vocab_mismatch
 
 
 @dataclass
@@ -64,10 +65,11 @@ def _from_hf(path: Path, cfg: Config) -> Source:
 
     checkpoint_cfg, state, _ = read_pretrained(path)
     model_cfg = _with_dropout(checkpoint_cfg, cfg.model)
-    vocab = cfg.finetune.vocab_file or str(path / "vocab.txt")
-    if not Path(vocab).is_file():
-        raise ConfigError([f"finetune.vocab_file: {path} has no vocab.txt; name the vocabulary it was trained with"])
-    _check_vocab(vocab, model_cfg, str(path / "vocab.txt"))
+    if not cfg.finetune.vocab_file and not any((path / name).is_file() for name in (TOKENIZER_JSON, VOCAB_TXT)):
+        raise ConfigError([f"finetune.vocab_file: {path} has neither {TOKENIZER_JSON} nor {VOCAB_TXT}; name the tokenizer "
+                           "it was trained with"])  # fmt: skip
+    vocab = cfg.finetune.vocab_file or tokenizer_file(path)
+    _check_vocab(vocab, model_cfg, str(path))
     raw = json.loads((path / "config.json").read_text())
     return Source(f"Hugging Face {model_cfg.arch} {path}", model_cfg, vocab, state,
                   pretraining_run_id=raw.get("bertdist_run_id"), checkpoint=raw.get("bertdist_checkpoint"))  # fmt: skip
@@ -79,7 +81,7 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
     checkpoint, state, weights = read_newest(path)  # also while its run trains and prunes
     model_cfg = _with_dropout(ModelConfig(**state.config["model"]), cfg.model)
     vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
-    if not Path(vocab).is_file():
+    if not Path(vocab).exists():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])
     _check_vocab(vocab, model_cfg, state.config["data"]["vocab_file"])
     return Source(f"bertdist checkpoint {checkpoint}", model_cfg, vocab, weights,
@@ -87,8 +89,8 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
 
 
 def _check_vocab(vocab: str, model_cfg: ModelConfig, trained_with: str) -> None:
-    from bertdist.data.vocab import vocab_mismatch
-
+    if not Path(vocab).exists():
+        raise ConfigError([f"finetune.vocab_file: {vocab} does not exist"])
     problem = vocab_mismatch(vocab, model_cfg.vocab_size, trained_with)
     if problem:
         raise ConfigError([f"finetune.vocab_file: {problem}"])
@@ -101,14 +103,10 @@ def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
 
 
 def cased_vocabulary(vocab_file: str) -> bool:
-    """Whether the vocabulary keeps upper case (then text is not lower-cased before WordPiece)."""
-    from bertdist.data.vocab import read_vocab
-    from bertdist.model.hf import vocab_is_lower_case
-
-    return not vocab_is_lower_case(Path(vocab_file), read_vocab(vocab_file))
+    """Whether the vocabulary keeps upper case (then text is not lower-cased before WordPiece; a tokenizer.json
+    has its own normaliser)."""
+    return open_tokenizer(vocab_file).cased
 
 
 def pad_id(vocab_file: str) -> int:
-    from bertdist.data.vocab import read_vocab
-
-    return read_vocab(vocab_file).index("[PAD]")
+    return open_tokenizer(vocab_file).pad_id

@@ -155,13 +155,12 @@ class Windows:
 
 def encode(questions: list[Question], vocab_file: str, cased: bool, max_seq_length: int, doc_stride: int,
            max_query_length: int) -> Windows:  # fmt: skip
-    from bertdist.data.vocab import load_tokenizer, read_vocab
+    from bertdist.data.tokenizer import open_tokenizer
 
-    vocab = read_vocab(vocab_file)
-    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
-    tokenizer = load_tokenizer(vocab_file, cased)
-    asked = tokenizer.encode_batch([q.question for q in questions], add_special_tokens=False)
-    passages = tokenizer.encode_batch([q.context for q in questions], add_special_tokens=False)
+    tokenizer = open_tokenizer(vocab_file, cased)
+    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    asked = tokenizer.encode_batch([q.question for q in questions])
+    passages = tokenizer.encode_batch([q.context for q in questions])
     ids, first_lengths, starts, ends, question_of, window_start, best_context, offsets = [], [], [], [], [], [], [], []
     for qi, (q, query, passage) in enumerate(zip(questions, asked, passages)):
         query_ids = query.ids[:max_query_length]

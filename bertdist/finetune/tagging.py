@@ -106,13 +106,12 @@ class Tagged:
 
 
 def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased: bool, max_seq_length: int) -> Tagged:
-    from bertdist.data.vocab import load_tokenizer, read_vocab
+    from bertdist.data.tokenizer import open_tokenizer
 
-    vocab = read_vocab(vocab_file)
-    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
+    tokenizer = open_tokenizer(vocab_file, cased)
+    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
     index = {name: i for i, name in enumerate(labels)}
-    encodings = load_tokenizer(vocab_file, cased).encode_batch([s.words for s in sentences], is_pretokenized=True,
-                                                               add_special_tokens=False)  # fmt: skip
+    encodings = tokenizer.encode_batch([s.words for s in sentences], is_pretokenized=True)
     ids, first_lengths, token_labels, positions, truncated = [], [], [], [], 0
     budget = max_seq_length - 2
     for s, enc in zip(sentences, encodings):

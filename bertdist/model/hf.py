@@ -29,19 +29,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
+from bertdist.data.tokenizer import BERT_SPECIAL_TOKENS, TextTokenizer, open_tokenizer, write_fast_tokenizer_files
 from bertdist.errors import UserError, first_line, write_error
 from bertdist.model.bert import BertForPreTraining
 
 SAFETENSORS_FILE = "model.safetensors"
 PYTORCH_FILE = "pytorch_model.bin"
 CONFIG_FILE = "config.json"
-SPECIAL_TOKENS = {
-    "pad_token": "[PAD]",
-    "unk_token": "[UNK]",
-    "cls_token": "[CLS]",
-    "sep_token": "[SEP]",
-    "mask_token": "[MASK]",
-}
 
 # Legacy name fragments -> current ones (TensorFlow-converted checkpoints name LayerNorm parameters gamma/beta).
 _RENAMES = ((".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".LayerNorm.bias"))
@@ -287,16 +281,17 @@ def save_pretrained(
 def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | os.PathLike | None,
                     config_updates: dict[str, Any]) -> None:  # fmt: skip
     """model.safetensors, config.json (BertForPreTraining's, with `config_updates` over it), and with
-    `vocab_file` also vocab.txt, tokenizer_config.json and special_tokens_map.json.
+    `vocab_file` (a vocab.txt or tokenizer.json) its tokenizer files (`write_tokenizer_files`).
 
-    Lower-casing is taken from a tokenizer_config.json next to the vocab file (which `bertdist vocab`
+    A vocab.txt's lower-casing is taken from a tokenizer_config.json next to it (which `bertdist vocab`
     writes), else inferred: an uncased vocabulary has no upper-case letters outside its special tokens.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     pad_token_id = 0
     if vocab_file is not None:
-        pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
+        pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings,
+                                             ["input_ids", "token_type_ids", "attention_mask"]).pad_id  # fmt: skip
     try:
         save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
@@ -314,37 +309,26 @@ def chmod_like_new_files(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: int) -> int:
-    """vocab.txt + tokenizer_config.json + special_tokens_map.json for `BertTokenizer`; returns the [PAD] id."""
+def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: int, model_input_names: list[str]) -> TextTokenizer:
+    """The run's tokenizer, for `AutoTokenizer`: a vocab.txt as `BertTokenizer`'s vocab.txt, tokenizer_config.json
+    and special_tokens_map.json; a tokenizer.json copied, with a `PreTrainedTokenizerFast` tokenizer_config.json
+    naming the special tokens and the model's inputs (`model_input_names`). Returns it (its ids go in config.json)."""
     try:
-        tokens = vocab_file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointFormatError(f"{vocab_file}: cannot read vocabulary ({e})") from None
-    missing = [t for t in SPECIAL_TOKENS.values() if t not in tokens]
-    if missing:
-        raise CheckpointFormatError(f"{vocab_file}: not a BERT vocabulary, missing {' '.join(missing)}")
+        tokenizer = open_tokenizer(vocab_file)
+    except UserError as e:
+        raise CheckpointFormatError(str(e)) from None
+    if not tokenizer.is_wordpiece_vocab:
+        write_fast_tokenizer_files(tokenizer, directory, model_max_length, model_input_names)
+        return tokenizer
     if vocab_file.resolve() != (directory / "vocab.txt").resolve():
         shutil.copyfile(vocab_file, directory / "vocab.txt")
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
-        "do_lower_case": vocab_is_lower_case(vocab_file, tokens),
+        "do_lower_case": not tokenizer.cased,
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
-        **SPECIAL_TOKENS,
+        **BERT_SPECIAL_TOKENS,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    (directory / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
-    return tokens.index(SPECIAL_TOKENS["pad_token"])
-
-
-def vocab_is_lower_case(vocab_file: Path, tokens: list[str]) -> bool:
-    sibling = vocab_file.parent / "tokenizer_config.json"
-    if sibling.exists():
-        try:
-            value = json.loads(sibling.read_text()).get("do_lower_case")
-        except (json.JSONDecodeError, AttributeError):
-            value = None
-        if isinstance(value, bool):
-            return value
-    special = set(SPECIAL_TOKENS.values())
-    return not any(t != t.lower() for t in tokens if t not in special and not (t.startswith("[") and t.endswith("]")))
+    (directory / "special_tokens_map.json").write_text(json.dumps(BERT_SPECIAL_TOKENS, indent=2) + "\n")
+    return tokenizer

@@ -24,13 +24,12 @@ from bertdist.errors import write_error
 from bertdist.model.hf import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
-    SPECIAL_TOKENS,
     CheckpointFormatError,
     chmod_like_new_files,
     read_weights,
-    vocab_is_lower_case,
     write_tokenizer_files,
 )
+from bertdist.data.tokenizer import TextTokenizer
 from bertdist.model.modernbert import ModernBertForMaskedLM
 
 _DECODER_BIAS = ("head.decoder_bias", "decoder.bias")
@@ -42,6 +41,8 @@ _CONFIG_KEYS = {
     "attention_dropout_prob": "attention_dropout", "hidden_dropout_prob": "mlp_dropout",
 }  # fmt: skip
 """ModelConfig field -> ModernBertConfig key."""
+_MODEL_INPUTS = ["input_ids", "attention_mask"]
+"""What ModernBertModel.forward takes: no token_type_ids, which a tokenizer must then not return."""
 
 
 def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> dict:
@@ -119,12 +120,11 @@ def write_directory(model: ModernBertForMaskedLM, directory: str | os.PathLike, 
     directory.mkdir(parents=True, exist_ok=True)
     token_ids: dict[str, int] = {}
     if vocab_file is not None:
-        write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings)
-        tokens = Path(vocab_file).read_text(encoding="utf-8").splitlines()
-        _write_fast_tokenizer(Path(vocab_file), tokens, directory)
-        cls, sep = tokens.index(SPECIAL_TOKENS["cls_token"]), tokens.index(SPECIAL_TOKENS["sep_token"])
-        token_ids = dict(pad_token_id=tokens.index(SPECIAL_TOKENS["pad_token"]), cls_token_id=cls, bos_token_id=cls,
-                         sep_token_id=sep, eos_token_id=sep)  # fmt: skip
+        tokenizer = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings, _MODEL_INPUTS)
+        if tokenizer.is_wordpiece_vocab:
+            _write_fast_tokenizer(tokenizer, directory)
+        cls, sep = tokenizer.cls_id, tokenizer.sep_id
+        token_ids = dict(pad_token_id=tokenizer.pad_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep)
     try:
         save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
@@ -134,12 +134,12 @@ def write_directory(model: ModernBertForMaskedLM, directory: str | os.PathLike, 
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _write_fast_tokenizer(vocab_file: Path, tokens: list[str], directory: Path) -> None:
-    """tokenizer.json for the WordPiece vocabulary: `AutoTokenizer` of a ModernBERT directory knows only the fast
-    (Rust) tokenizer class and cannot build one from vocab.txt alone."""
+def _write_fast_tokenizer(tokenizer: TextTokenizer, directory: Path) -> None:
+    """tokenizer.json for a WordPiece vocab.txt: `AutoTokenizer` of a ModernBERT directory knows only the fast
+    (Rust) tokenizer class and cannot build one from vocab.txt alone (a run's tokenizer.json is copied as is)."""
     from tokenizers import BertWordPieceTokenizer
 
-    lower = vocab_is_lower_case(vocab_file, tokens)
+    lower = not tokenizer.cased
     tokenizer = BertWordPieceTokenizer(str(directory / "vocab.txt"), lowercase=lower, strip_accents=lower)
     tokenizer.save(str(directory / "tokenizer.json"))
 

@@ -187,8 +187,10 @@ class MLflowTracker(Tracker):
             {"mlflow.source.git.commit": params.get("env.git_commit", "unknown"), RUN_DIR_TAG: str(self._run_dir.resolve())}
         )
         self.log_text(dump_yaml(cfg), "config.yaml")
-        if Path(cfg.data.vocab_file).is_file():
-            self.log_artifact(cfg.data.vocab_file, "vocab")
+        if Path(cfg.data.vocab_file).exists():  # a vocab.txt, a tokenizer.json, or a directory holding one
+            from bertdist.data.tokenizer import tokenizer_file
+
+            self.log_artifact(tokenizer_file(cfg.data.vocab_file), "vocab")
 
     def log_checkpoint(self, path: str | os.PathLike, step: int) -> None:
         """Record where the checkpoint of `step` lives; upload it only if `upload_checkpoints` is set."""

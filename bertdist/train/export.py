@@ -15,7 +15,7 @@ from typing import Any
 
 from bertdist import ownership, storage
 from bertdist.config import ModelConfig, TrackingConfig
-from bertdist.data.vocab import vocab_mismatch
+from bertdist.data.tokenizer import tokenizer_file, vocab_mismatch
 from bertdist.storage import PARTIAL_MARKER
 from bertdist.model.hf import CONFIG_FILE
 from bertdist.train import checkpoint
@@ -115,7 +115,7 @@ def export_directory(
         model = build_model(ModelConfig(**state.config["model"]))
         model.load_state_dict(weights, strict=True)  # proves that they fit our model exactly
         vocab = vocab_file or state.config["data"]["vocab_file"]
-        if not Path(vocab).is_file():
+        if not Path(vocab).exists():
             raise checkpoint.CheckpointError(f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH")
         problem = vocab_mismatch(vocab, model.config.vocab_size, state.config["data"]["vocab_file"])
         if problem:
@@ -123,7 +123,7 @@ def export_directory(
         # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
         provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
         staging = output / f".export{PARTIAL_MARKER}{os.getpid()}"
-        hf_adapter(model.config.arch).write_directory(model, staging, vocab, provenance)
+        hf_adapter(model.config.arch).write_directory(model, staging, tokenizer_file(vocab), provenance)
         for path in old:
             ownership.remove(path)
         for path in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):  # config.json last: it makes a model

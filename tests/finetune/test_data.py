@@ -104,6 +104,17 @@ def test_pairs_are_encoded_as_bert_does_and_truncated_from_the_longer_text(tmp_p
     assert len(short.ids[1]) == 8 and short.first_lengths[1] == len(short_a) + 2  # the longer text gave up tokens
 
 
+def test_a_tokenizer_json_gives_its_own_cls_and_sep(high_id_tokenizer):
+    from bertdist.data.tokenizer import open_tokenizer
+
+    rows = [data.Example("the cat sat", "on the mat", "pos", "x:2")]
+    tokenizer = open_tokenizer(high_id_tokenizer)
+    a, b = (e.ids for e in tokenizer.encode_batch(["the cat sat", "on the mat"]))
+    encoded = data.encode(rows, np.array([1]), high_id_tokenizer, cased=False, max_seq_length=64)
+    assert encoded.ids[0].tolist() == [996, *a, 997, *b, 997]  # ModernBERT's layout: [CLS] and [SEP] after the merges
+    assert encoded.batch(np.array([0]), pad_id=tokenizer.pad_id)["input_ids"][0].tolist() == encoded.ids[0].tolist()
+
+
 def test_non_utf8_bytes_and_non_text_fields_name_their_line_and_field_and_can_be_skipped(tmp_path):
     csv_file = tmp_path / "t.csv"
     csv_file.write_bytes(b"sentence,label\ngood one,a\nbad \xff byte,b\nanother,a\n")

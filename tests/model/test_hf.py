@@ -7,6 +7,7 @@ import warnings
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,6 +70,26 @@ def test_save_pretrained_loads_in_transformers_with_tokenizer(tmp_path, vocab_fi
     ]
     assert encoded["token_type_ids"] == [0] * 6 + [1] * 5
     assert tokenizer.mask_token_id == 4 and tokenizer.pad_token_id == 0
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_an_export_carries_a_tokenizer_json_that_transformers_loads_with_the_same_ids(tmp_path, arch, high_id_tokenizer):
+    from bertdist.data.tokenizer import open_tokenizer
+    from bertdist.model.registry import build_model, hf_adapter
+
+    model = build_model(tiny_model_config(arch=arch, next_sentence_prediction=arch == "bert"))
+    source = Path(high_id_tokenizer) / "tokenizer.json"
+    hf_adapter(arch).write_directory(model, tmp_path / "export", source, {})
+    assert (tmp_path / "export" / "tokenizer.json").read_bytes() == source.read_bytes()
+    assert not (tmp_path / "export" / "vocab.txt").exists()
+    ours = open_tokenizer(source)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    text = "The cats sat on a mat."
+    assert theirs(text).input_ids == [996, *ours.encode_batch([text])[0].ids, 997]
+    assert (theirs.mask_token_id, theirs.pad_token_id) == (999, 998)
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["pad_token_id"] == 998 and config.get("cls_token_id", 996) == 996
+    assert ("token_type_ids" in theirs(text)) == (arch == "bert")  # ModernBERT's forward takes none
 
 
 def _saved_transformers_model(cls_name: str, directory, seed: int):

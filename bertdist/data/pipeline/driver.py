@@ -68,9 +68,10 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     t_start = time.perf_counter()
     storage.use_endpoint(opts.endpoint_url)
     opts.check()
-    from bertdist.data.vocab import read_vocab
+    from bertdist.data.tokenizer import open_tokenizer
 
-    vocab_size = len(read_vocab(opts.vocab_file))
+    tokenizer = open_tokenizer(opts.vocab_file, opts.cased)  # a directory given: the tasks read the file it holds
+    opts = dataclasses.replace(opts, vocab_file=tokenizer.path)
     files = expand_inputs(opts.inputs)
     fingerprint = _fingerprint(opts, files, storage.file_sha256(opts.vocab_file))
     existed = storage.is_dir(opts.output_dir)
@@ -78,7 +79,7 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
         with ownership.owned(opts.output_dir):  # a second prepare on this output is refused, naming this one
             work_dir = _claim_output(opts.output_dir, fingerprint)
             try:
-                return _run(opts, files, fingerprint, vocab_size, work_dir, t_start)
+                return _run(opts, files, fingerprint, tokenizer.size, tokenizer.mask_id, work_dir, t_start)
             except UserError:
                 # Bad input found on the way: nothing of this run is worth resuming (fixing the input changes
                 # the fingerprint), and leftovers would make the corrected command refuse the directory.
@@ -90,7 +91,8 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
         raise
 
 
-def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, work_dir: str, t_start: float) -> PrepareReport:
+def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, mask_id: int, work_dir: str,
+         t_start: float) -> PrepareReport:  # fmt: skip
     ray, ray_start_seconds = _start_ray(opts)
     run = _TaskRunner(ray, opts.workers, opts.progress, storage.endpoint())  # use_endpoint(opts.endpoint_url) set it
 
@@ -107,7 +109,7 @@ def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_s
 
     group_results = run(
         "instances", make_group,
-        [(g, members, work_dir, opts.vocab_file, opts.instances) for g, members in enumerate(groups)],
+        [(g, members, work_dir, opts.vocab_file, opts.cased, opts.instances) for g, members in enumerate(groups)],
         weights=None, unit="groups", scale=1,
     )
     counts = np.array([r["instances"] for r in group_results], dtype=np.int64)
@@ -123,7 +125,7 @@ def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_s
         weights=None, unit="shards", scale=1,
     )
 
-    manifest = _manifest(opts, files, fingerprint, vocab_size, skipped, document_stats, group_results, shard_results)
+    manifest = _manifest(opts, files, fingerprint, vocab_size, mask_id, skipped, document_stats, group_results, shard_results)
     write_manifest(opts.output_dir, manifest)
     storage.remove_tree(work_dir)
     for name in storage.listdir(opts.output_dir):  # temporaries of a killed earlier run
@@ -373,11 +375,9 @@ def _plan_groups(
 
 
 def _manifest(
-    opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, skipped: list[dict],
+    opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, mask_id: int, skipped: list[dict],
     document_stats: dict[str, int], group_results: list[dict], shard_results: list[dict],
 ) -> dict[str, Any]:
-    from bertdist.data.vocab import read_vocab
-
     samples = sum(r["instances"] for r in group_results)
     skipped_paths = {s["path"] for s in skipped}
     used = [f for f in files if f.path not in skipped_paths]  # skipped files are listed, not counted as input
@@ -387,7 +387,7 @@ def _manifest(
         vocab_sha256=storage.file_sha256(opts.vocab_file),
         vocab_file=storage.absolute(opts.vocab_file),
         vocab_size=vocab_size,
-        mask_id=read_vocab(opts.vocab_file).index("[MASK]"),
+        mask_id=mask_id,
         options=_output_options(opts),
         inputs=[dict(path=f.path, bytes=f.size_bytes) for f in used],
         skipped_inputs=[dict(s, bytes=f.size_bytes) for s in skipped for f in files if f.path == s["path"]],

@@ -55,7 +55,7 @@ class PrepareOptions:
                 ("--on-bad-input", self.on_bad_input not in ("fail", "skip"), "must be fail or skip"),
                 ("--output", storage.is_file(self.output_dir),
                  f"{self.output_dir} is a file, not a directory"),
-                ("--vocab", storage.is_url(self.vocab_file), "a URL is not supported here yet; give a local vocab.txt"),
+                ("--vocab", storage.is_url(self.vocab_file), "a URL is not supported here yet; give a local vocab.txt or tokenizer.json"),
             ]
             if bad
         ]

@@ -50,11 +50,10 @@ def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece
     if storage.exists(record_path):
         return storage.read_json(record_path)
     _single_threaded()
-    from bertdist.data.vocab import WordPieceEncoder
+    from bertdist.data.tokenizer import open_tokenizer
 
-    encoder = WordPieceEncoder(vocab_file, cased)
-    unk_id = encoder.tokenizer.token_to_id("[UNK]")
-    token_dtype = _token_dtype(encoder.tokenizer.get_vocab_size())
+    tokenizer = open_tokenizer(vocab_file, cased)
+    encoder, unk_id, token_dtype = tokenizer.sentence_encoder(), tokenizer.unk_id, _token_dtype(tokenizer.size)
     summary: dict[str, Any] = dict(pieces=[], error=None, documents=0, sentences=0, tokens=0, unk_tokens=0)
     writer = _PieceWriter(work_dir, unit.name, token_dtype, unk_id)
     batch: list[list[str]] = []
@@ -153,16 +152,16 @@ def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, s
 
 
 def make_group(
-    group: int, members: list[tuple[str, np.ndarray]], work_dir: str, vocab_file: str, opts: InstanceOptions
+    group: int, members: list[tuple[str, np.ndarray]], work_dir: str, vocab_file: str, cased: bool, opts: InstanceOptions
 ) -> dict[str, Any]:
     """Stage 2 for one group: every pass of instances, written as column files (memory-mapped when local).
 
     The columns are written one by one, then a `complete` marker: a group without the marker is redone."""
     out_dir = storage.join(work_dir, "groups", f"group-{group:06d}")
     if not storage.exists(storage.join(out_dir, GROUP_COMPLETE)):
-        from bertdist.data.vocab import read_vocab
+        from bertdist.data.tokenizer import open_tokenizer
 
-        vocab = VocabInfo.from_tokens(read_vocab(vocab_file))
+        vocab = VocabInfo.from_tokenizer(open_tokenizer(vocab_file, cased))
         docs = _load_documents(work_dir, members)
         samples = create_instances(docs, opts, vocab, group_seed=(group,)).compact(docs.tokens.dtype)
         storage.makedirs(out_dir)

@@ -1,0 +1,283 @@
+"""The one tokenizer every stage uses (prepare, load-time masking, fine-tuning, embed, evaluate, export).
+
+`data.vocab_file` (`--vocab`) names it: a WordPiece `vocab.txt` (what `bertdist vocab` writes by default, read
+exactly as before, with the fast ASCII `WordPieceEncoder`), a `tokenizer.json` of any Hugging Face `tokenizers`
+model (`bertdist vocab --model bpe`, or an imported checkpoint's), or a directory holding either (its
+tokenizer.json first: a Hugging Face directory's tokenizer.json carries its normaliser, which vocab.txt cannot).
+
+What the stages need from it, and nothing else: tokens by id, the special-token ids (looked up by name, never
+assumed: ModernBERT's [CLS] [SEP] [MASK] are 50281, 50282, 50284, not BERT's 101-103), an encode without special
+tokens, and which tokens start a word (whole-word masking):
+- WordPiece: every token but a `##` continuation.
+- Byte-level BPE (GPT-2, RoBERTa, ModernBERT, `bertdist vocab --model bpe`): a token that starts with the
+  byte-level space marker `Ġ`, i.e. one that begins after a space. Punctuation is pre-tokenized apart but
+  carries no space, so "cat," is one word (`cat` + `,`) and "(cat" too (`Ġ(` + `cat`). The first word of a text
+  has a `Ġ` only when the pre-tokenizer adds a prefix space (`add_prefix_space`, which `bertdist vocab --model
+  bpe` sets); without it (ModernBERT's own tokenizer) a sentence's first word joins the word before it, except
+  right after [CLS] or [SEP], where the masker starts a word anyway.
+- SentencePiece-style Metaspace tokenizers: a token that starts with its `▁` replacement.
+- Any other model: every token is a word of its own (whole-word masking becomes token masking).
+Special tokens always start a word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from bertdist.data.vocab import (
+    SPECIAL_TOKENS,
+    WordPieceEncoder,
+    load_tokenizer,
+    read_vocab,
+)
+from bertdist.errors import DataError, first_line
+from bertdist.storage import write_json
+
+TOKENIZER_JSON, VOCAB_TXT, TOKENIZER_CONFIG = "tokenizer.json", "vocab.txt", "tokenizer_config.json"
+BERT_SPECIAL_TOKENS = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS))
+"""The names bertdist looks the special tokens up by, keyed as `transformers` names them. A tokenizer.json with a
+tokenizer_config.json beside it may rename them (RoBERTa's `<s>`); ModernBERT keeps these."""
+BYTE_LEVEL_SPACE = "Ġ"
+"""How byte-level BPE spells a space: the byte 0x20 mapped to a printable character (GPT-2's byte-to-unicode)."""
+
+
+TOKENIZER_MODELS = ("wordpiece", "bpe")
+"""What `bertdist vocab --model` trains: BERT's WordPiece vocab.txt (`bertdist.data.vocab`), or a byte-level BPE
+tokenizer.json as ModernBERT's (`bertdist.data.bpe`)."""
+
+
+def tokenizer_file(path: str | os.PathLike) -> str:
+    """The file `path` names: itself, or in a directory its tokenizer.json, else its vocab.txt."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return path
+    for name in (TOKENIZER_JSON, VOCAB_TXT):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise DataError(f"{path}: a directory with neither {TOKENIZER_JSON} nor {VOCAB_TXT}")
+
+
+def is_tokenizer_json(path: str | os.PathLike) -> bool:
+    return os.fspath(path).endswith(".json")
+
+
+def count_tokens(path: str | os.PathLike) -> int:
+    """The embedding rows the tokenizer at `path` needs (vocab.txt: its non-empty lines), without checking its
+    special tokens: config validation only compares this with `model.vocab_size`."""
+    file = tokenizer_file(path)
+    if is_tokenizer_json(file):
+        return open_tokenizer(file).size
+    with open(file, encoding="utf-8") as f:
+        return sum(1 for line in f if line.rstrip("\n"))
+
+
+class TextTokenizer:
+    """A vocab.txt or tokenizer.json, as every stage sees it; build with `open_tokenizer`."""
+
+    def __init__(self, path: str, tokens: list[str], names: dict[str, str], starts_word: np.ndarray,
+                 cased: bool, backend: Tokenizer | None):  # fmt: skip
+        self.path, self.tokens, self.names, self.starts_word, self.cased = path, tokens, names, starts_word, cased
+        """`path`: the file itself (a directory resolved); `names`: special-token role -> its token;
+        `starts_word`: bool per id (see the module docstring); `cased`: for a vocab.txt, BERT's normaliser keeps
+        case (a tokenizer.json's normaliser is its own: True, nothing lower-cases text before it)."""
+        self._backend = backend
+        ids = {t: i for i, t in enumerate(tokens)}
+        missing = [name for name in names.values() if name not in ids]
+        if missing:
+            raise DataError(f"{path}: the tokenizer has no {' '.join(missing)} token; bertdist needs "
+                            f"{' '.join(names.values())} (named in a {TOKENIZER_CONFIG} beside it, or BERT's)")  # fmt: skip
+        roles = ("pad", "unk", "cls", "sep", "mask")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[names[f"{r}_token"]] for r in roles)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_wordpiece_vocab(self) -> bool:
+        """A vocab.txt (rather than a tokenizer.json)."""
+        return self._backend is None
+
+    @cached_property
+    def backend(self) -> Tokenizer:
+        """The `tokenizers` pipeline; for a vocab.txt, BERT's (`bertdist.data.vocab.load_tokenizer`)."""
+        if self._backend is not None:
+            return self._backend
+        return load_tokenizer(self.path, self.cased)
+
+    def encode_batch(self, texts: list[Any], is_pretokenized: bool = False) -> list[Encoding]:
+        """Encodings (ids, offsets, word ids) without special tokens and without truncation."""
+        return self.backend.encode_batch(texts, is_pretokenized=is_pretokenized, add_special_tokens=False)
+
+    def sentence_encoder(self) -> Any:
+        """An object whose `encode(sentences)` gives (all ids concatenated, int32; ids per sentence, int64):
+        `WordPieceEncoder` for a vocab.txt (fast on ASCII), the tokenizer's own batch encode otherwise."""
+        if self.is_wordpiece_vocab:
+            return WordPieceEncoder(self.path, self.cased)
+        return _BatchEncoder(self)
+
+
+class _BatchEncoder:
+    def __init__(self, tokenizer: TextTokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = [e.ids for e in self.tokenizer.encode_batch(sentences)]
+        lengths = np.array([len(i) for i in ids], dtype=np.int64)
+        return np.fromiter((t for i in ids for t in i), dtype=np.int32, count=int(lengths.sum())), lengths
+
+
+def open_tokenizer(path: str | os.PathLike, cased: bool | None = None) -> TextTokenizer:
+    """The tokenizer at `path` (a vocab.txt, a tokenizer.json, or a directory holding either).
+
+    `cased` applies to a vocab.txt only (whether BERT's normaliser keeps case and accents); None takes it from
+    a tokenizer_config.json beside it, else from the vocabulary. A tokenizer.json carries its own normaliser.
+    DataError naming the file when it is unreadable or lacks one of the special tokens."""
+    file = tokenizer_file(path)
+    if is_tokenizer_json(file):
+        return _from_json(file)
+    tokens = read_vocab(file)
+    return wordpiece_tokens(tokens, file, wordpiece_is_cased(Path(file), tokens) if cased is None else cased)
+
+
+def wordpiece_tokens(tokens: list[str], path: str = "<tokens>", cased: bool = False) -> TextTokenizer:
+    """The WordPiece vocabulary `tokens` (by id): every token but a `##` continuation starts a word."""
+    return TextTokenizer(path, tokens, BERT_SPECIAL_TOKENS, np.array([not t.startswith("##") for t in tokens], dtype=bool), cased, None)
+
+
+def _from_json(file: str) -> TextTokenizer:
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+        spec = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{file}: cannot read tokenizer ({e})") from None
+    try:
+        backend = Tokenizer.from_str(text)
+    except Exception as e:  # noqa: BLE001  tokenizers raises a bare Exception for a spec it rejects
+        raise DataError(f"{file}: not a Hugging Face tokenizer.json ({first_line(e)})") from None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, i in vocab.items():
+        tokens[i] = token
+    names = dict(BERT_SPECIAL_TOKENS, **_configured_names(Path(file).parent / TOKENIZER_CONFIG))
+    starts = _json_word_starts(spec, tokens)
+    for added in spec.get("added_tokens", []):
+        if added.get("special") and added["id"] < len(starts):
+            starts[added["id"]] = True
+    return TextTokenizer(file, tokens, names, starts, True, backend)
+
+
+def _configured_names(config_file: Path) -> dict[str, str]:
+    """Special-token names from a tokenizer_config.json (a string, or {"content": ...} as `transformers` saves
+    AddedTokens); none when it is absent or names none."""
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    names = {}
+    for key in BERT_SPECIAL_TOKENS:
+        value = config.get(key) if isinstance(config, dict) else None
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            names[key] = value
+    return names
+
+
+def _json_word_starts(spec: dict, tokens: list[str]) -> np.ndarray:
+    """Which tokens start a word, by the model and pre-tokenizer (see the module docstring)."""
+    prefix = (spec.get("model") or {}).get("continuing_subword_prefix")
+    pre = json.dumps(spec.get("pre_tokenizer"))
+    if prefix:
+        return np.array([not t.startswith(prefix) for t in tokens], dtype=bool)
+    if '"ByteLevel"' in pre:
+        return np.array([t.startswith(BYTE_LEVEL_SPACE) for t in tokens], dtype=bool)
+    if '"Metaspace"' in pre:
+        replacement = _find(spec.get("pre_tokenizer"), "Metaspace").get("replacement", "▁")
+        return np.array([t.startswith(replacement) for t in tokens], dtype=bool)
+    return np.ones(len(tokens), dtype=bool)
+
+
+def _find(node: Any, kind: str) -> dict:
+    """The first component of type `kind` in a (possibly nested Sequence) pre-tokenizer spec."""
+    if isinstance(node, dict):
+        if node.get("type") == kind:
+            return node
+        for child in node.get("pretokenizers", []):
+            found = _find(child, kind)
+            if found:
+                return found
+    return {}
+
+
+def wordpiece_is_cased(vocab_file: Path, tokens: list[str]) -> bool:
+    """Whether a WordPiece vocabulary keeps case: the `do_lower_case` of a tokenizer_config.json beside it (which
+    `bertdist vocab` writes), else inferred: an uncased vocabulary has no upper-case letters outside [BRACKETED]
+    special tokens."""
+    sibling = vocab_file.parent / TOKENIZER_CONFIG
+    if sibling.exists():
+        try:
+            value = json.loads(sibling.read_text()).get("do_lower_case")
+        except (json.JSONDecodeError, AttributeError):
+            value = None
+        if isinstance(value, bool):
+            return not value
+    return any(t != t.lower() for t in tokens if not (t.startswith("[") and t.endswith("]")))
+
+
+def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | None = None) -> str:
+    """Why the tokenizer `vocab_file` cannot serve a model with `embedding_rows` token embeddings whose weights
+    were trained with the tokenizer `trained_with` (when known and present; a file or a directory); '' when it can.
+
+    A tokenizer larger than the embedding gives ids past its end (an IndexError mid-training, an export that
+    `transformers` cannot run); one whose tokens differ from the weights' own, even at the same size, gives
+    every token another token's embedding, which trains without an error and silently learns nonsense. A
+    smaller one is fine: the extra rows are unused (as when the embedding is padded to a multiple of 64).
+    Tokens are compared by id, so a vocab.txt and the tokenizer.json made from it agree.
+    """
+    ours = open_tokenizer(vocab_file)
+    if ours.size > embedding_rows:
+        return f"{ours.path} has {ours.size} tokens, more than the model's {embedding_rows} token embeddings"
+    if not trained_with or not os.path.exists(trained_with):
+        return ""
+    try:
+        theirs_file = tokenizer_file(trained_with)
+    except DataError:
+        return ""
+    if not os.path.isfile(theirs_file) or os.path.realpath(theirs_file) == os.path.realpath(ours.path):
+        return ""
+    tokens, theirs = ours.tokens, open_tokenizer(theirs_file).tokens
+    if theirs != tokens:
+        at = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
+        return (f"{vocab_file} is not the vocabulary the weights were trained with, {trained_with} (they differ from "
+                f"line {at + 1}: {tokens[at] if at < len(tokens) else 'end'!r} vs {theirs[at] if at < len(theirs) else 'end'!r}); "
+                "every token would get another token's embedding")  # fmt: skip
+    return ""
+
+
+def write_fast_tokenizer_files(tokenizer: TextTokenizer, directory: str | os.PathLike, model_max_length: int | None = None,
+                               model_input_names: list[str] | None = None) -> None:  # fmt: skip
+    """tokenizer.json (copied), tokenizer_config.json and special_tokens_map.json in `directory`, so that
+    `transformers.AutoTokenizer.from_pretrained(directory)` loads it offline as `PreTrainedTokenizerFast` with the
+    special tokens named, and gives the ids bertdist gives. `model_input_names`: what the model's forward takes
+    (BERT's token_type_ids, which ModernBERT's refuses); None leaves transformers' default."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / TOKENIZER_JSON
+    if not target.exists() or target.resolve() != Path(tokenizer.path).resolve():
+        shutil.copyfile(tokenizer.path, target)
+    special = dict(tokenizer.names)
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **special}
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    if model_input_names is not None:
+        config["model_input_names"] = model_input_names
+    write_json(str(directory / TOKENIZER_CONFIG), config, indent=2)
+    write_json(str(directory / "special_tokens_map.json"), special, indent=2)

@@ -1,0 +1,164 @@
+"""The one tokenizer abstraction (`bertdist.data.tokenizer`) and byte-level BPE (`bertdist.data.bpe`): ids that
+transformers agrees with, special tokens found by name wherever they sit, word starts for whole-word masking,
+and prepare / load-time masking / size checks driven by a tokenizer.json whose special ids are not BERT's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertdist.data import iter_samples
+from bertdist.data.instances import Documents, InstanceOptions, full_sentences
+from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.data.tokenizer import open_tokenizer, tokenizer_file, vocab_mismatch
+from bertdist.errors import DataError
+from tests.conftest import TEST_SEQ_LENGTH, TEST_VOCAB_SIZE, tiny_prepare_options
+
+SENTENCES = ["The cat sat on the mat.", "Hello, world!", "a b", "Ünïcödé Café naïve (in brackets) 42", ""]
+
+
+def test_bpe_loads_in_transformers_offline_with_the_same_ids(tiny_bpe, hf_offline):
+    from transformers import AutoTokenizer
+
+    ours = open_tokenizer(Path(tiny_bpe).parent)  # a directory resolves to its tokenizer.json
+    assert ours.path == tiny_bpe and not ours.is_wordpiece_vocab and ours.size == TEST_VOCAB_SIZE
+    # [PAD] [UNK] [CLS] [SEP] [MASK] first, as `bertdist vocab`'s WordPiece
+    assert (ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id) == (0, 1, 2, 3, 4)
+    theirs = AutoTokenizer.from_pretrained(Path(tiny_bpe).parent)
+    assert (theirs.cls_token_id, theirs.sep_token_id, theirs.mask_token_id, theirs.pad_token_id, theirs.unk_token_id) == (2, 3, 4, 0, 1)
+    encoded = [e.ids for e in ours.encode_batch(SENTENCES)]
+    assert [theirs(s, add_special_tokens=False).input_ids for s in SENTENCES] == encoded
+    assert theirs(SENTENCES[0]).input_ids == [2, *encoded[0], 3]
+    assert theirs(SENTENCES[0], SENTENCES[1]).input_ids == [2, *encoded[0], 3, *encoded[1], 3]
+    ids, lengths = ours.sentence_encoder().encode(SENTENCES)
+    assert lengths.tolist() == [len(e) for e in encoded] and ids.tolist() == [i for e in encoded for i in e]
+
+
+def test_bpe_word_starts_follow_the_space_marker(tiny_bpe):
+    tokenizer = open_tokenizer(tiny_bpe)
+    encoding = tokenizer.encode_batch(["the cat, sat"])[0]
+    starts = tokenizer.starts_word[encoding.ids].tolist()
+    assert encoding.tokens[0].startswith("Ġ")  # add_prefix_space: the first word of a text starts a word too
+    assert starts == [t.startswith("Ġ") for t in encoding.tokens] and sum(starts) == 3  # the comma joins "cat"
+    assert tokenizer.starts_word[[tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id]].all()
+
+
+def test_special_ids_are_looked_up_where_they_sit(high_id_tokenizer, tiny_vocab):
+    tokenizer = open_tokenizer(high_id_tokenizer)
+    assert (tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id) == (995, 996, 997, 998, 999)
+    wordpiece = open_tokenizer(Path(tiny_vocab).parent / "vocab.txt")
+    assert wordpiece.is_wordpiece_vocab and wordpiece.tokens[wordpiece.mask_id] == "[MASK]"
+    assert tokenizer_file(Path(tiny_vocab).parent) == str(Path(tiny_vocab).parent / "tokenizer.json")
+
+
+def test_a_tokenizer_without_a_special_token_is_refused_naming_the_file(tmp_path, high_id_tokenizer):
+    spec = json.loads((Path(high_id_tokenizer) / "tokenizer.json").read_text())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "[MASK]"]
+    spec["post_processor"] = None
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(DataError, match=r"tokenizer.json: the tokenizer has no \[MASK\] token"):
+        open_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(DataError, match="tokenizer.json: cannot read tokenizer"):
+        open_tokenizer(tmp_path / "tokenizer.json")
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both(tiny_bpe, tiny_vocab, high_id_tokenizer):
+    assert vocab_mismatch(tiny_bpe, TEST_VOCAB_SIZE) == ""
+    assert vocab_mismatch(tiny_bpe, 512) == f"{tiny_bpe} has {TEST_VOCAB_SIZE} tokens, more than the model's 512 token embeddings"
+    assert "is not the vocabulary the weights were trained with" in vocab_mismatch(high_id_tokenizer, TEST_VOCAB_SIZE, tiny_bpe)
+    # the WordPiece tokenizer.json `bertdist vocab` writes beside vocab.txt has the same tokens by id
+    assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE, str(Path(tiny_vocab).parent / "tokenizer.json")) == ""
+
+
+def test_config_validation_refuses_a_tokenizer_larger_than_the_model(tiny_bpe, tmp_path):
+    from bertdist.config import ConfigError, load_config, validate
+
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", f"data.vocab_file={Path(tiny_bpe).parent}", "model.vocab_size=512"])
+    with pytest.raises(ConfigError, match=rf"model.vocab_size: 512 is smaller than the {TEST_VOCAB_SIZE} tokens of data.vocab_file="):
+        validate(cfg)
+
+
+def _bpe_samples(path: str) -> tuple:
+    tokenizer = open_tokenizer(path)
+    from bertdist.demo import python_documentation
+
+    texts = [t for t in python_documentation()[:300] if t.strip()]
+    ids = [i for i in (e.ids for e in tokenizer.encode_batch(texts)) if i]
+    lengths = np.array([len(i) for i in ids])
+    docs = Documents(np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1))
+    vocab = VocabInfo.from_tokenizer(tokenizer)
+    return full_sentences(docs, InstanceOptions(max_seq_length=64), vocab), vocab
+
+
+@pytest.mark.parametrize("which", ["tiny_bpe", "high_id_tokenizer"])
+def test_whole_word_masking_with_bpe_masks_whole_words(which, request):
+    samples, vocab = _bpe_samples(request.getfixturevalue(which))
+    rules = MaskRules(max_predictions_per_seq=10, whole_word_mask=True)
+    out = apply_masks(samples, rules, vocab, KeyedDraws(1, 0, np.arange(len(samples))))
+    tokens = samples.input_ids.astype(np.int64)
+    starts = samples.token_offsets()[:-1]
+    chosen = np.zeros(len(tokens), dtype=bool)
+    chosen[starts[np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions] = True
+    special = np.isin(tokens, [vocab.cls_id, vocab.sep_id])
+    word = np.cumsum(~vocab.is_continuation[tokens] | special | np.r_[True, special[:-1]])  # a word id per token
+    assert vocab.is_continuation[tokens][chosen].sum() > 50  # words of several pieces were chosen
+    for w in np.unique(word[chosen]):
+        assert chosen[word == w].all()  # every chosen position's word is chosen whole
+    assert (out.input_ids[chosen] == vocab.mask_id).mean() > 0.7 and not special[chosen].any()
+
+
+@pytest.fixture(scope="module", params=["static", "dynamic"])
+def high_id_shards(request, tiny_corpus, high_id_tokenizer, ray_local, tmp_path_factory) -> tuple[str, str]:
+    from bertdist.data.pipeline.driver import prepare
+
+    out = str(tmp_path_factory.mktemp(f"high_id_{request.param}") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, high_id_tokenizer, out, objective="mlm", masking=request.param, dupe_factor=1))
+    return request.param, out
+
+
+def test_prepare_and_the_loader_use_the_tokenizers_special_ids(high_id_shards, high_id_tokenizer):
+    from bertdist.data.loader import PretrainingLoader
+
+    masking, shards = high_id_shards
+    tokenizer = open_tokenizer(high_id_tokenizer)
+    manifest = json.loads((Path(shards) / "manifest.json").read_text())
+    assert manifest["mask_id"] == tokenizer.mask_id == 999 and manifest["vocab_file"] == str(Path(high_id_tokenizer) / "tokenizer.json")
+    samples = [s for _, s in zip(range(50), iter_samples(shards))]
+    for s in samples:
+        ids = s["input_ids"]
+        assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id  # 996 and 997, never BERT's 101 and 102
+    shown = np.concatenate([s["input_ids"][s["masked_lm_positions"]] for s in samples])
+    if masking == "static":
+        assert (shown == tokenizer.mask_id).mean() > 0.7
+    else:
+        assert all(len(s["masked_lm_positions"]) == 0 for s in samples)
+    loader = PretrainingLoader(shards, high_id_tokenizer, max_seq_length=TEST_SEQ_LENGTH, micro_batch_size=8, seed=3)
+    batch = next(iter(loader))
+    real = batch["masked_lm_ids"] != -100
+    at = batch["masked_lm_positions"][real]
+    rows = np.nonzero(real.numpy())[0]
+    masked_shown = batch["input_ids"][rows, at]
+    assert real.any(1).all() and (masked_shown == tokenizer.mask_id).float().mean() > 0.6
+    assert (batch["input_ids"][:, 0] == tokenizer.cls_id).all()
+    assert not np.isin(batch["masked_lm_ids"][real].numpy(), [tokenizer.cls_id, tokenizer.sep_id]).any()
+
+
+def test_shards_refuse_another_tokenizer(high_id_shards, tiny_bpe):
+    from bertdist.data.loader import PretrainingLoader
+
+    with pytest.raises(DataError, match="shards were made with another vocabulary"):
+        PretrainingLoader(high_id_shards[1], tiny_bpe, max_seq_length=TEST_SEQ_LENGTH, micro_batch_size=8)
+
+
+def test_bertdist_vocab_trains_bpe_on_request(tiny_corpus, tmp_path, capsys):
+    from bertdist.cli import main
+
+    assert main(["vocab", "--input", tiny_corpus, "--output", str(tmp_path / "bpe"), "--model", "bpe", "--vocab-size", "100"]) != 0
+    assert "--vocab-size must be at least 261 for --model bpe" in capsys.readouterr().err
+    assert main(["vocab", "--input", tiny_corpus, "--output", str(tmp_path / "bpe"), "--model", "bpe", "--vocab-size", "400"]) == 0
+    assert sorted(p.name for p in (tmp_path / "bpe").iterdir()) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert open_tokenizer(tmp_path / "bpe").size == 400
