@@ -1,4 +1,8 @@
-"""Training-step speed of bertdist's BERT against `transformers.BertForPreTraining`, same batch, same run.
+"""Training-step speed of a bertdist model against its transformers class, same batch, same weights' shapes, same run.
+
+BERT sizes are timed against `transformers.BertForPreTraining`, ModernBERT sizes (`--size modernbert-mini`) against
+`transformers.ModernBertForMaskedLM` (sdpa attention, its sparse prediction on: the head at the masked positions
+only, as bertdist's).
 
 One step = forward + backward + AdamW update, on a full-length batch with BERT's prediction budget (20 masked
 positions per sequence at length 128). Both models get the same optimizer and precision; the two are timed in
@@ -8,6 +12,8 @@ projection at unmasked positions) against a matmul peak measured in the same pro
     python benchmarks/model_step.py                                   # CPU, BERT-mini, fp32 (the acceptance run)
     python benchmarks/model_step.py --device cuda --size large --precision bf16 --batch-size 128
     python benchmarks/model_step.py --device cuda --size large --precision fp16 --batch-size 128
+    python benchmarks/model_step.py --size modernbert-mini                            # length 128, full rows
+    python benchmarks/model_step.py --size modernbert-mini --seq-length 1024 --fill 0.65 --batch-size 4
 """
 
 from __future__ import annotations
@@ -32,10 +38,9 @@ from common import (
 )
 
 from bertdist.config import MODEL_SIZES, ModelConfig
-from bertdist.model.bert import BertForPreTraining
 from bertdist.model.flops import train_flops_per_sequence
-from bertdist.model.hf import config_to_hf
 from bertdist.model.ops import IGNORE_INDEX
+from bertdist.model.registry import build_model, hf_adapter
 
 
 def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device, fill: float = 1.0) -> dict:
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def bertdist_step(**changes) -> callable:
         torch.manual_seed(0)
-        model = BertForPreTraining(dataclasses.replace(cfg, **changes)).to(device).train()
+        model = build_model(dataclasses.replace(cfg, **changes)).to(device).train()
         if changes.get("compile"):
             model.compile(dynamic=True)
         return training_step(model, lambda: model(**batch).loss, args.precision, device)
@@ -135,11 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.no_reference:
         import transformers
 
-        hf_config = transformers.BertConfig(**config_to_hf(cfg), attn_implementation="sdpa")
-        reference = transformers.BertForPreTraining(hf_config).to(device).train()
         labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
         labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
-        hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
+        if cfg.arch == "modernbert":  # BERT's special ids (the batch's tokens are random ids from 5 on)
+            ids = dict(pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3)
+            hf_config = transformers.ModernBertConfig(**hf_adapter(cfg.arch).config_to_hf(cfg, ids), sparse_prediction=True,
+                                                      attn_implementation="sdpa")  # fmt: skip
+            reference = transformers.ModernBertForMaskedLM(hf_config).to(device).train()
+            hf_inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+        else:
+            hf_config = transformers.BertConfig(**hf_adapter(cfg.arch).config_to_hf(cfg), attn_implementation="sdpa")
+            reference = transformers.BertForPreTraining(hf_config).to(device).train()
+            hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
         steps["transformers"] = training_step(
             reference, lambda: reference(**hf_inputs, labels=labels).loss, args.precision, device
         )
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         "clock": "thread cpu time" if args.cpu_time else "wall",
     }
     print(
-        f"BERT-{args.size} fwd+bwd+AdamW, batch {args.batch_size} x {args.seq_length}, "
+        f"{args.size} ({cfg.arch}) fwd+bwd+AdamW, batch {args.batch_size} x {args.seq_length}, "
         f"{args.masked_positions} masked/seq, padding {results['padding_fraction']:.0%}, {args.precision}, "
         f"{results['device']}, {results['clock']} clock; "
         f"matmul peak {peak_flops / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f} "

@@ -5,6 +5,7 @@
     modernbert      ModernBertForMaskedLM: RoPE, GeGLU, pre-norm, global and sliding-window layers (torch only)
     layout          padded, unpadded and packed batches: where each sample's tokens are, attention per sample
     ops             faster operators: CPU dropout, attention over heads, tied logits, the MLM cross-entropy
+    outputs         what a pretraining model returns: logits, the loss, its named parts and scored heads
     hf              BERT to and from the Hugging Face format (the model never imports it)
     modernbert_hf   ModernBERT to and from the Hugging Face format
     modernbert_heads ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}

@@ -35,8 +35,6 @@ saving in the Hugging Face format is an adapter beside it, `bertdist.model.hf`, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,21 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from bertdist.config import ModelConfig
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import Dropout, VocabCrossEntropy, multi_head_attention, tied_logits
-
-
-@dataclass
-class PreTrainingOutput:
-    """What `BertForPreTraining.forward` returns. Losses are None when their labels were not given."""
-
-    loss: torch.Tensor | None
-    """mlm_loss + nsp_loss (None unless both labels are given); mlm_loss alone for an MLM-only model."""
-    mlm_loss: torch.Tensor | None
-    """Mean cross-entropy over the MLM predictions whose label is not -100."""
-    nsp_loss: torch.Tensor | None
-    mlm_logits: torch.Tensor
-    """(samples, predictions, vocab) at `masked_lm_positions` when given, else (batch, seq, vocab)."""
-    nsp_logits: torch.Tensor | None
-    """(samples, 2): IsNext, NotNext. A packed batch has more samples than rows. None for an MLM-only model."""
+from bertdist.model.outputs import PreTrainingOutput, Scored
 
 
 class BertEmbeddings(nn.Module):
@@ -392,4 +376,10 @@ class BertForPreTraining(nn.Module):
             loss = mlm_loss
         elif mlm_loss is not None and nsp_loss is not None:
             loss = mlm_loss + nsp_loss
-        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)
+        components = {name: v for name, v in (("mlm", mlm_loss), ("nsp", nsp_loss)) if v is not None}
+        scored = {}
+        if masked_lm_ids is not None:
+            scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
+        if nsp_loss is not None:
+            scored["nsp"] = Scored(nsp_logits, next_sentence_label.reshape(-1))
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, components, scored)

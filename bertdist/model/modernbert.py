@@ -29,9 +29,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
-from bertdist.model.bert import PreTrainingOutput
+from bertdist.model.outputs import PreTrainingOutput, Scored
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import Dropout, VocabCrossEntropy, multi_head_attention, tied_logits
+from bertdist.model.ops import (
+    Dropout,
+    VocabCrossEntropy,
+    local_attention,
+    local_attention_pays,
+    multi_head_attention,
+    tied_logits,
+)
 
 
 def is_global(cfg: ModelConfig, layer: int) -> bool:
@@ -91,10 +98,13 @@ class ModernBertAttention(nn.Module):
         return self.out_drop(self.Wo(out))
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if self.window:
+        dropout_p, scale = self.dropout_p if self.training else 0.0, (q.shape[-1] // self.num_heads) ** -0.5
+        if self.window and local_attention_pays(q.shape[1], self.window) and (mask is None or mask.shape[-2] == 1):
+            key_mask = None if mask is None else mask.reshape(len(mask), -1)  # one sample per row: a key mask
+            return local_attention(q, kv, key_mask, self.num_heads, self.window, dropout_p, scale)
+        if self.window:  # short rows, or packed rows (a block mask): the window as a mask on the full grid
             mask = window_mask(q.shape[1], kv.shape[1], self.window, mask)
-        head_dim = q.shape[-1] // self.num_heads
-        return multi_head_attention(q, kv, mask, self.num_heads, self.dropout_p if self.training else 0.0, head_dim**-0.5)
+        return multi_head_attention(q, kv, mask, self.num_heads, dropout_p, scale)
 
 
 def window_mask(queries: int, keys: int, half: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -234,10 +244,10 @@ class ModernBertForMaskedLM(nn.Module):
         states, layout = self.model.encode(input_ids, attention_mask)
         predicted = layout.gather(states, masked_lm_positions) if masked_lm_positions is not None else layout.to_grid(states)
         logits = self.head(predicted, self.model.embeddings.tok_embeddings.weight)
-        loss = None
-        if masked_lm_ids is not None:
-            loss = VocabCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), masked_lm_ids.reshape(-1))
-        return PreTrainingOutput(loss, loss, None, logits, None)
+        if masked_lm_ids is None:
+            return PreTrainingOutput(None, None, None, logits, None)
+        loss = VocabCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), masked_lm_ids.reshape(-1))
+        return PreTrainingOutput(loss, loss, None, logits, None, {"mlm": loss}, {"mlm": Scored(logits, masked_lm_ids)})
 
 
 def init_weights(module: nn.Module, cfg: ModelConfig) -> None:

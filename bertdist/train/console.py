@@ -4,7 +4,8 @@ The console gets one line per log interval that a person reads at a glance:
 
     step 120/1000 (12%) | loss 6.21 | mlm acc 0.152 | 164 seq/s | MFU 47% | data wait 2% | eta 3m10s
 
-and one per evaluation. Every metric, with full precision, goes to `{output_dir}/metrics.jsonl` (one JSON
+and one per evaluation. The train line shows the accuracy of the model's first scored head (the MLM's), the
+evaluation line every head's. Every metric, with full precision, goes to `{output_dir}/metrics.jsonl` (one JSON
 object per line, with its step) and to MLflow.
 """
 
@@ -14,13 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bertdist.train.metrics import (
-    DATA_WAIT,
-    LOSS,
-    MFU,
-    MLM_ACCURACY,
-    SEQUENCES_PER_SECOND,
-)
+from bertdist.train.metrics import DATA_WAIT, LOSS, MFU, SEQUENCES_PER_SECOND
 
 METRICS_FILENAME = "metrics.jsonl"
 POSITION_KEYS = ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")
@@ -44,7 +39,7 @@ class Console:
         self.line(" | ".join([
             f"step {step}/{total_steps} ({100 * step // total_steps}%)",
             f"loss {metrics[LOSS.format(split='train')]:.3g}",
-            f"mlm acc {metrics[MLM_ACCURACY.format(split='train')]:.3f}",
+            *_accuracies(metrics, "train")[:1],
             f"{metrics[SEQUENCES_PER_SECOND]:,.0f} seq/s",
             f"MFU {metrics[MFU]:.0%}",
             f"data wait {metrics[DATA_WAIT]:.0%}",
@@ -53,17 +48,19 @@ class Console:
         self.record(step, {**metrics, "data_position": {k: loader_state[k] for k in POSITION_KEYS}})
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
-        nsp = f" | nsp acc {metrics['nsp_accuracy/eval']:.3f}" if "nsp_accuracy/eval" in metrics else ""
-        self.line(
-            f"eval at step {step} | loss {metrics[LOSS.format(split='eval')]:.3g} | "
-            f"mlm acc {metrics[MLM_ACCURACY.format(split='eval')]:.3f}{nsp}"
-        )
+        self.line(" | ".join([f"eval at step {step}", f"loss {metrics[LOSS.format(split='eval')]:.3g}", *_accuracies(metrics, "eval")]))
         self.record(step, metrics)
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def _accuracies(metrics: dict[str, float], split: str) -> list[str]:
+    """`mlm acc 0.152`, ... for each `{head}_accuracy/{split}`, MLM first, then by name."""
+    heads = sorted((key.split("_accuracy/")[0] for key in metrics if key.endswith(f"_accuracy/{split}")), key=lambda h: (h != "mlm", h))
+    return [f"{head} acc {metrics[f'{head}_accuracy/{split}']:.3f}" for head in heads]
 
 
 def duration(seconds: float) -> str:

@@ -311,17 +311,14 @@ class Trainer(contextlib.ExitStack):
         return OK_EXIT_CODE
 
     def _train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, float]:
-        """One optimizer step (all its micro batches); returns STEP_SLOTS summed over ranks."""
-        import torch
-        import torch.distributed as dist
-
-        engine, SLOT = self.engine, metrics.SLOT
+        """One optimizer step (all its micro batches); returns its metrics.StepSums summed over ranks."""
+        engine = self.engine
         engine.train()
-        acc = torch.zeros(len(metrics.STEP_SLOTS), dtype=torch.float64, device=self.device)
+        acc = metrics.StepSums(self.device)
         for _ in range(engine.gradient_accumulation_steps()):
             wait_start = time.perf_counter()
             batch = {k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
-            acc[SLOT["data_wait_seconds"]] += time.perf_counter() - wait_start
+            acc.add("data_wait_seconds", time.perf_counter() - wait_start)
             out = engine(**batch)
             engine.backward(out.loss)
             if engine.is_gradient_accumulation_boundary():
@@ -329,9 +326,8 @@ class Trainer(contextlib.ExitStack):
             engine.step()
             self.watchdog.progress(self.step)
             metrics.accumulate(acc, out, batch, self.cfg.model)
-        acc[SLOT["stop_requested"]] = 1.0 if self.stop.signum else 0.0
-        dist.all_reduce(acc)
-        sums = dict(zip(metrics.STEP_SLOTS, acc.tolist()))
+        acc.add("stop_requested", 1.0 if self.stop.signum else 0.0)
+        sums = acc.all_reduce()
         self.tokens_seen += int(sums["tokens"])
         self.sequences_seen += int(sums["sequences"])
         return sums
@@ -372,20 +368,19 @@ class Trainer(contextlib.ExitStack):
         training does next (and a resumed run stays identical to an uninterrupted one).
         """
         import torch
-        import torch.distributed as dist
 
         saved = rng.capture_rng_state()
         self.engine.eval()
-        acc = torch.zeros(len(metrics.STEP_SLOTS), dtype=torch.float64, device=self.device)
+        acc = metrics.StepSums(self.device)
         batches = iter(self._loader(phase, phase.eval_dir, workers=0))
         with torch.no_grad():
             for _ in range(self.cfg.train.eval_batches):
                 batch = {k: v.to(self.device) for k, v in next(batches).items()}
                 metrics.accumulate(acc, self.engine(**batch), batch)
                 self.watchdog.progress(self.step)
-        dist.all_reduce(acc)
+        sums = acc.all_reduce()
         rng.restore_rng_state(saved)
-        values = metrics.quality(dict(zip(metrics.STEP_SLOTS, acc.tolist())), "eval")
+        values = metrics.quality(sums, "eval")
         self.tracker.log_metrics(values, step=step)
         self.console.eval(step, values)
 

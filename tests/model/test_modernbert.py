@@ -107,6 +107,33 @@ def test_a_packed_sample_never_sees_another():
             assert not torch.equal(a[0, 40:110], b[0, 40:110])
 
 
+@pytest.mark.parametrize("length, half", [(300, 16), (1000, 64), (1301, 100)])
+def test_local_attention_by_blocks_equals_the_masked_full_grid_with_gradients(length, half):
+    """ops.local_attention (keys within `half` of each query, block by block) against the window as a mask on the
+    full grid: outputs and gradients at every query with a key, with and without padding."""
+    from bertdist.model.modernbert import window_mask
+    from bertdist.model.ops import local_attention, local_attention_pays, multi_head_attention
+
+    assert local_attention_pays(length, half)
+    g = torch.Generator().manual_seed(length)
+    q, kv = torch.randn(3, length, 32, generator=g, dtype=torch.float64), torch.randn(3, length, 64, generator=g, dtype=torch.float64)
+    for key_mask in (None, torch.arange(length)[None] < torch.tensor([length, length // 3, 7])[:, None]):
+        grad = torch.randn(3, length, 32, generator=g, dtype=torch.float64)
+        real = torch.ones(3, length, 1, dtype=torch.bool) if key_mask is None else key_mask[..., None]
+        results = []
+        for blocked in (True, False):
+            q_, kv_ = q.clone().requires_grad_(), kv.clone().requires_grad_()
+            if blocked:
+                out = local_attention(q_, kv_, key_mask, 4, half, 0.0, 0.25)
+            else:
+                mask = window_mask(length, length, half, None if key_mask is None else key_mask[:, None, None, :])
+                out = multi_head_attention(q_, kv_, mask, 4, 0.0, 0.25)
+            (out * grad * real).sum().backward()
+            results.append((out * real, q_.grad * real, kv_.grad))
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
 def test_export_loads_in_transformers_with_every_key_and_round_trips(tmp_path, tiny_vocab):
     hf = reference()
     model = ours_from(hf)
