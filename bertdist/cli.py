@@ -192,18 +192,22 @@ def _run_train(args: argparse.Namespace) -> int:
         overrides.append(f"checkpoint.resume={args.resume}")
     cfg = load_config(args.config, overrides)
     if args.dry_run:
+        from bertdist.train.loaders import check_shards
         from bertdist.train.plan import describe_plan
 
         world_size = int(os.environ.get("WORLD_SIZE", cfg.launch.world_size()))
         validate(cfg, world_size=world_size)
+        storage.use_endpoint(cfg.storage.endpoint_url)
+        shards = check_shards(cfg, world_size)  # as the run does first: the shards' vocabulary, objective, manifest
         print("# resolved configuration")
         print(dump_yaml(cfg))
         print("# plan")
         print(describe_plan(cfg, world_size))
+        print("# shards")
+        print("\n".join(shards))
         if cfg.checkpoint.uri:  # what the run checks there (another run's checkpoints or lease), read only
             from bertdist.train import remote
 
-            storage.use_endpoint(cfg.storage.endpoint_url)
             print(remote.preview(cfg))
         print(forecast(cfg, args.calibrate, args.calibrate_steps).describe(cfg, args.price_per_node_hour))
         return 0

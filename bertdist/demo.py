@@ -299,7 +299,10 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
     # Commands that work as printed, from any shell: this interpreter and its own bertdist, not whatever is on PATH.
     bertdist = Path(sys.executable).with_name("bertdist")
     bertdist_command = shlex.quote(str(bertdist)) if bertdist.is_file() else f"{shlex.quote(sys.executable)} -m bertdist"
-    fill_mask = f"from transformers import pipeline; print(pipeline('fill-mask', {str(model_dir)!r})('Return a [MASK] of the list.'))"
+    # Absolute paths: the printed commands are run from any directory; the mask token is the export's own.
+    model_dir, run_dir = model_dir.resolve(), run_dir.resolve()
+    fill_mask = (f"from transformers import pipeline; p = pipeline('fill-mask', {str(model_dir)!r}); "
+                 "print(p(f'Return a {p.tokenizer.mask_token} of the list.'))")  # fmt: skip
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",

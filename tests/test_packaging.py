@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -74,7 +75,8 @@ def run(venv: Path, workdir: Path, *argv: str, timeout: float = 300, **kwargs) -
 def demo(venv, workdir) -> Path:
     done = run(venv, workdir, "bertdist", "demo", "--output", "runs/demo", "--steps", str(DEMO_STEPS), timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "MLM accuracy (held-out)" in done.stdout and "model (Hugging Face format): runs/demo/model" in done.stdout
+    model_dir = (workdir / "runs" / "demo" / "model").resolve()
+    assert "MLM accuracy (held-out)" in done.stdout and f"model (Hugging Face format): {model_dir}" in done.stdout
     # A quiet first run: the libraries' chatter is in the log, not on the console.
     console = done.stdout + done.stderr
     for chatter in ("[INFO]", "Processing zero checkpoint", "Token authentication", "UserWarning", "\x1b[", "\n\n\n"):
@@ -82,6 +84,11 @@ def demo(venv, workdir) -> Path:
     assert "Processing zero checkpoint" in (workdir / "runs" / "demo" / "demo.log").read_text()
     dashboard = next(line for line in done.stdout.splitlines() if "dashboard: " in line).split("dashboard: ")[1].split("   (")[0]
     assert dashboard.startswith(str(venv.parent)), dashboard  # runs as printed, without activating the venv
+    # The fill-mask command as printed, from another directory (it held a relative model path).
+    fill_mask = shlex.split(next(line for line in done.stdout.splitlines() if "fill-mask" in line))
+    answered = subprocess.run(fill_mask, cwd=venv.parent, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert answered.returncode == 0 and "'token_str'" in answered.stdout, answered.stderr[-3000:]
     return workdir / "runs" / "demo"
 
 

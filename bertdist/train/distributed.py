@@ -87,6 +87,16 @@ def read_env(environ: Mapping[str, str] | None = None, default_port: int = DEFAU
     return DistributedEnv(rank, world_size, local_rank, addr, port, launcher, local_world)
 
 
+def unlaunched_note(env: DistributedEnv, planned_ranks: int) -> str:
+    """A line for a process that no launcher started (no RANK/WORLD_SIZE or SLURM variables) while the config
+    plans several ranks: it trains alone, which the dry run's "world size" did not say; '' otherwise."""
+    if env.launcher != "none" or planned_ranks <= 1:
+        return ""
+    return (f"bertdist train: no launcher started this process (no RANK/WORLD_SIZE or SLURM variables), so it trains "
+            f"on 1 rank, not the {planned_ranks} that launch.nodes x launch.gpus_per_node plan; `bertdist submit "
+            "--config ...` starts them all (or deepspeed/torchrun/srun)")  # fmt: skip
+
+
 def _tasks_on_this_node(tasks_per_node: str, world_size: int) -> int:
     """First count of SLURM_TASKS_PER_NODE ("8(x2),4" -> 8); the whole world when it is not set."""
     match = re.match(r"^(\d+)", tasks_per_node)

@@ -2,7 +2,8 @@
 
 Without calibration the time per step is an estimate: the training FLOPs of a step on one rank over the peak
 FLOP/s of the device (this machine's GPU if it is in the datasheet table, else an assumed A100) at an assumed
-MFU; the printout says which. With `--calibrate` it is measured: the real trainer runs a few steps of every
+MFU; the printout says which, and on a machine without a GPU also what this CPU would take (its matmul peak
+measured in a fraction of a second), since a run started here would train on it. With `--calibrate` it is measured: the real trainer runs a few steps of every
 phase on this machine's device, one rank, at the configured micro batch and length and at the gradient
 accumulation of the requested world size, on the configured shards, and saves a checkpoint and runs an
 evaluation, each timed, in a process of its own whose whole wall time also gives the start-up and shutdown.
@@ -30,7 +31,13 @@ from pathlib import Path
 
 from bertdist.config import Config
 from bertdist.errors import UserError
-from bertdist.model.flops import GPU_PEAK_FLOPS, masked_positions_for, peak_flops_per_second, train_flops_per_sequence
+from bertdist.model.flops import (
+    GPU_PEAK_FLOPS,
+    masked_positions_for,
+    measure_matmul_flops_per_second,
+    peak_flops_per_second,
+    train_flops_per_sequence,
+)
 from bertdist.train.console import duration
 
 ASSUMED_MFU = 0.40
@@ -54,6 +61,8 @@ class Forecast:
     eval_seconds: float = 0.0
     startup_seconds: float = 0.0
     """The rest of a run's process: imports, process group, engine, loaders, the first steps' warm-up, exit."""
+    note: str = ""
+    """A line printed under the projection (an estimate's other device)."""
 
     def parts(self, cfg: Config) -> dict[str, float]:
         total_steps = cfg.total_steps()
@@ -84,6 +93,8 @@ class Forecast:
         hours = self.hours(cfg)
         lines.append(f"projected wall time: {duration(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
                      "rank(s); the all-reduce between ranks is not in it")  # fmt: skip
+        if self.note:
+            lines.append(self.note)
         if price_per_node_hour is not None:
             lines.append(f"cost: {hours:.4g} h x {lc.nodes} node(s) x {price_per_node_hour:g} per node-hour = "
                          f"{hours * lc.nodes * price_per_node_hour:,.2f}")
@@ -111,11 +122,17 @@ def estimate(cfg: Config) -> Forecast:
         peak = single if cfg.train.precision == "fp32" else half
     world = cfg.launch.world_size()
     sequences = [cfg.global_batch_size(p) / world for p in cfg.data.phases]
-    seconds = [n * train_flops_per_sequence(cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length)) / (peak * ASSUMED_MFU)
-               for p, n in zip(cfg.data.phases, sequences)]  # fmt: skip
-    return Forecast(f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, "
-                    f"{peak / 1e12:g} TFLOP/s in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; "
-                    "--calibrate measures it", seconds, [0.0] * len(seconds), sequences)  # fmt: skip
+    step_flops = [n * train_flops_per_sequence(cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length))
+                  for p, n in zip(cfg.data.phases, sequences)]  # fmt: skip
+    source = (f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, {peak / 1e12:g} TFLOP/s "
+              f"in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; --calibrate measures it")  # fmt: skip
+    note = ""
+    if not _cuda():  # planned here for a GPU cluster, or about to run on this CPU: both are said
+        cpu_peak = measure_matmul_flops_per_second()
+        cpu_hours = sum(p.steps * f for p, f in zip(cfg.data.phases, step_flops)) / (cpu_peak * ASSUMED_MFU) / 3600
+        note = (f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s measured "
+                   f"here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at the same MFU")  # fmt: skip
+    return Forecast(source, [f / (peak * ASSUMED_MFU) for f in step_flops], [0.0] * len(step_flops), sequences, note=note)
 
 
 def calibrate(cfg: Config, steps: int = 20) -> Forecast:

@@ -21,7 +21,6 @@ or data.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import socket
 import sys
@@ -43,6 +42,7 @@ from bertdist.train import checkpoint, distributed, metrics, remote, reshard, rn
 from bertdist.train.console import Console
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.downstream import DownstreamEvaluator
+from bertdist.train.loaders import phase_loader
 from bertdist.train.restart_event import RestartEvent
 from bertdist.train.watchdog import StallWatchdog
 
@@ -55,7 +55,10 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
     the last checkpoint stays as it was.
     """
     try:
-        trainer = Trainer(cfg, read_env(default_port=cfg.launch.master_port), restart)
+        env = read_env(default_port=cfg.launch.master_port)
+        if note := distributed.unlaunched_note(env, cfg.launch.nodes * cfg.launch.gpus_per_node):
+            print(note, file=sys.stderr, flush=True)
+        trainer = Trainer(cfg, env, restart)
     except storage.StoreUnavailableError as e:
         print(f"bertdist train: {e}{_REQUEUED}", file=sys.stderr)
         return REQUEUE_EXIT_CODE
@@ -157,23 +160,7 @@ class Trainer(contextlib.ExitStack):
             rng.seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
 
     def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> Any:
-        from bertdist.data.loader import PretrainingLoader
-        from bertdist.data.masking import MaskRules
-        from bertdist.data.streaming import StreamSettings
-
-        rules = MaskRules.for_length(phase.max_seq_length, **dataclasses.asdict(self.cfg.data.masking))
-        st = self.cfg.storage
-        streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads)
-        loader = PretrainingLoader(
-            shard_dir=shard_dir, vocab_file=self.cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
-            micro_batch_size=phase.micro_batch_size, rank=self.env.rank, world_size=self.env.world_size,
-            seed=self.cfg.train.seed, num_workers=workers, shuffle_buffer_size=self.cfg.data.shuffle_buffer_size,
-            packing=self.cfg.data.packing, pin_memory=self.device_type == "cuda", masking=rules, streaming=streaming,
-        )  # fmt: skip
-        if loader.objective == "mlm" and self.cfg.model.next_sentence_prediction:
-            raise ConfigError([f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "
-                               "sentence pairs to classify); set it to false for MLM-only pretraining"])  # fmt: skip
-        return loader
+        return phase_loader(self.cfg, phase, shard_dir, workers, self.env.rank, self.env.world_size, self.device_type == "cuda")
 
     def _start_process_group(self) -> None:
         import torch

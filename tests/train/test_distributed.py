@@ -114,3 +114,13 @@ def test_the_rendezvous_store_listens_on_the_master_address_only(monkeypatch):
         assert _listening_addresses(port) == ["0100007F"]  # 127.0.0.1, and nothing on 0.0.0.0 or [::]
     finally:
         destroy_process_group()
+
+
+def test_a_process_no_launcher_started_says_it_trains_alone_when_the_config_plans_more():
+    from bertdist.train.distributed import unlaunched_note
+
+    alone = read_env({})
+    note = unlaunched_note(alone, 2)
+    assert "trains on 1 rank, not the 2 that launch.nodes x launch.gpus_per_node plan" in note and "\n" not in note
+    assert unlaunched_note(alone, 1) == ""
+    assert unlaunched_note(read_env({"RANK": "0", "WORLD_SIZE": "1"}), 2) == ""  # a launcher chose one rank

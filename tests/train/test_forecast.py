@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+import torch
 import yaml
 
 from bertdist.cli import main
@@ -22,6 +23,8 @@ def test_a_dry_run_submission_estimates_time_cost_and_the_cost_of_a_failure(caps
     out = capsys.readouterr().out
     assert code == 0, out
     assert "estimated, not measured" in out and "A100 (assumed)" in out and "assumed MFU of 40%" in out, out
+    if not torch.cuda.is_available():  # what a run started here, on this CPU, would take is said too
+        assert re.search(r"^no GPU on this machine: its CPU ranks \(a matmul peak of [\d.]+ GFLOP/s measured here", out, re.M), out
     hours = float(re.findall(r"^forecast_hours: ([\d.e+-]+)", out, re.M)[-1])
     cost = float(re.search(r"per node-hour = ([\d,.]+)", out).group(1).replace(",", ""))
     assert cost == pytest.approx(hours * 2 * 32.77, rel=1e-3)
