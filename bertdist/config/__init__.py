@@ -3,8 +3,11 @@
     from bertdist.config import load_config, validate
     cfg = load_config("configs/bert-base.yaml", ["train.global_batch_size=64"])
 
-`schema` holds the dataclasses (one per section), `loading` layers defaults < YAML < overrides, and
-`validation` reports impossible combinations. The names below are the package's public surface.
+    schema      the dataclasses (one per section), the single schema
+    loading     defaults < YAML < overrides, layered into a Config
+    validation  impossible combinations, all reported at once
+
+The names below are the package's public surface.
 """
 
 from bertdist.config.loading import dump_yaml, flatten, load_config

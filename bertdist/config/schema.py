@@ -173,7 +173,7 @@ class DataConfig:
 
 @dataclass
 class StorageConfig:
-    """Object stores: any path field (phase shard_dir, checkpoint.uri, finetune.model...) may be a URL such as
+    """Object stores: any path field (a phase's train_dir and eval_dir, checkpoint.uri, finetune.init_from...) may be a URL such as
     s3://bucket/prefix (`bertdist.storage`). Credentials come from the environment or ~/.aws, never from here."""
 
     endpoint_url: str = ""

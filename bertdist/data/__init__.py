@@ -1,9 +1,24 @@
 """Pretraining data: reading corpora, WordPiece, BERT's instance rules, shards, and the training loader.
 
-The modules are small on purpose, each one concern: `readers` (files -> documents), `wiki` (MediaWiki
-markup -> text), `sentences` (text -> sentences), `vocab` (WordPiece), `instances` (documents -> masked
-sentence pairs, exactly the reference's rules), `shards` (the on-disk format and manifest), `loader` (the
-training DataLoader). The Ray pipeline that drives them is `bertdist.data.pipeline.driver`.
+The modules are small on purpose, each one concern:
+
+    readers    files and objects -> documents (text, JSON lines, Wikipedia XML; compressed or not)
+    wiki       MediaWiki markup -> text
+    sentences  text -> sentences
+    vocab      WordPiece: training a vocab.txt, BERT's tokenizer pipeline, the fast ASCII encoder
+    bpe        byte-level BPE: training a tokenizer.json as ModernBERT's
+    tokenizer  the one tokenizer every stage uses (vocab.txt, tokenizer.json or a directory): special ids, word starts
+    instances  documents -> masked sentence pairs, exactly the reference's rules (or MLM-only full-length text)
+    masking    BERT's masking rules (80/10/10, whole words), at preparation or at load time
+    samples    a batch of instances in columnar form (flat token arrays and lengths), every stage's currency
+    shards     the on-disk format (WebDataset tar shards) and the manifest
+    streaming  shards read from object storage: block cache, prefetch
+    batching   samples -> padded or packed batches
+    loader     the training DataLoader: shuffled, sharded across ranks, resumable
+    inspect    `bertdist inspect`: what a shard directory holds, its masking statistics
+    synthetic  a generated English-like corpus (tests, benchmarks)
+
+The Ray pipeline that drives them is `bertdist.data.pipeline.driver`.
 
 Nothing here imports torch or Ray at module level except `loader`, which is only imported by the trainer.
 """

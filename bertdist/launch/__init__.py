@@ -3,7 +3,11 @@
     request   the request checked and rendered into a job, submitted, recorded (start here)
     job       the data: SubmitRequest, PlannedJob, JobRecord, JobStatus
     checks    what user-supplied values may reach a script; the template renderer
-    backends  local, deepspeed, slurm, ray: one module each, the same four functions
+    backends  the registry of backends; one module each, the same four functions:
+    local     N ranks on this machine under torchrun, detached
+    deepspeed many machines over SSH from a DeepSpeed hostfile, under the elastic supervisor
+    slurm     sbatch of launch/slurm_train.sbatch, one task per GPU, checkpoint and requeue
+    ray       a Ray job through Ray's job API
     process   detached process groups on this machine and their supervisor (local, deepspeed)
     elastic   the supervisor of multi-host jobs: lost hosts dropped, the job relaunched, hosts taken back
     ssh_fleet the hosts of a hostfile as the supervisor's fleet (SSH probes, DeepSpeed's launcher per launch)

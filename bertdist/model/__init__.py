@@ -11,5 +11,6 @@
     modernbert_heads ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}
     hf_heads        fine-tuning heads in the Hugging Face format
     heads           fine-tuning heads (classification, tagging, QA, multiple choice)
-    flops           FLOPs per sequence and parameters by architecture, and the peak FLOP/s MFU is measured against
+    flops           training FLOPs as the model class counts them (each layer and head: `forward_flops`),
+                    parameters by architecture, and the peak FLOP/s MFU is measured against
 """

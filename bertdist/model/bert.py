@@ -35,6 +35,8 @@ saving in the Hugging Face format is an adapter beside it, `bertdist.model.hf`, 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -157,6 +159,19 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, keys: Any, queries: Any) -> Any:
+        """Forward FLOPs of one layer over a sample of `keys` tokens computed at `queries` of them (all of them, or
+        with `at` a few): keys and values everywhere, the rest at the queries. Numbers or tensors."""
+        h, f = cfg.hidden_size, cfg.ffn_size()
+        return (
+            2 * keys * h * 2 * h  # K, V projections of every token
+            + 2 * queries * h * h  # Q projection
+            + 2 * queries * keys * h * 2  # scores and weighted sum over all heads
+            + 2 * queries * h * h  # attention output projection
+            + 2 * queries * h * f * 2  # feed-forward in and out
+        )
+
     def forward(self, x: torch.Tensor, layout: TokenLayout, at: torch.Tensor | None = None) -> torch.Tensor:
         """(tokens or batch x seq, hidden) -> the same, or with `at` (samples, k) only the outputs at those
         positions of each sample, (samples, k, hidden): attention reads every token's keys and values, and the
@@ -190,6 +205,11 @@ class BertPooler(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig) -> int:
+        """Per sample: one [CLS] state."""
+        return 2 * cfg.hidden_size * cfg.hidden_size
 
     def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
         """(samples, hidden) [CLS] states -> (samples, hidden)."""
@@ -285,6 +305,11 @@ class BertLMPredictionHead(nn.Module):
         self.transform = BertPredictionHeadTransform(cfg)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, predictions: int) -> int:
+        """The transform and the vocabulary projection at `predictions` positions."""
+        return 2 * predictions * (cfg.hidden_size * cfg.hidden_size + cfg.hidden_size * cfg.vocab_size)
+
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         """Logits shaped like x with the vocabulary last, laid out vocabulary-major (`ops.tied_logits`)."""
         return tied_logits(self.transform(x), decoder_weight, self.bias)
@@ -295,6 +320,12 @@ class BertPreTrainingHeads(nn.Module):
         super().__init__()
         self.predictions = BertLMPredictionHead(cfg)
         self.seq_relationship = nn.Linear(cfg.hidden_size, 2) if cfg.next_sentence_prediction else None
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, predictions: int) -> int:
+        """The MLM head at `predictions` positions and the NSP classifier at [CLS]."""
+        nsp = 2 * cfg.hidden_size * 2 if cfg.next_sentence_prediction else 0
+        return BertLMPredictionHead.forward_flops(cfg, predictions) + nsp
 
 
 def check_heads_divide(cfg: ModelConfig) -> None:
@@ -331,6 +362,18 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(cfg, add_pooling_layer=cfg.next_sentence_prediction)
         self.cls = BertPreTrainingHeads(cfg)
         self.apply(lambda module: init_weights(module, cfg.initializer_range))
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
+        """Forward FLOPs of one sequence of `seq_length` tokens (a number or a tensor) with `masked_positions`
+        predictions, as `forward` with `masked_lm_positions` runs it: the last layer at [CLS] and the predictions
+        only (from every token's keys and values), the pooler and the heads there. Embedding lookups, norms and
+        activations are not counted (bertdist.model.flops)."""
+        nsp = cfg.next_sentence_prediction
+        full_layers = (cfg.num_layers - 1) * BertLayer.forward_flops(cfg, seq_length, seq_length)
+        last_layer = BertLayer.forward_flops(cfg, seq_length, masked_positions + nsp)
+        heads = BertPreTrainingHeads.forward_flops(cfg, masked_positions) + (BertPooler.forward_flops(cfg) if nsp else 0)
+        return 1.0 * (full_layers + last_layer + heads)
 
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""

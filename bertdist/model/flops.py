@@ -1,55 +1,29 @@
-"""Training FLOP estimates for BERT, used by the dry-run plan, the trainer's MFU and the benchmarks.
+"""Training FLOPs and parameters of a model config, and the peak FLOP/s MFU is measured against: what the dry-run
+plan, the forecast, the trainer's MFU and the benchmarks count.
 
-Counts multiply-adds as 2 FLOPs and a training step as 3x the forward (forward + 2x backward), the
-usual convention for model FLOP utilisation (Chowdhery et al., 2022). Only the model's own math is
-counted: activation recomputation, padding and optimizer work are not, so MFU is comparable across
-implementations.
+The FLOPs are the model's own count: each pretraining model class (bertdist.model.registry, by `model.arch`)
+has a static `forward_flops(cfg, seq_length, masked_positions)` that sums what each of its layers and heads
+counts of itself from the config (a sliding-window layer its window, BERT's last layer its few positions), so
+a new architecture needs no change here. Multiply-adds count as 2 FLOPs and a training step as 3x the forward
+(forward + 2x backward), the usual convention for model FLOP utilisation (Chowdhery et al., 2022). Only the
+model's own math is counted: activation recomputation, padding, norms and optimizer work are not, so MFU is
+comparable across implementations.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from bertdist.config import ModelConfig
+from bertdist.model import registry
 
 
-def forward_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
-    """Forward FLOPs for one sequence of `seq_length` tokens with `masked_positions` MLM predictions.
-
-    The last layer is counted where it runs: keys and values for every token, the rest at [CLS] and the
-    predictions only (`BertModel.encode`'s `at`), since nothing else of it reaches a loss."""
-    if model.arch == "modernbert":
-        return _modernbert_forward_flops(model, seq_length, masked_positions)
-    h, f, s, layers = model.hidden_size, model.ffn_size(), seq_length, model.num_layers
-
-    def layer(queries):
-        return (
-            2 * s * h * 2 * h  # K, V projections of every token
-            + 2 * queries * h * h  # Q projection
-            + 2 * queries * s * h * 2  # scores and weighted sum over all heads
-            + 2 * queries * h * h  # attention output projection
-            + 2 * queries * h * f * 2  # feed-forward in and out
-        )
-
-    mlm_head = 2 * masked_positions * (h * h + h * model.vocab_size)
-    nsp = model.next_sentence_prediction
-    nsp_head = 2 * (h * h + h * 2) if nsp else 0  # the pooler and the classifier, at [CLS]
-    last_layer = layer(masked_positions + nsp)
-    return 1.0 * ((layers - 1) * layer(s) + last_layer + mlm_head + nsp_head)  # a float, or a tensor when given tensors
-
-
-def _modernbert_forward_flops(model: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
-    """ModernBERT: every layer at every token (fused QKV, output, GeGLU in (2 x intermediate) and out); attention
-    over the whole sample in the global layers and over the window (2 x local_attention / 2 + 1 keys, at most the
-    sample) in the local ones; the head at the predictions only."""
-    h, f, s = model.hidden_size, model.ffn_size(), seq_length
-    window = min(s, 2 * (model.local_attention // 2) + 1) if isinstance(s, (int, float)) else s.clamp(max=2 * (model.local_attention // 2) + 1)
-    global_layers = len(range(0, model.num_layers, model.global_attn_every_n_layers))
-    dense = 2 * s * h * (3 * h + h + 2 * f + f)
-    attention = 2 * 2 * s * h * (global_layers * s + (model.num_layers - global_layers) * window)
-    head = 2 * masked_positions * (h * h + h * model.vocab_size)
-    return 1.0 * (model.num_layers * dense + attention + head)
+def forward_flops_per_sequence(model: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
+    """Forward FLOPs for one sequence of `seq_length` tokens with `masked_positions` MLM predictions, as the
+    architecture's model class counts them: a float, or a tensor when `seq_length` is one."""
+    return registry.model_class(model.arch).forward_flops(model, seq_length, masked_positions)
 
 
 def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positions: int) -> float:
@@ -60,8 +34,10 @@ def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, masked_p
     """Training FLOPs of `samples` sequences holding `tokens` real tokens in all (padding is not counted).
 
     Attention is counted as if every sequence had the mean length, which undercounts it a little for mixed
-    lengths. `tokens` may be a device tensor: the result is then one too, with no host sync."""
-    return samples * train_flops_per_sequence(model, tokens / samples, masked_positions)
+    lengths. `tokens` may be a device tensor: the result is then one too, with no host sync, in float64 so that it
+    is the exact count (a float32 one rounds above 2^24)."""
+    mean_length = (tokens.double() if hasattr(tokens, "double") else tokens) / samples
+    return samples * train_flops_per_sequence(model, mean_length, masked_positions)
 
 
 def non_embedding_parameters(model: ModelConfig) -> int:
@@ -142,12 +118,14 @@ def measure_matmul_flops_per_second(size: int = 512, repeats: int = 4, trials: i
 
 
 class PeakFlops:
-    """The denominator of MFU for one rank, which keeps MFU at or below 100%.
+    """The denominator of MFU for one rank. MFU is at most 1.0, and 1.0 means unknown: the console prints "MFU ?".
 
-    A GPU in GPU_PEAK_FLOPS has its datasheet peak, which nothing exceeds. Elsewhere (a CPU, an unknown GPU,
-    $BERTDIST_PEAK_FLOPS) the peak is a measurement, a lower bound of the true one: when training itself
-    runs faster than it, training's rate is the better measurement and becomes the peak. On a busy machine
-    MFU then reads low rather than impossibly high.
+    A GPU in GPU_PEAK_FLOPS has its datasheet peak. Elsewhere (a CPU, an unknown GPU, $BERTDIST_PEAK_FLOPS) the
+    peak is a measurement, a lower bound of the true one. Training faster than the peak proves the peak wrong
+    (measured under load, a datasheet number below what runs, as fp32 matmuls on TF32 tensor cores): that
+    interval's MFU is unknown, reported as 1.0, never as 130%, with a warning once naming $BERTDIST_PEAK_FLOPS. A
+    measured peak then becomes training's rate, the better lower bound, so that later intervals read low rather
+    than impossibly high on a busy machine.
     """
 
     def __init__(self, device_type: str, precision: str) -> None:
@@ -156,11 +134,20 @@ class PeakFlops:
         self.value = peak_flops_for(device_type, precision)
         self.from_datasheet = (not os.environ.get(PEAK_FLOPS_ENV) and device_type == "cuda"
                                and peak_flops_per_second(torch.cuda.get_device_name(), precision) is not None)  # fmt: skip
+        self.warned = False
 
     def mfu(self, achieved_flops_per_second: float) -> float:
-        if not self.from_datasheet and achieved_flops_per_second > self.value:
+        """The fraction of the peak reached, below 1.0; 1.0 when the peak was reached or exceeded (unknown)."""
+        if achieved_flops_per_second < self.value:
+            return achieved_flops_per_second / self.value
+        if not self.warned:
+            self.warned = True
+            source = "its datasheet peak" if self.from_datasheet else "the peak measured at start"
+            warnings.warn(f"MFU unknown: training ran at {achieved_flops_per_second:.3g} FLOP/s per rank, above "
+                          f"{source} ({self.value:.3g}); set {PEAK_FLOPS_ENV} to this device's peak FLOP/s", stacklevel=2)  # fmt: skip
+        if not self.from_datasheet:
             self.value = achieved_flops_per_second
-        return achieved_flops_per_second / self.value
+        return 1.0
 
 
 def peak_flops_for(device_type: str, precision: str) -> float:

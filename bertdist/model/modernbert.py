@@ -22,6 +22,7 @@ use the CUDA variable-length kernel (it takes no window here); they take the buc
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,20 @@ class ModernBertAttention(nn.Module):
         self.dropout_p = cfg.attention_dropout_prob  # a number: `_attend` runs once per bucket (the ZeRO-3 rule)
         self.out_drop = Dropout(cfg.attention_dropout_prob)
 
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, layer: int, seq_length: Any) -> Any:
+        """Per sample of `seq_length` tokens (a number or a tensor): the fused QKV and output projections of every
+        token, and scores and weighted sum over the keys each query sees: the whole sample in a global layer, the
+        window in a local one (2 x local_attention / 2 + 1 keys, at most the sample). `local_attention` computes
+        whole blocks of keys; only the window is the model's math."""
+        h = cfg.hidden_size
+        if is_global(cfg, layer):
+            keys = seq_length
+        else:
+            window = 2 * (cfg.local_attention // 2) + 1
+            keys = seq_length.clamp(max=window) if isinstance(seq_length, torch.Tensor) else min(seq_length, window)
+        return 2 * seq_length * h * (3 * h + h) + 2 * 2 * seq_length * h * keys
+
     def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
         hidden = x.shape[-1]
         qkv = self.Wqkv(x)
@@ -125,6 +140,11 @@ class ModernBertMLP(nn.Module):
         self.drop = Dropout(cfg.hidden_dropout_prob)
         self.Wo = nn.Linear(cfg.ffn_size(), cfg.hidden_size, bias=cfg.bias)
 
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, tokens: Any) -> Any:
+        """Wi (hidden -> 2 x intermediate) and Wo (intermediate -> hidden) at every token."""
+        return 2 * tokens * cfg.hidden_size * (2 * cfg.ffn_size() + cfg.ffn_size())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inputs, gate = self.Wi(x).chunk(2, dim=-1)
         return self.Wo(self.drop(F.gelu(inputs) * gate))  # exact erf gelu, as the reference
@@ -137,6 +157,11 @@ class ModernBertEncoderLayer(nn.Module):
         self.attn = ModernBertAttention(cfg, layer)
         self.mlp_norm = _norm(cfg)
         self.mlp = ModernBertMLP(cfg)
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, layer: int, seq_length: Any) -> Any:
+        """Layer `layer` over a sample of `seq_length` tokens: every layer runs at every token."""
+        return ModernBertAttention.forward_flops(cfg, layer, seq_length) + ModernBertMLP.forward_flops(cfg, seq_length)
 
     def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), layout, rotary)
@@ -209,6 +234,11 @@ class ModernBertPredictionHead(ModernBertHeadTransform):
         super().__init__(cfg)
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, predictions: int) -> int:
+        """The transform and the decoder at `predictions` positions."""
+        return 2 * predictions * (cfg.hidden_size * cfg.hidden_size + cfg.hidden_size * cfg.vocab_size)
+
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         return tied_logits(super().forward(x), decoder_weight, self.decoder_bias)
 
@@ -226,6 +256,13 @@ class ModernBertForMaskedLM(nn.Module):
         self.model = ModernBertModel(cfg)
         self.head = ModernBertPredictionHead(cfg)
         self.apply(lambda module: init_weights(module, cfg))
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
+        """Forward FLOPs of one sequence of `seq_length` tokens (a number or a tensor) with `masked_positions`
+        predictions: every layer as it counts itself, the head at the predictions only (bertdist.model.flops)."""
+        layers = sum(ModernBertEncoderLayer.forward_flops(cfg, i, seq_length) for i in range(cfg.num_layers))
+        return 1.0 * (layers + ModernBertPredictionHead.forward_flops(cfg, masked_positions))
 
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""

@@ -7,6 +7,7 @@
     params          what a run records besides metrics (config, data manifests, environment)
     system          CPU/memory/disk/network/GPU samples of each node
     models          the exported model as an MLflow Model of the run, optionally registered
+    fill_mask_model the pyfunc model of an export: fill-mask queries answered by transformers
     ui              `bertdist ui`: the MLflow dashboard over a run's store
 
 Nothing here decides what is trained or when to log: the trainer calls these.

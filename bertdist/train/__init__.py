@@ -3,6 +3,8 @@
     trainer      Trainer: builds every component in __init__, runs the loop in train()
     deepspeed    the DeepSpeed config dict from our config; the engine
     optim        AdamW parameter groups and the learning-rate schedule
+    lamb         LAMB (per-tensor trust ratio), for the large-batch recipes
+    loaders      a phase's shard loader, as the trainer builds it and the dry run checks it
     checkpoint   save, resume (exact: data cursor, RNG, tracking run id), consolidate
     rng          every generator's state as JSON, for the checkpoint; seeding
     run_identity whether a checkpoint is this run's (the settings that may change on resume)
@@ -21,4 +23,6 @@
     forecast     the dry-run forecast: time and cost, estimated or measured (--calibrate)
     timeline     world size, restarts and time of a run, logged against the forecast
     export       a checkpoint as a Hugging Face directory and an MLflow Model
+    listing      `bertdist checkpoints`: every checkpoint of a run, local or in a store, intact or not
+    downstream   fine-tuning each new checkpoint on a small task beside training (eval.downstream)
 """

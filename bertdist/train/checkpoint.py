@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-
 from bertdist import chatter
 from bertdist.errors import UserError, first_line, one_line
 from bertdist.safe_load import weights_only_loading

@@ -4,7 +4,8 @@ The console gets one line per log interval that a person reads at a glance:
 
     step 120/1000 (12%) | loss 6.21 | mlm acc 0.152 | 164 seq/s | MFU 47% | data wait 2% | eta 3m10s
 
-and one per evaluation. The train line shows the accuracy of the model's first scored head (the MLM's), the
+("MFU ?" when training outran the peak MFU is measured against: bertdist.model.flops.PeakFlops) and one per
+evaluation. The train line shows the accuracy of the model's first scored head (the MLM's), the
 evaluation line every head's. Every metric, with full precision, goes to `{output_dir}/metrics.jsonl` (one JSON
 object per line, with its step) and to MLflow.
 """
@@ -41,7 +42,7 @@ class Console:
             f"loss {metrics[LOSS.format(split='train')]:.3g}",
             *_accuracies(metrics, "train")[:1],
             f"{metrics[SEQUENCES_PER_SECOND]:,.0f} seq/s",
-            f"MFU {metrics[MFU]:.0%}",
+            f"MFU {metrics[MFU]:.0%}" if metrics[MFU] < 1.0 else "MFU ?",  # 1.0: at or above the peak (PeakFlops)
             f"data wait {metrics[DATA_WAIT]:.0%}",
             f"eta {duration(eta_s)}",
         ]))  # fmt: skip
@@ -64,7 +65,9 @@ def _accuracies(metrics: dict[str, float], split: str) -> list[str]:
 
 
 def duration(seconds: float) -> str:
-    """3h05m, 3m10s, 42s: two units at most."""
+    """3h05m, 3m10s, 42s, 0.4s: two units at most (tenths below 10 s, so a short plan never reads 0s)."""
+    if 0 < seconds < 9.95:
+        return f"{seconds:.1f}s" if seconds >= 0.05 else "<0.1s"
     s = max(0, round(seconds))
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,19 +1,22 @@
 """The DeepSpeed engine, configured from our typed config instead of a hand-written JSON file.
 
 `deepspeed_config` turns Config into DeepSpeed's dictionary (batch sizes, ZeRO stage, precision,
-clipping) and merges the expert's `train.deepspeed` keys over it; `build_optimizer` picks DeepSpeed's
-FusedAdam on GPU and falls back to torch's AdamW where that kernel cannot be built or used. The
-learning-rate schedule is not handed to DeepSpeed: the training loop sets the rate from the step
+clipping) and merges the expert's `train.deepspeed` keys over it; `initialize` builds the engine around the
+model and the optimizer that `bertdist.train.optim.build_optimizer` picks (DeepSpeed's FusedAdam on GPU, torch's
+fused AdamW where that kernel cannot be built or used). The learning-rate schedule is not handed to DeepSpeed: the training loop sets the rate from the step
 (bertdist.train.optim), which keeps it exact across fp16 skipped steps and resumes.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertdist.config import Config, ConfigError, PhaseConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 # fp16 dynamic loss scaling as in NVIDIA's and DeepSpeed's BERT recipes: start at 2^16, halve on an
 # overflow (after `hysteresis` of them), double after 1000 clean steps.
@@ -74,7 +77,7 @@ def device_problems(cfg: Config, device_type: str) -> list[str]:
     return problems
 
 
-def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> Any:
+def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> DeepSpeedEngine:
     """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
     import deepspeed
 

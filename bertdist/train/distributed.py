@@ -367,10 +367,6 @@ def lost_peer(error: BaseException) -> bool:
     )
 
 
-def _bracket_ipv6(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
-
-
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     """A port that nothing listens on right now, for a single-machine rendezvous (demo, tests)."""
     with socket.socket() as s:

@@ -16,8 +16,8 @@ from typing import Any
 from bertdist import ownership, storage
 from bertdist.config import ModelConfig, TrackingConfig
 from bertdist.data.tokenizer import tokenizer_file, vocab_mismatch
-from bertdist.storage import PARTIAL_MARKER
 from bertdist.model.hf import CONFIG_FILE
+from bertdist.storage import PARTIAL_MARKER
 from bertdist.train import checkpoint
 
 

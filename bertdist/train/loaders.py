@@ -7,13 +7,16 @@ MLM-only shards under a model with a next-sentence head, a damaged manifest) bef
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bertdist.config import Config, ConfigError, PhaseConfig
 
+if TYPE_CHECKING:
+    from bertdist.data.loader import PretrainingLoader
+
 
 def phase_loader(cfg: Config, phase: PhaseConfig, shard_dir: str, workers: int, rank: int = 0, world_size: int = 1,
-                 pin_memory: bool = False) -> Any:  # fmt: skip
+                 pin_memory: bool = False) -> PretrainingLoader:  # fmt: skip
     """A `PretrainingLoader` of `shard_dir` for `phase`, on `rank` of `world_size`."""
     from bertdist.data.loader import PretrainingLoader
     from bertdist.data.masking import MaskRules

@@ -45,8 +45,8 @@ from bertdist.train.checkpoint import (
     first_intact,
     marker_tag,
     parse_train_state,
-    refuse_foreign_checkpoints,
     read_train_state,
+    refuse_foreign_checkpoints,
     resolve_resume,
     verify_files,
 )

@@ -26,7 +26,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+import torch.distributed as dist
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
@@ -38,13 +41,40 @@ from bertdist.errors import (
     UserError,
     one_line,
 )
-from bertdist.train import checkpoint, distributed, metrics, remote, reshard, rng, stopping, timeline
+from bertdist.model.flops import PeakFlops
+from bertdist.model.registry import build_model, load_pretrained
+from bertdist.tracking.base import Tracker
+from bertdist.tracking.mlflow_tracker import build_node_monitor, build_tracker
+from bertdist.tracking.params import default_run_name
+from bertdist.train import (
+    checkpoint,
+    distributed,
+    metrics,
+    remote,
+    reshard,
+    rng,
+    stopping,
+    timeline,
+)
+from bertdist.train import deepspeed as ds
 from bertdist.train.console import Console
+from bertdist.train.deepspeed import device_problems
 from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.loaders import phase_loader
+from bertdist.train.optim import (
+    build_optimizer,
+    scheduled_learning_rate,
+    set_learning_rate,
+)
 from bertdist.train.restart_event import RestartEvent
 from bertdist.train.watchdog import StallWatchdog
+
+if TYPE_CHECKING:  # the types of the engine and the loaders, without importing DeepSpeed's engine module for them
+    from deepspeed import DeepSpeedEngine
+
+    from bertdist.data.loader import PretrainingLoader
+
 
 def train(cfg: Config, restart: RestartEvent | None = None) -> int:
     """Run (or continue) the training described by `cfg`; returns the process exit code. `restart`: the
@@ -87,14 +117,18 @@ _REQUEUED = (f"; the object store is unavailable, which is not a problem with th
              "requeued, and the job continues from the newest checkpoint `latest` names in the store (--resume auto)")
 
 
+def due(step: int, every_steps: int, total_steps: int) -> bool:
+    """Whether a periodic action (log, evaluation, checkpoint) runs after `step`: every `every_steps`, and after
+    the last step whatever the interval."""
+    return step % every_steps == 0 or step == total_steps
+
+
 class Trainer(contextlib.ExitStack):
     """Every component of a run, built in `__init__`; `train()` runs the loop; leaving the `with` frees them."""
 
     def __init__(self, cfg: Config, env: DistributedEnv, restart: RestartEvent | None = None):
         super().__init__()
-        import torch
 
-        from bertdist.train.deepspeed import device_problems
 
         # --- checks: everything that can fail on bad input, before any process group or model exists
         validate(cfg, world_size=env.world_size)
@@ -127,10 +161,6 @@ class Trainer(contextlib.ExitStack):
                 self._loader(phase, phase.eval_dir, workers=0)
 
     def _build_components(self) -> None:
-        import torch
-
-        from bertdist.model.flops import PeakFlops
-
         cfg, env = self.cfg, self.env
         self.stop = stopping.StopFlag(f"bertdist train: [rank {env.rank}]")
         self.callback(self.stop.close)
@@ -159,14 +189,10 @@ class Trainer(contextlib.ExitStack):
         else:
             rng.seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
 
-    def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> Any:
+    def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> PretrainingLoader:
         return phase_loader(self.cfg, phase, shard_dir, workers, self.env.rank, self.env.world_size, self.device_type == "cuda")
 
     def _start_process_group(self) -> None:
-        import torch
-
-        from bertdist.train import distributed
-
         if self.device_type == "cuda":
             torch.cuda.set_device(self.env.local_rank)
         t = self.cfg.train
@@ -174,13 +200,7 @@ class Trainer(contextlib.ExitStack):
                                        rendezvous_timeout_s=t.rendezvous_timeout_s, collective_timeout_s=t.collective_timeout_s)
         self.callback(distributed.destroy_process_group)
 
-    def _build_engine(self) -> Any:
-        import torch
-
-        from bertdist.model.registry import build_model, load_pretrained
-        from bertdist.train import deepspeed as ds
-        from bertdist.train.optim import build_optimizer
-
+    def _build_engine(self) -> DeepSpeedEngine:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         if cfg.checkpoint.init_from_pretrained and self.resume_from is None:
@@ -207,10 +227,7 @@ class Trainer(contextlib.ExitStack):
                   "sample; which rank reads which sample, and the dropout streams, differ from a run that kept "
                   f"{state.world_size} rank(s)", flush=True)  # fmt: skip
 
-    def _build_tracker(self) -> Any:
-        from bertdist.tracking.mlflow_tracker import build_tracker
-        from bertdist.tracking.params import default_run_name
-
+    def _build_tracker(self) -> Tracker:
         cfg, env = self.cfg, self.env
         tracker = build_tracker(
             cfg.tracking, str(self.output_dir), env.rank, run_id=self.resumed.tracking_run_id if self.resumed else None,
@@ -226,15 +243,12 @@ class Trainer(contextlib.ExitStack):
         timeline.log_start(tracker, self.restart, self.start_step, env.world_size, cfg.train.forecast_hours)
         return tracker
 
-    def _build_node_monitor(self) -> Any:
+    def _build_node_monitor(self) -> contextlib.closing[Tracker]:
         """System metrics of this node, for the first rank of every node but node 0 (whose rank 0 tracks them).
 
         They go into rank 0's run, whose id only rank 0 knows until it is broadcast here.
         """
-        import torch.distributed as dist
 
-        from bertdist.tracking.base import Tracker
-        from bertdist.tracking.mlflow_tracker import build_node_monitor
 
         run_id = [self.tracker.run_id]
         dist.broadcast_object_list(run_id, src=0)
@@ -247,9 +261,6 @@ class Trainer(contextlib.ExitStack):
 
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> int:
-        from bertdist.train import deepspeed as ds
-        from bertdist.train.optim import scheduled_learning_rate, set_learning_rate
-
         cfg, engine = self.cfg, self.engine
         total_steps = cfg.total_steps()
         phase_index = -1
@@ -279,14 +290,14 @@ class Trainer(contextlib.ExitStack):
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
             if nonfinite_streak >= cfg.train.max_nonfinite_steps:
                 return self._stop_nonfinite(step, nonfinite_streak)
-            if step % cfg.train.log_every_steps == 0 or step == total_steps:
+            if due(step, cfg.train.log_every_steps, total_steps):
                 self._log_interval(step, total_steps, lr, interval)
                 interval = metrics.Interval()
-            if phase.eval_dir and (step % cfg.train.eval_every_steps == 0 or step == total_steps):
+            if phase.eval_dir and due(step, cfg.train.eval_every_steps, total_steps):
                 self._evaluate(step, phase)
             if sums["stop_requested"] > 0:
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
-            if step % cfg.checkpoint.every_steps == 0 or step == total_steps:
+            if due(step, cfg.checkpoint.every_steps, total_steps):
                 self._save(step, phase_index, nonfinite_streak)
         if self.uploader:
             self.uploader.wait()
@@ -326,13 +337,10 @@ class Trainer(contextlib.ExitStack):
         """
         if self.cfg.train.zero_stage != 0 or self.cfg.train.precision != "fp32":
             return float("nan")  # DeepSpeed's own value is read after the step
-        import torch
 
         return float(torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None]))
 
     def _log_interval(self, step: int, total_steps: int, lr: float, interval: metrics.Interval) -> None:
-        from bertdist.train import deepspeed as ds
-
         grad_norm = self.engine.get_global_grad_norm()
         values = {
             **metrics.quality(interval.totals, "train"),
@@ -354,7 +362,6 @@ class Trainer(contextlib.ExitStack):
         Runs between steps with the RNG state put back afterwards, so evaluating never changes what
         training does next (and a resumed run stays identical to an uninterrupted one).
         """
-        import torch
 
         saved = rng.capture_rng_state()
         self.engine.eval()

@@ -1,4 +1,5 @@
-"""The FLOP count behind MFU and the dry-run plan equals what the model's matmuls really do."""
+"""The FLOP count behind MFU, the dry-run plan and the forecast is the model's own: each layer and head counts
+itself, the counts equal what the model's matmuls really do, and MFU is never printed above 100%."""
 
 from __future__ import annotations
 
@@ -6,9 +7,90 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertdist.model.bert import BertForPreTraining
-from bertdist.model.flops import PeakFlops, forward_flops_per_sequence
+from bertdist.config import ModelConfig
+from bertdist.model import flops
+from bertdist.model.bert import (
+    BertForPreTraining,
+    BertLayer,
+    BertPooler,
+    BertPreTrainingHeads,
+)
+from bertdist.model.flops import (
+    PeakFlops,
+    forward_flops_per_sequence,
+    train_flops_of_batch,
+)
+from bertdist.model.modernbert import (
+    ModernBertEncoderLayer,
+    ModernBertForMaskedLM,
+    ModernBertPredictionHead,
+)
+from bertdist.train.console import Console
+from bertdist.train.metrics import MFU, Interval
 from tests.conftest import tiny_model_config
+
+# Counted by bertdist.model.flops before each model class counted itself (one formula per architecture there).
+PINNED = [
+    (tiny_model_config(), 32, 5, 5177600),
+    (tiny_model_config(), 128, 20, 24076544),
+    (tiny_model_config(), 7, 1, 1130496),
+    (tiny_model_config(), 32, 0, 4030720),
+    (tiny_model_config(next_sentence_prediction=False), 32, 5, 5079040),
+    (tiny_model_config(next_sentence_prediction=False), 128, 20, 23953408),
+    (ModelConfig.from_size("base"), 128, 20, 22005365760),
+    (ModelConfig.from_size("base"), 512, 80, 94720674816),
+    (ModelConfig.from_size("modernbert-tiny"), 8, 2, 24736768),
+    (ModelConfig.from_size("modernbert-tiny"), 17, 3, 43070976),
+    (ModelConfig.from_size("modernbert-tiny"), 128, 20, 318539776),
+    (ModelConfig.from_size("modernbert-tiny"), 512, 77, 1451946496),
+    (ModelConfig.from_size("modernbert-mini", bias=True), 64, 10, 686065664),
+    (ModelConfig.from_size("modernbert-mini", bias=True), 1024, 154, 13906593792),
+    (ModelConfig.from_size("modernbert-base"), 1024, 154, 269435338752),
+    (ModelConfig.from_size("modernbert-base"), 8192, 1228, 3598277541888),
+]
+
+
+@pytest.mark.parametrize("cfg, length, predictions, expected", PINNED, ids=lambda v: getattr(v, "size", None))
+def test_the_counts_are_those_of_the_formulas_they_replaced(cfg, length, predictions, expected):
+    assert forward_flops_per_sequence(cfg, length, predictions) == expected
+    assert flops.train_flops_per_sequence(cfg, length, predictions) == 3 * expected
+
+
+@pytest.mark.parametrize("cfg, expected", [(tiny_model_config(), 51142656), (ModelConfig.from_size("modernbert-tiny"), 817920000)],
+                         ids=["bert", "modernbert"])  # fmt: skip
+def test_a_batchs_count_from_a_device_tensor_of_tokens_is_a_tensor_and_the_same_number(cfg, expected):
+    """What the trainer calls with (batch["attention_mask"] > 0).sum(), with no host sync: 4 samples of 25 tokens."""
+    tokens = torch.ones(4, 32, dtype=torch.int64)[:, :25].sum()
+    counted = train_flops_of_batch(cfg, tokens, 4, 5)
+    assert isinstance(counted, torch.Tensor) and counted.item() == expected == train_flops_of_batch(cfg, 100, 4, 5)
+
+
+def test_the_model_classes_count_themselves_through_the_registry():
+    cfg = tiny_model_config()
+    assert forward_flops_per_sequence(cfg, 32, 5) == BertForPreTraining.forward_flops(cfg, 32, 5)
+    cfg = ModelConfig.from_size("modernbert-tiny")
+    assert forward_flops_per_sequence(cfg, 32, 5) == ModernBertForMaskedLM.forward_flops(cfg, 32, 5)
+
+
+def test_berts_count_is_its_layers_and_heads_the_last_layer_at_cls_and_the_predictions():
+    cfg, length, predictions = tiny_model_config(num_layers=3), 32, 5
+    layers = [BertLayer.forward_flops(cfg, length, length)] * 2 + [BertLayer.forward_flops(cfg, length, predictions + 1)]
+    heads = BertPreTrainingHeads.forward_flops(cfg, predictions) + BertPooler.forward_flops(cfg)
+    assert BertForPreTraining.forward_flops(cfg, length, predictions) == sum(layers) + heads
+
+
+def test_a_modernbert_layer_counts_its_window_and_a_window_as_long_as_the_sample_is_global_attention():
+    length, predictions = 64, 10
+    windowed = ModelConfig.from_size("modernbert-tiny", global_attn_every_n_layers=2, local_attention=16)
+    local = ModernBertEncoderLayer.forward_flops(windowed, 1, length)
+    assert local < ModernBertEncoderLayer.forward_flops(windowed, 0, length)  # 17 keys a query, not 64
+    assert ModernBertEncoderLayer.forward_flops(windowed, 1, 8) == ModernBertEncoderLayer.forward_flops(windowed, 0, 8)
+    every_layer_global = ModelConfig.from_size("modernbert-tiny", global_attn_every_n_layers=1)
+    window_covers_the_sample = ModelConfig.from_size("modernbert-tiny", global_attn_every_n_layers=2, local_attention=2 * length)
+    assert (ModernBertForMaskedLM.forward_flops(every_layer_global, length, predictions)
+            == ModernBertForMaskedLM.forward_flops(window_covers_the_sample, length, predictions)
+            == sum(ModernBertEncoderLayer.forward_flops(every_layer_global, i, length) for i in range(4))
+            + ModernBertPredictionHead.forward_flops(every_layer_global, predictions))  # fmt: skip
 
 
 def test_forward_flops_equal_torchs_count_of_the_models_matmuls():
@@ -30,5 +112,29 @@ def test_mfu_on_cpu_never_exceeds_one_because_a_faster_rate_becomes_the_peak():
     measured = peak.value
     assert measured > 1e8  # a real matmul measurement
     assert peak.mfu(measured / 2) == pytest.approx(0.5)
-    assert peak.mfu(measured * 3) == 1.0 and peak.value == measured * 3  # under-measured at start: corrected
+    with pytest.warns(UserWarning, match="BERTDIST_PEAK_FLOPS"):
+        assert peak.mfu(measured * 3) == 1.0 and peak.value == measured * 3  # under-measured at start: corrected
     assert peak.mfu(measured) == pytest.approx(1 / 3)
+
+
+def test_an_mfu_above_a_datasheet_peak_is_printed_as_unknown_with_one_warning(monkeypatch, tmp_path, capsys, recwarn):
+    """Above the datasheet (fp32 matmuls on TF32 tensor cores, a miscount) the peak is wrong, not the run fast:
+    "MFU ?" on the console, never "MFU 130%", and one warning naming the variable that sets the peak."""
+    monkeypatch.delenv(flops.PEAK_FLOPS_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA A100-SXM4-80GB")
+    peak = PeakFlops("cuda", "fp32")
+    assert peak.from_datasheet and peak.value == 19.5e12
+    console = Console(tmp_path, enabled=True)
+    for flops_per_second in (1.3 * 19.5e12, 1.5 * 19.5e12, 0.47 * 19.5e12):
+        interval = Interval(start=0.0)
+        interval.add({"sequences": 1.0, "tokens": 1.0, "slots": 1.0, "data_wait_seconds": 0.0, "loss": 1.0, "micro_batches": 1.0})
+        monkeypatch.setattr(interval, "seconds", lambda: 1.0)
+        interval.totals["flops"] = flops_per_second
+        values = {"loss/train": 1.0, **interval.throughput(1, peak)}
+        assert values[MFU] <= 1.0
+        console.train(1, 10, values, 1.0, {k: 0 for k in ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")})
+    lines = capsys.readouterr().out.splitlines()
+    assert ["MFU ?" in line for line in lines] == [True, True, False] and "MFU 47%" in lines[2], lines
+    assert peak.value == 19.5e12  # a datasheet peak is not moved
+    warned = [str(w.message) for w in recwarn if "MFU" in str(w.message)]
+    assert len(warned) == 1 and flops.PEAK_FLOPS_ENV in warned[0], warned
