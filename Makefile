@@ -26,7 +26,7 @@ demo: install
 	$(VENV)/bin/bertdist demo
 
 # Speed against references measured in the same run (docs/benchmarks.md); minutes, not part of the tests.
-BENCHMARKS := model_step train_step finetune_step packing prepare_throughput loader_throughput storage_throughput tracking_overhead forecast_accuracy
+BENCHMARKS := model_step train_step finetune_step packing prepare_throughput loader_throughput storage_throughput tracking_overhead forecast_accuracy startup_overhead
 bench: install
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
