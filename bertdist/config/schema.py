@@ -84,11 +84,11 @@ class ModelConfig:
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
     """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
-    # ModernBERT only (arch: modernbert); BERT ignores them.
+    # ModernBERT only (arch: modernbert); BERT refuses them set away from these defaults (validation.ARCH_ONLY_FIELDS).
     global_attn_every_n_layers: int = 3
     """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""
     local_attention: int = 128
-    """The sliding window of the local layers, in tokens: a token sees the keys at most half of this away."""
+    """The local layers' sliding window, in tokens: a token sees keys at most half of this away (< 2 x longest max_seq_length)."""
     global_rope_theta: float = 160000.0
     local_rope_theta: float = 10000.0
     bias: bool = False
@@ -132,6 +132,12 @@ class PhaseConfig:
     last step (NVIDIA's recipe). Either every phase sets it or none does."""
     warmup_steps: int = 0
     """Warmup of the phase's own schedule (with `lr`)."""
+    decay_fraction: float = -1.0
+    """With `lr` and `optim.schedule: wsd`, the share of the phase's steps its rate decays over (1: a decay phase,
+    0: a stable one, as ModernBERT's pretraining, context-extension and decay phases); negative: optim.decay_fraction."""
+    name: str = ""
+    """What the phase is, shown by `bertdist checkpoints` beside each checkpoint ("closes phase 1 (context-extension)"):
+    the published recipes name theirs pretrain, context-extension and decay, and users continue from a phase's end."""
 
 
 @dataclass
@@ -190,7 +196,8 @@ class StorageConfig:
 
 @dataclass
 class OptimConfig:
-    """Adam(W) with BERT's decoupled weight decay (or LAMB), linear warmup then linear decay to zero."""
+    """Adam(W) with BERT's decoupled weight decay (or LAMB), linear warmup then linear decay to zero (or a
+    warmup-stable-decay schedule)."""
 
     name: str = "adamw"
     """adamw (the paper) or lamb (You et al. 2019, for very large batches: `bertdist.train.lamb`)."""
@@ -202,6 +209,14 @@ class OptimConfig:
     grad_clip_norm: float = 1.0
     """0 disables clipping."""
     warmup_steps: int = 100
+    schedule: str = "linear"
+    """After warmup: linear (to 0 at the last step: the paper) or wsd (warmup-stable-decay: the peak rate until the
+    last decay_fraction of the steps, then down to 0; ModernBERT's trapezoidal schedule). For the run's one
+    schedule, or each phase's own (phase.lr)."""
+    decay_fraction: float = 0.1
+    """wsd: the share of the schedule's steps spent decaying (ModernBERT-style runs: 0.1-0.2)."""
+    decay_shape: str = "linear"
+    """wsd: how the rate falls, linear or 1-sqrt (Hägele et al. 2024)."""
     fused: str = "auto"
     """auto: DeepSpeed's FusedAdam on GPU, torch AdamW elsewhere; on/off force it."""
 

@@ -95,8 +95,20 @@ def _table(rows: list[tuple[str, TrainState | None, str]], marked: str | None, m
         else:
             status = "intact" if state.files else "unverified"
             files, size = str(len(state.files)), f"{sum(f['bytes'] for f in state.files.values()) / 1e9:.3f}"
-            notes.append(f"step {state.step}, world size {state.world_size}")
+            notes.append(f"step {state.step}, world size {state.world_size}{_phase_note(state)}")
         lines.append(f"{tag:<16} {status:<10} {files:>6} {size:>8}  {'; '.join(notes)}")
     if marker_problem:
         lines.append(marker_problem)
     return "\n".join(lines), damaged
+
+
+def _phase_note(state: TrainState) -> str:
+    """`, closes phase 0 (pretrain)` when the checkpoint is a phase's last step, else `, phase 1 (decay)`: the
+    phase of the last step it holds, from the run's own config (names from data.phases.N.name)."""
+    end = 0
+    for index, phase in enumerate(state.config.get("data", {}).get("phases", [])):
+        end += phase.get("steps", 0)
+        if state.step <= end:
+            name = f" ({phase['name']})" if phase.get("name") else ""
+            return f", {'closes ' if state.step == end else ''}phase {index}{name}"
+    return ""

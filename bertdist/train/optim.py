@@ -7,32 +7,53 @@ and a second phase continues the same line instead of restarting it.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Iterable
 
 from bertdist.config import Config, OptimConfig
 
 
-def learning_rate(step: int, peak_lr: float, warmup_steps: int, total_steps: int) -> float:
+def learning_rate(step: int, peak_lr: float, warmup_steps: int, total_steps: int, schedule: str = "linear",
+                  decay_fraction: float = 0.0, decay_shape: str = "linear") -> float:  # fmt: skip
     """Rate for optimizer step `step` (0-based) of `total_steps`.
 
-    Warmup ramps (step + 1) / warmup_steps so the first update already moves the weights; decay then
-    falls linearly so that the rate would reach exactly 0 at step `total_steps`, one past the last step.
+    Warmup ramps (step + 1) / warmup_steps so the first update already moves the weights. Then:
+    - `linear` (the paper): the rate falls linearly so that it would reach exactly 0 at step `total_steps`, one
+      past the last step;
+    - `wsd` (warmup-stable-decay, ModernBERT's "trapezoidal"): the rate stays at its peak until the last
+      `decay_steps(total_steps, decay_fraction)` steps, over which it falls to 0 at `total_steps`, linearly or
+      as 1 - sqrt (`decay_shape`: Hägele et al. 2024 find 1-sqrt better), so that a checkpoint from the stable
+      part can be decayed later, on other data (continued pretraining).
     """
     if not 0 <= step < total_steps:
         raise ValueError(f"step {step} is outside the run's {total_steps} steps")
     if step < warmup_steps:
         return peak_lr * (step + 1) / warmup_steps
-    return peak_lr * (total_steps - step) / (total_steps - warmup_steps)
+    if schedule == "linear":
+        return peak_lr * (total_steps - step) / (total_steps - warmup_steps)
+    decay = decay_steps(total_steps, decay_fraction)
+    if step < total_steps - decay:
+        return peak_lr
+    remaining = (total_steps - step) / decay  # in (0, 1]: 1 at the first decay step
+    return peak_lr * (remaining if decay_shape == "linear" else 1.0 - math.sqrt(1.0 - remaining))
+
+
+def decay_steps(total_steps: int, decay_fraction: float) -> int:
+    """The steps of a `wsd` schedule's decay: `decay_fraction` of the schedule's steps, rounded."""
+    return round(decay_fraction * total_steps)
 
 
 def scheduled_learning_rate(cfg: Config, step: int) -> float:
     """The rate of optimizer step `step` of a run: the run's one schedule over all phases, or, where the phases
     set their own `lr`, the schedule of the phase the step is in (NVIDIA's two-phase recipe)."""
     index, phase = cfg.phase_at(step)
+    o = cfg.optim
     if phase.lr:
-        return learning_rate(step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps)
-    return learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.total_steps())
+        fraction = o.decay_fraction if phase.decay_fraction < 0 else phase.decay_fraction
+        return learning_rate(step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps, o.schedule, fraction,
+                             o.decay_shape)  # fmt: skip
+    return learning_rate(step, o.lr, o.warmup_steps, cfg.total_steps(), o.schedule, o.decay_fraction, o.decay_shape)
 
 
 def set_learning_rate(param_groups: Iterable[dict[str, Any]], lr: float) -> None:

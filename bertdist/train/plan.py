@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bertdist.config import Config
+from bertdist.train.optim import decay_steps
 from bertdist.model.flops import (
     masked_positions_for,
     non_embedding_parameters,
@@ -35,16 +36,26 @@ def describe_plan(cfg: Config, world_size: int) -> str:
             f"phase {i}: steps {first}..{first + ph.steps - 1} ({ph.steps:,}), length {ph.max_seq_length}, "
             f"global batch {cfg.global_batch_size(ph):,}, micro batch {ph.micro_batch_size}, "
             f"gradient accumulation {cfg.gradient_accumulation_steps(ph, world_size)}, "
-            + (f"lr {ph.lr:g} with {ph.warmup_steps:,} warmup steps then linear decay to 0, " if ph.lr else "")
+            + (f"lr {ph.lr:g} with {_after_warmup(cfg, ph.warmup_steps, ph.steps, ph.decay_fraction)}, " if ph.lr else "")
             + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"
         )
         first += ph.steps
     o = cfg.optim
     schedule = (f"each phase its own (above), {o.name}" if cfg.data.phases[0].lr else
-                f"{o.name}, lr {o.lr:g}, {o.warmup_steps:,} warmup steps then linear decay to 0 at step {cfg.total_steps():,}")  # fmt: skip
+                f"{o.name}, lr {o.lr:g}, {_after_warmup(cfg, o.warmup_steps, cfg.total_steps(), o.decay_fraction)}")  # fmt: skip
     lines += [
         f"schedule: {schedule}",
         f"total: {cfg.total_steps():,} steps, {total_tokens:,.0f} tokens, {total_flops:.3e} training FLOPs "
         f"(upper bound at full length; short sequences lower it)",
     ]
     return "\n".join(lines)
+
+
+def _after_warmup(cfg: Config, warmup_steps: int, steps: int, phase_fraction: float) -> str:
+    """`2,000 warmup steps then linear decay to 0 at step 100,000`, or the stable and decay steps of `wsd`."""
+    o = cfg.optim
+    if o.schedule == "linear":
+        return f"{warmup_steps:,} warmup steps then linear decay to 0 at step {steps:,}"
+    decay = decay_steps(steps, o.decay_fraction if phase_fraction < 0 else phase_fraction)
+    return (f"{warmup_steps:,} warmup steps, stable to step {steps - decay:,}, then {o.decay_shape} decay to 0 over "
+            f"{decay:,} steps (wsd)")

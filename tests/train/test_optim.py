@@ -39,6 +39,24 @@ def test_step_outside_the_run_is_an_error():
         learning_rate(10, 1.0, 2, 10)
 
 
+def test_warmup_stable_decay_holds_the_peak_then_decays_the_last_fraction_to_zero():
+    rates = [learning_rate(s, 1.0, 2, 10, "wsd", 0.3, "linear") for s in range(10)]
+    assert rates == pytest.approx([0.5, 1, 1, 1, 1, 1, 1, 1, 2 / 3, 1 / 3])  # 3 decay steps; 0 would be step 10
+    sqrt = [learning_rate(s, 1.0, 2, 10, "wsd", 0.3, "1-sqrt") for s in range(10)]
+    assert sqrt[:8] == rates[:8] and sqrt[8:] == pytest.approx([1 - (1 / 3) ** 0.5, 1 - (2 / 3) ** 0.5])
+    assert [learning_rate(s, 1.0, 0, 4, "wsd", 0.0) for s in range(4)] == [1.0] * 4  # a stable phase: no decay
+
+
+def test_each_phase_decays_its_own_fraction_under_wsd(tmp_path):
+    from bertdist.train.optim import scheduled_learning_rate
+
+    (tmp_path / "c.yaml").write_text(
+        "optim: {schedule: wsd, decay_fraction: 0.5, warmup_steps: 0}\n"
+        "data: {phases: [{steps: 4, lr: 1.0, decay_fraction: 0}, {steps: 4, lr: 0.5, max_seq_length: 512}]}\n")
+    cfg = load_config(str(tmp_path / "c.yaml"), [])
+    assert [scheduled_learning_rate(cfg, s) for s in range(8)] == pytest.approx([1, 1, 1, 1, 0.5, 0.5, 0.5, 0.25])
+
+
 def test_param_groups_exclude_layernorm_and_biases_from_decay():
     model = BertForPreTraining(tiny_model_config())
     decay, no_decay = param_groups(model, weight_decay=0.01)
