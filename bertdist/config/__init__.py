@@ -4,6 +4,7 @@
     cfg = load_config("configs/bert-base.yaml", ["train.global_batch_size=64"])
 
     schema      the dataclasses (one per section), the single schema
+    presets     the named model sizes and the architectures
     loading     defaults < YAML < overrides, layered into a Config
     validation  impossible combinations, all reported at once
 

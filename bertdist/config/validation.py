@@ -7,14 +7,16 @@ submitting machine may not see the cluster's files.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 from bertdist import storage
+from bertdist.config.schema import ARCHITECTURES, Config, ConfigError, ModelConfig, PhaseConfig
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
-from bertdist.config.schema import ARCHITECTURES, Config, ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 BACKENDS = ("local", "deepspeed", "slurm", "ray")
@@ -75,6 +77,77 @@ def deepspeed_passthrough_problems(cfg: Config) -> list[str]:
     return found
 
 
+ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
+    "type_vocab_size": ("bert",),
+    "global_attn_every_n_layers": ("modernbert",),
+    "local_attention": ("modernbert",),
+    "global_rope_theta": ("modernbert",),
+    "local_rope_theta": ("modernbert",),
+    "bias": ("modernbert",),
+}
+"""model fields that only these architectures read: set away from its default under another `model.arch`, the
+field would be ignored without a word. (`next_sentence_prediction` has its own check: ModernBERT refuses its
+default, true.)"""
+
+
+def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str]:
+    """What `model.arch` cannot build, or would silently ignore: an unknown name, another architecture's
+    options, heads that do not split the hidden size, and ModernBERT's window and rotary head size."""
+    found = []
+    # bertdist.model.bert.check_heads_divide raises the same when a model is built; here it is a field problem.
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        found.append(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
+    if m.arch not in ARCHITECTURES:
+        return [*found, f"model.arch: {m.arch!r} is not one of {', '.join(ARCHITECTURES)}"]
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    for name, archs in ARCH_ONLY_FIELDS.items():
+        if m.arch not in archs and getattr(m, name) != defaults[name]:
+            found.append(f"model.{name}: {getattr(m, name)!r} applies only to model.arch {' or '.join(archs)}, and "
+                         f"model.arch: {m.arch} ignores it; remove it (default {defaults[name]!r})")  # fmt: skip
+    if m.arch != "modernbert":
+        return found
+    if m.next_sentence_prediction:
+        found.append("model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false (MLM-only, "
+                     "shards prepared with --objective mlm)")  # fmt: skip
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads == 0 and (m.hidden_size // m.num_attention_heads) % 2:
+        found.append(f"model.num_attention_heads: a head size of {m.hidden_size // m.num_attention_heads} (model.hidden_size / "
+                     "heads) is odd; ModernBERT's rotary position embedding rotates pairs of dimensions, so it needs an even one")  # fmt: skip
+    if m.global_attn_every_n_layers < 1 or m.local_attention < 2:
+        found.append(f"model.global_attn_every_n_layers and model.local_attention: must be >= 1 and >= 2, got "
+                     f"{m.global_attn_every_n_layers} and {m.local_attention}")  # fmt: skip
+    elif m.global_attn_every_n_layers > 1 and m.num_layers > 1 and phases:
+        # Judged against the sequences the run trains on, not model.max_position_embeddings (8,192 for
+        # ModernBERT, whose first stage trains at 1,024): a window that covers them trains no local attention.
+        i, longest = max(enumerate(ph.max_seq_length for ph in phases), key=lambda item: item[1])
+        if m.local_attention // 2 >= longest - 1:
+            found.append(f"model.local_attention: {m.local_attention} covers every sequence of this run (a token sees keys "
+                         f"up to {m.local_attention // 2} positions away; the longest is data.phases.{i}.max_seq_length="
+                         f"{longest}), so the local layers would attend like the global ones; set it below "
+                         f"{2 * (longest - 1)} (or model.global_attn_every_n_layers: 1 for global attention only)")  # fmt: skip
+    if not (m.global_rope_theta > 0 and m.local_rope_theta > 0):
+        found.append(f"model.global_rope_theta, model.local_rope_theta: must be positive, got {m.global_rope_theta}, "
+                     f"{m.local_rope_theta}")  # fmt: skip
+    return found
+
+
+def pretrained_arch_problem(directory: str, arch: str) -> str:
+    """Why the Hugging Face directory `directory` cannot start a run of `model.arch` `arch` ('' when it can); read
+    from its config.json's model_type, which for each architecture is its name (bertdist.model.registry
+    HF_MODEL_TYPES), BERT when it names none (old checkpoints)."""
+    path = Path(directory) / "config.json"
+    try:
+        model_type = json.loads(path.read_text()).get("model_type", "bert")
+    except (OSError, ValueError, AttributeError) as e:
+        return f"checkpoint.init_from_pretrained: {path} is unreadable ({e}); a Hugging Face model directory has a config.json"
+    if model_type not in ARCHITECTURES:
+        return (f"checkpoint.init_from_pretrained: {directory} holds a {model_type!r} model (config.json model_type), "
+                f"not one bertdist reads ({', '.join(ARCHITECTURES)})")  # fmt: skip
+    if model_type != arch:
+        return (f"checkpoint.init_from_pretrained: {directory} holds a {model_type} model (config.json model_type), and "
+                f"model.arch is {arch!r}; set model.arch: {model_type}")  # fmt: skip
+    return ""
+
+
 def credential_problems(values: Any, where: str = "") -> list[str]:
     """Every string field (at any depth) that holds a URL with credentials in it, redacted (bertdist.credentials)."""
     if isinstance(values, dict):
@@ -83,6 +156,33 @@ def credential_problems(values: Any, where: str = "") -> list[str]:
         return [p for i, value in enumerate(values) for p in credential_problems(value, f"{where}.{i}")]
     problem = credentials_problem(values, where) if isinstance(values, str) else ""
     return [problem] if problem else []
+
+
+def schedule_problems(cfg: Config) -> list[str]:
+    """The learning-rate schedule's kind and shape, and a wsd decay that fits beside the warmup of each schedule
+    (the run's one, or every phase's own); a phase's decay_fraction where nothing reads it is refused."""
+    o, found = cfg.optim, []
+    if o.schedule not in ("linear", "wsd"):
+        found.append(f"optim.schedule: {o.schedule!r} is not one of linear, wsd")
+    if o.decay_shape not in ("linear", "1-sqrt"):
+        found.append(f"optim.decay_shape: {o.decay_shape!r} is not one of linear, 1-sqrt")
+    if not 0.0 <= o.decay_fraction <= 1.0:
+        found.append(f"optim.decay_fraction: must be in [0, 1], got {o.decay_fraction}")
+    own = [(f"data.phases.{i}", ph.steps, ph.warmup_steps, o.decay_fraction if ph.decay_fraction < 0 else ph.decay_fraction)
+           for i, ph in enumerate(cfg.data.phases) if ph.lr]  # fmt: skip
+    for i, ph in enumerate(cfg.data.phases):
+        if ph.decay_fraction >= 0 and not (ph.lr and o.schedule == "wsd"):
+            found.append(f"data.phases.{i}.decay_fraction: applies only to a phase's own wsd schedule (data.phases.{i}.lr "
+                         "with optim.schedule: wsd)")  # fmt: skip
+        elif ph.decay_fraction > 1:
+            found.append(f"data.phases.{i}.decay_fraction: must be in [0, 1], got {ph.decay_fraction}")
+    if o.schedule == "wsd" and not found:
+        for name, steps, warmup, fraction in own or [("optim", cfg.total_steps(), o.warmup_steps, o.decay_fraction)]:
+            decay = round(fraction * steps)
+            if warmup + decay > steps:
+                found.append(f"{name}: {warmup} warmup steps and a decay of {decay} ({fraction:g} of {steps}) do not fit "
+                             f"in its {steps} steps; lower the decay_fraction or the warmup")  # fmt: skip
+    return found
 
 
 def validate(cfg: Config, world_size: int | None = None, check_files: bool = True) -> None:
@@ -97,20 +197,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
         if getattr(m, name) <= 0:
             p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
-    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
-        p.append(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
-    if m.arch not in ARCHITECTURES:
-        p.append(f"model.arch: {m.arch!r} is not one of {', '.join(ARCHITECTURES)}")
-    elif m.arch == "modernbert":
-        if m.next_sentence_prediction:
-            p.append("model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false (MLM-only, "
-                     "shards prepared with --objective mlm)")  # fmt: skip
-        if m.global_attn_every_n_layers < 1 or m.local_attention < 2:
-            p.append(f"model.global_attn_every_n_layers and model.local_attention: must be >= 1 and >= 2, got "
-                     f"{m.global_attn_every_n_layers} and {m.local_attention}")  # fmt: skip
-        if not (m.global_rope_theta > 0 and m.local_rope_theta > 0):
-            p.append(f"model.global_rope_theta, model.local_rope_theta: must be positive, got {m.global_rope_theta}, "
-                     f"{m.local_rope_theta}")  # fmt: skip
+    p.extend(architecture_problems(m, d.phases))
     for name in ("hidden_dropout_prob", "attention_dropout_prob"):
         if not 0.0 <= getattr(m, name) < 1.0:
             p.append(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")
@@ -207,6 +294,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"optim.fused: {o.fused!r} is not one of auto, on, off")
     if o.grad_clip_norm < 0:
         p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
+    p.extend(schedule_problems(cfg))
 
     p.extend(deepspeed_passthrough_problems(cfg))
     p.extend(credential_problems(cfg.to_dict()))
@@ -264,12 +352,18 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             if n > m.vocab_size:
                 p.append(f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}")
             elif n and cfg.checkpoint.init_from_pretrained:
-                problem = vocab_mismatch(d.vocab_file, m.vocab_size, cfg.checkpoint.init_from_pretrained)
+                try:
+                    problem = vocab_mismatch(d.vocab_file, m.vocab_size, cfg.checkpoint.init_from_pretrained)
+                except UserError as e:  # the pretrained model's tokenizer files, unreadable
+                    problem = str(e)
                 if problem:
                     p.append(f"data.vocab_file: {problem} (checkpoint.init_from_pretrained)")
         if Path(t.output_dir).exists() and not Path(t.output_dir).is_dir():
             p.append(f"train.output_dir: {t.output_dir} is a file, not a directory")
-        if cfg.checkpoint.init_from_pretrained and not Path(cfg.checkpoint.init_from_pretrained).is_dir():
-            p.append(f"checkpoint.init_from_pretrained: {cfg.checkpoint.init_from_pretrained} is not a directory")
+        pretrained = cfg.checkpoint.init_from_pretrained
+        if pretrained and not Path(pretrained).is_dir():
+            p.append(f"checkpoint.init_from_pretrained: {pretrained} is not a directory")
+        elif pretrained and m.arch in ARCHITECTURES and (problem := pretrained_arch_problem(pretrained, m.arch)):
+            p.append(problem)
     if p:
         raise ConfigError(p)

@@ -79,3 +79,19 @@ def test_cpu_optimizer_is_adamw_without_decay_on_layernorm_and_biases():
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim >= 2 for p in decay["params"])
     assert opt.defaults["eps"] == cfg.optim.eps
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (["optim.schedule=cosine"], "optim.schedule: 'cosine' is not one of linear, wsd"),
+    (["optim.schedule=wsd", "optim.decay_shape=sqrt"], "optim.decay_shape: 'sqrt' is not one of linear, 1-sqrt"),
+    (["optim.schedule=wsd", "optim.decay_fraction=1.5"], "optim.decay_fraction: must be in [0, 1], got 1.5"),
+    (["data.phases.0.decay_fraction=0.5"], "data.phases.0.decay_fraction: applies only to a phase's own wsd schedule"),
+    (["optim.schedule=wsd", "optim.decay_fraction=0.95", "optim.warmup_steps=100", "data.phases.0.steps=1000"],
+     "optim: 100 warmup steps and a decay of 950 (0.95 of 1000) do not fit in its 1000 steps"),
+])  # fmt: skip
+def test_a_schedule_that_cannot_run_as_written_is_refused_naming_the_field(overrides, problem):
+    from bertdist.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as refused:
+        validate(_cfg(*overrides), check_files=False)
+    assert problem in str(refused.value), str(refused.value)
