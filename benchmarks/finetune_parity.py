@@ -63,7 +63,7 @@ def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
     ft = cfg.finetune
     source = resolve(cfg)
     task = build(ft, ft.sequence_length(source.model_cfg.max_position_embeddings), source.vocab_file, cased_vocabulary(source.vocab_file))
-    auto = getattr(transformers, task.architecture.replace("Bert", "AutoModel"))
+    auto = getattr(transformers, f"AutoModelFor{task.head}")  # the Auto class of the task's head, for any family
     model = auto.from_pretrained(ft.init_from, **({"num_labels": len(task.labels)} if task.labels else {}))
 
     def rows(sequences):
