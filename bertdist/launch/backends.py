@@ -1,15 +1,69 @@
-"""The four backends by name. Each module has the same functions:
+"""The backend contract and the registry: the one place that names the backends.
 
-    render(job, ctx)      fill in the PlannedJob: files, command or Ray entrypoint (checks the backend's own flags)
-    start(job, record)    submit or start the rendered job; fills in the record (job id, pid, ...)
-    status(record)        the job's JobStatus
-    stop_hint(record)     the line that tells a person how to stop or watch the job
+Every other place (the `--backend` choices, the request's checks, `status`, `logs`, the dry run) looks a
+backend up here and asks it; none branches on a backend's name. A backend is a module that implements
+`Backend` completely; adding one is that module, its line in REGISTRY and the script it runs (docs/cluster.md,
+"Adding a backend").
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Callable
+from typing import Protocol, TextIO, runtime_checkable
 
 from bertdist.launch import deepspeed, local, ray, slurm
+from bertdist.launch.checks import SubmitError
+from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
 
-MODULES: dict[str, ModuleType] = {"local": local, "deepspeed": deepspeed, "slurm": slurm, "ray": ray}
+
+@runtime_checkable
+class Backend(Protocol):
+    """What `bertdist submit`, `status` and `logs` need of a backend, in the order a job meets them."""
+
+    SUMMARY: str
+    """What runs where, for `bertdist submit --help`: "sbatch; checkpoints and requeues before the time limit"."""
+    TITLE: str
+    """The backend's name in a sentence: "SLURM", "Ray"."""
+    JOBS: tuple[str, ...]
+    """The job kinds it runs (bertdist.launch.job.JOB_KINDS): every backend trains."""
+    SHIPS_PACKAGE: bool
+    """Whether it can upload this installation's bertdist with the job (`--ship-package`)."""
+
+    def check(self, ctx: JobContext, problems: list[str]) -> None:
+        """Add this backend's refusals of the request and its config to `problems`; the common ones are there
+        already, so that every problem is reported at once. Rendering may still refuse what needs files."""
+
+    def render(self, job: PlannedJob, ctx: JobContext) -> None:
+        """Fill in the job: its files (the resolved config first, if it travels as a file), command or
+        entrypoint, log file; refuses what only rendering finds (an unreadable hostfile)."""
+
+    def describe(self, job: PlannedJob) -> list[str]:
+        """The lines of `--dry-run` after the job's files: how it would be started."""
+
+    def start(self, job: PlannedJob, record: JobRecord) -> None:
+        """Submit or start the rendered job; fill in the record (job id, pid, ...)."""
+
+    def status(self, record: JobRecord) -> JobStatus:
+        """The recorded job's state, in the words every backend shares."""
+
+    def logs(self, record: JobRecord, follow: bool, out: TextIO) -> None:
+        """Write the job's log to `out`; with `follow`, until the job ends."""
+
+    def stop_hint(self, record: JobRecord) -> str:
+        """The line, after a submission, that tells a person how to stop or watch the job."""
+
+
+REGISTRY: dict[str, Backend] = {"local": local, "deepspeed": deepspeed, "slurm": slurm, "ray": ray}
+"""Backends by the name that `--backend`, `launch.backend` and job records use; this order is --help's."""
+
+
+def get(name: str) -> Backend:
+    """The backend called `name`, e.g. in a job record; a name that none has is the user's error."""
+    if name not in REGISTRY:
+        raise SubmitError(f"backend {name!r} is not one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def offering(feature: Callable[[Backend], bool]) -> list[str]:
+    """The names of the backends for which `feature(backend)` holds, for a refusal that says where to go."""
+    return [name for name, backend in REGISTRY.items() if feature(backend)]

@@ -9,25 +9,28 @@ import argparse
 import math
 import re
 
+from bertdist.launch.backends import REGISTRY, offering
 from bertdist.launch.checks import SubmitError
-from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS
+from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS, JOB_KINDS
 
 
 def add_submit(sub: argparse._SubParsersAction) -> None:
+    *others, last = [f"{name} ({backend.SUMMARY})" for name, backend in REGISTRY.items()]
+    preparing = offering(lambda backend: "prepare" in backend.JOBS)
     p = sub.add_parser(
         "submit",
         help="submit a training or preprocessing job to a cluster",
         description=(
-            "Render a job from the scripts in launch/ and submit it: local (this machine, N ranks), deepspeed "
-            "(hostfile over SSH), slurm (sbatch; checkpoints and requeues before the time limit) or ray (a Ray "
-            "job). Unset flags come from the config's launch section. Training overrides are key.sub=value "
-            "pairs; a prepare job takes `bertdist prepare` arguments after --, e.g. "
-            "`bertdist submit --backend ray --job prepare -- --input DIR --output DIR --vocab FILE`. "
+            f"Render a job from the scripts in launch/ and submit it: {', '.join(others)} or {last}. Unset flags "
+            "come from the config's launch section. Training overrides are key.sub=value pairs; a prepare job "
+            "takes `bertdist prepare` arguments after --, e.g. "
+            f"`bertdist submit --backend {preparing[0]} --job prepare -- --input DIR --output DIR --vocab FILE`. "
             "Prints the job id and how to follow it; see docs/cluster.md."
         ),
     )
-    p.add_argument("--backend", choices=["local", "deepspeed", "slurm", "ray"], help="default: launch.backend")
-    p.add_argument("--job", choices=["train", "prepare"], default="train", help="what to run (prepare: Ray only)")
+    p.add_argument("--backend", choices=list(REGISTRY), help="default: launch.backend")
+    p.add_argument("--job", choices=JOB_KINDS, default="train",
+                   help=f"what to run (prepare: {' or '.join(REGISTRY[n].TITLE for n in preparing)} only)")
     p.add_argument("--config", default="", help="training config YAML, or the name of a shipped one (train jobs)")
     p.add_argument("--nodes", help="machines, N or MIN-MAX: an elastic job continues on as few as MIN when hosts are "
                    "lost and grows back to MAX (default: launch.min_nodes-launch.nodes)")
@@ -54,7 +57,7 @@ def add_submit(sub: argparse._SubParsersAction) -> None:
 
 def _run_submit(args: argparse.Namespace) -> int:
     from bertdist.launch.job import SubmitRequest
-    from bertdist.launch.request import how_to_follow, plan, submit
+    from bertdist.launch.request import describe, how_to_follow, plan, submit
 
     train = args.job == "train"
     min_nodes, nodes = node_range(args.nodes)
@@ -71,7 +74,7 @@ def _run_submit(args: argparse.Namespace) -> int:
         request.overrides = [*request.overrides, f"train.forecast_hours={predicted.hours(job.config):.6g}"]
         job = plan(request)
     if args.dry_run:
-        print(job.describe())
+        print(describe(job))
         if predicted is not None:
             print(predicted.describe(job.config, args.price_per_node_hour))
         return 0

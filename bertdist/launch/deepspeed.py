@@ -10,30 +10,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertdist.launch.checks import PATH_RE, SubmitError, check, parse_hostfile
-from bertdist.launch import process
+from bertdist.launch import checks, process
+from bertdist.launch.checks import PATH_RE, SubmitError, parse_hostfile
 from bertdist.launch.elastic import elastic_summary
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
-from bertdist.launch.process import add_cpu_env, start, stop_hint  # noqa: F401  (the backend's interface)
+from bertdist.launch.process import add_cpu_env, describe, logs, start, stop_hint  # noqa: F401  (the backend's interface)
 from bertdist.resources import shipped
 
+SUMMARY = "hostfile over SSH"
+TITLE = "DeepSpeed"
+JOBS = ("train",)
+SHIPS_PACKAGE = False
 
-def render(job: PlannedJob, ctx: JobContext) -> None:
+
+def check(ctx: JobContext, problems: list[str]) -> None:
+    """The hostfile: present, a safe path, readable, and with enough hosts and slots for the job."""
     if not ctx.hostfile:
-        raise SubmitError("--hostfile: the deepspeed backend needs a hostfile (see cluster/hostfile.example)")
-    problems: list[str] = []
-    check(problems, "--hostfile", ctx.hostfile, PATH_RE, "path")
-    if problems:
-        raise SubmitError(problems)
-    hosts = parse_hostfile(ctx.hostfile)
+        problems.append("--hostfile: the deepspeed backend needs a hostfile (see cluster/hostfile.example)")
+        return
+    if not PATH_RE.fullmatch(ctx.hostfile):
+        checks.check(problems, "--hostfile", ctx.hostfile, PATH_RE, "path")
+        return
+    try:
+        hosts = parse_hostfile(ctx.hostfile)
+    except SubmitError as e:
+        problems.extend(e.problems)
+        return
     if len(hosts) < ctx.nodes:
         problems.append(f"--nodes: {ctx.nodes} nodes asked for but --hostfile {ctx.hostfile} lists {len(hosts)}")
     short = [h for h, slots in hosts.items() if slots < ctx.gpus_per_node]
     if short:
         problems.append(f"--gpus-per-node: {ctx.gpus_per_node} asked for but {', '.join(short)} in {ctx.hostfile} "
                         "have fewer slots")
-    if problems:
-        raise SubmitError(problems)
+
+
+def render(job: PlannedJob, ctx: JobContext) -> None:
+    job.add_config_file(ctx)
     add_cpu_env(job, ctx)
     job.state_file = str(Path(job.jobs_dir) / f"{job.stem}.elastic.json")
     job.command = [ctx.python, "-m", "bertdist.launch.elastic", "--config", str(ctx.config_file),

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bertdist.config import Config
+from bertdist.config import Config, dump_yaml
 from bertdist.storage import write_json
 from bertdist.launch.checks import SubmitError, check_job_id
 
@@ -22,8 +22,6 @@ DEFAULT_JOBS_DIR = "runs/jobs"
 JOB_KINDS = ("train", "prepare")
 DEFAULT_SIGNAL_SECONDS = 300
 """How long before the time limit SLURM signals the trainer to checkpoint: enough to write one checkpoint."""
-RAY_CONFIG_ENV = "BERTDIST_CONFIG_YAML"
-"""Carries a Ray training job's resolved config to `bertdist.launch.ray_job` on the cluster."""
 
 
 @dataclass
@@ -82,24 +80,15 @@ class PlannedJob:
     state_file: str = ""
     """Where an elastic job's supervisor keeps its hosts, world size and restarts (bertdist.launch.elastic)."""
 
-    def describe(self) -> str:
-        """The whole job as text: files to be written, then the command (shell-quoted) that submits it."""
-        out = [f"# bertdist {self.job} job {self.name!r} on backend {self.backend}"]
-        for path, text in self.files.items():
-            out += [f"# --- {path}", text.rstrip("\n")]
-        if self.backend == "ray":
-            env_vars = self.runtime_env.get("env_vars", {})
-            if RAY_CONFIG_ENV in env_vars:
-                out += [f"# --- resolved config (in the job's environment as {RAY_CONFIG_ENV})", env_vars[RAY_CONFIG_ENV].rstrip("\n")]
-            shown = {k: sorted(v) if k == "env_vars" else v for k, v in self.runtime_env.items()}
-            out += [f"# --- Ray job for {self.address}", f"entrypoint: {self.entrypoint}",
-                    f"runtime_env: {json.dumps(shown, sort_keys=True)}"]
-        else:
-            env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
-            out += ["# --- command", " ".join(env + [shlex.join(self.command)])]
-        if self.log_file:
-            out.append(f"# log: {self.log_file}")
-        return "\n".join(out)
+    def add_config_file(self, ctx: JobContext) -> None:
+        """The resolved config as a file beside the job's record, for a job whose command reads it there."""
+        self.files[str(ctx.config_file)] = dump_yaml(ctx.cfg)
+
+
+def command_lines(job: PlannedJob) -> list[str]:
+    """The dry run's view of a job started by a command on this machine: its environment and argv, quoted."""
+    env = [f"{k}={shlex.quote(v)}" for k, v in job.env.items()]
+    return ["# --- command", " ".join(env + [shlex.join(job.command)])]
 
 
 @dataclass
@@ -111,6 +100,8 @@ class JobContext:
     nodes: int
     gpus_per_node: int
     time_limit: str
+    time_limit_s: int
+    """The time limit in seconds; 0 when --time was refused (the refusal is reported already)."""
     partition: str
     hostfile: str
     master_port: int

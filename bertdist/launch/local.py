@@ -4,16 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertdist.launch.checks import SubmitError
 from bertdist.launch.job import JobContext, PlannedJob
-from bertdist.launch.process import add_cpu_env, start, status, stop_hint  # noqa: F401  (the backend's interface)
+from bertdist.launch.process import add_cpu_env, describe, logs, start, status, stop_hint  # noqa: F401  (the backend's interface)
 from bertdist.resources import shipped
+
+SUMMARY = "this machine, N ranks"
+TITLE = "local"
+JOBS = ("train",)
+SHIPS_PACKAGE = False
+
+
+def check(ctx: JobContext, problems: list[str]) -> None:
+    if ctx.cfg is not None and ctx.cfg.launch.fewest_nodes() < ctx.nodes:
+        problems.append(f"launch.min_nodes: the local backend runs on one machine; set it to 0 or to --nodes {ctx.nodes}")
+    elif ctx.nodes > 1:
+        problems.append(f"--nodes: the local backend runs on this machine only, got {ctx.nodes} nodes "
+                        "(use another --backend for several machines)")
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:
-    if ctx.nodes != 1:
-        raise SubmitError(f"--nodes: the local backend runs on this machine only, got {ctx.nodes} nodes "
-                          "(use --backend deepspeed, slurm or ray for more)")
+    job.add_config_file(ctx)
     job.env = {"NPROC_PER_NODE": str(ctx.gpus_per_node), "MASTER_PORT": str(ctx.master_port), "PYTHON": ctx.python}
     add_cpu_env(job, ctx)
     job.command = ["bash", str(shipped("launch") / "single_node.sh"), "--config", str(ctx.config_file)]

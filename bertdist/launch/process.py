@@ -22,9 +22,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from bertdist.storage import write_text
-from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
+from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
+from bertdist.launch.log_file import print_log_file
 from bertdist.train.stopping import running
 
 JOB_ENV = "BERTDIST_SUPERVISED_JOB"
@@ -86,6 +88,14 @@ def job_processes(exit_code_file: str) -> list[int]:
 
 def stop_hint(record: JobRecord) -> str:
     return f"  stop: kill -TERM -- -{record.pid}"
+
+
+def describe(job: PlannedJob) -> list[str]:
+    return command_lines(job)
+
+
+def logs(record: JobRecord, follow: bool, out: TextIO) -> None:
+    print_log_file(record, status, follow, out)
 
 
 def supervise(argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shlex
 from pathlib import Path
@@ -21,26 +22,26 @@ from typing import Iterator, TextIO
 
 import bertdist
 from bertdist.config import dump_yaml
-from bertdist.launch.checks import RAY_ADDRESS_RE, SubmitError, check
+from bertdist.launch import checks
+from bertdist.launch.checks import RAY_ADDRESS_RE, SubmitError
 from bertdist.launch.elastic import elastic_summary
-from bertdist.launch.job import (
-    RAY_CONFIG_ENV,
-    JobContext,
-    JobRecord,
-    JobStatus,
-    PlannedJob,
-)
+from bertdist.launch.job import JOB_KINDS, JobContext, JobRecord, JobStatus, PlannedJob
 
+SUMMARY = "a Ray job"
+TITLE = "Ray"
+JOBS = JOB_KINDS
+SHIPS_PACKAGE = True
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+RAY_CONFIG_ENV = "BERTDIST_CONFIG_YAML"
+"""Carries a Ray training job's resolved config to `bertdist.launch.ray_job` on the cluster."""
+
+
+def check(ctx: JobContext, problems: list[str]) -> None:
+    checks.check(problems, "--address", _address(ctx), RAY_ADDRESS_RE, "ray address")
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:
-    address = ctx.req.address or _address_from_env() or DEFAULT_ADDRESS
-    problems: list[str] = []
-    check(problems, "--address", address, RAY_ADDRESS_RE, "ray address")
-    if problems:
-        raise SubmitError(problems)
-    job.address = address.rstrip("/")
+    job.address = _address(ctx).rstrip("/")
     env_vars = {"DS_ACCELERATOR": "cpu"} if ctx.req.cpu_only else {}
     if job.job == "prepare":
         argv = ["python", "-m", "bertdist", "prepare", *ctx.req.args]
@@ -74,11 +75,22 @@ def status(record: JobRecord) -> JobStatus:
     return JobStatus(state, detail + elastic_summary(record.state_file))
 
 
+def describe(job: PlannedJob) -> list[str]:
+    """The resolved config that travels in the job's environment, then the Ray job as submitted."""
+    out = []
+    env_vars = job.runtime_env.get("env_vars", {})
+    if RAY_CONFIG_ENV in env_vars:
+        out += [f"# --- resolved config (in the job's environment as {RAY_CONFIG_ENV})", env_vars[RAY_CONFIG_ENV].rstrip("\n")]
+    shown = {k: sorted(v) if k == "env_vars" else v for k, v in job.runtime_env.items()}
+    return out + [f"# --- Ray job for {job.address}", f"entrypoint: {job.entrypoint}",
+                  f"runtime_env: {json.dumps(shown, sort_keys=True)}"]
+
+
 def stop_hint(record: JobRecord) -> str:
     return f"  dashboard: {record.address}/#/jobs/{record.job_id}"
 
 
-def print_logs(record: JobRecord, follow: bool, out: TextIO) -> None:
+def logs(record: JobRecord, follow: bool, out: TextIO) -> None:
     """The job's log from Ray; with `follow`, streamed until the job ends."""
     client = _client(record.address)
 
@@ -94,9 +106,10 @@ def print_logs(record: JobRecord, follow: bool, out: TextIO) -> None:
             out.write(client.get_job_logs(record.job_id))
 
 
-def _address_from_env() -> str:
-    address = os.environ.get("RAY_ADDRESS", "")
-    return address if address.startswith(("http://", "https://")) else ""
+def _address(ctx: JobContext) -> str:
+    """--address, else RAY_ADDRESS when it is the dashboard's http address, else this machine's dashboard."""
+    from_env = os.environ.get("RAY_ADDRESS", "")
+    return ctx.req.address or (from_env if from_env.startswith(("http://", "https://")) else "") or DEFAULT_ADDRESS
 
 
 def _client(address: str):

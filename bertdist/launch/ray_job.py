@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from bertdist.config import load_config
 from bertdist.errors import USAGE_EXIT_CODE, UserError
 from bertdist.launch.elastic import Supervisor
-from bertdist.launch.job import RAY_CONFIG_ENV
+from bertdist.launch.ray import RAY_CONFIG_ENV
 from bertdist.launch.ssh_fleet import pkill_argv, ranks_pattern
 
 LOST_TASK_EXIT_CODE = 255

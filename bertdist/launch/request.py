@@ -1,13 +1,9 @@
 """Submitting bertdist jobs to a cluster: `bertdist submit` checks a request, renders a job and starts it.
 
-A submission renders one of the scripts in launch/ for a backend (`bertdist.launch.backends`), prints it
-(`--dry-run`) or starts it, and records the job in a small JSON file under runs/jobs/ so that `status` and
-`logs` (`bertdist.launch.status`) find it later:
-
-    local      this machine, N ranks under torchrun (launch/single_node.sh), detached, logging to runs/jobs/
-    deepspeed  many machines over SSH from a DeepSpeed hostfile (launch/multinode_hostfile.sh), detached
-    slurm      sbatch of launch/slurm_train.sbatch: srun one task per GPU, checkpoint and requeue on preemption
-    ray        a Ray job through Ray's job submission API (prepare, or one torchrun per node for training)
+A submission checks the request (the common values here, the backend's own in the backend), has the backend
+render the job from its script in launch/, prints it (`--dry-run`) or has the backend start it, and records
+the job in a small JSON file under runs/jobs/ so that `status` and `logs` (`bertdist.launch.status`) find it
+later. The backends are looked up in `bertdist.launch.backends.REGISTRY`; nothing here knows one by name.
 
 Examples:
 
@@ -32,18 +28,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from bertdist.config import (
-    BACKENDS,
-    Config,
-    ConfigError,
-    LaunchConfig,
-    dump_yaml,
-    load_config,
-    validate,
-)
+from bertdist.config import Config, ConfigError, LaunchConfig, load_config, validate
 from bertdist.storage import write_text
-from bertdist.launch.backends import MODULES
-from bertdist.launch.elastic import batch_problems
+from bertdist.launch import backends
+from bertdist.launch.backends import REGISTRY
 from bertdist.launch.checks import (
     JOB_NAME_RE,
     OVERRIDE_KEY_RE,
@@ -98,13 +86,11 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
     master_port = launch.master_port if req.master_port is None else req.master_port
     python = req.python or sys.executable
 
-    if backend not in BACKENDS:
-        problems.append(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
-    if req.ship_package and backend != "ray":
-        problems.append(f"--ship-package: only Ray jobs upload the package; {backend!r} jobs run the bertdist installed where they run")
-    if req.job == "prepare" and backend != "ray":
-        problems.append(f"--job prepare: runs as a Ray job (--backend ray), not on {backend!r}; "
-                        "or run `bertdist prepare` directly")
+    chosen = REGISTRY.get(backend)
+    if chosen is None:
+        problems.append(f"{'--backend' if req.backend else 'launch.backend'}: {backend!r} is not one of {', '.join(REGISTRY)}")
+    else:
+        problems += _unsupported(chosen, backend, req)
     if nodes < 1:
         problems.append(f"--nodes: must be at least 1, got {nodes}")
     if gpus_per_node < 1:
@@ -118,12 +104,11 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
     check(problems, "--jobs-dir", req.jobs_dir, PATH_RE, "path")
     if req.config:
         check(problems, "--config", req.config, PATH_RE, "path")
+    limit_s = 0
     try:
         limit_s = time_limit_seconds(time_limit)
         if limit_s <= 0:
             problems.append("--time: must be longer than 00:00:00")
-        elif backend == "slurm" and not 0 < req.signal_seconds < min(limit_s, 65536):
-            problems.append(f"--signal-before: {req.signal_seconds} s must be positive and shorter than --time {time_limit}")
     except SubmitError as e:
         problems.extend(e.problems)
 
@@ -131,32 +116,53 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
         cfg.launch = dataclasses.replace(cfg.launch, backend=backend, nodes=nodes, min_nodes=min_nodes,
                                          gpus_per_node=gpus_per_node, hostfile=hostfile, master_port=master_port,
                                          time_limit=time_limit, partition=partition, job_name=name)
-        if backend == "slurm" and cfg.checkpoint.resume != "auto":
-            problems.append(f"checkpoint.resume: a requeueable SLURM job resumes from its latest checkpoint, so it "
-                            f"must be 'auto', got {cfg.checkpoint.resume!r}")
         try:
             # Files (vocabulary, shards) are checked by the job where it runs: this machine may not see them.
             validate(cfg, world_size=max(nodes, 1) * max(gpus_per_node, 1), check_files=False)
         except ConfigError as e:
             problems.extend(e.problems)
-        if backend == "local" and cfg.launch.fewest_nodes() < nodes:
-            problems.append(f"launch.min_nodes: the local backend runs on one machine; set it to 0 or to --nodes {nodes}")
-        if backend == "slurm" and not problems:  # SLURM picks the count in the range, so each must work
-            for n in range(cfg.launch.fewest_nodes(), nodes):
-                problems += [f"--nodes {cfg.launch.fewest_nodes()}-{nodes}: on {n} node(s) {why}" for why in batch_problems(cfg, n * gpus_per_node)]
-    if problems:
-        raise SubmitError(problems)
-
     now = now or datetime.datetime.now()
     stem = f"{name}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
     jobs_dir = Path(req.jobs_dir).resolve()
+    ctx = JobContext(req=req, cfg=cfg, nodes=nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
+                     time_limit_s=limit_s, partition=partition, hostfile=hostfile, master_port=master_port,
+                     python=python, config_file=jobs_dir / f"{stem}.yaml")
+    if chosen is not None:
+        chosen.check(ctx, problems)
+    if problems:
+        raise SubmitError(problems)
+
     job = PlannedJob(backend=backend, job=req.job, name=name, stem=stem, jobs_dir=str(jobs_dir), config=cfg)
-    config_file = jobs_dir / f"{stem}.yaml"
-    if cfg is not None and backend != "ray":
-        job.files[str(config_file)] = dump_yaml(cfg)
-    ctx = JobContext(req, cfg, nodes, gpus_per_node, time_limit, partition, hostfile, master_port, python, config_file)
-    MODULES[backend].render(job, ctx)
+    chosen.render(job, ctx)
     return job
+
+
+def describe(job: PlannedJob) -> str:
+    """The whole job as text (`--dry-run`): the files to be written, then how the backend would start it."""
+    out = [f"# bertdist {job.job} job {job.name!r} on backend {job.backend}"]
+    for path, text in job.files.items():
+        out += [f"# --- {path}", text.rstrip("\n")]
+    out += backends.get(job.backend).describe(job)
+    if job.log_file:
+        out.append(f"# log: {job.log_file}")
+    return "\n".join(out)
+
+
+def _unsupported(chosen: backends.Backend, backend: str, req: SubmitRequest) -> list[str]:
+    """What the request asks of a backend that lacks it, naming the backends that have it."""
+    found = []
+    if req.ship_package and not chosen.SHIPS_PACKAGE:
+        found.append(f"--ship-package: only {_titles(backends.offering(lambda b: b.SHIPS_PACKAGE), 'and')} jobs upload "
+                     f"the package; {backend!r} jobs run the bertdist installed where they run")
+    if req.job not in chosen.JOBS:
+        able = backends.offering(lambda b: req.job in b.JOBS)
+        found.append(f"--job {req.job}: runs as a {_titles(able, 'or')} job ({' or '.join(f'--backend {n}' for n in able)}), "
+                     f"not on {backend!r}; or run `bertdist {req.job}` directly")
+    return found
+
+
+def _titles(names: list[str], conjunction: str) -> str:
+    return f" {conjunction} ".join(REGISTRY[n].TITLE for n in names)
 
 
 def submit(job: PlannedJob) -> JobRecord:
@@ -167,7 +173,7 @@ def submit(job: PlannedJob) -> JobRecord:
     record = JobRecord(job_id=job.stem, backend=job.backend, job=job.job, name=job.name,
                        submitted_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                        log_file=job.log_file, address=job.address, state_file=job.state_file)
-    MODULES[job.backend].start(job, record)
+    backends.get(job.backend).start(job, record)
     record.save(job.jobs_dir)
     return record
 
@@ -180,5 +186,5 @@ def how_to_follow(record: JobRecord, jobs_dir: str) -> str:
              f"  logs:   bertdist logs {record.job_id}{flag} --follow"]
     if record.log_file:
         lines.append(f"  log file: {record.log_file}")
-    lines.append(MODULES[record.backend].stop_hint(record))
+    lines.append(backends.get(record.backend).stop_hint(record))
     return "\n".join(lines)

@@ -15,20 +15,39 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from typing import TextIO
 
 from bertdist.errors import REQUEUE_EXIT_CODE
-from bertdist.launch.checks import (
-    PATH_RE,
-    SubmitError,
-    check,
-    check_job_id,
-    render_template,
-)
-from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
+from bertdist.launch import checks
+from bertdist.launch.checks import PATH_RE, SubmitError, check_job_id, render_template
+from bertdist.launch.elastic import batch_problems
+from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
+from bertdist.launch.log_file import print_log_file
 from bertdist.resources import shipped
+
+SUMMARY = "sbatch; checkpoints and requeues before the time limit"
+TITLE = "SLURM"
+JOBS = ("train",)
+SHIPS_PACKAGE = False
+
+
+def check(ctx: JobContext, problems: list[str]) -> None:
+    """The warning signal fits in the time limit, a requeued job resumes, and every node count of a range works."""
+    if ctx.time_limit_s > 0 and not 0 < ctx.req.signal_seconds < min(ctx.time_limit_s, 65536):
+        problems.append(f"--signal-before: {ctx.req.signal_seconds} s must be positive and shorter than --time {ctx.time_limit}")
+    if ctx.cfg is None:
+        return
+    if ctx.cfg.checkpoint.resume != "auto":
+        problems.append(f"checkpoint.resume: a requeueable SLURM job resumes from its latest checkpoint, so it "
+                        f"must be 'auto', got {ctx.cfg.checkpoint.resume!r}")
+    if not problems:  # SLURM picks the count in the range, so each must work
+        fewest = ctx.cfg.launch.fewest_nodes()
+        for n in range(fewest, ctx.nodes):
+            problems += [f"--nodes {fewest}-{ctx.nodes}: on {n} node(s) {why}" for why in batch_problems(ctx.cfg, n * ctx.gpus_per_node)]
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:
+    job.add_config_file(ctx)
     directives = []
     if ctx.partition:
         directives.append(f"#SBATCH --partition={ctx.partition}")
@@ -38,8 +57,8 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
     workdir = os.getcwd()
     problems: list[str] = []
     # Both appear in the batch script, the jobs dir inside an #SBATCH line that no quoting protects.
-    check(problems, "working directory", workdir, PATH_RE, "path")
-    check(problems, "--jobs-dir (resolved)", job.jobs_dir, PATH_RE, "path")
+    checks.check(problems, "working directory", workdir, PATH_RE, "path")
+    checks.check(problems, "--jobs-dir (resolved)", job.jobs_dir, PATH_RE, "path")
     if problems:
         raise SubmitError(problems)
     script_file = Path(job.jobs_dir) / f"{job.stem}.sbatch"
@@ -72,6 +91,14 @@ def start(job: PlannedJob, record: JobRecord) -> None:
 
 def stop_hint(record: JobRecord) -> str:
     return f"  SLURM: squeue -j {record.job_id}; scancel {record.job_id}"
+
+
+def describe(job: PlannedJob) -> list[str]:
+    return command_lines(job)
+
+
+def logs(record: JobRecord, follow: bool, out: TextIO) -> None:
+    print_log_file(record, status, follow, out)  # the batch script's output file, appended across requeues
 
 
 _SLURM_STATES = {
