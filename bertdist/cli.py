@@ -23,8 +23,10 @@ import argparse
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Callable
 
+from bertdist import chatter
 from bertdist.chatter import VERBOSE_ENV
 from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_yaml, load_config, validate
 from bertdist.config.schema import ARCHITECTURES
@@ -218,7 +220,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from bertdist.train.restart_event import RestartEvent
     from bertdist.train.trainer import train
 
-    return train(cfg, RestartEvent.decode(args.restart_event) if args.restart_event else None)
+    with chatter.logged(Path(cfg.train.output_dir) / chatter.LIBRARY_LOG):  # every rank's
+        return train(cfg, RestartEvent.decode(args.restart_event) if args.restart_event else None)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -243,7 +246,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 def _run_export(args: argparse.Namespace) -> int:
     from bertdist.train.export import export
 
-    print(f"exported {args.checkpoint} to {export(args.checkpoint, args.output, args.vocab, overwrite=args.overwrite)}")
+    with chatter.logged():  # beside the model nothing but the model: LOGGER only
+        written = export(args.checkpoint, args.output, args.vocab, overwrite=args.overwrite)
+    print(f"exported {args.checkpoint} to {written}")
     return 0
 
 

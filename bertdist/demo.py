@@ -281,6 +281,9 @@ def _log_file(path: Path) -> Iterator[IO[str]]:
 
 
 def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
+    from bertdist.tracking.store import local_store_uri
+    from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
+    from bertdist.tracking.ui import latest_run_link
     from bertdist.train.console import METRICS_FILENAME
     from bertdist.train.metrics import MLM_ACCURACY, SEQUENCES_PER_SECOND
 
@@ -301,13 +304,14 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
     bertdist_command = shlex.quote(str(bertdist)) if bertdist.is_file() else f"{shlex.quote(sys.executable)} -m bertdist"
     # Absolute paths: the printed commands are run from any directory; the mask token is the export's own.
     model_dir, run_dir = model_dir.resolve(), run_dir.resolve()
+    dashboard = latest_run_link(local_store_uri(run_dir), f"http://127.0.0.1:{DEFAULT_UI_PORT}")  # the run's charts
     fill_mask = (f"from transformers import pipeline; p = pipeline('fill-mask', {str(model_dir)!r}); "
                  "print(p(f'Return a {p.tokenizer.mask_token} of the list.'))")  # fmt: skip
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
         f"    {shlex.quote(sys.executable)} -c \"{fill_mask}\"",
-        f"  dashboard: {bertdist_command} ui --run-dir {shlex.quote(str(run_dir))}   (then open http://127.0.0.1:5000; the model "
+        f"  dashboard: {bertdist_command} ui --run-dir {shlex.quote(str(run_dir))}   (then open {dashboard}; the model "
         "is under the run's Models)",
     ]
     return "\n".join(lines)

@@ -172,17 +172,16 @@ def test_the_dashboard_opens_in_the_training_view_with_the_loss_first(demo, venv
                           cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           start_new_session=True)  # fmt: skip
     try:
-        link = ""
+        page = ""
         for line in ui.stdout:
-            if line.strip().startswith("experiment "):
-                link = line.split(": ", 1)[1].strip()
+            if line.strip().startswith("latest run "):  # the link printed to open: the run's charts
+                page = line.split(": ", 1)[1].strip()
                 break
-        assert link.endswith("?workflowType=machine_learning"), link
         from mlflow import MlflowClient
 
         client = MlflowClient(f"sqlite:///{demo / 'train' / 'mlflow.db'}")
-        (run_,) = client.search_runs([link.split("/experiments/")[1].split("?")[0]])
-        page = link.replace("?", f"/runs/{run_.info.run_id}/model-metrics?")
+        (run_,) = client.search_runs([page.split("/experiments/")[1].split("/")[0]])
+        assert page.endswith(f"/runs/{run_.info.run_id}/model-metrics?workflowType=machine_learning"), page
         shot = Path(os.environ.get("BERTDIST_SCREENSHOT", demo / "dashboard.png"))
         text = browser.render(page, "document.querySelectorAll('.main-svg').length >= 2", "document.body.innerText", shot)
         assert shot.stat().st_size > 10_000

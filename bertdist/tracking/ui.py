@@ -4,6 +4,10 @@ The local store of a run (`{run_dir}/mlflow.db`, artifacts in `{run_dir}/mlartif
 its own; this starts `mlflow server` over it in the foreground and prints the URL. It binds 127.0.0.1
 unless `--host` says otherwise, because the MLflow UI has no authentication and can change runs.
 
+It prints the link to the charts of the latest run of each experiment (MLflow's `model-metrics` tab, in its
+training view): the page a person opens the dashboard for. The server's own output (startup notes, a line per
+HTTP request) goes to a temporary file, shown if it fails to start; `bertdist -v` leaves it on the console.
+
 A tracking URI that already is a server (http/https) has its own dashboard, so nothing is started for it.
 """
 
@@ -16,18 +20,23 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO, Any
 
+from bertdist import chatter
 from bertdist.errors import UserError
 from bertdist.tracking.store import local_store_uri
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_PORT = 5000
 TRAINING_VIEW = "workflowType=machine_learning"
-"""The query that opens MLflow 3's UI in its model-training view (see `experiment_links`)."""
+"""The query that opens MLflow 3's UI in its model-training view (see `dashboard_links`)."""
+CHARTS_TAB = "model-metrics"
+"""The route of a run's page whose tab shows its metrics as charts (MLflow 3's UI)."""
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
@@ -96,32 +105,60 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
     if artifacts_dir:
         command += ["--artifacts-destination", artifacts_dir]
     # Own process group: stopping `bertdist ui` (Ctrl-C, SIGTERM) stops the server's workers with it.
-    server = subprocess.Popen(command, start_new_session=True, env=server_environment())
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        wait_until_serving(url, server, STARTUP_TIMEOUT_S)
-        print(f"MLflow dashboard for {store}: {url}  (Ctrl-C to stop)", flush=True)
-        for name, link in experiment_links(store, url):
-            print(f"  experiment {name}: {link}", flush=True)
-        return server.wait()
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        _stop(server)
+    with tempfile.TemporaryFile("w+", prefix="bertdist-ui-") as log:
+        output = None if chatter.verbose() else log
+        server = subprocess.Popen(command, start_new_session=True, env=server_environment(), stdout=output, stderr=output)
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+            wait_until_serving(url, server, STARTUP_TIMEOUT_S, log)
+            print(f"MLflow dashboard for {store}: {url}  (Ctrl-C to stop)", flush=True)
+            for line in dashboard_links(store, url):
+                print(f"  {line}", flush=True)
+            return server.wait()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            _stop(server)
 
 
-def experiment_links(store: str, url: str) -> list[tuple[str, str]]:
-    """(name, link) of each experiment in `store`, opening in the UI's model-training view.
+def dashboard_links(store: str, url: str) -> list[str]:
+    """For each experiment in `store`: its latest run's charts, then the experiment's list of runs.
 
     MLflow 3's UI keeps a global GenAI / model-training switch whose default is GenAI; the
     `workflowType` parameter of a link selects the training view, whatever the browser last used.
     """
     from bertdist.tracking.store import client
 
-    experiments = client(store).search_experiments()
-    return [(e.name, f"{url}/#/experiments/{e.experiment_id}?{TRAINING_VIEW}") for e in experiments if e.name != "Default"]
+    mlflow = client(store)
+    lines = []
+    for experiment in mlflow.search_experiments():
+        if experiment.name == "Default":
+            continue
+        if run := _latest_run(mlflow, [experiment.experiment_id]):
+            lines.append(f"latest run {run.info.run_name} ({experiment.name}): {run_link(url, run)}")
+        lines.append(f"experiment {experiment.name}: {url}/#/experiments/{experiment.experiment_id}?{TRAINING_VIEW}")
+    return lines
+
+
+def latest_run_link(store: str, url: str) -> str:
+    """The charts of the latest run in `store`, whatever its experiment; the dashboard's front page if it has none."""
+    from bertdist.tracking.store import client
+
+    mlflow = client(store)
+    run = _latest_run(mlflow, [e.experiment_id for e in mlflow.search_experiments()])
+    return run_link(url, run) if run else url
+
+
+def run_link(url: str, run: Any) -> str:
+    """The dashboard at `url` opened on the charts of `run` (an MLflow Run), in the training view."""
+    return f"{url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/{CHARTS_TAB}?{TRAINING_VIEW}"
+
+
+def _latest_run(mlflow: Any, experiment_ids: list[str]) -> Any:
+    runs = mlflow.search_runs(experiment_ids, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -142,12 +179,17 @@ def server_environment() -> dict[str, str]:
     return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float) -> None:
-    """Poll the MLflow server's /health until it answers; UIError if it exits first or stays silent."""
+def wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float, log: IO[str] | None = None) -> None:
+    """Poll the MLflow server's /health until it answers; UIError if it exits first (with the end of its `log`)
+    or stays silent."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise UIError(f"mlflow server exited with code {server.returncode} before answering at {url}")
+            said = ""
+            if log is not None:
+                log.seek(0)
+                said = ":\n" + "".join(log.readlines()[-20:]).rstrip()
+            raise UIError(f"mlflow server exited with code {server.returncode} before answering at {url}{said}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from bertdist import chatter
 from bertdist.config import Config, ConfigError, PhaseConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
 
@@ -79,14 +80,15 @@ def device_problems(cfg: Config, device_type: str) -> list[str]:
 
 def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> DeepSpeedEngine:
     """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
-    import deepspeed
+    with chatter.quiet():  # its CPU backend prints "DeepSpeed ... built successfully"
+        import deepspeed
 
-    if ds_config["zero_optimization"]["stage"] == 3:
-        # A pretraining model's MLM decoder uses the embedding matrix inside another module's forward than its
-        # owner's; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
-        for module, parameter in getattr(model, "external_parameters", list)():
-            deepspeed.zero.register_external_parameter(module, parameter)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+        if ds_config["zero_optimization"]["stage"] == 3:
+            # A pretraining model's MLM decoder uses the embedding matrix inside another module's forward than its
+            # owner's; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
+            for module, parameter in getattr(model, "external_parameters", list)():
+                deepspeed.zero.register_external_parameter(module, parameter)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
     if model.config.compile:
         # Dynamic shapes: batches are padded per batch and the unpadded encoder's token count varies.
         engine.compile(compile_kwargs={"dynamic": True})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +33,33 @@ def run_dir(tmp_path_factory):
     return directory, tracker.run_id
 
 
+def experiment_id(directory) -> str:
+    from bertdist.tracking.store import client, local_store_uri
+
+    return client(local_store_uri(directory)).get_experiment_by_name("ui-test").experiment_id
+
+
+def test_the_printed_link_opens_the_latest_runs_charts(run_dir):
+    from tests import browser
+
+    reason = browser.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    directory, _ = run_dir
+    ui = subprocess.Popen([sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(free_tcp_port())],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        link = read_until(ui.stdout, "latest run", timeout_s=180).split(": ", 1)[1].strip()
+        text = browser.render(link, "document.querySelectorAll('.main-svg').length >= 1", "document.body.innerText")
+    finally:
+        ui.send_signal(signal.SIGTERM)
+        ui.wait(timeout=60)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert lines[lines.index("dashboard-run") - 1] == "Runs"  # the run's page, in the training view
+    sections = [lines[i - 1] for i, line in enumerate(lines) if re.fullmatch(r"\(\d+\)", line)]
+    assert sections == ["Model metrics"] and "loss" in lines, lines  # its charts (a metric without a slash's section)
+
+
 def read_until(stream, marker: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     seen = ""
@@ -56,6 +84,8 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
         line = read_until(ui.stdout, "MLflow dashboard", timeout_s=180)
         url = f"http://127.0.0.1:{port}"
         assert url in line
+        link = read_until(ui.stdout, "latest run", timeout_s=30)  # the run's charts, in the training view
+        assert link.strip() == f"latest run dashboard-run (ui-test): {url}/#/experiments/{experiment_id(directory)}/runs/{run_id}/model-metrics?workflowType=machine_learning"
         with urllib.request.urlopen(f"{url}/api/2.0/mlflow/runs/get?run_id={run_id}", timeout=30) as response:
             run = json.load(response)["run"]
         assert run["info"]["run_name"] == "dashboard-run"
@@ -71,6 +101,8 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
     finally:
         ui.send_signal(signal.SIGTERM)
         assert ui.wait(timeout=60) == 0
+    rest = ui.stdout.read()
+    assert '"GET ' not in rest and "Uvicorn" not in rest, rest  # the server's access log stays out of sight (-v shows it)
     time.sleep(0.5)
     assert not [pid for pid in server_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
