@@ -23,6 +23,19 @@ SEQUENCES_PER_SECOND = "throughput/sequences_per_second"
 MFU = "throughput/mfu"
 DATA_WAIT = "throughput/data_wait_fraction"
 PADDING = "throughput/padding_fraction"
+PEAK_MEMORY = "memory/peak_gb"
+"""The largest peak memory of any rank so far, GiB."""
+
+
+def peak_memory_bytes(device_type: str) -> int:
+    """This process's peak memory: on a GPU the caching allocator's peak, on CPU the resident set's (ru_maxrss)."""
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated()
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 class StepSums:

@@ -350,11 +350,19 @@ class Trainer(contextlib.ExitStack):
             "optimizer/skipped_steps": float(self.engine.skipped_steps),
             "progress/tokens_seen": float(self.tokens_seen),
             **interval.throughput(self.env.world_size, self.peak_flops),
+            metrics.PEAK_MEMORY: self._peak_memory_gb(),
         }
         self.tracker.log_metrics(values, step=step)
         self._log_downstream(self.downstream.finished())
         eta_s = interval.seconds() / interval.steps * (total_steps - step)
         self.console.train(step, total_steps, values, eta_s, self.loaders[self.cfg.phase_at(step - 1)[0]].state_dict())
+
+    def _peak_memory_gb(self) -> float:
+        """The largest peak over the ranks (GPU: the allocator's; CPU: the process's resident set), which is what
+        decides whether a longer sequence or a bigger micro batch fits (model.activation_checkpointing lowers it)."""
+        peak = torch.tensor([metrics.peak_memory_bytes(self.device_type)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return float(peak) / 2**30
 
     def _evaluate(self, step: int, phase: PhaseConfig) -> None:
         """Losses and accuracies on the first eval_batches batches of the phase's eval shards.

@@ -62,6 +62,7 @@ def test_loss_falls_and_learning_rate_follows_warmup_then_linear_decay(base, tin
     last = metrics[runs.STEPS]
     for key in ("throughput/sequences_per_second", "throughput/tokens_per_second", "throughput/mfu", "throughput/data_wait_fraction", "optimizer/grad_norm"):
         assert last[key] > 0, key
+    assert 0.1 < last["memory/peak_gb"] < 64  # the largest rank's resident set, GiB
     assert last["optimizer/loss_scale"] == 1.0 and last["optimizer/skipped_steps"] == 0
     evals = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines() if "loss/eval" in line]
     assert [e["step"] for e in evals] == [0, 4, 8]
