@@ -119,8 +119,9 @@ def group_texts(jsonl: Path, vocab: Path) -> np.ndarray:
 
 def held_out_set(out: Path) -> dict:
     """The held-out documents as full-length [CLS] text [SEP] sequences, masked once (15%, 80/10/10)."""
+    from bertdist.config import MaskingConfig
     from bertdist.data.instances import Documents, InstanceOptions, full_sentences
-    from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+    from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
     from bertdist.data.vocab import read_vocab
     from transformers import BertTokenizerFast
 
@@ -133,7 +134,7 @@ def held_out_set(out: Path) -> dict:
     vocab = VocabInfo.from_tokens(read_vocab(str(vocab_file)))
     samples = full_sentences(docs, InstanceOptions(max_seq_length=SEQ), vocab)
     samples = samples.slice(0, min(HELD_OUT_SEQUENCES, len(samples)))
-    masked = apply_masks(samples, MaskRules(), vocab, KeyedDraws(2026, 0, np.arange(len(samples))))
+    masked = apply_masks(samples, MaskingConfig(), vocab, KeyedDraws(2026, 0, np.arange(len(samples))))
     n = len(masked)
     input_ids, labels = np.zeros((n, SEQ), np.int64), np.full((n, SEQ), -100, np.int64)
     tok, msk = masked.token_offsets(), masked.mask_offsets()

@@ -26,19 +26,32 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from bertdist import chatter
+from bertdist import chatter, storage
 from bertdist.chatter import VERBOSE_ENV
-from bertdist.config import VERIFY_MODES, CheckpointConfig, ModelConfig, dump_yaml, load_config, validate
+from bertdist.config import (
+    VERIFY_MODES,
+    CheckpointConfig,
+    ModelConfig,
+    dump_yaml,
+    load_config,
+    validate,
+)
+from bertdist.config.choices import choices
 from bertdist.config.schema import ARCHITECTURES
+from bertdist.credentials import credentials_problem
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.tokenizer import TOKENIZER_MODELS
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
-from bertdist.launch.commands import add_forecast_flags, add_logs, add_status, add_submit, forecast
-from bertdist import storage
-from bertdist.credentials import credentials_problem
+from bertdist.launch.commands import (
+    add_forecast_flags,
+    add_logs,
+    add_status,
+    add_submit,
+    forecast,
+)
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 
@@ -93,14 +106,16 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                    "or a directory holding either (a Hugging Face model's)")
     i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
     p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
-    p.add_argument("--objective", choices=["nsp", "mlm"], default=i.objective,
+    p.add_argument("--objective", choices=choices(InstanceOptions, "objective"), default=i.objective,
                    help="nsp: BERT's sentence pairs (the paper); mlm: full-length contiguous text for MLM-only training")
-    p.add_argument("--masking", choices=["static", "dynamic"], default=i.masking,
+    p.add_argument("--masking", choices=choices(InstanceOptions, "masking"), default=i.masking,
                    help="static: masks written into the shards (the paper); dynamic: the loader masks afresh every epoch")
     p.add_argument("--dupe-factor", type=int, default=None,
                    help=f"passes over the data, each with new pairs and masks (default {i.dupe_factor}; 1 with --masking dynamic)")
     p.add_argument("--masked-lm-prob", type=float, default=i.masked_lm_prob)
-    p.add_argument("--max-predictions-per-seq", type=int, default=i.max_predictions_per_seq)
+    p.add_argument("--max-predictions-per-seq", type=int, default=i.max_predictions_per_seq,
+                   help="at most this many predictions per sample (0, the default: the rate's share of --max-seq-length, "
+                        "Google's 20 at 128 and 77 at 512)")
     p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument("--cased", action="store_true", help="the vocab.txt was trained with --cased (a tokenizer.json "
@@ -111,7 +126,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples-per-shard", type=int, default=o.samples_per_shard)
     p.add_argument("--group-mb", type=float, default=o.group_bytes / (1 << 20),
                    help="text per document group; NotNext segments come from the same group")
-    p.add_argument("--on-bad-input", choices=["fail", "skip"], default="fail")
+    p.add_argument("--on-bad-input", choices=choices(PrepareOptions, "on_bad_input"), default=o.on_bad_input)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_run_prepare, interrupted="the finished parts are kept in OUTPUT/.work: the same command continues from them")
 

@@ -4,7 +4,8 @@
     cfg = load_config("configs/bert-base.yaml", ["train.global_batch_size=64"])
 
     schema      the dataclasses (one per section), the single schema
-    presets     the named model sizes and the architectures
+    presets     the named model sizes
+    choices     the enumerations (Literal fields): their values, read from the schema, and their one check
     loading     defaults < YAML < overrides, layered into a Config
     validation  impossible combinations, all reported at once
 
@@ -29,10 +30,10 @@ from bertdist.config.schema import (
     TrackingConfig,
     TrainConfig,
 )
-from bertdist.config.validation import BACKENDS, PRECISIONS, VERIFY_MODES, validate
+from bertdist.config.validation import PRECISIONS, VERIFY_MODES, validate
 
 __all__ = [
-    "BACKENDS", "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DownstreamConfig", "MaskingConfig", "EvalConfig", "FinetuneConfig", "LaunchConfig",
+    "MODEL_SIZES", "PRECISIONS", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DownstreamConfig", "MaskingConfig", "EvalConfig", "FinetuneConfig", "LaunchConfig",
     "ModelConfig", "OptimConfig", "PhaseConfig", "TrackingConfig", "TrainConfig", "VERIFY_MODES", "dump_yaml",
     "flatten", "load_config", "validate",
 ]  # fmt: skip

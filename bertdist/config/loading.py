@@ -192,6 +192,13 @@ def _coerce(value: Any, hint: Any, name: str, problems: list[str]) -> Any:
             problems.append(f"{name}: expected a mapping, got {type(value).__name__} {value!r}")
             return _INVALID
         return value
+    if origin is typing.Literal:
+        if isinstance(value, str):  # a value outside `args` is the validator's, which reports it with the choices
+            return value
+        if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
+            return "on" if value else "off"
+        problems.append(f"{name}: expected one of {', '.join(map(str, args))}, got {type(value).__name__} {value!r}")
+        return _INVALID
     if origin in (typing.Union, types.UnionType):
         return value
     if hint is bool:

@@ -1,7 +1,7 @@
-"""The named model sizes (`model.size`) and the architectures (`model.arch`) they belong to.
+"""The named model sizes (`model.size`), each with the architecture (`model.arch`) it belongs to.
 
 Kept beside the schema (`bertdist.config.schema`, which re-exports them) as data: a new size is a line here, a new
-architecture a name in ARCHITECTURES plus its presets.
+architecture a name in the schema's `model.arch` plus its presets.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 # L / H / A of BERT's published family (Turc et al. 2019 for the small ones; Devlin et al. 2018).
-ARCHITECTURES = ("bert", "modernbert")
-"""model.arch: the names bertdist.model.registry maps to model classes."""
 _MODERNBERT = dict(arch="modernbert", next_sentence_prediction=False, layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
                    attention_dropout_prob=0.0, vocab_size=50368, max_position_embeddings=8192)  # fmt: skip
 """ModernBERT's settings shared by every size (transformers' ModernBertConfig defaults)."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from bertdist.config.presets import ARCHITECTURES, MODEL_SIZES  # noqa: F401  (re-exported: the schema's names)
+from bertdist.config.choices import choices
+from bertdist.config.presets import MODEL_SIZES
 from bertdist.errors import UserError
 
 class ConfigError(UserError, ValueError):
@@ -35,7 +36,7 @@ class ModelConfig:
     size: str = "base"
     """Named size: tiny, mini, small, medium, base or large (BERT: layers, hidden size, heads); modernbert-tiny,
     -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary)."""
-    arch: str = "bert"
+    arch: Literal["bert", "modernbert"] = "bert"
     """bert (the 2018 architecture, the default) or modernbert (RoPE, GeGLU, pre-norm, alternating global and
     local attention: bertdist.model.modernbert). One registry: bertdist.model.registry."""
     num_layers: int = 12
@@ -86,6 +87,10 @@ class ModelConfig:
         return self.intermediate_size or 4 * self.hidden_size
 
 
+ARCHITECTURES: tuple[str, ...] = choices(ModelConfig, "arch")
+"""model.arch: the names bertdist.model.registry maps to model classes."""
+
+
 @dataclass
 class PhaseConfig:
     """One stretch of training on one set of shards; phases run in order and share one LR schedule."""
@@ -117,22 +122,23 @@ class PhaseConfig:
     the published recipes name theirs pretrain, context-extension and decay, and users continue from a phase's end."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class MaskingConfig:
-    """The masks the loader chooses for shards prepared with `--masking dynamic`: a fresh mask per sample every
-    epoch (`bertdist.data.masking`). Shards prepared with static masks keep the masks written into them."""
+    """BERT's masked-LM rules (`bertdist.data.masking`), one type for both places masks are made: the masks of
+    `bertdist prepare --masking static`, written into the shards (from its flags: `InstanceOptions` is one of
+    these), and the fresh mask per sample every epoch the loader chooses for shards prepared with `--masking
+    dynamic` (from this section). Frozen: prepare's tasks and the loader's workers each hold a copy."""
 
     masked_lm_prob: float = 0.15
     """Share of a sample's tokens predicted (the paper: 0.15; Wettig et al. 2022 find 0.3-0.4 better for large models)."""
     max_predictions_per_seq: int = 0
-    """At most this many predictions per sample; 0: ceil(masked_lm_prob x max_seq_length) of the phase (20 at 128)."""
+    """At most this many predictions per sample; 0: as many as the rate gives (bertdist.data.masking.prediction_cap)."""
     whole_word_mask: bool = False
     """Mask all pieces of a word together (a `##` piece goes with the word before it)."""
     mask_token_fraction: float = 0.8
     """Of the predicted positions, the share shown as [MASK] (the paper's 80/10/10)."""
     random_token_fraction: float = 0.1
     """The share shown as a random token; the rest show the original token."""
-
 
 @dataclass
 class DataConfig:
@@ -176,7 +182,7 @@ class OptimConfig:
     """Adam(W) with BERT's decoupled weight decay (or LAMB), linear warmup then linear decay to zero (or a
     warmup-stable-decay schedule)."""
 
-    name: str = "adamw"
+    name: Literal["adamw", "lamb"] = "adamw"
     """adamw (the paper) or lamb (You et al. 2019, for very large batches: `bertdist.train.lamb`)."""
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -186,15 +192,15 @@ class OptimConfig:
     grad_clip_norm: float = 1.0
     """0 disables clipping."""
     warmup_steps: int = 100
-    schedule: str = "linear"
+    schedule: Literal["linear", "wsd"] = "linear"
     """After warmup: linear (to 0 at the last step: the paper) or wsd (warmup-stable-decay: the peak rate until the
     last decay_fraction of the steps, then down to 0; ModernBERT's trapezoidal schedule). For the run's one
     schedule, or each phase's own (phase.lr)."""
     decay_fraction: float = 0.1
     """wsd: the share of the schedule's steps spent decaying (ModernBERT-style runs: 0.1-0.2)."""
-    decay_shape: str = "linear"
+    decay_shape: Literal["linear", "1-sqrt"] = "linear"
     """wsd: how the rate falls, linear or 1-sqrt (Hägele et al. 2024)."""
-    fused: str = "auto"
+    fused: Literal["auto", "on", "off"] = "auto"
     """auto: DeepSpeed's FusedAdam on GPU, torch AdamW elsewhere; on/off force it."""
 
 
@@ -202,7 +208,7 @@ class OptimConfig:
 class TrainConfig:
     global_batch_size: int = 256
     """Sequences per optimizer step over all ranks (micro batch x ranks x accumulation)."""
-    precision: str = "fp32"
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """fp32, fp16 (dynamic loss scaling) or bf16. fp16/bf16 are GPU paths."""
     zero_stage: int = 1
     seed: int = 1234
@@ -235,7 +241,7 @@ class CheckpointConfig:
     """auto: continue from the latest complete checkpoint if any; none: start fresh; or a path."""
     init_from_pretrained: str = ""
     """A Hugging Face BERT or ModernBERT directory to start from (continued pretraining)."""
-    verify: str = "sha256"
+    verify: Literal["sha256", "size"] = "sha256"
     """Before loading a checkpoint, check its files against the record made at save: sha256 (every byte) or size."""
     uri: str = ""
     """Keep checkpoints here instead of OUTPUT/checkpoints, e.g. s3://bucket/run-1/checkpoints: each is saved
@@ -267,7 +273,7 @@ class TrackingConfig:
 
 @dataclass
 class LaunchConfig:
-    backend: str = "local"
+    backend: Literal["local", "deepspeed", "slurm", "ray"] = "local"
     """local, deepspeed (hostfile over SSH), slurm or ray."""
     nodes: int = 1
     gpus_per_node: int = 1
@@ -309,7 +315,8 @@ class FinetuneConfig:
     tracking and launch. The model's dimensions come from `init_from`; model.* dropout settings apply.
     """
 
-    task: str = "classification"
+    task: Literal["classification", "regression", "token_classification", "question_answering",
+                  "multiple_choice"] = "classification"
     """classification (one text or a pair, any number of labels), regression (one score, MSE),
     token_classification (CoNLL files), question_answering (SQuAD v1.1/v2.0 JSON) or multiple_choice."""
     init_from: str = ""
@@ -333,7 +340,7 @@ class FinetuneConfig:
     (MNLI's dev_mismatched.tsv); the best epoch is still chosen on dev_file."""
     choice_columns: str = ""
     """Multiple choice: the columns of the candidate endings, comma-separated (SWAG: ending0,ending1,ending2,ending3)."""
-    on_bad_input: str = "error"
+    on_bad_input: Literal["error", "skip"] = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
     max_seq_length: int = 0
     """0: the task's usual length, 384 for question_answering (the paper's SQuAD setting) and 128 otherwise,

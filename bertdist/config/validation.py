@@ -14,13 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from bertdist import storage
-from bertdist.config.schema import ARCHITECTURES, Config, ConfigError, ModelConfig, PhaseConfig
+from bertdist.config.choices import choice_problems, choices
+from bertdist.config.schema import (
+    ARCHITECTURES,
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    LaunchConfig,
+    ModelConfig,
+    PhaseConfig,
+    TrainConfig,
+)
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
 
-PRECISIONS = ("fp32", "fp16", "bf16")
-BACKENDS = ("local", "deepspeed", "slurm", "ray")
-VERIFY_MODES = ("sha256", "size")
+PRECISIONS = choices(TrainConfig, "precision")
+BACKENDS = choices(LaunchConfig, "backend")
+VERIFY_MODES = choices(CheckpointConfig, "verify")
 """How a checkpoint's files are checked before loading (bertdist.train.integrity)."""
 
 
@@ -97,8 +107,8 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
     # bertdist.model.bert.check_heads_divide raises the same when a model is built; here it is a field problem.
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         found.append(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
-    if m.arch not in ARCHITECTURES:
-        return [*found, f"model.arch: {m.arch!r} is not one of {', '.join(ARCHITECTURES)}"]
+    if m.arch not in ARCHITECTURES:  # reported by choice_problems; nothing else about it can be judged
+        return found
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     for name, archs in ARCH_ONLY_FIELDS.items():
         if m.arch not in archs and getattr(m, name) != defaults[name]:
@@ -159,13 +169,9 @@ def credential_problems(values: Any, where: str = "") -> list[str]:
 
 
 def schedule_problems(cfg: Config) -> list[str]:
-    """The learning-rate schedule's kind and shape, and a wsd decay that fits beside the warmup of each schedule
-    (the run's one, or every phase's own); a phase's decay_fraction where nothing reads it is refused."""
+    """A wsd decay that fits beside the warmup of each schedule (the run's one, or every phase's own); a phase's
+    decay_fraction where nothing reads it is refused. (The schedule's kind and shape: `choice_problems`.)"""
     o, found = cfg.optim, []
-    if o.schedule not in ("linear", "wsd"):
-        found.append(f"optim.schedule: {o.schedule!r} is not one of linear, wsd")
-    if o.decay_shape not in ("linear", "1-sqrt"):
-        found.append(f"optim.decay_shape: {o.decay_shape!r} is not one of linear, 1-sqrt")
     if not 0.0 <= o.decay_fraction <= 1.0:
         found.append(f"optim.decay_fraction: must be in [0, 1], got {o.decay_fraction}")
     own = [(f"data.phases.{i}", ph.steps, ph.warmup_steps, o.decay_fraction if ph.decay_fraction < 0 else ph.decay_fraction)
@@ -194,6 +200,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     m, t, o, d = cfg.model, cfg.train, cfg.optim, cfg.data
     world = world_size if world_size is not None else cfg.launch.world_size()
 
+    p.extend(choice_problems(cfg))
     for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
         if getattr(m, name) <= 0:
             p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
@@ -202,8 +209,6 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         if not 0.0 <= getattr(m, name) < 1.0:
             p.append(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")
 
-    if t.precision not in PRECISIONS:
-        p.append(f"train.precision: {t.precision!r} is not one of {', '.join(PRECISIONS)}")
     if t.zero_stage not in (0, 1, 2, 3):
         p.append(f"train.zero_stage: must be 0, 1, 2 or 3, got {t.zero_stage}")
     if t.global_batch_size <= 0:
@@ -271,9 +276,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if own_schedules and len(own_schedules) == len(d.phases) and o.warmup_steps and not any(ph.warmup_steps for ph in d.phases):
         p.append(f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
                  "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)")  # fmt: skip
-    if o.name not in ("adamw", "lamb"):
-        p.append(f"optim.name: {o.name!r} is not one of adamw, lamb")
-    elif o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):
+    if o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):
         p.append(f"optim.name: lamb scales each parameter tensor by its own trust ratio, and ZeRO (train.zero_stage="
                  f"{t.zero_stage}) and DeepSpeed's bf16 optimizer hand the optimizer flattened partitions instead; "
                  "use train.zero_stage: 0 with fp32 or fp16")  # fmt: skip
@@ -290,8 +293,6 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
     if len(o.betas) == 2 and not all(0.0 <= b < 1.0 for b in o.betas):
         p.append(f"optim.betas: each must be in [0, 1), got {list(o.betas)}")
-    if o.fused not in ("auto", "on", "off"):
-        p.append(f"optim.fused: {o.fused!r} is not one of auto, on, off")
     if o.grad_clip_norm < 0:
         p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
     p.extend(schedule_problems(cfg))
@@ -300,8 +301,6 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     p.extend(credential_problems(cfg.to_dict()))
     if cfg.checkpoint.every_steps <= 0:
         p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
-    if cfg.checkpoint.verify not in VERIFY_MODES:
-        p.append(f"checkpoint.verify: {cfg.checkpoint.verify!r} is not one of {', '.join(VERIFY_MODES)}")
     if not cfg.checkpoint.lease_timeout_s >= 4:
         p.append(f"checkpoint.lease_timeout_s: must be at least 4 (a heartbeat every quarter of it), got {cfg.checkpoint.lease_timeout_s}")
     if cfg.checkpoint.keep_last < 1:
@@ -319,8 +318,6 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if not t.forecast_hours >= 0:
         p.append(f"train.forecast_hours: must be >= 0 (0: no forecast), got {t.forecast_hours}")
     lc = cfg.launch
-    if lc.backend not in BACKENDS:
-        p.append(f"launch.backend: {lc.backend!r} is not one of {', '.join(BACKENDS)}")
     if not 1 <= lc.master_port <= 65535:
         p.append(f"launch.master_port: {lc.master_port} is not a TCP port")
     if not 0 <= lc.min_nodes <= max(lc.nodes, 1):

@@ -6,10 +6,13 @@ the masking and NSP statistics next to what BERT's rules imply, and a few exampl
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 
+from bertdist.config.schema import MaskingConfig
+from bertdist.data.masking import prediction_cap
 from bertdist.data.samples import Samples
 from bertdist.data.shards import iter_directory_blocks, read_manifest
 from bertdist.errors import DataError
@@ -56,6 +59,8 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
     stats = shard_statistics(shard_dir)
     manifest, opts, totals = stats["manifest"], stats["manifest"]["options"], stats["manifest"]["totals"]
     lengths, max_len = stats["lengths"], opts["max_seq_length"]
+    # Manifests written before the fractions were recorded hold the defaults' masks.
+    rules = MaskingConfig(**{f.name: opts[f.name] for f in dataclasses.fields(MaskingConfig) if f.name in opts})
     out = [
         f"{shard_dir}: {stats['samples']:,} samples in {len(stats['per_shard'])} shards "
         f"({min(stats['per_shard'])}-{max(stats['per_shard'])} per shard), checksums OK",
@@ -71,9 +76,10 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
     for lo, hi, c in zip(edges[:-1], np.append(edges[1:-1], max_len), counts):
         out.append(f"  {lo:>5}-{hi:<5} {c:>10,} {'#' * int(40 * c / peak)}")
     out += [
-        f"masking: {stats['masked_fraction']:.2%} of tokens (rule: {opts['masked_lm_prob']:.0%}, at most "
-        f"{opts['max_predictions_per_seq']} per sample; mean {stats['masked_per_sample'].mean():.2f}); "
-        f"{stats['mask_token_fraction']:.1%} [MASK], {stats['unchanged_fraction']:.1%} unchanged (rule: 80% / ~10%+)",
+        f"masking: {stats['masked_fraction']:.2%} of tokens (rule: {rules.masked_lm_prob:.0%}, at most "
+        f"{prediction_cap(rules, max_len)} per sample; mean {stats['masked_per_sample'].mean():.2f}); "
+        f"{stats['mask_token_fraction']:.1%} [MASK], {stats['unchanged_fraction']:.1%} unchanged (rule: "
+        f"{rules.mask_token_fraction:.0%} / ~{1 - rules.mask_token_fraction - rules.random_token_fraction:.0%}+)",
         f"next sentence: {stats['not_next_fraction']:.1%} NotNext (single-sentence chunks are always NotNext)",
     ]
     if examples:

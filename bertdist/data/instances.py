@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Literal
 
 import numpy as np
 
-from bertdist.data.masking import GeneratorDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.config.schema import MaskingConfig
+from bertdist.data.masking import GeneratorDraws, VocabInfo, apply_masks
 from bertdist.data.samples import Samples, ranges
 
 _MASK_CHUNK = 2048
@@ -32,25 +33,22 @@ _MASK_CHUNK = 2048
 
 
 @dataclass(frozen=True)
-class InstanceOptions:
+class InstanceOptions(MaskingConfig):
+    """How `bertdist prepare` builds instances: the masking rules (its MaskingConfig fields, the same with the same
+    defaults as the training config's `data.masking`) and the pairs."""
+
     max_seq_length: int = 128
     dupe_factor: int = 5
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int = 20
     short_seq_prob: float = 0.1
-    whole_word_mask: bool = False
     seed: int = 12345
-    objective: str = "nsp"
+    objective: Literal["nsp", "mlm"] = "nsp"
     """nsp: BERT's sentence pairs, half of them with a random second segment (the paper). mlm: contiguous
     full sentences up to the maximum length, crossing document boundaries (RoBERTa's FULL-SENTENCES), for a
     model trained without next-sentence prediction."""
-    masking: str = "static"
+    masking: Literal["static", "dynamic"] = "static"
     """static: masks chosen here and written into the shards, `dupe_factor` passes each with its own (the
     paper). dynamic: no masks in the shards; the training loader masks every sample afresh each epoch
     (`bertdist.data.masking`), with the masking settings of the training config."""
-
-    def mask_rules(self) -> MaskRules:
-        return MaskRules(self.masked_lm_prob, self.max_predictions_per_seq, self.whole_word_mask)
 
 
 @dataclass
@@ -173,7 +171,7 @@ def assemble_and_mask(
     docs: Documents, pairs: Pairs, opts: InstanceOptions, vocab: VocabInfo, rng: np.random.Generator
 ) -> Samples:
     """Steps 7-8: `[CLS] A [SEP] B [SEP]`, segment ids, and the masked LM predictions, vectorised."""
-    return mask_in_chunks(assemble(docs, pairs, vocab), opts.mask_rules(), vocab, rng)
+    return mask_in_chunks(assemble(docs, pairs, vocab), opts, vocab, rng)
 
 
 def assemble(docs: Documents, pairs: Pairs, vocab: VocabInfo) -> Samples:
@@ -224,7 +222,7 @@ def _unmasked(input_ids: np.ndarray, lengths: np.ndarray, segment_a_lengths: np.
     return Samples(input_ids, lengths, segment_a_lengths, empty, empty.copy(), np.zeros(len(lengths), np.int64), nsp)
 
 
-def mask_in_chunks(samples: Samples, rules: MaskRules, vocab: VocabInfo, rng: np.random.Generator) -> Samples:
+def mask_in_chunks(samples: Samples, rules: MaskingConfig, vocab: VocabInfo, rng: np.random.Generator) -> Samples:
     """Prepare-time masks, `_MASK_CHUNK` samples at a time from one generator."""
     parts = [apply_masks(samples.slice(lo, min(lo + _MASK_CHUNK, len(samples))), rules, vocab, GeneratorDraws(rng))
              for lo in range(0, len(samples), _MASK_CHUNK)]  # fmt: skip
@@ -251,6 +249,6 @@ def create_instances(
         else:
             samples = assemble(docs, make_pairs(docs, opts, RandomStream(pair_rng)), vocab)
         if opts.masking == "static":
-            samples = mask_in_chunks(samples, opts.mask_rules(), vocab, mask_rng)
+            samples = mask_in_chunks(samples, opts, vocab, mask_rng)
         passes.append(samples.compact(docs.tokens.dtype))
     return Samples.concat(passes)

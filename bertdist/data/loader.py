@@ -36,8 +36,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertdist import storage
+from bertdist.config.schema import MaskingConfig
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
-from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
 from bertdist.data.tokenizer import open_tokenizer, tokenizer_file
 from bertdist.data.samples import Samples
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
@@ -50,7 +51,7 @@ BATCHES_TRANSFER_SAMPLES = 1024
 
 
 class _Masker(NamedTuple):
-    rules: MaskRules
+    rules: MaskingConfig
     vocab: VocabInfo
 
 
@@ -306,11 +307,11 @@ class PretrainingLoader:
         shuffle_buffer_size: int = 2000,
         packing: bool = False,
         pin_memory: bool = False,
-        masking: MaskRules | None = None,
+        masking: MaskingConfig = MaskingConfig(),
         streaming: StreamSettings = StreamSettings(),
     ):
-        """`masking`: the rules for shards prepared with `--masking dynamic` (default: the paper's 15%, 80/10/10,
-        at most ceil(0.15 x max_seq_length) predictions); shards with static masks keep theirs. `streaming`:
+        """`masking`: the rules for shards prepared with `--masking dynamic` (default: the paper's 15%, 80/10/10);
+        shards with static masks keep theirs. `streaming`:
         the cache and read-ahead for a `shard_dir` that is an object-store URL (whose endpoint is the process's:
         `bertdist.storage.use_endpoint`)."""
         manifest = read_manifest(shard_dir)
@@ -337,7 +338,7 @@ class PretrainingLoader:
         """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
         masker = None
         if options.get("masking", "static") == "dynamic":
-            masker = _Masker(masking or MaskRules.for_length(max_seq_length), VocabInfo.from_tokenizer(open_tokenizer(vocab_file)))
+            masker = _Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)))
         self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker, streaming)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(

@@ -8,8 +8,12 @@ One implementation serves both places masks are made:
   mask is the same whichever DataLoader worker, rank or world size reads it: a resumed run, even on another
   number of ranks, sees exactly the masks the uninterrupted one would have.
 
+Both read the same rules, `bertdist.config.MaskingConfig` (the training config's `data.masking`; prepare's
+`InstanceOptions` is one), with the same defaults.
+
 The rules are the reference's (google-research/bert `create_masked_lm_predictions`): [CLS] and [SEP] are never
-predicted; a sample predicts round(length x rate) positions, at least 1 and at most `max_predictions_per_seq`;
+predicted; a sample predicts round(length x rate) positions, at least 1 and at most `max_predictions_per_seq` (0:
+no other cap, so at most `prediction_cap`);
 with whole-word masking a piece that does not start a word (a `##` piece; for byte-level BPE, one without a
 leading space: `bertdist.data.tokenizer`) goes with the word before it and a word that would overshoot the budget
 is skipped; a chosen position shows [MASK] 80% of the time, a uniformly random token 10%, itself 10%.
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertdist.config.schema import MaskingConfig
 from bertdist.data.samples import Samples
 from bertdist.data.tokenizer import TextTokenizer, wordpiece_tokens
 
@@ -33,23 +38,10 @@ _UNIT = 2.0**-53
 _POSITION_KEYS, _WORD_KEYS, _REPLACE, _RANDOM_TOKEN = range(4)
 
 
-@dataclass(frozen=True)
-class MaskRules:
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int = 20
-    whole_word_mask: bool = False
-    mask_token_fraction: float = 0.8
-    """Of the chosen positions, the share shown as [MASK]."""
-    random_token_fraction: float = 0.1
-    """The share shown as a uniformly random vocabulary token; the rest show the original token."""
-
-    @staticmethod
-    def for_length(max_seq_length: int, max_predictions_per_seq: int = 0, masked_lm_prob: float = 0.15,
-                   **rest) -> "MaskRules":  # fmt: skip
-        """The rules for samples of up to `max_seq_length` tokens (`data.masking`'s fields as keywords); a
-        `max_predictions_per_seq` of 0 is ceil(rate x length): Google's 20 at length 128."""
-        cap = max_predictions_per_seq or math.ceil(masked_lm_prob * max_seq_length - 1e-9)
-        return MaskRules(masked_lm_prob, cap, **rest)
+def prediction_cap(rules: MaskingConfig, max_seq_length: int) -> int:
+    """The most predictions a sample of up to `max_seq_length` tokens gets: `max_predictions_per_seq`, or where that
+    is 0, ceil(rate x max_seq_length) (Google's 20 at 128), which round(length x rate) never exceeds."""
+    return rules.max_predictions_per_seq or math.ceil(rules.masked_lm_prob * max_seq_length - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -108,7 +100,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def apply_masks(samples: Samples, rules: MaskRules, vocab: VocabInfo, draws) -> Samples:
+def apply_masks(samples: Samples, rules: MaskingConfig, vocab: VocabInfo, draws) -> Samples:
     """`samples` (unmasked) with their masked-LM predictions chosen and their input tokens replaced.
 
     `draws` is a `GeneratorDraws` or a `KeyedDraws` for these samples, in this order."""
@@ -121,7 +113,9 @@ def apply_masks(samples: Samples, rules: MaskRules, vocab: VocabInfo, draws) -> 
     sample = np.repeat(np.arange(n), lengths)
     position = np.arange(len(tokens)) - starts[sample]
     candidate = (tokens != vocab.cls_id) & (tokens != vocab.sep_id)
-    budget = np.minimum(rules.max_predictions_per_seq, np.maximum(1, np.round(lengths * rules.masked_lm_prob)))
+    budget = np.maximum(1, np.round(lengths * rules.masked_lm_prob))
+    if rules.max_predictions_per_seq:  # 0: the rate's budget alone (so at most prediction_cap)
+        budget = np.minimum(rules.max_predictions_per_seq, budget)
     budget = np.minimum(budget, np.bincount(sample[candidate], minlength=n)).astype(np.int64)
     if rules.whole_word_mask:
         chosen = _choose_whole_words(tokens, sample, starts, candidate, budget, vocab, draws)

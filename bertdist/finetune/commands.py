@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def add_finetune(sub: argparse._SubParsersAction) -> None:
@@ -21,13 +22,18 @@ def add_finetune(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
+    from bertdist import chatter
     from bertdist.config import load_config
     from bertdist.finetune.runner import finetune
 
-    return finetune(load_config(args.config, list(args.overrides)))
+    cfg = load_config(args.config, list(args.overrides))
+    with chatter.logged(Path(cfg.finetune.output_dir) / chatter.LIBRARY_LOG):  # every rank's
+        return finetune(cfg)
 
 
 def add_embed(sub: argparse._SubParsersAction) -> None:
+    from bertdist.config.choices import choices
+    from bertdist.config.schema import FinetuneConfig
     from bertdist.finetune.embed import EmbedOptions
 
     d = EmbedOptions("", "", "")
@@ -45,7 +51,8 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--shard-rows", type=int, default=d.shard_rows, help="rows per .npy shard")
     p.add_argument("--dtype", default=d.dtype, help="float32 or float16")
-    p.add_argument("--on-bad-input", choices=("error", "skip"), default="error", help="skip unreadable rows (counted)")
+    p.add_argument("--on-bad-input", choices=choices(FinetuneConfig, "on_bad_input"), default=FinetuneConfig.on_bad_input,
+                   help="skip unreadable rows (counted)")
     p.set_defaults(func=_run_embed, interrupted="nothing was written (partial shards are removed)")
 
 

@@ -26,7 +26,6 @@ from bertdist.data import DataError
 from bertdist.finetune.features import Sequences, bert_sequence, truncate_pair
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
-TASKS = (CLASSIFICATION, REGRESSION)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bertdist.config import Config, ConfigError, flatten
+from bertdist.config.choices import choice_problems
 from bertdist.config.validation import local_only_problems
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune import task as tasks
@@ -46,9 +47,8 @@ from bertdist.train import checkpoint, rng, stopping
 
 
 def check(cfg: Config, world_size: int) -> None:
-    ft, p = cfg.finetune, []
-    if ft.task not in tasks.TASKS:
-        p.append(f"finetune.task: {ft.task!r} is not one of {', '.join(tasks.TASKS)}")
+    ft = cfg.finetune
+    p = choice_problems(ft, "finetune.")
     if ft.extra_dev() and ft.task not in (tasks.CLASSIFICATION, tasks.REGRESSION):
         p.append(f"finetune.extra_dev_files: only for classification and regression, not {ft.task}")
     if ft.task == tasks.MULTIPLE_CHOICE and len(ft.choices()) < 2:
@@ -56,8 +56,6 @@ def check(cfg: Config, world_size: int) -> None:
     for name in ("train_file", "dev_file"):
         if not getattr(ft, name):
             p.append(f"finetune.{name}: empty")
-    if ft.on_bad_input not in ("error", "skip"):
-        p.append(f"finetune.on_bad_input: {ft.on_bad_input!r} is not error or skip")
     for name in ("batch_size", "micro_batch_size", "doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
         if getattr(ft, name) <= 0:
             p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")

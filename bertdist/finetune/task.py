@@ -39,7 +39,6 @@ METRICS = {
     MULTIPLE_CHOICE: ("accuracy",),
 }
 """The dev metrics each task reports (a suite's `metric:` must be one of its task's)."""
-TASKS = (CLASSIFICATION, data.REGRESSION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE)
 
 
 @dataclass

@@ -1,17 +1,19 @@
-"""The backend contract and the registry: the one place that names the backends.
+"""The backend contract and the registry.
 
-Every other place (the `--backend` choices, the request's checks, `status`, `logs`, the dry run) looks a
-backend up here and asks it; none branches on a backend's name. A backend is a module that implements
-`Backend` completely; adding one is that module, its line in REGISTRY and the script it runs (docs/cluster.md,
-"Adding a backend").
+The names are those of `launch.backend`'s Literal in the schema; every other place (the `--backend` choices, the
+request's checks, `status`, `logs`, the dry run) looks a backend up here and asks it; none branches on a
+backend's name. A backend is a module `bertdist.launch.<name>` that implements `Backend` completely; adding one
+is that module, its name in the Literal and the script it runs (docs/cluster.md, "Adding a backend").
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Protocol, TextIO, runtime_checkable
 
-from bertdist.launch import deepspeed, local, ray, slurm
+from bertdist.config.choices import choices
+from bertdist.config.schema import LaunchConfig
 from bertdist.launch.checks import SubmitError
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
 
@@ -53,7 +55,9 @@ class Backend(Protocol):
         """The line, after a submission, that tells a person how to stop or watch the job."""
 
 
-REGISTRY: dict[str, Backend] = {"local": local, "deepspeed": deepspeed, "slurm": slurm, "ray": ray}
+REGISTRY: dict[str, Backend] = {name: importlib.import_module(f"bertdist.launch.{name}") for name in choices(LaunchConfig, "backend")}
+"""Every backend by name: the names of `launch.backend`'s Literal in the schema (one list for the config, its
+validation and the CLI), each the module `bertdist.launch.<name>`."""
 """Backends by the name that `--backend`, `launch.backend` and job records use; this order is --help's."""
 
 

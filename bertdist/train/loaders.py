@@ -6,7 +6,6 @@ MLM-only shards under a model with a next-sentence head, a damaged manifest) bef
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from bertdist.config import Config, ConfigError, PhaseConfig
@@ -19,17 +18,15 @@ def phase_loader(cfg: Config, phase: PhaseConfig, shard_dir: str, workers: int, 
                  pin_memory: bool = False) -> PretrainingLoader:  # fmt: skip
     """A `PretrainingLoader` of `shard_dir` for `phase`, on `rank` of `world_size`."""
     from bertdist.data.loader import PretrainingLoader
-    from bertdist.data.masking import MaskRules
     from bertdist.data.streaming import StreamSettings
 
-    rules = MaskRules.for_length(phase.max_seq_length, **dataclasses.asdict(cfg.data.masking))
     st = cfg.storage
     streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads)
     loader = PretrainingLoader(
         shard_dir=shard_dir, vocab_file=cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
         micro_batch_size=phase.micro_batch_size, rank=rank, world_size=world_size,
         seed=cfg.train.seed, num_workers=workers, shuffle_buffer_size=cfg.data.shuffle_buffer_size,
-        packing=cfg.data.packing, pin_memory=pin_memory, masking=rules, streaming=streaming,
+        packing=cfg.data.packing, pin_memory=pin_memory, masking=cfg.data.masking, streaming=streaming,
     )  # fmt: skip
     if loader.objective == "mlm" and cfg.model.next_sentence_prediction:
         raise ConfigError([f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "

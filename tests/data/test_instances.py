@@ -13,7 +13,7 @@ from bertdist.data.instances import (
     create_instances,
     make_pairs,
 )
-from bertdist.data.masking import VocabInfo
+from bertdist.data.masking import VocabInfo, prediction_cap
 
 VOCAB_SIZE = 500
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -131,7 +131,7 @@ def test_whole_word_masking_masks_whole_words_within_budget():
     for i, sample in enumerate(samples.as_dicts()):
         original = _originals(docs, pairs, i)
         n, len_a = len(original), pairs.a_end[i] - pairs.a_start[i] + 2
-        budget = min(opts.max_predictions_per_seq, max(1, round(n * opts.masked_lm_prob)))
+        budget = min(prediction_cap(opts, opts.max_seq_length), max(1, round(n * opts.masked_lm_prob)))
         masked = np.zeros(n, dtype=bool)
         masked[sample["masked_lm_positions"]] = True
         assert 1 <= masked.sum() <= budget

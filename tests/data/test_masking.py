@@ -8,9 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
+from bertdist.config import MaskingConfig
 from bertdist.data.instances import InstanceOptions, full_sentences
 from bertdist.data.loader import PretrainingLoader
-from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
 from bertdist.data.samples import Samples
 from bertdist.data.vocab import read_vocab
 from bertdist.demo import python_documentation
@@ -37,14 +38,14 @@ def prose(tiny_vocab) -> tuple[Samples, VocabInfo]:
     return full_sentences(docs, InstanceOptions(max_seq_length=SEQ), vocab), vocab
 
 
-def _masked(samples: Samples, vocab: VocabInfo, rules: MaskRules, epoch: int = 0, seed: int = 1) -> Samples:
+def _masked(samples: Samples, vocab: VocabInfo, rules: MaskingConfig, epoch: int = 0, seed: int = 1) -> Samples:
     return apply_masks(samples, rules, vocab, KeyedDraws(seed, epoch, np.arange(len(samples))))
 
 
 def test_rate_split_budget_and_specials_on_real_text(prose):
     samples, vocab = prose
     assert len(samples) > 2000
-    rules = MaskRules(masked_lm_prob=0.15, max_predictions_per_seq=8)
+    rules = MaskingConfig(masked_lm_prob=0.15, max_predictions_per_seq=8)
     out = _masked(samples, vocab, rules)
     lengths = samples.lengths.astype(np.int64)
     want = np.minimum(8, np.maximum(1, np.round(lengths * 0.15)))
@@ -67,7 +68,7 @@ def test_rate_split_budget_and_specials_on_real_text(prose):
 
 def test_other_rates_and_split(prose):
     samples, vocab = prose
-    out = _masked(samples, vocab, MaskRules(masked_lm_prob=0.3, max_predictions_per_seq=SEQ, mask_token_fraction=1.0,
+    out = _masked(samples, vocab, MaskingConfig(masked_lm_prob=0.3, max_predictions_per_seq=SEQ, mask_token_fraction=1.0,
                                             random_token_fraction=0.0))  # fmt: skip
     assert np.array_equal(out.masked_counts, np.maximum(1, np.round(samples.lengths * 0.3)))
     at = samples.token_offsets()[:-1][np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions
@@ -76,7 +77,7 @@ def test_other_rates_and_split(prose):
 
 def test_whole_words_are_masked_together(prose):
     samples, vocab = prose
-    out = _masked(samples, vocab, MaskRules(max_predictions_per_seq=10, whole_word_mask=True))
+    out = _masked(samples, vocab, MaskingConfig(max_predictions_per_seq=10, whole_word_mask=True))
     tokens = samples.input_ids.astype(np.int64)
     chosen = np.zeros(len(tokens), dtype=bool)
     starts = samples.token_offsets()[:-1]
@@ -91,7 +92,7 @@ def test_whole_words_are_masked_together(prose):
 
 def test_masks_depend_on_seed_epoch_and_sample_only(prose):
     samples, vocab = prose
-    rules = MaskRules()
+    rules = MaskingConfig()
     whole = _masked(samples, vocab, rules)
     ids = np.arange(len(samples))
     halves = [apply_masks(samples.slice(a, b), rules, vocab, KeyedDraws(1, 0, ids[a:b])) for a, b in [(0, 700), (700, len(samples))]]

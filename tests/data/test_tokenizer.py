@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertdist.config import MaskingConfig
 from bertdist.data import iter_samples
 from bertdist.data.instances import Documents, InstanceOptions, full_sentences
-from bertdist.data.masking import KeyedDraws, MaskRules, VocabInfo, apply_masks
+from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
 from bertdist.data.tokenizer import open_tokenizer, tokenizer_file, vocab_mismatch
 from bertdist.errors import DataError
 from tests.conftest import TEST_SEQ_LENGTH, TEST_VOCAB_SIZE, tiny_prepare_options
@@ -97,7 +98,7 @@ def _bpe_samples(path: str) -> tuple:
 @pytest.mark.parametrize("which", ["tiny_bpe", "high_id_tokenizer"])
 def test_whole_word_masking_with_bpe_masks_whole_words(which, request):
     samples, vocab = _bpe_samples(request.getfixturevalue(which))
-    rules = MaskRules(max_predictions_per_seq=10, whole_word_mask=True)
+    rules = MaskingConfig(max_predictions_per_seq=10, whole_word_mask=True)
     out = apply_masks(samples, rules, vocab, KeyedDraws(1, 0, np.arange(len(samples))))
     tokens = samples.input_ids.astype(np.int64)
     starts = samples.token_offsets()[:-1]
