@@ -118,8 +118,10 @@ class PhaseConfig:
     """With `lr` and `optim.schedule: wsd`, the share of the phase's steps its rate decays over (1: a decay phase,
     0: a stable one, as ModernBERT's pretraining, context-extension and decay phases); negative: optim.decay_fraction."""
     name: str = ""
-    """What the phase is, shown by `bertdist checkpoints` beside each checkpoint ("closes phase 1 (context-extension)"):
-    the published recipes name theirs pretrain, context-extension and decay, and users continue from a phase's end."""
+    """Shown by `bertdist checkpoints` ("closes phase 1 (context-extension)"): pretrain, context-extension, decay..."""
+    global_rope_theta: float = 0.0
+    local_rope_theta: float = 0.0
+    """ModernBERT: this phase's RoPE thetas (0: model.*_rope_theta), as a context-extension phase raises the global one."""
 
 
 @dataclass(frozen=True)

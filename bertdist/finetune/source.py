@@ -20,7 +20,14 @@ from typing import Any
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, ModelConfig
-from bertdist.data.tokenizer import TOKENIZER_JSON, VOCAB_TXT, open_tokenizer, tokenizer_file, vocab_mismatch
+from bertdist.data.tokenizer import (
+    TOKENIZER_JSON,
+    VOCAB_TXT,
+    open_tokenizer,
+    tokenizer_file,
+    vocab_mismatch,
+)
+from bertdist.model.registry import checkpoint_model_config
 
 
 @dataclass
@@ -79,7 +86,7 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
     from bertdist.train.export import read_newest
 
     checkpoint, state, weights = read_newest(path)  # also while its run trains and prunes
-    model_cfg = _with_dropout(ModelConfig(**state.config["model"]), cfg.model)
+    model_cfg = _with_dropout(checkpoint_model_config(state.config, state.step), cfg.model)
     vocab = cfg.finetune.vocab_file or state.config["data"]["vocab_file"]
     if not Path(vocab).exists():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])

@@ -21,6 +21,7 @@ use the CUDA variable-length kernel (it takes no window here); they take the buc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -30,7 +31,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
-from bertdist.model.outputs import PreTrainingOutput, Scored
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import (
     Dropout,
@@ -40,6 +40,7 @@ from bertdist.model.ops import (
     multi_head_attention,
     tied_logits,
 )
+from bertdist.model.outputs import PreTrainingOutput, Scored
 
 
 def is_global(cfg: ModelConfig, layer: int) -> bool:
@@ -263,6 +264,11 @@ class ModernBertForMaskedLM(nn.Module):
         predictions: every layer as it counts itself, the head at the predictions only (bertdist.model.flops)."""
         layers = sum(ModernBertEncoderLayer.forward_flops(cfg, i, seq_length) for i in range(cfg.num_layers))
         return 1.0 * (layers + ModernBertPredictionHead.forward_flops(cfg, masked_positions))
+
+    def set_rope_thetas(self, global_theta: float, local_theta: float) -> None:
+        """Rotate by other thetas from the next forward on (a context-extension phase; the weights are unchanged)."""
+        self.config = self.model.config = dataclasses.replace(self.config, global_rope_theta=global_theta,
+                                                              local_rope_theta=local_theta)  # fmt: skip
 
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""

@@ -10,13 +10,14 @@ that reading the tables costs no torch import.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from bertdist.config import ModelConfig
+from bertdist.config import ModelConfig, PhaseConfig
 from bertdist.errors import UserError
 
 MODEL_CLASSES = {
@@ -40,6 +41,31 @@ def model_class(arch: str) -> Any:
 def build_model(cfg: ModelConfig) -> Any:
     """The pretraining model of `cfg.arch`, freshly initialised."""
     return model_class(cfg.arch)(cfg)
+
+
+def phase_model_config(model_cfg: ModelConfig, phase: PhaseConfig) -> ModelConfig:
+    """The model's settings in `phase`: its RoPE thetas where the phase sets them (a context-extension phase)."""
+    thetas = {k: getattr(phase, k) for k in ("global_rope_theta", "local_rope_theta") if getattr(phase, k)}
+    return dataclasses.replace(model_cfg, **thetas) if thetas else model_cfg
+
+
+def checkpoint_model_config(run_config: dict[str, Any], step: int) -> ModelConfig:
+    """The model of a checkpoint after `step` steps of the run whose resolved config is `run_config`: the run's
+    model in the phase of its last step (what an export or a fine-tuning must build)."""
+    end, phases = 0, [PhaseConfig(**p) for p in run_config["data"]["phases"]]
+    phase = phases[-1]
+    for candidate in phases:
+        end += candidate.steps
+        if step <= end:
+            phase = candidate
+            break
+    return phase_model_config(ModelConfig(**run_config["model"]), phase)
+
+
+def enter_phase(model: Any, model_cfg: ModelConfig) -> None:
+    """Give a built model the settings of a new phase (`phase_model_config`): only its RoPE thetas may change."""
+    if (model.config.global_rope_theta, model.config.local_rope_theta) != (model_cfg.global_rope_theta, model_cfg.local_rope_theta):
+        model.set_rope_thetas(model_cfg.global_rope_theta, model_cfg.local_rope_theta)
 
 
 def hf_adapter(arch: str) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist import ownership, storage
-from bertdist.config import ModelConfig, TrackingConfig
+from bertdist.config import TrackingConfig
 from bertdist.data.tokenizer import tokenizer_file, vocab_mismatch
 from bertdist.model.hf import CONFIG_FILE
 from bertdist.storage import PARTIAL_MARKER
@@ -100,7 +100,7 @@ def export_directory(
     the run that trained the checkpoint (its id travels in the checkpoint), so the dashboard lists the model
     beside its metrics; a tracking failure only warns.
     """
-    from bertdist.model.registry import build_model, hf_adapter
+    from bertdist.model.registry import build_model, checkpoint_model_config, hf_adapter
     from bertdist.tracking.models import log_export
 
     output = Path(output_dir)
@@ -112,7 +112,7 @@ def export_directory(
         if old and not overwrite:
             raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
         source, state, weights = read_newest(checkpoint_path)
-        model = build_model(ModelConfig(**state.config["model"]))
+        model = build_model(checkpoint_model_config(state.config, state.step))  # the last phase's RoPE thetas
         model.load_state_dict(weights, strict=True)  # proves that they fit our model exactly
         vocab = vocab_file or state.config["data"]["vocab_file"]
         if not Path(vocab).exists():

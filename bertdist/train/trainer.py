@@ -41,6 +41,7 @@ from bertdist.errors import (
     UserError,
     one_line,
 )
+from bertdist.model import registry
 from bertdist.model.flops import PeakFlops
 from bertdist.model.registry import build_model, load_pretrained
 from bertdist.tracking.base import Tracker
@@ -277,6 +278,7 @@ class Trainer(contextlib.ExitStack):
             if index != phase_index:
                 phase_index = index
                 ds.enter_phase(engine, cfg, phase, self.env.world_size)
+                registry.enter_phase(engine.module, registry.phase_model_config(cfg.model, phase))
                 batches = iter(self.loaders[index])
             lr = scheduled_learning_rate(cfg, step)
             set_learning_rate(engine.optimizer.param_groups, lr)

@@ -22,3 +22,37 @@ def test_the_counted_parameters_are_the_models(size, bias):
     model = registry.build_model(cfg)
     assert flops.total_parameters(cfg) == sum(p.numel() for p in model.parameters())
     assert flops.forward_flops_per_sequence(cfg, 128, 20) > 0
+
+
+def test_a_phase_sets_the_rope_thetas_the_model_then_rotates_by_and_the_export_carries():
+    """Context extension: a phase's thetas replace the model's from that phase on, in the running model (the same
+    outputs as a model built with them) and in the model of a checkpoint taken in that phase."""
+    import dataclasses
+
+    import torch
+
+    from bertdist.config import ModelConfig, PhaseConfig
+    from bertdist.model import registry
+
+    base = ModelConfig.from_size("modernbert-tiny", vocab_size=64, max_position_embeddings=256)
+    extended = PhaseConfig(steps=5, global_rope_theta=320_000.0)
+    cfg = registry.phase_model_config(base, extended)
+    assert (cfg.global_rope_theta, cfg.local_rope_theta) == (320_000.0, base.local_rope_theta)
+    assert registry.phase_model_config(base, PhaseConfig()) is base
+
+    torch.manual_seed(0)
+    model = registry.build_model(base).eval()
+    ids = torch.randint(5, 64, (2, 200))
+    before = model(ids).mlm_logits
+    registry.enter_phase(model, cfg)
+    again = registry.build_model(cfg).eval()
+    again.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        after, want = model(ids).mlm_logits, again(ids).mlm_logits
+    assert torch.equal(after, want) and not torch.allclose(after, before)
+
+    run = {"model": dataclasses.asdict(base), "data": {"phases": [dataclasses.asdict(PhaseConfig(steps=10)),
+                                                                   dataclasses.asdict(extended)]}}  # fmt: skip
+    assert registry.checkpoint_model_config(run, 10).global_rope_theta == base.global_rope_theta  # closes phase 0
+    assert registry.checkpoint_model_config(run, 11).global_rope_theta == 320_000.0
+    assert registry.checkpoint_model_config(run, 15).global_rope_theta == 320_000.0
