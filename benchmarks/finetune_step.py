@@ -35,7 +35,8 @@ import torch
 from common import device_name, use_all_cores  # benchmarks/ is on sys.path when this file runs as a script
 
 from bertdist.config import load_config
-from bertdist.finetune.runner import Finetuning, check
+from bertdist.config.validation import validate_finetune
+from bertdist.finetune.runner import Finetuning
 from bertdist.model.flops import peak_flops_for, train_flops_per_sequence
 from bertdist.model.hf import config_to_hf
 from bertdist.train.distributed import destroy_process_group, free_tcp_port, read_env
@@ -65,7 +66,7 @@ def bertdist_run(directory: Path, vocab: Path, data: Path, args: argparse.Namesp
                              f"model.size={args.size}", f"model.vocab_size={len(SPECIAL) + WORDS}", f"train.precision={args.precision}",
                              "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"])  # fmt: skip
     env = read_env(default_port=cfg.launch.master_port)
-    check(cfg, env.world_size)
+    validate_finetune(cfg, env.world_size)
     return Finetuning(cfg, env)
 
 

@@ -45,6 +45,7 @@ from bertdist.data.tokenizer import TOKENIZER_MODELS
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
+from bertdist.flags import from_args
 from bertdist.launch.commands import (
     add_forecast_flags,
     add_logs,
@@ -100,10 +101,11 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
             "inputs and options, not on --workers. A killed run resumes when rerun with the same command."
         ),
     )
-    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
-    p.add_argument("--output", required=True, metavar="DIR")
-    p.add_argument("--vocab", required=True, help="the tokenizer: a vocab.txt or tokenizer.json from `bertdist vocab`, "
-                   "or a directory holding either (a Hugging Face model's)")
+    p.add_argument("--input", nargs="+", required=True, dest="inputs", metavar="INPUT",
+                   help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
+    p.add_argument("--output", required=True, dest="output_dir", metavar="DIR")
+    p.add_argument("--vocab", required=True, dest="vocab_file", metavar="VOCAB", help="the tokenizer: a vocab.txt or "
+                   "tokenizer.json from `bertdist vocab`, or a directory holding either (a Hugging Face model's)")
     i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
     p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
     p.add_argument("--objective", choices=choices(InstanceOptions, "objective"), default=i.objective,
@@ -127,37 +129,30 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group-mb", type=float, default=o.group_bytes / (1 << 20),
                    help="text per document group; NotNext segments come from the same group")
     p.add_argument("--on-bad-input", choices=choices(PrepareOptions, "on_bad_input"), default=o.on_bad_input)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_false", dest="progress")
     p.set_defaults(func=_run_prepare, interrupted="the finished parts are kept in OUTPUT/.work: the same command continues from them")
+
+
+PREPARE_CONVERTED = {"group_mb": "group_bytes", "dupe_factor": "dupe_factor"}
+"""`prepare` flags (by dest) whose value `prepare_options` converts for its field: MB to bytes, and a dupe factor
+that defaults by --masking. Every other flag's dest is its PrepareOptions or InstanceOptions field."""
+PREPARE_NOT_FLAGS = ("band_shards", "unit_bytes", "endpoint_url", "mask_token_fraction", "random_token_fraction")
+"""Fields deliberately without a flag: the driver's tuning, the store's endpoint (AWS_ENDPOINT_URL_S3), and the
+paper's 80/10/10 split of the masked tokens."""
+
+
+def prepare_options(args: argparse.Namespace) -> PrepareOptions:
+    """The options of `bertdist prepare`, each field from its flag (bertdist.flags), PREPARE_CONVERTED converted."""
+    default_dupes = 1 if args.masking == "dynamic" else InstanceOptions.dupe_factor
+    instances = from_args(InstanceOptions, args, dupe_factor=default_dupes if args.dupe_factor is None else args.dupe_factor)
+    group_bytes = int(args.group_mb * (1 << 20)) if 0 < args.group_mb < 1 << 20 else 0  # validation names the flag
+    return from_args(PrepareOptions, args, instances=instances, group_bytes=group_bytes)
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
     from bertdist.data.pipeline.driver import prepare, summary_text
 
-    opts = PrepareOptions(
-        inputs=args.input,
-        output_dir=args.output,
-        vocab_file=args.vocab,
-        instances=InstanceOptions(
-            max_seq_length=args.max_seq_length,
-            dupe_factor=args.dupe_factor if args.dupe_factor is not None else (1 if args.masking == "dynamic" else InstanceOptions.dupe_factor),
-            objective=args.objective,
-            masking=args.masking,
-            masked_lm_prob=args.masked_lm_prob,
-            max_predictions_per_seq=args.max_predictions_per_seq,
-            short_seq_prob=args.short_seq_prob,
-            whole_word_mask=args.whole_word_mask,
-            seed=args.seed,
-        ),
-        cased=args.cased,
-        samples_per_shard=args.samples_per_shard,
-        group_bytes=int(args.group_mb * (1 << 20)) if 0 < args.group_mb < 1 << 20 else 0,  # check() names the flag
-        workers=args.workers,
-        ray_address=args.ray_address,
-        on_bad_input=args.on_bad_input,
-        progress=not args.no_progress,
-    )
-    print(summary_text(prepare(opts)))
+    print(summary_text(prepare(prepare_options(args))))
     return 0
 
 
@@ -293,13 +288,14 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
         help="open the MLflow dashboard of a run",
         description=(
             "Serve the MLflow dashboard over a run's tracking store and print its URL. Store: --tracking-uri, "
-            "else --run-dir (a run's train.output_dir, holding mlflow.db), else $MLFLOW_TRACKING_URI, else "
-            "runs/train. Binds 127.0.0.1; the dashboard has no authentication, so any other address must be "
+            "else --run-dir (a run's output directory: the mlflow.db of its project, the directory holding it), "
+            "else $MLFLOW_TRACKING_URI, else runs/train. Binds 127.0.0.1; the dashboard has no authentication, so any other address must be "
             "asked for with --host."
         ),
     )
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--run-dir", help="run directory (train.output_dir) whose mlflow.db to serve")
+    where.add_argument("--run-dir", help="a run's output directory, whose store to serve (its project's "
+                       "mlflow.db beside it, or its own from an older bertdist), or a directory holding mlflow.db")
     where.add_argument("--tracking-uri", help="an MLflow store URI (sqlite:///..., postgresql://..., http://...)")
     p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help=f"TCP port (default {DEFAULT_UI_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

@@ -92,3 +92,53 @@ def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpu
     assert proc.returncode == 130, f"SIGINT in the test process: {inherited}\n{err[-3000:]}"
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "bertdist prepare: interrupted; the finished parts are kept in OUTPUT/.work: the same command continues" in err
+
+
+def _subcommand(name: str):
+    from bertdist.cli import build_parser
+
+    return next(a for a in build_parser()._actions if a.dest == "command").choices[name]
+
+
+def test_every_prepare_option_has_a_flag_and_every_flag_an_option():
+    """Flags fill PrepareOptions and InstanceOptions by name (bertdist.flags): a field added without a flag, or a
+    flag that reaches no field, fails here unless the table in bertdist.cli lists it."""
+    import dataclasses
+
+    from bertdist.cli import PREPARE_CONVERTED, PREPARE_NOT_FLAGS
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.options import PrepareOptions
+    from bertdist.flags import flag_dests
+
+    fields = {f.name for cls in (PrepareOptions, InstanceOptions) for f in dataclasses.fields(cls)} - {"instances"}
+    flags = {PREPARE_CONVERTED.get(dest, dest) for dest in flag_dests(_subcommand("prepare"))}
+    assert flags == fields - set(PREPARE_NOT_FLAGS)
+    assert set(PREPARE_NOT_FLAGS) <= fields
+
+
+def test_prepare_flags_left_out_give_the_options_defaults():
+    from bertdist.cli import build_parser, prepare_options
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.options import PrepareOptions
+
+    args = build_parser().parse_args(["prepare", "--input", "a.txt", "b.txt", "--output", "out", "--vocab", "v.txt"])
+    assert prepare_options(args) == PrepareOptions(inputs=["a.txt", "b.txt"], output_dir="out", vocab_file="v.txt")
+    args = build_parser().parse_args(["prepare", "--input", "a", "--output", "o", "--vocab", "v", "--masking", "dynamic",
+                                      "--group-mb", "0.5", "--no-progress", "--seed", "7"])  # fmt: skip
+    opts = prepare_options(args)
+    assert opts.instances == InstanceOptions(masking="dynamic", dupe_factor=1, seed=7)
+    assert (opts.group_bytes, opts.progress) == (1 << 19, False)
+
+
+def test_every_embed_option_has_a_flag_and_every_flag_an_option():
+    import dataclasses
+
+    from bertdist.cli import build_parser
+    from bertdist.finetune.commands import EMBED_CONVERTED
+    from bertdist.finetune.embed import EmbedOptions
+    from bertdist.flags import flag_dests, from_args
+
+    flags = {EMBED_CONVERTED.get(dest, dest) for dest in flag_dests(_subcommand("embed"))}
+    assert flags == {f.name for f in dataclasses.fields(EmbedOptions)}
+    args = build_parser().parse_args(["embed", "--model", "m", "--input", "i.txt", "--output", "o"])
+    assert from_args(EmbedOptions, args, skip_bad=False) == EmbedOptions(model="m", input="i.txt", output_dir="o")

@@ -7,7 +7,7 @@
     presets     the named model sizes
     choices     the enumerations (Literal fields): their values, read from the schema, and their one check
     loading     defaults < YAML < overrides, layered into a Config
-    validation  impossible combinations, all reported at once
+    validation  every command's rules (train, finetune, prepare), each reporting all its problems at once
 
 The names below are the package's public surface.
 """

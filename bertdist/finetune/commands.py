@@ -36,13 +36,14 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     from bertdist.config.schema import FinetuneConfig
     from bertdist.finetune.embed import EmbedOptions
 
-    d = EmbedOptions("", "", "")
+    d = EmbedOptions(model="", input="", output_dir="")
     p = sub.add_parser("embed", help="write features of a frozen BERT to .npy shards", description=(
         "Features for the feature-based approach (docs/finetune.md): one vector per row ([CLS] of a layer, or the "
         "pooler) or per token, from a bertdist run, checkpoint or export, or any Hugging Face BERT or ModernBERT."))  # fmt: skip
     p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory")
     p.add_argument("--input", required=True, help=".txt (a text per line) or .csv/.tsv/.jsonl with --text-column")
-    p.add_argument("--output", required=True, help="an empty or new directory for the shards and index.json")
+    p.add_argument("--output", required=True, dest="output_dir", metavar="OUTPUT",
+                   help="an empty or new directory for the shards and index.json")
     p.add_argument("--text-column", default=d.text_column)
     p.add_argument("--text-pair-column", default=d.text_pair_column, help="second text of a pair ([CLS] A [SEP] B [SEP])")
     p.add_argument("--features", default=d.features, help="last, layer:N (0: embeddings), last4-concat, last4-sum or pooled")
@@ -56,16 +57,20 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_embed, interrupted="nothing was written (partial shards are removed)")
 
 
+EMBED_CONVERTED = {"on_bad_input": "skip_bad"}
+"""`embed` flags (by dest) whose value `_run_embed` converts for its EmbedOptions field; every other flag's dest
+is its field (bertdist.flags), and every field has a flag."""
+
+
 def _run_embed(args: argparse.Namespace) -> int:
     from bertdist.finetune.embed import EmbedOptions, embed
+    from bertdist.flags import from_args
 
-    index = embed(EmbedOptions(args.model, args.input, args.output, args.text_column, args.text_pair_column, args.features,
-                               args.level, args.max_seq_length, args.batch_size, args.shard_rows, args.dtype,
-                               args.on_bad_input == "skip"))  # fmt: skip
+    index = embed(from_args(EmbedOptions, args, skip_bad=args.on_bad_input == "skip"))
     summary = {k: index[k] for k in ("rows", "features", "level", "dimension")}
     blank = f", {len(index['blank_lines'])} blank line(s) embedded as empty text (index.json: blank_lines)" if index["blank_lines"] else ""
     print(f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped{blank}; "
-          f"{len(index['shards'])} shard(s) in {args.output}")  # fmt: skip
+          f"{len(index['shards'])} shard(s) in {args.output_dir}")  # fmt: skip
     return 0
 
 

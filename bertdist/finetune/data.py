@@ -54,7 +54,7 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
     `header`: the column names of a CSV/TSV file that has no header row (GLUE's CoLA)."""
     out = Examples(path, [])
     wanted = [c for c in (text_column, pair_column, label_column, *choice_columns) if c]
-    for line, row in _rows(path, wanted, header):
+    for line, row in read_rows(path, wanted, header):
         where = f"{path}:{line}"
         if isinstance(row, str):  # a line that could not be read as a row
             bad_row(out, where, row, skip_bad)
@@ -63,7 +63,7 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
         pair = row.get(pair_column) if pair_column else None
         choices = [row.get(c) for c in choice_columns]
         named = ((text_column, text), (label_column, label), (pair_column, pair), *zip(choice_columns, choices))
-        problem = _field_problem([(c, v) for c, v in named if c])
+        problem = field_problem([(c, v) for c, v in named if c])
         if problem:
             bad_row(out, where, problem, skip_bad)
             continue
@@ -73,7 +73,7 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
     return out
 
 
-def _field_problem(named: list[tuple[str, object]]) -> str:
+def field_problem(named: list[tuple[str, object]]) -> str:
     """What is wrong with a row's named fields, or '': text (JSON numbers are text too), not empty, UTF-8."""
     empty = [c for c, v in named if _blank(v)]
     if empty:
@@ -102,7 +102,9 @@ CSV_FIELD_LIMIT_BYTES = 64 << 20
 legitimate (encoding cuts it to max_seq_length), so the limit is raised to one no real text reaches."""
 
 
-def _rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterator[tuple[int, dict | str]]:
+def read_rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> Iterator[tuple[int, dict | str]]:
+    """(line, row) of `path` one at a time: a row is a dict, or the reason the line could not be read as one.
+    DataError for the file as a whole (unreadable, no header, a `wanted` column absent)."""
     suffix = Path(path).suffix.lower()
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT_BYTES))
     try:

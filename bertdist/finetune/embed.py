@@ -86,49 +86,106 @@ def check(o: EmbedOptions) -> None:
 
 def embed(o: EmbedOptions) -> dict[str, Any]:
     """Write the features of every input row; returns the index."""
-    from bertdist.config import Config, FinetuneConfig
-    from bertdist.finetune.source import resolve
-
     check(o)
-    source = resolve(Config(finetune=FinetuneConfig(init_from=o.model)))
-    assert source.state is not None  # init_from is not empty
-    positions = source.model_cfg.max_position_embeddings
-    if o.max_seq_length > positions:
-        raise UserError(f"--max-seq-length: {o.max_seq_length} is longer than the model's {positions} positions")
-    length = o.max_seq_length or min(128, positions)
-    if o.features == "pooled" and "bert.pooler.dense.weight" not in source.state:
-        raise UserError(f"--features pooled: {source.description} has no pooler weights (ModernBERT, or a BERT tagging, QA or "
-                        "MLM-only model); choose a layer")
+    encoder = open_encoder(o.model, o.max_seq_length)
+    if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
+        raise UserError(f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, or a BERT tagging, "
+                        "QA or MLM-only model); choose a layer")  # fmt: skip
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
         if ownership.contents(out):
             raise UserError(f"--output: {out} is not empty")
-        return _embed(o, source, length, out)
+        return _embed(o, encoder, out)
 
 
-def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, Any]:
+@dataclass
+class Encoder:
+    """A frozen encoder on its device, with what turns text into its inputs."""
+
+    source: Any
+    """bertdist.finetune.source.Source: where the weights came from (description, pretraining run)."""
+    model: Any
+    max_seq_length: int
+    inputs: tuple[str, ...]
+    """The batch fields the family reads (ModernBERT reads no segments)."""
+    cased: bool
+    pad_id: int
+
+    def encode(self, rows: list[Any]) -> Any:
+        """bertdist.finetune.features.Sequences of `rows` (Examples), cut to max_seq_length."""
+        from bertdist.finetune.data import encode
+
+        return encode(rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length)
+
+    def batch(self, encoded: Any, rows: np.ndarray) -> dict[str, Any]:
+        device = next(self.model.parameters()).device
+        return {k: v.to(device) for k, v in encoded.batch(rows, self.pad_id).items() if k in self.inputs}
+
+
+def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> Encoder:
+    """The encoder of `model` (a run, checkpoint, export or Hugging Face directory), in eval mode on the GPU when
+    there is one; `max_seq_length` 0: `default_length`, or the model's positions where it has fewer."""
     import torch
 
-    from bertdist.finetune.data import encode
-    from bertdist.finetune.source import cased_vocabulary, pad_id
-    from bertdist.storage import write_json
+    from bertdist.config import Config, FinetuneConfig
+    from bertdist.finetune.source import cased_vocabulary, pad_id, resolve
     from bertdist.model.hf_heads import FAMILIES, pretrained_encoder
 
+    source = resolve(Config(finetune=FinetuneConfig(init_from=model)))
+    assert source.state is not None  # init_from is not empty
+    positions = source.model_cfg.max_position_embeddings
+    if max_seq_length > positions:
+        raise UserError(f"--max-seq-length: {max_seq_length} is longer than the model's {positions} positions")
+    network = pretrained_encoder(source.model_cfg, source.state, source.description)
+    network.eval()
+    network.to(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    inputs = FAMILIES[source.model_cfg.arch].inputs
+    length = max_seq_length or min(default_length, positions)
+    return Encoder(source, network, length, inputs, cased_vocabulary(source.vocab_file), pad_id(source.vocab_file))
+
+
+POOLINGS = ("mean", "cls")
+
+
+def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_size: int) -> np.ndarray:
+    """(len(texts), hidden) float32 of unit length: the mean of the last layer over each text's tokens ([CLS] and
+    [SEP] included, padding not), or its [CLS] vector. Texts are batched by length, so little is padding."""
+    import torch
+
+    from bertdist.finetune.data import Example
+
+    encoded = encoder.encode([Example(t, None, "", "") for t in texts])
+    out = np.empty((len(texts), encoder.source.model_cfg.hidden_size), dtype=np.float32)
+    by_length = np.argsort([len(ids) for ids in encoded.ids], kind="stable")
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            rows = by_length[start : start + batch_size]
+            batch = encoder.batch(encoded, rows)
+            states = encoder.model.hidden_states(**batch)[-1].float()  # (batch, seq, hidden)
+            if pooling == "cls":
+                vectors = states[:, 0]
+            else:
+                mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)  # (batch, seq, 1)
+                vectors = (states * mask).sum(dim=1) / mask.sum(dim=1)
+            out[rows] = torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
+    return out
+
+
+def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
+    import torch
+
+    from bertdist.storage import write_json
+
     rows, skipped, blank_lines = _rows(o)
-    encoded = encode(rows, np.zeros(len(rows), dtype=np.int64), source.vocab_file, cased_vocabulary(source.vocab_file), length)
-    model = pretrained_encoder(source.model_cfg, source.state, source.description)
-    inputs = FAMILIES[source.model_cfg.arch].inputs  # ModernBERT reads no segments
-    model.eval()
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    model.to(device)
-    shards, pad, dimension = [], pad_id(source.vocab_file), 0
+    encoded = encoder.encode(rows)
+    shards, dimension = [], 0
     with torch.no_grad():
         for first in range(0, len(encoded), o.shard_rows):
             shard_rows = np.arange(first, min(first + o.shard_rows, len(encoded)))
             parts, ids = [], []
             for start in range(0, len(shard_rows), o.batch_size):
                 batch_rows = shard_rows[start : start + o.batch_size]
-                batch = {k: v.to(device) for k, v in encoded.batch(batch_rows, pad).items() if k in inputs}
-                vectors = _features(model, batch, o.features, o.level).float().cpu().numpy()
+                batch = encoder.batch(encoded, batch_rows)
+                vectors = _features(encoder.model, batch, o.features, o.level).float().cpu().numpy()
                 if o.level == "token":
                     parts += encoded.trim(vectors, batch_rows, per_token=True)
                     ids += [encoded.ids[r] for r in batch_rows]
@@ -136,8 +193,8 @@ def _embed(o: EmbedOptions, source: Any, length: int, out: Path) -> dict[str, An
                     parts.append(vectors)
             dimension = parts[0].shape[-1]
             shards.append(_write_shard(out, len(shards), parts, ids, o, int(first)))
-    index = {"model": o.model, "pretraining_run_id": source.pretraining_run_id, "input": o.input, "features": o.features,
-             "level": o.level, "dimension": dimension, "dtype": o.dtype, "max_seq_length": length,
+    index = {"model": o.model, "pretraining_run_id": encoder.source.pretraining_run_id, "input": o.input, "features": o.features,
+             "level": o.level, "dimension": dimension, "dtype": o.dtype, "max_seq_length": encoder.max_seq_length,
              "rows": len(encoded), "skipped": skipped, "blank_lines": blank_lines, "shards": shards}  # fmt: skip
     write_json(out / "index.json", index, indent=1)
     return index

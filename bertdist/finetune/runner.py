@@ -35,8 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bertdist.config import Config, ConfigError, flatten
-from bertdist.config.choices import choice_problems
-from bertdist.config.validation import local_only_problems
+from bertdist.config.validation import data_problems, source_problems, validate_finetune
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
@@ -46,35 +45,6 @@ from bertdist.storage import write_json
 from bertdist.train import checkpoint, rng, stopping
 
 
-def check(cfg: Config, world_size: int) -> None:
-    ft = cfg.finetune
-    p = choice_problems(ft, "finetune.")
-    if ft.extra_dev() and ft.task not in (tasks.CLASSIFICATION, tasks.REGRESSION):
-        p.append(f"finetune.extra_dev_files: only for classification and regression, not {ft.task}")
-    if ft.task == tasks.MULTIPLE_CHOICE and len(ft.choices()) < 2:
-        p.append(f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}")
-    for name in ("train_file", "dev_file"):
-        if not getattr(ft, name):
-            p.append(f"finetune.{name}: empty")
-    for name in ("batch_size", "micro_batch_size", "doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
-        if getattr(ft, name) <= 0:
-            p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")
-    if ft.max_seq_length < 0:
-        p.append(f"finetune.max_seq_length: must be 0 (the task's default) or positive, got {ft.max_seq_length}")
-    if ft.batch_size > 0 and ft.micro_batch_size > 0 and ft.batch_size % (ft.micro_batch_size * world_size):
-        p.append(f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
-                 f"({ft.micro_batch_size}) x {world_size} rank(s)")  # fmt: skip
-    if not (ft.epochs > 0 and math.isfinite(ft.epochs)):
-        p.append(f"finetune.epochs: must be a positive number, got {ft.epochs}")
-    if not (ft.lr > 0 and math.isfinite(ft.lr)):
-        p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
-    if not 0 <= ft.warmup_proportion < 1:
-        p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
-    p.extend(local_only_problems(cfg))
-    if p:
-        raise ConfigError(p)
-
-
 def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
     """Run one fine-tuning; `results` receives the best epoch's dev metrics (`dev/accuracy`, ...) on every rank."""
     from bertdist.train.distributed import destroy_process_group, own_output, read_env
@@ -82,7 +52,7 @@ def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         try:
             env = read_env(default_port=cfg.launch.master_port)
-            check(cfg, env.world_size)
+            validate_finetune(cfg, env.world_size)
             # Before reading the checkpoints another run on this directory could be writing.
             own_output(stack, cfg.finetune.output_dir, env)
             run = Finetuning(cfg, env)
@@ -105,15 +75,15 @@ class Finetuning:
             checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
         self.source: Source = resolve(cfg)
         positions = self.source.model_cfg.max_position_embeddings
-        if ft.max_seq_length > positions:
-            raise ConfigError([f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {positions} positions"])
+        if problems := source_problems(ft, positions):  # the rules that need the model's config, checked once it is read
+            raise ConfigError(problems)
         self.task: tasks.Task = tasks.build(ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file))
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
         self.architecture = task_architecture(self.source.model_cfg.arch, self.task.head)
         self.pad_id = pad_id(self.source.vocab_file)
+        if problems := data_problems(ft, len(self.train)):
+            raise ConfigError(problems)
         self.steps_per_epoch = len(self.train) // ft.batch_size
-        if self.steps_per_epoch == 0:
-            raise ConfigError([f"finetune.batch_size: {ft.batch_size} is more than the {len(self.train)} training rows"])
         self.total_steps = max(1, int(ft.epochs * self.steps_per_epoch))
         self.warmup_steps = int(ft.warmup_proportion * self.total_steps)
 

@@ -171,14 +171,14 @@ def _check_every_task(tasks: list[SuiteTask], data_dir: str, model: str, output_
                       overrides: list[str], world_size: int) -> None:  # fmt: skip
     """Every task's settings, files and metric names, all problems at once, before the first fine-tuning."""
     from bertdist.config import ConfigError
+    from bertdist.config.validation import validate_finetune
     from bertdist.finetune import task as kinds
-    from bertdist.finetune.runner import check
 
     problems = []
     for task in tasks:
         try:
             cfg = load_config(config, [*overrides, *_overrides("finetune", _settings(task, data_dir, model, 1.0, output_dir))])
-            check(cfg, world_size)
+            validate_finetune(cfg, world_size)
         except ConfigError as e:
             problems += [f"task {task.name}: {p}" for p in e.problems]
             continue

@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
+from bertdist.config.validation import heads_divide_problem
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import Dropout, VocabCrossEntropy, multi_head_attention, tied_logits
 from bertdist.model.outputs import PreTrainingOutput, Scored
@@ -329,10 +330,10 @@ class BertPreTrainingHeads(nn.Module):
 
 
 def check_heads_divide(cfg: ModelConfig) -> None:
-    if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(
-            f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_attention_heads={cfg.num_attention_heads}"
-        )
+    """The model's own guard, for a ModelConfig that never went through validation (a test's, a checkpoint's):
+    the config rule itself, which `bertdist.config.validate` reports as a field problem."""
+    if problem := heads_divide_problem(cfg):
+        raise ValueError(problem)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

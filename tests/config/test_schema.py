@@ -119,7 +119,7 @@ def test_impossible_combinations_name_their_fields(tmp_path, vocab):
 
 def test_a_url_where_only_a_local_path_works_is_refused_by_name(vocab):
     """Where a URL is not supported yet it is an error naming the field, never a local directory called `s3:`."""
-    from bertdist.finetune.runner import check
+    from bertdist.config.validation import validate_finetune
 
     cfg = load_config(None, [f"data.vocab_file={vocab}", "train.output_dir=s3://bucket/run", "storage.cache_mb=0",
                              "finetune.output_dir=s3://bucket/ft", "finetune.train_file=t.tsv", "finetune.dev_file=d.tsv"])  # fmt: skip
@@ -130,7 +130,7 @@ def test_a_url_where_only_a_local_path_works_is_refused_by_name(vocab):
     assert "finetune.output_dir: s3://bucket/ft is a URL; this field takes a local path" in problems
     assert "storage.cache_mb: must be at least 1" in problems
     with pytest.raises(ConfigError, match="finetune.output_dir: s3://bucket/ft is a URL"):
-        check(cfg, world_size=1)
+        validate_finetune(cfg, world_size=1)
 
 
 def test_missing_vocab_file_is_reported(tmp_path):

@@ -110,3 +110,22 @@ def test_the_modernbert_only_fields_are_the_schemas():
     declared = {node.target.id for node in ast.parse(block.replace("\n    ", "\n")).body if isinstance(node, ast.AnnAssign)}
     assert declared == {name for name, archs in ARCH_ONLY_FIELDS.items() if archs == ("modernbert",)}
     assert set(ARCH_ONLY_FIELDS) <= {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_read():
+    """validate_finetune needs only the config; the two rules that need the model's positions or the training rows
+    are beside it, and say which field to change."""
+    from bertdist.config.validation import data_problems, source_problems, validate_finetune
+    from bertdist.model.bert import check_heads_divide
+
+    cfg = load_config(None, ["finetune.max_seq_length=600", "finetune.batch_size=32", "finetune.micro_batch_size=16",
+                             "finetune.train_file=t.tsv", "finetune.dev_file=d.tsv"])  # fmt: skip
+    validate_finetune(cfg, world_size=2)
+    with pytest.raises(ConfigError, match=r"finetune.batch_size: 32 is not divisible by finetune.micro_batch_size \(16\) x 3"):
+        validate_finetune(cfg, world_size=3)
+    assert source_problems(cfg.finetune, 512) == ["finetune.max_seq_length: 600 is longer than the model's 512 positions"]
+    assert source_problems(cfg.finetune, 1024) == []
+    assert data_problems(cfg.finetune, 31) == ["finetune.batch_size: 32 is more than the 31 training rows"]
+    assert data_problems(cfg.finetune, 32) == []
+    with pytest.raises(ValueError, match="model.hidden_size: 128 is not divisible by model.num_attention_heads=3"):
+        check_heads_divide(load_config(None, ["model.hidden_size=128", "model.num_attention_heads=3"]).model)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from bertdist import chatter, ownership, storage
+from bertdist.config.validation import validate_prepare
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.pipeline.stages import load_piece, make_group, read_unit, write_one_shard
 from bertdist.data.readers import InputFile, ReadUnit, expand_inputs, plan_units
@@ -67,7 +68,7 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     """Run (or resume) the whole pipeline; returns the manifest written to OUTPUT/manifest.json."""
     t_start = time.perf_counter()
     storage.use_endpoint(opts.endpoint_url)
-    opts.check()
+    validate_prepare(opts)  # before Ray starts: a bad value must not fail inside a task
     from bertdist.data.tokenizer import open_tokenizer
 
     tokenizer = open_tokenizer(opts.vocab_file, opts.cased)  # a directory given: the tasks read the file it holds

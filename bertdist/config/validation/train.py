@@ -1,8 +1,9 @@
-"""Impossible combinations in a configuration: everything that would fail later, found before anything starts.
+"""`bertdist train`'s rules: every impossible combination in a configuration, found before anything starts.
 
 `validate` lists every problem at once, each naming its field. With `check_files` it also checks that the
 named input files exist (the vocabulary, a pretrained model); `bertdist submit` turns that off, because the
-submitting machine may not see the cluster's files.
+submitting machine may not see the cluster's files. The rules other commands share (a URL where only a local
+path works, heads that divide the hidden size) are functions here that they call too.
 """
 
 from __future__ import annotations
@@ -100,13 +101,19 @@ field would be ignored without a word. (`next_sentence_prediction` has its own c
 default, true.)"""
 
 
+def heads_divide_problem(m: ModelConfig) -> str:
+    """Why the attention heads cannot split `model.hidden_size` ('' when they can). The one copy of the rule:
+    `validate` reports it as a field problem, and bertdist.model.bert.check_heads_divide raises it when a model is
+    built from a ModelConfig that never went through validation (a test's, a checkpoint's)."""
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        return f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"
+    return ""
+
+
 def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str]:
     """What `model.arch` cannot build, or would silently ignore: an unknown name, another architecture's
     options, heads that do not split the hidden size, and ModernBERT's window and rotary head size."""
-    found = []
-    # bertdist.model.bert.check_heads_divide raises the same when a model is built; here it is a field problem.
-    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
-        found.append(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
+    found = [problem] if (problem := heads_divide_problem(m)) else []
     if m.arch not in ARCHITECTURES:  # reported by choice_problems; nothing else about it can be judged
         return found
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}

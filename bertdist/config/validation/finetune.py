@@ -1,0 +1,62 @@
+"""`bertdist finetune`'s rules (and `bertdist evaluate`'s, for every task of a suite): the finetune section,
+checked before a model is loaded or a process group started.
+
+Two rules need what only the model and the data tell: the model's positions (`source_problems`, once its
+config is read) and the training rows (`data_problems`, once they are read). They live here beside the others,
+and the runner calls them at the first moment it can.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bertdist.config.choices import choice_problems
+from bertdist.config.schema import Config, ConfigError, FinetuneConfig
+from bertdist.config.validation.train import local_only_problems
+
+EXTRA_DEV_TASKS = ("classification", "regression")
+"""The tasks whose dev metrics can be computed on more dev files (finetune.extra_dev_files)."""
+
+
+def validate_finetune(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError with every problem of `cfg.finetune` (and the path fields it shares) on `world_size` ranks."""
+    ft = cfg.finetune
+    p = choice_problems(ft, "finetune.")
+    if ft.extra_dev() and ft.task not in EXTRA_DEV_TASKS:
+        p.append(f"finetune.extra_dev_files: only for classification and regression, not {ft.task}")
+    if ft.task == "multiple_choice" and len(ft.choices()) < 2:
+        p.append(f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}")
+    for name in ("train_file", "dev_file"):
+        if not getattr(ft, name):
+            p.append(f"finetune.{name}: empty")
+    for name in ("batch_size", "micro_batch_size", "doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
+        if getattr(ft, name) <= 0:
+            p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")
+    if ft.max_seq_length < 0:
+        p.append(f"finetune.max_seq_length: must be 0 (the task's default) or positive, got {ft.max_seq_length}")
+    if ft.batch_size > 0 and ft.micro_batch_size > 0 and ft.batch_size % (ft.micro_batch_size * world_size):
+        p.append(f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
+                 f"({ft.micro_batch_size}) x {world_size} rank(s)")  # fmt: skip
+    if not (ft.epochs > 0 and math.isfinite(ft.epochs)):
+        p.append(f"finetune.epochs: must be a positive number, got {ft.epochs}")
+    if not (ft.lr > 0 and math.isfinite(ft.lr)):
+        p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
+    if not 0 <= ft.warmup_proportion < 1:
+        p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
+    p.extend(local_only_problems(cfg))
+    if p:
+        raise ConfigError(p)
+
+
+def source_problems(ft: FinetuneConfig, model_positions: int) -> list[str]:
+    """What the model to start from refuses: a finetune.max_seq_length beyond its `model_positions`."""
+    if ft.max_seq_length > model_positions:
+        return [f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {model_positions} positions"]
+    return []
+
+
+def data_problems(ft: FinetuneConfig, train_rows: int) -> list[str]:
+    """What the training data refuses: a finetune.batch_size larger than its `train_rows` (no step would run)."""
+    if train_rows // ft.batch_size == 0:
+        return [f"finetune.batch_size: {ft.batch_size} is more than the {train_rows} training rows"]
+    return []

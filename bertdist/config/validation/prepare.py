@@ -1,0 +1,49 @@
+"""`bertdist prepare`'s rules: every out-of-range option, named by its flag, before Ray or a task starts.
+
+A bad value must not fail inside a Ray task, minutes in. The options are the dataclasses of
+bertdist.data.pipeline.options (whose fields the flags fill by name); nothing here imports them at run time,
+so the config package stays free of the data pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from bertdist import storage
+from bertdist.config.choices import choices
+from bertdist.errors import DataError
+
+if TYPE_CHECKING:
+    from bertdist.data.pipeline.options import PrepareOptions
+
+
+def validate_prepare(opts: PrepareOptions) -> None:
+    """Raise DataError listing every out-of-range option (by its flag) and an output that cannot be a directory."""
+    i = opts.instances
+    problems = [
+        f"{flag}: {why}"
+        for flag, bad, why in [
+            ("--max-seq-length", not 8 <= i.max_seq_length <= 65535, "must be in [8, 65535]"),
+            ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
+            ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
+            ("--max-predictions-per-seq", i.max_predictions_per_seq < 0, "must be >= 0 (0: from the rate)"),
+            ("--short-seq-prob", not 0 <= i.short_seq_prob <= 1, "must be in [0, 1]"),
+            ("--seed", not 0 <= i.seed < 2**63, "must be in [0, 2^63)"),
+            ("--objective", i.objective not in choices(type(i), "objective"), _one_of(type(i), "objective")),
+            ("--masking", i.masking not in choices(type(i), "masking"), _one_of(type(i), "masking")),
+            ("--workers", opts.workers < 0, "must be >= 0"),
+            ("--samples-per-shard", opts.samples_per_shard < 1, "must be at least 1"),
+            ("--group-mb", not (math.isfinite(opts.group_bytes) and opts.group_bytes > 0), "must be positive"),
+            ("--on-bad-input", opts.on_bad_input not in choices(type(opts), "on_bad_input"), _one_of(type(opts), "on_bad_input")),
+            ("--output", storage.is_file(opts.output_dir), f"{opts.output_dir} is a file, not a directory"),
+            ("--vocab", storage.is_url(opts.vocab_file), "a URL is not supported here yet; give a local vocab.txt or tokenizer.json"),
+        ]
+        if bad
+    ]
+    if problems:
+        raise DataError("; ".join(problems))
+
+
+def _one_of(options: type, name: str) -> str:
+    return "must be " + " or ".join(choices(options, name))
