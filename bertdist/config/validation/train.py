@@ -121,6 +121,14 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
         if m.arch not in archs and getattr(m, name) != defaults[name]:
             found.append(f"model.{name}: {getattr(m, name)!r} applies only to model.arch {' or '.join(archs)}, and "
                          f"model.arch: {m.arch} ignores it; remove it (default {defaults[name]!r})")  # fmt: skip
+    for i, ph in enumerate(phases):
+        for name in ("global_rope_theta", "local_rope_theta"):
+            theta = getattr(ph, name)
+            if theta and m.arch != "modernbert":
+                found.append(f"data.phases.{i}.{name}: {theta!r} applies only to model.arch modernbert (rotary positions), "
+                             f"and model.arch: {m.arch} ignores it")  # fmt: skip
+            elif theta < 0:
+                found.append(f"data.phases.{i}.{name}: must be positive (or 0: model.{name}), got {theta}")
     if m.arch != "modernbert":
         return found
     if m.next_sentence_prediction:
