@@ -5,11 +5,12 @@
              prose about programming, ~1.2 MB), one document per topic / module / class / function
     vocab    a WordPiece vocabulary trained on it
     prepare  masked sentence-pair shards made by local Ray (train, and a held-out eval split)
-    train    configs/bert-tiny.yaml with 2 CPU ranks under the deepspeed launcher, tracked in a local
-             MLflow store (run name bert-tiny-demo-DATE-TIME)
+    train    configs/bert-tiny.yaml with 2 CPU ranks under the deepspeed launcher, tracked in the local
+             MLflow store of `{output}` (`{output}/mlflow.db`, run name bert-tiny-demo-DATE-TIME)
     export   the last checkpoint as a Hugging Face directory, logged as the run's MLflow Model
     finetune a sentence-adjacency task made from the corpus (bertdist.finetune.corpus_tasks), fine-tuned from the
-             export and from random initialisation: what pretraining bought, in one line
+             export and from random initialisation: what pretraining bought, in one line; both runs are
+             in the pretraining run's store, nested under it, so one dashboard shows all three
 
 `--arch modernbert` runs the same pipeline for ModernBERT (configs/modernbert-tiny.yaml): MLM-only shards of
 full-length text masked at load time (ModernBERT has no next-sentence head), and an export that
@@ -202,6 +203,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
     from bertdist.finetune.corpus_tasks import sentence_adjacency
+    from bertdist.tracking.store import resolve_tracking_uri
     from bertdist.train.distributed import free_tcp_port, standalone_environment
 
     task = out / "downstream"
@@ -212,6 +214,11 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
               "finetune.text_column=sentence1", "finetune.text_pair_column=sentence2",
               f"finetune.epochs={DOWNSTREAM_EPOCHS}", f"finetune.lr={DOWNSTREAM_LR}",
               f"tracking.experiment_name={cfg.tracking.experiment_name}"]  # fmt: skip
+    # The fine-tuning directories are not siblings of the training directory, so the store is named: the
+    # pretraining run's, with both runs nested under that run (its id travels in the export's config.json).
+    common.append(f"tracking.tracking_uri={resolve_tracking_uri(cfg.tracking.tracking_uri, cfg.train.output_dir)}")
+    if pretraining_run_id := json.loads((model_dir / "config.json").read_text()).get("bertdist_run_id"):
+        common.append(f"tracking.parent_run_id={pretraining_run_id}")
     starts = {"pretrained": [f"finetune.init_from={model_dir}"],
               "random init": [f"finetune.vocab_file={cfg.data.vocab_file}", f"model.size={cfg.model.size}",
                               f"model.vocab_size={cfg.model.vocab_size}"]}  # fmt: skip

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from bertdist.tracking.store import local_store_uri
 from tests import browser
 from tests.conftest import REPO
 
@@ -116,11 +117,14 @@ def test_the_demo_runs_from_the_wheel_and_leaves_a_loadable_tracked_model(demo):
     batch = tokenizer(["Return a [MASK] of the list."], return_tensors="pt")
     assert model(**batch).prediction_logits.shape[-1] == model.config.vocab_size
 
-    client = MlflowClient(f"sqlite:///{demo / 'train' / 'mlflow.db'}")
+    client = MlflowClient(local_store_uri(demo / "train"))
     (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    (run_,) = client.search_runs([experiment.experiment_id])
+    runs_ = client.search_runs([experiment.experiment_id])
+    (run_,) = [r for r in runs_ if "mlflow.parentRunId" not in r.data.tags]
     assert run_.info.status == "FINISHED" and re.fullmatch(r"bert-tiny-demo-\d{8}-\d{4}", run_.info.run_name)
+    fine_tunings = [r for r in runs_ if r.data.tags.get("mlflow.parentRunId") == run_.info.run_id]  # in one store, nested
+    assert sorted(r.info.run_name for r in fine_tunings) == ["demo-adjacency-pretrained", "demo-adjacency-random-init"]
     assert client.get_metric_history(run_.info.run_id, "loss/train")[-1].step == DEMO_STEPS
     (logged,) = client.search_logged_models(experiment_ids=[experiment.experiment_id])
     assert logged.source_run_id == run_.info.run_id and logged.name == "model"
@@ -129,7 +133,7 @@ def test_the_demo_runs_from_the_wheel_and_leaves_a_loadable_tracked_model(demo):
 def test_the_exported_mlflow_model_answers_fill_mask_where_bertdist_is_not_imported(demo, venv, workdir):
     script = (
         "import mlflow, pandas, sys\n"
-        f"mlflow.set_tracking_uri('sqlite:///{demo / 'train' / 'mlflow.db'}')\n"
+        f"mlflow.set_tracking_uri('{local_store_uri(demo / 'train')}')\n"
         "client = mlflow.MlflowClient()\n"
         "(e,) = [e for e in client.search_experiments() if e.name != 'Default']\n"
         "(m,) = client.search_logged_models(experiment_ids=[e.experiment_id])\n"
@@ -179,8 +183,8 @@ def test_the_dashboard_opens_in_the_training_view_with_the_loss_first(demo, venv
                 break
         from mlflow import MlflowClient
 
-        client = MlflowClient(f"sqlite:///{demo / 'train' / 'mlflow.db'}")
-        (run_,) = client.search_runs([page.split("/experiments/")[1].split("/")[0]])
+        client = MlflowClient(local_store_uri(demo / "train"))
+        (run_,) = [r for r in client.search_runs([page.split("/experiments/")[1].split("/")[0]]) if "mlflow.parentRunId" not in r.data.tags]
         assert page.endswith(f"/runs/{run_.info.run_id}/model-metrics?workflowType=machine_learning"), page
         shot = Path(os.environ.get("BERTDIST_SCREENSHOT", demo / "dashboard.png"))
         text = browser.render(page, "document.querySelectorAll('.main-svg').length >= 2", "document.body.innerText", shot)

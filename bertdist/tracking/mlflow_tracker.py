@@ -259,7 +259,7 @@ class MLflowTracker(Tracker):
 
     def _deliver_forever(self) -> None:
         try:
-            client = store.client(self.tracking_uri)
+            client = self._with_retry(lambda: store.client(self.tracking_uri))  # a store being created is busy
             self._with_retry(lambda: self._start_run(client))
             self._open_spool()
             self._started.set()
@@ -341,7 +341,7 @@ class MLflowTracker(Tracker):
         if not self._owns_run:  # a node monitor: the run is rank 0's
             self._read_run(client.get_run(self._resume_run_id))
             return
-        experiment_id = store.experiment_id(client, self._cfg.experiment_name, self._run_dir)
+        experiment_id = store.experiment_id(client, self._cfg.experiment_name)
         if self._resume_run_id:
             try:
                 run = client.get_run(self._resume_run_id)

@@ -34,8 +34,9 @@ def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | No
     if not cfg.enabled or not run_id:
         return None
     uri = store.resolve_tracking_uri(cfg.tracking_uri, run_dir)
-    if uri == store.local_store_uri(run_dir) and not (Path(run_dir) / "mlflow.db").is_file():
-        return None  # a checkpoint copied away from its run: opening the store would create an empty one
+    database = store.local_database(uri)
+    if uri == store.local_store_uri(run_dir) and database and not database.is_file():
+        return None  # a checkpoint copied away from its project: opening the store would create an empty one
     client = store.client(uri)
     try:
         import mlflow

@@ -1,7 +1,7 @@
 """`bertdist ui`: the MLflow dashboard over a run's tracking store.
 
-The local store of a run (`{run_dir}/mlflow.db`, artifacts in `{run_dir}/mlartifacts`) has no server of
-its own; this starts `mlflow server` over it in the foreground and prints the URL. It binds 127.0.0.1
+The local store of a run (its project's `mlflow.db` and `mlartifacts/`, beside the run directory: see
+`bertdist.tracking.store.store_dir`) has no server of its own; this starts `mlflow server` over it in the foreground and prints the URL. It binds 127.0.0.1
 unless `--host` says otherwise, because the MLflow UI has no authentication and can change runs.
 
 It prints the link to the charts of the latest run of each experiment (MLflow's `model-metrics` tab, in its
@@ -29,7 +29,12 @@ from typing import IO, Any
 
 from bertdist import chatter
 from bertdist.errors import UserError
-from bertdist.tracking.store import local_store_uri
+from bertdist.tracking.store import (
+    ARTIFACTS_DIRNAME,
+    STORE_FILENAME,
+    local_store_uri,
+    store_dir,
+)
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_PORT = 5000
@@ -37,6 +42,9 @@ TRAINING_VIEW = "workflowType=machine_learning"
 """The query that opens MLflow 3's UI in its model-training view (see `dashboard_links`)."""
 CHARTS_TAB = "model-metrics"
 """The route of a run's page whose tab shows its metrics as charts (MLflow 3's UI)."""
+PARENT_RUN_TAG = "mlflow.parentRunId"
+LATEST_RUN_CANDIDATES = 100
+"""How many of the newest runs are searched for the latest top-level one (a sweep nests dozens)."""
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
@@ -47,7 +55,9 @@ class UIError(UserError, ValueError):
 def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str | None]:
     """(backend store URI, artifacts directory or None) that the dashboard should serve.
 
-    Explicit flags win, then MLFLOW_TRACKING_URI, then the default run directory of `bertdist train`.
+    Explicit flags win, then MLFLOW_TRACKING_URI, then the default run directory of `bertdist train`. A run
+    directory stands for its store (its project's, or its own from an older bertdist); so does a directory
+    holding `mlflow.db`, such as the project directory itself.
     """
     if tracking_uri:
         return tracking_uri, None
@@ -56,13 +66,14 @@ def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str |
     from bertdist.config import TrainConfig
 
     directory = Path(run_dir or TrainConfig().output_dir)
-    database = directory / "mlflow.db"
+    home = store_dir(directory)
+    database = home / STORE_FILENAME
     if not database.is_file():
         raise UIError(
             f"--run-dir {directory}: no MLflow store ({database} does not exist); point --run-dir at a "
-            "run's train.output_dir, or pass --tracking-uri"
+            "run's output directory or at the directory holding mlflow.db, or pass --tracking-uri"
         )
-    return local_store_uri(directory), str((directory / "mlartifacts").resolve())
+    return local_store_uri(directory), str(home / ARTIFACTS_DIRNAME)
 
 
 def check_host(host: str) -> str:
@@ -157,8 +168,10 @@ def run_link(url: str, run: Any) -> str:
 
 
 def _latest_run(mlflow: Any, experiment_ids: list[str]) -> Any:
-    runs = mlflow.search_runs(experiment_ids, order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0] if runs else None
+    """The latest top-level run: a nested one (a fine-tuning under its pretraining, a task of `bertdist evaluate`)
+    is listed under its parent, which is the run to open."""
+    runs = mlflow.search_runs(experiment_ids, order_by=["attributes.start_time DESC"], max_results=LATEST_RUN_CANDIDATES)
+    return next((r for r in runs if PARENT_RUN_TAG not in r.data.tags), runs[0] if runs else None)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -20,9 +20,11 @@ from bertdist.tracking.mlflow_tracker import (
 )
 from bertdist.tracking.store import (
     EXPERIMENT_KIND_TAG,
+    STORE_FILENAME,
     TRAINING_EXPERIMENT_KIND,
     local_store_uri,
     resolve_tracking_uri,
+    store_dir,
 )
 from tests.conftest import tiny_model_config
 
@@ -38,12 +40,13 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def test_tracking_uri_comes_from_config_then_environment_then_the_run_dir(monkeypatch, tmp_path):
+def test_tracking_uri_comes_from_config_then_environment_then_the_projects_store(monkeypatch, tmp_path):
+    run_dir = tmp_path / "run"
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert resolve_tracking_uri("", tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db" == local_store_uri(tmp_path)
+    assert resolve_tracking_uri("", run_dir) == local_store_uri(run_dir) == f"sqlite:///{store_dir(run_dir) / STORE_FILENAME}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
-    assert resolve_tracking_uri("", tmp_path) == "http://127.0.0.1:1"
-    assert resolve_tracking_uri("http://127.0.0.1:2", tmp_path) == "http://127.0.0.1:2"
+    assert resolve_tracking_uri("", run_dir) == "http://127.0.0.1:1"
+    assert resolve_tracking_uri("http://127.0.0.1:2", run_dir) == "http://127.0.0.1:2"
 
 
 def test_params_metrics_tags_and_artifacts_reach_the_server(mlflow_server, tmp_path):

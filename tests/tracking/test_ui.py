@@ -1,4 +1,4 @@
-"""`bertdist ui` over a run directory's own SQLite store: it serves the run, on 127.0.0.1 only."""
+"""`bertdist ui` over a run's SQLite store (its project's): it serves the run, on 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -17,24 +17,30 @@ import pytest
 from bertdist.cli import main
 from bertdist.config import TrackingConfig
 from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.store import (
+    ARTIFACTS_DIRNAME,
+    STORE_FILENAME,
+    local_store_uri,
+    store_dir,
+)
 from bertdist.tracking.ui import UIError, check_host
 from bertdist.train.distributed import free_tcp_port
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A run directory whose default store (mlflow.db, no server) holds one run, made by the tracker."""
-    directory = tmp_path_factory.mktemp("run")
+    """A run directory whose default store (its project's mlflow.db, no server) holds one run, made by the tracker."""
+    directory = tmp_path_factory.mktemp("project") / "run"
     cfg = TrackingConfig(experiment_name="ui-test", run_name="dashboard-run", log_system_metrics=False)
     tracker = build_tracker(cfg, str(directory), rank=0)
     tracker.log_metrics({"loss": 2.5}, step=10)
     tracker.close()
-    assert (directory / "mlflow.db").is_file()
+    assert (store_dir(directory) / STORE_FILENAME).is_file()
     return directory, tracker.run_id
 
 
 def experiment_id(directory) -> str:
-    from bertdist.tracking.store import client, local_store_uri
+    from bertdist.tracking.store import client
 
     return client(local_store_uri(directory)).get_experiment_by_name("ui-test").experiment_id
 
@@ -108,9 +114,9 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
 
 
 def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
-    assert main(["ui", "--run-dir", str(tmp_path), "--port", str(free_tcp_port())]) == 2
+    assert main(["ui", "--run-dir", str(tmp_path / "run"), "--port", str(free_tcp_port())]) == 2
     err = capsys.readouterr().err
-    assert f"--run-dir {tmp_path}" in err and "mlflow.db does not exist" in err
+    assert f"--run-dir {tmp_path / 'run'}" in err and "mlflow.db does not exist" in err
 
 
 def test_ui_refuses_a_port_in_use(run_dir, capsys):
@@ -138,14 +144,26 @@ def test_ui_host_must_be_an_address_or_a_hostname():
 
 
 def test_ui_uses_the_environment_store_when_no_flag_is_given(monkeypatch, run_dir):
-    from bertdist.tracking.store import local_store_uri
     from bertdist.tracking.ui import store_for
 
     directory, _ = run_dir
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     assert store_for(None, None) == ("http://127.0.0.1:5999", None)
-    assert store_for(str(directory), None) == (local_store_uri(directory), str(directory / "mlartifacts"))
+    assert store_for(str(directory), None) == (local_store_uri(directory), str(store_dir(directory) / ARTIFACTS_DIRNAME))
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.chdir(directory.parent)
     with pytest.raises(UIError, match="runs/train"):
         store_for(None, None)
+
+
+def test_ui_serves_the_same_store_for_a_run_and_for_its_project_directory(run_dir, tmp_path, monkeypatch):
+    """`--run-dir runs/bert/train` and `--run-dir runs/bert` (the directory holding mlflow.db) are one dashboard;
+    a run directory from an older bertdist, holding its own mlflow.db, is served its own."""
+    from bertdist.tracking.ui import store_for
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    directory, _ = run_dir
+    assert store_for(str(directory.parent), None) == store_for(str(directory), None)
+    old_run = tmp_path / "old-run"
+    build_tracker(TrackingConfig(tracking_uri=f"sqlite:///{old_run / STORE_FILENAME}", log_system_metrics=False), str(old_run), 0).close()
+    assert store_for(str(old_run), None) == (f"sqlite:///{old_run.resolve() / STORE_FILENAME}", str(old_run.resolve() / ARTIFACTS_DIRNAME))
