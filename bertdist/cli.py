@@ -4,7 +4,7 @@
     bertdist prepare  turn a corpus into WebDataset shards of masked sentence pairs (Ray)
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
-    bertdist export   write a checkpoint in the Hugging Face format
+    bertdist export   write a checkpoint in the Hugging Face format (and ONNX)
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA, multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
     bertdist evaluate fine-tune and score a model on a suite (GLUE, or your own) with the paper's sweep
@@ -237,17 +237,24 @@ def _run_train(args: argparse.Namespace) -> int:
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="write a checkpoint in the Hugging Face format",
+        help="write a checkpoint in the Hugging Face format (and ONNX)",
         description=(
             "Consolidate a training checkpoint (any ZeRO stage, on CPU, no GPUs needed) and write it as a "
             "Hugging Face directory of its architecture (BERT, ModernBERT): model.safetensors, config.json, "
             "vocab.txt and tokenizer files. "
             "CHECKPOINT is a checkpoint directory (.../checkpoints/step_00001000), or a run directory whose "
-            "latest checkpoint is taken."
+            "latest checkpoint is taken; a fine-tuning's output_dir exports its best epoch's model (output_dir/model), "
+            "and a Hugging Face directory (a fine-tuned model, an earlier export) is copied. "
+            "--format onnx adds model.onnx (dynamic batch and sequence axes; inputs input_ids, attention_mask and "
+            "BERT's token_type_ids; outputs the logits) and a README.md saying how to run it with onnxruntime."
         ),
     )
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory, or a run's output_dir")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory, a run's or a fine-tuning's output_dir, "
+                   "or a Hugging Face directory")  # fmt: skip
     p.add_argument("--output", required=True, help="directory to write")
+    p.add_argument("--format", choices=("hf", "onnx"), default="hf", dest="export_format",
+                   help="hf: the Hugging Face format; onnx: that and model.onnx (needs the onnx package: pip install "
+                   "'bertdist[onnx]')")  # fmt: skip
     p.add_argument("--vocab", help="the tokenizer to ship, a vocab.txt or tokenizer.json (default: the run's data.vocab_file)")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --output")
     p.set_defaults(func=_run_export, interrupted="nothing was written (a partial export is removed)")
@@ -257,7 +264,7 @@ def _run_export(args: argparse.Namespace) -> int:
     from bertdist.train.export import export
 
     with chatter.logged():  # beside the model nothing but the model: LOGGER only
-        written = export(args.checkpoint, args.output, args.vocab, overwrite=args.overwrite)
+        written = export(args.checkpoint, args.output, args.vocab, overwrite=args.overwrite, onnx=args.export_format == "onnx")
     print(f"exported {args.checkpoint} to {written}")
     return 0
 

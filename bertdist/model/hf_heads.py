@@ -13,6 +13,7 @@ the family, with or without the pretraining heads): the encoder's weights are lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from bertdist.model.registry import HF_MODEL_TYPES
 
 SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "SequenceClassification", "TokenClassification"
 QUESTION_ANSWERING, MULTIPLE_CHOICE = "QuestionAnswering", "MultipleChoice"
+HEADS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING, MULTIPLE_CHOICE)
 """The heads: what follows `For` in a task model's name, and `AutoModelFor` in its Auto class's."""
 
 
@@ -114,12 +116,13 @@ def save_task_model(model: Any, directory: str | os.PathLike, labels: list[str],
     FAMILIES[model.config.arch].write_directory(model, directory, vocab_file, {**config, **(extra_config or {})})
 
 
-def load_task_model(directory: str | os.PathLike) -> tuple[Any, list[str]]:
-    """A fine-tuned model saved by us or by `transformers` (architecture from config.json) and its labels."""
+def load_task_model(directory: str | os.PathLike, unpad: bool = True) -> tuple[Any, list[str]]:
+    """A fine-tuned model saved by us or by `transformers` (architecture from config.json) and its labels.
+    `unpad` False: its encoder runs padded (model.unpad), as a traced graph needs (bertdist.model.onnx)."""
     directory = Path(directory)
-    raw, arch = _read_config(directory)
-    family = FAMILIES[arch]
-    cfg = family.config_from_hf(raw, str(directory / CONFIG_FILE))
+    raw, cfg = model_config(directory)
+    cfg = dataclasses.replace(cfg, unpad=unpad)
+    family = FAMILIES[cfg.arch]
     architecture = (raw.get("architectures") or [""])[0]
     labels = _labels(raw, directory)
     sequence = architecture.endswith(SEQUENCE_CLASSIFICATION)
@@ -138,11 +141,9 @@ def load_task_model(directory: str | os.PathLike) -> tuple[Any, list[str]]:
 def read_pretrained(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
     """The config, the weights in bertdist names and the file read of a Hugging Face directory of any family."""
     directory = Path(directory)
-    raw, arch = _read_config(directory)
-    family = FAMILIES[arch]
-    cfg = family.config_from_hf(raw, str(directory / CONFIG_FILE))
+    _, cfg = model_config(directory)
     tensors, source = read_weights(directory)
-    return cfg, family.state_from_hf(tensors, source), source
+    return cfg, FAMILIES[cfg.arch].state_from_hf(tensors, source), source
 
 
 def task_model_from_pretrained(directory: str | os.PathLike, architecture: str, labels: list[str],
@@ -178,6 +179,13 @@ def pretrained_encoder(cfg: ModelConfig, state: dict[str, Any], source: str) -> 
     setattr(holder, family.encoder_name, family.encoder(cfg))
     load_encoder(holder, state, source)
     return getattr(holder, family.encoder_name)
+
+
+def model_config(directory: str | os.PathLike) -> tuple[dict[str, Any], ModelConfig]:
+    """config.json of a Hugging Face directory of either family and the ModelConfig it describes."""
+    directory = Path(directory)
+    raw, arch = _read_config(directory)
+    return raw, FAMILIES[arch].config_from_hf(raw, str(directory / CONFIG_FILE))
 
 
 def _read_config(directory: Path) -> tuple[dict[str, Any], str]:

@@ -4,11 +4,17 @@ architecture (`BertForPreTraining`/`BertForMaskedLM`, `ModernBertForMaskedLM`: b
 Works from any ZeRO stage in one CPU process (no GPUs, no process group): the fp32 weights are
 consolidated by bertdist.train.checkpoint, loaded into our model to prove they fit it exactly, and written by
 the model's own `save_pretrained` with the vocabulary, so `transformers` loads the result offline.
+
+A fine-tuning's output_dir (or its checkpoint) exports the model `bertdist finetune` kept, its best epoch
+({output_dir}/model), and a Hugging Face directory (a fine-tuned model, an earlier export) is copied as it is:
+with `onnx`, either way the directory gets model.onnx and a README.md saying how to run it (bertdist.model.onnx).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,9 @@ from bertdist.data.tokenizer import tokenizer_file, vocab_mismatch
 from bertdist.model.hf import CONFIG_FILE
 from bertdist.storage import PARTIAL_MARKER
 from bertdist.train import checkpoint
+
+FINETUNE_MODEL_DIRNAME = "model"
+"""Where `bertdist finetune` writes its best epoch's model, in its output_dir (bertdist.finetune.runner)."""
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
@@ -43,20 +52,21 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def export(
-    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False
+    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False,
+    onnx: bool = False,
 ) -> Path | str:
     """`export_directory`, to a local directory or to a URL (written locally first, then uploaded with
     config.json last: a reader that finds config.json finds the whole model)."""
     output = os.fspath(output_dir)
     if not storage.is_url(output):
-        return export_directory(checkpoint_path, output, vocab_file, overwrite)
+        return export_directory(checkpoint_path, output, vocab_file, overwrite, onnx)
     output = output.rstrip("/")
     _refuse_url_over_input(output, os.fspath(checkpoint_path))
     existing = storage.find(output)
     if existing and not overwrite:
         raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new prefix or pass --overwrite")
     with tempfile.TemporaryDirectory() as staging:
-        export_directory(checkpoint_path, Path(staging, "model"), vocab_file)
+        export_directory(checkpoint_path, Path(staging, "model"), vocab_file, onnx=onnx)
         if existing:
             _refuse_replacing_other_objects(output, existing, {p.name for p in Path(staging, "model").iterdir()})
             for url in existing:
@@ -90,9 +100,11 @@ def _refuse_replacing_other_objects(output: str, existing: list[str], export_nam
 
 
 def export_directory(
-    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False
+    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False,
+    onnx: bool = False,
 ) -> Path:
-    """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files); returns it.
+    """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files; with `onnx` model.onnx
+    and README.md too); returns it.
 
     The new files are written to a staging directory inside `output_dir` and moved into place only when all
     of them are written, so a failure (a full disk, Ctrl-C) leaves the directory as it was, and `--overwrite`
@@ -100,38 +112,90 @@ def export_directory(
     the run that trained the checkpoint (its id travels in the checkpoint), so the dashboard lists the model
     beside its metrics; a tracking failure only warns.
     """
-    from bertdist.model.registry import build_model, checkpoint_model_config, hf_adapter
     from bertdist.tracking.models import log_export
 
     output = Path(output_dir)
     if output.exists() and not output.is_dir():
         raise checkpoint.CheckpointError(f"--output {output}: is a file, not a directory")
     _refuse_output_over_input(output, os.fspath(checkpoint_path))
+    given = None if storage.is_url(os.fspath(checkpoint_path)) else Path(checkpoint_path)
     with ownership.owned(output, remove_on_failure=True):
         old = ownership.contents(output)
         if old and not overwrite:
             raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
-        source, state, weights = read_newest(checkpoint_path)
-        model = build_model(checkpoint_model_config(state.config, state.step))  # the last phase's RoPE thetas
-        model.load_state_dict(weights, strict=True)  # proves that they fit our model exactly
-        vocab = vocab_file or state.config["data"]["vocab_file"]
-        if not Path(vocab).exists():
-            raise checkpoint.CheckpointError(f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH")
-        problem = vocab_mismatch(vocab, model.config.vocab_size, state.config["data"]["vocab_file"])
-        if problem:
-            raise checkpoint.CheckpointError(f"--vocab: {problem}")
-        # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
-        provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
         staging = output / f".export{PARTIAL_MARKER}{os.getpid()}"
-        hf_adapter(model.config.arch).write_directory(model, staging, tokenizer_file(vocab), provenance)
+        state = None
+        if given is not None and (given / CONFIG_FILE).is_file():  # a Hugging Face directory
+            _copy_model(given, staging, vocab_file)
+        else:
+            source, state, weights = read_newest(checkpoint_path)
+            fine_tuned = _fine_tuned_model(source)
+            if fine_tuned is not None:
+                _copy_model(fine_tuned, staging, vocab_file)
+            else:
+                _write_pretraining_model(source, state, weights, staging, vocab_file)
+        if onnx:
+            from bertdist.model.onnx import write_onnx
+
+            write_onnx(staging)
         for path in old:
             ownership.remove(path)
         for path in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):  # config.json last: it makes a model
             os.replace(path, output / path.name)
         staging.rmdir()
-    run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
-    log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output)
+    if state is not None:
+        run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
+        log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output)
     return output
+
+
+def _write_pretraining_model(source: Path, state: checkpoint.TrainState, weights: dict[str, Any], staging: Path,
+                             vocab_file: str | None) -> None:  # fmt: skip
+    """The pretraining model of a checkpoint, with its vocabulary, as a Hugging Face directory at `staging`."""
+    from bertdist.model.registry import build_model, checkpoint_model_config, hf_adapter
+
+    model = build_model(checkpoint_model_config(state.config, state.step))  # the last phase's RoPE thetas
+    try:
+        model.load_state_dict(weights, strict=True)  # proves that they fit our model exactly
+    except RuntimeError:  # torch lists every key: a fine-tuning's checkpoint, say, whose model/ is gone
+        raise checkpoint.CheckpointError(
+            f"{source}: its weights are not those of the pretraining model its config describes ({model.config.arch}); "
+            f"a fine-tuning's model is its output_dir/{FINETUNE_MODEL_DIRNAME}, which `bertdist finetune` writes"
+        ) from None
+    vocab = vocab_file or state.config["data"]["vocab_file"]
+    if not Path(vocab).exists():
+        raise checkpoint.CheckpointError(f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH")
+    problem = vocab_mismatch(vocab, model.config.vocab_size, state.config["data"]["vocab_file"])
+    if problem:
+        raise checkpoint.CheckpointError(f"--vocab: {problem}")
+    # Where the weights came from travels with them: `bertdist finetune` records it on its own run.
+    provenance = {"bertdist_run_id": state.tracking_run_id, "bertdist_checkpoint": str(source.resolve())}
+    hf_adapter(model.config.arch).write_directory(model, staging, tokenizer_file(vocab), provenance)
+
+
+def _fine_tuned_model(source: Path) -> Path | None:
+    """When checkpoint `source` is a fine-tuning's, the model it kept: its best epoch, which `bertdist finetune`
+    wrote to {output_dir}/model as soon as it was found (the checkpoint kept is the last epoch's). Told by that
+    model's architecture, a task model's: a pretraining run may hold an export of its own there."""
+    from bertdist.model.hf_heads import HEADS
+
+    model = source.parent.parent / FINETUNE_MODEL_DIRNAME  # {output_dir}/checkpoints/step_N
+    try:
+        architectures = json.loads((model / CONFIG_FILE).read_text()).get("architectures") or [""]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model if str(architectures[0]).endswith(HEADS) else None
+
+
+def _copy_model(model: Path, staging: Path, vocab_file: str | None) -> None:
+    """The files of the Hugging Face directory `model`, as they are (its tokenizer is the model's)."""
+    if vocab_file:
+        raise checkpoint.CheckpointError(f"--vocab: {model} is a Hugging Face directory, exported with its own tokenizer; "
+                                         "--vocab applies to training checkpoints")  # fmt: skip
+    staging.mkdir(parents=True)
+    for path in model.iterdir():
+        if path.is_file():
+            shutil.copyfile(path, staging / path.name)
 
 
 def _refuse_output_over_input(output: Path, given_path: str) -> None:

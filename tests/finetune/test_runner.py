@@ -71,6 +71,14 @@ def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loa
     best = printed.split("best dev epoch", 1)[1]
     assert f"accuracy {accuracy:.4f}" in best, (accuracy, best)  # the export is the model that was measured
 
+    # `bertdist export` of the fine-tuning's output_dir: its best model, here with its ONNX graph
+    onnxruntime = pytest.importorskip("onnxruntime")
+    assert main(["export", str(out), "--output", str(tmp_path / "onnx"), "--format", "onnx"]) == 0
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    batch = tokenizer([r["sentence"] for r in dev_rows], padding=True, return_tensors="np")
+    (onnx_logits,) = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})
+    np.testing.assert_allclose(onnx_logits, logits.numpy(), rtol=1e-4, atol=1e-4)
+
     import mlflow
 
     from bertdist.tracking.store import local_store_uri
