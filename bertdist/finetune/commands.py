@@ -75,20 +75,31 @@ def _run_embed(args: argparse.Namespace) -> int:
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
+    from bertdist.finetune.embed import POOLINGS
+    from bertdist.finetune.retrieval import RetrievalOptions
     from bertdist.finetune.suites import PAPER_LRS
 
+    d = RetrievalOptions(data_dir="", model="", output="")
     p = sub.add_parser("evaluate", help="fine-tune and score a model on a suite of tasks (GLUE or your own)", description=(
         "Fine-tune MODEL on every task of the suite found in --data-dir, once per learning rate, and print the best dev "
         "result per task as the paper's GLUE table; one MLflow parent run with a child per task and rate (docs/finetune.md). "
+        "--suite retrieval scores the frozen MODEL as a dense retriever on a BEIR collection instead. "
         "key=value overrides apply to every run (e.g. finetune.epochs=2 train.precision=bf16)."))  # fmt: skip
-    p.add_argument("--suite", default="glue", help="glue (the standard GLUE TSV layout) or a suite YAML file")
-    p.add_argument("--data-dir", required=True, help="directory with the suite's files (GLUE: CoLA/, SST-2/, MNLI/, ...)")
+    p.add_argument("--suite", default="glue", help="glue (the standard GLUE TSV layout), retrieval (a BEIR collection: "
+                   "nDCG@10, Recall@100, MRR@10 of the frozen model, nothing fine-tuned) or a suite YAML file")
+    p.add_argument("--data-dir", required=True, help="directory with the suite's files (GLUE: CoLA/, SST-2/, MNLI/, ...; "
+                   "retrieval: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
     p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory")
     p.add_argument("--tasks", default="", help="comma-separated task names (default: every task found)")
     p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="learning rates of the sweep")
     p.add_argument("--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)")
     p.add_argument("--config", help="YAML file applied to every run (train.*, optim.*, tracking.*, finetune.*)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
+    r = p.add_argument_group("retrieval", "--suite retrieval only (finetune.on_bad_input=skip skips bad lines, counted)")
+    r.add_argument("--split", default=d.split, help="the judgments: qrels/SPLIT.tsv")
+    r.add_argument("--pooling", choices=POOLINGS, default=d.pooling, help="a text's vector: the mean of the last layer, or [CLS]")
+    r.add_argument("--batch-size", type=int, default=d.batch_size)
+    r.add_argument("--max-seq-length", type=int, default=d.max_seq_length, help="0: 256, or the model's positions where fewer")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
     p.set_defaults(func=_run_evaluate, interrupted="finished runs are kept under --output; the interrupted one continues from its last epoch when rerun")
 
@@ -102,4 +113,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     except ValueError:
         raise UserError(f"--lrs: {args.lrs!r} is not a comma-separated list of numbers") from None
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.suite == "retrieval":
+        from bertdist.finetune.retrieval import RetrievalOptions, evaluate_retrieval
+        from bertdist.flags import from_args
+
+        if tasks:
+            raise UserError("--tasks: --suite retrieval is one task (the collection in --data-dir)")
+        return evaluate_retrieval(from_args(RetrievalOptions, args))
     return evaluate(args.suite, args.data_dir, args.model, args.output, tasks, lrs, args.config, list(args.overrides))

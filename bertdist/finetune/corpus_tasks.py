@@ -13,6 +13,8 @@ the tests), one per kind of `bertdist finetune` task. Each reads documents from 
 - `span_questions` (question answering, SQuAD JSON): a passage of a few sentences and the question
   `What follows "<a phrase of the passage>"?`, answered by the next words of the passage; with
   `unanswerable` > 0, that share of questions asks about a phrase from another document (v2.0).
+- `held_out_retrieval` (`bertdist evaluate --suite retrieval`, a BEIR collection): every document is a
+  passage; a query is a sentence taken out of its document, whose passage (the rest of it) is the one relevant.
 """
 
 from __future__ import annotations
@@ -113,6 +115,25 @@ def span_questions(jsonl_file: str | Path, output_file: str | Path, questions: i
     Path(output_file).write_text(json.dumps({"version": "v2.0" if unanswerable else "1.1",
                                              "data": [{"title": "corpus", "paragraphs": paragraphs}]}, indent=1))  # fmt: skip
     return questions
+
+
+def held_out_retrieval(jsonl_file: str | Path, output_dir: str | Path, queries: int, seed: int) -> int:
+    """Write corpus.jsonl, queries.jsonl and qrels/test.tsv: `queries` sentences held out of as many documents."""
+    rng, documents = random.Random(seed), _documents(jsonl_file)
+    if queries > len(documents):
+        raise ValueError(f"{jsonl_file}: {queries} queries asked of {len(documents)} documents")
+    held_out = {doc: rng.randrange(len(documents[doc])) for doc in rng.sample(range(len(documents)), queries)}
+    out = Path(output_dir)
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    passages = [" ".join(s for i, s in enumerate(sentences) if i != held_out.get(doc)) for doc, sentences in enumerate(documents)]
+    _write_jsonl(out / "corpus.jsonl", [{"_id": f"d{doc}", "title": "", "text": text} for doc, text in enumerate(passages)])
+    _write_jsonl(out / "queries.jsonl", [{"_id": f"q{doc}", "text": documents[doc][i]} for doc, i in held_out.items()])
+    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{doc}\td{doc}\t1\n" for doc in held_out))
+    return queries
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
 def _documents(jsonl_file: str | Path) -> list[list[str]]:

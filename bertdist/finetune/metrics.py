@@ -6,10 +6,12 @@
   (an I- tag that does not continue an entity of its type starts a new one);
 - `squad_scores`: SQuAD's official exact match and F1 (lower case, punctuation and the articles a/an/the
   removed, whitespace collapsed; the best over the gold answers), with v2.0's HasAns/NoAns split, where an
-  unanswerable question's only gold answer is "".
+  unanswerable question's only gold answer is "";
+- `retrieval_scores`: nDCG@10, Recall@100 and MRR@10 of a ranked run against graded judgments (qrels), as
+  BEIR reports them and ranx computes them.
 
 tests/finetune/test_metrics.py checks them against scikit-learn, scipy and the hand-computed examples of
-seqeval's and SQuAD's documentation.
+seqeval's and SQuAD's documentation; tests/finetune/test_retrieval.py checks the retrieval metrics against ranx.
 """
 
 from __future__ import annotations
@@ -166,3 +168,40 @@ def squad_scores(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
                 scores.update({f"{name}_exact": 100 * np.mean([em[q] for q in ids]),
                                f"{name}_f1": 100 * np.mean([f[q] for q in ids]), f"{name}_total": len(ids)})  # fmt: skip
     return {k: float(v) if isinstance(v, np.floating) else v for k, v in scores.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval (BEIR's metrics, with ranx's and trec_eval's definitions)
+
+RETRIEVAL_METRICS = {"ndcg_at_10": "nDCG@10", "recall_at_100": "Recall@100", "mrr_at_10": "MRR@10"}
+"""Key (results.json, MLflow, which allows no `@`) -> the name BEIR's tables print."""
+
+
+def retrieval_scores(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """The mean over the queries of `qrels` of nDCG@10, Recall@100 and MRR@10 of `run` (query -> doc -> score).
+
+    A document is relevant when judged 1 or more; nDCG's gain is the judgment itself (Järvelin and Kekäläinen,
+    as trec_eval's ndcg_cut), the ideal ranking the judgments sorted. A query with no relevant document scores 0
+    on all three and counts in the mean; one absent from the run retrieved nothing. Ranks follow the scores,
+    highest first; tied scores keep the order the run lists them in."""
+    if not qrels:
+        raise ValueError("no judged query")
+    totals = dict.fromkeys(RETRIEVAL_METRICS, 0.0)
+    for query, judged in qrels.items():
+        scored = run.get(query, {})
+        ranked = sorted(scored, key=lambda d: -scored[d])  # stable: ties keep the run's order
+        gains = np.array([judged.get(d, 0) for d in ranked], dtype=np.float64)
+        gains[gains < 1] = 0.0
+        relevant = sorted((g for g in judged.values() if g >= 1), reverse=True)
+        if not relevant:
+            continue
+        ideal = np.asarray(relevant[:10], dtype=np.float64)
+        totals["ndcg_at_10"] += _dcg(gains[:10]) / _dcg(ideal)
+        totals["recall_at_100"] += np.count_nonzero(gains[:100]) / len(relevant)
+        first = np.flatnonzero(gains[:10])
+        totals["mrr_at_10"] += 1 / (first[0] + 1) if first.size else 0.0
+    return {k: float(v / len(qrels)) for k, v in totals.items()}
+
+
+def _dcg(gains: np.ndarray) -> float:
+    return float(np.sum(gains / np.log2(np.arange(2, len(gains) + 2))))

@@ -1,0 +1,191 @@
+"""`bertdist evaluate --suite retrieval`: a frozen encoder as a dense retriever, scored on a BEIR collection.
+
+Queries and passages are embedded by the same encoder (bertdist.finetune.embed.sentence_vectors: the mean of
+the last layer over the tokens, or [CLS], at unit length, so a dot product is the cosine similarity). Each
+judged query's 100 best passages are found exactly, by matrix products of blocks of queries with blocks of
+the corpus and torch.topk (no approximate index), and the run is scored with BEIR's headline metrics:
+nDCG@10, Recall@100 and MRR@10 (bertdist.finetune.metrics.retrieval_scores). As BEIR does, a passage whose id
+is the query's own id is never retrieved for it (Quora and ArguAna list a query among the passages).
+
+Memory: the collection is checked whole before the model is loaded (bertdist.finetune.beir); the corpus is
+then read again a block at a time, and what stays is its ids and the float32 matrix of its vectors
+(passages x hidden x 4 bytes). Output in `--output`: results.json (the scores, the counts, the choices made,
+every skipped line), run.trec (the 100 passages per query, trec_eval's run format), and one MLflow run like
+the other suites' parent run (`bertdist.kind = evaluate`, `bertdist.suite = retrieval`).
+
+It is not fine-tuning: a model trained only with masked language modelling is a weak retriever, and the
+score says how weak; it runs in one process, on one GPU when there is one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertdist.errors import OK_EXIT_CODE, UserError
+
+TOP_K = 100
+CORPUS_BLOCK_ROWS = 8192
+"""Passages read, tokenised and sorted by length at once (the batches inside a block are of similar length)."""
+
+
+@dataclass
+class RetrievalOptions:
+    data_dir: str
+    """A BEIR collection: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."""
+    model: str
+    """A bertdist run or checkpoint, a bertdist export, or any Hugging Face BERT or ModernBERT directory."""
+    output: str
+    """results.json, run.trec and (unless tracking.tracking_uri) the MLflow store."""
+    split: str = "test"
+    """The judgments: qrels/<split>.tsv."""
+    pooling: str = "mean"
+    """mean (of the last layer over the tokens) or cls."""
+    batch_size: int = 64
+    max_seq_length: int = 0
+    """0: 256, or the model's positions where it has fewer; longer texts are cut."""
+    config: str | None = None
+    """YAML read for tracking.* and finetune.on_bad_input, as the other suites read it."""
+    overrides: list[str] = field(default_factory=list)
+
+
+def check(o: RetrievalOptions) -> None:
+    from bertdist.finetune.embed import POOLINGS
+
+    problems = []
+    if o.pooling not in POOLINGS:
+        problems.append(f"--pooling: {o.pooling!r} is not {' or '.join(POOLINGS)}")
+    if o.batch_size <= 0:
+        problems.append(f"--batch-size: must be positive, got {o.batch_size}")
+    if o.max_seq_length < 0:
+        problems.append(f"--max-seq-length: must be 0 (256 or the model's positions) or positive, got {o.max_seq_length}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        problems.append("--suite retrieval runs in one process (on one GPU when there is one); start it without a launcher")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def evaluate_retrieval(o: RetrievalOptions) -> int:
+    """Embed, retrieve, score; print the table, write results.json and run.trec, log one MLflow run."""
+    from bertdist.config import load_config
+    from bertdist.finetune.beir import read_collection
+    from bertdist.finetune.embed import open_encoder, sentence_vectors
+    from bertdist.finetune.metrics import retrieval_scores
+
+    check(o)
+    base = load_config(o.config, o.overrides)
+    collection = read_collection(o.data_dir, o.split, base.finetune.on_bad_input == "skip")  # before the model loads
+    started = time.monotonic()
+    encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
+    queries = sentence_vectors(encoder, list(collection.queries.values()), o.pooling, o.batch_size)
+    corpus = _embed_corpus(encoder, collection, o)
+    embedded = time.monotonic()
+    run = _run(collection, *top_k(queries, corpus, TOP_K + 1))
+    scores = retrieval_scores(run, collection.qrels)
+    unjudged = sum(1 for judged in collection.qrels.values() if not any(g >= 1 for g in judged.values()))
+    results = {"suite": "retrieval", "model": o.model, "pretraining_run_id": encoder.source.pretraining_run_id,
+               "data_dir": o.data_dir, "split": o.split, "pooling": o.pooling, "max_seq_length": encoder.max_seq_length,
+               "queries": len(collection.queries), "passages": len(collection.doc_ids), "queries_without_relevant": unjudged,
+               "metrics": scores, "embedding_seconds": round(embedded - started, 3),
+               "search_seconds": round(time.monotonic() - embedded, 3), "skipped": collection.skipped}  # fmt: skip
+    out = _write(o.output, results, run)
+    _log(o, base, results, out)
+    print(_table(scores))
+    skipped = f"; {len(collection.skipped)} line(s) skipped (results.json: skipped)" if collection.skipped else ""
+    print(f"{len(collection.queries)} queries ({unjudged} with no relevant passage, scored 0), {len(collection.doc_ids)} "
+          f"passages{skipped}; results in {out / 'results.json'}")  # fmt: skip
+    return OK_EXIT_CODE
+
+
+def _embed_corpus(encoder: Any, collection: Any, o: RetrievalOptions) -> np.ndarray:
+    """(passages, hidden) float32, filled a block at a time, with a progress line on stderr every half minute."""
+    from bertdist.finetune.beir import corpus_texts
+    from bertdist.finetune.embed import sentence_vectors
+
+    total = len(collection.doc_ids)
+    matrix = np.empty((total, encoder.source.model_cfg.hidden_size), dtype=np.float32)
+    done, started, reported = 0, time.monotonic(), time.monotonic()
+    for texts in corpus_texts(collection, CORPUS_BLOCK_ROWS):
+        matrix[done : done + len(texts)] = sentence_vectors(encoder, texts, o.pooling, o.batch_size)
+        done += len(texts)
+        if time.monotonic() - reported > 30 or done == total:
+            reported = time.monotonic()
+            rate = done / max(reported - started, 1e-9)
+            print(f"bertdist evaluate: embedded {done}/{total} passages ({rate:.0f}/s)", file=sys.stderr, flush=True)
+    return matrix
+
+
+def top_k(queries: np.ndarray, corpus: np.ndarray, k: int, query_block: int = 1024,
+          corpus_block: int = 32768) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The `k` highest dot products of each query with the corpus, exactly: (scores, corpus rows), each
+    (queries, min(k, passages)), best first, equal scores in corpus order. At most query_block x corpus_block
+    scores exist at once; each block of the corpus goes to the device once."""
+    import torch
+
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    k = min(k, len(corpus))
+    q = torch.from_numpy(queries).to(device)
+    best = torch.full((len(q), k), -torch.inf, device=device)
+    best_rows = torch.zeros((len(q), k), dtype=torch.int64, device=device)
+    for first in range(0, len(corpus), corpus_block):
+        block = torch.from_numpy(corpus[first : first + corpus_block]).to(device)
+        for start in range(0, len(q), query_block):
+            part = slice(start, start + query_block)
+            top = torch.topk(q[part] @ block.T, min(k, len(block)), dim=1)  # (queries, passages of the block)
+            scores = torch.cat([best[part], top.values], dim=1)
+            rows = torch.cat([best_rows[part], top.indices + first], dim=1)
+            keep = torch.topk(scores, k, dim=1)
+            best[part], best_rows[part] = keep.values, rows.gather(1, keep.indices)
+    scores, rows = best.cpu().numpy(), best_rows.cpu().numpy()
+    order = np.lexsort((rows, -scores))  # per query: score, highest first; then corpus row
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
+
+
+def _run(collection: Any, scores: np.ndarray, rows: np.ndarray) -> dict[str, dict[str, float]]:
+    """query id -> its TOP_K passages' ids -> score, in rank order; a passage with the query's id left out."""
+    run = {}
+    for query, query_scores, query_rows in zip(collection.queries, scores, rows):
+        found = ((collection.doc_ids[r], float(s)) for r, s in zip(query_rows, query_scores))
+        run[query] = dict([(doc, s) for doc, s in found if doc != query][:TOP_K])
+    return run
+
+
+def _write(output: str, results: dict[str, Any], run: dict[str, dict[str, float]]) -> Path:
+    from bertdist.storage import atomic_write, write_json
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "run.trec") as f:
+        for query, ranked in run.items():
+            f.writelines(f"{query} Q0 {doc} {rank} {score!r} bertdist\n" for rank, (doc, score) in enumerate(ranked.items(), 1))
+    write_json(out / "results.json", results, indent=1)
+    return out
+
+
+def _log(o: RetrievalOptions, base: Any, results: dict[str, Any], out: Path) -> None:
+    """One MLflow run, as the other suites' parent run (no children: nothing is fine-tuned)."""
+    from bertdist.tracking.mlflow_tracker import build_tracker
+
+    name = Path(o.data_dir.rstrip("/")).name or "retrieval"
+    tracker = build_tracker(base.tracking, o.output, 0, run_name=f"retrieval-{name}-{time.strftime('%Y%m%d-%H%M')}")
+    tracker.set_tags({"bertdist.kind": "evaluate", "bertdist.suite": "retrieval", "bertdist.init_from": o.model,
+                      "bertdist.pretraining_run_id": results["pretraining_run_id"] or ""})  # fmt: skip
+    tracker.log_params({k: results[k] for k in ("data_dir", "split", "pooling", "max_seq_length", "queries", "passages")})
+    tracker.log_metrics(results["metrics"], 0)
+    tracker.log_artifact(out / "results.json")
+    tracker.close("FINISHED")
+
+
+def _table(scores: dict[str, float]) -> str:
+    from bertdist.finetune.metrics import RETRIEVAL_METRICS
+
+    names = list(RETRIEVAL_METRICS.values())
+    values = [f"{100 * scores[k]:.1f}" for k in RETRIEVAL_METRICS]
+    widths = [max(len(n), len(v)) for n, v in zip(names, values)]
+    return "\n".join(" | ".join(x.rjust(w) for x, w in zip(row, widths)) for row in (names, values))
