@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import use_all_cores  # benchmarks/ is on sys.path when this file runs as a script
 
 from bertdist.config import load_config
@@ -37,9 +36,19 @@ from bertdist.finetune.task import build
 from bertdist.train.distributed import free_tcp_port
 
 TASKS = {  # name: (maker, rows train/dev, finetune settings)
-    "adjacency": ("sentence_adjacency", (2000, 400), ["finetune.text_column=sentence1", "finetune.text_pair_column=sentence2"], "tsv"),
-    "span_qa": ("span_questions", (1500, 300), ["finetune.task=question_answering", "finetune.max_seq_length=128", "finetune.doc_stride=64"], "json"),
-}  # fmt: skip
+    "adjacency": (
+        "sentence_adjacency",
+        (2000, 400),
+        ["finetune.text_column=sentence1", "finetune.text_pair_column=sentence2"],
+        "tsv",
+    ),
+    "span_qa": (
+        "span_questions",
+        (1500, 300),
+        ["finetune.task=question_answering", "finetune.max_seq_length=128", "finetune.doc_stride=64"],
+        "json",
+    ),
+}
 
 
 def corpus(directory: Path) -> tuple[Path, Path, str]:
@@ -62,7 +71,12 @@ def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
 
     ft = cfg.finetune
     source = resolve(cfg)
-    task = build(ft, ft.sequence_length(source.model_cfg.max_position_embeddings), source.vocab_file, cased_vocabulary(source.vocab_file))
+    task = build(
+        ft,
+        ft.sequence_length(source.model_cfg.max_position_embeddings),
+        source.vocab_file,
+        cased_vocabulary(source.vocab_file),
+    )
     auto = getattr(transformers, f"AutoModelFor{task.head}")  # the Auto class of the task's head, for any family
     model = auto.from_pretrained(ft.init_from, **({"num_labels": len(task.labels)} if task.labels else {}))
 
@@ -75,7 +89,11 @@ def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
         with torch.no_grad():
             for start in range(0, len(task.dev), 64):
                 index = np.arange(start, min(start + 64, len(task.dev)))
-                batch = {k: v for k, v in task.dev.batch(index, 0).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+                batch = {
+                    k: v
+                    for k, v in task.dev.batch(index, 0).items()
+                    if k in ("input_ids", "token_type_ids", "attention_mask")
+                }
                 out = model(**batch)
                 logits = torch.stack([out.start_logits, out.end_logits], -1) if task.per_token else out.logits
                 outputs += task.dev.trim(logits.numpy(), index, task.per_token)
@@ -90,12 +108,27 @@ def trainer_scores(cfg, seed: int, directory: Path) -> dict[str, float]:
 
     steps = int(ft.epochs * (len(task.train) // ft.batch_size))
     args = transformers.TrainingArguments(
-        output_dir=str(directory / f"trainer-{seed}"), per_device_train_batch_size=ft.batch_size, num_train_epochs=ft.epochs,
-        learning_rate=ft.lr, warmup_steps=int(ft.warmup_proportion * steps), weight_decay=cfg.optim.weight_decay,
-        adam_beta1=cfg.optim.betas[0], adam_beta2=cfg.optim.betas[1], adam_epsilon=cfg.optim.eps, max_grad_norm=cfg.optim.grad_clip_norm,
-        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=seed,
-        dataloader_drop_last=True)  # fmt: skip
-    transformers.Trainer(model=model, args=args, train_dataset=rows(task.train), data_collator=_pad_collator, callbacks=[EveryEpoch()]).train()
+        output_dir=str(directory / f"trainer-{seed}"),
+        per_device_train_batch_size=ft.batch_size,
+        num_train_epochs=ft.epochs,
+        learning_rate=ft.lr,
+        warmup_steps=int(ft.warmup_proportion * steps),
+        weight_decay=cfg.optim.weight_decay,
+        adam_beta1=cfg.optim.betas[0],
+        adam_beta2=cfg.optim.betas[1],
+        adam_epsilon=cfg.optim.eps,
+        max_grad_norm=cfg.optim.grad_clip_norm,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=seed,
+        dataloader_drop_last=True,
+    )
+    transformers.Trainer(
+        model=model, args=args, train_dataset=rows(task.train), data_collator=_pad_collator, callbacks=[EveryEpoch()]
+    ).train()
     return max(epochs, key=lambda scores: next(iter(scores.values())))
 
 
@@ -116,16 +149,22 @@ def compare(scores: dict[str, list[float]]) -> dict[str, object]:
 
     ours, theirs = scores["bertdist"], scores["transformers Trainer"]
     test = ttest_ind(ours, theirs, equal_var=False)
-    return {**{f"{k} runs": [round(x, 4) for x in v] for k, v in scores.items()},
-            **{f"{k} mean": round(statistics.mean(v), 4) for k, v in scores.items()},
-            **{f"{k} std": round(statistics.stdev(v), 4) for k, v in scores.items()},
-            "difference": round(statistics.mean(ours) - statistics.mean(theirs), 4),
-            "welch t": round(float(test.statistic), 2), "p": round(float(test.pvalue), 3)}  # fmt: skip
+    return {
+        **{f"{k} runs": [round(x, 4) for x in v] for k, v in scores.items()},
+        **{f"{k} mean": round(statistics.mean(v), 4) for k, v in scores.items()},
+        **{f"{k} std": round(statistics.stdev(v), 4) for k, v in scores.items()},
+        "difference": round(statistics.mean(ours) - statistics.mean(theirs), 4),
+        "welch t": round(float(test.statistic), 2),
+        "p": round(float(test.pvalue), 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="a pretrained BERT directory to start from (e.g. runs/demo/model); default: --size from random init")
+    parser.add_argument(
+        "--model",
+        help="a pretrained BERT directory to start from (e.g. runs/demo/model); default: --size from random init",
+    )
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=float, default=3)
@@ -152,9 +191,18 @@ def main() -> None:
             getattr(corpus_tasks, maker)(dev_docs, files[1], n_dev, 1)
             scores: dict[str, list[float]] = {"bertdist": [], "transformers Trainer": []}
             for seed in range(args.seeds):
-                overrides = [f"finetune.init_from={start}", f"finetune.train_file={files[0]}", f"finetune.dev_file={files[1]}",
-                             f"finetune.lr={args.lr}", f"finetune.epochs={args.epochs}", f"train.seed={seed}", "tracking.enabled=false",
-                             f"finetune.output_dir={directory / name / str(seed)}", f"launch.master_port={free_tcp_port()}", *settings]  # fmt: skip
+                overrides = [
+                    f"finetune.init_from={start}",
+                    f"finetune.train_file={files[0]}",
+                    f"finetune.dev_file={files[1]}",
+                    f"finetune.lr={args.lr}",
+                    f"finetune.epochs={args.epochs}",
+                    f"train.seed={seed}",
+                    "tracking.enabled=false",
+                    f"finetune.output_dir={directory / name / str(seed)}",
+                    f"launch.master_port={free_tcp_port()}",
+                    *settings,
+                ]
                 cfg = load_config(None, overrides)
                 results: dict[str, float] = {}
                 assert finetune(cfg, results) == 0

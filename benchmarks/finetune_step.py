@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import device_name, use_all_cores  # benchmarks/ is on sys.path when this file runs as a script
 
 from bertdist.config import load_config
@@ -52,19 +51,32 @@ def write_task(directory: Path, rows: int, seq_length: int, seed: int, varied: b
     vocab.write_text("\n".join(SPECIAL + [f"w{i}" for i in range(WORDS)]) + "\n")
     rng = np.random.default_rng(seed)
     words = rng.integers(seq_length // 8, seq_length - 1, rows) if varied else np.full(rows, seq_length - 2)
-    lines = ["sentence\tlabel"] + [" ".join(f"w{i}" for i in rng.integers(0, WORDS, n)) + f"\t{rng.integers(0, 2)}"
-                                   for n in words]  # fmt: skip
+    lines = ["sentence\tlabel"] + [
+        " ".join(f"w{i}" for i in rng.integers(0, WORDS, n)) + f"\t{rng.integers(0, 2)}" for n in words
+    ]
     data = directory / "train.tsv"
     data.write_text("\n".join(lines) + "\n")
     return vocab, data
 
 
 def bertdist_run(directory: Path, vocab: Path, data: Path, args: argparse.Namespace) -> Finetuning:
-    cfg = load_config(None, [f"finetune.vocab_file={vocab}", f"finetune.train_file={data}", f"finetune.dev_file={data}",
-                             f"finetune.batch_size={args.batch_size}", f"finetune.micro_batch_size={args.batch_size}",
-                             f"finetune.max_seq_length={args.seq_length}", f"finetune.output_dir={directory / 'bertdist'}",
-                             f"model.size={args.size}", f"model.vocab_size={len(SPECIAL) + WORDS}", f"train.precision={args.precision}",
-                             "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"finetune.vocab_file={vocab}",
+            f"finetune.train_file={data}",
+            f"finetune.dev_file={data}",
+            f"finetune.batch_size={args.batch_size}",
+            f"finetune.micro_batch_size={args.batch_size}",
+            f"finetune.max_seq_length={args.seq_length}",
+            f"finetune.output_dir={directory / 'bertdist'}",
+            f"model.size={args.size}",
+            f"model.vocab_size={len(SPECIAL) + WORDS}",
+            f"train.precision={args.precision}",
+            "tracking.enabled=false",
+            f"launch.master_port={free_tcp_port()}",
+        ],
+    )
     env = read_env(default_port=cfg.launch.master_port)
     validate_finetune(cfg, env.world_size)
     return Finetuning(cfg, env)
@@ -76,8 +88,10 @@ def trainer_rounds(run: Finetuning, args: argparse.Namespace, directory: Path, s
 
     hf_config = transformers.BertConfig(**config_to_hf(run.source.model_cfg), num_labels=2)
     model = transformers.BertForSequenceClassification(hf_config)
-    rows = [{"input_ids": torch.from_numpy(run.train.ids[i]).long(), "labels": int(run.train.targets["labels"][i])}
-            for i in range(len(run.train))]  # fmt: skip
+    rows = [
+        {"input_ids": torch.from_numpy(run.train.ids[i]).long(), "labels": int(run.train.targets["labels"][i])}
+        for i in range(len(run.train))
+    ]
 
     def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
         """Each batch padded to its longest row, as `DataCollatorWithPadding` does."""
@@ -87,8 +101,12 @@ def trainer_rounds(run: Finetuning, args: argparse.Namespace, directory: Path, s
         for i, f in enumerate(features):
             input_ids[i, : len(f["input_ids"])] = f["input_ids"]
             attention_mask[i, : len(f["input_ids"])] = 1
-        return {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids), "attention_mask": attention_mask,
-                "labels": torch.tensor([f["labels"] for f in features])}  # fmt: skip
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": torch.zeros_like(input_ids),
+            "attention_mask": attention_mask,
+            "labels": torch.tensor([f["labels"] for f in features]),
+        }
 
     class Clock(transformers.TrainerCallback):
         def __init__(self) -> None:
@@ -103,11 +121,26 @@ def trainer_rounds(run: Finetuning, args: argparse.Namespace, directory: Path, s
     def run_steps() -> list[float]:
         clock = Clock()
         training = transformers.TrainingArguments(
-            output_dir=str(directory / "trainer"), per_device_train_batch_size=args.batch_size, max_steps=steps,
-            learning_rate=2e-5, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0, report_to=[], save_strategy="no",
-            logging_strategy="no", use_cpu=args.device == "cpu", bf16=args.precision == "bf16", fp16=args.precision == "fp16",
-            dataloader_num_workers=0, disable_tqdm=True, seed=0)  # fmt: skip
-        transformers.Trainer(model=model, args=training, train_dataset=rows, data_collator=pad_batch, callbacks=[clock]).train()
+            output_dir=str(directory / "trainer"),
+            per_device_train_batch_size=args.batch_size,
+            max_steps=steps,
+            learning_rate=2e-5,
+            warmup_steps=1,
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            use_cpu=args.device == "cpu",
+            bf16=args.precision == "bf16",
+            fp16=args.precision == "fp16",
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            seed=0,
+        )
+        transformers.Trainer(
+            model=model, args=training, train_dataset=rows, data_collator=pad_batch, callbacks=[clock]
+        ).train()
         return clock.times
 
     return run_steps
@@ -129,8 +162,13 @@ def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", args.device)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        vocab, data = write_task(directory, rows=args.batch_size * (args.steps + 2) * args.rounds, seq_length=args.seq_length, seed=0,
-                                 varied=args.varied_lengths)
+        vocab, data = write_task(
+            directory,
+            rows=args.batch_size * (args.steps + 2) * args.rounds,
+            seq_length=args.seq_length,
+            seed=0,
+            varied=args.varied_lengths,
+        )
         run = bertdist_run(directory, vocab, data, args)
         trainer_steps = trainer_rounds(run, args, directory, args.steps + 2)
         times: dict[str, list[float]] = {"bertdist": [], "transformers Trainer": []}
@@ -147,15 +185,25 @@ def main() -> None:
     destroy_process_group()
     medians = {name: statistics.median(t) for name, t in times.items()}
     # The floor under any implementation of bertdist's math: its matmul FLOPs at what a large matmul reaches here.
-    step_flops = statistics.mean(sum(train_flops_per_sequence(run.source.model_cfg, len(run.train.ids[i]), 0) for i in order[b : b + args.batch_size])
-                                 for b in range(0, len(order) - args.batch_size + 1, args.batch_size))  # fmt: skip
+    step_flops = statistics.mean(
+        sum(
+            train_flops_per_sequence(run.source.model_cfg, len(run.train.ids[i]), 0)
+            for i in order[b : b + args.batch_size]
+        )
+        for b in range(0, len(order) - args.batch_size + 1, args.batch_size)
+    )
     floor_s = step_flops / peak_flops_for(args.device, args.precision)
-    result = {"device": device_name(torch.device(args.device), threads), "size": args.size, "batch": f"{args.batch_size}x{args.seq_length}",
-              "lengths": "varied" if args.varied_lengths else "full",
-              "precision": args.precision, **{f"{name} sequences/s": round(args.batch_size / m, 1) for name, m in medians.items()},
-              "ratio": round(medians["transformers Trainer"] / medians["bertdist"], 2),
-              "bertdist MFU": round(floor_s / medians["bertdist"], 3),
-              "ceiling ratio (Trainer step / bertdist's FLOPs at peak)": round(medians["transformers Trainer"] / floor_s, 2)}  # fmt: skip
+    result = {
+        "device": device_name(torch.device(args.device), threads),
+        "size": args.size,
+        "batch": f"{args.batch_size}x{args.seq_length}",
+        "lengths": "varied" if args.varied_lengths else "full",
+        "precision": args.precision,
+        **{f"{name} sequences/s": round(args.batch_size / m, 1) for name, m in medians.items()},
+        "ratio": round(medians["transformers Trainer"] / medians["bertdist"], 2),
+        "bertdist MFU": round(floor_s / medians["bertdist"], 3),
+        "ceiling ratio (Trainer step / bertdist's FLOPs at peak)": round(medians["transformers Trainer"] / floor_s, 2),
+    }
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

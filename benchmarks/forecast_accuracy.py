@@ -32,14 +32,26 @@ def write_config(workdir: Path, data: str, vocab: str, steps: int, ranks: int) -
 
     cfg = {
         "model": {"size": "tiny", "vocab_size": 30522},
-        "data": {"vocab_file": vocab, "loader_workers": 1,
-                 "phases": [{"train_dir": data, "eval_dir": data, "max_seq_length": 128, "micro_batch_size": 16, "steps": steps}]},
+        "data": {
+            "vocab_file": vocab,
+            "loader_workers": 1,
+            "phases": [
+                {"train_dir": data, "eval_dir": data, "max_seq_length": 128, "micro_batch_size": 16, "steps": steps}
+            ],
+        },
         "optim": {"warmup_steps": 10},
-        "train": {"global_batch_size": 32, "output_dir": str(workdir / "out"), "log_every_steps": 10, "zero_stage": 1,
-                  "eval_every_steps": 100, "eval_batches": 5},
-        "checkpoint": {"every_steps": 100, "resume": "none"}, "tracking": {"enabled": False},
+        "train": {
+            "global_batch_size": 32,
+            "output_dir": str(workdir / "out"),
+            "log_every_steps": 10,
+            "zero_stage": 1,
+            "eval_every_steps": 100,
+            "eval_batches": 5,
+        },
+        "checkpoint": {"every_steps": 100, "resume": "none"},
+        "tracking": {"enabled": False},
         "launch": {"nodes": 1, "gpus_per_node": ranks, "master_port": free_tcp_port()},
-    }  # fmt: skip
+    }
     shutil.rmtree(workdir / "out", ignore_errors=True)  # a fresh run each time
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -47,7 +59,9 @@ def write_config(workdir: Path, data: str, vocab: str, steps: int, ranks: int) -
 
 
 def forecast_s(config: Path, calibrate: bool) -> float:
-    argv = [sys.executable, "-m", "bertdist", "train", "--config", str(config), "--dry-run"] + (["--calibrate"] if calibrate else [])
+    argv = [sys.executable, "-m", "bertdist", "train", "--config", str(config), "--dry-run"] + (
+        ["--calibrate"] if calibrate else []
+    )
     out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True).stdout
     return float(re.findall(r"^forecast_hours: ([\d.e+-]+)", out, re.M)[-1]) * 3600
 
@@ -55,8 +69,13 @@ def forecast_s(config: Path, calibrate: bool) -> float:
 def run_s(config: Path, ranks: int) -> float:
     launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--module"] if ranks > 1 else ["-m"]
     started = time.monotonic()
-    subprocess.run([sys.executable, *launcher, "bertdist", "train", "--config", str(config)], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, *launcher, "bertdist", "train", "--config", str(config)],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.monotonic() - started
 
 

@@ -34,13 +34,22 @@ TEST_TIMEOUT_S = 300
 def run_tests() -> dict:
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
-                              cwd=HERE.parent, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+            cwd=HERE.parent,
+            capture_output=True,
+            text=True,
+            timeout=TEST_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "summary": f"timed out after {TEST_TIMEOUT_S} s"}
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return {"ok": proc.returncode == 0, "summary": lines[-1] if lines else proc.stderr[-500:],
-            "seconds": time.perf_counter() - start, "output_tail": proc.stdout[-4000:]}  # fmt: skip
+    return {
+        "ok": proc.returncode == 0,
+        "summary": lines[-1] if lines else proc.stderr[-500:],
+        "seconds": time.perf_counter() - start,
+        "output_tail": proc.stdout[-4000:],
+    }
 
 
 def check_fused_adam() -> dict:
@@ -65,13 +74,37 @@ def time_models() -> list[dict]:
     results = []
     for length, batch, predictions, fill in TIMINGS:
         for precision in ("bf16", "fp16"):
-            argv = ["--device", "cuda", "--size", "large", "--precision", precision, "--seq-length", str(length),
-                    "--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill),
-                    "--steps", "10", "--warmup-steps", "3"]  # fmt: skip
+            argv = [
+                "--device",
+                "cuda",
+                "--size",
+                "large",
+                "--precision",
+                precision,
+                "--seq-length",
+                str(length),
+                "--batch-size",
+                str(batch),
+                "--masked-positions",
+                str(predictions),
+                "--fill",
+                str(fill),
+                "--steps",
+                "10",
+                "--warmup-steps",
+                "3",
+            ]
             try:
                 results.append({"ok": True, **model_step.main(argv)})
             except Exception as e:
-                results.append({"ok": False, "seq_length": length, "precision": precision, "error": f"{type(e).__name__}: {e}"[:500]})
+                results.append(
+                    {
+                        "ok": False,
+                        "seq_length": length,
+                        "precision": precision,
+                        "error": f"{type(e).__name__}: {e}"[:500],
+                    }
+                )
             torch.cuda.empty_cache()
     return results
 
@@ -86,8 +119,9 @@ def main() -> int:
         return 0
     report = {
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-    }  # fmt: skip
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     report["tests"] = {"ok": True, "summary": "skipped"} if args.skip_tests else run_tests()
     report["fused_adam"] = check_fused_adam()
     report["timings"] = time_models()

@@ -29,16 +29,34 @@ def prepared_data(workdir: str) -> tuple[str, str, str]:
     from bertdist.data.synthetic import write_corpus
     from bertdist.data.vocab import train_vocab
 
-    data, corpus, dynamic = os.path.join(workdir, "data"), os.path.join(workdir, "corpus"), os.path.join(workdir, "dynamic")
+    data, corpus, dynamic = (
+        os.path.join(workdir, "data"),
+        os.path.join(workdir, "corpus"),
+        os.path.join(workdir, "dynamic"),
+    )
     vocab = os.path.join(workdir, "vocab", "vocab.txt")
     if not os.path.exists(os.path.join(data, "manifest.json")):
         write_corpus(corpus, 4, 300, seed=3)
         train_vocab(iter_texts(expand_inputs([corpus])), os.path.dirname(vocab), 30522)
-        prepare(PrepareOptions(inputs=[corpus], output_dir=data, vocab_file=vocab, progress=False,
-                               instances=InstanceOptions(max_seq_length=128, dupe_factor=5)))
+        prepare(
+            PrepareOptions(
+                inputs=[corpus],
+                output_dir=data,
+                vocab_file=vocab,
+                progress=False,
+                instances=InstanceOptions(max_seq_length=128, dupe_factor=5),
+            )
+        )
     if not os.path.exists(os.path.join(dynamic, "manifest.json")):
-        prepare(PrepareOptions(inputs=[corpus], output_dir=dynamic, vocab_file=vocab, progress=False,
-                               instances=InstanceOptions(max_seq_length=128, dupe_factor=1, masking="dynamic")))
+        prepare(
+            PrepareOptions(
+                inputs=[corpus],
+                output_dir=dynamic,
+                vocab_file=vocab,
+                progress=False,
+                instances=InstanceOptions(max_seq_length=128, dupe_factor=1, masking="dynamic"),
+            )
+        )
     return data, vocab, dynamic
 
 
@@ -73,18 +91,28 @@ def main() -> None:
     decode_rate = decoded / (time.perf_counter() - t0)
     common = dict(max_seq_length=128, micro_batch_size=args.micro_batch_size, rank=0, world_size=1, seed=0)
     rates = {
-        (workers, packing): _rate(PretrainingLoader(data, vocab, num_workers=workers, packing=packing, **common),
-                                  args.batches)
-        for packing in (False, True) for workers in (0, 2)
-    }  # fmt: skip
+        (workers, packing): _rate(
+            PretrainingLoader(data, vocab, num_workers=workers, packing=packing, **common), args.batches
+        )
+        for packing in (False, True)
+        for workers in (0, 2)
+    }
     if dynamic:
         for workers in (0, 2):
-            rates[workers, "masking"] = _rate(PretrainingLoader(dynamic, vocab, num_workers=workers, **common), args.batches)
+            rates[workers, "masking"] = _rate(
+                PretrainingLoader(dynamic, vocab, num_workers=workers, **common), args.batches
+            )
     single = rates[0, False]
-    print(f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; batches of {args.micro_batch_size}, length 128")
+    print(
+        f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+        f"batches of {args.micro_batch_size}, length 128"
+    )
     print(f"iter_samples (decode only):       {decode_rate:>10,.0f} samples/s")
-    print(f"PretrainingLoader, 0 workers:     {single:>10,.0f} samples/s  = {single / TARGET_SAMPLES_PER_S:.2f}x the 20,000/s target, "
-          f"{single / decode_rate:.2f}x iter_samples")
+    print(
+        f"PretrainingLoader, 0 workers:     {single:>10,.0f} samples/s  = "
+        f"{single / TARGET_SAMPLES_PER_S:.2f}x the 20,000/s target, "
+        f"{single / decode_rate:.2f}x iter_samples"
+    )
     for (workers, packing), rate in rates.items():
         if (workers, packing) != (0, False):
             goal = (WORKERS_GOAL_PACKED if packing is True else WORKERS_GOAL) if workers else None

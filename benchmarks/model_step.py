@@ -70,9 +70,7 @@ def training_step(model, forward, precision: str, device: torch.device) -> calla
     """A closure doing one fwd + bwd + AdamW step; fp16 uses loss scaling, bf16 / fp16 autocast, fp32 neither."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    autocast = (
-        torch.autocast(device.type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
-    )
+    autocast = torch.autocast(device.type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -93,9 +91,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--masked-positions", type=int, default=20, help="MLM predictions per sequence")
-    p.add_argument("--fill", type=float, default=1.0,
-                   help="mean fraction of real tokens per row (1: no padding); below 1 the padded and the unpadded "
-                        "encoder are both timed")
+    p.add_argument(
+        "--fill",
+        type=float,
+        default=1.0,
+        help="mean fraction of real tokens per row (1: no padding); below 1 the padded and the unpadded "
+        "encoder are both timed",
+    )
     p.add_argument("--compile", action="store_true", help="also time bertdist under torch.compile (model.compile)")
     p.add_argument("--steps", type=int, default=7, help="timed steps per model (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
@@ -144,8 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
         labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
         if cfg.arch == "modernbert":  # BERT's special ids (the batch's tokens are random ids from 5 on)
             ids = dict(pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3)
-            hf_config = transformers.ModernBertConfig(**hf_adapter(cfg.arch).config_to_hf(cfg, ids), sparse_prediction=True,
-                                                      attn_implementation="sdpa")  # fmt: skip
+            hf_config = transformers.ModernBertConfig(
+                **hf_adapter(cfg.arch).config_to_hf(cfg, ids), sparse_prediction=True, attn_implementation="sdpa"
+            )
             reference = transformers.ModernBertForMaskedLM(hf_config).to(device).train()
             hf_inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
         else:

@@ -30,7 +30,12 @@ from bertdist.data.shards import iter_directory_blocks
 from bertdist.model.bert import BertForPreTraining
 
 PHASES = {512: (80, 8), 128: (20, 32)}  # length: (max predictions per sequence, micro batch size)
-VARIANTS = {"padded": (False, False), "unpadded": (True, False), "packed": (False, True), "packed+unpadded": (True, True)}
+VARIANTS = {
+    "padded": (False, False),
+    "unpadded": (True, False),
+    "packed": (False, True),
+    "packed+unpadded": (True, True),
+}
 
 
 def prepared(workdir: Path, seq_length: int, documents: int) -> tuple[str, str]:
@@ -51,9 +56,18 @@ def prepared(workdir: Path, seq_length: int, documents: int) -> tuple[str, str]:
     if not vocab.is_file():
         train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(vocab.parent), 8192)
     if not (data / "manifest.json").is_file():
-        options = InstanceOptions(max_seq_length=seq_length, max_predictions_per_seq=PHASES[seq_length][0], dupe_factor=1)
-        prepare(PrepareOptions(inputs=[str(corpus / "train.jsonl")], output_dir=str(data), vocab_file=str(vocab),
-                               instances=options, progress=False))  # fmt: skip
+        options = InstanceOptions(
+            max_seq_length=seq_length, max_predictions_per_seq=PHASES[seq_length][0], dupe_factor=1
+        )
+        prepare(
+            PrepareOptions(
+                inputs=[str(corpus / "train.jsonl")],
+                output_dir=str(data),
+                vocab_file=str(vocab),
+                instances=options,
+                progress=False,
+            )
+        )
     return str(data), str(vocab)
 
 
@@ -68,11 +82,15 @@ def first_samples(data: str, count: int) -> Samples:
 
 
 def measure(cfg: ModelConfig, samples: Samples, seq_length: int, micro_batch_size: int, repeats: int) -> dict:
-    chunks = [samples.slice(i, i + micro_batch_size) for i in range(0, len(samples) - micro_batch_size + 1, micro_batch_size)]
+    chunks = [
+        samples.slice(i, i + micro_batch_size) for i in range(0, len(samples) - micro_batch_size + 1, micro_batch_size)
+    ]
     steps, useful, padding = {}, sum(int(c.lengths.sum()) for c in chunks), {}
     for name, (unpad, packing) in VARIANTS.items():
         torch.manual_seed(0)
-        model = BertForPreTraining(ModelConfig(**{**cfg.__dict__, "unpad": unpad, "vocab_size": cfg.vocab_size})).train()
+        model = BertForPreTraining(
+            ModelConfig(**{**cfg.__dict__, "unpad": unpad, "vocab_size": cfg.vocab_size})
+        ).train()
         batches = [batch_of(c, seq_length, packing) for c in chunks]
         padding[name] = 1 - useful / sum(b["input_ids"].numel() for b in batches)
 
@@ -104,7 +122,10 @@ def main() -> None:
         samples = first_samples(data, args.batches * micro_batch_size)
         results = measure(cfg, samples, seq_length, micro_batch_size, args.repeats)
         base = results["padded"][0]
-        print(f"length {seq_length}, batches of {micro_batch_size} samples, mean sample {samples.lengths.mean():.0f} tokens")
+        print(
+            f"length {seq_length}, batches of {micro_batch_size} samples, "
+            f"mean sample {samples.lengths.mean():.0f} tokens"
+        )
         for name, (rate, padding) in results.items():
             print(f"  {name:<16} {rate:>9,.0f} useful tokens/s  padding {padding:5.1%}  {rate / base:5.2f}x padded")
 

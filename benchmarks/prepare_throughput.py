@@ -13,8 +13,8 @@ care when the machine is busy.
 Measured, each in its own process: the baseline; `prepare` with 1 worker on the corpus and on twice the
 corpus (the difference is the throughput "once started", without Ray's start-up and fixed costs);
 `prepare` with 1 and 2 workers on twice and ten times the corpus (scaling, whole runs and steady state; memory
-stays flat: the parts are distinct text, since duplicate documents would be dropped). Reported: instances/s, seconds, peak memory, bytes
-per instance.
+stays flat: the parts are distinct text, since duplicate documents would be dropped). Reported: instances/s,
+seconds, peak memory, bytes per instance.
 """
 
 from __future__ import annotations
@@ -74,8 +74,14 @@ def baseline(inputs: list[str], vocab_file: str, output: str) -> dict:
         positions[i, : len(masked_positions)] = masked_positions
         labels[i, : len(masked_labels)] = [vocab[t] for t in masked_labels]
         next_sentence[i] = is_random_next
-    np.savez_compressed(output, input_ids=input_ids, segment_ids=segment_ids, masked_lm_positions=positions,
-                        masked_lm_ids=labels, next_sentence_labels=next_sentence)
+    np.savez_compressed(
+        output,
+        input_ids=input_ids,
+        segment_ids=segment_ids,
+        masked_lm_positions=positions,
+        masked_lm_ids=labels,
+        next_sentence_labels=next_sentence,
+    )
     return dict(instances=n, seconds=time.perf_counter() - t0, bytes=os.path.getsize(output))
 
 
@@ -148,14 +154,20 @@ def _prepare(corpus: str, vocab: str, output: str, workers: int) -> dict:
     from bertdist.data.pipeline.options import PrepareOptions
 
     opts = PrepareOptions(
-        inputs=[corpus], output_dir=output, vocab_file=vocab, workers=workers, progress=False,
+        inputs=[corpus],
+        output_dir=output,
+        vocab_file=vocab,
+        workers=workers,
+        progress=False,
         instances=InstanceOptions(max_seq_length=MAX_SEQ_LENGTH, dupe_factor=DUPE_FACTOR),
     )
     t0 = time.perf_counter()
     report = prepare(opts)
     return dict(
-        instances=report.manifest["totals"]["samples"], seconds=time.perf_counter() - t0,
-        ray_start_seconds=report.ray_start_seconds, worker_peak_rss_mb=report.worker_peak_rss_mb,
+        instances=report.manifest["totals"]["samples"],
+        seconds=time.perf_counter() - t0,
+        ray_start_seconds=report.ray_start_seconds,
+        worker_peak_rss_mb=report.worker_peak_rss_mb,
         bytes=report.manifest["totals"]["shard_bytes"],
     )
 
@@ -206,40 +218,70 @@ def main() -> None:
     one = corpora[1]
     vocab = train_vocab(iter_texts(expand_inputs([one])), os.path.join(args.workdir, "vocab"), 30522)
     mb = sum(os.path.getsize(os.path.join(one, n)) for n in os.listdir(one)) / 1e6
-    out = lambda name: os.path.join(args.workdir, name)  # noqa: E731
 
-    rate = lambda r: r["instances"] / r["seconds"]  # noqa: E731
-    print(f"corpus: {mb:.1f} MB of generated English-like text (x2, x10: distinct text); length {MAX_SEQ_LENGTH}, "
-          f"dupe factor {DUPE_FACTOR}; machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    def out(name):
+        return os.path.join(args.workdir, name)
+
+    def rate(r):
+        return r["instances"] / r["seconds"]
+
+    print(
+        f"corpus: {mb:.1f} MB of generated English-like text (x2, x10: distinct text); length {MAX_SEQ_LENGTH}, "
+        f"dupe factor {DUPE_FACTOR}; machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+        flush=True,
+    )
     base = _in_child("baseline", one, vocab, out("baseline.npz"))
-    print(f"baseline (1 process):     {base['instances']:>9,} instances {base['seconds']:7.1f} s "
-          f"{rate(base):>9,.0f}/s  peak {base['driver_peak_rss_mb']:,.0f} MB  {base['bytes'] / base['instances']:.0f} B/instance",
-          flush=True)
+    print(
+        f"baseline (1 process):     {base['instances']:>9,} instances {base['seconds']:7.1f} s "
+        f"{rate(base):>9,.0f}/s  peak {base['driver_peak_rss_mb']:,.0f} MB  "
+        f"{base['bytes'] / base['instances']:.0f} B/instance",
+        flush=True,
+    )
     runs = {}
     for name, copies, output, workers in [
-        ("prepare 1 worker", 1, "p1", "1"), ("prepare 1 worker, x2", 2, "p1x2", "1"),
-        ("prepare 2 workers, x2", 2, "p2x2", "2"), ("prepare 1 worker, x10", 10, "p1x10", "1"),
+        ("prepare 1 worker", 1, "p1", "1"),
+        ("prepare 1 worker, x2", 2, "p1x2", "1"),
+        ("prepare 2 workers, x2", 2, "p2x2", "2"),
+        ("prepare 1 worker, x10", 10, "p1x10", "1"),
         ("prepare 2 workers, x10", 10, "p2x10", "2"),
     ]:
         r = runs[output] = _in_child("prepare", corpora[copies], vocab, out(output), workers)
-        print(f"{name + ':':<25} {r['instances']:>9,} instances {r['seconds']:7.1f} s {rate(r):>9,.0f}/s  "
-              f"(Ray start {r['ray_start_seconds']:.1f} s)  peak worker {r['worker_peak_rss_mb']:,.0f} MB, "
-              f"driver {r['driver_peak_rss_mb']:,.0f} MB  {r['bytes'] / r['instances']:.0f} B/instance", flush=True)
+        print(
+            f"{name + ':':<25} {r['instances']:>9,} instances {r['seconds']:7.1f} s {rate(r):>9,.0f}/s  "
+            f"(Ray start {r['ray_start_seconds']:.1f} s)  peak worker {r['worker_peak_rss_mb']:,.0f} MB, "
+            f"driver {r['driver_peak_rss_mb']:,.0f} MB  {r['bytes'] / r['instances']:.0f} B/instance",
+            flush=True,
+        )
     p1, p1x2, p2x2, p1x10, p2x10 = (runs[k] for k in ("p1", "p1x2", "p2x2", "p1x10", "p2x10"))
+
     # Ray's start varies by seconds from run to run here; differences of runs leave it out
-    work = lambda r: r["seconds"] - r["ray_start_seconds"]  # noqa: E731
-    marginal = lambda a, b: (b["instances"] - a["instances"]) / max(work(b) - work(a), 1e-9)  # noqa: E731
+    def work(r):
+        return r["seconds"] - r["ray_start_seconds"]
+
+    def marginal(a, b):
+        return (b["instances"] - a["instances"]) / max(work(b) - work(a), 1e-9)
+
     started = marginal(p1, p1x2)
     print(f"end to end, 1 worker vs baseline:          {rate(p1) / rate(base):6.2f}x  (target >= 5x the reference)")
-    print(f"end to end, 1 worker vs published 3,600/s: {rate(p1) / REFERENCE_INSTANCES_PER_S:6.2f}x  "
-          f"(Ray's start: {p1['ray_start_seconds']:.1f} of the {p1['seconds']:.1f} s)")
-    print(f"once started (the extra text of x2), 1 worker: {started:,.0f}/s = {started / rate(base):.2f}x baseline, "
-          f"{started / REFERENCE_INSTANCES_PER_S:.2f}x published  (target >= 10x)")
-    print(f"scaling 1 -> 2 workers: x2 corpus without Ray start {work(p1x2) / work(p2x2):.2f}x; "
-          f"steady state (the extra text of x10 over x2) {marginal(p2x2, p2x10) / marginal(p1x2, p1x10):.2f}x  (target >= 1.8x)")
-    print(f"peak worker memory, corpus x1 -> x2 -> x10: {p1['worker_peak_rss_mb']:,.0f} -> {p1x2['worker_peak_rss_mb']:,.0f} "
-          f"-> {p1x10['worker_peak_rss_mb']:,.0f} MB; driver {p1['driver_peak_rss_mb']:,.0f} -> "
-          f"{p1x10['driver_peak_rss_mb']:,.0f} MB (the baseline holds the corpus: {base['driver_peak_rss_mb']:,.0f} MB at x1)")
+    print(
+        f"end to end, 1 worker vs published 3,600/s: {rate(p1) / REFERENCE_INSTANCES_PER_S:6.2f}x  "
+        f"(Ray's start: {p1['ray_start_seconds']:.1f} of the {p1['seconds']:.1f} s)"
+    )
+    print(
+        f"once started (the extra text of x2), 1 worker: {started:,.0f}/s = {started / rate(base):.2f}x baseline, "
+        f"{started / REFERENCE_INSTANCES_PER_S:.2f}x published  (target >= 10x)"
+    )
+    print(
+        f"scaling 1 -> 2 workers: x2 corpus without Ray start {work(p1x2) / work(p2x2):.2f}x; "
+        f"steady state (the extra text of x10 over x2) "
+        f"{marginal(p2x2, p2x10) / marginal(p1x2, p1x10):.2f}x  (target >= 1.8x)"
+    )
+    print(
+        f"peak worker memory, corpus x1 -> x2 -> x10: {p1['worker_peak_rss_mb']:,.0f} -> "
+        f"{p1x2['worker_peak_rss_mb']:,.0f} -> {p1x10['worker_peak_rss_mb']:,.0f} MB; "
+        f"driver {p1['driver_peak_rss_mb']:,.0f} -> {p1x10['driver_peak_rss_mb']:,.0f} MB "
+        f"(the baseline holds the corpus: {base['driver_peak_rss_mb']:,.0f} MB at x1)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,14 @@ def bertdist_run(directory: Path, prep: dict, steps: int, every: int) -> dict:
     text = config.read_text().replace("log_every_steps: 10", "log_every_steps: 1")
     config.write_text(text)
     start = time.time()
-    process = subprocess.Popen([sys.executable, "-m", "bertdist", "train", "--config", str(config)], cwd=REPO,
-                               env=ttq._env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "train", "--config", str(config)],
+        cwd=REPO,
+        env=ttq._env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     step_ends, saves, log = [], [], []
     for line in process.stdout:
         now = time.time() - start
@@ -102,11 +108,20 @@ def main(argv: list[str] | None = None) -> dict:
         directory = out / name / "run"
         shutil.rmtree(directory, ignore_errors=True)
         results[name] = run(directory, prep, args.steps, args.every)
-    print(f"{args.steps} steps of BERT-mini, batch {ttq.BATCH} x {ttq.SEQ}, a checkpoint every {args.every}, one rank, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"{args.steps} steps of BERT-mini, batch {ttq.BATCH} x {ttq.SEQ}, a checkpoint every {args.every}, one rank, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'':22s}{'trainer':>10s}{'bertdist':>10s}")
-    for key, label in (("wall_s", "wall time"), ("start_up_s", "start-up"), ("first_steps_extra_s", "first 5 steps, extra"),
-                       ("step_s", "steady step"), ("steps_s", "steps x steady"), ("exit_s", "exit"), ("overhead_s", "overhead")):
+    for key, label in (
+        ("wall_s", "wall time"),
+        ("start_up_s", "start-up"),
+        ("first_steps_extra_s", "first 5 steps, extra"),
+        ("step_s", "steady step"),
+        ("steps_s", "steps x steady"),
+        ("exit_s", "exit"),
+        ("overhead_s", "overhead"),
+    ):
         print(f"{label:22s}" + "".join(f"{results[n][key]:9.2f}s" for n in ("trainer", "bertdist")))
     for n in ("trainer", "bertdist"):
         print(f"checkpoints ({n}): " + ", ".join(f"{s:.2f}s" for s in results[n]["checkpoints_s"]))

@@ -63,13 +63,26 @@ def main(argv: list[str] | None = None) -> dict:
         seconds_per_step = probe(name, run_dir / "probe", prep)
         steps = max(20, int(0.9 * budget_s / seconds_per_step))
         every = max(5, int(steps * args.checkpoint_minutes * 60 / budget_s))
-        print(f"== {name}: {seconds_per_step:.3f} s/step in the probe -> {steps} steps, a checkpoint every {every}", flush=True)
+        print(
+            f"== {name}: {seconds_per_step:.3f} s/step in the probe -> {steps} steps, a checkpoint every {every}",
+            flush=True,
+        )
         checkpoints, wall_s = timed_run(name, run_dir / "run", prep, steps, every, budget_s)
         curve = [dict(time_s=t, step=s, **score(model_dir, held_out)) for t, s, model_dir in checkpoints]
         for point in curve:
-            print(f"   {point['time_s']:7.0f} s  step {point['step']:6d}  mlm acc {point['accuracy']:.4f}  loss {point['loss']:.3f}", flush=True)
-        results[name] = dict(curve=curve, wall_s=wall_s, planned_steps=steps, prepare_s=prep[name]["seconds"],
-                             seconds_per_step=seconds_per_step, downstream=downstream(out, checkpoints[-1][2]))  # fmt: skip
+            print(
+                f"   {point['time_s']:7.0f} s  step {point['step']:6d}  "
+                f"mlm acc {point['accuracy']:.4f}  loss {point['loss']:.3f}",
+                flush=True,
+            )
+        results[name] = dict(
+            curve=curve,
+            wall_s=wall_s,
+            planned_steps=steps,
+            prepare_s=prep[name]["seconds"],
+            seconds_per_step=seconds_per_step,
+            downstream=downstream(out, checkpoints[-1][2]),
+        )
     report(results, out, args.mlflow)
     return results
 
@@ -94,8 +107,19 @@ def prepare_data(out: Path) -> dict:
         shards = out / name / "shards"
         start = time.perf_counter()
         if not (shards / "manifest.json").exists():
-            _bertdist("prepare", "--input", str(corpus / "train.jsonl"), "--output", str(shards), "--vocab", str(vocab),
-                      "--max-seq-length", str(SEQ), "--no-progress", *flags)  # fmt: skip
+            _bertdist(
+                "prepare",
+                "--input",
+                str(corpus / "train.jsonl"),
+                "--output",
+                str(shards),
+                "--vocab",
+                str(vocab),
+                "--max-seq-length",
+                str(SEQ),
+                "--no-progress",
+                *flags,
+            )
         prep[name] = {"shards": shards, "seconds": time.perf_counter() - start}
     start = time.perf_counter()
     chunks = out / "trainer" / "chunks.npy"
@@ -119,18 +143,21 @@ def group_texts(jsonl: Path, vocab: Path) -> np.ndarray:
 
 def held_out_set(out: Path) -> dict:
     """The held-out documents as full-length [CLS] text [SEP] sequences, masked once (15%, 80/10/10)."""
+    from transformers import BertTokenizerFast
+
     from bertdist.config import MaskingConfig
     from bertdist.data.instances import Documents, InstanceOptions, full_sentences
     from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
     from bertdist.data.vocab import read_vocab
-    from transformers import BertTokenizerFast
 
     vocab_file = out / "vocab" / "vocab.txt"
     tokenizer = BertTokenizerFast(str(vocab_file), do_lower_case=True)
     texts = [json.loads(line)["text"] for line in (out / "corpus" / "eval.jsonl").open(encoding="utf-8")]
     ids = [e for e in tokenizer(texts, add_special_tokens=False)["input_ids"] if e]
     lengths = np.array([len(e) for e in ids])
-    docs = Documents(np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1))
+    docs = Documents(
+        np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1)
+    )
     vocab = VocabInfo.from_tokens(read_vocab(str(vocab_file)))
     samples = full_sentences(docs, InstanceOptions(max_seq_length=SEQ), vocab)
     samples = samples.slice(0, min(HELD_OUT_SEQUENCES, len(samples)))
@@ -188,8 +215,13 @@ def timed_run(name: str, directory: Path, prep: dict, steps: int, every: int, bu
         process = _trainer_process(directory, prep, steps, every)
     else:
         config = _bertdist_config(name, directory, prep, steps, every)
-        process = subprocess.Popen([sys.executable, "-m", "bertdist", "train", "--config", str(config)], cwd=REPO,
-                                   env=_env(), stdout=open(directory / "train.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bertdist", "train", "--config", str(config)],
+            cwd=REPO,
+            env=_env(),
+            stdout=open(directory / "train.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
     try:
         process.wait(timeout=budget_s)
     except subprocess.TimeoutExpired:
@@ -218,13 +250,24 @@ def _bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: 
     optim = cfg.setdefault("optim", {})
     warmup_fraction = optim["warmup_steps"] / cfg["data"]["phases"][0]["steps"] if name == "fast" else WARMUP_FRACTION
     cfg.setdefault("model", {}).update(size="mini", vocab_size=VOCAB)
-    cfg.setdefault("data", {}).update(vocab_file=str(prep["vocab"]), loader_workers=1, phases=[
-        {"train_dir": str(prep[name]["shards"]), "max_seq_length": SEQ, "micro_batch_size": BATCH, "steps": steps}])
+    cfg.setdefault("data", {}).update(
+        vocab_file=str(prep["vocab"]),
+        loader_workers=1,
+        phases=[
+            {"train_dir": str(prep[name]["shards"]), "max_seq_length": SEQ, "micro_batch_size": BATCH, "steps": steps}
+        ],
+    )
     if name == "paper":
         optim.update(lr=PAPER_LR, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01)
     optim["warmup_steps"] = max(1, round(steps * warmup_fraction))
-    cfg.setdefault("train", {}).update(global_batch_size=BATCH, zero_stage=1, precision="fp32", output_dir=str(directory / "out"),
-                                       log_every_steps=10, eval_every_steps=10**9)
+    cfg.setdefault("train", {}).update(
+        global_batch_size=BATCH,
+        zero_stage=1,
+        precision="fp32",
+        output_dir=str(directory / "out"),
+        log_every_steps=10,
+        eval_every_steps=10**9,
+    )
     cfg["checkpoint"] = {"every_steps": every, "keep_last": 10**6, "resume": "none"}
     cfg["tracking"] = {"enabled": False}
     cfg["launch"] = {"backend": "local", "nodes": 1, "gpus_per_node": 1}
@@ -235,16 +278,34 @@ def _bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: 
 
 def _trainer_process(directory: Path, prep: dict, steps: int, every: int) -> subprocess.Popen:
     directory.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, __file__, "--trainer-run", str(directory), str(prep["trainer"]["chunks"]), str(prep["vocab"]), str(steps), str(every)]
+    command = [
+        sys.executable,
+        __file__,
+        "--trainer-run",
+        str(directory),
+        str(prep["trainer"]["chunks"]),
+        str(prep["vocab"]),
+        str(steps),
+        str(every),
+    ]
     env = {**_env(), "TTQ_START": str(time.time())}
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=open(directory / "train.log", "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=open(directory / "train.log", "w"), stderr=subprocess.STDOUT
+    )
 
 
 def trainer_run(directory: str, chunks_file: str, vocab: str, steps: int, every: int) -> None:
     """The reference run: transformers' Trainer as its MLM example runs it, with the paper recipe's settings."""
     import torch
-    from transformers import (BertConfig, BertForMaskedLM, BertTokenizerFast, DataCollatorForLanguageModeling, Trainer,
-                              TrainerCallback, TrainingArguments)  # fmt: skip
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        BertTokenizerFast,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     start = float(os.environ["TTQ_START"])
     out = Path(directory)
@@ -254,8 +315,13 @@ def trainer_run(directory: str, chunks_file: str, vocab: str, steps: int, every:
     from bertdist.config import MODEL_SIZES
 
     mini = MODEL_SIZES["mini"]
-    config = BertConfig(vocab_size=VOCAB, hidden_size=mini["hidden_size"], num_hidden_layers=mini["num_layers"],
-                        num_attention_heads=mini["num_attention_heads"], intermediate_size=4 * mini["hidden_size"])  # fmt: skip
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=mini["hidden_size"],
+        num_hidden_layers=mini["num_layers"],
+        num_attention_heads=mini["num_attention_heads"],
+        intermediate_size=4 * mini["hidden_size"],
+    )
     torch.manual_seed(0)
     model = BertForMaskedLM(config)
     step_times, save_times = [], []
@@ -270,15 +336,35 @@ def trainer_run(directory: str, chunks_file: str, vocab: str, steps: int, every:
             (out / "step_times.json").write_text(json.dumps(step_times))
 
     arguments = TrainingArguments(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=BATCH, learning_rate=PAPER_LR,
-        weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-6, max_grad_norm=1.0,
-        warmup_steps=max(1, round(steps * WARMUP_FRACTION)), lr_scheduler_type="linear", save_strategy="steps",
-        save_steps=every, save_total_limit=None, logging_steps=50, report_to=[], use_cpu=True, seed=0,
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=PAPER_LR,
+        weight_decay=0.01,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        warmup_steps=max(1, round(steps * WARMUP_FRACTION)),
+        lr_scheduler_type="linear",
+        save_strategy="steps",
+        save_steps=every,
+        save_total_limit=None,
+        logging_steps=50,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
         dataloader_num_workers=0,
-    )  # fmt: skip
+    )
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15)
-    trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=collator,
-                      processing_class=tokenizer, callbacks=[Clock()])  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=arguments,
+        train_dataset=dataset,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.train()
     trainer.save_model(str(out / f"checkpoint-{trainer.state.global_step}"))
     if not save_times or save_times[-1][0] != trainer.state.global_step:
@@ -298,17 +384,28 @@ def downstream(out: Path, model_dir: Path) -> float:
         sentence_adjacency(out / "corpus" / "eval.jsonl", task / "train.tsv", 4000, seed=0)
         sentence_adjacency(out / "corpus" / "eval.jsonl", task / "dev.tsv", 1000, seed=1)
     run_dir = model_dir.parent / "finetuned"
-    result = _bertdist("finetune", f"finetune.init_from={model_dir}", f"finetune.vocab_file={out / 'vocab' / 'vocab.txt'}",
-                       f"finetune.train_file={task / 'train.tsv'}",
-                       f"finetune.dev_file={task / 'dev.tsv'}", "finetune.text_column=sentence1",
-                       "finetune.text_pair_column=sentence2", "finetune.epochs=2", "finetune.lr=5e-5",
-                       f"finetune.output_dir={run_dir}", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}")  # fmt: skip
+    result = _bertdist(
+        "finetune",
+        f"finetune.init_from={model_dir}",
+        f"finetune.vocab_file={out / 'vocab' / 'vocab.txt'}",
+        f"finetune.train_file={task / 'train.tsv'}",
+        f"finetune.dev_file={task / 'dev.tsv'}",
+        "finetune.text_column=sentence1",
+        "finetune.text_pair_column=sentence2",
+        "finetune.epochs=2",
+        "finetune.lr=5e-5",
+        f"finetune.output_dir={run_dir}",
+        "tracking.enabled=false",
+        f"launch.master_port={free_tcp_port()}",
+    )
     best = result.split("best dev epoch", 1)[1]
     return float(best.split("accuracy ", 1)[1].split(",")[0])
 
 
 def _bertdist(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "bertdist", *args], cwd=REPO, env=_env(), capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bertdist", *args], cwd=REPO, env=_env(), capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"bertdist {' '.join(args[:2])} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return done.stdout
@@ -337,12 +434,17 @@ def time_to(curve: list[dict], target: float) -> float | None:
 def report(results: dict, out: Path, mlflow_uri: str) -> None:
     target = min(r["curve"][-1]["accuracy"] for r in results.values())
     print(f"\ntarget: {target:.4f} held-out MLM accuracy (the lowest final accuracy of the runs)")
-    print(f"{'run':8} {'prepare s':>9} {'s/step':>7} {'steps':>6} {'final acc':>9} {'final loss':>10} {'to target s':>11} {'downstream':>10}")
+    print(
+        f"{'run':8} {'prepare s':>9} {'s/step':>7} {'steps':>6} "
+        f"{'final acc':>9} {'final loss':>10} {'to target s':>11} {'downstream':>10}"
+    )
     for name, r in results.items():
         r["time_to_target_s"] = time_to(r["curve"], target)
         last = r["curve"][-1]
-        print(f"{name:8} {r['prepare_s']:9.0f} {r['seconds_per_step']:7.3f} {last['step']:6d} {last['accuracy']:9.4f} "
-              f"{last['loss']:10.3f} {r['time_to_target_s']:11.0f} {r['downstream']:10.4f}")  # fmt: skip
+        print(
+            f"{name:8} {r['prepare_s']:9.0f} {r['seconds_per_step']:7.3f} {last['step']:6d} {last['accuracy']:9.4f} "
+            f"{last['loss']:10.3f} {r['time_to_target_s']:11.0f} {r['downstream']:10.4f}"
+        )
     if "fast" in results:
         for other in ("trainer", "paper"):
             if other in results:
@@ -373,8 +475,14 @@ def report(results: dict, out: Path, mlflow_uri: str) -> None:
         for name, r in results.items():
             with mlflow.start_run(run_name=name):
                 for p in r["curve"]:
-                    mlflow.log_metrics({"heldout/mlm_accuracy": p["accuracy"], "heldout/mlm_loss": p["loss"],
-                                        "wall_clock_s": p["time_s"]}, step=p["step"])  # fmt: skip
+                    mlflow.log_metrics(
+                        {
+                            "heldout/mlm_accuracy": p["accuracy"],
+                            "heldout/mlm_loss": p["loss"],
+                            "wall_clock_s": p["time_s"],
+                        },
+                        step=p["step"],
+                    )
                 mlflow.log_metrics({"downstream/accuracy": r["downstream"], "prepare_s": r["prepare_s"]})
 
 

@@ -24,9 +24,21 @@ import torch
 from common import interleaved_medians  # benchmarks/ is on sys.path
 
 METRICS = (
-    "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "grad_norm", "loss_scale",
-    "skipped_steps", "sequences_per_second", "tokens_per_second", "mfu", "data_wait_fraction", "tokens_seen",
-)  # fmt: skip
+    "loss",
+    "mlm_loss",
+    "nsp_loss",
+    "mlm_accuracy",
+    "nsp_accuracy",
+    "learning_rate",
+    "grad_norm",
+    "loss_scale",
+    "skipped_steps",
+    "sequences_per_second",
+    "tokens_per_second",
+    "mfu",
+    "data_wait_fraction",
+    "tokens_seen",
+)
 
 
 def main() -> None:
@@ -58,7 +70,9 @@ def main() -> None:
 
     def direct() -> None:
         now = int(time.time() * 1000)
-        client.log_batch(reference_run, metrics=[Metric(k, v, now, step["n"]) for k, v in values().items()], synchronous=True)
+        client.log_batch(
+            reference_run, metrics=[Metric(k, v, now, step["n"]) for k, v in values().items()], synchronous=True
+        )
 
     medians = interleaved_medians(
         {

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> dict:
         ds_engine.backward(ds_engine(**batch).loss)
         ds_engine.step()
 
-    seconds = interleaved_medians({"plain torch": plain_step, "deepspeed": engine_step}, device, repeats=args.steps, warmup=2)
+    seconds = interleaved_medians(
+        {"plain torch": plain_step, "deepspeed": engine_step}, device, repeats=args.steps, warmup=2
+    )
     distributed.destroy_process_group()
     results = {
         "size": args.size,

@@ -5,7 +5,8 @@
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format (and ONNX)
-    bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA, multiple choice)
+    bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA,
+                      multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
     bertdist evaluate fine-tune and score a model on a suite (GLUE, or your own) with the paper's sweep
     bertdist checkpoints  list a run's checkpoints and verify their files
@@ -31,21 +32,16 @@ from bertdist.chatter import VERBOSE_ENV
 from bertdist.config import (
     VERIFY_MODES,
     CheckpointConfig,
-    ModelConfig,
     dump_yaml,
     load_config,
     validate,
 )
-from bertdist.config.choices import choices
 from bertdist.config.schema import ARCHITECTURES
 from bertdist.credentials import credentials_problem
-from bertdist.data.instances import InstanceOptions
-from bertdist.data.pipeline.options import PrepareOptions
-from bertdist.data.tokenizer import TOKENIZER_MODELS
+from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
-from bertdist.flags import from_args
 from bertdist.launch.commands import (
     add_forecast_flags,
     add_logs,
@@ -54,125 +50,6 @@ from bertdist.launch.commands import (
     forecast,
 )
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
-
-
-def _add_vocab(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "vocab",
-        help="train a tokenizer (WordPiece vocab.txt, or byte-level BPE tokenizer.json)",
-        description=(
-            "Train a tokenizer with Hugging Face tokenizers, streaming the input, with BERT's special tokens [PAD] "
-            "[UNK] [CLS] [SEP] [MASK] first. --model wordpiece (BERT's normaliser and pre-tokenizer) writes "
-            "DIR/vocab.txt and DIR/tokenizer.json; --model bpe (byte-level BPE as ModernBERT's) writes "
-            "DIR/tokenizer.json, tokenizer_config.json and special_tokens_map.json. data.vocab_file (--vocab) "
-            "names the file printed, or DIR."
-        ),
-    )
-    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
-    p.add_argument("--output", required=True, metavar="DIR")
-    p.add_argument("--model", choices=TOKENIZER_MODELS, default=TOKENIZER_MODELS[0],
-                   help="wordpiece: BERT's vocab.txt (default); bpe: a byte-level BPE tokenizer.json, as ModernBERT's")
-    p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
-    p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
-
-
-def _run_vocab(args: argparse.Namespace) -> int:
-    from bertdist.data.bpe import MIN_VOCAB_SIZE, train_bpe
-    from bertdist.data.readers import expand_inputs, iter_texts
-    from bertdist.data.vocab import train_vocab
-
-    train, smallest = (train_bpe, MIN_VOCAB_SIZE) if args.model == "bpe" else (train_vocab, 16)
-    if args.vocab_size < smallest:
-        print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    path = train(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
-    print(f"wrote {path}")
-    return 0
-
-
-def _add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "prepare",
-        help="turn a corpus into WebDataset shards of masked sentence pairs (Ray)",
-        description=(
-            "Read, split, tokenize, build BERT's NSP pairs and masks, and write shuffled, checksummed WebDataset "
-            "shards plus manifest.json, with Ray tasks (local Ray by default). The output depends only on the "
-            "inputs and options, not on --workers. A killed run resumes when rerun with the same command."
-        ),
-    )
-    p.add_argument("--input", nargs="+", required=True, dest="inputs", metavar="INPUT",
-                   help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)")
-    p.add_argument("--output", required=True, dest="output_dir", metavar="DIR")
-    p.add_argument("--vocab", required=True, dest="vocab_file", metavar="VOCAB", help="the tokenizer: a vocab.txt or "
-                   "tokenizer.json from `bertdist vocab`, or a directory holding either (a Hugging Face model's)")
-    i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
-    p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
-    p.add_argument("--objective", choices=choices(InstanceOptions, "objective"), default=i.objective,
-                   help="nsp: BERT's sentence pairs (the paper); mlm: full-length contiguous text for MLM-only training")
-    p.add_argument("--masking", choices=choices(InstanceOptions, "masking"), default=i.masking,
-                   help="static: masks written into the shards (the paper); dynamic: the loader masks afresh every epoch")
-    p.add_argument("--dupe-factor", type=int, default=None,
-                   help=f"passes over the data, each with new pairs and masks (default {i.dupe_factor}; 1 with --masking dynamic)")
-    p.add_argument("--masked-lm-prob", type=float, default=i.masked_lm_prob)
-    p.add_argument("--max-predictions-per-seq", type=int, default=i.max_predictions_per_seq,
-                   help="at most this many predictions per sample (0, the default: the rate's share of --max-seq-length, "
-                        "Google's 20 at 128 and 77 at 512)")
-    p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
-    p.add_argument("--whole-word-mask", action="store_true")
-    p.add_argument("--cased", action="store_true", help="the vocab.txt was trained with --cased (a tokenizer.json "
-                   "carries its own normaliser)")
-    p.add_argument("--seed", type=int, default=i.seed)
-    p.add_argument("--workers", type=int, default=o.workers, help="concurrent Ray tasks (default: every CPU)")
-    p.add_argument("--ray-address", default=o.ray_address, help="'auto' or ray://HOST:PORT for a cluster (default: local Ray)")
-    p.add_argument("--samples-per-shard", type=int, default=o.samples_per_shard)
-    p.add_argument("--group-mb", type=float, default=o.group_bytes / (1 << 20),
-                   help="text per document group; NotNext segments come from the same group")
-    p.add_argument("--on-bad-input", choices=choices(PrepareOptions, "on_bad_input"), default=o.on_bad_input)
-    p.add_argument("--no-progress", action="store_false", dest="progress")
-    p.set_defaults(func=_run_prepare, interrupted="the finished parts are kept in OUTPUT/.work: the same command continues from them")
-
-
-PREPARE_CONVERTED = {"group_mb": "group_bytes", "dupe_factor": "dupe_factor"}
-"""`prepare` flags (by dest) whose value `prepare_options` converts for its field: MB to bytes, and a dupe factor
-that defaults by --masking. Every other flag's dest is its PrepareOptions or InstanceOptions field."""
-PREPARE_NOT_FLAGS = ("band_shards", "unit_bytes", "endpoint_url", "mask_token_fraction", "random_token_fraction")
-"""Fields deliberately without a flag: the driver's tuning, the store's endpoint (AWS_ENDPOINT_URL_S3), and the
-paper's 80/10/10 split of the masked tokens."""
-
-
-def prepare_options(args: argparse.Namespace) -> PrepareOptions:
-    """The options of `bertdist prepare`, each field from its flag (bertdist.flags), PREPARE_CONVERTED converted."""
-    default_dupes = 1 if args.masking == "dynamic" else InstanceOptions.dupe_factor
-    instances = from_args(InstanceOptions, args, dupe_factor=default_dupes if args.dupe_factor is None else args.dupe_factor)
-    group_bytes = int(args.group_mb * (1 << 20)) if 0 < args.group_mb < 1 << 20 else 0  # validation names the flag
-    return from_args(PrepareOptions, args, instances=instances, group_bytes=group_bytes)
-
-
-def _run_prepare(args: argparse.Namespace) -> int:
-    from bertdist.data.pipeline.driver import prepare, summary_text
-
-    print(summary_text(prepare(prepare_options(args))))
-    return 0
-
-
-def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "inspect",
-        help="statistics and decoded examples of prepared shards",
-        description="Counts, length histogram, mask and NSP statistics, checksums, and a few decoded examples.",
-    )
-    p.add_argument("dir", help="a directory written by `bertdist prepare`")
-    p.add_argument("--examples", type=int, default=3, help="decoded examples to print")
-    p.add_argument("--vocab", help="vocab.txt or tokenizer.json for decoding (default: the one recorded in the manifest)")
-    p.set_defaults(func=_run_inspect)
-
-
-def _run_inspect(args: argparse.Namespace) -> int:
-    from bertdist.data.inspect import inspect_directory
-
-    print(inspect_directory(args.dir, examples=args.examples, vocab_file=args.vocab))
-    return 0
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -186,14 +63,24 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             "data.phases.0.steps=100."
         ),
     )
-    p.add_argument("--config", required=True, help="YAML file with the run's configuration, or the name of a shipped "
-                   "one (bert-tiny, bert-base, bert-large, bert-large-paper)")
-    p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config, the plan and a forecast "
-                   "of the time (an estimate from peak FLOPs, or measured with --calibrate), exit")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="YAML file with the run's configuration, or the name of a shipped "
+        "one (bert-tiny, bert-base, bert-large, bert-large-paper)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate, print the resolved config, the plan and a forecast "
+        "of the time (an estimate from peak FLOPs, or measured with --calibrate), exit",
+    )
     add_forecast_flags(p)
     p.add_argument("--resume", help="shorthand for checkpoint.resume=VALUE (auto, none, or a checkpoint path)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
-    p.add_argument("--restart-event", help=argparse.SUPPRESS)  # passed by the elastic supervisor (bertdist.train.restart_event)
+    p.add_argument(
+        "--restart-event", help=argparse.SUPPRESS
+    )  # passed by the elastic supervisor (bertdist.train.restart_event)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.set_defaults(func=_run_train, interrupted="the checkpoints written before are kept (--resume auto continues)")
 
@@ -224,8 +111,11 @@ def _run_train(args: argparse.Namespace) -> int:
         print(forecast(cfg, args.calibrate, args.calibrate_steps).describe(cfg, args.price_per_node_hour))
         return 0
     if args.calibrate:
-        print("bertdist train: --calibrate goes with --dry-run (or `bertdist submit --calibrate`, which records the "
-              "forecast in the job's config)", file=sys.stderr)
+        print(
+            "bertdist train: --calibrate goes with --dry-run (or `bertdist submit --calibrate`, which records the "
+            "forecast in the job's config)",
+            file=sys.stderr,
+        )
         return USAGE_EXIT_CODE
     from bertdist.train.restart_event import RestartEvent
     from bertdist.train.trainer import train
@@ -249,13 +139,23 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
             "BERT's token_type_ids; outputs the logits) and a README.md saying how to run it with onnxruntime."
         ),
     )
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory, a run's or a fine-tuning's output_dir, "
-                   "or a Hugging Face directory")  # fmt: skip
+    p.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="checkpoint directory, a run's or a fine-tuning's output_dir, or a Hugging Face directory",
+    )
     p.add_argument("--output", required=True, help="directory to write")
-    p.add_argument("--format", choices=("hf", "onnx"), default="hf", dest="export_format",
-                   help="hf: the Hugging Face format; onnx: that and model.onnx (needs the onnx package: pip install "
-                   "'bertdist[onnx]')")  # fmt: skip
-    p.add_argument("--vocab", help="the tokenizer to ship, a vocab.txt or tokenizer.json (default: the run's data.vocab_file)")
+    p.add_argument(
+        "--format",
+        choices=("hf", "onnx"),
+        default="hf",
+        dest="export_format",
+        help="hf: the Hugging Face format; onnx: that and model.onnx (needs the onnx package: pip install "
+        "'bertdist[onnx]')",
+    )
+    p.add_argument(
+        "--vocab", help="the tokenizer to ship, a vocab.txt or tokenizer.json (default: the run's data.vocab_file)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --output")
     p.set_defaults(func=_run_export, interrupted="nothing was written (a partial export is removed)")
 
@@ -264,7 +164,9 @@ def _run_export(args: argparse.Namespace) -> int:
     from bertdist.train.export import export
 
     with chatter.logged():  # beside the model nothing but the model: LOGGER only
-        written = export(args.checkpoint, args.output, args.vocab, overwrite=args.overwrite, onnx=args.export_format == "onnx")
+        written = export(
+            args.checkpoint, args.output, args.vocab, overwrite=args.overwrite, onnx=args.export_format == "onnx"
+        )
     print(f"exported {args.checkpoint} to {written}")
     return 0
 
@@ -277,7 +179,9 @@ def _add_checkpoints(sub: argparse._SubParsersAction) -> None:
         "whether its files still match the sizes and sha256 recorded when it was saved. Exit 1 if any is damaged.",
     )
     p.add_argument("dir", metavar="DIR", help="a run directory (train.output_dir) or its checkpoints/")
-    p.add_argument("--verify", choices=VERIFY_MODES, default=CheckpointConfig.verify, help="how thoroughly (default sha256)")
+    p.add_argument(
+        "--verify", choices=VERIFY_MODES, default=CheckpointConfig.verify, help="how thoroughly (default sha256)"
+    )
     p.set_defaults(func=_run_checkpoints)
 
 
@@ -296,13 +200,16 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
         description=(
             "Serve the MLflow dashboard over a run's tracking store and print its URL. Store: --tracking-uri, "
             "else --run-dir (a run's output directory: the mlflow.db of its project, the directory holding it), "
-            "else $MLFLOW_TRACKING_URI, else runs/train. Binds 127.0.0.1; the dashboard has no authentication, so any other address must be "
-            "asked for with --host."
+            "else $MLFLOW_TRACKING_URI, else runs/train. Binds 127.0.0.1; the dashboard has no authentication, "
+            "so any other address must be asked for with --host."
         ),
     )
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--run-dir", help="a run's output directory, whose store to serve (its project's "
-                       "mlflow.db beside it, or its own from an older bertdist), or a directory holding mlflow.db")
+    where.add_argument(
+        "--run-dir",
+        help="a run's output directory, whose store to serve (its project's "
+        "mlflow.db beside it, or its own from an older bertdist), or a directory holding mlflow.db",
+    )
     where.add_argument("--tracking-uri", help="an MLflow store URI (sqlite:///..., postgresql://..., http://...)")
     p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help=f"TCP port (default {DEFAULT_UI_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -326,11 +233,17 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
             "continues an interrupted one."
         ),
     )
-    p.add_argument("--output", help=f"directory for every stage's output (default {DEMO_OUTPUT}, {DEMO_OUTPUT}-modernbert)")
+    p.add_argument(
+        "--output", help=f"directory for every stage's output (default {DEMO_OUTPUT}, {DEMO_OUTPUT}-modernbert)"
+    )
     p.add_argument("--ranks", type=int, default=DEMO_RANKS, help=f"CPU training processes (default {DEMO_RANKS})")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
-    p.add_argument("--arch", choices=ARCHITECTURES, default="bert",
-                   help="the encoder: bert (configs/bert-tiny.yaml) or modernbert (configs/modernbert-tiny.yaml)")
+    p.add_argument(
+        "--arch",
+        choices=ARCHITECTURES,
+        default="bert",
+        help="the encoder: bert (configs/bert-tiny.yaml) or modernbert (configs/modernbert-tiny.yaml)",
+    )
     p.set_defaults(func=_run_demo, interrupted="finished stages are kept: `bertdist demo` continues from them")
 
 
@@ -346,9 +259,9 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_vocab,
-    _add_prepare,
-    _add_inspect,
+    add_vocab,
+    add_prepare,
+    add_inspect,
     _add_train,
     add_finetune,
     add_embed,
@@ -370,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # The deepspeed launcher puts --local_rank=N before the subcommand; the rank is read from the environment.
     parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("-v", "--verbose", action="store_true", help="also show the libraries' output (DeepSpeed, MLflow, Ray)")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show the libraries' output (DeepSpeed, MLflow, Ray)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -391,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # argparse takes key=value positionals only before the first flag; users also write them after one
     # (`train --config X --dry-run optim.lr=1e-3`).
-    positional = "overrides" if hasattr(args, "overrides") else "args" if getattr(args, "job", None) == "train" else None
+    positional = (
+        "overrides" if hasattr(args, "overrides") else "args" if getattr(args, "job", None) == "train" else None
+    )
     if extra and positional and all(_OVERRIDE.fullmatch(e) for e in extra):
         getattr(args, positional).extend(extra)
     elif extra:
@@ -413,5 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_EXIT_CODE
     except KeyboardInterrupt:  # Ctrl-C: what was kept, not a traceback
         # Once running, train and finetune stop on SIGINT themselves (a checkpoint, one line, exit 75).
-        print(f"\nbertdist {args.command}: interrupted; {getattr(args, 'interrupted', 'nothing was kept')}", file=sys.stderr)
+        print(
+            f"\nbertdist {args.command}: interrupted; {getattr(args, 'interrupted', 'nothing was kept')}",
+            file=sys.stderr,
+        )
         return INTERRUPTED_EXIT_CODE

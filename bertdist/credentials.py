@@ -25,6 +25,8 @@ def credentials_problem(value: str, where: str) -> str:
     s3fs does not use them anyway: credentials belong in the environment or a profile."""
     if _USERINFO.search(value) is None:
         return ""
-    return (f"{where}: {redacted(value)}: a URL with credentials in it is refused (they would be written to logs, job "
-            "files and the tracking run); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for an object store, "
-            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD for an MLflow server")  # fmt: skip
+    return (
+        f"{where}: {redacted(value)}: a URL with credentials in it is refused (they would be written to logs, job "
+        "files and the tracking run); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for an object store, "
+        "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD for an MLflow server"
+    )

@@ -94,7 +94,11 @@ def _docstrings(module: object, seen: set[int]) -> list[str]:
         seen.add(id(obj))
         parts = [inspect.getdoc(obj) or ""]
         if inspect.isclass(obj):
-            parts += [inspect.getdoc(m) or "" for n, m in sorted(vars(obj).items()) if inspect.isfunction(m) and not n.startswith("_")]
+            parts += [
+                inspect.getdoc(m) or ""
+                for n, m in sorted(vars(obj).items())
+                if inspect.isfunction(m) and not n.startswith("_")
+            ]
         out.append("\n\n".join(p for p in parts if p))
     return out
 
@@ -155,13 +159,19 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
 
     _stage(f"vocab: WordPiece, {cfg.model.vocab_size} tokens")
     if not Path(cfg.data.vocab_file).is_file():
-        train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(out / "vocab"), vocab_size=cfg.model.vocab_size,
-                    progress=False)  # fmt: skip
+        train_vocab(
+            iter_texts(expand_inputs([str(corpus / "train.jsonl")])),
+            str(out / "vocab"),
+            vocab_size=cfg.model.vocab_size,
+            progress=False,
+        )
         print(f"  {cfg.data.vocab_file}")
 
     if mlm_only:  # full-length text, masked by the loader every epoch: one pass of the corpus
         _stage("prepare: full-length text for masked-LM only, masked at load time, with local Ray")
-        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=1, objective="mlm", masking="dynamic")
+        instances = InstanceOptions(
+            max_seq_length=phase.max_seq_length, dupe_factor=1, objective="mlm", masking="dynamic"
+        )
     else:
         _stage("prepare: masked sentence pairs with local Ray")
         instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5)
@@ -169,19 +179,27 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
         if not (Path(target) / "manifest.json").is_file():
             report = prepare(
                 PrepareOptions(
-                    inputs=[str(corpus / f"{split}.jsonl")], output_dir=target, vocab_file=cfg.data.vocab_file,
-                    instances=instances, samples_per_shard=4096 if split == "train" else 512, progress=False,
+                    inputs=[str(corpus / f"{split}.jsonl")],
+                    output_dir=target,
+                    vocab_file=cfg.data.vocab_file,
+                    instances=instances,
+                    samples_per_shard=4096 if split == "train" else 512,
+                    progress=False,
                 )
-            )  # fmt: skip
+            )
             totals = report.manifest["totals"]
-            print(f"  {split}: {totals['samples']:,} {'sequences' if mlm_only else 'masked sentence pairs'} from "
-                  f"{totals['documents']:,} documents in {report.seconds:.0f} s ({target})")  # fmt: skip
+            print(
+                f"  {split}: {totals['samples']:,} {'sequences' if mlm_only else 'masked sentence pairs'} from "
+                f"{totals['documents']:,} documents in {report.seconds:.0f} s ({target})"
+            )
 
     name = cfg.model.size if cfg.model.arch != "bert" else f"{cfg.model.size} BERT"
     _stage(f"train: {name}, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
     code = _launch_training(config, ranks, overrides, log)
     if code != 0:
-        print(f"bertdist demo: training exited with {code}; its whole output is in {out / LOG_FILENAME}", file=sys.stderr)
+        print(
+            f"bertdist demo: training exited with {code}; its whole output is in {out / LOG_FILENAME}", file=sys.stderr
+        )
         return code
 
     _stage("export: Hugging Face format, logged as the run's MLflow Model")
@@ -210,27 +228,50 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
     task.mkdir(parents=True, exist_ok=True)
     sentence_adjacency(corpus / "train.jsonl", task / "train.tsv", DOWNSTREAM_TRAIN_ROWS, seed=0)
     sentence_adjacency(corpus / "eval.jsonl", task / "dev.tsv", DOWNSTREAM_DEV_ROWS, seed=1)
-    common = [f"finetune.train_file={task / 'train.tsv'}", f"finetune.dev_file={task / 'dev.tsv'}",
-              "finetune.text_column=sentence1", "finetune.text_pair_column=sentence2",
-              f"finetune.epochs={DOWNSTREAM_EPOCHS}", f"finetune.lr={DOWNSTREAM_LR}",
-              f"tracking.experiment_name={cfg.tracking.experiment_name}"]  # fmt: skip
+    common = [
+        f"finetune.train_file={task / 'train.tsv'}",
+        f"finetune.dev_file={task / 'dev.tsv'}",
+        "finetune.text_column=sentence1",
+        "finetune.text_pair_column=sentence2",
+        f"finetune.epochs={DOWNSTREAM_EPOCHS}",
+        f"finetune.lr={DOWNSTREAM_LR}",
+        f"tracking.experiment_name={cfg.tracking.experiment_name}",
+    ]
     # The fine-tuning directories are not siblings of the training directory, so the store is named: the
     # pretraining run's, with both runs nested under that run (its id travels in the export's config.json).
     common.append(f"tracking.tracking_uri={resolve_tracking_uri(cfg.tracking.tracking_uri, cfg.train.output_dir)}")
     if pretraining_run_id := json.loads((model_dir / "config.json").read_text()).get("bertdist_run_id"):
         common.append(f"tracking.parent_run_id={pretraining_run_id}")
-    starts = {"pretrained": [f"finetune.init_from={model_dir}"],
-              "random init": [f"finetune.vocab_file={cfg.data.vocab_file}", f"model.size={cfg.model.size}",
-                              f"model.vocab_size={cfg.model.vocab_size}"]}  # fmt: skip
+    starts = {
+        "pretrained": [f"finetune.init_from={model_dir}"],
+        "random init": [
+            f"finetune.vocab_file={cfg.data.vocab_file}",
+            f"model.size={cfg.model.size}",
+            f"model.vocab_size={cfg.model.vocab_size}",
+        ],
+    }
     # Each run is a single process on a free port, whatever launcher variables this process was given.
     env = standalone_environment()
     accuracy = {}
     for name, start in starts.items():
         run_dir = task / name.replace(" ", "_")
-        result = subprocess.run([sys.executable, "-m", "bertdist", "finetune", *common, *start,
-                                 f"finetune.output_dir={run_dir}", f"tracking.run_name=demo-adjacency-{name.replace(' ', '-')}",
-                                 f"launch.master_port={free_tcp_port()}"],
-                                capture_output=True, text=True, check=False, env=env)  # fmt: skip
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bertdist",
+                "finetune",
+                *common,
+                *start,
+                f"finetune.output_dir={run_dir}",
+                f"tracking.run_name=demo-adjacency-{name.replace(' ', '-')}",
+                f"launch.master_port={free_tcp_port()}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
         log.write(result.stdout + result.stderr)
         log.flush()
         if result.returncode != 0:
@@ -239,8 +280,11 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
         best = result.stdout.split("best dev epoch", 1)[1]
         accuracy[name] = float(best.split("accuracy ", 1)[1].split(",")[0])
         print(f"  {name}: dev accuracy {accuracy[name]:.3f} ({run_dir / 'model'})", flush=True)
-    return (f"  downstream (sentence adjacency, {DOWNSTREAM_DEV_ROWS} dev pairs): dev accuracy {accuracy['pretrained']:.3f} "
-            f"fine-tuned from the pretrained model vs {accuracy['random init']:.3f} from random initialisation")
+    return (
+        f"  downstream (sentence adjacency, {DOWNSTREAM_DEV_ROWS} dev pairs): "
+        f"dev accuracy {accuracy['pretrained']:.3f} "
+        f"fine-tuned from the pretrained model vs {accuracy['random init']:.3f} from random initialisation"
+    )
 
 
 def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str]) -> int:
@@ -253,12 +297,27 @@ def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str
     from bertdist.train.distributed import free_tcp_port
 
     command = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port", str(free_tcp_port()),
-        "--module", "bertdist", "train", "--config", str(config), "--resume", "auto", *overrides,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(ranks),
+        "--master_port",
+        str(free_tcp_port()),
+        "--module",
+        "bertdist",
+        "train",
+        "--config",
+        str(config),
+        "--resume",
+        "auto",
+        *overrides,
+    ]
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
     print("  $ deepspeed " + " ".join(command[3:]), flush=True)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         log.write(line)
@@ -268,7 +327,9 @@ def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str
     return proc.wait()
 
 
-TRAINER_LINE = re.compile(r"(step \d|eval at step|training steps|done: |stopped|bertdist |\[rank \d+\] resumed|the checkpoint was written)")
+TRAINER_LINE = re.compile(
+    r"(step \d|eval at step|training steps|done: |stopped|bertdist |\[rank \d+\] resumed|the checkpoint was written)"
+)
 """The lines of bertdist's training console (bertdist.train.console) and its errors; the rest is the libraries'."""
 LOG_FILENAME = "demo.log"
 
@@ -308,16 +369,20 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
         lines.append(f"  MLM accuracy (held-out): {evals[0][eval_key]:.3f} -> {evals[-1][eval_key]:.3f}")
     # Commands that work as printed, from any shell: this interpreter and its own bertdist, not whatever is on PATH.
     bertdist = Path(sys.executable).with_name("bertdist")
-    bertdist_command = shlex.quote(str(bertdist)) if bertdist.is_file() else f"{shlex.quote(sys.executable)} -m bertdist"
+    bertdist_command = (
+        shlex.quote(str(bertdist)) if bertdist.is_file() else f"{shlex.quote(sys.executable)} -m bertdist"
+    )
     # Absolute paths: the printed commands are run from any directory; the mask token is the export's own.
     model_dir, run_dir = model_dir.resolve(), run_dir.resolve()
     dashboard = latest_run_link(local_store_uri(run_dir), f"http://127.0.0.1:{DEFAULT_UI_PORT}")  # the run's charts
-    fill_mask = (f"from transformers import pipeline; p = pipeline('fill-mask', {str(model_dir)!r}); "
-                 "print(p(f'Return a {p.tokenizer.mask_token} of the list.'))")  # fmt: skip
+    fill_mask = (
+        f"from transformers import pipeline; p = pipeline('fill-mask', {str(model_dir)!r}); "
+        "print(p(f'Return a {p.tokenizer.mask_token} of the list.'))"
+    )
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
-        f"    {shlex.quote(sys.executable)} -c \"{fill_mask}\"",
+        f'    {shlex.quote(sys.executable)} -c "{fill_mask}"',
         f"  dashboard: {bertdist_command} ui --run-dir {shlex.quote(str(run_dir))}   (then open {dashboard}; the model "
         "is under the run's Models)",
     ]

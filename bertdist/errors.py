@@ -47,7 +47,9 @@ def first_line(error: BaseException) -> str:
 def one_line(error: BaseException) -> str:
     """A UserError's own message; an OSError as `strerror: filename` (a full disk is not a traceback)."""
     if isinstance(error, OSError) and (error.filename is not None or error.errno is not None):
-        return f"{error.strerror or type(error).__name__}" + (f": {error.filename}" if error.filename is not None else "")
+        return f"{error.strerror or type(error).__name__}" + (
+            f": {error.filename}" if error.filename is not None else ""
+        )
     return str(error)
 
 

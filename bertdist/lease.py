@@ -55,9 +55,15 @@ class StoreLease:
     def __init__(self, uri: str, output_dir: str, timeout_s: float):
         self.url = storage.join(uri, LEASE_NAME)
         self.uri, self.timeout_s = uri, timeout_s
-        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                       "command": "bertdist train", "output_dir": os.path.abspath(output_dir),
-                       "token": uuid.uuid4().hex, "timeout_s": timeout_s}  # fmt: skip
+        self.record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "command": "bertdist train",
+            "output_dir": os.path.abspath(output_dir),
+            "token": uuid.uuid4().hex,
+            "timeout_s": timeout_s,
+        }
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost: str = ""
@@ -70,36 +76,51 @@ class StoreLease:
             held, age_s = self._read_with_age()
             verdict = self._verdict(held, age_s)
             if verdict == "stale":
-                print(f"bertdist: {self.uri}: taking over the lease of a run that stopped renewing it {age_s:.0f} s ago "
-                      f"({holder_text(held)})", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"bertdist: {self.uri}: taking over the lease of a run that stopped renewing it {age_s:.0f} s ago "
+                    f"({holder_text(held)})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if verdict != "wait":
                 break
             stale_after = float(held.get("timeout_s", self.timeout_s))
             deadline = deadline or time.monotonic() + stale_after + SETTLE_SECONDS
             if time.monotonic() > deadline:
-                raise LeaseBusyError(f"checkpoint.uri {self.uri}: the lease of {holder_text(held)} for this output "
-                                     f"directory is still being renewed after {stale_after:.0f} s: that run is alive")  # fmt: skip
+                raise LeaseBusyError(
+                    f"checkpoint.uri {self.uri}: the lease of {holder_text(held)} for this output "
+                    f"directory is still being renewed after {stale_after:.0f} s: that run is alive"
+                )
             if not said:
-                print(f"bertdist: {self.uri}: waiting up to {stale_after - age_s:.0f} s for the lease of an earlier "
-                      f"launch of this run ({holder_text(held)}) to go stale", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"bertdist: {self.uri}: waiting up to {stale_after - age_s:.0f} s for the lease of an earlier "
+                    f"launch of this run ({holder_text(held)}) to go stale",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 said = True
             time.sleep(min(5.0, stale_after / 4))
         self._write()
         time.sleep(SETTLE_SECONDS)
         held = self._read()
         if held is None or held.get("token") != self.record["token"]:
-            raise LeaseBusyError(f"checkpoint.uri {self.uri}: another run took the lease at the same moment "
-                                 f"({holder_text(held or {})}); choose another URI")  # fmt: skip
+            raise LeaseBusyError(
+                f"checkpoint.uri {self.uri}: another run took the lease at the same moment "
+                f"({holder_text(held or {})}); choose another URI"
+            )
         self._thread = threading.Thread(target=self._heartbeat, name="bertdist-lease", daemon=True)
         self._thread.start()
 
     def preview(self) -> str:
         """What `acquire` would find, in one line, taking nothing; LeaseBusyError where it would refuse."""
         held, age_s = self._read_with_age()
-        return {"free": "no run holds it", "stale": f"a lease not renewed for {age_s:.0f} s: taken over at start",
-                "mine": "held by this run's earlier launch on this host: taken over at start",
-                "wait": f"held by an earlier launch of this run from another host ({holder_text(held or {})}): waited for "
-                        "until it is stale"}[self._verdict(held, age_s)]  # fmt: skip
+        return {
+            "free": "no run holds it",
+            "stale": f"a lease not renewed for {age_s:.0f} s: taken over at start",
+            "mine": "held by this run's earlier launch on this host: taken over at start",
+            "wait": f"held by an earlier launch of this run from another host ({holder_text(held or {})}): waited for "
+            "until it is stale",
+        }[self._verdict(held, age_s)]
 
     def _verdict(self, held: dict[str, Any] | None, age_s: float) -> str:
         """free, stale, mine (take it now), wait (an earlier launch of this run elsewhere), or LeaseBusyError."""
@@ -109,9 +130,11 @@ class StoreLease:
         if age_s > stale_after:
             return "stale"
         if held.get("output_dir") != self.record["output_dir"]:
-            raise LeaseBusyError(f"checkpoint.uri {self.uri} is in use by another run ({holder_text(held)}, output "
-                                 f"{held.get('output_dir', '?')}, renewed {age_s:.0f} s ago); wait for it to end or "
-                                 f"choose another URI (a lease not renewed for {stale_after:.0f} s is taken over)")  # fmt: skip
+            raise LeaseBusyError(
+                f"checkpoint.uri {self.uri} is in use by another run ({holder_text(held)}, output "
+                f"{held.get('output_dir', '?')}, renewed {age_s:.0f} s ago); wait for it to end or "
+                f"choose another URI (a lease not renewed for {stale_after:.0f} s is taken over)"
+            )
         return "mine" if held.get("host") == self.record["host"] else "wait"  # mine: this process holds the directory
 
     def release(self) -> None:
@@ -131,8 +154,10 @@ class StoreLease:
             if held is None or held.get("token") != self.record["token"]:
                 self._lost = f"now held by {holder_text(held)}" if held else "its lease object is gone"
         if self._lost:
-            raise LeaseLostError(f"checkpoint.uri {self.uri}: this run's lease was taken over ({self._lost}), after its "
-                                 "heartbeats could not reach the store in time; it stops without publishing more checkpoints")  # fmt: skip
+            raise LeaseLostError(
+                f"checkpoint.uri {self.uri}: this run's lease was taken over ({self._lost}), after its "
+                "heartbeats could not reach the store in time; it stops without publishing more checkpoints"
+            )
 
     # ---- the heartbeat and the store ---------------------------------------------------------------------
     def _heartbeat(self) -> None:

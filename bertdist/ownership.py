@@ -49,7 +49,10 @@ class DirectoryBusyError(UserError):
 
 def holder_text(record: dict) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("started", 0)))
-    return f"host {record.get('host', '?')}, pid {record.get('pid', '?')}, started {started} ({record.get('command', '?')})"
+    return (
+        f"host {record.get('host', '?')}, pid {record.get('pid', '?')}, "
+        f"started {started} ({record.get('command', '?')})"
+    )
 
 
 @contextlib.contextmanager
@@ -67,7 +70,9 @@ def owned(directory: str | os.PathLike, remove_on_failure: bool = False) -> Iter
     directory.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(directory)
     if key in _HELD:
-        raise DirectoryBusyError(f"{directory} is in use by this same process ({_HELD[key]}); choose another output directory")
+        raise DirectoryBusyError(
+            f"{directory} is in use by this same process ({_HELD[key]}); choose another output directory"
+        )
     before = set(os.listdir(directory))
     fd = _lock(directory)
     _HELD[key] = _command()
@@ -99,16 +104,20 @@ def _lock(directory: Path) -> int:
         except OSError as e:
             if e.errno not in (errno.EACCES, errno.EAGAIN):
                 os.close(fd)
-                raise UserError(f"{directory}: cannot lock {LOCK_FILENAME} on this file system ({e.strerror}); bertdist "
-                                "needs locks to keep two runs out of one directory") from None  # fmt: skip
+                raise UserError(
+                    f"{directory}: cannot lock {LOCK_FILENAME} on this file system ({e.strerror}); bertdist "
+                    "needs locks to keep two runs out of one directory"
+                ) from None
             text = os.read(fd, 4096).decode("utf-8", "replace")
             os.close(fd)
             try:
                 holder = holder_text(json.loads(text))
             except (ValueError, AttributeError):
                 holder = "a process that has not yet written its name"
-            raise DirectoryBusyError(f"{directory} is in use by another run ({holder}); wait for it to end or choose another "
-                                     "output directory") from None  # fmt: skip
+            raise DirectoryBusyError(
+                f"{directory} is in use by another run ({holder}); wait for it to end or choose another "
+                "output directory"
+            ) from None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

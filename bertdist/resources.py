@@ -24,7 +24,9 @@ def shipped(name: str) -> Path:
     checkout = Path(__file__).resolve().parents[1] / name
     if checkout.is_dir():
         return checkout
-    raise FileNotFoundError(f"bertdist is installed without its {name}/ directory (looked in {installed} and {checkout})")
+    raise FileNotFoundError(
+        f"bertdist is installed without its {name}/ directory (looked in {installed} and {checkout})"
+    )
 
 
 def config_file(name: str) -> Path:

@@ -50,9 +50,9 @@ def refused(path: Any, error: BaseException) -> UnsafeCheckpointError | None:
     else:
         return None
     return UnsafeCheckpointError(
-        f"{path}: refused to load: the file holds {what} that is not plain data, and unpickling it could run code. bertdist only loads "
-        "checkpoints without executing them; if you made this file and trust it, convert it to a plain state dict "
-        "(or safetensors) first"
+        f"{path}: refused to load: the file holds {what} that is not plain data, and unpickling it could run code. "
+        "bertdist only loads checkpoints without executing them; if you made this file and trust it, "
+        "convert it to a plain state dict (or safetensors) first"
     )
 
 

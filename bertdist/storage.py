@@ -133,16 +133,33 @@ def _transient(error: BaseException) -> bool:
     if isinstance(error, (ConnectionError, TimeoutError)) or "Timeout" in kind or "Connect" in kind:
         return True
     if isinstance(error, OSError):  # s3fs: SlowDown/503/ServiceUnavailable -> EBUSY; others keep their errno
-        return error.errno in (errno.EBUSY, errno.EAGAIN, errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE, None)
-    return kind in ("EndpointConnectionError", "ReadTimeoutError", "ClientPayloadError", "ServerDisconnectedError",
-                    "IncompleteRead", "ResponseStreamingError", "ClientOSError")  # fmt: skip
+        return error.errno in (
+            errno.EBUSY,
+            errno.EAGAIN,
+            errno.ECONNRESET,
+            errno.ECONNREFUSED,
+            errno.ETIMEDOUT,
+            errno.EPIPE,
+            None,
+        )
+    return kind in (
+        "EndpointConnectionError",
+        "ReadTimeoutError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "IncompleteRead",
+        "ResponseStreamingError",
+        "ClientOSError",
+    )
 
 
 def _explain(url: str, error: BaseException) -> str:
     kind = type(error).__name__
     text = str(error).strip().splitlines()[0][:200] if str(error).strip() else kind
     if kind in ("NoCredentialsError", "PartialCredentialsError"):
-        return f"{url}: no credentials for the object store (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+        return (
+            f"{url}: no credentials for the object store (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+        )
     if isinstance(error, FileNotFoundError):
         return f"{url}: {'no such bucket' if 'bucket' in text.lower() else 'no such object'} ({text})"
     if isinstance(error, PermissionError):
@@ -165,7 +182,9 @@ def retrying(url: str, call: Callable[[], T], seconds: float | None = None) -> T
                 raise StorageError(_explain(url, e)) from None
             if time.monotonic() + delay > deadline:
                 waited = RETRY_SECONDS if seconds is None else seconds
-                raise StoreUnavailableError(f"{_explain(url, e)} (still failing after {waited:.0f} s of retries)") from None
+                raise StoreUnavailableError(
+                    f"{_explain(url, e)} (still failing after {waited:.0f} s of retries)"
+                ) from None
             time.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, 8.0)
 

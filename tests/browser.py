@@ -24,22 +24,38 @@ from typing import Any
 CHROMIUM = shutil.which("chromium")
 SKIP_FILE = Path("/tmp/bertdist-chromium-unavailable")
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--window-size=1400,1000", "--remote-debugging-port=0",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1000",
+    "--remote-debugging-port=0",
+]
 
 
 def unavailable_reason() -> str | None:
     if CHROMIUM:
         return None
-    return SKIP_FILE.read_text().strip() if SKIP_FILE.is_file() else "chromium is not installed (scripts/setup_chromium.sh)"
+    return (
+        SKIP_FILE.read_text().strip()
+        if SKIP_FILE.is_file()
+        else "chromium is not installed (scripts/setup_chromium.sh)"
+    )
 
 
 def render(url: str, ready_js: str, read_js: str, screenshot: Path | None = None, timeout_s: float = 120.0) -> Any:
     """Open `url`, wait until `ready_js` is true, return the value of `read_js` (and save a PNG if asked)."""
     with tempfile.TemporaryDirectory(prefix="bertdist-chromium-", ignore_cleanup_errors=True) as profile:
-        browser = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        browser = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             endpoint = _devtools_endpoint(browser, time.monotonic() + 60)
             return asyncio.run(_drive(endpoint, url, ready_js, read_js, screenshot, timeout_s))
@@ -59,7 +75,9 @@ def _devtools_endpoint(browser: subprocess.Popen, deadline: float) -> str:
     raise TimeoutError("chromium did not open DevTools within 60 s")
 
 
-async def _drive(endpoint: str, url: str, ready_js: str, read_js: str, screenshot: Path | None, timeout_s: float) -> Any:
+async def _drive(
+    endpoint: str, url: str, ready_js: str, read_js: str, screenshot: Path | None, timeout_s: float
+) -> Any:
     import aiohttp
 
     http = endpoint.split("/devtools/")[0].replace("ws://", "http://")

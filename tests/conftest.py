@@ -13,8 +13,11 @@ from bertdist.config import ModelConfig
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # The made-up keys of the suite's own S3 server (tests/s3_server.py), set before anything starts: processes
 # started early (the session's Ray workers) inherit them, as a cluster's nodes have their own credentials.
-for _name, _value in {"AWS_ACCESS_KEY_ID": "bertdist-test-key", "AWS_SECRET_ACCESS_KEY": "bertdist-test-secret",
-                      "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+for _name, _value in {
+    "AWS_ACCESS_KEY_ID": "bertdist-test-key",
+    "AWS_SECRET_ACCESS_KEY": "bertdist-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}.items():
     os.environ[_name] = _value
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +72,7 @@ def s3(tmp_path_factory):
     server.stop()
 
 
-# ---- data (bertdist.data, bertdist.data.pipeline.driver) ----------------------------------------------------------------
+# ---- data (bertdist.data, bertdist.data.pipeline.driver) ---------------------------------------------------------
 # Made once per session through the real code paths (local Ray with 2 CPUs), shared by every engineer's tests.
 
 TINY_SHARD_SAMPLES = 1000
@@ -139,7 +142,8 @@ def tiny_vocab(tiny_corpus, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_bpe(tiny_corpus, tmp_path_factory) -> str:
-    """tokenizer.json of TEST_VOCAB_SIZE byte-level BPE tokens trained on `tiny_corpus` (`bertdist vocab --model bpe`)."""
+    """tokenizer.json of TEST_VOCAB_SIZE byte-level BPE tokens trained on `tiny_corpus`
+    (`bertdist vocab --model bpe`)."""
     from bertdist.data.bpe import train_bpe
     from bertdist.data.readers import expand_inputs, iter_texts
 
@@ -161,7 +165,9 @@ def high_id_tokenizer(tiny_corpus, tmp_path_factory) -> str:
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=995, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=995, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tokenizer.train_from_iterator(iter_texts(expand_inputs([tiny_corpus])), trainer=trainer)
     tokenizer.add_special_tokens(["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
     tokenizer.post_processor = bert_template(tokenizer)
@@ -177,18 +183,29 @@ def tiny_prepare_options(corpus: str, vocab: str, output: str, **overrides):
 
     instance_keys = set(InstanceOptions.__dataclass_fields__)
     instances = InstanceOptions(
-        **{"max_seq_length": TEST_SEQ_LENGTH, "dupe_factor": 2, **{k: v for k, v in overrides.items() if k in instance_keys}}
+        **{
+            "max_seq_length": TEST_SEQ_LENGTH,
+            "dupe_factor": 2,
+            **{k: v for k, v in overrides.items() if k in instance_keys},
+        }
     )
     base = dict(
-        inputs=[corpus], output_dir=output, vocab_file=vocab, instances=instances,
-        samples_per_shard=TINY_SHARD_SAMPLES, group_bytes=64 << 10, workers=2, progress=False,
+        inputs=[corpus],
+        output_dir=output,
+        vocab_file=vocab,
+        instances=instances,
+        samples_per_shard=TINY_SHARD_SAMPLES,
+        group_bytes=64 << 10,
+        workers=2,
+        progress=False,
     )
     return PrepareOptions(**{**base, **{k: v for k, v in overrides.items() if k not in instance_keys}})
 
 
 @pytest.fixture(scope="session")
 def tiny_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
-    """A prepared shard directory (max_seq_length TEST_SEQ_LENGTH, ~8 shards) made by `bertdist.data.pipeline.driver`."""
+    """A prepared shard directory (max_seq_length TEST_SEQ_LENGTH, ~8 shards) made by
+    `bertdist.data.pipeline.driver`."""
     from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp("tiny_shards") / "train")
@@ -228,7 +245,10 @@ def tiny_disk(tmp_path):
 
     mount = tmp_path / "tiny-disk"
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)]).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)]).returncode != 0
+    ):
         pytest.skip("making a full file system needs root and mount (tmpfs)")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)

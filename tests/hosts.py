@@ -84,26 +84,35 @@ class TwoHosts:
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
             config = self.workdir / f"sshd_config_{host.namespace}"
             config.write_text(
-                f"ListenAddress {host.address}\nPort 22\nHostKey {host_key}\nPidFile {self.workdir}/sshd_{host.namespace}.pid\n"
+                f"ListenAddress {host.address}\nPort 22\nHostKey {host_key}\n"
+                f"PidFile {self.workdir}/sshd_{host.namespace}.pid\n"
                 f"AuthorizedKeysFile {self.workdir}/authorized_keys\nPermitRootLogin prohibit-password\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-            )  # fmt: skip
-            _run(*host.command(["/usr/sbin/sshd", "-f", str(config), "-E", str(self.workdir / f"sshd_{host.namespace}.log")]))
+            )
+            _run(
+                *host.command(
+                    ["/usr/sbin/sshd", "-f", str(config), "-E", str(self.workdir / f"sshd_{host.namespace}.log")]
+                )
+            )
         self.ssh_config.write_text(
             "Host 10.231.*\n"
             f"  IdentityFile {key}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
             "  BatchMode yes\n  LogLevel ERROR\n  ConnectTimeout 10\n"
-        )  # fmt: skip
+        )
         self.bin.mkdir(exist_ok=True)
         wrapper = self.bin / "ssh"
         wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_config} "$@"\n')
         wrapper.chmod(0o755)
         deadline = time.monotonic() + 30
         for host in self.hosts:  # sshd daemonizes before it listens
-            while subprocess.run(self.hosts[0].command([str(wrapper), host.address, "true"]), capture_output=True).returncode:
+            while subprocess.run(
+                self.hosts[0].command([str(wrapper), host.address, "true"]), capture_output=True
+            ).returncode:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"sshd on {host.address} does not accept the test key: "
-                                         f"{(self.workdir / f'sshd_{host.namespace}.log').read_text()[-2000:]}")  # fmt: skip
+                    raise AssertionError(
+                        f"sshd on {host.address} does not accept the test key: "
+                        f"{(self.workdir / f'sshd_{host.namespace}.log').read_text()[-2000:]}"
+                    )
                 time.sleep(0.2)
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -113,7 +122,9 @@ class TwoHosts:
     def remove(self) -> None:
         """Kill everything running in the namespaces (SIGKILL also ends stopped processes), then remove them."""
         for host in self.hosts:
-            pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split()
+            pids = subprocess.run(
+                ["ip", "netns", "pids", host.namespace], capture_output=True, text=True
+            ).stdout.split()
             for pid in pids:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
@@ -168,20 +179,35 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def ray_cluster(two: TwoHosts, env: dict[str, str], head_cpus: int, worker_cpus: int, port: int = 6380) -> Iterator[str]:
+def ray_cluster(
+    two: TwoHosts, env: dict[str, str], head_cpus: int, worker_cpus: int, port: int = 6380
+) -> Iterator[str]:
     """A Ray head in the first host and a worker node in the second (both started with `env`, which their
     workers inherit); yields the head's address. Everything is stopped after, without touching other Rays."""
     ray_cli = str(Path(sys.executable).parent / "ray")
     head, worker = two.hosts
     temp_dirs = [Path(f"/tmp/bdray-{host.namespace}") for host in two.hosts]  # short: Ray's socket paths
     try:
-        for host, temp_dir, extra in ((head, temp_dirs[0], ["--head", f"--port={port}", "--include-dashboard=false", f"--num-cpus={head_cpus}"]),
-                                      (worker, temp_dirs[1], [f"--address={head.address}:{port}", f"--num-cpus={worker_cpus}"])):  # fmt: skip
+        for host, temp_dir, extra in (
+            (head, temp_dirs[0], ["--head", f"--port={port}", "--include-dashboard=false", f"--num-cpus={head_cpus}"]),
+            (worker, temp_dirs[1], [f"--address={head.address}:{port}", f"--num-cpus={worker_cpus}"]),
+        ):
             started = subprocess.run(
-                host.command([ray_cli, "start", *extra, f"--node-ip-address={host.address}",
-                              f"--temp-dir={temp_dir}", "--disable-usage-stats"]),
-                env=env, capture_output=True, text=True, timeout=240,
-            )  # fmt: skip
+                host.command(
+                    [
+                        ray_cli,
+                        "start",
+                        *extra,
+                        f"--node-ip-address={host.address}",
+                        f"--temp-dir={temp_dir}",
+                        "--disable-usage-stats",
+                    ]
+                ),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
             assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"{head.address}:{port}"
     finally:

@@ -41,12 +41,23 @@ class MlflowServer:
         log = open(self.store_dir / "server.log", "ab")
         self.process = subprocess.Popen(
             [
-                MLFLOW_CLI, "server",
-                "--backend-store-uri", f"sqlite:///{self.store_dir / 'mlflow.db'}",
-                "--artifacts-destination", self.artifacts_destination,
-                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                MLFLOW_CLI,
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{self.store_dir / 'mlflow.db'}",
+                "--artifacts-destination",
+                self.artifacts_destination,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
             ],
-            cwd=self.store_dir, stdout=log, stderr=subprocess.STDOUT, env={**server_environment(), **self.environment},
+            cwd=self.store_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**server_environment(), **self.environment},
             start_new_session=True,  # its own process group, so stop() ends the server's workers too
         )
         log.close()
@@ -72,8 +83,10 @@ class MlflowServer:
 
     def post(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(
-            f"{self.url}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"}, method="POST",
+            f"{self.url}/api/2.0/mlflow/{endpoint}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)
@@ -97,7 +110,10 @@ class MlflowServer:
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """(step, value) of every logged point of `key`, ordered by step then time."""
         points = self.get("metrics/get-history", run_id=run_id, metric_key=key, max_results=25000).get("metrics", [])
-        return [(int(p.get("step", 0)), float(p["value"])) for p in sorted(points, key=lambda p: (int(p.get("step", 0)), int(p["timestamp"])))]
+        return [
+            (int(p.get("step", 0)), float(p["value"]))
+            for p in sorted(points, key=lambda p: (int(p.get("step", 0)), int(p["timestamp"])))
+        ]
 
     def artifacts(self, run_id: str, path: str = "") -> list[str]:
         files = self.get("artifacts/list", run_id=run_id, path=path).get("files", [])

@@ -22,7 +22,10 @@ from bertdist.train.distributed import free_tcp_port
 SLOWDOWN = (
     b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
 )
-_SLOWDOWN_BODY = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+_SLOWDOWN_BODY = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 class FaultyEndpoint:
@@ -50,7 +53,9 @@ class FaultyEndpoint:
         listener, self._listener = self._listener, None
         if listener is not None:
             try:
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept(), which a close() alone does not
+                listener.shutdown(
+                    socket.SHUT_RDWR
+                )  # wakes the thread blocked in accept(), which a close() alone does not
             except OSError:
                 pass
             listener.close()
@@ -134,15 +139,20 @@ class S3Server:
         self.process: subprocess.Popen | None = None
         self.endpoint = FaultyEndpoint(self.moto_port)
         self.url = f"http://127.0.0.1:{self.endpoint.port}"
-        self.credentials = {"AWS_ACCESS_KEY_ID": "bertdist-test-key", "AWS_SECRET_ACCESS_KEY": "bertdist-test-secret",
-                            "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+        self.credentials = {
+            "AWS_ACCESS_KEY_ID": "bertdist-test-key",
+            "AWS_SECRET_ACCESS_KEY": "bertdist-test-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / "moto.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.moto_port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -171,8 +181,13 @@ class S3Server:
         """boto3 straight to moto (not through the faulty endpoint): the tests' own view of the bucket."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{self.moto_port}", aws_access_key_id="bertdist-test-key",
-                            aws_secret_access_key="bertdist-test-secret", region_name="us-east-1")  # fmt: skip
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{self.moto_port}",
+            aws_access_key_id="bertdist-test-key",
+            aws_secret_access_key="bertdist-test-secret",
+            region_name="us-east-1",
+        )
 
     def bucket(self, name: str) -> str:
         """A new bucket; returns its URL `s3://name`."""
@@ -192,5 +207,5 @@ def copy_prefix(source: str, target: str) -> None:
     from bertdist import storage
 
     for url in storage.find(source):
-        with storage.atomic_write(target + url[len(source):], "wb") as f:
+        with storage.atomic_write(target + url[len(source) :], "wb") as f:
             f.write(storage.read_bytes(url))

@@ -92,8 +92,14 @@ def edit_manifest_count_consistently(d: Path) -> str:
     return manifest["shards"][0]["name"]
 
 
-DAMAGES = [flip_tar_header, cut_at_member_boundary, truncate_mid_block, remove_shard, edit_manifest_count,
-           edit_manifest_count_consistently]  # fmt: skip
+DAMAGES = [
+    flip_tar_header,
+    cut_at_member_boundary,
+    truncate_mid_block,
+    remove_shard,
+    edit_manifest_count,
+    edit_manifest_count_consistently,
+]
 
 
 def read_with_iter_samples(d: Path, capsys) -> str:
@@ -173,7 +179,9 @@ def _fake_run(tmp_path: Path, zero_stage: int = 0) -> Path:
     from bertdist.train.integrity import describe_own_files
 
     files = describe_own_files(target, rank=0, exclude=set())
-    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(checkpoint.state_json(TrainState(4, 0, 0, 1, [{}], [{}], cfg, files=files)))
+    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(
+        checkpoint.state_json(TrainState(4, 0, 0, 1, [{}], [{}], cfg, files=files))
+    )
     (out / "checkpoints" / checkpoint.LATEST_FILENAME).write_text(checkpoint.tag_for(4))
     return out
 
@@ -213,8 +221,16 @@ def test_damaged_checkpoints_fail_export_and_resume_naming_the_file(damage, read
     if reader == "export":
         code = main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab])
     else:
-        cfg = load_config(None, [f"train.output_dir={run}", "checkpoint.resume=auto", f"data.vocab_file={tiny_vocab}",
-                                 "model.size=tiny", "model.vocab_size=1024"])
+        cfg = load_config(
+            None,
+            [
+                f"train.output_dir={run}",
+                "checkpoint.resume=auto",
+                f"data.vocab_file={tiny_vocab}",
+                "model.size=tiny",
+                "model.vocab_size=1024",
+            ],
+        )
         code = train(cfg)
     err = capsys.readouterr().err
     assert code == USAGE_EXIT_CODE and named in err and "Traceback" not in err, err
@@ -233,7 +249,9 @@ class _Payload:
 
 
 @pytest.mark.parametrize("reader", ["export", "resume"])
-def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(reader, tmp_path, capsys, tiny_vocab, tiny_shards):
+def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(
+    reader, tmp_path, capsys, tiny_vocab, tiny_shards
+):
     """The attacker rewrote the file *and* its record (so verification passes): only loading without
     unpickling objects stands between the file and every rank that resumes from it."""
     import torch
@@ -248,10 +266,18 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(reader, t
     raw = json.loads((target / checkpoint.TRAIN_STATE_FILENAME).read_text())
     del raw[checkpoint.STATE_CHECKSUM_KEY]
     raw["files"] = describe_own_files(target, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
-    cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
-                      [f"train.output_dir={run}", "checkpoint.resume=auto", *(f"model.{k}={v}" for k, v in raw["config"]["model"].items())])
+    cfg = load_config(
+        training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
+        [
+            f"train.output_dir={run}",
+            "checkpoint.resume=auto",
+            *(f"model.{k}={v}" for k, v in raw["config"]["model"].items()),
+        ],
+    )
     raw["config"] = cfg.to_dict()  # the attacker's checkpoint claims to be this run's
-    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)}))
+    (target / checkpoint.TRAIN_STATE_FILENAME).write_text(
+        json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)})
+    )
 
     if reader == "export":
         code = main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab])
@@ -268,8 +294,16 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(reader, t
 
 def test_a_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_path, capsys, tiny_vocab):
     run = _fake_run(tmp_path)
-    cfg = load_config(None, [f"train.output_dir={run}", "checkpoint.resume=none", f"data.vocab_file={tiny_vocab}",
-                             "model.size=tiny", "model.vocab_size=1024"])
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={run}",
+            "checkpoint.resume=none",
+            f"data.vocab_file={tiny_vocab}",
+            "model.size=tiny",
+            "model.vocab_size=1024",
+        ],
+    )
     assert train(cfg) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert "holds another run's checkpoints" in err and "checkpoint.resume=" in err and "train.output_dir" in err
@@ -280,8 +314,20 @@ def test_a_fresh_finetune_refuses_an_output_holding_a_pretraining_runs_checkpoin
     run = _fake_run(tmp_path)
     texts = tmp_path / "t.tsv"
     texts.write_text("sentence\tlabel\na b\t0\nc d\t1\n")
-    assert main(["finetune", f"finetune.init_from={run}", f"finetune.vocab_file={tiny_vocab}", f"finetune.train_file={texts}",
-                 f"finetune.dev_file={texts}", f"finetune.output_dir={run}", "checkpoint.resume=none"]) == USAGE_EXIT_CODE  # fmt: skip
+    assert (
+        main(
+            [
+                "finetune",
+                f"finetune.init_from={run}",
+                f"finetune.vocab_file={tiny_vocab}",
+                f"finetune.train_file={texts}",
+                f"finetune.dev_file={texts}",
+                f"finetune.output_dir={run}",
+                "checkpoint.resume=none",
+            ]
+        )
+        == USAGE_EXIT_CODE
+    )
     err = capsys.readouterr().err
     assert f"finetune.output_dir {run} holds another run's checkpoints" in err, err
     assert checkpoint.resolve_resume(run, "auto") == run / "checkpoints" / "step_00000004"  # untouched
@@ -295,25 +341,39 @@ def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_p
     assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab]) == USAGE_EXIT_CODE
     assert "not empty" in capsys.readouterr().err and (output / "notes.txt").read_text() == "mine"
     assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab, "--overwrite"]) == 0
-    assert sorted(p.name for p in output.iterdir()) == ["config.json", "model.safetensors", "special_tokens_map.json",
-                                                         "tokenizer_config.json", "vocab.txt"]
+    assert sorted(p.name for p in output.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
 
 
 def _files(directory: Path) -> dict[str, int]:
     return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("output", [".", "checkpoints", "checkpoints/step_00000004/hf", "../elsewhere-with-checkpoints"])
+@pytest.mark.parametrize(
+    "output", [".", "checkpoints", "checkpoints/step_00000004/hf", "../elsewhere-with-checkpoints"]
+)
 def test_export_never_writes_over_the_run_it_exports_whatever_the_flags(output, tmp_path, capsys, tiny_vocab):
     run = _fake_run(tmp_path)
     (tmp_path / "elsewhere-with-checkpoints" / "checkpoints").mkdir(parents=True)
     before = _files(run)
-    assert main(["export", str(run), "--output", str(run / output), "--vocab", tiny_vocab, "--overwrite"]) == USAGE_EXIT_CODE
+    assert (
+        main(["export", str(run), "--output", str(run / output), "--vocab", tiny_vocab, "--overwrite"])
+        == USAGE_EXIT_CODE
+    )
     err = capsys.readouterr().err
     assert "Traceback" not in err and ("holds or is inside" in err or "holds training checkpoints" in err), err
     assert _files(run) == before and (tmp_path / "elsewhere-with-checkpoints" / "checkpoints").is_dir()
-    assert main(["export", str(run), "--output", str(run / "hf"), "--vocab", tiny_vocab]) == 0  # beside the checkpoints: fine
-    assert oct((run / "hf" / "model.safetensors").stat().st_mode & 0o777) == oct((run / "hf" / "config.json").stat().st_mode & 0o777)
+    assert (
+        main(["export", str(run), "--output", str(run / "hf"), "--vocab", tiny_vocab]) == 0
+    )  # beside the checkpoints: fine
+    assert oct((run / "hf" / "model.safetensors").stat().st_mode & 0o777) == oct(
+        (run / "hf" / "config.json").stat().st_mode & 0o777
+    )
 
 
 @pytest.mark.parametrize("command", ["export", "finetune"])
@@ -341,9 +401,24 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
     else:
         rows = tmp_path / "t.tsv"
         rows.write_text("sentence\tlabel\n" + "a b\t0\nc d\t1\n" * 2)
-        assert main(["finetune", f"finetune.init_from={run}", f"finetune.vocab_file={tiny_vocab}", f"finetune.train_file={rows}",
-                     f"finetune.dev_file={rows}", f"finetune.output_dir={tmp_path / 'ft'}", "finetune.epochs=1", "finetune.batch_size=2",
-                     "finetune.micro_batch_size=2", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "finetune",
+                    f"finetune.init_from={run}",
+                    f"finetune.vocab_file={tiny_vocab}",
+                    f"finetune.train_file={rows}",
+                    f"finetune.dev_file={rows}",
+                    f"finetune.output_dir={tmp_path / 'ft'}",
+                    "finetune.epochs=1",
+                    "finetune.batch_size=2",
+                    "finetune.micro_batch_size=2",
+                    "tracking.enabled=false",
+                    f"launch.master_port={free_tcp_port()}",
+                ]
+            )
+            == 0
+        )
         assert f"from bertdist checkpoint {older}" in capsys.readouterr().out
     assert "damaged" not in capsys.readouterr().err
 
@@ -371,7 +446,17 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_output(command, tiny_disk
         save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "model", tiny_vocab)
         texts = tmp_path / "texts.txt"
         texts.write_text("a line of text\n" * 2000)
-        args = ["embed", "--model", str(tmp_path / "model"), "--input", str(texts), "--output", str(output), "--shard-rows", "500"]
+        args = [
+            "embed",
+            "--model",
+            str(tmp_path / "model"),
+            "--input",
+            str(texts),
+            "--output",
+            str(output),
+            "--shard-rows",
+            "500",
+        ]
     assert main(args) == USAGE_EXIT_CODE
     err = capsys.readouterr().err.strip()
     assert "No space left on device" in err and str(tiny_disk) in err and len(err.splitlines()) == 1, err
@@ -386,7 +471,9 @@ def _reordered(vocab: str, tmp_path: Path) -> str:
     return str(path)
 
 
-def test_a_vocabulary_that_does_not_fit_the_model_is_refused_before_anything_trains(tmp_path, capsys, tiny_vocab, tiny_shards):
+def test_a_vocabulary_that_does_not_fit_the_model_is_refused_before_anything_trains(
+    tmp_path, capsys, tiny_vocab, tiny_shards
+):
     from bertdist.config import validate
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained
@@ -398,24 +485,34 @@ def test_a_vocabulary_that_does_not_fit_the_model_is_refused_before_anything_tra
     texts = tmp_path / "t.tsv"
     texts.write_text("sentence\tlabel\na b\t0\nc d\t1\n")
     common = [f"finetune.train_file={texts}", f"finetune.dev_file={texts}", f"finetune.output_dir={tmp_path / 'ft'}"]
-    assert main(["finetune", f"finetune.init_from={model}", f"finetune.vocab_file={reordered}", *common]) == USAGE_EXIT_CODE
+    assert (
+        main(["finetune", f"finetune.init_from={model}", f"finetune.vocab_file={reordered}", *common])
+        == USAGE_EXIT_CODE
+    )
     assert "is not the vocabulary the weights were trained with" in capsys.readouterr().err
     small = tmp_path / "small"
     save_pretrained(BertForPreTraining(tiny_model_config(vocab_size=512)), small, tiny_vocab)  # vocab.txt: 1024 tokens
     assert main(["finetune", f"finetune.init_from={small}", *common]) == USAGE_EXIT_CODE
     assert "has 1024 tokens, more than the model's 512 token embeddings" in capsys.readouterr().err
-    cfg = load_config(training_runs.write_config(tmp_path / "cfg", tiny_shards, reordered, zero_stage=0),
-                      [f"checkpoint.init_from_pretrained={model}"])
+    cfg = load_config(
+        training_runs.write_config(tmp_path / "cfg", tiny_shards, reordered, zero_stage=0),
+        [f"checkpoint.init_from_pretrained={model}"],
+    )
     with pytest.raises(ConfigError, match="data.vocab_file: .* is not the vocabulary the weights were trained with"):
         validate(cfg)
     longer = tmp_path / "longer.txt"
     longer.write_text(Path(tiny_vocab).read_text() + "extra1\nextra2\n")
-    assert main(["export", str(_fake_run(tmp_path)), "--output", str(tmp_path / "hf"), "--vocab", str(longer)]) == USAGE_EXIT_CODE
+    assert (
+        main(["export", str(_fake_run(tmp_path)), "--output", str(tmp_path / "hf"), "--vocab", str(longer)])
+        == USAGE_EXIT_CODE
+    )
     assert "has 1026 tokens, more than the model's 1024 token embeddings" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["truncated", "pickled"])
-def test_a_damaged_or_pickled_model_given_to_finetune_is_one_line_without_unsafe_advice(damage, tmp_path, capsys, tiny_vocab):
+def test_a_damaged_or_pickled_model_given_to_finetune_is_one_line_without_unsafe_advice(
+    damage, tmp_path, capsys, tiny_vocab
+):
     import torch
 
     from bertdist.model.bert import BertForPreTraining
@@ -430,27 +527,47 @@ def test_a_damaged_or_pickled_model_given_to_finetune_is_one_line_without_unsafe
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     else:
         weights.unlink()
-        torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(2), "x": _Payload(marker)}, model / "pytorch_model.bin")
+        torch.save(
+            {"bert.embeddings.word_embeddings.weight": torch.zeros(2), "x": _Payload(marker)},
+            model / "pytorch_model.bin",
+        )
     texts = tmp_path / "t.tsv"
     texts.write_text("sentence\tlabel\na b\t0\nc d\t1\n")
-    assert main(["finetune", f"finetune.init_from={model}", f"finetune.train_file={texts}", f"finetune.dev_file={texts}",
-                 f"finetune.output_dir={tmp_path / 'ft'}"]) == USAGE_EXIT_CODE  # fmt: skip
+    assert (
+        main(
+            [
+                "finetune",
+                f"finetune.init_from={model}",
+                f"finetune.train_file={texts}",
+                f"finetune.dev_file={texts}",
+                f"finetune.output_dir={tmp_path / 'ft'}",
+            ]
+        )
+        == USAGE_EXIT_CODE
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err and "weights_only" not in err, err
-    expected = "not a readable safetensors file, truncated or damaged" if damage == "truncated" else "refused to load: the file holds a Python object (io.open)"
+    expected = (
+        "not a readable safetensors file, truncated or damaged"
+        if damage == "truncated"
+        else "refused to load: the file holds a Python object (io.open)"
+    )
     assert expected in err and not marker.exists(), err
 
 
 # ---- validation holes ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.lr=.nan", "optim.lr: must be a finite number"),
-    ("optim.lr=.inf", "optim.lr: must be a finite number"),
-    ("optim.weight_decay=-1.0", "optim.weight_decay: must be >= 0"),
-    ("optim.eps=0.0", "optim.eps: must be positive"),
-    ("data.phases.1.micro_batch_size=16", "data.phases has 1 entries"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=.nan", "optim.lr: must be a finite number"),
+        ("optim.lr=.inf", "optim.lr: must be a finite number"),
+        ("optim.weight_decay=-1.0", "optim.weight_decay: must be >= 0"),
+        ("optim.eps=0.0", "optim.eps: must be positive"),
+        ("data.phases.1.micro_batch_size=16", "data.phases has 1 entries"),
+    ],
+)
 def test_out_of_range_and_non_finite_values_are_refused(override, message):
     from bertdist.config import validate
 
@@ -465,18 +582,48 @@ def test_numbers_written_the_way_people_write_them_are_numbers(tmp_path):
 
 
 def test_overrides_may_follow_flags(capsys):
-    assert main(["train", "--config", "bert-tiny", "--dry-run", "optim.lr=3e-3", "data.vocab_file=" + str(REPO / "README.md")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "bert-tiny",
+                "--dry-run",
+                "optim.lr=3e-3",
+                "data.vocab_file=" + str(REPO / "README.md"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "unrecognized arguments" not in out.err and "lr: 0.003" in out.out
 
 
 def test_prepare_refuses_bad_values_before_starting_and_leaves_nothing(tmp_path, tiny_corpus, tiny_vocab, capsys):
     output = tmp_path / "out"
-    assert main(["prepare", "--input", tiny_corpus, "--output", str(output), "--vocab", tiny_vocab, "--seed", "-1",
-                 "--no-progress"]) == USAGE_EXIT_CODE  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare",
+                "--input",
+                tiny_corpus,
+                "--output",
+                str(output),
+                "--vocab",
+                tiny_vocab,
+                "--seed",
+                "-1",
+                "--no-progress",
+            ]
+        )
+        == USAGE_EXIT_CODE
+    )
     assert "--seed: must be in [0, 2^63)" in capsys.readouterr().err and not output.exists()
     (tmp_path / "file").write_text("x")
-    assert main(["prepare", "--input", tiny_corpus, "--output", str(tmp_path / "file"), "--vocab", tiny_vocab]) == USAGE_EXIT_CODE
+    assert (
+        main(["prepare", "--input", tiny_corpus, "--output", str(tmp_path / "file"), "--vocab", tiny_vocab])
+        == USAGE_EXIT_CODE
+    )
     assert "is a file, not a directory" in capsys.readouterr().err
 
 
@@ -487,8 +634,20 @@ def test_a_failed_prepare_leaves_no_work_behind_so_the_fixed_command_runs(tmp_pa
     (corpus / "a.txt").write_text("\n\n".join(good for _ in range(30)))
     (corpus / "b.txt").write_bytes(b"\xff\xfe broken utf-8 \x00\x00")
     output = tmp_path / "out"
-    args = ["prepare", "--input", str(corpus), "--output", str(output), "--vocab", tiny_vocab, "--max-seq-length",
-            str(TEST_SEQ_LENGTH), "--no-progress", "--workers", "2"]  # fmt: skip
+    args = [
+        "prepare",
+        "--input",
+        str(corpus),
+        "--output",
+        str(output),
+        "--vocab",
+        tiny_vocab,
+        "--max-seq-length",
+        str(TEST_SEQ_LENGTH),
+        "--no-progress",
+        "--workers",
+        "2",
+    ]
     assert main(args) == USAGE_EXIT_CODE
     assert "b.txt" in capsys.readouterr().err and not (output / ".work").exists()
     assert main([*args, "--on-bad-input", "skip"]) == 0
@@ -502,7 +661,11 @@ def test_an_output_that_is_a_file_is_refused_by_train(tmp_path, tiny_vocab):
     with pytest.raises(ConfigError, match="train.output_dir: .* is a file"):
         from bertdist.config import validate
 
-        validate(load_config(None, [f"train.output_dir={tmp_path / 'out'}", f"data.vocab_file={tiny_vocab}", "model.vocab_size=1024"]))
+        validate(
+            load_config(
+                None, [f"train.output_dir={tmp_path / 'out'}", f"data.vocab_file={tiny_vocab}", "model.vocab_size=1024"]
+            )
+        )
 
 
 # ---- fuzz: random flips and cuts ----------------------------------------------------------------------------
@@ -587,14 +750,31 @@ def test_fuzzed_configs_give_a_config_error_or_a_config(tmp_path):
 
 def test_unwritable_outputs_are_one_line(tmp_path, tiny_corpus, tiny_vocab, tiny_shards, capsys):
     """As root nothing is permission-denied, so the unwritable place is a read-only kernel filesystem."""
-    assert main(["prepare", "--input", tiny_corpus, "--output", "/proc/bertdist/out", "--vocab", tiny_vocab,
-                 "--no-progress"]) == USAGE_EXIT_CODE  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare",
+                "--input",
+                tiny_corpus,
+                "--output",
+                "/proc/bertdist/out",
+                "--vocab",
+                tiny_vocab,
+                "--no-progress",
+            ]
+        )
+        == USAGE_EXIT_CODE
+    )
     err = capsys.readouterr().err
     assert "/proc/bertdist" in err and "Traceback" not in err, err
     config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
     from bertdist.train.distributed import free_tcp_port
 
-    overrides = ["train.output_dir=/proc/bertdist/run", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]
+    overrides = [
+        "train.output_dir=/proc/bertdist/run",
+        "tracking.enabled=false",
+        f"launch.master_port={free_tcp_port()}",
+    ]
     assert train(load_config(config, overrides)) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert "/proc/bertdist" in err and "Traceback" not in err, err
@@ -610,15 +790,24 @@ def test_a_taken_rendezvous_port_is_one_line(tmp_path, tiny_shards, tiny_vocab, 
         taken.listen()
         port = taken.getsockname()[1]
         config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
-        cfg = load_config(config, [f"launch.master_port={port}", "launch.gpus_per_node=1", "tracking.enabled=false",
-                                   "train.global_batch_size=4"])
+        cfg = load_config(
+            config,
+            [
+                f"launch.master_port={port}",
+                "launch.gpus_per_node=1",
+                "tracking.enabled=false",
+                "train.global_batch_size=4",
+            ],
+        )
         assert train(cfg) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "pick a free port" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_rank_alone_at_the_rendezvous_gives_up_within_the_rendezvous_timeout(rank, tmp_path, tiny_shards, tiny_vocab, capsys, monkeypatch):
+def test_a_rank_alone_at_the_rendezvous_gives_up_within_the_rendezvous_timeout(
+    rank, tmp_path, tiny_shards, tiny_vocab, capsys, monkeypatch
+):
     """Rank 0 without its peer, or rank 1 without rank 0 (never started, wrong MASTER_ADDR): one line naming
     the address and what is missing after train.rendezvous_timeout_s, not the 30-minute collective timeout."""
     import time
@@ -664,8 +853,23 @@ def test_a_url_with_credentials_is_refused_redacted_and_written_nowhere(tmp_path
     commands = [
         ["train", "--config", str(config), f"checkpoint.uri={url}", f"train.output_dir={out}"],
         ["train", "--config", str(secret_yaml)],
-        ["train", "--config", str(config), f"train.output_dir={out}", f"tracking.tracking_uri=http://me:{PLANTED_SECRET}@127.0.0.1:5000"],
-        ["submit", "--backend", "local", "--cpu-only", "--config", str(secret_yaml), "--jobs-dir", str(tmp_path / "jobs")],
+        [
+            "train",
+            "--config",
+            str(config),
+            f"train.output_dir={out}",
+            f"tracking.tracking_uri=http://me:{PLANTED_SECRET}@127.0.0.1:5000",
+        ],
+        [
+            "submit",
+            "--backend",
+            "local",
+            "--cpu-only",
+            "--config",
+            str(secret_yaml),
+            "--jobs-dir",
+            str(tmp_path / "jobs"),
+        ],
         ["prepare", "--input", url + "/corpus.txt", "--output", str(tmp_path / "shards"), "--vocab", tiny_vocab],
         ["export", str(out), "--output", url + "/hf"],
     ]

@@ -16,8 +16,15 @@ import yaml
 from bertdist import chatter
 from tests.conftest import REPO, TEST_SEQ_LENGTH, tiny_model_config
 
-CHATTER = ("[INFO]", "Processing zero checkpoint", "built successfully", "Token authentication", "UserWarning", "\x1b[",
-           "mlflow")  # fmt: skip
+CHATTER = (
+    "[INFO]",
+    "Processing zero checkpoint",
+    "built successfully",
+    "Token authentication",
+    "UserWarning",
+    "\x1b[",
+    "mlflow",
+)
 """What the libraries print (tests/test_packaging.py checks the demo's console for the same)."""
 
 
@@ -38,7 +45,8 @@ def warnings_on_stderr():
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
-            warnings.formatwarning(message, category, filename, lineno, line))
+            warnings.formatwarning(message, category, filename, lineno, line)
+        )
         yield
 
 
@@ -76,8 +84,9 @@ def test_verbose_leaves_the_libraries_chatter_on_the_console(tmp_path, capfd, mo
 def _bertdist(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop(chatter.VERBOSE_ENV, None)
-    done = subprocess.run([sys.executable, "-m", "bertdist", *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bertdist", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -92,26 +101,56 @@ def _assert_quiet(done: subprocess.CompletedProcess, command: str) -> None:
 def test_train_finetune_and_export_print_only_bertdists_lines(tmp_path, tiny_shards, tiny_vocab, tiny_corpus):
     config = {
         "model": vars(tiny_model_config()),
-        "data": {"vocab_file": tiny_vocab, "loader_workers": 1, "phases": [
-            {"train_dir": tiny_shards, "eval_dir": tiny_shards, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": 2}]},
+        "data": {
+            "vocab_file": tiny_vocab,
+            "loader_workers": 1,
+            "phases": [
+                {
+                    "train_dir": tiny_shards,
+                    "eval_dir": tiny_shards,
+                    "max_seq_length": TEST_SEQ_LENGTH,
+                    "micro_batch_size": 4,
+                    "steps": 2,
+                }
+            ],
+        },
         "optim": {"warmup_steps": 1},
-        "train": {"global_batch_size": 4, "output_dir": "pretrain", "log_every_steps": 1, "eval_every_steps": 2, "eval_batches": 1},
+        "train": {
+            "global_batch_size": 4,
+            "output_dir": "pretrain",
+            "log_every_steps": 1,
+            "eval_every_steps": 2,
+            "eval_batches": 1,
+        },
         "checkpoint": {"every_steps": 2},
         "tracking": {"log_system_metrics": False},
         "launch": {"nodes": 1, "gpus_per_node": 1},
-    }  # fmt: skip
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     trained = _bertdist("train", "--config", "config.yaml", cwd=tmp_path)
     _assert_quiet(trained, "train")
     assert "done: 2 steps" in trained.stdout
     assert "built successfully" in (tmp_path / "pretrain" / chatter.LIBRARY_LOG).read_text()
 
-    lines = [line for f in sorted(Path(tiny_corpus).glob("*.txt"))[:2] for line in f.read_text().splitlines()[:60] if line.strip()]
+    lines = [
+        line
+        for f in sorted(Path(tiny_corpus).glob("*.txt"))[:2]
+        for line in f.read_text().splitlines()[:60]
+        if line.strip()
+    ]
     rows = ["sentence,label", *(f'"{line}",file{i % 2}' for i, line in enumerate(lines))]
     (tmp_path / "task.csv").write_text("\n".join(rows) + "\n")
-    tuned = _bertdist("finetune", "finetune.init_from=pretrain", "finetune.train_file=task.csv", "finetune.dev_file=task.csv",
-                      "finetune.output_dir=finetuned", "finetune.epochs=1", "finetune.batch_size=16",
-                      "finetune.micro_batch_size=8", cwd=tmp_path)  # fmt: skip
+    tuned = _bertdist(
+        "finetune",
+        "finetune.init_from=pretrain",
+        "finetune.train_file=task.csv",
+        "finetune.dev_file=task.csv",
+        "finetune.output_dir=finetuned",
+        "finetune.epochs=1",
+        "finetune.batch_size=16",
+        "finetune.micro_batch_size=8",
+        cwd=tmp_path,
+    )
     _assert_quiet(tuned, "finetune")
     assert "best dev epoch" in tuned.stdout
     assert "Processing zero checkpoint" in (tmp_path / "finetuned" / chatter.LIBRARY_LOG).read_text()

@@ -12,7 +12,22 @@ import pytest
 from tests.conftest import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-EXPECTED_COMMANDS = ["vocab", "prepare", "inspect", "train", "finetune", "embed", "evaluate", "export", "checkpoints", "submit", "status", "logs", "ui", "demo"]
+EXPECTED_COMMANDS = [
+    "vocab",
+    "prepare",
+    "inspect",
+    "train",
+    "finetune",
+    "embed",
+    "evaluate",
+    "export",
+    "checkpoints",
+    "submit",
+    "status",
+    "logs",
+    "ui",
+    "demo",
+]
 
 
 def bertdist(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -52,8 +67,15 @@ def test_every_config_dry_runs(config: Path, tmp_path: Path):
 
 
 def test_dry_run_failure_names_the_field_and_exits_2(tmp_path):
-    out = bertdist("train", "--config", str(REPO / "configs" / "bert-tiny.yaml"), "--dry-run",
-                   "train.global_batch_size=33", "model.hiden_size=3", f"data.vocab_file={tmp_path}/missing.txt")
+    out = bertdist(
+        "train",
+        "--config",
+        str(REPO / "configs" / "bert-tiny.yaml"),
+        "--dry-run",
+        "train.global_batch_size=33",
+        "model.hiden_size=3",
+        f"data.vocab_file={tmp_path}/missing.txt",
+    )
     assert out.returncode == 2
     assert "model.hiden_size: unknown key" in out.stderr
     assert "train.global_batch_size: 33 is not divisible" in out.stderr
@@ -77,13 +99,34 @@ def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpu
     # test would otherwise inherit whatever disposition the test process has by now.
     inherited = signal.getsignal(signal.SIGINT)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", str(tmp_path / "shards"), "--vocab",
-         tiny_vocab, "--max-seq-length", "32", "--dupe-factor", "40", "--workers", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "bertdist",
+            "prepare",
+            "--input",
+            tiny_corpus,
+            "--output",
+            str(tmp_path / "shards"),
+            "--vocab",
+            tiny_vocab,
+            "--max-seq-length",
+            "32",
+            "--dupe-factor",
+            "40",
+            "--workers",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120
-    while not (tmp_path / "shards" / ".work" / "fingerprint").is_file():  # the run has claimed its output: Ray is starting
+    while not (
+        tmp_path / "shards" / ".work" / "fingerprint"
+    ).is_file():  # the run has claimed its output: Ray is starting
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     time.sleep(1)
@@ -91,7 +134,9 @@ def test_ctrl_c_in_prepare_is_one_line_saying_what_was_kept(tmp_path, tiny_corpu
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, f"SIGINT in the test process: {inherited}\n{err[-3000:]}"
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    assert "bertdist prepare: interrupted; the finished parts are kept in OUTPUT/.work: the same command continues" in err
+    assert (
+        "bertdist prepare: interrupted; the finished parts are kept in OUTPUT/.work: the same command continues" in err
+    )
 
 
 def _subcommand(name: str):
@@ -105,7 +150,7 @@ def test_every_prepare_option_has_a_flag_and_every_flag_an_option():
     flag that reaches no field, fails here unless the table in bertdist.cli lists it."""
     import dataclasses
 
-    from bertdist.cli import PREPARE_CONVERTED, PREPARE_NOT_FLAGS
+    from bertdist.data.commands import PREPARE_CONVERTED, PREPARE_NOT_FLAGS
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.options import PrepareOptions
     from bertdist.flags import flag_dests
@@ -117,14 +162,31 @@ def test_every_prepare_option_has_a_flag_and_every_flag_an_option():
 
 
 def test_prepare_flags_left_out_give_the_options_defaults():
-    from bertdist.cli import build_parser, prepare_options
+    from bertdist.cli import build_parser
+    from bertdist.data.commands import prepare_options
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.options import PrepareOptions
 
     args = build_parser().parse_args(["prepare", "--input", "a.txt", "b.txt", "--output", "out", "--vocab", "v.txt"])
     assert prepare_options(args) == PrepareOptions(inputs=["a.txt", "b.txt"], output_dir="out", vocab_file="v.txt")
-    args = build_parser().parse_args(["prepare", "--input", "a", "--output", "o", "--vocab", "v", "--masking", "dynamic",
-                                      "--group-mb", "0.5", "--no-progress", "--seed", "7"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "prepare",
+            "--input",
+            "a",
+            "--output",
+            "o",
+            "--vocab",
+            "v",
+            "--masking",
+            "dynamic",
+            "--group-mb",
+            "0.5",
+            "--no-progress",
+            "--seed",
+            "7",
+        ]
+    )
     opts = prepare_options(args)
     assert opts.instances == InstanceOptions(masking="dynamic", dupe_factor=1, seed=7)
     assert (opts.group_bytes, opts.progress) == (1 << 19, False)

@@ -67,7 +67,11 @@ def check_raycluster(path: Path) -> None:
     assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayCluster"
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
     _kuberay_cluster_spec(doc["spec"], path.name)
-    gpu = [g for g in doc["spec"]["workerGroupSpecs"] if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]]
+    gpu = [
+        g
+        for g in doc["spec"]["workerGroupSpecs"]
+        if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]
+    ]
     assert gpu, "a GPU worker group for training"
 
 
@@ -111,7 +115,9 @@ def check_slurm_conf(path: Path) -> None:
     pairs = _slurm_conf(path)
     keys = {k for k, _ in pairs}
     conf = dict(pairs)
-    assert {"ClusterName", "SlurmctldHost", "NodeName", "PartitionName"} <= keys, "slurmctld refuses to start without these"
+    assert {"ClusterName", "SlurmctldHost", "NodeName", "PartitionName"} <= keys, (
+        "slurmctld refuses to start without these"
+    )
     assert conf["GresTypes"] == "gpu" and "Gres=gpu:" in path.read_text()
     assert conf["JobRequeue"] == "1", "the batch script's requeue needs JobRequeue"
     assert int(conf["KillWait"]) >= 60, "KillWait must leave time to write a checkpoint"

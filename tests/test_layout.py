@@ -9,7 +9,9 @@ import ast
 from tests.conftest import REPO
 
 PACKAGE = REPO / "bertdist"
-MAX_LINES = 450
+MAX_LINES = 480
+"""Lines of ruff-formatted code (the 450 of the hand-compacted style before `ruff format` became the rule, which
+writes the same code 3-10% longer)."""
 
 
 def modules() -> dict[str, ast.Module]:
@@ -41,7 +43,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt]
+                return path[path.index(nxt) :] + [node, nxt] if nxt in path else [node, nxt]
             if nxt not in state and (cycle := visit(nxt, path + [node])):
                 return cycle
         state[node] = 2
@@ -65,7 +67,9 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_every_module_has_a_docstring_and_stays_small():
     for name, tree in modules().items():
         assert ast.get_docstring(tree), f"{name}: no module docstring saying what it is for"
-    long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
@@ -77,7 +81,9 @@ def test_every_import_of_bertdist_names_something_that_exists():
     missing = []
     for path in sorted([*PACKAGE.rglob("*.py"), *(REPO / "benchmarks").glob("*.py"), *(REPO / "tests").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("bertdist")):
+            if not (
+                isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("bertdist")
+            ):
                 continue
             if node.module.endswith("fill_mask_model"):
                 continue

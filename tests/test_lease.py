@@ -21,7 +21,9 @@ def test_a_held_uri_is_refused_then_taken_over_once_its_holder_stops_renewing(s3
     assert storage.read_json(storage.join(uri, LEASE_NAME))["output_dir"] == str(tmp_path / "a")
     with pytest.raises(LeaseBusyError) as e:
         StoreLease(uri, str(tmp_path / "b"), TIMEOUT_S).acquire()
-    assert f"checkpoint.uri {uri} is in use by another run (host " in str(e.value) and str(tmp_path / "a") in str(e.value)
+    assert f"checkpoint.uri {uri} is in use by another run (host " in str(e.value) and str(tmp_path / "a") in str(
+        e.value
+    )
     time.sleep(TIMEOUT_S * 0.75)  # a few heartbeats: still held
     with pytest.raises(LeaseBusyError):
         StoreLease(uri, str(tmp_path / "b"), TIMEOUT_S).acquire()

@@ -32,7 +32,9 @@ with ownership.owned(sys.argv[1]):
 
 
 def _holder(directory: Path, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory), *extra], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory), *extra], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -49,7 +51,9 @@ def held(tmp_path):
 
 def test_a_held_directory_is_refused_naming_the_holder(held):
     directory, pid = held
-    with pytest.raises(ownership.DirectoryBusyError, match=rf"in use by another run \(host \S+, pid {pid}, started 20\d\d-"):
+    with pytest.raises(
+        ownership.DirectoryBusyError, match=rf"in use by another run \(host \S+, pid {pid}, started 20\d\d-"
+    ):
         with ownership.owned(directory):
             pass
 
@@ -97,7 +101,9 @@ def test_a_second_train_on_the_same_output_is_refused_and_the_first_finishes(tmp
     second_codes = second.wait()
     assert second_codes[0] == USAGE_EXIT_CODE
     refusal = [line for line in second.output(0).splitlines() if "in use by another run" in line]
-    assert refusal and f"pid {first.procs[0].pid}" in refusal[0] and "(bertdist train)" in refusal[0], second.output(0)[-2000:]
+    assert refusal and f"pid {first.procs[0].pid}" in refusal[0] and "(bertdist train)" in refusal[0], second.output(0)[
+        -2000:
+    ]
     assert all(p.poll() is None for p in first.procs), "the first run must not notice the second"
     first.signal(signal.SIGTERM)
     assert first.wait() == [REQUEUE_EXIT_CODE] * 2, first.output(0)[-2000:]
@@ -127,10 +133,20 @@ def test_every_writing_command_refuses_an_owned_output(command, held, tmp_path, 
         return
     args = {
         "embed": ["embed", "--model", str(model), "--input", str(texts), "--output", str(directory)],
-        "export": ["export", str(tmp_path / "run"), "--output", str(directory)],  # the output is checked before the input
-        "finetune": ["finetune", f"finetune.init_from={model}", f"finetune.train_file={texts}", f"finetune.dev_file={texts}",
-                     f"finetune.output_dir={directory}"],
-    }[command]  # fmt: skip
+        "export": [
+            "export",
+            str(tmp_path / "run"),
+            "--output",
+            str(directory),
+        ],  # the output is checked before the input
+        "finetune": [
+            "finetune",
+            f"finetune.init_from={model}",
+            f"finetune.train_file={texts}",
+            f"finetune.dev_file={texts}",
+            f"finetune.output_dir={directory}",
+        ],
+    }[command]
     assert main(args) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert "is in use by another run (host" in err and f"pid {pid}" in err and len(err.strip().splitlines()) == 1, err

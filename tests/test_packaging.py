@@ -37,8 +37,12 @@ SHIPPED = ("launch", "configs", "cluster")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     (path,) = out.glob("bertdist-*.whl")
     return path
@@ -50,12 +54,20 @@ def venv(wheel, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
     python = root / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = [p for p in sys.path if p.endswith("site-packages")]
     Path(purelib, "bertdist_test_dependencies.pth").write_text("\n".join(ours) + "\n")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     return root / "bin"
 
@@ -68,8 +80,15 @@ def workdir(tmp_path_factory) -> Path:
 def run(venv: Path, workdir: Path, *argv: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": f"{venv}:{os.environ['PATH']}", "PYTHONNOUSERSITE": "1"}
     env.pop("PYTHONPATH", None)
-    return subprocess.run([str(venv / argv[0]), *argv[1:]], cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=timeout, **kwargs)  # fmt: skip
+    return subprocess.run(
+        [str(venv / argv[0]), *argv[1:]],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +102,22 @@ def demo(venv, workdir) -> Path:
     for chatter in ("[INFO]", "Processing zero checkpoint", "Token authentication", "UserWarning", "\x1b[", "\n\n\n"):
         assert chatter not in console, f"{chatter!r} on the demo's console:\n{console[-3000:]}"
     assert "Processing zero checkpoint" in (workdir / "runs" / "demo" / "demo.log").read_text()
-    dashboard = next(line for line in done.stdout.splitlines() if "dashboard: " in line).split("dashboard: ")[1].split("   (")[0]
+    dashboard = (
+        next(line for line in done.stdout.splitlines() if "dashboard: " in line)
+        .split("dashboard: ")[1]
+        .split("   (")[0]
+    )
     assert dashboard.startswith(str(venv.parent)), dashboard  # runs as printed, without activating the venv
     # The fill-mask command as printed, from another directory (it held a relative model path).
     fill_mask = shlex.split(next(line for line in done.stdout.splitlines() if "fill-mask" in line))
-    answered = subprocess.run(fill_mask, cwd=venv.parent, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    answered = subprocess.run(
+        fill_mask,
+        cwd=venv.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert answered.returncode == 0 and "'token_str'" in answered.stdout, answered.stderr[-3000:]
     return workdir / "runs" / "demo"
 
@@ -97,15 +126,23 @@ def test_the_wheel_carries_every_subpackage_and_the_shipped_directories(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = {str(p.relative_to(REPO)) for p in (REPO / "bertdist").rglob("__init__.py")}
     assert packages <= names, f"subpackages missing from pyproject.toml's list: {sorted(packages - names)}"
-    tracked = subprocess.run(["git", "ls-files", *SHIPPED], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", *SHIPPED], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert tracked and {f"bertdist/_shipped/{f}" for f in tracked} <= names
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(venv, workdir):
-    where = run(venv, workdir, "python", "-c", "import bertdist.resources as r; print(r.__file__); print(r.shipped('launch'))")
+    where = run(
+        venv, workdir, "python", "-c", "import bertdist.resources as r; print(r.__file__); print(r.shipped('launch'))"
+    )
     assert where.returncode == 0, where.stderr
     module, launch = where.stdout.split()
-    assert module.startswith(str(venv.parent)) and launch.startswith(str(venv.parent)) and launch.endswith("_shipped/launch")
+    assert (
+        module.startswith(str(venv.parent))
+        and launch.startswith(str(venv.parent))
+        and launch.endswith("_shipped/launch")
+    )
 
 
 def test_the_demo_runs_from_the_wheel_and_leaves_a_loadable_tracked_model(demo):
@@ -123,7 +160,9 @@ def test_the_demo_runs_from_the_wheel_and_leaves_a_loadable_tracked_model(demo):
     runs_ = client.search_runs([experiment.experiment_id])
     (run_,) = [r for r in runs_ if "mlflow.parentRunId" not in r.data.tags]
     assert run_.info.status == "FINISHED" and re.fullmatch(r"bert-tiny-demo-\d{8}-\d{4}", run_.info.run_name)
-    fine_tunings = [r for r in runs_ if r.data.tags.get("mlflow.parentRunId") == run_.info.run_id]  # in one store, nested
+    fine_tunings = [
+        r for r in runs_ if r.data.tags.get("mlflow.parentRunId") == run_.info.run_id
+    ]  # in one store, nested
     assert sorted(r.info.run_name for r in fine_tunings) == ["demo-adjacency-pretrained", "demo-adjacency-random-init"]
     assert client.get_metric_history(run_.info.run_id, "loss/train")[-1].step == DEMO_STEPS
     (logged,) = client.search_logged_models(experiment_ids=[experiment.experiment_id])
@@ -137,7 +176,8 @@ def test_the_exported_mlflow_model_answers_fill_mask_where_bertdist_is_not_impor
         "client = mlflow.MlflowClient()\n"
         "(e,) = [e for e in client.search_experiments() if e.name != 'Default']\n"
         "(m,) = client.search_logged_models(experiment_ids=[e.experiment_id])\n"
-        "answers = mlflow.pyfunc.load_model(m.model_uri).predict(pandas.DataFrame({'text': ['Return a [MASK] of the list.']}))\n"
+        "answers = mlflow.pyfunc.load_model(m.model_uri).predict("
+        "pandas.DataFrame({'text': ['Return a [MASK] of the list.']}))\n"
         "assert 'bertdist' not in sys.modules, 'the model must load without bertdist'\n"
         "print(answers.to_json(orient='records'))\n"
     )
@@ -150,16 +190,33 @@ def test_the_exported_mlflow_model_answers_fill_mask_where_bertdist_is_not_impor
 @pytest.mark.parametrize("backend", ["local", "deepspeed", "slurm", "ray"])
 def test_submit_dry_run_renders_every_backend_from_the_wheel(venv, workdir, backend):
     (workdir / "hostfile").write_text("localhost slots=2\n")
-    extra = {"deepspeed": ["--hostfile", "hostfile"], "slurm": ["--cpu-only"], "ray": ["--ship-package"]}.get(backend, [])
-    done = run(venv, workdir, "bertdist", "submit", "--backend", backend, "--gpus-per-node", "2", "--config", "bert-tiny",
-               "--dry-run", *extra)  # fmt: skip
+    extra = {"deepspeed": ["--hostfile", "hostfile"], "slurm": ["--cpu-only"], "ray": ["--ship-package"]}.get(
+        backend, []
+    )
+    done = run(
+        venv,
+        workdir,
+        "bertdist",
+        "submit",
+        "--backend",
+        backend,
+        "--gpus-per-node",
+        "2",
+        "--config",
+        "bert-tiny",
+        "--dry-run",
+        *extra,
+    )
     assert done.returncode == 0, done.stderr
     assert f"on backend {backend}" in done.stdout
     scripts = re.findall(r"\S+/_shipped/launch/[\w.]+", done.stdout)
     if backend == "ray":
         assert "python -m bertdist.launch.ray_job" in done.stdout and str(venv.parent) in done.stdout  # py_modules
     elif backend == "slurm":  # the batch script is the shipped template, rendered in full
-        assert "#SBATCH --requeue" in done.stdout and f"srun --kill-on-bad-exit=0 --wait=120 {venv / 'python'}" in done.stdout
+        assert (
+            "#SBATCH --requeue" in done.stdout
+            and f"srun --kill-on-bad-exit=0 --wait=120 {venv / 'python'}" in done.stdout
+        )
     else:
         assert scripts and all(Path(s).is_file() and s.startswith(str(venv.parent)) for s in scripts), done.stdout
     assert not (workdir / "runs" / "jobs").exists()  # a dry run writes nothing
@@ -172,9 +229,15 @@ def test_the_dashboard_opens_in_the_training_view_with_the_loss_first(demo, venv
     from bertdist.train.distributed import free_tcp_port
 
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
-    ui = subprocess.Popen([str(venv / "bertdist"), "ui", "--run-dir", str(demo / "train"), "--port", str(free_tcp_port())],
-                          cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                          start_new_session=True)  # fmt: skip
+    ui = subprocess.Popen(
+        [str(venv / "bertdist"), "ui", "--run-dir", str(demo / "train"), "--port", str(free_tcp_port())],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         page = ""
         for line in ui.stdout:
@@ -184,10 +247,16 @@ def test_the_dashboard_opens_in_the_training_view_with_the_loss_first(demo, venv
         from mlflow import MlflowClient
 
         client = MlflowClient(local_store_uri(demo / "train"))
-        (run_,) = [r for r in client.search_runs([page.split("/experiments/")[1].split("/")[0]]) if "mlflow.parentRunId" not in r.data.tags]
+        (run_,) = [
+            r
+            for r in client.search_runs([page.split("/experiments/")[1].split("/")[0]])
+            if "mlflow.parentRunId" not in r.data.tags
+        ]
         assert page.endswith(f"/runs/{run_.info.run_id}/model-metrics?workflowType=machine_learning"), page
         shot = Path(os.environ.get("BERTDIST_SCREENSHOT", demo / "dashboard.png"))
-        text = browser.render(page, "document.querySelectorAll('.main-svg').length >= 2", "document.body.innerText", shot)
+        text = browser.render(
+            page, "document.querySelectorAll('.main-svg').length >= 2", "document.body.innerText", shot
+        )
         assert shot.stat().st_size > 10_000
     finally:
         os.killpg(ui.pid, signal.SIGTERM)

@@ -36,8 +36,15 @@ def test_prepare_from_and_to_the_store_writes_the_bytes_of_a_local_prepare(s3_sh
 
 
 def batches(shard_dir: str, vocab: str, count: int, workers: int = 0, **settings) -> list[dict]:
-    loader = PretrainingLoader(shard_dir, vocab, TEST_SEQ_LENGTH, micro_batch_size=8, num_workers=workers,
-                               shuffle_buffer_size=256, streaming=StreamSettings(**settings))  # fmt: skip
+    loader = PretrainingLoader(
+        shard_dir,
+        vocab,
+        TEST_SEQ_LENGTH,
+        micro_batch_size=8,
+        num_workers=workers,
+        shuffle_buffer_size=256,
+        streaming=StreamSettings(**settings),
+    )
     it = iter(loader)
     out = [next(it) for _ in range(count)]
     it.close()
@@ -45,7 +52,9 @@ def batches(shard_dir: str, vocab: str, count: int, workers: int = 0, **settings
 
 
 def same(a: list[dict], b: list[dict]) -> bool:
-    return len(a) == len(b) and all(x.keys() == y.keys() and all(bool((x[k] == y[k]).all()) for k in x) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(bool((x[k] == y[k]).all()) for k in x) for x, y in zip(a, b)
+    )
 
 
 def test_the_loader_streams_the_batches_it_reads_from_local_disk(s3_shards, tiny_shards, tiny_vocab, tmp_path):
@@ -56,13 +65,16 @@ def test_the_loader_streams_the_batches_it_reads_from_local_disk(s3_shards, tiny
         assert same(batches(s3_shards, tiny_vocab, 2 * per_epoch, workers, cache_dir=str(cache)), local)
     # A cache smaller than the data: evicted to its bound, and the batches are the same.
     small = tmp_path / "small"
-    assert same(batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(small), cache_bytes=200_000), local[:per_epoch])
+    assert same(
+        batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(small), cache_bytes=200_000), local[:per_epoch]
+    )
     assert sum(p.stat().st_size for p in small.iterdir()) <= 200_000 + 100_000  # the bound, plus the block in hand
 
 
 def test_the_second_epoch_reads_its_blocks_from_the_cache(s3_shards, tiny_vocab, tmp_path):
-    loader = PretrainingLoader(s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8,
-                               streaming=StreamSettings(cache_dir=str(tmp_path)))  # fmt: skip
+    loader = PretrainingLoader(
+        s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8, streaming=StreamSettings(cache_dir=str(tmp_path))
+    )
     it = iter(loader)
     for _ in range(loader.batches_per_epoch):
         next(it)
@@ -83,16 +95,27 @@ def test_a_full_cache_disk_costs_the_cache_only(s3_shards, tiny_shards, tiny_voc
             os.write(fd, bytes(4096))
     os.close(fd)
     per_epoch = PretrainingLoader(tiny_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8).batches_per_epoch
-    assert same(batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(tiny_disk / "cache")), batches(tiny_shards, tiny_vocab, per_epoch))
+    assert same(
+        batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(tiny_disk / "cache")),
+        batches(tiny_shards, tiny_vocab, per_epoch),
+    )
     said = capsys.readouterr().err
     assert said.count("is on a full disk; blocks are read from the store uncached") == 1, said
     assert str(tiny_disk / "cache") in said and "No space left on device" in said
 
 
-def test_the_endpoint_going_away_and_coming_back_mid_epoch_is_retried_and_exact(s3, s3_shards, tiny_shards, tiny_vocab, tmp_path):
+def test_the_endpoint_going_away_and_coming_back_mid_epoch_is_retried_and_exact(
+    s3, s3_shards, tiny_shards, tiny_vocab, tmp_path
+):
     expected = batches(tiny_shards, tiny_vocab, 400)
-    loader = PretrainingLoader(s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8, shuffle_buffer_size=256,
-                               streaming=StreamSettings(cache_dir=str(tmp_path), prefetch_samples=8))  # fmt: skip
+    loader = PretrainingLoader(
+        s3_shards,
+        tiny_vocab,
+        TEST_SEQ_LENGTH,
+        micro_batch_size=8,
+        shuffle_buffer_size=256,
+        streaming=StreamSettings(cache_dir=str(tmp_path), prefetch_samples=8),
+    )
     it = iter(loader)
     got = [next(it) for _ in range(5)]
     s3.endpoint.stop()
@@ -123,36 +146,66 @@ def test_a_truncated_or_replaced_object_is_one_line_naming_it(s3, s3_shards, tin
     # Replaced behind the loader's back by an object of the same size: found by the block digests.
     with storage.atomic_write(shard, "wb") as f:
         f.write(original)
-    loader = PretrainingLoader(damaged, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8,
-                               streaming=StreamSettings(cache_dir=str(tmp_path / "b"), prefetch_samples=0))  # fmt: skip
+    loader = PretrainingLoader(
+        damaged,
+        tiny_vocab,
+        TEST_SEQ_LENGTH,
+        micro_batch_size=8,
+        streaming=StreamSettings(cache_dir=str(tmp_path / "b"), prefetch_samples=0),
+    )
     flipped = bytearray(original)
     flipped[2000] ^= 0xFF  # inside the first block's data
     with storage.atomic_write(shard, "wb") as f:
         f.write(bytes(flipped))
-    with pytest.raises(DataError, match=r"shard-000001\.tar: the block at byte 512: its sha256 differs from the manifest"):
+    with pytest.raises(
+        DataError, match=r"shard-000001\.tar: the block at byte 512: its sha256 differs from the manifest"
+    ):
         for _ in iter(loader):
             pass
 
 
 def bertdist(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertdist", *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "bertdist", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_missing_credentials_and_a_wrong_bucket_are_one_line_and_exit_2(s3, s3_shards, tiny_vocab, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") or k == "AWS_ENDPOINT_URL_S3"}
-    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
-               AWS_EC2_METADATA_DISABLED="true", BERTDIST_STORAGE_RETRY_SECONDS="5")  # fmt: skip
+    env.update(
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        BERTDIST_STORAGE_RETRY_SECONDS="5",
+    )
     for command in (["checkpoints", s3_shards], ["inspect", s3_shards]):
         done = bertdist(*command, env=env)
         assert done.returncode == 2, done.stderr
-        assert done.stderr.strip().count("\n") == 0 and "no credentials for the object store" in done.stderr, done.stderr
-    env.update(AWS_ACCESS_KEY_ID="bertdist-test-key", AWS_SECRET_ACCESS_KEY="bertdist-test-secret", AWS_DEFAULT_REGION="us-east-1")
-    done = bertdist("prepare", "--input", "s3://no-such-bucket/corpus/", "--vocab", tiny_vocab, "--output", str(tmp_path / "out"), env=env)
+        assert done.stderr.strip().count("\n") == 0 and "no credentials for the object store" in done.stderr, (
+            done.stderr
+        )
+    env.update(
+        AWS_ACCESS_KEY_ID="bertdist-test-key",
+        AWS_SECRET_ACCESS_KEY="bertdist-test-secret",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    done = bertdist(
+        "prepare",
+        "--input",
+        "s3://no-such-bucket/corpus/",
+        "--vocab",
+        tiny_vocab,
+        "--output",
+        str(tmp_path / "out"),
+        env=env,
+    )
     assert done.returncode == 2, done.stderr
     assert "s3://no-such-bucket/corpus/" in done.stderr and "Traceback" not in done.stderr, done.stderr
     # Each cause said as itself, never as "not a directory written by bertdist prepare".
     done = bertdist("inspect", "s3://no-such-bucket/shards", env=env)
-    assert done.returncode == 2 and "no such bucket" in done.stderr and "bertdist prepare" not in done.stderr, done.stderr
+    assert done.returncode == 2 and "no such bucket" in done.stderr and "bertdist prepare" not in done.stderr, (
+        done.stderr
+    )
     from bertdist.train.distributed import free_tcp_port
 
     unreachable = {**env, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_tcp_port()}"}
@@ -208,9 +261,12 @@ def test_webdataset_reads_bertdist_shards_straight_from_the_store(s3, s3_shards,
     import webdataset as wds
 
     client = s3.client()
-    urls = [client.generate_presigned_url("get_object", Params={"Bucket": "shards", "Key": f"tiny/train/{name}"})
-                .replace(f":{s3.moto_port}/", f":{s3.endpoint.port}/")
-            for name in sorted(n for n in os.listdir(tiny_shards) if n.endswith(".tar"))]  # fmt: skip
+    urls = [
+        client.generate_presigned_url("get_object", Params={"Bucket": "shards", "Key": f"tiny/train/{name}"}).replace(
+            f":{s3.moto_port}/", f":{s3.endpoint.port}/"
+        )
+        for name in sorted(n for n in os.listdir(tiny_shards) if n.endswith(".tar"))
+    ]
     samples = 0
     for sample in wds.WebDataset(urls, shardshuffle=False):
         with np.load(io.BytesIO(sample["samples.npz"]), allow_pickle=False) as block:

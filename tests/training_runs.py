@@ -35,12 +35,25 @@ ENGINE_IDS = [f"zero{stage}-{precision}" for stage, precision in ENGINES]
 RECIPES = {
     "paper": {},
     # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule
-    "fast": {"model": {"next_sentence_prediction": False}, "optim": {"name": "lamb"},
-             "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS}},  # LAMB's step is lr x |w| per tensor
+    "fast": {
+        "model": {"next_sentence_prediction": False},
+        "optim": {"name": "lamb"},
+        "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS},
+    },  # LAMB's step is lr x |w| per tensor
     # ModernBERT at the tiny width: layers 0 and 3 global, 1-2 within an 8-token half window of the 32 tokens
-    "modernbert": {"model": {"arch": "modernbert", "next_sentence_prediction": False, "num_layers": 4, "intermediate_size": 96,
-                             "local_attention": 16, "layer_norm_eps": 1e-5, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0}},
-}  # fmt: skip
+    "modernbert": {
+        "model": {
+            "arch": "modernbert",
+            "next_sentence_prediction": False,
+            "num_layers": 4,
+            "intermediate_size": 96,
+            "local_attention": 16,
+            "layer_norm_eps": 1e-5,
+            "hidden_dropout_prob": 0.0,
+            "attention_dropout_prob": 0.0,
+        }
+    },
+}
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert":
 prepared with --objective mlm --masking dynamic)."""
 
@@ -76,15 +89,23 @@ checkpoint.{function} = then_signal
 from bertdist.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-KILL_AFTER_FIRST_CHECKPOINT = SIGNAL_AFTER.format(function="save", condition=f"args[2].step == {CHECKPOINT_EVERY}",
-                                                  signum="SIGKILL")
+KILL_AFTER_FIRST_CHECKPOINT = SIGNAL_AFTER.format(
+    function="save", condition=f"args[2].step == {CHECKPOINT_EVERY}", signum="SIGKILL"
+)
 """SIGKILL once every rank has returned from saving step CHECKPOINT_EVERY (`latest` names it)."""
 TERMINATE_AFTER_RESUME = SIGNAL_AFTER.format(function="load", condition="True", signum="SIGTERM")
 """SIGTERM once the checkpoint is loaded: the stop handler is in place, the next step runs and the run stops."""
 
 
-def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", recipe: str = "paper",
-                 **train: object) -> Path:
+def write_config(
+    directory: Path,
+    shards: str,
+    vocab: str,
+    zero_stage: int,
+    precision: str = "fp32",
+    recipe: str = "paper",
+    **train: object,
+) -> Path:
     changes = RECIPES[recipe]
     model = {**vars(tiny_model_config()), **changes.get("model", {})}
     cfg = {
@@ -92,8 +113,14 @@ def write_config(directory: Path, shards: str, vocab: str, zero_stage: int, prec
         "data": {
             "vocab_file": vocab,
             "phases": [
-                {"train_dir": shards, "eval_dir": shards, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": STEPS,
-                 **changes.get("phase", {})}
+                {
+                    "train_dir": shards,
+                    "eval_dir": shards,
+                    "max_seq_length": TEST_SEQ_LENGTH,
+                    "micro_batch_size": 4,
+                    "steps": STEPS,
+                    **changes.get("phase", {}),
+                }
             ],
             "loader_workers": 1,
             "shuffle_buffer_size": 256,
@@ -155,8 +182,14 @@ class Ranks:
             time.sleep(0.1)
 
 
-def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = None, world_size: int = WORLD_SIZE,
-                accelerator: str = "cpu") -> Ranks:
+def start_ranks(
+    config: Path,
+    tag: str,
+    *extra: str,
+    python_code: str | None = None,
+    world_size: int = WORLD_SIZE,
+    accelerator: str = "cpu",
+) -> Ranks:
     """Start `world_size` `bertdist train` processes with the environment srun gives its tasks."""
     port = free_tcp_port()
     procs, logs = [], []
@@ -181,9 +214,12 @@ def start_ranks(config: Path, tag: str, *extra: str, python_code: str | None = N
             procs.append(
                 subprocess.Popen(
                     [sys.executable, *program, "train", "--config", str(config), *extra],
-                    env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=REPO,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                 )
-            )  # fmt: skip
+            )
         logs.append(log)
     return Ranks(procs, logs)
 
@@ -216,7 +252,9 @@ def _directory(base: str, zero_stage: int, precision: str, kind: str, recipe: st
     return Path(base) / f"{recipe_part}zero{zero_stage}{'' if precision == 'fp32' else '-' + precision}-{kind}"
 
 
-def uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", recipe: str = "paper") -> Scenario:
+def uninterrupted(
+    base: str, shards: str, vocab: str, zero_stage: int, precision: str = "fp32", recipe: str = "paper"
+) -> Scenario:
     """The run of `ENGINES`' (zero_stage, precision) that nothing interrupts (once per session, however called)."""
     return _uninterrupted(base, shards, vocab, zero_stage, precision, recipe)
 
@@ -230,15 +268,23 @@ def _uninterrupted(base: str, shards: str, vocab: str, zero_stage: int, precisio
     return Scenario(config, directory / "out", {"run": codes}, {"run": ranks.output(0)})
 
 
-def interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str = "fp32",
-                recipe: str = "paper") -> Scenario:
+def interrupted(
+    base: str,
+    shards: str,
+    vocab: str,
+    zero_stage: int,
+    crash_during_save: bool,
+    precision: str = "fp32",
+    recipe: str = "paper",
+) -> Scenario:
     """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end."""
     return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision, recipe)
 
 
 @functools.cache
-def _interrupted(base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str,
-                 recipe: str) -> Scenario:
+def _interrupted(
+    base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str, recipe: str
+) -> Scenario:
     directory = _directory(base, zero_stage, precision, "interrupted", recipe)
     config = write_config(directory, shards, vocab, zero_stage, precision, recipe)
     out = directory / "out"

@@ -16,6 +16,7 @@ The modules are small on purpose, each one concern:
     batching   samples -> padded or packed batches
     loader     the training DataLoader: shuffled, sharded across ranks, resumable
     inspect    `bertdist inspect`: what a shard directory holds, its masking statistics
+    commands   the `vocab`, `prepare` and `inspect` subcommands (their flags and what they run)
     synthetic  a generated English-like corpus (tests, benchmarks)
 
 The Ray pipeline that drives them is `bertdist.data.pipeline.driver`.

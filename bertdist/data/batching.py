@@ -25,7 +25,14 @@ import torch
 
 from bertdist.data.samples import Samples
 
-FIELDS = ["input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
+FIELDS = [
+    "input_ids",
+    "token_type_ids",
+    "attention_mask",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "next_sentence_label",
+]
 
 
 class Picked(NamedTuple):
@@ -104,12 +111,14 @@ def picked_from(samples: Samples) -> list[Picked]:
     tok, msk = samples.token_offsets(), samples.mask_offsets()
     return [
         Picked(
-            samples.input_ids[tok[i] : tok[i + 1]], int(samples.segment_a_lengths[i]),
-            samples.masked_lm_positions[msk[i] : msk[i + 1]], samples.masked_lm_ids[msk[i] : msk[i + 1]],
+            samples.input_ids[tok[i] : tok[i + 1]],
+            int(samples.segment_a_lengths[i]),
+            samples.masked_lm_positions[msk[i] : msk[i + 1]],
+            samples.masked_lm_ids[msk[i] : msk[i + 1]],
             int(samples.next_sentence_labels[i]),
         )
         for i in range(len(samples))
-    ]  # fmt: skip
+    ]
 
 
 def batch_of(samples: Samples, max_seq_length: int, packing: bool = False) -> dict[str, torch.Tensor]:

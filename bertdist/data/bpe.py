@@ -44,7 +44,9 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 """Every byte, and the special tokens: the smallest byte-level vocabulary."""
 
 
-def train_bpe(texts: Iterable[str], output_dir: str, vocab_size: int, cased: bool = False, progress: bool | None = None) -> str:
+def train_bpe(
+    texts: Iterable[str], output_dir: str, vocab_size: int, cased: bool = False, progress: bool | None = None
+) -> str:
     """Train on a stream of texts; writes tokenizer.json, tokenizer_config.json and special_tokens_map.json
     (which `transformers.AutoTokenizer` loads offline) and returns the tokenizer.json.
 
@@ -55,7 +57,9 @@ def train_bpe(texts: Iterable[str], output_dir: str, vocab_size: int, cased: boo
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=sys.stderr.isatty() if progress is None else progress,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)

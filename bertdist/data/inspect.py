@@ -69,7 +69,9 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
         f"{totals['duplicate_documents']:,} duplicates dropped, {len(manifest['skipped_inputs'])} files skipped",
     ]
     out += [f"  skipped {s['reason']}" for s in manifest["skipped_inputs"]]
-    out.append(f"length: mean {lengths.mean():.1f}, {100 * (lengths == max_len).mean():.1f}% at max ({max_len}); histogram:")
+    out.append(
+        f"length: mean {lengths.mean():.1f}, {100 * (lengths == max_len).mean():.1f}% at max ({max_len}); histogram:"
+    )
     edges = np.linspace(0, max_len, 9).astype(int)
     counts, _ = np.histogram(lengths, bins=np.append(edges[:-1], max_len + 1))
     peak = max(int(counts.max()), 1)

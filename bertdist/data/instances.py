@@ -1,7 +1,7 @@
 """BERT's pretraining instances, rule for rule as google-research/bert `create_pretraining_data.py`.
 
-See that script (github.com/google-research/bert) and Devlin et al. 2018, appendix A.1. The rules are reproduced exactly; the
-random numbers are not the reference's (it uses Python's `random`), the distributions are.
+See that script (github.com/google-research/bert) and Devlin et al. 2018, appendix A.1. The rules are reproduced
+exactly; the random numbers are not the reference's (it uses Python's `random`), the distributions are.
 
 Two differences of implementation, neither visible in the statistics:
 - Documents are processed in *groups* (a few MB of text each, formed by `bertdist.data.pipeline.driver`), and "a random
@@ -182,8 +182,12 @@ def assemble(docs: Documents, pairs: Pairs, vocab: VocabInfo) -> Samples:
     n = len(pairs)
     cls_at, sep_at, one = np.full(n, len(tokens) - 2), np.full(n, len(tokens) - 1), np.ones(n, dtype=np.int64)
     starts = np.stack([cls_at, pairs.a_start, sep_at, pairs.b_start, sep_at], 1).ravel()
-    return _unmasked(tokens[ranges(starts, np.stack([one, len_a, one, len_b, one], 1).ravel())], len_a + len_b + 3,
-                     len_a + 2, pairs.is_random_next)  # fmt: skip
+    return _unmasked(
+        tokens[ranges(starts, np.stack([one, len_a, one, len_b, one], 1).ravel())],
+        len_a + len_b + 3,
+        len_a + 2,
+        pairs.is_random_next,
+    )
 
 
 def full_sentences(docs: Documents, opts: InstanceOptions, vocab: VocabInfo) -> Samples:
@@ -224,8 +228,10 @@ def _unmasked(input_ids: np.ndarray, lengths: np.ndarray, segment_a_lengths: np.
 
 def mask_in_chunks(samples: Samples, rules: MaskingConfig, vocab: VocabInfo, rng: np.random.Generator) -> Samples:
     """Prepare-time masks, `_MASK_CHUNK` samples at a time from one generator."""
-    parts = [apply_masks(samples.slice(lo, min(lo + _MASK_CHUNK, len(samples))), rules, vocab, GeneratorDraws(rng))
-             for lo in range(0, len(samples), _MASK_CHUNK)]  # fmt: skip
+    parts = [
+        apply_masks(samples.slice(lo, min(lo + _MASK_CHUNK, len(samples))), rules, vocab, GeneratorDraws(rng))
+        for lo in range(0, len(samples), _MASK_CHUNK)
+    ]
     return Samples.concat(parts) if parts else _empty_samples()
 
 
@@ -234,9 +240,7 @@ def _empty_samples() -> Samples:
     return Samples(*(empty for _ in Samples.column_names()))
 
 
-def create_instances(
-    docs: Documents, opts: InstanceOptions, vocab: VocabInfo, group_seed: tuple[int, ...]
-) -> Samples:
+def create_instances(docs: Documents, opts: InstanceOptions, vocab: VocabInfo, group_seed: tuple[int, ...]) -> Samples:
     """All `dupe_factor` passes over one group. `group_seed` identifies the group (not the worker)."""
     if len(docs) == 0:
         return _empty_samples()

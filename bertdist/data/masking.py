@@ -59,8 +59,14 @@ class VocabInfo:
 
     @staticmethod
     def from_tokenizer(tokenizer: TextTokenizer) -> "VocabInfo":
-        return VocabInfo(size=tokenizer.size, pad_id=tokenizer.pad_id, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
-                         mask_id=tokenizer.mask_id, is_continuation=~tokenizer.starts_word)  # fmt: skip
+        return VocabInfo(
+            size=tokenizer.size,
+            pad_id=tokenizer.pad_id,
+            cls_id=tokenizer.cls_id,
+            sep_id=tokenizer.sep_id,
+            mask_id=tokenizer.mask_id,
+            is_continuation=~tokenizer.starts_word,
+        )
 
     @staticmethod
     def from_tokens(tokens: list[str]) -> "VocabInfo":
@@ -155,8 +161,13 @@ def _choose_tokens(
 
 
 def _choose_whole_words(
-    tokens: np.ndarray, sample: np.ndarray, starts: np.ndarray, candidate: np.ndarray, budget: np.ndarray,
-    vocab: VocabInfo, draws,
+    tokens: np.ndarray,
+    sample: np.ndarray,
+    starts: np.ndarray,
+    candidate: np.ndarray,
+    budget: np.ndarray,
+    vocab: VocabInfo,
+    draws,
 ) -> np.ndarray:
     """Whole-word masking: a continuation joins the previous word; a token after [CLS] or [SEP] starts a word. The
     shuffled words are taken in turn, skipping one that would overshoot the budget. Flat indices chosen."""

@@ -155,7 +155,9 @@ class _Lines:
             self.offset = unit.start_byte - 1
             partial = self._read(stream.readline, MAX_LINE_BYTES + 1)
             if len(partial) > MAX_LINE_BYTES:
-                raise DataError(f"{self.path}: line before byte {unit.start_byte} is longer than {MAX_LINE_BYTES} bytes")
+                raise DataError(
+                    f"{self.path}: line before byte {unit.start_byte} is longer than {MAX_LINE_BYTES} bytes"
+                )
             self.offset += len(partial)
 
     def _read(self, read: Callable[[int], bytes], size: int) -> bytes:

@@ -118,7 +118,9 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The ranges [starts[i], starts[i] + lengths[i]) concatenated, without a Python loop."""
     lengths = np.asarray(lengths, dtype=np.int64)
     out_starts = np.cumsum(lengths) - lengths
-    return np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths) + np.arange(
+        int(lengths.sum()), dtype=np.int64
+    )
 
 
 def _gather(flat: np.ndarray, offsets: np.ndarray, counts: np.ndarray, indices: np.ndarray) -> np.ndarray:

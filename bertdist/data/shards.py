@@ -24,9 +24,9 @@ from typing import Iterator
 
 import numpy as np
 
+from bertdist import storage
 from bertdist.data.samples import Samples
 from bertdist.errors import DataError
-from bertdist import storage
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
@@ -65,10 +65,19 @@ def _zip(members: list[tuple[bytes, bytes, bytes]]) -> bytes:
         common = struct.pack("<HHHHHIIIH", 20, 0, 8, 0, _ZIP_DATE, zlib.crc32(raw), len(packed), len(raw), len(name))
         out.write(b"PK\x03\x04" + common + struct.pack("<H", 0) + name + packed)
         # made by unix 2.0, then as above; no extra/comment, disk 0, internal 0, external 0o644, offset
-        central.write(b"PK\x01\x02" + struct.pack("<H", 0x0314) + common + struct.pack("<HHHHII", 0, 0, 0, 0, 0o644 << 16, offset) + name)
+        central.write(
+            b"PK\x01\x02"
+            + struct.pack("<H", 0x0314)
+            + common
+            + struct.pack("<HHHHII", 0, 0, 0, 0, 0o644 << 16, offset)
+            + name
+        )
     directory = central.getvalue()
     out.write(directory)
-    out.write(b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, len(members), len(members), len(directory), out.tell() - len(directory), 0))
+    out.write(
+        b"PK\x05\x06"
+        + struct.pack("<HHHHIIH", 0, 0, len(members), len(members), len(directory), out.tell() - len(directory), 0)
+    )
     return out.getvalue()
 
 
@@ -125,7 +134,9 @@ def block_locations(path: str) -> list[tuple[int, int]]:
         raise DataError(f"{path}: unreadable shard ({e})") from None
 
 
-def read_block(path: str, location: tuple[int, int], expected_samples: int | None = None, data: bytes | None = None) -> Samples:
+def read_block(
+    path: str, location: tuple[int, int], expected_samples: int | None = None, data: bytes | None = None
+) -> Samples:
     """The block at `location` of a shard, read from `path` or given as its bytes (`data`)."""
     offset, size = location
     if data is None:
@@ -134,8 +145,10 @@ def read_block(path: str, location: tuple[int, int], expected_samples: int | Non
         raise DataError(f"{path}: truncated shard (block at byte {offset})")
     samples = decode_block(data, path)
     if expected_samples is not None and len(samples) != expected_samples:
-        raise DataError(f"{path}: the block at byte {offset} holds {len(samples)} samples, the manifest implies "
-                        f"{expected_samples} (edited manifest or replaced shard)")
+        raise DataError(
+            f"{path}: the block at byte {offset} holds {len(samples)} samples, the manifest implies "
+            f"{expected_samples} (edited manifest or replaced shard)"
+        )
     return samples
 
 
@@ -159,7 +172,10 @@ def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, in
             problems.append(f"{path}: listed in the manifest but missing")
             continue
         if sizes[shard["name"]] != shard["bytes"]:
-            problems.append(f"{path}: {sizes[shard['name']]:,} bytes, the manifest says {shard['bytes']:,} (truncated or replaced shard)")
+            problems.append(
+                f"{path}: {sizes[shard['name']]:,} bytes, the manifest says {shard['bytes']:,} "
+                "(truncated or replaced shard)"
+            )
             continue
         n = shard["num_samples"]
         counts = [min(per_block, n - lo) for lo in range(0, n, per_block)]
@@ -170,11 +186,15 @@ def shard_blocks(shard_dir: str, manifest: dict) -> dict[str, list[tuple[int, in
             problems.append(str(e))
             continue
         if listed is not None and len(locations) == len(listed) and locations != listed:
-            problems.append(f"{path}: its tar headers place the blocks elsewhere than the manifest says (edited manifest?)")
+            problems.append(
+                f"{path}: its tar headers place the blocks elsewhere than the manifest says (edited manifest?)"
+            )
             continue
         if len(locations) != len(counts):
-            problems.append(f"{path}: {len(locations)} sample blocks, the manifest's {n} samples need {len(counts)} "
-                            "(damaged tar header, or an edited manifest)")
+            problems.append(
+                f"{path}: {len(locations)} sample blocks, the manifest's {n} samples need {len(counts)} "
+                "(damaged tar header, or an edited manifest)"
+            )
             continue
         out[shard["name"]] = [(offset, size, count) for (offset, size), count in zip(locations, counts)]
     if problems:
@@ -188,7 +208,9 @@ def write_manifest(shard_dir: str, manifest: dict) -> None:
     Wikipedia's size has ~10^6 blocks, and indenting each of their numbers would triple the file."""
     head = json.dumps({k: v for k, v in manifest.items() if k != "shards"}, indent=2)
     shards = ",\n".join("    " + json.dumps(s, separators=(",", ":")) for s in manifest["shards"])
-    storage.write_text(storage.join(shard_dir, MANIFEST), head[: -len("\n}")] + ',\n  "shards": [\n' + shards + "\n  ]\n}\n")
+    storage.write_text(
+        storage.join(shard_dir, MANIFEST), head[: -len("\n}")] + ',\n  "shards": [\n' + shards + "\n  ]\n}\n"
+    )
 
 
 def read_manifest(shard_dir: str) -> dict:
@@ -200,7 +222,9 @@ def read_manifest(shard_dir: str) -> dict:
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable manifest ({e})") from None
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, this bertdist reads {FORMAT_VERSION}")
+        raise DataError(
+            f"{path}: format_version {manifest.get('format_version')!r}, this bertdist reads {FORMAT_VERSION}"
+        )
     if not manifest.get("shards"):
         raise DataError(f"{path}: the manifest lists no shards")
     try:
@@ -249,12 +273,16 @@ def shard_instances(shard: int, num_shards: int, total: int, band_shards: int, k
 
     Shard s holds total // num_shards instances, one more if s < total % num_shards."""
     base, extra = divmod(total, num_shards)
-    before = lambda s: s * base + min(s, extra)  # noqa: E731  instances in the shards before s
+
+    def before(s):  # instances in the shards before s
+        return s * base + min(s, extra)
+
     band = shard // band_shards
     first, stop = band * band_shards, min((band + 1) * band_shards, num_shards)
     start, size = before(first), before(stop) - before(first)
     positions = np.arange(shard - first, size, stop - first, dtype=np.int64)
     return start + permute(positions, size, key=(key << 20) + band, inverse=True)
+
 
 _ROUNDS = 4
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -263,7 +291,9 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 def _round_function(x: np.ndarray, key: int, round_index: int, half_bits: int) -> np.ndarray:
     """A splitmix64-style mix of (x, key, round), truncated to half_bits."""
     with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + np.uint64((key * 0x9E3779B97F4A7C15 + round_index * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF)
+        z = x.astype(np.uint64) + np.uint64(
+            (key * 0x9E3779B97F4A7C15 + round_index * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        )
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))

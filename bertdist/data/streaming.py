@@ -124,9 +124,14 @@ class BlockStream:
             if len(data) == size and block_digest(data) == digest:
                 break
             if attempt == 1:
-                what = f"{len(data)} bytes instead of {size} (truncated object)" if len(data) != size else \
-                    "its sha256 differs from the manifest (the object was replaced or damaged)"
-                raise DataError(f"{url}: the block at byte {offset}: {what}; prepare the data again or restore the object")
+                what = (
+                    f"{len(data)} bytes instead of {size} (truncated object)"
+                    if len(data) != size
+                    else "its sha256 differs from the manifest (the object was replaced or damaged)"
+                )
+                raise DataError(
+                    f"{url}: the block at byte {offset}: {what}; prepare the data again or restore the object"
+                )
         self.fetched += 1
         self._keep(block_id, data)
         return data
@@ -143,9 +148,13 @@ class BlockStream:
                 raise write_error(self._cached(block_id), e) from None
             if not self._full:
                 self._full = True
-                print(f"bertdist: WARNING {write_error(self._cached(block_id), e)}: the block cache {self.cache_dir} "
-                      "is on a full disk; blocks are read from the store uncached (set storage.cache_dir elsewhere or "
-                      "lower storage.cache_mb)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"bertdist: WARNING {write_error(self._cached(block_id), e)}: the block cache {self.cache_dir} "
+                    "is on a full disk; blocks are read from the store uncached (set storage.cache_dir elsewhere or "
+                    "lower storage.cache_mb)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         self._writes += 1
         if self._writes % _EVICT_EVERY_WRITES == 0:

@@ -82,8 +82,15 @@ def count_tokens(path: str | os.PathLike) -> int:
 class TextTokenizer:
     """A vocab.txt or tokenizer.json, as every stage sees it; build with `open_tokenizer`."""
 
-    def __init__(self, path: str, tokens: list[str], names: dict[str, str], starts_word: np.ndarray,
-                 cased: bool, backend: Tokenizer | None):  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        tokens: list[str],
+        names: dict[str, str],
+        starts_word: np.ndarray,
+        cased: bool,
+        backend: Tokenizer | None,
+    ):
         self.path, self.tokens, self.names, self.starts_word, self.cased = path, tokens, names, starts_word, cased
         """`path`: the file itself (a directory resolved); `names`: special-token role -> its token;
         `starts_word`: bool per id (see the module docstring); `cased`: for a vocab.txt, BERT's normaliser keeps
@@ -92,8 +99,10 @@ class TextTokenizer:
         ids = {t: i for i, t in enumerate(tokens)}
         missing = [name for name in names.values() if name not in ids]
         if missing:
-            raise DataError(f"{path}: the tokenizer has no {' '.join(missing)} token; bertdist needs "
-                            f"{' '.join(names.values())} (named in a {TOKENIZER_CONFIG} beside it, or BERT's)")  # fmt: skip
+            raise DataError(
+                f"{path}: the tokenizer has no {' '.join(missing)} token; bertdist needs "
+                f"{' '.join(names.values())} (named in a {TOKENIZER_CONFIG} beside it, or BERT's)"
+            )
         roles = ("pad", "unk", "cls", "sep", "mask")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[names[f"{r}_token"]] for r in roles)
 
@@ -150,7 +159,9 @@ def open_tokenizer(path: str | os.PathLike, cased: bool | None = None) -> TextTo
 
 def wordpiece_tokens(tokens: list[str], path: str = "<tokens>", cased: bool = False) -> TextTokenizer:
     """The WordPiece vocabulary `tokens` (by id): every token but a `##` continuation starts a word."""
-    return TextTokenizer(path, tokens, BERT_SPECIAL_TOKENS, np.array([not t.startswith("##") for t in tokens], dtype=bool), cased, None)
+    return TextTokenizer(
+        path, tokens, BERT_SPECIAL_TOKENS, np.array([not t.startswith("##") for t in tokens], dtype=bool), cased, None
+    )
 
 
 def _from_json(file: str) -> TextTokenizer:
@@ -256,14 +267,21 @@ def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | Non
     tokens, theirs = ours.tokens, open_tokenizer(theirs_file).tokens
     if theirs != tokens:
         at = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
-        return (f"{vocab_file} is not the vocabulary the weights were trained with, {trained_with} (they differ from "
-                f"line {at + 1}: {tokens[at] if at < len(tokens) else 'end'!r} vs {theirs[at] if at < len(theirs) else 'end'!r}); "
-                "every token would get another token's embedding")  # fmt: skip
+        return (
+            f"{vocab_file} is not the vocabulary the weights were trained with, {trained_with} (they differ from "
+            f"line {at + 1}: {tokens[at] if at < len(tokens) else 'end'!r} vs "
+            f"{theirs[at] if at < len(theirs) else 'end'!r}); "
+            "every token would get another token's embedding"
+        )
     return ""
 
 
-def write_fast_tokenizer_files(tokenizer: TextTokenizer, directory: str | os.PathLike, model_max_length: int | None = None,
-                               model_input_names: list[str] | None = None) -> None:  # fmt: skip
+def write_fast_tokenizer_files(
+    tokenizer: TextTokenizer,
+    directory: str | os.PathLike,
+    model_max_length: int | None = None,
+    model_input_names: list[str] | None = None,
+) -> None:
     """tokenizer.json (copied), tokenizer_config.json and special_tokens_map.json in `directory`, so that
     `transformers.AutoTokenizer.from_pretrained(directory)` loads it offline as `PreTrainedTokenizerFast` with the
     special tokens named, and gives the ids bertdist gives. `model_input_names`: what the model's forward takes
@@ -274,7 +292,11 @@ def write_fast_tokenizer_files(tokenizer: TextTokenizer, directory: str | os.Pat
     if not target.exists() or target.resolve() != Path(tokenizer.path).resolve():
         shutil.copyfile(tokenizer.path, target)
     special = dict(tokenizer.names)
-    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **special}
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        **special,
+    }
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     if model_input_names is not None:

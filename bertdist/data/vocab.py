@@ -39,7 +39,9 @@ def _pipeline(model: models.Model, cased: bool) -> Tokenizer:
     return tokenizer
 
 
-def train_vocab(texts: Iterable[str], output_dir: str, vocab_size: int, cased: bool = False, progress: bool | None = None) -> str:
+def train_vocab(
+    texts: Iterable[str], output_dir: str, vocab_size: int, cased: bool = False, progress: bool | None = None
+) -> str:
     """Train on a stream of texts (memory bounded by the word counts, not the corpus); returns vocab.txt.
 
     `progress` (default: when stderr is a terminal) shows tokenizers' progress bars; redrawn into a log file
@@ -57,7 +59,11 @@ def train_vocab(texts: Iterable[str], output_dir: str, vocab_size: int, cased: b
     vocab_file = os.path.join(output_dir, "vocab.txt")
     write_text(vocab_file, "".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
     tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
-    write_json(os.path.join(output_dir, "tokenizer_config.json"), {"do_lower_case": not cased, "tokenizer_class": "BertTokenizer"}, indent=2)
+    write_json(
+        os.path.join(output_dir, "tokenizer_config.json"),
+        {"do_lower_case": not cased, "tokenizer_class": "BertTokenizer"},
+        indent=2,
+    )
     return vocab_file
 
 
@@ -65,7 +71,9 @@ def bert_template(tokenizer: Tokenizer) -> processors.TemplateProcessing:
     """BERT's inputs: `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]` (B's tokens of type 1)."""
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     return processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
 
 

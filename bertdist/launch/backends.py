@@ -55,7 +55,9 @@ class Backend(Protocol):
         """The line, after a submission, that tells a person how to stop or watch the job."""
 
 
-REGISTRY: dict[str, Backend] = {name: importlib.import_module(f"bertdist.launch.{name}") for name in choices(LaunchConfig, "backend")}
+REGISTRY: dict[str, Backend] = {
+    name: importlib.import_module(f"bertdist.launch.{name}") for name in choices(LaunchConfig, "backend")
+}
 """Every backend by name: the names of `launch.backend`'s Literal in the schema (one list for the config, its
 validation and the CLI), each the module `bertdist.launch.<name>`."""
 """Backends by the name that `--backend`, `launch.backend` and job records use; this order is --help's."""

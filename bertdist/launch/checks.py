@@ -37,8 +37,11 @@ class SubmitError(UserError, ValueError):
 
     def __init__(self, problems: list[str] | str):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("\n".join(self.problems) if len(self.problems) == 1 else
-                         "cannot submit:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        super().__init__(
+            "\n".join(self.problems)
+            if len(self.problems) == 1
+            else "cannot submit:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        )
 
 
 def check(problems: list[str], what: str, value: str, pattern: re.Pattern, rule: str) -> str:
@@ -109,7 +112,12 @@ def render_template(text: str, values: dict[str, str], source: str = "template")
     fields = set(re.findall(r"\{\{(\w+)\}\}", text))
     missing, unused = fields - values.keys(), values.keys() - fields
     if missing or unused:
-        raise SubmitError(f"{source}: fields without a value: {sorted(missing)}; values without a field: {sorted(unused)}")
-    lines = [line for line in text.splitlines(keepends=True)
-             if not (re.fullmatch(r"\{\{(\w+)\}\}\n?", line) and not values[line.strip()[2:-2]])]
+        raise SubmitError(
+            f"{source}: fields without a value: {sorted(missing)}; values without a field: {sorted(unused)}"
+        )
+    lines = [
+        line
+        for line in text.splitlines(keepends=True)
+        if not (re.fullmatch(r"\{\{(\w+)\}\}\n?", line) and not values[line.strip()[2:-2]])
+    ]
     return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], "".join(lines))

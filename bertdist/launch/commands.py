@@ -29,29 +29,55 @@ def add_submit(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--backend", choices=list(REGISTRY), help="default: launch.backend")
-    p.add_argument("--job", choices=JOB_KINDS, default="train",
-                   help=f"what to run (prepare: {' or '.join(REGISTRY[n].TITLE for n in preparing)} only)")
+    p.add_argument(
+        "--job",
+        choices=JOB_KINDS,
+        default="train",
+        help=f"what to run (prepare: {' or '.join(REGISTRY[n].TITLE for n in preparing)} only)",
+    )
     p.add_argument("--config", default="", help="training config YAML, or the name of a shipped one (train jobs)")
-    p.add_argument("--nodes", help="machines, N or MIN-MAX: an elastic job continues on as few as MIN when hosts are "
-                   "lost and grows back to MAX (default: launch.min_nodes-launch.nodes)")
+    p.add_argument(
+        "--nodes",
+        help="machines, N or MIN-MAX: an elastic job continues on as few as MIN when hosts are "
+        "lost and grows back to MAX (default: launch.min_nodes-launch.nodes)",
+    )
     p.add_argument("--gpus-per-node", type=int, help="ranks per machine, one per GPU (default: launch.gpus_per_node)")
-    p.add_argument("--cpu-only", action="store_true", help="ranks are CPU processes: request no GPUs, set DS_ACCELERATOR=cpu")
+    p.add_argument(
+        "--cpu-only", action="store_true", help="ranks are CPU processes: request no GPUs, set DS_ACCELERATOR=cpu"
+    )
     p.add_argument("--time", dest="time_limit", metavar="HH:MM:SS", help="time limit (default: launch.time_limit)")
     p.add_argument("--name", help="job name (default: launch.job_name)")
     p.add_argument("--partition", help="SLURM partition (default: launch.partition or the cluster's default)")
     p.add_argument("--hostfile", help="DeepSpeed hostfile for --backend deepspeed (default: launch.hostfile)")
     p.add_argument("--master-port", type=int, help="rendezvous TCP port (default: launch.master_port)")
-    p.add_argument("--signal-before", dest="signal_seconds", type=int, default=DEFAULT_SIGNAL_SECONDS, metavar="SECONDS",
-                   help="SLURM: signal the trainer to checkpoint and requeue this long before the time limit")
+    p.add_argument(
+        "--signal-before",
+        dest="signal_seconds",
+        type=int,
+        default=DEFAULT_SIGNAL_SECONDS,
+        metavar="SECONDS",
+        help="SLURM: signal the trainer to checkpoint and requeue this long before the time limit",
+    )
     p.add_argument("--python", default="", help="interpreter that runs bertdist in the job (default: this one)")
-    p.add_argument("--address", default="", help="Ray dashboard address (default: RAY_ADDRESS or http://127.0.0.1:8265)")
-    p.add_argument("--ship-package", action="store_true",
-                   help="Ray: upload this installation's bertdist with the job (default: the cluster's own bertdist)")
+    p.add_argument(
+        "--address", default="", help="Ray dashboard address (default: RAY_ADDRESS or http://127.0.0.1:8265)"
+    )
+    p.add_argument(
+        "--ship-package",
+        action="store_true",
+        help="Ray: upload this installation's bertdist with the job (default: the cluster's own bertdist)",
+    )
     p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where job records, resolved configs and logs go")
-    p.add_argument("--dry-run", action="store_true", help="print the rendered job and a forecast of its time, submit nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the rendered job and a forecast of its time, submit nothing"
+    )
     add_forecast_flags(p)
-    p.add_argument("args", nargs="*", metavar="key=value | -- PREPARE_ARGS",
-                   help="config overrides (train), or `bertdist prepare` arguments after -- (prepare)")
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="key=value | -- PREPARE_ARGS",
+        help="config overrides (train), or `bertdist prepare` arguments after -- (prepare)",
+    )
     p.set_defaults(func=_run_submit)
 
 
@@ -62,14 +88,32 @@ def _run_submit(args: argparse.Namespace) -> int:
     train = args.job == "train"
     min_nodes, nodes = node_range(args.nodes)
     request = SubmitRequest(
-        backend=args.backend, job=args.job, config=args.config, overrides=args.args if train else [],
-        args=[] if train else args.args, nodes=nodes, min_nodes=min_nodes, gpus_per_node=args.gpus_per_node,
-        time_limit=args.time_limit, name=args.name, partition=args.partition, hostfile=args.hostfile,
-        master_port=args.master_port, cpu_only=args.cpu_only, signal_seconds=args.signal_seconds,
-        python=args.python, address=args.address, ship_package=args.ship_package, jobs_dir=args.jobs_dir,
+        backend=args.backend,
+        job=args.job,
+        config=args.config,
+        overrides=args.args if train else [],
+        args=[] if train else args.args,
+        nodes=nodes,
+        min_nodes=min_nodes,
+        gpus_per_node=args.gpus_per_node,
+        time_limit=args.time_limit,
+        name=args.name,
+        partition=args.partition,
+        hostfile=args.hostfile,
+        master_port=args.master_port,
+        cpu_only=args.cpu_only,
+        signal_seconds=args.signal_seconds,
+        python=args.python,
+        address=args.address,
+        ship_package=args.ship_package,
+        jobs_dir=args.jobs_dir,
     )
     job = plan(request)
-    predicted = forecast(job.config, args.calibrate, args.calibrate_steps) if train and (args.calibrate or args.dry_run) else None
+    predicted = (
+        forecast(job.config, args.calibrate, args.calibrate_steps)
+        if train and (args.calibrate or args.dry_run)
+        else None
+    )
     if predicted is not None and args.calibrate:  # the job's config records the forecast it is compared with
         request.overrides = [*request.overrides, f"train.forecast_hours={predicted.hours(job.config):.6g}"]
         job = plan(request)
@@ -108,7 +152,9 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def add_logs(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("logs", help="log of a submitted job", description="Print the log of a job submitted with `bertdist submit`.")
+    p = sub.add_parser(
+        "logs", help="log of a submitted job", description="Print the log of a job submitted with `bertdist submit`."
+    )
     p.add_argument("job_id", metavar="JOB", help="job id printed by `bertdist submit`")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.add_argument("--jobs-dir", default=DEFAULT_JOBS_DIR, help="where `bertdist submit` recorded the job")
@@ -137,15 +183,20 @@ def node_range(text: str | None) -> tuple[int | None, int | None]:
 
 
 def add_forecast_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--calibrate", action="store_true", help="measure the forecast: run a few real steps of every phase on "
-                   "this machine's device, and time a checkpoint and an evaluation (bertdist.train.forecast)")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure the forecast: run a few real steps of every phase on "
+        "this machine's device, and time a checkpoint and an evaluation (bertdist.train.forecast)",
+    )
     p.add_argument("--calibrate-steps", type=int, default=20, metavar="N", help="timed steps per phase (default 20)")
     p.add_argument("--price-per-node-hour", type=_price, metavar="PRICE", help="also print the forecast's cost")
 
 
 def forecast(cfg, calibrate: bool, steps: int):
     """The run's forecast: measured with `calibrate`, else estimated from peak FLOPs."""
-    from bertdist.train.forecast import calibrate as measure, estimate
+    from bertdist.train.forecast import calibrate as measure
+    from bertdist.train.forecast import estimate
 
     if calibrate and steps < 1:
         raise SubmitError(f"--calibrate-steps: must be at least 1, got {steps}")

@@ -14,7 +14,9 @@ from bertdist.launch import checks, process
 from bertdist.launch.checks import PATH_RE, SubmitError, parse_hostfile
 from bertdist.launch.elastic import elastic_summary
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob
-from bertdist.launch.process import add_cpu_env, describe, logs, start, stop_hint  # noqa: F401  (the backend's interface)
+
+# the backend's interface, re-exported
+from bertdist.launch.process import add_cpu_env, describe, logs, start, stop_hint  # noqa: F401
 from bertdist.resources import shipped
 
 SUMMARY = "hostfile over SSH"
@@ -40,17 +42,28 @@ def check(ctx: JobContext, problems: list[str]) -> None:
         problems.append(f"--nodes: {ctx.nodes} nodes asked for but --hostfile {ctx.hostfile} lists {len(hosts)}")
     short = [h for h, slots in hosts.items() if slots < ctx.gpus_per_node]
     if short:
-        problems.append(f"--gpus-per-node: {ctx.gpus_per_node} asked for but {', '.join(short)} in {ctx.hostfile} "
-                        "have fewer slots")
+        problems.append(
+            f"--gpus-per-node: {ctx.gpus_per_node} asked for but {', '.join(short)} in {ctx.hostfile} have fewer slots"
+        )
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:
     job.add_config_file(ctx)
     add_cpu_env(job, ctx)
     job.state_file = str(Path(job.jobs_dir) / f"{job.stem}.elastic.json")
-    job.command = [ctx.python, "-m", "bertdist.launch.elastic", "--config", str(ctx.config_file),
-                   "--hostfile", str(Path(ctx.hostfile).resolve()), "--state-file", job.state_file,
-                   "--launch-script", str(shipped("launch") / "multinode_hostfile.sh")]
+    job.command = [
+        ctx.python,
+        "-m",
+        "bertdist.launch.elastic",
+        "--config",
+        str(ctx.config_file),
+        "--hostfile",
+        str(Path(ctx.hostfile).resolve()),
+        "--state-file",
+        job.state_file,
+        "--launch-script",
+        str(shipped("launch") / "multinode_hostfile.sh"),
+    ]
     job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
 
 

@@ -93,7 +93,9 @@ class Supervisor:
         self.cfg, self.fleet, self.state_file, self.out = cfg, fleet, Path(state_file), out or sys.stdout
         lc = cfg.launch
         self.ranks_per_host = lc.gpus_per_node
-        self.node_counts = [n for n in range(lc.fewest_nodes(), lc.nodes + 1) if not batch_problems(cfg, n * lc.gpus_per_node)]
+        self.node_counts = [
+            n for n in range(lc.fewest_nodes(), lc.nodes + 1) if not batch_problems(cfg, n * lc.gpus_per_node)
+        ]
         self.restarts = 0
         self.events: list[dict] = []
         self.away: dict[str, float] = {}
@@ -117,27 +119,40 @@ class Supervisor:
                 self.restarts += 1
                 outcome, world_before, stopped_at = stopped
                 event = RestartEvent(
-                    restart=self.restarts, reason=outcome.reason, world_size_before=world_before,
-                    world_size=len(hosts) * self.ranks_per_host, hosts=hosts, stopped_at_step=_last_logged_step(self.cfg),
-                    resumed_step=_step_of(self.checkpoint[0]), checkpoint_seen_at=self.checkpoint[1], stopped_at=stopped_at,
-                )  # fmt: skip
+                    restart=self.restarts,
+                    reason=outcome.reason,
+                    world_size_before=world_before,
+                    world_size=len(hosts) * self.ranks_per_host,
+                    hosts=hosts,
+                    stopped_at_step=_last_logged_step(self.cfg),
+                    resumed_step=_step_of(self.checkpoint[0]),
+                    checkpoint_seen_at=self.checkpoint[1],
+                    stopped_at=stopped_at,
+                )
                 self.events.append(asdict(event))
                 self.say(event.line())
                 trainer_args = ["checkpoint.resume=auto", "--restart-event", event.encode()]
             self._save_state("running", hosts)
-            self.say(f"launching {len(hosts) * self.ranks_per_host} rank(s) on {len(hosts)} host(s): {', '.join(hosts)}")
+            self.say(
+                f"launching {len(hosts) * self.ranks_per_host} rank(s) on {len(hosts)} host(s): {', '.join(hosts)}"
+            )
             outcome = self._watch(self.fleet.launch(hosts, self.ranks_per_host, trainer_args), hosts)
             if outcome.kind in ("done", "failed"):
                 self._save_state("succeeded" if outcome.kind == "done" else "failed", hosts)
-                self.say(f"done after {self.restarts} restart(s)" if outcome.kind == "done" else
-                         f"stopping: {outcome.reason}; last checkpoint: {self._checkpoint_name()}")  # fmt: skip
+                self.say(
+                    f"done after {self.restarts} restart(s)"
+                    if outcome.kind == "done"
+                    else f"stopping: {outcome.reason}; last checkpoint: {self._checkpoint_name()}"
+                )
                 return outcome.exit_code
             if self.stop_signal:
                 break
             if self.restarts >= self.cfg.launch.max_restarts:
                 self._save_state("failed", hosts)
-                self.say(f"stopping: {outcome.reason}, and the job has been relaunched launch.max_restarts="
-                         f"{self.cfg.launch.max_restarts} time(s) already; last checkpoint: {self._checkpoint_name()}")
+                self.say(
+                    f"stopping: {outcome.reason}, and the job has been relaunched launch.max_restarts="
+                    f"{self.cfg.launch.max_restarts} time(s) already; last checkpoint: {self._checkpoint_name()}"
+                )
                 return FAILED_EXIT_CODE
             for host in outcome.hosts:
                 self.away.setdefault(host, 0.0)
@@ -146,12 +161,16 @@ class Supervisor:
             failures_in_a_row = 0 if outcome.kind == "grow" or progressed else failures_in_a_row + 1
             if failures_in_a_row:
                 backoff_s = min(MAX_BACKOFF_S, self.cfg.launch.restart_backoff_s * 2 ** (failures_in_a_row - 1))
-                self.say(f"{outcome.reason}; backing off {backoff_s:.0f} s ({failures_in_a_row} failure(s) in a row without a "
-                         "new checkpoint)")
+                self.say(
+                    f"{outcome.reason}; backing off {backoff_s:.0f} s "
+                    f"({failures_in_a_row} failure(s) in a row without a new checkpoint)"
+                )
                 self._sleep(backoff_s)
         self._save_state("stopped", [])
-        self.say(f"stopped by signal {self.stop_signal}; last checkpoint: {self._checkpoint_name()} "
-                 "(submit again with --resume auto to continue)")  # fmt: skip
+        self.say(
+            f"stopped by signal {self.stop_signal}; last checkpoint: {self._checkpoint_name()} "
+            "(submit again with --resume auto to continue)"
+        )
         return REQUEUE_EXIT_CODE
 
     def _watch(self, attempt: Attempt, hosts: list[str]) -> _Outcome:
@@ -185,14 +204,21 @@ class Supervisor:
             self.say(f"checkpoint {self.checkpoint[0]} written: asking the ranks to stop at the next step to grow back")
             attempt.request_stop()
             outcome = self._classify(self._stopped(attempt, hosts), hosts, asked_to_stop=True)
-            return _Outcome("grow", f"{', '.join(back)} answer(s) again: growing back") if outcome.kind == "retry" else outcome
+            return (
+                _Outcome("grow", f"{', '.join(back)} answer(s) again: growing back")
+                if outcome.kind == "retry"
+                else outcome
+            )
 
     def _stopped(self, attempt: Attempt, hosts: list[str]) -> dict[str, int]:
         """The exit codes of ranks asked to stop, killed after launch.stop_timeout_s (128 + SIGKILL if even
         that is not seen within a minute)."""
         codes = attempt.wait(self.cfg.launch.stop_timeout_s)
         if codes is None:
-            self.say(f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: killing them")
+            self.say(
+                f"the ranks did not stop within launch.stop_timeout_s={self.cfg.launch.stop_timeout_s:g} s: "
+                "killing them"
+            )
             attempt.kill()
             codes = attempt.wait(60) or {h: 128 + signal.SIGKILL for h in hosts}
         return codes
@@ -202,16 +228,22 @@ class Supervisor:
         if all(code == OK_EXIT_CODE for code in codes.values()):
             return _Outcome("done", "finished")
         killed = {} if asked_to_stop else {h: c for h, c in codes.items() if c >= 128 or c < 0}
-        lost = {**{h: f"its ranks were killed (exit code {c})" for h, c in killed.items()},
-                **self._probe(hosts, probes=PROBES_TO_LOSE)}
+        lost = {
+            **{h: f"its ranks were killed (exit code {c})" for h, c in killed.items()},
+            **self._probe(hosts, probes=PROBES_TO_LOSE),
+        }
         if lost:
             return _Outcome("lost", "; ".join(f"lost {h}: {why}" for h, why in lost.items()), list(lost))
         if any(code == USAGE_EXIT_CODE for code in codes.values()):
-            return _Outcome("failed", "the trainer refused its input (exit 2, the reason is above)", exit_code=USAGE_EXIT_CODE)
+            return _Outcome(
+                "failed", "the trainer refused its input (exit 2, the reason is above)", exit_code=USAGE_EXIT_CODE
+            )
         if any(code == REQUEUE_EXIT_CODE for code in codes.values()) or asked_to_stop:
             return _Outcome("retry", "the ranks stopped with a checkpoint (a stall, or asked to)")
         worst = max(codes.values())
-        return _Outcome("failed", f"the run failed (exit codes {codes}; the reason is above)", exit_code=worst or FAILED_EXIT_CODE)
+        return _Outcome(
+            "failed", f"the run failed (exit codes {codes}; the reason is above)", exit_code=worst or FAILED_EXIT_CODE
+        )
 
     # --- hosts -------------------------------------------------------------------------------------
     def _choose(self) -> tuple[list[str], str]:
@@ -229,8 +261,10 @@ class Supervisor:
         if len(answering) >= lc.fewest_nodes():
             skipped = [n for n in range(lc.fewest_nodes(), len(answering) + 1) if n not in self.node_counts]
             return [], "; ".join(f"{n} node(s): {batch_problems(self.cfg, n * lc.gpus_per_node)[0]}" for n in skipped)
-        return [], (f"{len(answering)} host(s) answer ({', '.join(answering) or 'none'}), fewer than launch.min_nodes="
-                    f"{lc.fewest_nodes()}")  # fmt: skip
+        return [], (
+            f"{len(answering)} host(s) answer ({', '.join(answering) or 'none'}), fewer than launch.min_nodes="
+            f"{lc.fewest_nodes()}"
+        )
 
     def _probe(self, hosts: list[str], probes: int = 1) -> dict[str, str]:
         """Hosts that have now failed PROBES_TO_LOSE probes in a row (`probes` more are made here), and why."""
@@ -257,8 +291,10 @@ class Supervisor:
     # --- reporting ---------------------------------------------------------------------------------
     def _give_up(self, why: str) -> int:
         self._save_state("failed", [])
-        self.say(f"stopping: {why}; last checkpoint: {self._checkpoint_name()} (intact; submit again with "
-                 "--resume auto when enough hosts are back)")  # fmt: skip
+        self.say(
+            f"stopping: {why}; last checkpoint: {self._checkpoint_name()} (intact; submit again with "
+            "--resume auto when enough hosts are back)"
+        )
         return FAILED_EXIT_CODE
 
     def _refresh_checkpoint(self) -> bool:
@@ -274,10 +310,18 @@ class Supervisor:
 
     def _save_state(self, state: str, hosts: list[str]) -> None:
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        storage.write_json(self.state_file, {
-            "state": state, "hosts": hosts, "world_size": len(hosts) * self.ranks_per_host, "restarts": self.restarts,
-            "lost_hosts": sorted(self.away), "events": self.events,
-        }, indent=2)  # fmt: skip
+        storage.write_json(
+            self.state_file,
+            {
+                "state": state,
+                "hosts": hosts,
+                "world_size": len(hosts) * self.ranks_per_host,
+                "restarts": self.restarts,
+                "lost_hosts": sorted(self.away),
+                "events": self.events,
+            },
+            indent=2,
+        )
 
     def say(self, text: str) -> None:
         print(f"bertdist elastic: {time.strftime('%H:%M:%S')} {text}", file=self.out, flush=True)
@@ -302,7 +346,8 @@ def elastic_summary(state_file: str) -> str:
     events = state.get("events") or []
     last = f"; last: {events[-1]['reason']}" if events else ""
     lost = f"; lost: {', '.join(state['lost_hosts'])}" if state.get("lost_hosts") else ""
-    return f"; world size {state['world_size']} on {', '.join(state['hosts']) or 'no host'}; {state['restarts']} restart(s){last}{lost}"
+    hosts = ", ".join(state["hosts"]) or "no host"
+    return f"; world size {state['world_size']} on {hosts}; {state['restarts']} restart(s){last}{lost}"
 
 
 def batch_problems(cfg: Config, world_size: int) -> list[str]:
@@ -363,8 +408,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, [])
         # A probe waits as long as the probe interval, 2 to 10 s: a host too busy to accept SSH in 10 s is not well.
         timeout_s = int(min(10, max(2, cfg.launch.host_probe_interval_s)))
-        fleet = SshFleet(args.hostfile, args.config, args.launch_script, cfg.launch.master_port,
-                         Path(args.state_file).with_suffix(""), timeout_s)  # fmt: skip
+        fleet = SshFleet(
+            args.hostfile,
+            args.config,
+            args.launch_script,
+            cfg.launch.master_port,
+            Path(args.state_file).with_suffix(""),
+            timeout_s,
+        )
         return Supervisor(cfg, fleet, args.state_file).run()
     except UserError as e:
         print(f"bertdist elastic: {e}", file=sys.stderr)

@@ -1,10 +1,10 @@
 """The data of a job: the request as typed, the job rendered from it, the record a submission leaves.
 
-    SubmitRequest  `bertdist submit` as typed; unset launch values come from the config's launch section
-    PlannedJob     the rendered job: files to write, the command or Ray entrypoint; what --dry-run prints
-    JobContext     the checked values a backend renders from
-    JobRecord      {jobs_dir}/{job_id}.json, which `bertdist status` and `bertdist logs` read
-    JobStatus      one vocabulary of states for every backend
+SubmitRequest  `bertdist submit` as typed; unset launch values come from the config's launch section
+PlannedJob     the rendered job: files to write, the command or Ray entrypoint; what --dry-run prints
+JobContext     the checked values a backend renders from
+JobRecord      {jobs_dir}/{job_id}.json, which `bertdist status` and `bertdist logs` read
+JobStatus      one vocabulary of states for every backend
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertdist.config import Config, dump_yaml
-from bertdist.storage import write_json
 from bertdist.launch.checks import SubmitError, check_job_id
+from bertdist.storage import write_json
 
 DEFAULT_JOBS_DIR = "runs/jobs"
 JOB_KINDS = ("train", "prepare")
@@ -137,8 +137,9 @@ class JobRecord:
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
-            raise SubmitError(f"job {job_id}: no record {path} (jobs submitted from this directory: "
-                              f"`bertdist status`)") from None
+            raise SubmitError(
+                f"job {job_id}: no record {path} (jobs submitted from this directory: `bertdist status`)"
+            ) from None
         except json.JSONDecodeError as e:
             raise SubmitError(f"job {job_id}: record {path} is not valid JSON ({e})") from None
         return cls(**data)

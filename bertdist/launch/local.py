@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertdist.launch.job import JobContext, PlannedJob
-from bertdist.launch.process import add_cpu_env, describe, logs, start, status, stop_hint  # noqa: F401  (the backend's interface)
+
+# the backend's interface, re-exported
+from bertdist.launch.process import add_cpu_env, describe, logs, start, status, stop_hint  # noqa: F401
 from bertdist.resources import shipped
 
 SUMMARY = "this machine, N ranks"
@@ -16,10 +18,14 @@ SHIPS_PACKAGE = False
 
 def check(ctx: JobContext, problems: list[str]) -> None:
     if ctx.cfg is not None and ctx.cfg.launch.fewest_nodes() < ctx.nodes:
-        problems.append(f"launch.min_nodes: the local backend runs on one machine; set it to 0 or to --nodes {ctx.nodes}")
+        problems.append(
+            f"launch.min_nodes: the local backend runs on one machine; set it to 0 or to --nodes {ctx.nodes}"
+        )
     elif ctx.nodes > 1:
-        problems.append(f"--nodes: the local backend runs on this machine only, got {ctx.nodes} nodes "
-                        "(use another --backend for several machines)")
+        problems.append(
+            f"--nodes: the local backend runs on this machine only, got {ctx.nodes} nodes "
+            "(use another --backend for several machines)"
+        )
 
 
 def render(job: PlannedJob, ctx: JobContext) -> None:

@@ -15,8 +15,9 @@ from bertdist.launch.checks import SubmitError
 from bertdist.launch.job import TERMINAL_STATES, JobRecord, JobStatus
 
 
-def print_log_file(record: JobRecord, status: Callable[[JobRecord], JobStatus], follow: bool, out: TextIO,
-                   poll_s: float = 1.0) -> None:
+def print_log_file(
+    record: JobRecord, status: Callable[[JobRecord], JobStatus], follow: bool, out: TextIO, poll_s: float = 1.0
+) -> None:
     """Print the job's log file; with `follow`, keep printing until `status` says the job has ended."""
     path = Path(record.log_file)
     offset = 0

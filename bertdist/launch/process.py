@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from bertdist.storage import write_text
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
 from bertdist.launch.log_file import print_log_file
+from bertdist.storage import write_text
 from bertdist.train.stopping import running
 
 JOB_ENV = "BERTDIST_SUPERVISED_JOB"
@@ -46,9 +46,12 @@ def start(job: PlannedJob, record: JobRecord) -> None:
     with open(job.log_file, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", __name__, "--exit-code-file", record.exit_code_file, "--", *job.command],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, **job.env}, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **job.env},
+            start_new_session=True,
+        )
     record.pid = proc.pid
 
 
@@ -58,18 +61,25 @@ def status(record: JobRecord) -> JobStatus:
     if exit_file.exists():
         code, *signalled = exit_file.read_text().split()
         if signalled and int(code) != 0:  # torchrun ends with 1 after a signal, whatever its ranks did
-            return JobStatus("stopped", f"stopped by {signalled[0]}, passed on to the job (exit {code}): its ranks "
-                                        "checkpoint on a signal; submit it again to continue (--resume auto)")  # fmt: skip
+            return JobStatus(
+                "stopped",
+                f"stopped by {signalled[0]}, passed on to the job (exit {code}): its ranks "
+                "checkpoint on a signal; submit it again to continue (--resume auto)",
+            )
         return JobStatus("succeeded" if code == "0" else "failed", f"process group {record.pid} exited with {code}")
     if alive:
         return JobStatus("running", f"process group {record.pid} on this machine")
     killed = f"its supervisor (process {record.pid}) was killed before the job ended"
     left = job_processes(record.exit_code_file)
     if left:
-        return JobStatus("running", f"stopping: {killed}; processes of the job left on this machine: {len(left)} "
-                                    "(the ranks finish their step, write a checkpoint and exit)")
-    return JobStatus("stopped", f"{killed}; its ranks were stopped with it: no process of the job is left on "
-                                "this machine")
+        return JobStatus(
+            "running",
+            f"stopping: {killed}; processes of the job left on this machine: {len(left)} "
+            "(the ranks finish their step, write a checkpoint and exit)",
+        )
+    return JobStatus(
+        "stopped", f"{killed}; its ranks were stopped with it: no process of the job is left on this machine"
+    )
 
 
 def job_processes(exit_code_file: str) -> list[int]:
@@ -114,7 +124,9 @@ def supervise(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, pass_on)
     code = proc.wait()
-    write_text(exit_code_file, f"{code}\n" + (f"{received[0]}\n" if received else ""))  # the signal: a stop, not a failure
+    write_text(
+        exit_code_file, f"{code}\n" + (f"{received[0]}\n" if received else "")
+    )  # the signal: a stop, not a failure
     return code
 
 

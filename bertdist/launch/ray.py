@@ -48,7 +48,8 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
     else:
         env_vars[RAY_CONFIG_ENV] = dump_yaml(ctx.cfg)
         argv = ["python", "-m", "bertdist.launch.ray_job", "--gpus-per-node", str(ctx.gpus_per_node)] + (
-            ["--cpu-only"] if ctx.req.cpu_only else [])
+            ["--cpu-only"] if ctx.req.cpu_only else []
+        )
         if Path(ctx.cfg.train.output_dir).is_absolute():  # where the supervisor's state is, if this machine sees it
             job.state_file = str(Path(ctx.cfg.train.output_dir) / "elastic.json")
     job.entrypoint = shlex.join(argv)
@@ -62,8 +63,12 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
 def start(job: PlannedJob, record: JobRecord) -> None:
     client = _client(job.address)
     with _errors(job.address):
-        record.job_id = client.submit_job(entrypoint=job.entrypoint, submission_id=job.stem,
-                                          runtime_env=job.runtime_env, metadata={"bertdist_job": job.job})
+        record.job_id = client.submit_job(
+            entrypoint=job.entrypoint,
+            submission_id=job.stem,
+            runtime_env=job.runtime_env,
+            metadata={"bertdist_job": job.job},
+        )
 
 
 def status(record: JobRecord) -> JobStatus:
@@ -80,10 +85,16 @@ def describe(job: PlannedJob) -> list[str]:
     out = []
     env_vars = job.runtime_env.get("env_vars", {})
     if RAY_CONFIG_ENV in env_vars:
-        out += [f"# --- resolved config (in the job's environment as {RAY_CONFIG_ENV})", env_vars[RAY_CONFIG_ENV].rstrip("\n")]
+        out += [
+            f"# --- resolved config (in the job's environment as {RAY_CONFIG_ENV})",
+            env_vars[RAY_CONFIG_ENV].rstrip("\n"),
+        ]
     shown = {k: sorted(v) if k == "env_vars" else v for k, v in job.runtime_env.items()}
-    return out + [f"# --- Ray job for {job.address}", f"entrypoint: {job.entrypoint}",
-                  f"runtime_env: {json.dumps(shown, sort_keys=True)}"]
+    return out + [
+        f"# --- Ray job for {job.address}",
+        f"entrypoint: {job.entrypoint}",
+        f"runtime_env: {json.dumps(shown, sort_keys=True)}",
+    ]
 
 
 def stop_hint(record: JobRecord) -> str:
@@ -119,8 +130,11 @@ def _client(address: str):
     sends it when RAY_AUTH_MODE=token. A token that is configured is meant to be used, so its presence
     turns the mode on for this process (set RAY_AUTH_MODE=disabled to opt out).
     """
-    token_present = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-                     or (Path.home() / ".ray" / "auth_token").is_file())
+    token_present = (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").is_file()
+    )
     if not os.environ.get("RAY_AUTH_MODE") and token_present:
         os.environ["RAY_AUTH_MODE"] = "token"
     from ray.job_submission import JobSubmissionClient

@@ -46,24 +46,44 @@ LOST_TASK_EXIT_CODE = 255
 STATE_FILENAME = "elastic.json"
 
 
-def _run_ranks(node_rank: int, nnodes: int, nproc: int, master_addr: str, master_port: int, config_file: str,
-               config_yaml: str, trainer_args: list[str]) -> int:
+def _run_ranks(
+    node_rank: int,
+    nnodes: int,
+    nproc: int,
+    master_addr: str,
+    master_port: int,
+    config_file: str,
+    config_yaml: str,
+    trainer_args: list[str],
+) -> int:
     """One node's ranks of `bertdist train`; the worst exit code, a signal as 128 + its number."""
     Path(config_file).parent.mkdir(parents=True, exist_ok=True)
     Path(config_file).write_text(config_yaml)
     procs = []
     for local in range(nproc):
-        env = {**os.environ, "RANK": str(node_rank * nproc + local), "WORLD_SIZE": str(nnodes * nproc), "LOCAL_RANK": str(local),
-               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-u", "-m", "bertdist", "train", "--config", config_file, *trainer_args],
-                                      env=env))  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(node_rank * nproc + local),
+            "WORLD_SIZE": str(nnodes * nproc),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-u", "-m", "bertdist", "train", "--config", config_file, *trainer_args], env=env
+            )
+        )
     codes = [p.wait() for p in procs]
     return max((128 - c if c < 0 else c for c in codes), key=lambda c: (c != 0, c))
 
 
 def _signal_ranks(pattern: str, signum: int) -> None:
     """Signal this job's ranks on this node (its network namespace: see bertdist.launch.ssh_fleet)."""
-    subprocess.run(pkill_argv(signal.Signals(signum).name[3:], pattern, str(os.getpid())), check=False, capture_output=True)
+    subprocess.run(
+        pkill_argv(signal.Signals(signum).name[3:], pattern, str(os.getpid())), check=False, capture_output=True
+    )
 
 
 class RayFleet:
@@ -80,7 +100,9 @@ class RayFleet:
 
     def hosts(self) -> list[str]:
         need = {"CPU": self.bundle["num_cpus"], "GPU": self.bundle.get("num_gpus", 0)}
-        fit = [ip for ip, n in self._nodes().items() if all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v)]
+        fit = [
+            ip for ip, n in self._nodes().items() if all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v)
+        ]
         return sorted(fit, key=lambda ip: (ip != self.here, ip))
 
     def probe(self, hosts: list[str]) -> dict[str, str]:
@@ -89,7 +111,9 @@ class RayFleet:
 
     def _on(self, host: str, fn, **resources):
         node_id = self._nodes()[host]["NodeID"]
-        return ray.remote(fn).options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **resources)
+        return ray.remote(fn).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **resources
+        )
 
     def _everywhere(self, hosts: list[str], signum: int) -> None:
         alive = [h for h in hosts if h in self._nodes()]
@@ -100,9 +124,19 @@ class RayFleet:
         self._everywhere([host], signal.SIGKILL)
 
     def launch(self, hosts: list[str], ranks_per_host: int, trainer_args: list[str]) -> "RayAttempt":
-        refs = [self._on(h, _run_ranks, **self.bundle).remote(i, len(hosts), ranks_per_host, hosts[0], self.master_port,
-                                                           self.config_file, self.config_yaml, trainer_args)
-                for i, h in enumerate(hosts)]  # fmt: skip
+        refs = [
+            self._on(h, _run_ranks, **self.bundle).remote(
+                i,
+                len(hosts),
+                ranks_per_host,
+                hosts[0],
+                self.master_port,
+                self.config_file,
+                self.config_yaml,
+                trainer_args,
+            )
+            for i, h in enumerate(hosts)
+        ]
         return RayAttempt(self, hosts, refs)
 
 

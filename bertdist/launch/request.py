@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 from bertdist.config import Config, ConfigError, LaunchConfig, load_config, validate
-from bertdist.storage import write_text
 from bertdist.launch import backends
 from bertdist.launch.backends import REGISTRY
 from bertdist.launch.checks import (
@@ -50,6 +49,7 @@ from bertdist.launch.job import (
     PlannedJob,
     SubmitRequest,
 )
+from bertdist.storage import write_text
 
 
 def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob:
@@ -70,7 +70,9 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
         launch = cfg.launch
     else:
         if req.config or req.overrides:
-            problems.append("--job prepare takes `bertdist prepare` arguments after --, not --config or key=value overrides")
+            problems.append(
+                "--job prepare takes `bertdist prepare` arguments after --, not --config or key=value overrides"
+            )
         for arg in req.args:
             printable(problems, f"prepare argument {arg!r}", arg)
         launch = LaunchConfig(job_name="bertdist-prepare")
@@ -88,7 +90,9 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
 
     chosen = REGISTRY.get(backend)
     if chosen is None:
-        problems.append(f"{'--backend' if req.backend else 'launch.backend'}: {backend!r} is not one of {', '.join(REGISTRY)}")
+        problems.append(
+            f"{'--backend' if req.backend else 'launch.backend'}: {backend!r} is not one of {', '.join(REGISTRY)}"
+        )
     else:
         problems += _unsupported(chosen, backend, req)
     if nodes < 1:
@@ -113,9 +117,18 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
         problems.extend(e.problems)
 
     if cfg is not None:
-        cfg.launch = dataclasses.replace(cfg.launch, backend=backend, nodes=nodes, min_nodes=min_nodes,
-                                         gpus_per_node=gpus_per_node, hostfile=hostfile, master_port=master_port,
-                                         time_limit=time_limit, partition=partition, job_name=name)
+        cfg.launch = dataclasses.replace(
+            cfg.launch,
+            backend=backend,
+            nodes=nodes,
+            min_nodes=min_nodes,
+            gpus_per_node=gpus_per_node,
+            hostfile=hostfile,
+            master_port=master_port,
+            time_limit=time_limit,
+            partition=partition,
+            job_name=name,
+        )
         try:
             # Files (vocabulary, shards) are checked by the job where it runs: this machine may not see them.
             validate(cfg, world_size=max(nodes, 1) * max(gpus_per_node, 1), check_files=False)
@@ -124,9 +137,19 @@ def plan(req: SubmitRequest, now: datetime.datetime | None = None) -> PlannedJob
     now = now or datetime.datetime.now()
     stem = f"{name}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
     jobs_dir = Path(req.jobs_dir).resolve()
-    ctx = JobContext(req=req, cfg=cfg, nodes=nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
-                     time_limit_s=limit_s, partition=partition, hostfile=hostfile, master_port=master_port,
-                     python=python, config_file=jobs_dir / f"{stem}.yaml")
+    ctx = JobContext(
+        req=req,
+        cfg=cfg,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        time_limit=time_limit,
+        time_limit_s=limit_s,
+        partition=partition,
+        hostfile=hostfile,
+        master_port=master_port,
+        python=python,
+        config_file=jobs_dir / f"{stem}.yaml",
+    )
     if chosen is not None:
         chosen.check(ctx, problems)
     if problems:
@@ -152,12 +175,16 @@ def _unsupported(chosen: backends.Backend, backend: str, req: SubmitRequest) -> 
     """What the request asks of a backend that lacks it, naming the backends that have it."""
     found = []
     if req.ship_package and not chosen.SHIPS_PACKAGE:
-        found.append(f"--ship-package: only {_titles(backends.offering(lambda b: b.SHIPS_PACKAGE), 'and')} jobs upload "
-                     f"the package; {backend!r} jobs run the bertdist installed where they run")
+        found.append(
+            f"--ship-package: only {_titles(backends.offering(lambda b: b.SHIPS_PACKAGE), 'and')} jobs upload "
+            f"the package; {backend!r} jobs run the bertdist installed where they run"
+        )
     if req.job not in chosen.JOBS:
         able = backends.offering(lambda b: req.job in b.JOBS)
-        found.append(f"--job {req.job}: runs as a {_titles(able, 'or')} job ({' or '.join(f'--backend {n}' for n in able)}), "
-                     f"not on {backend!r}; or run `bertdist {req.job}` directly")
+        found.append(
+            f"--job {req.job}: runs as a {_titles(able, 'or')} job ({' or '.join(f'--backend {n}' for n in able)}), "
+            f"not on {backend!r}; or run `bertdist {req.job}` directly"
+        )
     return found
 
 
@@ -170,9 +197,16 @@ def submit(job: PlannedJob) -> JobRecord:
     Path(job.jobs_dir).mkdir(parents=True, exist_ok=True)
     for path, text in job.files.items():
         write_text(path, text)
-    record = JobRecord(job_id=job.stem, backend=job.backend, job=job.job, name=job.name,
-                       submitted_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                       log_file=job.log_file, address=job.address, state_file=job.state_file)
+    record = JobRecord(
+        job_id=job.stem,
+        backend=job.backend,
+        job=job.job,
+        name=job.name,
+        submitted_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        log_file=job.log_file,
+        address=job.address,
+        state_file=job.state_file,
+    )
     backends.get(job.backend).start(job, record)
     record.save(job.jobs_dir)
     return record
@@ -181,9 +215,11 @@ def submit(job: PlannedJob) -> JobRecord:
 def how_to_follow(record: JobRecord, jobs_dir: str) -> str:
     """The lines printed after a submission: the id, and the commands or pages that show the job."""
     flag = "" if Path(jobs_dir) == Path(DEFAULT_JOBS_DIR) else f" --jobs-dir {shlex.quote(jobs_dir)}"
-    lines = [f"submitted {record.backend} job {record.job_id}",
-             f"  status: bertdist status {record.job_id}{flag}",
-             f"  logs:   bertdist logs {record.job_id}{flag} --follow"]
+    lines = [
+        f"submitted {record.backend} job {record.job_id}",
+        f"  status: bertdist status {record.job_id}{flag}",
+        f"  logs:   bertdist logs {record.job_id}{flag} --follow",
+    ]
     if record.log_file:
         lines.append(f"  log file: {record.log_file}")
     lines.append(backends.get(record.backend).stop_hint(record))

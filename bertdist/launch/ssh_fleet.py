@@ -6,10 +6,11 @@ the hosts chosen for it, in its own session; its output goes to the job log line
 with 0 (pdsh reports failures only).
 
 Ranks are found on a host (in its network namespace, see `_pkill`) by their command line,
-`-m bertdist train --config <this job's config>`: the config file is the job's own (runs/jobs/<unique stem>.yaml), so the pattern names this job's ranks and
-nothing else, not even DeepSpeed's per-host launcher or the SSH sessions that carry it (whose command
-lines hold `--module bertdist train`). Stopping sends SIGTERM to those ranks (they checkpoint and exit 75);
-killing sends SIGKILL. Every host name comes from the hostfile, checked by `parse_hostfile`.
+`-m bertdist train --config <this job's config>`: the config file is the job's own (runs/jobs/<unique stem>.yaml),
+so the pattern names this job's ranks and nothing else, not even DeepSpeed's per-host launcher or the SSH
+sessions that carry it (whose command lines hold `--module bertdist train`). Stopping sends SIGTERM to those
+ranks (they checkpoint and exit 75); killing sends SIGKILL. Every host name comes from the hostfile, checked by
+`parse_hostfile`.
 """
 
 from __future__ import annotations
@@ -35,12 +36,16 @@ def ranks_pattern(config_file: str) -> str:
     Characters other than letters, digits and `_/@=,` are bracketed, so the path is literal, and the
     leading `[-]` keeps the pattern from matching the shell that carries it to the host.
     """
-    literal = "".join(c if c.isalnum() or c in "_/@=," else f"[{c}]" for c in f"m bertdist train --config {config_file}")
+    literal = "".join(
+        c if c.isalnum() or c in "_/@=," else f"[{c}]" for c in f"m bertdist train --config {config_file}"
+    )
     return f"[-]{literal}"
 
 
 class SshFleet:
-    def __init__(self, hostfile: str, config_file: str, launch_script: str, master_port: int, stem: Path, probe_timeout_s: int):
+    def __init__(
+        self, hostfile: str, config_file: str, launch_script: str, master_port: int, stem: Path, probe_timeout_s: int
+    ):
         self.slots = parse_hostfile(hostfile)
         self.launch_script = launch_script
         self.timeout_s = probe_timeout_s
@@ -67,8 +72,15 @@ class SshFleet:
         self.launches += 1
         hostfile = Path(f"{self.stem}.hosts-{self.launches}")
         hostfile.write_text("".join(f"{h} slots={ranks_per_host}\n" for h in hosts))
-        env = {**os.environ, "HOSTFILE": str(hostfile), "NUM_NODES": str(len(hosts)), "GPUS_PER_NODE": str(ranks_per_host),
-               "MASTER_ADDR": hosts[0], "MASTER_PORT": str(self.master_port), "PYTHON": sys.executable}  # fmt: skip
+        env = {
+            **os.environ,
+            "HOSTFILE": str(hostfile),
+            "NUM_NODES": str(len(hosts)),
+            "GPUS_PER_NODE": str(ranks_per_host),
+            "MASTER_ADDR": hosts[0],
+            "MASTER_PORT": str(self.master_port),
+            "PYTHON": sys.executable,
+        }
         command = ["bash", self.launch_script, "--config", self.config_file, *trainer_args]
         return SshAttempt(hosts, command, env, ranks_pattern(self.config_file), self.timeout_s)
 
@@ -79,8 +91,14 @@ class SshAttempt:
         self.codes: dict[str, int] = {}
         # Its own session: a signal to the supervisor's process group must not reach DeepSpeed's launcher,
         # which would kill the ranks at once; the supervisor stops them itself, with a checkpoint.
-        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.reader = threading.Thread(target=self._relay, daemon=True)
         self.reader.start()
 

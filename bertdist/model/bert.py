@@ -98,7 +98,9 @@ class BertSelfAttention(nn.Module):
         scale = (hidden // self.num_heads) ** -0.5
         if queries is not None:
             q = F.linear(queries, self.query.weight * scale, self.query.bias * scale)
-            kv = F.linear(x, torch.cat([self.key.weight, self.value.weight]), torch.cat([self.key.bias, self.value.bias]))
+            kv = F.linear(
+                x, torch.cat([self.key.weight, self.value.weight]), torch.cat([self.key.bias, self.value.bias])
+            )
             return layout.attention_at(q, kv, self._attend)
         weight = torch.cat([self.query.weight * scale, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias * scale, self.key.bias, self.value.bias])
@@ -373,7 +375,9 @@ class BertForPreTraining(nn.Module):
         nsp = cfg.next_sentence_prediction
         full_layers = (cfg.num_layers - 1) * BertLayer.forward_flops(cfg, seq_length, seq_length)
         last_layer = BertLayer.forward_flops(cfg, seq_length, masked_positions + nsp)
-        heads = BertPreTrainingHeads.forward_flops(cfg, masked_positions) + (BertPooler.forward_flops(cfg) if nsp else 0)
+        heads = BertPreTrainingHeads.forward_flops(cfg, masked_positions) + (
+            BertPooler.forward_flops(cfg) if nsp else 0
+        )
         return 1.0 * (full_layers + last_layer + heads)
 
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
@@ -411,9 +415,7 @@ class BertForPreTraining(nn.Module):
 
         mlm_loss = nsp_loss = loss = None
         if masked_lm_ids is not None:
-            mlm_loss = VocabCrossEntropy.apply(
-                mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1)
-            )
+            mlm_loss = VocabCrossEntropy.apply(mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1))
         if next_sentence_label is not None and nsp:
             nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1))
         if mlm_loss is not None and not nsp:

@@ -132,8 +132,11 @@ class PeakFlops:
         import torch
 
         self.value = peak_flops_for(device_type, precision)
-        self.from_datasheet = (not os.environ.get(PEAK_FLOPS_ENV) and device_type == "cuda"
-                               and peak_flops_per_second(torch.cuda.get_device_name(), precision) is not None)  # fmt: skip
+        self.from_datasheet = (
+            not os.environ.get(PEAK_FLOPS_ENV)
+            and device_type == "cuda"
+            and peak_flops_per_second(torch.cuda.get_device_name(), precision) is not None
+        )
         self.warned = False
 
     def mfu(self, achieved_flops_per_second: float) -> float:
@@ -143,8 +146,11 @@ class PeakFlops:
         if not self.warned:
             self.warned = True
             source = "its datasheet peak" if self.from_datasheet else "the peak measured at start"
-            warnings.warn(f"MFU unknown: training ran at {achieved_flops_per_second:.3g} FLOP/s per rank, above "
-                          f"{source} ({self.value:.3g}); set {PEAK_FLOPS_ENV} to this device's peak FLOP/s", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"MFU unknown: training ran at {achieved_flops_per_second:.3g} FLOP/s per rank, above "
+                f"{source} ({self.value:.3g}); set {PEAK_FLOPS_ENV} to this device's peak FLOP/s",
+                stacklevel=2,
+            )
         if not self.from_datasheet:
             self.value = achieved_flops_per_second
         return 1.0

@@ -69,7 +69,9 @@ def tagging_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Ten
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def span_loss(logits: torch.Tensor, start_positions: torch.Tensor | None, end_positions: torch.Tensor | None) -> torch.Tensor | None:
+def span_loss(
+    logits: torch.Tensor, start_positions: torch.Tensor | None, end_positions: torch.Tensor | None
+) -> torch.Tensor | None:
     """The mean of the start and end cross-entropies over every slot of the row, logits (batch, seq, 2)."""
     if start_positions is None or end_positions is None:
         return None
@@ -77,11 +79,15 @@ def span_loss(logits: torch.Tensor, start_positions: torch.Tensor | None, end_po
     ignored = logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, ignored)
     end = end_positions.reshape(-1).clamp(0, ignored)
-    return (F.cross_entropy(logits[..., 0], start, ignore_index=ignored)
-            + F.cross_entropy(logits[..., 1], end, ignore_index=ignored)) / 2  # fmt: skip
+    return (
+        F.cross_entropy(logits[..., 0], start, ignore_index=ignored)
+        + F.cross_entropy(logits[..., 1], end, ignore_index=ignored)
+    ) / 2
 
 
-def multiple_choice(score: Callable[..., torch.Tensor], labels: torch.Tensor | None, **inputs: torch.Tensor | None) -> TaskOutput:
+def multiple_choice(
+    score: Callable[..., torch.Tensor], labels: torch.Tensor | None, **inputs: torch.Tensor | None
+) -> TaskOutput:
     """Every choice encoded as its own sequence: `inputs` (batch, choices, seq) are flattened to (batch x
     choices, seq) rows, `score(**rows)` gives one number per row, and a softmax runs over each question's choices."""
     batch, choices, seq = inputs["input_ids"].shape
@@ -113,8 +119,13 @@ class BertForSequenceClassification(_TaskModel):
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
         pooled = self.bert.pooled_output(input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(pooled))
         return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
@@ -128,8 +139,13 @@ class BertForTokenClassification(_TaskModel):
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
         sequence, _ = self.bert(input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(sequence))
         return TaskOutput(tagging_loss(logits, labels), logits)
@@ -146,9 +162,14 @@ class BertForQuestionAnswering(_TaskModel):
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
         sequence, _ = self.bert(input_ids, token_type_ids, attention_mask)
         logits = self.qa_outputs(sequence)  # no dropout here, as in transformers
         return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
@@ -160,14 +181,21 @@ class BertForMultipleChoice(_TaskModel):
         self.classifier = nn.Linear(cfg.hidden_size, 1)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
         """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
 
         def score(**rows: torch.Tensor | None) -> torch.Tensor:
             return self.classifier(self.dropout(self.bert.pooled_output(**rows)))
 
-        return multiple_choice(score, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        return multiple_choice(
+            score, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
 
 
 TASK_MODELS = {

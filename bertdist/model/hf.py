@@ -146,9 +146,7 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {name: t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()}
 
 
-def from_hf_state_dict(
-    state_dict: dict[str, torch.Tensor], source: str = "state dict"
-) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(state_dict: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
     """Any HF BERT checkpoint's tensors -> bertdist names (see the module docstring for what is mapped).
 
     The result may lack the pooler and the heads (for BertModel / BertForMaskedLM checkpoints); `load_pretrained`
@@ -212,7 +210,9 @@ def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
     except Exception as e:  # safetensors' Rust errors (a cut file, a bad header) have no common Python base
-        raise CheckpointFormatError(f"{path}: not a readable safetensors file, truncated or damaged ({first_line(e)})") from None
+        raise CheckpointFormatError(
+            f"{path}: not a readable safetensors file, truncated or damaged ({first_line(e)})"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,16 +240,21 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     required = [k for k in missing if not k.startswith(_OPTIONAL_PREFIXES)]
     if required:
         raise CheckpointFormatError(f"{source}: missing BERT weights: {', '.join(required)}")
-    wrong_shapes = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-                    if k in state and state[k].shape != v.shape]
+    wrong_shapes = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if wrong_shapes:
         raise CheckpointFormatError(f"{source}: shapes disagree with {CONFIG_FILE}: {'; '.join(wrong_shapes)}")
     if missing:
-        warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start from BERT's initialisation",
-                      stacklevel=2)
+        warnings.warn(
+            f"{source}: no weights for {', '.join(missing)}; they start from BERT's initialisation", stacklevel=2
+        )
     if unexpected:
-        warnings.warn(f"{source}: ignoring weights BERT pretraining does not use: {', '.join(unexpected)}",
-                      stacklevel=2)
+        warnings.warn(
+            f"{source}: ignoring weights BERT pretraining does not use: {', '.join(unexpected)}", stacklevel=2
+        )
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     return model
 
@@ -278,8 +283,9 @@ def save_pretrained(
     write_directory(model, directory, vocab_file, {})
 
 
-def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | os.PathLike | None,
-                    config_updates: dict[str, Any]) -> None:  # fmt: skip
+def write_directory(
+    model: Any, directory: str | os.PathLike, vocab_file: str | os.PathLike | None, config_updates: dict[str, Any]
+) -> None:
     """model.safetensors, config.json (BertForPreTraining's, with `config_updates` over it), and with
     `vocab_file` (a vocab.txt or tokenizer.json) its tokenizer files (`write_tokenizer_files`).
 
@@ -290,8 +296,12 @@ def write_directory(model: Any, directory: str | os.PathLike, vocab_file: str | 
     directory.mkdir(parents=True, exist_ok=True)
     pad_token_id = 0
     if vocab_file is not None:
-        pad_token_id = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings,
-                                             ["input_ids", "token_type_ids", "attention_mask"]).pad_id  # fmt: skip
+        pad_token_id = write_tokenizer_files(
+            Path(vocab_file),
+            directory,
+            model.config.max_position_embeddings,
+            ["input_ids", "token_type_ids", "attention_mask"],
+        ).pad_id
     try:
         save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
@@ -309,7 +319,9 @@ def chmod_like_new_files(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def write_tokenizer_files(vocab_file: Path, directory: Path, model_max_length: int, model_input_names: list[str]) -> TextTokenizer:
+def write_tokenizer_files(
+    vocab_file: Path, directory: Path, model_max_length: int, model_input_names: list[str]
+) -> TextTokenizer:
     """The run's tokenizer, for `AutoTokenizer`: a vocab.txt as `BertTokenizer`'s vocab.txt, tokenizer_config.json
     and special_tokens_map.json; a tokenizer.json copied, with a `PreTrainedTokenizerFast` tokenizer_config.json
     naming the special tokens and the model's inputs (`model_input_names`). Returns it (its ids go in config.json)."""

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from bertdist.config import ModelConfig
-from bertdist.model import hf, heads, modernbert_hf, modernbert_heads
+from bertdist.model import heads, hf, modernbert_heads, modernbert_hf
 from bertdist.model.bert import BertModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_weights
@@ -62,17 +62,30 @@ class Family:
 
 FAMILIES = {
     "bert": Family(
-        "Bert", heads.TASK_MODELS, hf.config_from_hf, hf.from_hf_state_dict, hf.write_directory,
-        "bert", lambda cfg: BertModel(cfg, add_pooling_layer=True),
-        pretrained=("bert.",), optional=("bert.pooler.",), inputs=("input_ids", "token_type_ids", "attention_mask"),
+        "Bert",
+        heads.TASK_MODELS,
+        hf.config_from_hf,
+        hf.from_hf_state_dict,
+        hf.write_directory,
+        "bert",
+        lambda cfg: BertModel(cfg, add_pooling_layer=True),
+        pretrained=("bert.",),
+        optional=("bert.pooler.",),
+        inputs=("input_ids", "token_type_ids", "attention_mask"),
     ),
     "modernbert": Family(
-        "ModernBert", modernbert_heads.TASK_MODELS, modernbert_hf.config_from_hf,
-        lambda tensors, source: modernbert_hf.from_hf_state_dict(tensors), modernbert_hf.write_directory,
-        "model", ModernBertModel,
-        pretrained=("model.", "head."), optional=("head.",), inputs=("input_ids", "attention_mask"),
+        "ModernBert",
+        modernbert_heads.TASK_MODELS,
+        modernbert_hf.config_from_hf,
+        lambda tensors, source: modernbert_hf.from_hf_state_dict(tensors),
+        modernbert_hf.write_directory,
+        "model",
+        ModernBertModel,
+        pretrained=("model.", "head."),
+        optional=("head.",),
+        inputs=("input_ids", "attention_mask"),
     ),
-}  # fmt: skip
+}
 """model.arch -> its task models and their Hugging Face format."""
 
 
@@ -81,13 +94,20 @@ def task_architecture(arch: str, head: str) -> str:
     return f"{FAMILIES[arch].prefix}For{head}"
 
 
-def build_task_model(architecture: str, cfg: ModelConfig, labels: list[str], problem_type: str = SINGLE_LABEL,
-                     classifier_pooling: str | None = None) -> Any:  # fmt: skip
+def build_task_model(
+    architecture: str,
+    cfg: ModelConfig,
+    labels: list[str],
+    problem_type: str = SINGLE_LABEL,
+    classifier_pooling: str | None = None,
+) -> Any:
     """A freshly initialised task model of `cfg`'s family; `labels` are the class names (one name for
     regression and QA/MC). `classifier_pooling` (ModernBERT) None: the model's default."""
     family = FAMILIES[cfg.arch]
     if architecture not in family.task_models:
-        raise CheckpointFormatError(f"architecture {architecture!r} is not a {cfg.arch} task model ({', '.join(family.task_models)})")
+        raise CheckpointFormatError(
+            f"architecture {architecture!r} is not a {cfg.arch} task model ({', '.join(family.task_models)})"
+        )
     head = architecture.split("For", 1)[1]
     options = {} if classifier_pooling is None else {"classifier_pooling": classifier_pooling}
     model_class = family.task_models[architecture]
@@ -100,8 +120,13 @@ def build_task_model(architecture: str, cfg: ModelConfig, labels: list[str], pro
     return model_class(cfg)
 
 
-def save_task_model(model: Any, directory: str | os.PathLike, labels: list[str], vocab_file: str | os.PathLike | None,
-                    extra_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+def save_task_model(
+    model: Any,
+    directory: str | os.PathLike,
+    labels: list[str],
+    vocab_file: str | os.PathLike | None,
+    extra_config: dict[str, Any] | None = None,
+) -> None:
     """Write `directory` for `AutoModelFor<Head>.from_pretrained` and `AutoTokenizer` (offline)."""
     architecture = type(model).__name__
     head = architecture.split("For", 1)[1]
@@ -133,7 +158,9 @@ def load_task_model(directory: str | os.PathLike, unpad: bool = True) -> tuple[A
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        raise CheckpointFormatError(f"{source}: not a {architecture} checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointFormatError(
+            f"{source}: not a {architecture} checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     model.load_state_dict(state, strict=True)
     return model, labels
 
@@ -146,8 +173,9 @@ def read_pretrained(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str
     return cfg, FAMILIES[cfg.arch].state_from_hf(tensors, source), source
 
 
-def task_model_from_pretrained(directory: str | os.PathLike, architecture: str, labels: list[str],
-                               problem_type: str = SINGLE_LABEL) -> Any:  # fmt: skip
+def task_model_from_pretrained(
+    directory: str | os.PathLike, architecture: str, labels: list[str], problem_type: str = SINGLE_LABEL
+) -> Any:
     """A task model whose encoder comes from the pretrained model in `directory`; the classifier is fresh."""
     cfg, state, source = read_pretrained(directory)
     model = build_task_model(architecture, cfg, labels, problem_type)
@@ -165,7 +193,11 @@ def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
     missing = sorted(k for k in wanted if k not in state and not k.startswith(family.optional))
     if missing:
         raise CheckpointFormatError(f"{source}: missing {model.config.arch} encoder weights: {', '.join(missing[:5])}")
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in wanted.items() if k in state and state[k].shape != v.shape]
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in wanted.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if wrong:
         raise CheckpointFormatError(f"{source}: shapes disagree with the model: {'; '.join(wrong[:3])}")
     model.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
@@ -201,7 +233,9 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], str]:
         raise CheckpointFormatError(f"{path}: expected a JSON object")
     model_type = raw.get("model_type", "bert")
     if model_type not in HF_MODEL_TYPES:
-        raise CheckpointFormatError(f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(HF_MODEL_TYPES)})")
+        raise CheckpointFormatError(
+            f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(HF_MODEL_TYPES)})"
+        )
     return raw, HF_MODEL_TYPES[model_type]
 
 
@@ -211,5 +245,7 @@ def _labels(raw: dict[str, Any], directory: Path) -> list[str]:
         try:
             return [str(id2label[str(i)]) for i in range(len(id2label))]
         except KeyError:
-            raise CheckpointFormatError(f"{directory / CONFIG_FILE}: id2label keys are not 0..{len(id2label) - 1}") from None
+            raise CheckpointFormatError(
+                f"{directory / CONFIG_FILE}: id2label keys are not 0..{len(id2label) - 1}"
+            ) from None
     return [f"LABEL_{i}" for i in range(int(raw.get("num_labels", 2)))]

@@ -100,7 +100,9 @@ class TokenLayout:
             return input_ids, token_type_ids, positions.view(self.rows, self.seq)
         return input_ids, token_type_ids, None
 
-    def attention(self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float, windowed: bool = False) -> torch.Tensor:
+    def attention(
+        self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float, windowed: bool = False
+    ) -> torch.Tensor:
         """Self-attention over the fused (..., 3 x hidden) projections of the space in use.
 
         `attend(q, kv, mask)` is the padded-space attention, (batch, seq, hidden) queries and (batch, seq,

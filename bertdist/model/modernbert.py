@@ -52,7 +52,9 @@ class Rotary:
     and shared by the layers of that kind (fp32 angles, as the reference)."""
 
     def __init__(self, positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+        )
         angles = positions[..., None].float() * inv_freq  # (..., head_dim / 2)
         angles = torch.cat((angles, angles), dim=-1)
         self.cos, self.sin = angles.cos()[..., None, :].to(dtype), angles.sin()[..., None, :].to(dtype)  # (..., 1, hd)
@@ -179,7 +181,9 @@ class ModernBertModel(nn.Module):
         self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = _norm(cfg)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, TokenLayout]:
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, TokenLayout]:
         """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout."""
         states, layout = self._run(input_ids, attention_mask)
         return states[-1], layout
@@ -190,8 +194,9 @@ class ModernBertModel(nn.Module):
         states, layout = self._run(input_ids, attention_mask, keep_all=True)
         return [layout.to_grid(s) for s in states]
 
-    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-             keep_all: bool = False) -> tuple[list[torch.Tensor], TokenLayout]:  # fmt: skip
+    def _run(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, keep_all: bool = False
+    ) -> tuple[list[torch.Tensor], TokenLayout]:
         cfg = self.config
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, cfg.unpad)
         ids, _, positions = layout.inputs(input_ids, None)
@@ -199,8 +204,10 @@ class ModernBertModel(nn.Module):
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         x = self.embeddings(ids)
         head_dim = cfg.hidden_size // cfg.num_attention_heads
-        rotary = {kind: Rotary(positions, head_dim, theta, x.dtype)
-                  for kind, theta in (("global", cfg.global_rope_theta), ("local", cfg.local_rope_theta))}  # fmt: skip
+        rotary = {
+            kind: Rotary(positions, head_dim, theta, x.dtype)
+            for kind, theta in (("global", cfg.global_rope_theta), ("local", cfg.local_rope_theta))
+        }
         states = [x]
         for i, layer in enumerate(self.layers):
             args = (layout, rotary["global" if is_global(cfg, i) else "local"])
@@ -251,8 +258,10 @@ class ModernBertForMaskedLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.next_sentence_prediction:
-            raise ValueError("model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false "
-                             "(MLM-only pretraining, on shards prepared with --objective mlm)")  # fmt: skip
+            raise ValueError(
+                "model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false "
+                "(MLM-only pretraining, on shards prepared with --objective mlm)"
+            )
         self.config = cfg
         self.model = ModernBertModel(cfg)
         self.head = ModernBertPredictionHead(cfg)
@@ -267,8 +276,9 @@ class ModernBertForMaskedLM(nn.Module):
 
     def set_rope_thetas(self, global_theta: float, local_theta: float) -> None:
         """Rotate by other thetas from the next forward on (a context-extension phase; the weights are unchanged)."""
-        self.config = self.model.config = dataclasses.replace(self.config, global_rope_theta=global_theta,
-                                                              local_rope_theta=local_theta)  # fmt: skip
+        self.config = self.model.config = dataclasses.replace(
+            self.config, global_rope_theta=global_theta, local_rope_theta=local_theta
+        )
 
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""
@@ -285,7 +295,9 @@ class ModernBertForMaskedLM(nn.Module):
     ) -> PreTrainingOutput:
         """As `BertForPreTraining.forward` (token types are not used: ModernBERT has no segments)."""
         states, layout = self.model.encode(input_ids, attention_mask)
-        predicted = layout.gather(states, masked_lm_positions) if masked_lm_positions is not None else layout.to_grid(states)
+        predicted = (
+            layout.gather(states, masked_lm_positions) if masked_lm_positions is not None else layout.to_grid(states)
+        )
         logits = self.head(predicted, self.model.embeddings.tok_embeddings.weight)
         if masked_lm_ids is None:
             return PreTrainingOutput(None, None, None, logits, None)

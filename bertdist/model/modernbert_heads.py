@@ -59,7 +59,9 @@ def pool(states: torch.Tensor, layout: TokenLayout, attention_mask: torch.Tensor
 class _ModernBertTaskModel(nn.Module):
     """The encoder, `head`, dropout and a classifier of `outputs` outputs; subclasses implement `forward`."""
 
-    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL, encoder_cfg: ModelConfig | None = None):
+    def __init__(
+        self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL, encoder_cfg: ModelConfig | None = None
+    ):
         super().__init__()
         check_task(cfg, outputs, problem_type)
         self.config, self.num_labels = cfg, outputs
@@ -82,20 +84,32 @@ def _check_pooling(pooling: str) -> str:
 
 
 class ModernBertForSequenceClassification(_ModernBertTaskModel):
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL, classifier_pooling: str = "cls"):
+    def __init__(
+        self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL, classifier_pooling: str = "cls"
+    ):
         super().__init__(cfg, num_labels, problem_type)
         self.problem_type, self.classifier_pooling = problem_type, _check_pooling(classifier_pooling)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
         states, layout = self.model.encode(input_ids, attention_mask)
         logits = self.classify(pool(states, layout, attention_mask, self.classifier_pooling))
         return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
 
 
 class ModernBertForTokenClassification(_ModernBertTaskModel):
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
         states, layout = self.model.encode(input_ids, attention_mask)
         logits = layout.to_grid(self.classify(states))  # computed at real tokens only; padding slots are zeros
         return TaskOutput(tagging_loss(logits, labels), logits)
@@ -110,9 +124,14 @@ class ModernBertForQuestionAnswering(_ModernBertTaskModel):
         # attention; only then do the losses differ (the real tokens' logits never do).
         super().__init__(cfg, 2, encoder_cfg=dataclasses.replace(cfg, unpad=False))
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
         states, _ = self.model.encode(input_ids, attention_mask)
         logits = self.classify(states)
         return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
@@ -123,8 +142,13 @@ class ModernBertForMultipleChoice(_ModernBertTaskModel):
         super().__init__(cfg, 1)
         self.classifier_pooling = _check_pooling(classifier_pooling)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
         """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
 
         def score(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

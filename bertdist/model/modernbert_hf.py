@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from bertdist.config import ModelConfig
+from bertdist.data.tokenizer import TextTokenizer
 from bertdist.errors import write_error
 from bertdist.model.hf import (
     CONFIG_FILE,
@@ -29,17 +30,22 @@ from bertdist.model.hf import (
     read_weights,
     write_tokenizer_files,
 )
-from bertdist.data.tokenizer import TextTokenizer
 from bertdist.model.modernbert import ModernBertForMaskedLM
 
 _DECODER_BIAS = ("head.decoder_bias", "decoder.bias")
 _TIED = "decoder.weight"
 _CONFIG_KEYS = {
-    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads", "max_position_embeddings": "max_position_embeddings",
-    "initializer_range": "initializer_range", "layer_norm_eps": "norm_eps", "local_attention": "local_attention",
-    "attention_dropout_prob": "attention_dropout", "hidden_dropout_prob": "mlp_dropout",
-}  # fmt: skip
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "max_position_embeddings": "max_position_embeddings",
+    "initializer_range": "initializer_range",
+    "layer_norm_eps": "norm_eps",
+    "local_attention": "local_attention",
+    "attention_dropout_prob": "attention_dropout",
+    "hidden_dropout_prob": "mlp_dropout",
+}
 """ModelConfig field -> ModernBertConfig key."""
 _MODEL_INPUTS = ["input_ids", "attention_mask"]
 """What ModernBertModel.forward takes: no token_type_ids, which a tokenizer must then not return."""
@@ -49,12 +55,24 @@ def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> d
     """The config.json of a `ModernBertForMaskedLM` with these dimensions."""
     hf: dict[str, Any] = {key: getattr(cfg, field) for field, key in _CONFIG_KEYS.items()}
     hf.update(
-        architectures=["ModernBertForMaskedLM"], model_type="modernbert", intermediate_size=cfg.ffn_size(),
-        hidden_activation="gelu", classifier_activation="gelu", embedding_dropout=cfg.hidden_dropout_prob,
-        global_attn_every_n_layers=cfg.global_attn_every_n_layers, global_rope_theta=cfg.global_rope_theta,
-        local_rope_theta=cfg.local_rope_theta, norm_bias=cfg.bias, attention_bias=cfg.bias, mlp_bias=cfg.bias,
-        classifier_bias=cfg.bias, decoder_bias=True, tie_word_embeddings=True, dtype="float32", **(token_ids or {}),
-    )  # fmt: skip
+        architectures=["ModernBertForMaskedLM"],
+        model_type="modernbert",
+        intermediate_size=cfg.ffn_size(),
+        hidden_activation="gelu",
+        classifier_activation="gelu",
+        embedding_dropout=cfg.hidden_dropout_prob,
+        global_attn_every_n_layers=cfg.global_attn_every_n_layers,
+        global_rope_theta=cfg.global_rope_theta,
+        local_rope_theta=cfg.local_rope_theta,
+        norm_bias=cfg.bias,
+        attention_bias=cfg.bias,
+        mlp_bias=cfg.bias,
+        classifier_bias=cfg.bias,
+        decoder_bias=True,
+        tie_word_embeddings=True,
+        dtype="float32",
+        **(token_ids or {}),
+    )
     return dict(sorted(hf.items()))
 
 
@@ -66,14 +84,21 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
     for key in ("hidden_activation", "classifier_activation"):
         if hf.get(key, "gelu") != "gelu":
             problems.append(f"{key} is {hf[key]!r}; bertdist's ModernBERT uses exact (erf) 'gelu'")
-    biases = {hf.get(k, d) for k, d in (("norm_bias", False), ("attention_bias", False), ("mlp_bias", False), ("classifier_bias", False))}
+    biases = {
+        hf.get(k, d)
+        for k, d in (("norm_bias", False), ("attention_bias", False), ("mlp_bias", False), ("classifier_bias", False))
+    }
     if len(biases) > 1:
-        problems.append("norm_bias, attention_bias, mlp_bias and classifier_bias differ; bertdist's model.bias sets them together")
+        problems.append(
+            "norm_bias, attention_bias, mlp_bias and classifier_bias differ; bertdist's model.bias sets them together"
+        )
     if not hf.get("decoder_bias", True):
         problems.append("decoder_bias is false; bertdist's decoder has a bias")
     every_n, global_theta, local_theta = _layer_pattern(hf)
     if every_n is None:
-        problems.append("layer_types is not 'full_attention' every n-th layer from layer 0 and 'sliding_attention' between")
+        problems.append(
+            "layer_types is not 'full_attention' every n-th layer from layer 0 and 'sliding_attention' between"
+        )
     for required in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
         if not isinstance(hf.get(required), int):
             problems.append(f"{required} is missing or not an integer")
@@ -81,11 +106,23 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
         raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
     values = {field: hf[key] for field, key in _CONFIG_KEYS.items() if key in hf}
     return ModelConfig(
-        size="modernbert-base", arch="modernbert", next_sentence_prediction=False, intermediate_size=hf["intermediate_size"],
-        bias=biases.pop(), global_attn_every_n_layers=every_n, global_rope_theta=global_theta, local_rope_theta=local_theta,
-        **{"layer_norm_eps": 1e-5, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0, "local_attention": 128,
-           "max_position_embeddings": 8192, **values},
-    )  # fmt: skip
+        size="modernbert-base",
+        arch="modernbert",
+        next_sentence_prediction=False,
+        intermediate_size=hf["intermediate_size"],
+        bias=biases.pop(),
+        global_attn_every_n_layers=every_n,
+        global_rope_theta=global_theta,
+        local_rope_theta=local_theta,
+        **{
+            "layer_norm_eps": 1e-5,
+            "hidden_dropout_prob": 0.0,
+            "attention_dropout_prob": 0.0,
+            "local_attention": 128,
+            "max_position_embeddings": 8192,
+            **values,
+        },
+    )
 
 
 def _layer_pattern(hf: dict) -> tuple[int | None, float, float]:
@@ -113,18 +150,26 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return {(ours if k == theirs else k): v for k, v in tensors.items() if k != _TIED}
 
 
-def write_directory(model: ModernBertForMaskedLM, directory: str | os.PathLike, vocab_file: str | os.PathLike | None,
-                    config_updates: dict[str, Any]) -> None:  # fmt: skip
+def write_directory(
+    model: ModernBertForMaskedLM,
+    directory: str | os.PathLike,
+    vocab_file: str | os.PathLike | None,
+    config_updates: dict[str, Any],
+) -> None:
     """model.safetensors and config.json for `ModernBertForMaskedLM`, and the tokenizer files of `vocab_file`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     token_ids: dict[str, int] = {}
     if vocab_file is not None:
-        tokenizer = write_tokenizer_files(Path(vocab_file), directory, model.config.max_position_embeddings, _MODEL_INPUTS)
+        tokenizer = write_tokenizer_files(
+            Path(vocab_file), directory, model.config.max_position_embeddings, _MODEL_INPUTS
+        )
         if tokenizer.is_wordpiece_vocab:
             _write_fast_tokenizer(tokenizer, directory)
         cls, sep = tokenizer.cls_id, tokenizer.sep_id
-        token_ids = dict(pad_token_id=tokenizer.pad_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep)
+        token_ids = dict(
+            pad_token_id=tokenizer.pad_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep
+        )
     try:
         save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
@@ -144,8 +189,18 @@ def _write_fast_tokenizer(tokenizer: TextTokenizer, directory: Path) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
-_ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "intermediate_size", "bias",
-                        "global_attn_every_n_layers", "local_attention", "global_rope_theta", "local_rope_theta")  # fmt: skip
+_ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "bias",
+    "global_attn_every_n_layers",
+    "local_attention",
+    "global_rope_theta",
+    "local_rope_theta",
+)
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> ModernBertForMaskedLM:
@@ -160,17 +215,26 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
         raise CheckpointFormatError(f"{directory / CONFIG_FILE}: unreadable ({e})") from None
     cfg = config_from_hf(hf, str(directory / CONFIG_FILE))
     if model_cfg is not None:
-        differ = [f"model.{f}={getattr(model_cfg, f)!r} but {getattr(cfg, f)!r} in the checkpoint" for f in _ARCHITECTURE_FIELDS
-                  if (model_cfg.ffn_size() if f == "intermediate_size" else getattr(model_cfg, f)) != getattr(cfg, f)]  # fmt: skip
+        differ = [
+            f"model.{f}={getattr(model_cfg, f)!r} but {getattr(cfg, f)!r} in the checkpoint"
+            for f in _ARCHITECTURE_FIELDS
+            if (model_cfg.ffn_size() if f == "intermediate_size" else getattr(model_cfg, f)) != getattr(cfg, f)
+        ]
         if differ:
-            raise CheckpointFormatError(f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ))
+            raise CheckpointFormatError(
+                f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ)
+            )
         cfg = dataclasses.replace(model_cfg, intermediate_size=cfg.intermediate_size)
     model = ModernBertForMaskedLM(cfg)
     tensors, source = read_weights(directory)
     state = from_hf_state_dict(tensors)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if missing or wrong:
         raise CheckpointFormatError(f"{source}: " + "; ".join([*(f"missing {k}" for k in missing[:5]), *wrong[:5]]))
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)

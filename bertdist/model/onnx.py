@@ -48,7 +48,11 @@ ONNX_FILE = "model.onnx"
 MODEL_CARD_FILE = "README.md"
 OPSET = 17
 """The first opset with LayerNormalization as one operator; onnxruntime runs it from 1.14 on."""
-PRETRAINING_ARCHITECTURES = {"BertForPreTraining": "bert", "BertForMaskedLM": "bert", "ModernBertForMaskedLM": "modernbert"}
+PRETRAINING_ARCHITECTURES = {
+    "BertForPreTraining": "bert",
+    "BertForMaskedLM": "bert",
+    "ModernBertForMaskedLM": "modernbert",
+}
 """config.json's architecture of a pretraining export -> model.arch (bertdist.model.registry loads it)."""
 _MLM = "MaskedLM"
 OUTPUTS = {
@@ -97,8 +101,10 @@ def load(directory: str | os.PathLike) -> tuple[nn.Module, Graph]:
     elif architecture in FAMILIES[cfg.arch].task_models:
         (model, _), head = load_task_model(directory, unpad=False), architecture.split("For", 1)[1]
     else:
-        raise OnnxExportError(f"{directory / CONFIG_FILE}: ONNX export takes {', '.join(supported_architectures())}; "
-                              f"this is {architecture or 'a model naming no architecture'}")  # fmt: skip
+        raise OnnxExportError(
+            f"{directory / CONFIG_FILE}: ONNX export takes {', '.join(supported_architectures())}; "
+            f"this is {architecture or 'a model naming no architecture'}"
+        )
     return model.eval(), Graph(architecture, head, FAMILIES[cfg.arch].inputs)
 
 
@@ -121,8 +127,11 @@ def example_inputs(graph: Graph, vocab_size: int, max_length: int) -> tuple[torc
     shape = (_EXAMPLE_ROWS, _EXAMPLE_CHOICES, length) if graph.head == MULTIPLE_CHOICE else (_EXAMPLE_ROWS, length)
     mask = torch.ones(shape, dtype=torch.long)
     mask.view(-1, length)[-1, length // 2 :] = 0
-    tensors = {"input_ids": torch.arange(mask.numel()).view(shape) % vocab_size * mask, "attention_mask": mask,
-               "token_type_ids": torch.zeros(shape, dtype=torch.long)}  # fmt: skip
+    tensors = {
+        "input_ids": torch.arange(mask.numel()).view(shape) % vocab_size * mask,
+        "attention_mask": mask,
+        "token_type_ids": torch.zeros(shape, dtype=torch.long),
+    }
     return tuple(tensors[name] for name in graph.inputs)
 
 
@@ -131,36 +140,60 @@ def write_onnx(directory: str | os.PathLike) -> Path:
     try:
         import onnx  # noqa: F401  torch's exporter writes the file through it
     except ImportError:
-        raise OnnxExportError("--format onnx needs the onnx package: pip install 'bertdist[onnx]' (onnx, and "
-                              "onnxruntime to run the model)") from None  # fmt: skip
+        raise OnnxExportError(
+            "--format onnx needs the onnx package: pip install 'bertdist[onnx]' (onnx, and "
+            "onnxruntime to run the model)"
+        ) from None
     directory = Path(directory)
     model, graph = load(directory)
     outputs = OUTPUTS[graph.head]
     axes = {name: {i: axis for i, axis in enumerate(graph.input_axes)} for name in graph.inputs}
-    axes.update({name: {i: axis for i, axis in enumerate(names) if axis in _DYNAMIC} for name, names in outputs.items()})
+    axes.update(
+        {name: {i: axis for i, axis in enumerate(names) if axis in _DYNAMIC} for name, names in outputs.items()}
+    )
     example = example_inputs(graph, model.config.vocab_size, model.config.max_position_embeddings)
     path = directory / ONNX_FILE
     with torch.no_grad(), warnings.catch_warnings():
         # The layout's checks of the example (padded? packed?) are frozen on purpose: see the module docstring.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(_Traced(model, graph).eval(), example, str(path), input_names=list(graph.inputs),
-                          output_names=list(outputs), dynamic_axes=axes, opset_version=OPSET, dynamo=False)  # fmt: skip
+        torch.onnx.export(
+            _Traced(model, graph).eval(),
+            example,
+            str(path),
+            input_names=list(graph.inputs),
+            output_names=list(outputs),
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
     (directory / MODEL_CARD_FILE).write_text(model_card(directory, graph))
     return path
 
 
 _RUN = {
-    _MLM: ('texts = [f"the capital of france is {tokenizer.mask_token} ."]',
-           "position = list(batch['input_ids'][0]).index(tokenizer.mask_token_id)\n"
-           "print(tokenizer.decode([int(logits[0, position].argmax())]))"),
-    SEQUENCE_CLASSIFICATION: ('texts = ["a first text", "and a second one"]', "print([labels[str(i)] for i in logits.argmax(-1)])"),
-    TOKEN_CLASSIFICATION: ('texts = ["a first text", "and a second one"]', "print([[labels[str(i)] for i in row] for row in logits.argmax(-1)])"),
-    QUESTION_ANSWERING: ('texts = (["what was found ?"], ["a box was found in the attic ."])',
-                         "start, end = int(start_logits[0].argmax()), int(end_logits[0].argmax())\n"
-                         "print(tokenizer.decode(batch['input_ids'][0, start : end + 1]))"),
-    MULTIPLE_CHOICE: ('texts = (["the cat sat on the"] * 2, ["mat .", "sky ."])',
-                      "print(int(logits[0].argmax()))  # the best choice"),
-}  # fmt: skip
+    _MLM: (
+        'texts = [f"the capital of france is {tokenizer.mask_token} ."]',
+        "position = list(batch['input_ids'][0]).index(tokenizer.mask_token_id)\n"
+        "print(tokenizer.decode([int(logits[0, position].argmax())]))",
+    ),
+    SEQUENCE_CLASSIFICATION: (
+        'texts = ["a first text", "and a second one"]',
+        "print([labels[str(i)] for i in logits.argmax(-1)])",
+    ),
+    TOKEN_CLASSIFICATION: (
+        'texts = ["a first text", "and a second one"]',
+        "print([[labels[str(i)] for i in row] for row in logits.argmax(-1)])",
+    ),
+    QUESTION_ANSWERING: (
+        'texts = (["what was found ?"], ["a box was found in the attic ."])',
+        "start, end = int(start_logits[0].argmax()), int(end_logits[0].argmax())\n"
+        "print(tokenizer.decode(batch['input_ids'][0, start : end + 1]))",
+    ),
+    MULTIPLE_CHOICE: (
+        'texts = (["the cat sat on the"] * 2, ["mat .", "sky ."])',
+        "print(int(logits[0].argmax()))  # the best choice",
+    ),
+}
 """Head -> the texts of the model card's example and what it prints."""
 
 
@@ -169,7 +202,7 @@ def model_card(directory: Path, graph: Graph) -> str:
     raw: dict[str, Any] = json.loads((directory / CONFIG_FILE).read_text())
     texts, show = _RUN[graph.head]
     tokenize = "tokenizer(*texts" if texts.startswith("texts = (") else "tokenizer(texts"
-    tokenize += ", padding=True, return_tensors=\"np\")"
+    tokenize += ', padding=True, return_tensors="np")'
     if graph.head == MULTIPLE_CHOICE:  # the choices of one question are one row: (batch, choices, sequence)
         tokenize += "\nbatch = {name: values[None] for name, values in batch.items()}"
     results = f"[{', '.join(OUTPUTS[graph.head])}]"

@@ -46,8 +46,9 @@ def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     return x * _cpu_dropout_mask(x, p)
 
 
-def multi_head_attention(q: torch.Tensor, kv: torch.Tensor, attn_mask: torch.Tensor | None, num_heads: int,
-                         dropout_p: float, scale: float) -> torch.Tensor:  # fmt: skip
+def multi_head_attention(
+    q: torch.Tensor, kv: torch.Tensor, attn_mask: torch.Tensor | None, num_heads: int, dropout_p: float, scale: float
+) -> torch.Tensor:
     """(batch, queries, hidden) projected queries and (batch, keys, 2 x hidden) keys and values (views of a fused
     projection, or their own tensors) -> (batch, queries, hidden); `attn_mask` True where a query may attend.
 
@@ -73,8 +74,15 @@ LOCAL_BLOCK = 64
 """Queries per block of `local_attention` (at least the half window): measured fastest on CPU at windows of 64."""
 
 
-def local_attention(q: torch.Tensor, kv: torch.Tensor, key_mask: torch.Tensor | None, num_heads: int, half: int,
-                    dropout_p: float, scale: float) -> torch.Tensor:  # fmt: skip
+def local_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    num_heads: int,
+    half: int,
+    dropout_p: float,
+    scale: float,
+) -> torch.Tensor:
     """Sliding-window attention computed block by block: each query attends to the keys within `half` slots of it.
 
     (batch, seq, hidden) queries, (batch, seq, 2 x hidden) keys and values and a (batch, seq) key mask (or None)

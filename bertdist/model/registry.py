@@ -64,7 +64,10 @@ def checkpoint_model_config(run_config: dict[str, Any], step: int) -> ModelConfi
 
 def enter_phase(model: Any, model_cfg: ModelConfig) -> None:
     """Give a built model the settings of a new phase (`phase_model_config`): only its RoPE thetas may change."""
-    if (model.config.global_rope_theta, model.config.local_rope_theta) != (model_cfg.global_rope_theta, model_cfg.local_rope_theta):
+    if (model.config.global_rope_theta, model.config.local_rope_theta) != (
+        model_cfg.global_rope_theta,
+        model_cfg.local_rope_theta,
+    ):
         model.set_rope_thetas(model_cfg.global_rope_theta, model_cfg.local_rope_theta)
 
 
@@ -86,5 +89,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
         raise UserError(f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(HF_MODEL_TYPES)})")
     arch = HF_MODEL_TYPES[model_type]
     if model_cfg is not None and model_cfg.arch != arch:
-        raise UserError(f"{path}: a {model_type} checkpoint, and model.arch is {model_cfg.arch!r}; set model.arch: {arch}")
+        raise UserError(
+            f"{path}: a {model_type} checkpoint, and model.arch is {model_cfg.arch!r}; set model.arch: {arch}"
+        )
     return hf_adapter(arch).load_pretrained(directory, model_cfg)

@@ -44,10 +44,14 @@ def send(client: MlflowClient, run_id: str, kind: str, items: list[Any]) -> None
         client.log_batch(run_id, metrics=items, synchronous=True)
     elif kind == "params":
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True)
+            client.log_batch(
+                run_id, params=[Param(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True
+            )
     elif kind == "tags":
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True)
+            client.log_batch(
+                run_id, tags=[RunTag(k, v) for k, v in items[i : i + MAX_PARAMS_PER_BATCH]], synchronous=True
+            )
     elif kind == "artifact":
         for path, artifact_path in items:
             if Path(path).is_dir():
@@ -96,8 +100,11 @@ class RunContents:
 
     def split_params(self, items: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """(new parameters to log, `resumed_with.*` tags for the ones the run has with another value)."""
-        changed = [(f"resumed_with.{k}", truncate(v, MAX_TAG_VALUE_CHARS)) for k, v in items
-                   if k in self.params and self.params[k] != v]
+        changed = [
+            (f"resumed_with.{k}", truncate(v, MAX_TAG_VALUE_CHARS))
+            for k, v in items
+            if k in self.params and self.params[k] != v
+        ]
         return [(k, v) for k, v in items if k not in self.params], changed
 
 

@@ -32,7 +32,9 @@ class FillMask(PythonModel):
             if candidates and isinstance(candidates[0], list):  # several [MASK]s: the first one's candidates
                 candidates = candidates[0]
             for rank, c in enumerate(candidates):
-                rows.append(dict(text_index=index, rank=rank, token=c["token_str"], score=c["score"], sequence=c["sequence"]))
+                rows.append(
+                    dict(text_index=index, rank=rank, token=c["token_str"], score=c["score"], sequence=c["sequence"])
+                )
         return pandas.DataFrame(rows, columns=["text_index", "rank", "token", "score", "sequence"])
 
 

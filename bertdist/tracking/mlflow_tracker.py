@@ -55,7 +55,9 @@ RUN_DIR_TAG = "bertdist.run_dir"
 CHECKPOINT_TAG = "bertdist.checkpoint.latest"
 
 
-def build_tracker(cfg: TrackingConfig, run_dir: str, rank: int, run_id: str | None = None, run_name: str = "") -> Tracker:
+def build_tracker(
+    cfg: TrackingConfig, run_dir: str, rank: int, run_id: str | None = None, run_name: str = ""
+) -> Tracker:
     """The tracker for this process: an MLflow one on global rank 0 (if enabled), a no-op elsewhere.
 
     `run_id` is the MLflow run of the checkpoint being resumed; the same run is continued. `run_name`
@@ -184,7 +186,10 @@ class MLflowTracker(Tracker):
             params = {}
         self.log_params(params)
         self.set_tags(
-            {"mlflow.source.git.commit": params.get("env.git_commit", "unknown"), RUN_DIR_TAG: str(self._run_dir.resolve())}
+            {
+                "mlflow.source.git.commit": params.get("env.git_commit", "unknown"),
+                RUN_DIR_TAG: str(self._run_dir.resolve()),
+            }
         )
         self.log_text(dump_yaml(cfg), "config.yaml")
         if Path(cfg.data.vocab_file).exists():  # a vocab.txt, a tokenizer.json, or a directory holding one
@@ -266,10 +271,20 @@ class MLflowTracker(Tracker):
             if self._cfg.log_system_metrics:
                 first_step = self._contents.next_step(system.prefix_for(self._node_rank))
                 threading.Thread(
-                    target=system.sample_forever, name="bertdist-sysmetrics", daemon=True,
-                    args=(self.log_metrics, self._run_id, self.tracking_uri, self._node_rank, first_step,
-                          self._system_metrics_interval_s, self._stop_sampling, self._warn),
-                ).start()  # fmt: skip
+                    target=system.sample_forever,
+                    name="bertdist-sysmetrics",
+                    daemon=True,
+                    args=(
+                        self.log_metrics,
+                        self._run_id,
+                        self.tracking_uri,
+                        self._node_rank,
+                        first_step,
+                        self._system_metrics_interval_s,
+                        self._stop_sampling,
+                        self._warn,
+                    ),
+                ).start()
             while True:
                 record = self._next_record()
                 if record.kind == "terminate":
@@ -350,8 +365,8 @@ class MLflowTracker(Tracker):
                     raise
                 self._warn(
                     "resume",
-                    f"MLflow run {self._resume_run_id} of the checkpoint is not in {self.tracking_uri} ({e.error_code}); "
-                    "starting a new run",
+                    f"MLflow run {self._resume_run_id} of the checkpoint is not in {self.tracking_uri} "
+                    f"({e.error_code}); starting a new run",
                 )
             else:
                 if run.info.lifecycle_stage == "deleted":
@@ -410,7 +425,8 @@ class MLflowTracker(Tracker):
                 if self._outage_since is None:
                     self._outage_since = time.monotonic()
                     print(
-                        f"bertdist: WARNING MLflow tracking store {self.tracking_uri} is unavailable ({store.short_error(e)}); "
+                        f"bertdist: WARNING MLflow tracking store {self.tracking_uri} is unavailable "
+                        f"({store.short_error(e)}); "
                         "training continues, metrics are buffered and retried",
                         file=sys.stderr,
                         flush=True,

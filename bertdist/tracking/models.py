@@ -29,7 +29,9 @@ MODEL_CODE = Path(__file__).with_name("fill_mask_model.py")
 MODEL_REQUIREMENTS = ["mlflow", "torch", "transformers", "tokenizers", "pandas"]
 
 
-def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | None, export_dir: str | os.PathLike) -> str | None:
+def log_export(
+    cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | None, export_dir: str | os.PathLike
+) -> str | None:
     """Log `export_dir` as the run's MLflow Model (and register it if asked); returns the model URI or None."""
     if not cfg.enabled or not run_id:
         return None
@@ -45,14 +47,23 @@ def log_export(cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | No
 
         with _process_wide_store(uri, client.get_run(run_id).info.experiment_id), chatter.quiet():
             info = mlflow.models.Model.log(
-                artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
-                python_model=str(MODEL_CODE), artifacts={"hf_model": str(export_dir)},
+                artifact_path=None,
+                name=MODEL_NAME,
+                flavor=mlflow.pyfunc,
+                run_id=run_id,
+                python_model=str(MODEL_CODE),
+                artifacts={"hf_model": str(export_dir)},
                 signature=ModelSignature(inputs=Schema([ColSpec("string", "text")])),
-                pip_requirements=MODEL_REQUIREMENTS, registered_model_name=cfg.register_model_name or None,
-            )  # fmt: skip
+                pip_requirements=MODEL_REQUIREMENTS,
+                registered_model_name=cfg.register_model_name or None,
+            )
         client.set_tag(run_id, EXPORT_TAG, str(Path(export_dir).resolve()))
     except Exception as e:
-        warnings.warn(f"bertdist: export not logged to MLflow run {run_id} at {uri}: {store.short_error(e)}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"bertdist: export not logged to MLflow run {run_id} at {uri}: {store.short_error(e)}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     return info.model_uri
 

@@ -82,7 +82,11 @@ def git_commit() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here, capture_output=True, text=True, timeout=10, check=True,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

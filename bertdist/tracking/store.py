@@ -118,9 +118,13 @@ def experiment_id(mlflow: "MlflowClient", name: str) -> str:
     if experiment is None:
         # In a local store of ours, artifacts sit beside the database; elsewhere the store decides.
         database = local_database(mlflow.tracking_uri)
-        location = (database.parent / ARTIFACTS_DIRNAME).as_uri() if database and database.name == STORE_FILENAME else None
+        location = (
+            (database.parent / ARTIFACTS_DIRNAME).as_uri() if database and database.name == STORE_FILENAME else None
+        )
         try:
-            return mlflow.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
+            return mlflow.create_experiment(
+                name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND}
+            )
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":  # another job created it just now
                 raise

@@ -1,8 +1,9 @@
 """`bertdist ui`: the MLflow dashboard over a run's tracking store.
 
 The local store of a run (its project's `mlflow.db` and `mlartifacts/`, beside the run directory: see
-`bertdist.tracking.store.store_dir`) has no server of its own; this starts `mlflow server` over it in the foreground and prints the URL. It binds 127.0.0.1
-unless `--host` says otherwise, because the MLflow UI has no authentication and can change runs.
+`bertdist.tracking.store.store_dir`) has no server of its own; this starts `mlflow server` over it in the
+foreground and prints the URL. It binds 127.0.0.1 unless `--host` says otherwise, because the MLflow UI has no
+authentication and can change runs.
 
 It prints the link to the charts of the latest run of each experiment (MLflow's `model-metrics` tab, in its
 training view): the page a person opens the dashboard for. The server's own output (startup notes, a line per
@@ -111,14 +112,28 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
             flush=True,
         )
 
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
-               "--host", host, "--port", str(port), "--workers", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        store,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     if artifacts_dir:
         command += ["--artifacts-destination", artifacts_dir]
     # Own process group: stopping `bertdist ui` (Ctrl-C, SIGTERM) stops the server's workers with it.
     with tempfile.TemporaryFile("w+", prefix="bertdist-ui-") as log:
         output = None if chatter.verbose() else log
-        server = subprocess.Popen(command, start_new_session=True, env=server_environment(), stdout=output, stderr=output)
+        server = subprocess.Popen(
+            command, start_new_session=True, env=server_environment(), stdout=output, stderr=output
+        )
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
@@ -170,7 +185,9 @@ def run_link(url: str, run: Any) -> str:
 def _latest_run(mlflow: Any, experiment_ids: list[str]) -> Any:
     """The latest top-level run: a nested one (a fine-tuning under its pretraining, a task of `bertdist evaluate`)
     is listed under its parent, which is the run to open."""
-    runs = mlflow.search_runs(experiment_ids, order_by=["attributes.start_time DESC"], max_results=LATEST_RUN_CANDIDATES)
+    runs = mlflow.search_runs(
+        experiment_ids, order_by=["attributes.start_time DESC"], max_results=LATEST_RUN_CANDIDATES
+    )
     return next((r for r in runs if PARENT_RUN_TAG not in r.data.tags), runs[0] if runs else None)
 
 

@@ -45,6 +45,8 @@ STATE_CHECKSUM_KEY = "sha256"
 DAMAGED_FILENAME = "DAMAGED"
 DAMAGED_PREFIX = "damaged-"
 """A damaged checkpoint whose step is saved again is moved aside to `damaged-step_N`, not deleted."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit the run that wants to load it."""
 
@@ -111,8 +113,10 @@ def parse_train_state(data: bytes, where: str) -> TrainState:
     try:
         raw = json.loads(data)
         if raw.get("version") not in READABLE_STATE_VERSIONS:
-            raise CheckpointError(f"{where}: train state version {raw.get('version')}, this bertdist reads "
-                                  f"{', '.join(map(str, READABLE_STATE_VERSIONS))}")  # fmt: skip
+            raise CheckpointError(
+                f"{where}: train state version {raw.get('version')}, this bertdist reads "
+                f"{', '.join(map(str, READABLE_STATE_VERSIONS))}"
+            )
         recorded = raw.pop(STATE_CHECKSUM_KEY, None)
         if recorded is None and raw["version"] >= 2:  # deleting the key must not switch the check off
             raise ValueError(f"its {STATE_CHECKSUM_KEY} is missing (edited or damaged)")
@@ -124,7 +128,9 @@ def parse_train_state(data: bytes, where: str) -> TrainState:
     return state
 
 
-def resolve_resume(output_dir: str | os.PathLike, resume: str, verify: str = "sha256", mark_damaged: bool = False) -> Path | None:
+def resolve_resume(
+    output_dir: str | os.PathLike, resume: str, verify: str = "sha256", mark_damaged: bool = False
+) -> Path | None:
     """The checkpoint directory that `checkpoint.resume` asks for, or None to start fresh.
 
     `auto` follows the `latest` marker if there is one; `none` starts fresh; anything else must be a
@@ -140,8 +146,10 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, verify: str = "sh
     else:
         checkpoint = Path(resume)
     if not is_complete(checkpoint):
-        raise CheckpointError(f"checkpoint.resume: {checkpoint} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})"
-                              f"{_beside(checkpoint.parent)}")
+        raise CheckpointError(
+            f"checkpoint.resume: {checkpoint} is not a complete checkpoint (no {TRAIN_STATE_FILENAME})"
+            f"{_beside(checkpoint.parent)}"
+        )
     verify_files(checkpoint, verify)
     return checkpoint
 
@@ -151,7 +159,9 @@ def verify_files(checkpoint: Path, mode: str = "sha256") -> TrainState:
     state = read_train_state(checkpoint)
     found = integrity.problems(checkpoint, state.files, mode)
     if found:
-        raise CheckpointError(f"{checkpoint}: damaged checkpoint: " + "; ".join(found[:3]) + (" ..." if len(found) > 3 else ""))
+        raise CheckpointError(
+            f"{checkpoint}: damaged checkpoint: " + "; ".join(found[:3]) + (" ..." if len(found) > 3 else "")
+        )
     return state
 
 
@@ -173,11 +183,18 @@ def newest_intact(newest: Path, mode: str = "sha256", mark_damaged: bool = False
     def mark(candidate: Path, reason: str) -> None:
         write_text(candidate / DAMAGED_FILENAME, reason + "\n")
 
-    return first_intact(candidates, verified, gone=lambda candidate: not candidate.is_dir(), on_damaged=mark if mark_damaged else None)
+    return first_intact(
+        candidates, verified, gone=lambda candidate: not candidate.is_dir(), on_damaged=mark if mark_damaged else None
+    )
 
 
-def first_intact(candidates: list[Any], opened: Callable[[Any], Path], gone: Callable[[Any], bool] = lambda _: False,
-                 where: str = "", on_damaged: Callable[[Any, str], None] | None = None) -> Path:  # fmt: skip
+def first_intact(
+    candidates: list[Any],
+    opened: Callable[[Any], Path],
+    gone: Callable[[Any], bool] = lambda _: False,
+    where: str = "",
+    on_damaged: Callable[[Any, str], None] | None = None,
+) -> Path:
     """The first candidate (newest first) that `opened` turns into a checkpoint without a CheckpointError;
     each one skipped for damage is named on stderr (and handed to `on_damaged` with the reason). One that is
     `gone` by then was pruned by its run while we read it, not damaged, and is skipped silently. Local and
@@ -193,7 +210,11 @@ def first_intact(candidates: list[Any], opened: Callable[[Any], Path], gone: Cal
                     on_damaged(candidate, str(e))
             continue
         for reason in skipped:
-            print(f"bertdist: WARNING {reason}; resuming from the older {checkpoint.name} instead", file=sys.stderr, flush=True)
+            print(
+                f"bertdist: WARNING {reason}; resuming from the older {checkpoint.name} instead",
+                file=sys.stderr,
+                flush=True,
+            )
         return checkpoint
     raise CheckpointError(f"{where}no intact checkpoint to resume from: " + " | ".join(skipped))
 
@@ -238,7 +259,11 @@ def step_dirs(root: Path) -> list[Path]:
 
 def _beside(root: Path) -> str:
     newest = complete_checkpoints(root)
-    return f"; the newest complete checkpoint there is {newest[-1]} (checkpoint.resume={newest[-1]} resumes from it)" if newest else ""
+    return (
+        f"; the newest complete checkpoint there is {newest[-1]} (checkpoint.resume={newest[-1]} resumes from it)"
+        if newest
+        else ""
+    )
 
 
 def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "train.output_dir") -> None:
@@ -257,7 +282,9 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "trai
 # Save (collective) and load.
 
 
-def save(engine: Any, output_dir: str | os.PathLike, state: TrainState, local_loader_state: dict[str, Any], keep_last: int) -> Path:
+def save(
+    engine: Any, output_dir: str | os.PathLike, state: TrainState, local_loader_state: dict[str, Any], keep_last: int
+) -> Path:
     """Save a checkpoint for `state.step`; every rank must call this.
 
     The per-rank parts (loader position, RNG) are gathered to rank 0, which writes train_state.json
@@ -321,7 +348,9 @@ def _write_failure_stops_the_run(target: Path) -> Iterator[None]:
         previous = [p for p in complete_checkpoints(root) if p.name < target.name]
         try:
             free_bytes = shutil.disk_usage(root).free
-            free = f"{free_bytes / 1e6:,.1f} MB free there" + (": the file system is full" if free_bytes < 2**20 else "")
+            free = f"{free_bytes / 1e6:,.1f} MB free there" + (
+                ": the file system is full" if free_bytes < 2**20 else ""
+            )
         except OSError:
             free = "its free space cannot be read"
         detail = one_line(e) if isinstance(e, OSError) and e.filename else first_line(e)
@@ -422,4 +451,6 @@ def _damage_is_a_checkpoint_error(checkpoint_dir: Path) -> Iterator[None]:
     except UserError:  # ours already names the file (CheckpointError, UnsafeCheckpointError)
         raise
     except (RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{checkpoint_dir}: damaged checkpoint, its files cannot be read ({first_line(e)})") from None
+        raise CheckpointError(
+            f"{checkpoint_dir}: damaged checkpoint, its files cannot be read ({first_line(e)})"
+        ) from None

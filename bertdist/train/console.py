@@ -37,19 +37,33 @@ class Console:
         """`loader_state`: the loader's state after this step (the same on every rank); its position goes to
         metrics.jsonl only, as `data_position`: which samples the run has consumed, so that a run that
         restarted can be checked for repeated or skipped samples."""
-        self.line(" | ".join([
-            f"step {step}/{total_steps} ({100 * step // total_steps}%)",
-            f"loss {metrics[LOSS.format(split='train')]:.3g}",
-            *_accuracies(metrics, "train")[:1],
-            f"{metrics[SEQUENCES_PER_SECOND]:,.0f} seq/s",
-            f"MFU {metrics[MFU]:.0%}" if metrics[MFU] < 1.0 else "MFU ?",  # 1.0: at or above the peak (PeakFlops)
-            f"data wait {metrics[DATA_WAIT]:.0%}",
-            f"eta {duration(eta_s)}",
-        ]))  # fmt: skip
+        self.line(
+            " | ".join(
+                [
+                    f"step {step}/{total_steps} ({100 * step // total_steps}%)",
+                    f"loss {metrics[LOSS.format(split='train')]:.3g}",
+                    *_accuracies(metrics, "train")[:1],
+                    f"{metrics[SEQUENCES_PER_SECOND]:,.0f} seq/s",
+                    f"MFU {metrics[MFU]:.0%}"
+                    if metrics[MFU] < 1.0
+                    else "MFU ?",  # 1.0: at or above the peak (PeakFlops)
+                    f"data wait {metrics[DATA_WAIT]:.0%}",
+                    f"eta {duration(eta_s)}",
+                ]
+            )
+        )
         self.record(step, {**metrics, "data_position": {k: loader_state[k] for k in POSITION_KEYS}})
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
-        self.line(" | ".join([f"eval at step {step}", f"loss {metrics[LOSS.format(split='eval')]:.3g}", *_accuracies(metrics, "eval")]))
+        self.line(
+            " | ".join(
+                [
+                    f"eval at step {step}",
+                    f"loss {metrics[LOSS.format(split='eval')]:.3g}",
+                    *_accuracies(metrics, "eval"),
+                ]
+            )
+        )
         self.record(step, metrics)
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
@@ -60,7 +74,10 @@ class Console:
 
 def _accuracies(metrics: dict[str, float], split: str) -> list[str]:
     """`mlm acc 0.152`, ... for each `{head}_accuracy/{split}`, MLM first, then by name."""
-    heads = sorted((key.split("_accuracy/")[0] for key in metrics if key.endswith(f"_accuracy/{split}")), key=lambda h: (h != "mlm", h))
+    heads = sorted(
+        (key.split("_accuracy/")[0] for key in metrics if key.endswith(f"_accuracy/{split}")),
+        key=lambda h: (h != "mlm", h),
+    )
     return [f"{head} acc {metrics[f'{head}_accuracy/{split}']:.3f}" for head in heads]
 
 

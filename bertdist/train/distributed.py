@@ -81,7 +81,9 @@ def read_env(environ: Mapping[str, str] | None = None, default_port: int = DEFAU
     else:
         return DistributedEnv(0, 1, 0, "127.0.0.1", _int(env, "MASTER_PORT", default=default_port), "none")
     if world_size < 1 or not 0 <= rank < world_size:
-        raise LaunchEnvironmentError(f"rank {rank} is not within world size {world_size} (from the {launcher} environment)")
+        raise LaunchEnvironmentError(
+            f"rank {rank} is not within world size {world_size} (from the {launcher} environment)"
+        )
     if not 1 <= port <= 65535:
         raise LaunchEnvironmentError(f"MASTER_PORT={port} is not a TCP port")
     return DistributedEnv(rank, world_size, local_rank, addr, port, launcher, local_world)
@@ -92,9 +94,11 @@ def unlaunched_note(env: DistributedEnv, planned_ranks: int) -> str:
     plans several ranks: it trains alone, which the dry run's "world size" did not say; '' otherwise."""
     if env.launcher != "none" or planned_ranks <= 1:
         return ""
-    return (f"bertdist train: no launcher started this process (no RANK/WORLD_SIZE or SLURM variables), so it trains "
-            f"on 1 rank, not the {planned_ranks} that launch.nodes x launch.gpus_per_node plan; `bertdist submit "
-            "--config ...` starts them all (or deepspeed/torchrun/srun)")  # fmt: skip
+    return (
+        f"bertdist train: no launcher started this process (no RANK/WORLD_SIZE or SLURM variables), so it trains "
+        f"on 1 rank, not the {planned_ranks} that launch.nodes x launch.gpus_per_node plan; `bertdist submit "
+        "--config ...` starts them all (or deepspeed/torchrun/srun)"
+    )
 
 
 def _tasks_on_this_node(tasks_per_node: str, world_size: int) -> int:
@@ -107,7 +111,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     text = env.get(name)
     if text is None or text == "":
         if default is None:
-            raise LaunchEnvironmentError(f"environment variable {name} is not set but the launcher's other variables are")
+            raise LaunchEnvironmentError(
+                f"environment variable {name} is not set but the launcher's other variables are"
+            )
         return default
     try:
         return int(text)
@@ -185,8 +191,9 @@ def _expand_item(item: str, whole: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: float = 300.0,
-                       collective_timeout_s: float = 1800.0) -> None:
+def init_process_group(
+    env: DistributedEnv, backend: str, rendezvous_timeout_s: float = 300.0, collective_timeout_s: float = 1800.0
+) -> None:
     """Start torch.distributed for `env` with `backend` (nccl on GPU, gloo on CPU).
 
     Two timeouts, because one is wrong for both: the rendezvous (every rank reaching rank 0's store)
@@ -211,7 +218,9 @@ def init_process_group(env: DistributedEnv, backend: str, rendezvous_timeout_s: 
     )
     # DeepSpeed's ZeRO collectives call these deprecated torch functions on every step, and the warning is
     # printed again and again (something resets the warning registry): a ZeRO-3 epoch wrote hundreds of lines.
-    warnings.filterwarnings("ignore", r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated", FutureWarning)
+    warnings.filterwarnings(
+        "ignore", r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated", FutureWarning
+    )
     if not dist.is_initialized():
         try:
             _start(env, backend, rendezvous_timeout_s, collective_timeout_s)
@@ -249,35 +258,54 @@ def _start(env: DistributedEnv, backend: str, rendezvous_timeout_s: float, colle
         serves = env.rank == 0 and not _agent_store()
         listen_fd = _listening_socket(env.master_addr, env.master_port) if serves else None
         store = dist.TCPStore(
-            env.master_addr, env.master_port, env.world_size, is_master=serves,
-            timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True, master_listen_fd=listen_fd,
-        )  # fmt: skip
+            env.master_addr,
+            env.master_port,
+            env.world_size,
+            is_master=serves,
+            timeout=datetime.timedelta(seconds=rendezvous_timeout_s),
+            wait_for_workers=True,
+            master_listen_fd=listen_fd,
+        )
     except (dist.DistError, OSError) as e:
-        if env.rank == 0 and isinstance(e, (dist.DistNetworkError, OSError)):  # the port is taken, or the address is not ours
+        if env.rank == 0 and isinstance(
+            e, (dist.DistNetworkError, OSError)
+        ):  # the port is taken, or the address is not ours
             raise LaunchEnvironmentError(
                 f"rank 0 cannot open the rendezvous at {where} ({first_line(e)}); "
                 "pick a free port (launch.master_port, --master_port, MASTER_PORT)"
             ) from None
         if env.rank == 0:
             joined = re.search(r"(\d+)/(\d+) clients joined", str(e))
-            count = f"{int(joined.group(1)) - 1} of the other {env.world_size - 1}" if joined else "not all of the other"
+            count = (
+                f"{int(joined.group(1)) - 1} of the other {env.world_size - 1}" if joined else "not all of the other"
+            )
             problem = f"rank 0 waited {rendezvous_timeout_s:g} s at {where} and {count} ranks arrived"
             hint = "the missing ranks did not start, or cannot reach this address"
         else:
             problem = f"rank {env.rank} could not reach the rendezvous at {where} within {rendezvous_timeout_s:g} s"
             hint = "rank 0 did not start, or MASTER_ADDR is not an address of rank 0's host that this host can reach"
-        raise LaunchEnvironmentError(f"{problem} (train.rendezvous_timeout_s): {hint} ({first_line(e)[:160]})") from None
+        raise LaunchEnvironmentError(
+            f"{problem} (train.rendezvous_timeout_s): {hint} ({first_line(e)[:160]})"
+        ) from None
     if env.rank != 0 and store.check([_REFUSAL_KEY]):
         store.add(_REFUSAL_SEEN_KEY, 1)
         raise LaunchEnvironmentError(store.get(_REFUSAL_KEY).decode("utf-8", "replace"))
     dist.init_process_group(
-        backend=backend, store=store, rank=env.rank, world_size=env.world_size,
+        backend=backend,
+        store=store,
+        rank=env.rank,
+        world_size=env.world_size,
         timeout=datetime.timedelta(seconds=collective_timeout_s),
-    )  # fmt: skip
+    )
 
 
-def own_output(stack: contextlib.ExitStack, directory: str | os.PathLike, env: DistributedEnv, uri: str = "",
-               lease_timeout_s: float = 0.0) -> lease.StoreLease | None:  # fmt: skip
+def own_output(
+    stack: contextlib.ExitStack,
+    directory: str | os.PathLike,
+    env: DistributedEnv,
+    uri: str = "",
+    lease_timeout_s: float = 0.0,
+) -> lease.StoreLease | None:
     """Rank 0 owns `directory` (bertdist.ownership) and the checkpoint store `uri`, if any (bertdist.lease:
     a URL's lease is returned, for the uploads to check before they publish), until `stack` closes; when
     another run owns either, every rank stops with the same line."""
@@ -312,11 +340,19 @@ def _refuse_for_all_ranks(env: DistributedEnv, message: str, timeout_s: float = 
         return
     try:
         if _agent_store():
-            store = dist.TCPStore(env.master_addr, env.master_port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+            store = dist.TCPStore(
+                env.master_addr, env.master_port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+            )
         else:
-            store = dist.TCPStore(env.master_addr, env.master_port, None, is_master=True, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=timeout_s),
-                                  master_listen_fd=_listening_socket(env.master_addr, env.master_port))  # fmt: skip
+            store = dist.TCPStore(
+                env.master_addr,
+                env.master_port,
+                None,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                master_listen_fd=_listening_socket(env.master_addr, env.master_port),
+            )
     except (dist.DistError, OSError):
         return
     store.set(_REFUSAL_KEY, message)
@@ -363,7 +399,13 @@ def lost_peer(error: BaseException) -> bool:
 
     text = str(error)
     return isinstance(error, dist.DistError) or any(
-        words in text for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+        words in text
+        for words in (
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "Broken pipe",
+            "NCCL communicator was aborted",
+        )
     )
 
 

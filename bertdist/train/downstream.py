@@ -54,7 +54,9 @@ class DownstreamEvaluator:
             return
         if self.pending is not None:
             self.skipped += 1
-            self.say(f"step {step}: downstream {self.cfg.name} of step {self.pending[1]} skipped for this newer checkpoint")
+            self.say(
+                f"step {step}: downstream {self.cfg.name} of step {self.pending[1]} skipped for this newer checkpoint"
+            )
         self.pending = (str(checkpoint_dir), step)
 
     def _start(self, checkpoint_dir: str, step: int) -> None:
@@ -62,8 +64,18 @@ class DownstreamEvaluator:
 
         out = self.directory / f"step_{step:08d}"
         out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "bertdist", "finetune", "--config", self.cfg.config, f"finetune.init_from={checkpoint_dir}",
-                   f"finetune.output_dir={out}", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "bertdist",
+            "finetune",
+            "--config",
+            self.cfg.config,
+            f"finetune.init_from={checkpoint_dir}",
+            f"finetune.output_dir={out}",
+            "tracking.enabled=false",
+            f"launch.master_port={free_tcp_port()}",
+        ]
         with open(out / "log.txt", "w") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=standalone_environment())
         self.job = (step, process, out)
@@ -80,7 +92,10 @@ class DownstreamEvaluator:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-            self.say(f"downstream {self.cfg.name} of step {step}: still running after {wait_s:g} s (eval.downstream.timeout_s), stopped")
+            self.say(
+                f"downstream {self.cfg.name} of step {step}: still running after {wait_s:g} s "
+                "(eval.downstream.timeout_s), stopped"
+            )
         if process.poll() is None:
             return {}
         self.job = None
@@ -90,10 +105,15 @@ class DownstreamEvaluator:
         try:
             results = json.loads((out / "results.json").read_text())
         except (OSError, json.JSONDecodeError):
-            self.say(f"downstream {self.cfg.name} of step {step}: failed (exit {process.returncode}), see {out / 'log.txt'}")
+            self.say(
+                f"downstream {self.cfg.name} of step {step}: failed (exit {process.returncode}), see {out / 'log.txt'}"
+            )
             return {}
         metrics = {f"downstream/{self.cfg.name}/{k.removeprefix('dev/')}": v for k, v in results.items()}
-        self.say(f"step {step}: downstream {self.cfg.name} " + ", ".join(f"{k.rsplit('/', 1)[1]} {v:.4f}" for k, v in metrics.items()))
+        self.say(
+            f"step {step}: downstream {self.cfg.name} "
+            + ", ".join(f"{k.rsplit('/', 1)[1]} {v:.4f}" for k, v in metrics.items())
+        )
         return {step: {**metrics, f"downstream/{self.cfg.name}/skipped": float(self.skipped)}}
 
     def close(self) -> dict[int, dict[str, float]]:

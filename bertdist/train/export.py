@@ -52,7 +52,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def export(
-    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False,
+    checkpoint_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    vocab_file: str | None = None,
+    overwrite: bool = False,
     onnx: bool = False,
 ) -> Path | str:
     """`export_directory`, to a local directory or to a URL (written locally first, then uploaded with
@@ -82,8 +85,9 @@ def _refuse_url_over_input(output: str, given: str) -> None:
         return
     source = given.rstrip("/")
     if output == source or source.startswith(output + "/") or output.startswith(source + "/"):
-        raise checkpoint.CheckpointError(f"--output {output}: holds or is inside {source}, which it would export; choose a "
-                                         "prefix outside it")  # fmt: skip
+        raise checkpoint.CheckpointError(
+            f"--output {output}: holds or is inside {source}, which it would export; choose a prefix outside it"
+        )
 
 
 def _refuse_replacing_other_objects(output: str, existing: list[str], export_names: set[str]) -> None:
@@ -91,16 +95,20 @@ def _refuse_replacing_other_objects(output: str, existing: list[str], export_nam
     (checkpoints, shards, another run's files, the rest of a bucket) is refused before anything is deleted.
     Locally a directory is one thing to replace; a prefix is whatever shares it, up to a whole bucket."""
     prefix = output + "/"
-    others = [url for url in existing if url[len(prefix):] not in export_names]
+    others = [url for url in existing if url[len(prefix) :] not in export_names]
     if others:
         raise checkpoint.CheckpointError(
-            f"--output {output}: --overwrite replaces an earlier export only, and this prefix holds {len(others)} other "
-            f"object(s) ({others[0]}{', ...' if len(others) > 1 else ''}); nothing was deleted, choose a new prefix"
+            f"--output {output}: --overwrite replaces an earlier export only, and this prefix holds {len(others)} "
+            f"other object(s) ({others[0]}{', ...' if len(others) > 1 else ''}); "
+            "nothing was deleted, choose a new prefix"
         )
 
 
 def export_directory(
-    checkpoint_path: str | os.PathLike, output_dir: str | os.PathLike, vocab_file: str | None = None, overwrite: bool = False,
+    checkpoint_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    vocab_file: str | None = None,
+    overwrite: bool = False,
     onnx: bool = False,
 ) -> Path:
     """Write `output_dir` (model.safetensors, config.json, vocab and tokenizer files; with `onnx` model.onnx
@@ -122,7 +130,9 @@ def export_directory(
     with ownership.owned(output, remove_on_failure=True):
         old = ownership.contents(output)
         if old and not overwrite:
-            raise checkpoint.CheckpointError(f"--output {output}: not empty; choose a new directory or pass --overwrite")
+            raise checkpoint.CheckpointError(
+                f"--output {output}: not empty; choose a new directory or pass --overwrite"
+            )
         staging = output / f".export{PARTIAL_MARKER}{os.getpid()}"
         state = None
         if given is not None and (given / CONFIG_FILE).is_file():  # a Hugging Face directory
@@ -140,7 +150,9 @@ def export_directory(
             write_onnx(staging)
         for path in old:
             ownership.remove(path)
-        for path in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):  # config.json last: it makes a model
+        for path in sorted(
+            staging.iterdir(), key=lambda p: p.name == CONFIG_FILE
+        ):  # config.json last: it makes a model
             os.replace(path, output / path.name)
         staging.rmdir()
     if state is not None:
@@ -149,8 +161,9 @@ def export_directory(
     return output
 
 
-def _write_pretraining_model(source: Path, state: checkpoint.TrainState, weights: dict[str, Any], staging: Path,
-                             vocab_file: str | None) -> None:  # fmt: skip
+def _write_pretraining_model(
+    source: Path, state: checkpoint.TrainState, weights: dict[str, Any], staging: Path, vocab_file: str | None
+) -> None:
     """The pretraining model of a checkpoint, with its vocabulary, as a Hugging Face directory at `staging`."""
     from bertdist.model.registry import build_model, checkpoint_model_config, hf_adapter
 
@@ -164,7 +177,9 @@ def _write_pretraining_model(source: Path, state: checkpoint.TrainState, weights
         ) from None
     vocab = vocab_file or state.config["data"]["vocab_file"]
     if not Path(vocab).exists():
-        raise checkpoint.CheckpointError(f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH")
+        raise checkpoint.CheckpointError(
+            f"vocabulary {vocab} (data.vocab_file of the run) does not exist here; pass --vocab PATH"
+        )
     problem = vocab_mismatch(vocab, model.config.vocab_size, state.config["data"]["vocab_file"])
     if problem:
         raise checkpoint.CheckpointError(f"--vocab: {problem}")
@@ -190,8 +205,10 @@ def _fine_tuned_model(source: Path) -> Path | None:
 def _copy_model(model: Path, staging: Path, vocab_file: str | None) -> None:
     """The files of the Hugging Face directory `model`, as they are (its tokenizer is the model's)."""
     if vocab_file:
-        raise checkpoint.CheckpointError(f"--vocab: {model} is a Hugging Face directory, exported with its own tokenizer; "
-                                         "--vocab applies to training checkpoints")  # fmt: skip
+        raise checkpoint.CheckpointError(
+            f"--vocab: {model} is a Hugging Face directory, exported with its own tokenizer; "
+            "--vocab applies to training checkpoints"
+        )
     staging.mkdir(parents=True)
     for path in model.iterdir():
         if path.is_file():
@@ -203,18 +220,31 @@ def _refuse_output_over_input(output: Path, given_path: str) -> None:
     never written, whatever the flags: `--overwrite` there would delete the run it exports. An output beside
     the checkpoints, inside the run directory (`RUN/hf`), is fine."""
     given = Path(given_path)
-    source = given if checkpoint.is_complete(given) or given.name == checkpoint.CHECKPOINTS_DIRNAME else checkpoint.checkpoints_dir(given)
+    source = (
+        given
+        if checkpoint.is_complete(given) or given.name == checkpoint.CHECKPOINTS_DIRNAME
+        else checkpoint.checkpoints_dir(given)
+    )
     out, src = output.resolve(), source.resolve()
     if not storage.is_url(given_path) and (out == src or out in src.parents or src in out.parents):
-        raise checkpoint.CheckpointError(f"--output {output}: holds or is inside {source}, which it would export; choose a "
-                                         f"directory outside it (e.g. {given}/hf for a run)")  # fmt: skip
-    if output.is_dir() and (checkpoint.is_complete(output) or (output / checkpoint.LATEST_FILENAME).is_file()
-                            or (output / checkpoint.CHECKPOINTS_DIRNAME).is_dir()):  # fmt: skip
-        raise checkpoint.CheckpointError(f"--output {output}: holds training checkpoints; bertdist export never writes over "
-                                         "them, choose another directory")  # fmt: skip
+        raise checkpoint.CheckpointError(
+            f"--output {output}: holds or is inside {source}, which it would export; choose a "
+            f"directory outside it (e.g. {given}/hf for a run)"
+        )
+    if output.is_dir() and (
+        checkpoint.is_complete(output)
+        or (output / checkpoint.LATEST_FILENAME).is_file()
+        or (output / checkpoint.CHECKPOINTS_DIRNAME).is_dir()
+    ):
+        raise checkpoint.CheckpointError(
+            f"--output {output}: holds training checkpoints; bertdist export never writes over "
+            "them, choose another directory"
+        )
 
 
-def read_newest(checkpoint_path: str | os.PathLike, attempts: int = 5) -> tuple[Path, checkpoint.TrainState, dict[str, Any]]:
+def read_newest(
+    checkpoint_path: str | os.PathLike, attempts: int = 5
+) -> tuple[Path, checkpoint.TrainState, dict[str, Any]]:
     """The checkpoint `find_checkpoint` names, its train state and its consolidated fp32 weights.
 
     A run that is training prunes old checkpoints while we read (`bertdist export RUN`, `finetune.init_from=RUN`

@@ -34,7 +34,20 @@ BUILD_TIMEOUT_S = 900.0
 """How long a build may hold its lock: ten times the CPU op's build on 2 busy cores. Past it, a build on this
 host is reported as stuck, and an unheld lock on a shared filesystem as stale."""
 POLL_S = 1.0
-NETWORK_FILESYSTEMS = ("nfs", "cifs", "smb", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "afs", "9p", "virtiofs", "fuse")
+NETWORK_FILESYSTEMS = (
+    "nfs",
+    "cifs",
+    "smb",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "afs",
+    "9p",
+    "virtiofs",
+    "fuse",
+)
 """Filesystem types (prefixes) that other hosts may mount too: a process holding a lock there may be one this
 host's /proc cannot show."""
 
@@ -75,7 +88,9 @@ def installation_directory() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     site = Path(spec.submodule_search_locations[0]).resolve().parent
-    prefix = next((p for p in site.parents if Path(sysconfig.get_path("purelib", vars={"base": str(p)})).resolve() == site), None)
+    prefix = next(
+        (p for p in site.parents if Path(sysconfig.get_path("purelib", vars={"base": str(p)})).resolve() == site), None
+    )
     if prefix is not None and _writable(prefix / "var" / "torch_extensions"):
         return prefix / "var" / "torch_extensions"
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -97,18 +112,26 @@ def clear_lock(lock: Path, say: Callable[[str], None]) -> None:
             holders = holders_of(lock)
             if not holders and (_host_local(lock.parent) or age_s >= BUILD_TIMEOUT_S):
                 lock.unlink(missing_ok=True)
-                say(f"bertdist: removed the stale build lock {lock} ({age_s:.0f} s old, held by no process: a build of "
-                    f"{lock.parent.name} was stopped midway)")  # fmt: skip
+                say(
+                    f"bertdist: removed the stale build lock {lock} ({age_s:.0f} s old, held by no process: a build of "
+                    f"{lock.parent.name} was stopped midway)"
+                )
                 return
         pids = ", ".join(map(str, holders))
         if age_s >= BUILD_TIMEOUT_S:
-            raise ExtensionBuildError(f"the build of {lock.parent.name} by process {pids} has held {lock} for {age_s:.0f} s; "
-                                      "if it is stuck, stop it and run again")  # fmt: skip
+            raise ExtensionBuildError(
+                f"the build of {lock.parent.name} by process {pids} has held {lock} for {age_s:.0f} s; "
+                "if it is stuck, stop it and run again"
+            )
         if not told:
-            say(f"bertdist: waiting for process {pids} to finish building {lock.parent.name} ({lock}, {age_s:.0f} s old; "
-                f"given up at {BUILD_TIMEOUT_S:.0f} s)" if holders else
-                f"bertdist: waiting for {lock} ({age_s:.0f} s old): no process here holds it, maybe one on another host; "
-                f"remove it if none is building (removed at {BUILD_TIMEOUT_S:.0f} s)")  # fmt: skip
+            say(
+                f"bertdist: waiting for process {pids} to finish building {lock.parent.name} "
+                f"({lock}, {age_s:.0f} s old; given up at {BUILD_TIMEOUT_S:.0f} s)"
+                if holders
+                else f"bertdist: waiting for {lock} ({age_s:.0f} s old): no process here holds it, "
+                "maybe one on another host; "
+                f"remove it if none is building (removed at {BUILD_TIMEOUT_S:.0f} s)"
+            )
             told = True
         time.sleep(POLL_S)
 

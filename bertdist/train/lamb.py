@@ -20,8 +20,14 @@ import torch
 
 
 class Lamb(torch.optim.Optimizer):
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01):  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -41,7 +47,9 @@ class Lamb(torch.optim.Optimizer):
         decay = group["weight_decay"]
         for p in params:
             if not self.state[p]:
-                self.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                self.state[p].update(
+                    step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                )
         states = [self.state[p] for p in params]
         grads = [p.grad for p in params]
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
@@ -60,6 +68,8 @@ class Lamb(torch.optim.Optimizer):
         if decay:
             torch._foreach_add_(updates, params, alpha=decay)
             weight_norms, update_norms = torch._foreach_norm(params), torch._foreach_norm(updates)
-            ratios = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(weight_norms, update_norms)]
+            ratios = [
+                torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(weight_norms, update_norms)
+            ]
             torch._foreach_mul_(updates, ratios)
         torch._foreach_add_(params, updates, alpha=-group["lr"])

@@ -54,8 +54,11 @@ def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:
     if not names:
         raise CheckpointError(f"{uri}: no checkpoints there")
     try:
-        marked = marker_tag(storage.read_text(storage.join(uri, LATEST_FILENAME)), storage.join(uri, LATEST_FILENAME)) \
-            if LATEST_FILENAME in names else None
+        marked = (
+            marker_tag(storage.read_text(storage.join(uri, LATEST_FILENAME)), storage.join(uri, LATEST_FILENAME))
+            if LATEST_FILENAME in names
+            else None
+        )
     except CheckpointError as e:
         marked, marker_problem = None, str(e)
     else:
@@ -69,11 +72,17 @@ def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:
             continue
         try:
             state = parse_train_state(storage.read_bytes(storage.join(source, TRAIN_STATE_FILENAME)), source)
-            found = [f"{n}: {'missing' if n not in in_store else 'another size'}" for n, f in state.files.items()
-                     if in_store.get(n) != f["bytes"]]  # fmt: skip
+            found = [
+                f"{n}: {'missing' if n not in in_store else 'another size'}"
+                for n, f in state.files.items()
+                if in_store.get(n) != f["bytes"]
+            ]
             if not found and mode == "sha256":
-                found = [f"{n}: sha256 differs from the one recorded when saved" for n, f in state.files.items()
-                         if storage.file_sha256(storage.join(source, n)) != f["sha256"]]  # fmt: skip
+                found = [
+                    f"{n}: sha256 differs from the one recorded when saved"
+                    for n, f in state.files.items()
+                    if storage.file_sha256(storage.join(source, n)) != f["sha256"]
+                ]
             if found:
                 raise CheckpointError("; ".join(found[:3]))
             rows.append((tag, state, ""))

@@ -4,8 +4,9 @@ The sums are accumulated on the device without a host sync and all-reduced once 
 float64 tensor. The losses and accuracies are those the model's output reports (`components`, `scored`), so a
 new objective's heads are logged without a change here. The names are `section/metric`; the MLflow UI groups
 charts by section and sorts the sections alphabetically, so they are chosen to read top-down: loss (train and
-eval side by side), the accuracies of the heads (MLM, NSP), the optimizer, progress, throughput (system metrics come last). metrics.jsonl uses the
-same names. Runs logged before bertdist 0.2 used flat names (`loss`, `eval_mlm_accuracy`, ...).
+eval side by side), the accuracies of the heads (MLM, NSP), the optimizer, progress, throughput (system metrics
+come last). metrics.jsonl uses the same names. Runs logged before bertdist 0.2 used flat names (`loss`,
+`eval_mlm_accuracy`, ...).
 """
 
 from __future__ import annotations

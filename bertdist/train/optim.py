@@ -14,8 +14,15 @@ from typing import Any, Iterable
 from bertdist.config import Config, OptimConfig
 
 
-def learning_rate(step: int, peak_lr: float, warmup_steps: int, total_steps: int, schedule: str = "linear",
-                  decay_fraction: float = 0.0, decay_shape: str = "linear") -> float:  # fmt: skip
+def learning_rate(
+    step: int,
+    peak_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    schedule: str = "linear",
+    decay_fraction: float = 0.0,
+    decay_shape: str = "linear",
+) -> float:
     """Rate for optimizer step `step` (0-based) of `total_steps`.
 
     Warmup ramps (step + 1) / warmup_steps so the first update already moves the weights. Then:
@@ -51,8 +58,9 @@ def scheduled_learning_rate(cfg: Config, step: int) -> float:
     o = cfg.optim
     if phase.lr:
         fraction = o.decay_fraction if phase.decay_fraction < 0 else phase.decay_fraction
-        return learning_rate(step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps, o.schedule, fraction,
-                             o.decay_shape)  # fmt: skip
+        return learning_rate(
+            step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps, o.schedule, fraction, o.decay_shape
+        )
     return learning_rate(step, o.lr, o.warmup_steps, cfg.total_steps(), o.schedule, o.decay_fraction, o.decay_shape)
 
 

@@ -59,8 +59,15 @@ WAIT_POLL_SECONDS = 0.5
 class Uploader:
     """One rank's background uploads of its checkpoint files to `uri`; rank 0 also publishes."""
 
-    def __init__(self, uri: str, rank: int, world_size: int, keep_last: int, wait_timeout_s: float,
-                 lease: StoreLease | None = None):  # fmt: skip
+    def __init__(
+        self,
+        uri: str,
+        rank: int,
+        world_size: int,
+        keep_last: int,
+        wait_timeout_s: float,
+        lease: StoreLease | None = None,
+    ):
         self.uri, self.rank, self.world_size, self.keep_last = uri, rank, world_size, keep_last
         self.wait_timeout_s = wait_timeout_s
         self.lease = lease
@@ -81,7 +88,9 @@ class Uploader:
         if self._thread is not None:
             self._thread.join(self.wait_timeout_s)
             if self._thread.is_alive():
-                raise CheckpointError(f"{self.uri}: the upload of a checkpoint did not finish in {self.wait_timeout_s:.0f} s")
+                raise CheckpointError(
+                    f"{self.uri}: the upload of a checkpoint did not finish in {self.wait_timeout_s:.0f} s"
+                )
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
@@ -97,7 +106,9 @@ class Uploader:
                 url = storage.join(target, name)
                 storage.upload_file(str(checkpoint_dir / name), url)
                 if storage.size(url) != facts["bytes"]:
-                    raise CheckpointError(f"{url}: {storage.size(url):,} bytes in the store after upload, {facts['bytes']:,} on disk")
+                    raise CheckpointError(
+                        f"{url}: {storage.size(url):,} bytes in the store after upload, {facts['bytes']:,} on disk"
+                    )
             storage.write_json(storage.join(self.uri, UPLOADS, f"{tag}.rank-{self.rank:05d}"), sorted(files))
             if self.rank == 0:
                 self._publish(checkpoint_dir, target, tag)
@@ -109,8 +120,10 @@ class Uploader:
         deadline = time.monotonic() + self.wait_timeout_s
         while missing := _missing(names, storage.listdir(storage.join(self.uri, UPLOADS))):  # one listing per poll
             if time.monotonic() > deadline:
-                raise CheckpointError(f"{target}: ranks {missing} did not finish uploading in {self.wait_timeout_s:.0f} s; "
-                                      "`latest` in the store still names the previous checkpoint")  # fmt: skip
+                raise CheckpointError(
+                    f"{target}: ranks {missing} did not finish uploading in {self.wait_timeout_s:.0f} s; "
+                    "`latest` in the store still names the previous checkpoint"
+                )
             time.sleep(WAIT_POLL_SECONDS)
         if self.lease is not None:
             self.lease.check()  # another run owns the URI now: neither `latest` nor pruning is ours to touch
@@ -184,7 +197,9 @@ def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
     return target
 
 
-def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = None, mark_damaged: bool = False) -> Path | None:
+def resume_point(
+    ck: CheckpointConfig, output_dir: str, config: dict | None = None, mark_damaged: bool = False
+) -> Path | None:
     """The checkpoint a run continues from (None: a fresh start), from the store when `ck.uri` is set.
 
     A fresh start refuses a checkpoint directory or URI that holds another run's checkpoints. With `config`
@@ -201,14 +216,18 @@ def resume_point(ck: CheckpointConfig, output_dir: str, config: dict | None = No
             local = complete_checkpoints(checkpoints_dir(output_dir))
             if local:  # the staging directory of the uploads: another run's newer checkpoints there would be kept
                 # by the local prune over this run's newest, before its upload had read it
-                _refuse_another_run(read_train_state(local[-1]).config, config, f"train.output_dir checkpoint {local[-1]}")
+                _refuse_another_run(
+                    read_train_state(local[-1]).config, config, f"train.output_dir checkpoint {local[-1]}"
+                )
         return _newest_intact_in_store(ck.uri, newest, checkpoints_dir(output_dir), ck.verify, mark_damaged)
     found = resolve_resume(output_dir, ck.resume, ck.verify, mark_damaged)
     if found is None:
         refuse_foreign_checkpoints(output_dir)
         if newest is not None:
-            raise CheckpointError(f"checkpoint.uri {ck.uri} holds another run's checkpoints (latest {newest}): continue "
-                                  "it with --resume auto, or use another URI")  # fmt: skip
+            raise CheckpointError(
+                f"checkpoint.uri {ck.uri} holds another run's checkpoints (latest {newest}): continue "
+                "it with --resume auto, or use another URI"
+            )
     elif config is not None:
         _refuse_another_run(read_train_state(found).config, config, f"checkpoint {found}")
     return found
@@ -224,7 +243,9 @@ def preview(cfg: Config) -> str:
         start = "no checkpoint there, the run starts fresh"
     elif ck.resume == "auto":
         state = _refuse_another_runs_store(ck.uri, newest, cfg.to_dict())
-        start = f"the run resumes from {newest} (step {state.step if state else '?'}; or the newest intact one before it)"
+        start = (
+            f"the run resumes from {newest} (step {state.step if state else '?'}; or the newest intact one before it)"
+        )
     else:
         start = f"holds checkpoints (latest {newest}); checkpoint.resume={ck.resume}"
         resume_point(ck, cfg.train.output_dir)  # refuses a fresh start over another run's checkpoints
@@ -245,9 +266,10 @@ def _refuse_another_run(saved: dict, config: dict, where: str) -> None:
     differ = foreign_fields(saved, config)
     if differ:
         raise CheckpointError(
-            f"{where} was written by a run with other settings: {'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}. "
-            "A resume continues that run as it was; use another checkpoint.uri / train.output_dir for a new run (to start "
-            "one from these weights, export them and set checkpoint.init_from_pretrained)"
+            f"{where} was written by a run with other settings: "
+            f"{'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}. "
+            "A resume continues that run as it was; use another checkpoint.uri / train.output_dir for a new run "
+            "(to start one from these weights, export them and set checkpoint.init_from_pretrained)"
         )
 
 
@@ -261,8 +283,12 @@ def _newest_intact_in_store(uri: str, newest: str, local_root: Path, verify: str
         if (local_root / tag / TRAIN_STATE_FILENAME).is_file():
             storage.write_text(local_root / tag / DAMAGED_FILENAME, reason + "\n")
 
-    return first_intact(candidates, lambda tag: fetch(uri, tag, local_root, verify), where=f"{uri}: ",
-                        on_damaged=mark if mark_damaged else None)  # fmt: skip
+    return first_intact(
+        candidates,
+        lambda tag: fetch(uri, tag, local_root, verify),
+        where=f"{uri}: ",
+        on_damaged=mark if mark_damaged else None,
+    )
 
 
 class _NodeLock:
@@ -281,13 +307,14 @@ class _NodeLock:
             except OSError:
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise CheckpointError(f"{self.path}: another rank of this node held it for {self.timeout_s:.0f} s "
-                                          "while downloading a checkpoint") from None  # fmt: skip
+                    raise CheckpointError(
+                        f"{self.path}: another rank of this node held it for {self.timeout_s:.0f} s "
+                        "while downloading a checkpoint"
+                    ) from None
                 time.sleep(0.2)
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
-
 
 
 def holds_checkpoints(url: str) -> bool:

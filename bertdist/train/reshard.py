@@ -53,9 +53,14 @@ def universal_copy(checkpoint_dir: Path) -> Path:
     target = universal_path(checkpoint_dir)
     shutil.rmtree(target, ignore_errors=True)  # a copy left by a resume that crashed
     args = argparse.Namespace(
-        input_folder=str(checkpoint_dir), output_folder=str(target), num_extract_workers=1, num_merge_workers=1,
-        keep_temp_folder=False, strict=True, inject_missing_state=True,
-    )  # fmt: skip
+        input_folder=str(checkpoint_dir),
+        output_folder=str(target),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):

@@ -41,9 +41,11 @@ class RestartEvent:
     def line(self) -> str:
         """The job log's line for this change."""
         since = max(0.0, self.stopped_at - self.checkpoint_seen_at)
-        return (f"restart {self.restart}: {self.reason}; world size {self.world_size_before} -> {self.world_size} on "
-                f"{len(self.hosts)} host(s) [{', '.join(self.hosts)}], from step {self.resumed_step} "
-                f"({self.steps_redone} step(s) redone, {since:.0f} s of work since that checkpoint)")  # fmt: skip
+        return (
+            f"restart {self.restart}: {self.reason}; world size {self.world_size_before} -> {self.world_size} on "
+            f"{len(self.hosts)} host(s) [{', '.join(self.hosts)}], from step {self.resumed_step} "
+            f"({self.steps_redone} step(s) redone, {since:.0f} s of work since that checkpoint)"
+        )
 
     def seconds_lost(self) -> float:
         """Wall time from the checkpoint resumed from to now (the relaunch's first step): the redone work
@@ -59,4 +61,6 @@ class RestartEvent:
             data = json.loads(base64.urlsafe_b64decode(text.encode("ascii")))
             return cls(**{f.name: data[f.name] for f in fields(cls)})
         except (UnicodeEncodeError, binascii.Error, ValueError, KeyError, TypeError) as e:
-            raise UserError(f"--restart-event: not an event written by bertdist's supervisor ({type(e).__name__})") from None
+            raise UserError(
+                f"--restart-event: not an event written by bertdist's supervisor ({type(e).__name__})"
+            ) from None

@@ -9,11 +9,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
-RESUMABLE_FIELDS = ("train.output_dir", "launch", "checkpoint", "storage", "tracking", "eval", "train.log_every_steps",
-                    "train.eval_every_steps", "train.eval_batches", "train.stall_timeout_s", "train.rendezvous_timeout_s",
-                    "train.collective_timeout_s", "train.forecast_hours", "train.max_nonfinite_steps", "train.zero_stage",
-                    "train.deepspeed", "data.loader_workers", "data.vocab_file", "data.phases.*.train_dir",
-                    "data.phases.*.eval_dir", "data.phases.*.steps", "data.phases.*.micro_batch_size", "model.compile")  # fmt: skip
+RESUMABLE_FIELDS = (
+    "train.output_dir",
+    "launch",
+    "checkpoint",
+    "storage",
+    "tracking",
+    "eval",
+    "train.log_every_steps",
+    "train.eval_every_steps",
+    "train.eval_batches",
+    "train.stall_timeout_s",
+    "train.rendezvous_timeout_s",
+    "train.collective_timeout_s",
+    "train.forecast_hours",
+    "train.max_nonfinite_steps",
+    "train.zero_stage",
+    "train.deepspeed",
+    "data.loader_workers",
+    "data.vocab_file",
+    "data.phases.*.train_dir",
+    "data.phases.*.eval_dir",
+    "data.phases.*.steps",
+    "data.phases.*.micro_batch_size",
+    "model.compile",
+)
 """What a run may change when it continues from a checkpoint: where things are, how it is launched, tracked and
 checked, how long it runs, how the batch is split over ranks. Every other field (the model, the optimizer and
 schedule, the global batch, the masking, the seed, the precision) makes another run: adopting a checkpoint

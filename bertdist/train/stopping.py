@@ -29,10 +29,15 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 POLL_SECONDS = 1.0
 LAUNCHERS = (
-    "torchrun", "torch.distributed.run", "torch.distributed.launch",
-    "deepspeed", "deepspeed.launcher.runner", "deepspeed.launcher.launch",
-    "bertdist.launch.process", "bertdist.launch.elastic",
-)  # fmt: skip
+    "torchrun",
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed",
+    "deepspeed.launcher.runner",
+    "deepspeed.launcher.launch",
+    "bertdist.launch.process",
+    "bertdist.launch.elastic",
+)
 """Programs (as `_program` names them) that start ranks and must not be outlived by them: torchrun, DeepSpeed's
 runner and its per-node launch.py, and bertdist's supervisors of a detached job. A Ray task process
 (`ray::<task>`, bertdist.launch.ray_job) that started ranks is one too."""

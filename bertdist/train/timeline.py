@@ -16,14 +16,17 @@ from typing import Any, Callable
 from bertdist.train.restart_event import RestartEvent
 
 
-def log_start(tracker: Any, event: RestartEvent | None, start_step: int, world_size: int, forecast_hours: float) -> None:
+def log_start(
+    tracker: Any, event: RestartEvent | None, start_step: int, world_size: int, forecast_hours: float
+) -> None:
     tracker.log_metrics({"run/world_size": float(world_size)}, step=start_step)
     if forecast_hours:
         tracker.log_metrics({"plan/forecast_hours": forecast_hours}, step=start_step)
     if event is not None:
         tracker.set_tags({f"bertdist.elastic.restart_{event.restart}": event.line()[:4000]})
-        tracker.log_metrics({"run/restarts": float(event.restart), "run/steps_redone": float(event.steps_redone)},
-                            step=start_step)  # fmt: skip
+        tracker.log_metrics(
+            {"run/restarts": float(event.restart), "run/steps_redone": float(event.steps_redone)}, step=start_step
+        )
 
 
 def log_recovered(tracker: Any, say: Callable[[str], None], event: RestartEvent | None, step: int) -> None:
@@ -32,12 +35,17 @@ def log_recovered(tracker: Any, say: Callable[[str], None], event: RestartEvent 
         return
     lost_s = event.seconds_lost()
     tracker.log_metrics({"run/seconds_lost": lost_s}, step=step)
-    say(f"restart {event.restart}: step {step} done {lost_s:.0f} s after the checkpoint of step {event.resumed_step} "
-        f"was written ({event.steps_redone} step(s) redone)")
+    say(
+        f"restart {event.restart}: step {step} done {lost_s:.0f} s after the checkpoint of step {event.resumed_step} "
+        f"was written ({event.steps_redone} step(s) redone)"
+    )
 
 
 def log_end(tracker: Any, say: Callable[[str], None], step: int, elapsed_s: float, forecast_hours: float) -> None:
     hours = elapsed_s / 3600
     tracker.log_metrics({"plan/actual_hours": hours}, step=step)
     if forecast_hours:
-        say(f"time: {hours:.4g} h of training against a forecast of {forecast_hours:.4g} h ({hours / forecast_hours - 1:+.0%})")
+        say(
+            f"time: {hours:.4g} h of training against a forecast of {forecast_hours:.4g} h "
+            f"({hours / forecast_hours - 1:+.0%})"
+        )

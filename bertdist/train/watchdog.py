@@ -46,8 +46,15 @@ class StallWatchdog:
     """Start with `start()` once the first step has completed (start-up has its own rendezvous timeout);
     the loop calls `progress(step)`; `close()` stops the thread."""
 
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, stall_timeout_s: float,
-                 exit_process: Callable[[int], None] = os._exit) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        stall_timeout_s: float,
+        exit_process: Callable[[int], None] = os._exit,
+    ) -> None:
         self.rank, self.world_size = rank, world_size
         self.master = (master_addr, master_port)
         self.stall_timeout_s = stall_timeout_s
@@ -68,9 +75,12 @@ class StallWatchdog:
             return
 
         self._store = dist.TCPStore(
-            self.master[0], self.master[1], is_master=False, wait_for_workers=False,
+            self.master[0],
+            self.master[1],
+            is_master=False,
+            wait_for_workers=False,
             timeout=datetime.timedelta(seconds=self._store_timeout_s()),
-        )  # fmt: skip
+        )
         self._last_progress = time.monotonic()
         self._publish()
         self._thread = threading.Thread(target=self._run, name="bertdist-watchdog", daemon=True)
@@ -91,7 +101,11 @@ class StallWatchdog:
         if self._thread is not None:
             self._thread.join(timeout=self._store_timeout_s() + self.interval_s + 5)
             if self._thread.is_alive():
-                print(f"bertdist: WARNING [rank {self.rank}] the stall watchdog's thread did not end", file=sys.stderr, flush=True)
+                print(
+                    f"bertdist: WARNING [rank {self.rank}] the stall watchdog's thread did not end",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _store_timeout_s(self) -> float:
         return max(5.0, 2 * self.interval_s)
@@ -103,8 +117,10 @@ class StallWatchdog:
                 self._publish()
             except Exception as e:  # rank 0's store is gone: rank 0 is stopped or lost
                 if self._stalled_for() >= self.stall_timeout_s:
-                    self._stop(f"rank 0 ({self.master[0]}:{self.master[1]}), whose store holds the heartbeats, does "
-                               f"not answer ({type(e).__name__}): it is stopped or its host is gone")  # fmt: skip
+                    self._stop(
+                        f"rank 0 ({self.master[0]}:{self.master[1]}), whose store holds the heartbeats, does "
+                        f"not answer ({type(e).__name__}): it is stopped or its host is gone"
+                    )
                 continue
             if self._stalled_for() >= self.stall_timeout_s:
                 who = self._diagnose()
@@ -139,20 +155,30 @@ class StallWatchdog:
         if silent:
             self._kill_local(after, silent)
             probe_s = 2 * self.interval_s + 0.5
-            return "; ".join(f"rank {r} on {after[r].get('host', '?')} (pid {after[r].get('pid', '?')}) sent no heartbeat in "
-                             f"{probe_s:.1f} s (every rank beats every {self.interval_s:.1f} s): it is stopped or its host "
-                             "is gone" for r in silent)  # fmt: skip
+            return "; ".join(
+                f"rank {r} on {after[r].get('host', '?')} (pid {after[r].get('pid', '?')}) sent no heartbeat in "
+                f"{probe_s:.1f} s (every rank beats every {self.interval_s:.1f} s): it is stopped or its host "
+                "is gone"
+                for r in silent
+            )
         lowest = min(after[r].get("step", 0) for r in after)
         behind = [r for r in after if after[r].get("step", 0) == lowest and lowest < self._step]
         if behind:
-            return "; ".join(f"rank {r} on {after[r].get('host', '?')} is alive but stuck at step {lowest} while this rank "
-                             f"waits at step {self._step}" for r in behind)  # fmt: skip
+            return "; ".join(
+                f"rank {r} on {after[r].get('host', '?')} is alive but stuck at step {lowest} while this rank "
+                f"waits at step {self._step}"
+                for r in behind
+            )
         ahead = [r for r in after if after[r].get("step", 0) > self._step]
         if ahead:
-            return (f"this rank is the one behind: stuck at step {self._step} while rank(s) {', '.join(map(str, ahead))} "
-                    "wait further on (its own work stalls: a data worker, the filesystem, a save)")  # fmt: skip
-        return (f"every rank is alive but none finished a micro batch, eval batch or checkpoint since step {self._step} "
-                "(a hung collective, or a save slower than the timeout)")  # fmt: skip
+            return (
+                f"this rank is the one behind: stuck at step {self._step} while rank(s) {', '.join(map(str, ahead))} "
+                "wait further on (its own work stalls: a data worker, the filesystem, a save)"
+            )
+        return (
+            f"every rank is alive but none finished a micro batch, eval batch or checkpoint since step {self._step} "
+            "(a hung collective, or a save slower than the timeout)"
+        )
 
     def _kill_local(self, beats: dict[int, dict[str, Any]], ranks: list[int]) -> None:
         """SIGKILL the stalled ranks on this host: a stopped process would outlive the launcher's SIGTERM."""
@@ -167,9 +193,11 @@ class StallWatchdog:
     def _stop(self, who: str) -> None:
         print(
             f"bertdist train: [rank {self.rank} on {socket.gethostname()}] no progress for {self._stalled_for():.0f} s "
-            f"(train.stall_timeout_s={self.stall_timeout_s:g}) after step {self._step}: {who}. Stopping the job with exit "
-            f"code {REQUEUE_EXIT_CODE}; the last complete checkpoint is intact and --resume auto continues from it.",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
+            f"(train.stall_timeout_s={self.stall_timeout_s:g}) after step {self._step}: {who}. "
+            f"Stopping the job with exit code {REQUEUE_EXIT_CODE}; "
+            "the last complete checkpoint is intact and --resume auto continues from it.",
+            file=sys.stderr,
+            flush=True,
+        )
         self._stopped.set()
         self._exit(REQUEUE_EXIT_CODE)

@@ -20,8 +20,15 @@ KEYS = ["input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", 
 
 
 def _loader(shards, vocab, **kw):
-    args = dict(max_seq_length=TEST_SEQ_LENGTH, micro_batch_size=8, rank=0, world_size=1, seed=5, num_workers=0,
-                shuffle_buffer_size=300)
+    args = dict(
+        max_seq_length=TEST_SEQ_LENGTH,
+        micro_batch_size=8,
+        rank=0,
+        world_size=1,
+        seed=5,
+        num_workers=0,
+        shuffle_buffer_size=300,
+    )
     return PretrainingLoader(shards, vocab, **{**args, **kw})
 
 
@@ -81,7 +88,9 @@ def test_ranks_are_disjoint_and_cover_the_epoch(tiny_shards, tiny_vocab):
 
 def _fingerprints(batch):
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    return [tuple(ids[i][mask[i] == 1].tolist()) + tuple(batch["masked_lm_positions"][i].tolist()) for i in range(len(ids))]
+    return [
+        tuple(ids[i][mask[i] == 1].tolist()) + tuple(batch["masked_lm_positions"][i].tolist()) for i in range(len(ids))
+    ]
 
 
 @pytest.fixture

@@ -32,8 +32,9 @@ def prose(tiny_vocab) -> tuple[Samples, VocabInfo]:
     ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
     ids = [i for i in ids if i]
     lengths = np.array([len(i) for i in ids])
-    docs = Documents(np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]),
-                     np.arange(len(ids) + 1))  # fmt: skip
+    docs = Documents(
+        np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1)
+    )
     vocab = VocabInfo.from_tokens(read_vocab(tiny_vocab))
     return full_sentences(docs, InstanceOptions(max_seq_length=SEQ), vocab), vocab
 
@@ -68,8 +69,13 @@ def test_rate_split_budget_and_specials_on_real_text(prose):
 
 def test_other_rates_and_split(prose):
     samples, vocab = prose
-    out = _masked(samples, vocab, MaskingConfig(masked_lm_prob=0.3, max_predictions_per_seq=SEQ, mask_token_fraction=1.0,
-                                            random_token_fraction=0.0))  # fmt: skip
+    out = _masked(
+        samples,
+        vocab,
+        MaskingConfig(
+            masked_lm_prob=0.3, max_predictions_per_seq=SEQ, mask_token_fraction=1.0, random_token_fraction=0.0
+        ),
+    )
     assert np.array_equal(out.masked_counts, np.maximum(1, np.round(samples.lengths * 0.3)))
     at = samples.token_offsets()[:-1][np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions
     assert (out.input_ids[at] == vocab.mask_id).all()
@@ -87,7 +93,9 @@ def test_whole_words_are_masked_together(prose):
     # a `##` piece is chosen exactly when the token before it (its word) is; after [CLS] or [SEP] it starts a word
     joins = continuation[1:] & ~np.isin(tokens[:-1], [vocab.cls_id, vocab.sep_id])
     assert np.array_equal(chosen[1:][joins], chosen[:-1][joins])
-    assert (out.masked_counts <= 10).all() and out.masked_counts.mean() > 0.8 * np.minimum(10, np.round(samples.lengths * 0.15)).mean()
+    assert (out.masked_counts <= 10).all() and out.masked_counts.mean() > 0.8 * np.minimum(
+        10, np.round(samples.lengths * 0.15)
+    ).mean()
 
 
 def test_masks_depend_on_seed_epoch_and_sample_only(prose):
@@ -95,7 +103,10 @@ def test_masks_depend_on_seed_epoch_and_sample_only(prose):
     rules = MaskingConfig()
     whole = _masked(samples, vocab, rules)
     ids = np.arange(len(samples))
-    halves = [apply_masks(samples.slice(a, b), rules, vocab, KeyedDraws(1, 0, ids[a:b])) for a, b in [(0, 700), (700, len(samples))]]
+    halves = [
+        apply_masks(samples.slice(a, b), rules, vocab, KeyedDraws(1, 0, ids[a:b]))
+        for a, b in [(0, 700), (700, len(samples))]
+    ]
     assert all(np.array_equal(getattr(whole, c), getattr(Samples.concat(halves), c)) for c in Samples.column_names())
     other_epoch = _masked(samples, vocab, rules, epoch=1)
     assert not np.array_equal(whole.masked_lm_positions, other_epoch.masked_lm_positions)
@@ -119,8 +130,16 @@ def _batch_rows(batch) -> list[tuple]:
     """Each sample of a batch as (its masked tokens, its masked positions)."""
     out = []
     for i in range(len(batch["input_ids"])):
-        length, predictions = int((batch["attention_mask"][i] > 0).sum()), int((batch["masked_lm_ids"][i] != -100).sum())
-        out.append((tuple(batch["input_ids"][i, :length].tolist()), tuple(batch["masked_lm_positions"][i, :predictions].tolist())))
+        length, predictions = (
+            int((batch["attention_mask"][i] > 0).sum()),
+            int((batch["masked_lm_ids"][i] != -100).sum()),
+        )
+        out.append(
+            (
+                tuple(batch["input_ids"][i, :length].tolist()),
+                tuple(batch["masked_lm_positions"][i, :predictions].tolist()),
+            )
+        )
     return out
 
 

@@ -46,7 +46,11 @@ def test_compressed_inputs(tmp_path):
     text = "One sentence.\nTwo sentence.\n\nThird one.\n"
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
     (tmp_path / "b.txt.bz2").write_bytes(bz2.compress(text.encode()))
-    assert _read(tmp_path / "a.txt.gz") == _read(tmp_path / "b.txt.bz2") == [["One sentence.", "Two sentence."], ["Third one."]]
+    assert (
+        _read(tmp_path / "a.txt.gz")
+        == _read(tmp_path / "b.txt.bz2")
+        == [["One sentence.", "Two sentence."], ["Third one."]]
+    )
 
 
 ARTICLE = """{{Infobox|x=1}}
@@ -59,7 +63,8 @@ ARTICLE = """{{Infobox|x=1}}
 Early forms appeared in Greece. [[Category:Philosophy]]"""
 WIKI = f"""<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">
 <page><title>Anarchism</title><ns>0</ns><revision><text>{escape(ARTICLE)}</text></revision></page>
-<page><title>AnarchY</title><ns>0</ns><redirect title="Anarchism" /><revision><text>#REDIRECT [[Anarchism]]</text></revision></page>
+<page><title>AnarchY</title><ns>0</ns><redirect title="Anarchism" />\
+<revision><text>#REDIRECT [[Anarchism]]</text></revision></page>
 <page><title>Talk:Anarchism</title><ns>1</ns><revision><text>Talk pages are skipped.</text></revision></page>
 </mediawiki>
 """

@@ -29,7 +29,13 @@ def test_bpe_loads_in_transformers_offline_with_the_same_ids(tiny_bpe, hf_offlin
     # [PAD] [UNK] [CLS] [SEP] [MASK] first, as `bertdist vocab`'s WordPiece
     assert (ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id) == (0, 1, 2, 3, 4)
     theirs = AutoTokenizer.from_pretrained(Path(tiny_bpe).parent)
-    assert (theirs.cls_token_id, theirs.sep_token_id, theirs.mask_token_id, theirs.pad_token_id, theirs.unk_token_id) == (2, 3, 4, 0, 1)
+    assert (
+        theirs.cls_token_id,
+        theirs.sep_token_id,
+        theirs.mask_token_id,
+        theirs.pad_token_id,
+        theirs.unk_token_id,
+    ) == (2, 3, 4, 0, 1)
     encoded = [e.ids for e in ours.encode_batch(SENTENCES)]
     assert [theirs(s, add_special_tokens=False).input_ids for s in SENTENCES] == encoded
     assert theirs(SENTENCES[0]).input_ids == [2, *encoded[0], 3]
@@ -49,7 +55,13 @@ def test_bpe_word_starts_follow_the_space_marker(tiny_bpe):
 
 def test_special_ids_are_looked_up_where_they_sit(high_id_tokenizer, tiny_vocab):
     tokenizer = open_tokenizer(high_id_tokenizer)
-    assert (tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id) == (995, 996, 997, 998, 999)
+    assert (tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id) == (
+        995,
+        996,
+        997,
+        998,
+        999,
+    )
     wordpiece = open_tokenizer(Path(tiny_vocab).parent / "vocab.txt")
     assert wordpiece.is_wordpiece_vocab and wordpiece.tokens[wordpiece.mask_id] == "[MASK]"
     assert tokenizer_file(Path(tiny_vocab).parent) == str(Path(tiny_vocab).parent / "tokenizer.json")
@@ -69,8 +81,13 @@ def test_a_tokenizer_without_a_special_token_is_refused_naming_the_file(tmp_path
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both(tiny_bpe, tiny_vocab, high_id_tokenizer):
     assert vocab_mismatch(tiny_bpe, TEST_VOCAB_SIZE) == ""
-    assert vocab_mismatch(tiny_bpe, 512) == f"{tiny_bpe} has {TEST_VOCAB_SIZE} tokens, more than the model's 512 token embeddings"
-    assert "is not the vocabulary the weights were trained with" in vocab_mismatch(high_id_tokenizer, TEST_VOCAB_SIZE, tiny_bpe)
+    assert (
+        vocab_mismatch(tiny_bpe, 512)
+        == f"{tiny_bpe} has {TEST_VOCAB_SIZE} tokens, more than the model's 512 token embeddings"
+    )
+    assert "is not the vocabulary the weights were trained with" in vocab_mismatch(
+        high_id_tokenizer, TEST_VOCAB_SIZE, tiny_bpe
+    )
     # the WordPiece tokenizer.json `bertdist vocab` writes beside vocab.txt has the same tokens by id
     assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE, str(Path(tiny_vocab).parent / "tokenizer.json")) == ""
 
@@ -78,8 +95,13 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both(tiny_bpe, 
 def test_config_validation_refuses_a_tokenizer_larger_than_the_model(tiny_bpe, tmp_path):
     from bertdist.config import ConfigError, load_config, validate
 
-    cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", f"data.vocab_file={Path(tiny_bpe).parent}", "model.vocab_size=512"])
-    with pytest.raises(ConfigError, match=rf"model.vocab_size: 512 is smaller than the {TEST_VOCAB_SIZE} tokens of data.vocab_file="):
+    cfg = load_config(
+        None,
+        [f"train.output_dir={tmp_path / 'run'}", f"data.vocab_file={Path(tiny_bpe).parent}", "model.vocab_size=512"],
+    )
+    with pytest.raises(
+        ConfigError, match=rf"model.vocab_size: 512 is smaller than the {TEST_VOCAB_SIZE} tokens of data.vocab_file="
+    ):
         validate(cfg)
 
 
@@ -90,7 +112,9 @@ def _bpe_samples(path: str) -> tuple:
     texts = [t for t in python_documentation()[:300] if t.strip()]
     ids = [i for i in (e.ids for e in tokenizer.encode_batch(texts)) if i]
     lengths = np.array([len(i) for i in ids])
-    docs = Documents(np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1))
+    docs = Documents(
+        np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1)
+    )
     vocab = VocabInfo.from_tokenizer(tokenizer)
     return full_sentences(docs, InstanceOptions(max_seq_length=64), vocab), vocab
 
@@ -117,7 +141,9 @@ def high_id_shards(request, tiny_corpus, high_id_tokenizer, ray_local, tmp_path_
     from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp(f"high_id_{request.param}") / "train")
-    prepare(tiny_prepare_options(tiny_corpus, high_id_tokenizer, out, objective="mlm", masking=request.param, dupe_factor=1))
+    prepare(
+        tiny_prepare_options(tiny_corpus, high_id_tokenizer, out, objective="mlm", masking=request.param, dupe_factor=1)
+    )
     return request.param, out
 
 
@@ -127,7 +153,9 @@ def test_prepare_and_the_loader_use_the_tokenizers_special_ids(high_id_shards, h
     masking, shards = high_id_shards
     tokenizer = open_tokenizer(high_id_tokenizer)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
-    assert manifest["mask_id"] == tokenizer.mask_id == 999 and manifest["vocab_file"] == str(Path(high_id_tokenizer) / "tokenizer.json")
+    assert manifest["mask_id"] == tokenizer.mask_id == 999 and manifest["vocab_file"] == str(
+        Path(high_id_tokenizer) / "tokenizer.json"
+    )
     samples = [s for _, s in zip(range(50), iter_samples(shards))]
     for s in samples:
         ids = s["input_ids"]
@@ -158,8 +186,42 @@ def test_shards_refuse_another_tokenizer(high_id_shards, tiny_bpe):
 def test_bertdist_vocab_trains_bpe_on_request(tiny_corpus, tmp_path, capsys):
     from bertdist.cli import main
 
-    assert main(["vocab", "--input", tiny_corpus, "--output", str(tmp_path / "bpe"), "--model", "bpe", "--vocab-size", "100"]) != 0
+    assert (
+        main(
+            [
+                "vocab",
+                "--input",
+                tiny_corpus,
+                "--output",
+                str(tmp_path / "bpe"),
+                "--model",
+                "bpe",
+                "--vocab-size",
+                "100",
+            ]
+        )
+        != 0
+    )
     assert "--vocab-size must be at least 261 for --model bpe" in capsys.readouterr().err
-    assert main(["vocab", "--input", tiny_corpus, "--output", str(tmp_path / "bpe"), "--model", "bpe", "--vocab-size", "400"]) == 0
-    assert sorted(p.name for p in (tmp_path / "bpe").iterdir()) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (
+        main(
+            [
+                "vocab",
+                "--input",
+                tiny_corpus,
+                "--output",
+                str(tmp_path / "bpe"),
+                "--model",
+                "bpe",
+                "--vocab-size",
+                "400",
+            ]
+        )
+        == 0
+    )
+    assert sorted(p.name for p in (tmp_path / "bpe").iterdir()) == [
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert open_tokenizer(tmp_path / "bpe").size == 400

@@ -21,7 +21,13 @@ def test_fast_encoder_equals_the_tokenizer(tiny_corpus, tmp_path, cased):
     vocab = train_vocab(iter_texts(expand_inputs([tiny_corpus])), str(tmp_path), 400, cased=cased)
     assert read_vocab(vocab)[:5] == SPECIAL_TOKENS
     rng = np.random.default_rng(0)
-    alphabet = list("abcXYZ019 _-.,;:!?'\"()[]{}<>@#$%^&*+=/\\|~`\t\r\x00\x01\x0b\x0c\x1f\x7f") + ["é", "ß", "中", "\u00a0", "İ"]
+    alphabet = list("abcXYZ019 _-.,;:!?'\"()[]{}<>@#$%^&*+=/\\|~`\t\r\x00\x01\x0b\x0c\x1f\x7f") + [
+        "é",
+        "ß",
+        "中",
+        "\u00a0",
+        "İ",
+    ]
     sentences = ["".join(rng.choice(alphabet, size=int(rng.integers(0, 60)))) for _ in range(2000)]
     sentences += open(f"{tiny_corpus}/part-000.txt").read().split("\n")[:200]
     sentences += ["x" * 150 + " long words are [UNK]", "Ünïcödé Café naïve"]

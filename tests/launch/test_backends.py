@@ -15,7 +15,10 @@ from tests.conftest import REPO
 @pytest.mark.parametrize("name", REGISTRY)
 def test_every_backend_implements_the_whole_contract(name):
     backend = REGISTRY[name]
-    members = [*Backend.__annotations__, *(m for m, v in vars(Backend).items() if callable(v) and not m.startswith("_"))]
+    members = [
+        *Backend.__annotations__,
+        *(m for m, v in vars(Backend).items() if callable(v) and not m.startswith("_")),
+    ]
     assert {"check", "render", "describe", "start", "status", "logs", "stop_hint"} <= set(members)
     assert [m for m in members if not hasattr(backend, m)] == [] and isinstance(backend, Backend)
     assert "train" in backend.JOBS and set(backend.JOBS) <= set(JOB_KINDS)

@@ -39,7 +39,9 @@ RECOVERY_BOUND_S = 120
 DeepSpeed start (about 20 s on 2 busy cores)."""
 
 
-def _job(two_hosts, tmp_path: Path, shards: str, vocab: str, nodes: str, *overrides: str, tracking: bool = False) -> tuple[str, Path, Path]:
+def _job(
+    two_hosts, tmp_path: Path, shards: str, vocab: str, nodes: str, *overrides: str, tracking: bool = False
+) -> tuple[str, Path, Path]:
     """Submit the elastic job from host A; returns (job id, jobs dir, run output dir)."""
     config = runs.write_config(tmp_path / "run", shards, vocab, zero_stage=1)
     cfg = yaml.safe_load(config.read_text())
@@ -54,12 +56,38 @@ def _job(two_hosts, tmp_path: Path, shards: str, vocab: str, nodes: str, *overri
     ds_env.write_text(f"DS_ACCELERATOR=cpu\nGLOO_SOCKET_IFNAME={hosts_module.IFNAME}\nOMP_NUM_THREADS=1\n")
     jobs = tmp_path / "jobs"
     submitted = subprocess.run(
-        two_hosts.hosts[0].command([
-            sys.executable, "-m", "bertdist", "submit", "--backend", "deepspeed", "--hostfile", str(hostfile),
-            "--nodes", nodes, "--gpus-per-node", "1", "--cpu-only", "--config", str(config), "--master-port", str(free_tcp_port()),
-            "--jobs-dir", str(jobs), "launch.host_probe_interval_s=2", "launch.restart_backoff_s=1", *overrides]),
-        env=two_hosts.env(DS_ENV_FILE=str(ds_env)), cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        two_hosts.hosts[0].command(
+            [
+                sys.executable,
+                "-m",
+                "bertdist",
+                "submit",
+                "--backend",
+                "deepspeed",
+                "--hostfile",
+                str(hostfile),
+                "--nodes",
+                nodes,
+                "--gpus-per-node",
+                "1",
+                "--cpu-only",
+                "--config",
+                str(config),
+                "--master-port",
+                str(free_tcp_port()),
+                "--jobs-dir",
+                str(jobs),
+                "launch.host_probe_interval_s=2",
+                "launch.restart_backoff_s=1",
+                *overrides,
+            ]
+        ),
+        env=two_hosts.env(DS_ENV_FILE=str(ds_env)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     return submitted.stdout.split("submitted deepspeed job ", 1)[1].split()[0], jobs, tmp_path / "run" / "out"
 
@@ -78,8 +106,13 @@ def _tail(log: Path) -> str:
 
 
 def _status(job_id: str, jobs: Path) -> str:
-    return subprocess.run([sys.executable, "-m", "bertdist", "status", job_id, "--jobs-dir", str(jobs)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "bertdist", "status", job_id, "--jobs-dir", str(jobs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
 
 
 def _finished(job_id: str, jobs: Path) -> bool:
@@ -143,17 +176,22 @@ def _check_samples(records: list[dict], shards: str) -> dict[int, int]:
     return done
 
 
-def test_a_host_whose_ranks_are_killed_is_dropped_and_the_job_finishes_on_the_other(two_hosts, tiny_shards, tiny_vocab, tmp_path):
+def test_a_host_whose_ranks_are_killed_is_dropped_and_the_job_finishes_on_the_other(
+    two_hosts, tiny_shards, tiny_vocab, tmp_path
+):
     """Host B's ranks SIGKILLed after the checkpoint of step 20: the job goes on on host A alone (one rank,
     gradient accumulation 2 -> 4) from the newest checkpoint and finishes; no sample is repeated or skipped
     beyond the redone steps (at most one checkpoint interval); the log, `bertdist status` and the MLflow run
     name the event."""
-    job_id, jobs, out = _job(two_hosts, tmp_path, tiny_shards, tiny_vocab, "1-2", "launch.grow_back=false",
-                             tracking=True)  # fmt: skip
+    job_id, jobs, out = _job(
+        two_hosts, tmp_path, tiny_shards, tiny_vocab, "1-2", "launch.grow_back=false", tracking=True
+    )
     log = jobs / f"{job_id}.log"
     _wait(lambda: _checkpoint_step(out) >= FAULT_AFTER_STEP, f"the checkpoint of step {FAULT_AFTER_STEP}", log)
     assert _kill_ranks(two_hosts.hosts[1]) >= 1
-    recovered_s = _wait(lambda: any(r["data_position"]["world_size"] == 1 for r in _records(out)), "a step on host A alone", log)
+    recovered_s = _wait(
+        lambda: any(r["data_position"]["world_size"] == 1 for r in _records(out)), "a step on host A alone", log
+    )
     _wait(lambda: _finished(job_id, jobs), "the job to finish", log)
     text = log.read_text()
     status = _status(job_id, jobs)
@@ -172,14 +210,18 @@ def test_a_host_whose_ranks_are_killed_is_dropped_and_the_job_finishes_on_the_ot
     mlflow = client(local_store_uri(out))
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("elastic").experiment_id])
     assert "lost " + two_hosts.hosts[1].address in run.data.tags["bertdist.elastic.restart_1"], run.data.tags
-    sizes = [m.value for m in sorted(mlflow.get_metric_history(run.info.run_id, "run/world_size"), key=lambda m: m.step)]
+    sizes = [
+        m.value for m in sorted(mlflow.get_metric_history(run.info.run_id, "run/world_size"), key=lambda m: m.step)
+    ]
     assert sizes == [2.0, 1.0], sizes
     (lost,) = mlflow.get_metric_history(run.info.run_id, "run/seconds_lost")
     assert 0 < lost.value < RECOVERY_BOUND_S + 60, lost
     assert run.info.status == "FINISHED", run.info
 
 
-def test_a_host_that_loses_its_network_is_dropped_and_taken_back_when_it_answers(two_hosts, tiny_shards, tiny_vocab, tmp_path):
+def test_a_host_that_loses_its_network_is_dropped_and_taken_back_when_it_answers(
+    two_hosts, tiny_shards, tiny_vocab, tmp_path
+):
     """Host B's link down after the checkpoint of step 20: the job continues on host A; the link up again: B is
     taken back at a checkpoint the supervisor asks for (no step redone) and the job finishes on two ranks. The
     final model loads, and the loss does not jump where the world size changed more than it moves from one
@@ -217,7 +259,10 @@ def test_a_host_that_loses_its_network_is_dropped_and_taken_back_when_it_answers
     size = {s: r["data_position"]["world_size"] for s, r in trajectory.items()}
     jumps = {s: abs(loss[s] - loss[s - 1]) for s in range(2, STEPS + 1)}
     changes = [s for s in jumps if size[s] != size[s - 1]]
-    assert changes and max(jumps[s] for s in changes) <= max(j for s, j in jumps.items() if s not in changes), (changes, jumps)
+    assert changes and max(jumps[s] for s in changes) <= max(j for s, j in jumps.items() if s not in changes), (
+        changes,
+        jumps,
+    )
 
     from bertdist.model.bert import BertForPreTraining
     from tests.conftest import tiny_model_config
@@ -226,7 +271,9 @@ def test_a_host_that_loses_its_network_is_dropped_and_taken_back_when_it_answers
     model.load_state_dict(consolidated_state_dict(out / "checkpoints" / f"step_{STEPS:08d}"))
 
 
-def test_fewer_hosts_than_min_nodes_stops_the_job_with_its_last_checkpoint_intact(two_hosts, tiny_shards, tiny_vocab, tmp_path):
+def test_fewer_hosts_than_min_nodes_stops_the_job_with_its_last_checkpoint_intact(
+    two_hosts, tiny_shards, tiny_vocab, tmp_path
+):
     """launch.min_nodes=2 and host B's ranks killed: one line says why the job stops and names the last
     checkpoint, which `bertdist checkpoints` finds intact."""
     job_id, jobs, out = _job(two_hosts, tmp_path, tiny_shards, tiny_vocab, "2")
@@ -239,8 +286,13 @@ def test_fewer_hosts_than_min_nodes_stops_the_job_with_its_last_checkpoint_intac
     (line,) = [ln for ln in log.read_text().splitlines() if "bertdist elastic:" in ln and "stopping:" in ln]
     tag = runs.latest_tag(out)
     assert f"fewer than launch.min_nodes=2; last checkpoint: {tag} (intact" in line, line
-    listed = subprocess.run([sys.executable, "-m", "bertdist", "checkpoints", str(out)], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-m", "bertdist", "checkpoints", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listed.returncode == 0, listed.stdout + listed.stderr
 
 
@@ -254,25 +306,50 @@ def test_a_ray_job_loses_a_node_s_ranks_and_finishes_on_the_other_node(two_hosts
     from bertdist.config import dump_yaml, load_config
 
     config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
-    cfg = load_config(str(config), [f"data.phases.0.steps={STEPS}", "data.phases.0.micro_batch_size=8", "data.phases.0.eval_dir=",
-                                    f"train.global_batch_size={GLOBAL_BATCH}", f"checkpoint.every_steps={EVERY}",
-                                    "checkpoint.keep_last=3", "launch.nodes=2", "launch.min_nodes=1", "launch.gpus_per_node=1",
-                                    f"launch.master_port={free_tcp_port()}", "launch.host_probe_interval_s=2",
-                                    "launch.restart_backoff_s=1", "launch.grow_back=false"])  # fmt: skip
+    cfg = load_config(
+        str(config),
+        [
+            f"data.phases.0.steps={STEPS}",
+            "data.phases.0.micro_batch_size=8",
+            "data.phases.0.eval_dir=",
+            f"train.global_batch_size={GLOBAL_BATCH}",
+            f"checkpoint.every_steps={EVERY}",
+            "checkpoint.keep_last=3",
+            "launch.nodes=2",
+            "launch.min_nodes=1",
+            "launch.gpus_per_node=1",
+            f"launch.master_port={free_tcp_port()}",
+            "launch.host_probe_interval_s=2",
+            "launch.restart_backoff_s=1",
+            "launch.grow_back=false",
+        ],
+    )
     out = Path(cfg.train.output_dir)
-    env = two_hosts.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), DS_ACCELERATOR="cpu",
-                        GLOO_SOCKET_IFNAME=hosts_module.IFNAME, OMP_NUM_THREADS="1")  # fmt: skip
+    env = two_hosts.env(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(16),
+        DS_ACCELERATOR="cpu",
+        GLOO_SOCKET_IFNAME=hosts_module.IFNAME,
+        OMP_NUM_THREADS="1",
+    )
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "driver.log"
     with hosts_module.ray_cluster(two_hosts, env, head_cpus=1, worker_cpus=1) as address, open(log, "w") as driver_log:
         driver = subprocess.Popen(
-            two_hosts.hosts[0].command([sys.executable, "-m", "bertdist.launch.ray_job", "--gpus-per-node", "1", "--cpu-only"]),
-            env={**env, "RAY_ADDRESS": address, "BERTDIST_CONFIG_YAML": dump_yaml(cfg)}, cwd=REPO,
-            stdout=driver_log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            two_hosts.hosts[0].command(
+                [sys.executable, "-m", "bertdist.launch.ray_job", "--gpus-per-node", "1", "--cpu-only"]
+            ),
+            env={**env, "RAY_ADDRESS": address, "BERTDIST_CONFIG_YAML": dump_yaml(cfg)},
+            cwd=REPO,
+            stdout=driver_log,
+            stderr=subprocess.STDOUT,
+        )
         try:
-            _wait(lambda: _checkpoint_step(out) >= FAULT_AFTER_STEP or driver.poll() is not None,
-                  f"the checkpoint of step {FAULT_AFTER_STEP}", log)  # fmt: skip
+            _wait(
+                lambda: _checkpoint_step(out) >= FAULT_AFTER_STEP or driver.poll() is not None,
+                f"the checkpoint of step {FAULT_AFTER_STEP}",
+                log,
+            )
             assert _kill_ranks(two_hosts.hosts[1]) >= 1, _tail(log)
             code = driver.wait(timeout=JOB_TIMEOUT_S)
         finally:
@@ -283,4 +360,6 @@ def test_a_ray_job_loses_a_node_s_ranks_and_finishes_on_the_other_node(two_hosts
     done = _check_samples(_records(out), tiny_shards)
     assert sum(n - 1 for n in done.values()) <= EVERY, done
     state = json.loads((out / "elastic.json").read_text())
-    assert state["state"] == "succeeded" and state["restarts"] == 1 and state["hosts"] == [two_hosts.hosts[0].address], state
+    assert (
+        state["state"] == "succeeded" and state["restarts"] == 1 and state["hosts"] == [two_hosts.hosts[0].address]
+    ), state

@@ -36,7 +36,9 @@ def _same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -
     return [k for k in want if not torch.equal(want[k], got[k])]
 
 
-def test_the_deepspeed_hostfile_launcher_over_ssh_trains_what_one_host_trains(two_hosts, base, tiny_shards, tiny_vocab, tmp_path):
+def test_the_deepspeed_hostfile_launcher_over_ssh_trains_what_one_host_trains(
+    two_hosts, base, tiny_shards, tiny_vocab, tmp_path
+):
     """`bertdist submit --backend deepspeed` from host 1 with a hostfile of both hosts, one rank each: pdsh
     starts a rank on each over SSH, they meet at host 1's address, and the run ends with the weights of the
     same run as 2 ranks on one host."""
@@ -50,17 +52,52 @@ def test_the_deepspeed_hostfile_launcher_over_ssh_trains_what_one_host_trains(tw
     env = two_hosts.env(DS_ENV_FILE=str(ds_env))
     first = two_hosts.hosts[0]
     submitted = subprocess.run(
-        first.command([sys.executable, "-m", "bertdist", "submit", "--backend", "deepspeed", "--hostfile", str(hostfile),
-                       "--nodes", "2", "--gpus-per-node", "1", "--cpu-only", "--config", str(config),
-                       "--master-port", str(free_tcp_port()), "--jobs-dir", str(jobs)]),
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        first.command(
+            [
+                sys.executable,
+                "-m",
+                "bertdist",
+                "submit",
+                "--backend",
+                "deepspeed",
+                "--hostfile",
+                str(hostfile),
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--cpu-only",
+                "--config",
+                str(config),
+                "--master-port",
+                str(free_tcp_port()),
+                "--jobs-dir",
+                str(jobs),
+            ]
+        ),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job_id = submitted.stdout.split("submitted deepspeed job ", 1)[1].split()[0]
-    logs = subprocess.run(first.command([sys.executable, "-m", "bertdist", "logs", job_id, "--jobs-dir", str(jobs), "--follow"]),
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S).stdout  # fmt: skip
-    status = subprocess.run([sys.executable, "-m", "bertdist", "status", job_id, "--jobs-dir", str(jobs)],
-                            cwd=REPO, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    logs = subprocess.run(
+        first.command([sys.executable, "-m", "bertdist", "logs", job_id, "--jobs-dir", str(jobs), "--follow"]),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    ).stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "bertdist", "status", job_id, "--jobs-dir", str(jobs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert status.startswith("succeeded"), status + logs[-4000:]
     for host in two_hosts.hosts:  # pdsh prefixes every remote line with its host
         assert f"{host.address}: " in logs, logs[-4000:]
@@ -73,16 +110,33 @@ def test_ranks_meet_at_a_master_address_on_the_other_host(two_hosts, base, tiny_
     config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
     port, procs, logs = free_tcp_port(), [], []
     for rank, host in enumerate(two_hosts.hosts):
-        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": hosts_module.IFNAME,
-               "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODELIST": "hosts",
-               "SLURM_TASKS_PER_NODE": "1", "MASTER_ADDR": two_hosts.hosts[0].address, "MASTER_PORT": str(port)}  # fmt: skip
+        env = {
+            **os.environ,
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": hosts_module.IFNAME,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODELIST": "hosts",
+            "SLURM_TASKS_PER_NODE": "1",
+            "MASTER_ADDR": two_hosts.hosts[0].address,
+            "MASTER_PORT": str(port),
+        }
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(name, None)
         log = tmp_path / f"rank{rank}.log"
         logs.append(log)
         with open(log, "w") as out:
-            procs.append(subprocess.Popen(host.command([sys.executable, "-m", "bertdist", "train", "--config", str(config)]),
-                                          env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    host.command([sys.executable, "-m", "bertdist", "train", "--config", str(config)]),
+                    env=env,
+                    cwd=REPO,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     try:
         codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in procs]
     finally:
@@ -96,7 +150,9 @@ def _shard_bytes(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.glob("*.tar"))}
 
 
-def test_prepare_on_a_ray_cluster_of_two_hosts_uses_both_and_writes_the_same_shards(two_hosts, tiny_corpus, tiny_vocab, tiny_shards, tmp_path):
+def test_prepare_on_a_ray_cluster_of_two_hosts_uses_both_and_writes_the_same_shards(
+    two_hosts, tiny_corpus, tiny_vocab, tiny_shards, tmp_path
+):
     """A Ray head on host 1 and a worker node on host 2 (token authentication on): `bertdist prepare
     --ray-address` from host 1 runs tasks on both nodes and writes the shards a one-node run writes."""
     import secrets
@@ -110,13 +166,42 @@ def test_prepare_on_a_ray_cluster_of_two_hosts_uses_both_and_writes_the_same_sha
     with hosts_module.ray_cluster(two_hosts, env, head_cpus=1, worker_cpus=2) as address:
         out = tmp_path / "shards"
         prepared = subprocess.run(
-            head.command([sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", str(out),
-                          "--vocab", tiny_vocab, "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2",
-                          "--samples-per-shard", str(TINY_SHARD_SAMPLES), "--group-mb", str(64 / 1024), "--workers", "3",
-                          "--no-progress", "--ray-address", address]),
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-        )  # fmt: skip
+            head.command(
+                [
+                    sys.executable,
+                    "-m",
+                    "bertdist",
+                    "prepare",
+                    "--input",
+                    tiny_corpus,
+                    "--output",
+                    str(out),
+                    "--vocab",
+                    tiny_vocab,
+                    "--max-seq-length",
+                    str(TEST_SEQ_LENGTH),
+                    "--dupe-factor",
+                    "2",
+                    "--samples-per-shard",
+                    str(TINY_SHARD_SAMPLES),
+                    "--group-mb",
+                    str(64 / 1024),
+                    "--workers",
+                    "3",
+                    "--no-progress",
+                    "--ray-address",
+                    address,
+                ]
+            ),
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+        )
     assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-3000:]
     nodes = prepared.stdout.split("ray nodes: ", 1)[1].splitlines()[0]
-    assert nodes.startswith("2 (") and f"{head.address}: " in nodes and f"{two_hosts.hosts[1].address}: " in nodes, nodes
+    assert nodes.startswith("2 (") and f"{head.address}: " in nodes and f"{two_hosts.hosts[1].address}: " in nodes, (
+        nodes
+    )
     assert _shard_bytes(out) == _shard_bytes(Path(tiny_shards))

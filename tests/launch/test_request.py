@@ -33,17 +33,27 @@ VENV_BIN = Path(sys.executable).parent
 TINY_CONFIG = REPO / "configs" / "bert-tiny.yaml"
 
 
-def bertdist(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def bertdist(
+    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """The CLI in its own process: Ray's token settings must not leak into the test process."""
-    return subprocess.run([sys.executable, "-m", "bertdist", *args], env={**os.environ, **(env or {})}, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bertdist", *args],
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Rendering and validation (no cluster needed).
 
 
-@pytest.mark.parametrize("backend,elastic", [("local", False), ("deepspeed", True), ("slurm", False), ("slurm", True), ("ray", False)])
+@pytest.mark.parametrize(
+    "backend,elastic", [("local", False), ("deepspeed", True), ("slurm", False), ("slurm", True), ("ray", False)]
+)
 def test_dry_run_renders_the_job_and_writes_nothing(backend, elastic, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     hostfile = tmp_path / "hosts"
@@ -51,11 +61,30 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, elastic, tmp_path, 
     flags = {
         "local": ["--gpus-per-node", "2"],
         "deepspeed": ["--nodes", "1-2", "--gpus-per-node", "1", "--hostfile", str(hostfile)],
-        "slurm": ["--nodes", "1-2" if elastic else "2", "--gpus-per-node", "1", "--time", "01:30:00", "--partition", "gpu"],
+        "slurm": [
+            "--nodes",
+            "1-2" if elastic else "2",
+            "--gpus-per-node",
+            "1",
+            "--time",
+            "01:30:00",
+            "--partition",
+            "gpu",
+        ],
         "ray": ["--nodes", "2", "--gpus-per-node", "1", "--address", "http://10.0.0.5:8265"],
     }[backend]
-    code = main(["submit", "--backend", backend, "--config", str(TINY_CONFIG), "--dry-run", *flags,
-                 "tracking.run_name=it's $(touch pwned)"])
+    code = main(
+        [
+            "submit",
+            "--backend",
+            backend,
+            "--config",
+            str(TINY_CONFIG),
+            "--dry-run",
+            *flags,
+            "tracking.run_name=it's $(touch pwned)",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert not (tmp_path / "runs").exists() and not (tmp_path / "pwned").exists()
@@ -63,10 +92,19 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, elastic, tmp_path, 
     if backend == "local":
         assert "NPROC_PER_NODE=2" in out and "launch/single_node.sh --config" in out
     elif backend == "deepspeed":
-        assert f"-m bertdist.launch.elastic --config" in out and f"--hostfile {hostfile}" in out and ".elastic.json" in out
+        assert (
+            "-m bertdist.launch.elastic --config" in out and f"--hostfile {hostfile}" in out and ".elastic.json" in out
+        )
     elif backend == "slurm":
-        for line in ("#SBATCH --nodes=1-2" if elastic else "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=01:30:00", "#SBATCH --requeue",
-                     "#SBATCH --signal=USR1@300", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1"):
+        for line in (
+            "#SBATCH --nodes=1-2" if elastic else "#SBATCH --nodes=2",
+            "#SBATCH --ntasks-per-node=1",
+            "#SBATCH --time=01:30:00",
+            "#SBATCH --requeue",
+            "#SBATCH --signal=USR1@300",
+            "#SBATCH --partition=gpu",
+            "#SBATCH --gpus-per-node=1",
+        ):
             assert line in out.splitlines(), line
         assert "{{" not in out and "sbatch --parsable" in out
     else:
@@ -79,9 +117,16 @@ def test_dry_run_renders_the_job_and_writes_nothing(backend, elastic, tmp_path, 
 
 
 def test_resolved_config_round_trips_through_the_trainers_loader(tmp_path):
-    job = plan(SubmitRequest(backend="local", config=str(TINY_CONFIG), overrides=["optim.lr=0.0003", "data.phases.0.steps=700"],
-                             gpus_per_node=2, jobs_dir=str(tmp_path)))
-    (path, text), = job.files.items()
+    job = plan(
+        SubmitRequest(
+            backend="local",
+            config=str(TINY_CONFIG),
+            overrides=["optim.lr=0.0003", "data.phases.0.steps=700"],
+            gpus_per_node=2,
+            jobs_dir=str(tmp_path),
+        )
+    )
+    ((path, text),) = job.files.items()
     Path(path).write_text(text)
     cfg = load_config(path)
     expected = load_config(TINY_CONFIG, ["optim.lr=0.0003", "data.phases.0.steps=700"])
@@ -101,7 +146,10 @@ def test_resolved_config_round_trips_through_the_trainers_loader(tmp_path):
         (["--jobs-dir=-rf"], "--jobs-dir: '-rf' is not allowed"),
         (["--signal-before", "4000", "--time", "01:00:00"], "--signal-before: 4000 s must be positive and shorter"),
         (["--nodes", "0"], "--nodes: must be at least 1"),
-        (["--gpus-per-node", "3"], "train.global_batch_size: 32 is not divisible by data.phases.0.micro_batch_size x world size = 16 x 3"),
+        (
+            ["--gpus-per-node", "3"],
+            "train.global_batch_size: 32 is not divisible by data.phases.0.micro_batch_size x world size = 16 x 3",
+        ),
         (["checkpoint.resume=none"], "checkpoint.resume: a requeueable SLURM job resumes from its latest checkpoint"),
         (["train.output_dir=a\nb"], "contains a control character or newline"),
         (["x y=1"], "override 'x y=1': key: 'x y' is not allowed"),
@@ -117,8 +165,27 @@ def test_bad_values_are_refused_naming_the_field(argv, message, tmp_path, capsys
 
 
 def test_every_problem_is_reported_at_once(capsys):
-    assert main(["submit", "--backend", "slurm", "--config", str(TINY_CONFIG), "--dry-run", "--nodes", "0",
-                 "--name", "a b", "--time", "soon", "--partition", "p;q"]) == 2
+    assert (
+        main(
+            [
+                "submit",
+                "--backend",
+                "slurm",
+                "--config",
+                str(TINY_CONFIG),
+                "--dry-run",
+                "--nodes",
+                "0",
+                "--name",
+                "a b",
+                "--time",
+                "soon",
+                "--partition",
+                "p;q",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     for field in ("--nodes", "job name", "--time", "--partition"):
         assert field in err
@@ -129,8 +196,11 @@ def test_backend_specific_refusals(tmp_path, capsys):
     hostfile.write_text("good-host slots=8\n-oProxyCommand=evil slots=8\nbad_host slots=2\ngood-host slots=1\n")
     with pytest.raises(SubmitError) as e:
         parse_hostfile(str(hostfile))
-    assert [p.split(": ", 1)[0] for p in e.value.problems] == [f"--hostfile {hostfile}:2", f"--hostfile {hostfile}:3",
-                                                             f"--hostfile {hostfile}:4"]
+    assert [p.split(": ", 1)[0] for p in e.value.problems] == [
+        f"--hostfile {hostfile}:2",
+        f"--hostfile {hostfile}:3",
+        f"--hostfile {hostfile}:4",
+    ]
     hostfile.write_text("node-a slots=1\n")
     cases = [
         (["--backend", "deepspeed", "--nodes", "2", "--gpus-per-node", "1", "--hostfile", str(hostfile)], "lists 1"),
@@ -141,8 +211,10 @@ def test_backend_specific_refusals(tmp_path, capsys):
         (["--backend", "slurm", "--nodes", "3-2"], "--nodes: '3-2': the range's minimum is above its maximum"),
         (["--backend", "slurm", "--nodes", "two"], "--nodes: 'two' is not a number of nodes or a range MIN-MAX"),
         # SLURM may start a range on any count: 3 nodes of 8 cannot split a global batch of 32 (the others can).
-        (["--backend", "slurm", "--nodes", "2-4", "--gpus-per-node", "1", "data.phases.0.micro_batch_size=8"],
-         "--nodes 2-4: on 3 node(s) train.global_batch_size"),
+        (
+            ["--backend", "slurm", "--nodes", "2-4", "--gpus-per-node", "1", "data.phases.0.micro_batch_size=8"],
+            "--nodes 2-4: on 3 node(s) train.global_batch_size",
+        ),
         (["--backend", "deepspeed", "--nodes", "3-2", "--hostfile", str(hostfile)], "minimum is above its maximum"),
         (["--backend", "local", "--nodes", "1-2"], "launch.min_nodes: the local backend runs on one machine"),
     ]
@@ -157,7 +229,10 @@ def test_submitting_without_slurm_commands_says_so(tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["submit", "--backend", "slurm", "--config", str(TINY_CONFIG), "--cpu-only"]) == 2
-    assert "sbatch: not found; SLURM jobs are submitted and followed from a machine with the SLURM client" in capsys.readouterr().err
+    assert (
+        "sbatch: not found; SLURM jobs are submitted and followed from a machine with the SLURM client"
+        in capsys.readouterr().err
+    )
 
 
 def test_prepare_arguments_reach_the_ray_entrypoint_as_one_word_each(capsys):
@@ -207,9 +282,30 @@ class SlurmPreemption:
         self.out = Path(cfg["train"]["output_dir"])
         self.jobs = tmp / "jobs"
         # A node range: this one-node cluster starts (and requeues) it on the one node it has.
-        submitted = bertdist("submit", "--backend", "slurm", "--config", str(config), "--cpu-only", "--gpus-per-node", "2", "--nodes", "1-2",
-                             "--time", "00:15:00", "--signal-before", "120", "--master-port", str(free_tcp_port()),
-                             "--name", "bertdist-test", "--jobs-dir", str(self.jobs), env={"OMP_NUM_THREADS": "1"}, cwd=tmp)
+        submitted = bertdist(
+            "submit",
+            "--backend",
+            "slurm",
+            "--config",
+            str(config),
+            "--cpu-only",
+            "--gpus-per-node",
+            "2",
+            "--nodes",
+            "1-2",
+            "--time",
+            "00:15:00",
+            "--signal-before",
+            "120",
+            "--master-port",
+            str(free_tcp_port()),
+            "--name",
+            "bertdist-test",
+            "--jobs-dir",
+            str(self.jobs),
+            env={"OMP_NUM_THREADS": "1"},
+            cwd=tmp,
+        )
         assert submitted.returncode == 0, submitted.stderr
         self.job_id = submitted.stdout.split("submitted slurm job ", 1)[1].split()[0]
         self.preempted = threading.Event()
@@ -234,8 +330,13 @@ def slurm_job(tiny_shards, tiny_vocab, tmp_path_factory):
     """The preempted SLURM job, or the reason there is no SLURM here (scripts/setup_slurm.sh, which `make
     test` runs first and which returns at once when the cluster is up)."""
     skip_file = Path(tempfile.gettempdir()) / "bertdist-slurm-unavailable"
-    setup = subprocess.run(["bash", str(REPO / "scripts" / "setup_slurm.sh")], capture_output=True, text=True,
-                           timeout=600, env={**os.environ, "SLURM_SKIP_FILE": str(skip_file)})
+    setup = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup_slurm.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "SLURM_SKIP_FILE": str(skip_file)},
+    )
     if skip_file.exists():
         yield f"no SLURM here: {skip_file.read_text().strip()}"
         return
@@ -261,16 +362,42 @@ class RayHead:
         self.token = secrets.token_hex(16)
         self.dashboard_port = free_tcp_port()
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
-               # A job's entrypoint runs `python`: the one of this environment, as on a cluster image.
-               "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            # A job's entrypoint runs `python`: the one of this environment, as on a cluster image.
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         env.pop("RAY_ADDRESS", None)
-        ports = {flag: str(free_tcp_port()) for flag in (
-            "--port", "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-            "--metrics-export-port", "--runtime-env-agent-port")}
-        argv = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
-                "--dashboard-port", str(self.dashboard_port), "--num-cpus", "2", "--temp-dir", self.temp_dir,
-                "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
+        ports = {
+            flag: str(free_tcp_port())
+            for flag in (
+                "--port",
+                "--ray-client-server-port",
+                "--dashboard-agent-listen-port",
+                "--dashboard-agent-grpc-port",
+                "--metrics-export-port",
+                "--runtime-env-agent-port",
+            )
+        }
+        argv = [
+            str(VENV_BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(self.dashboard_port),
+            "--num-cpus",
+            "2",
+            "--temp-dir",
+            self.temp_dir,
+            "--disable-usage-stats",
+            *[x for kv in ports.items() for x in kv],
+        ]
         self._starting = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def wait_ready(self) -> None:
@@ -301,16 +428,45 @@ def _follow(job_id: str, jobs_dir: Path, env: dict | None = None) -> tuple[str, 
 
 
 @pytest.mark.slow
-def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray_head, tiny_corpus, tiny_vocab, tiny_shards, tmp_path):
+def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(
+    slurm_job, ray_head, tiny_corpus, tiny_vocab, tiny_shards, tmp_path
+):
     # `slurm_job` is not used here: asking for it starts the SLURM job, which trains meanwhile.
     ray_head.wait_ready()
     output = tmp_path / "shards"
     jobs = tmp_path / "jobs"
-    prepare_args = ["--input", tiny_corpus, "--output", str(output), "--vocab", tiny_vocab,
-                    "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2", "--samples-per-shard",
-                    str(TINY_SHARD_SAMPLES), "--group-mb", str((64 << 10) / (1 << 20)), "--workers", "2", "--no-progress"]
-    submit = ["submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs), "--job", "prepare",
-              "--", *prepare_args]
+    prepare_args = [
+        "--input",
+        tiny_corpus,
+        "--output",
+        str(output),
+        "--vocab",
+        tiny_vocab,
+        "--max-seq-length",
+        str(TEST_SEQ_LENGTH),
+        "--dupe-factor",
+        "2",
+        "--samples-per-shard",
+        str(TINY_SHARD_SAMPLES),
+        "--group-mb",
+        str((64 << 10) / (1 << 20)),
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
+    submit = [
+        "submit",
+        "--backend",
+        "ray",
+        "--address",
+        ray_head.address,
+        "--jobs-dir",
+        str(jobs),
+        "--job",
+        "prepare",
+        "--",
+        *prepare_args,
+    ]
 
     # Without the token the head refuses the job, and says what is missing.
     refused = bertdist(*submit, env={"RAY_AUTH_TOKEN": "", "RAY_AUTH_MODE": "", "HOME": str(tmp_path)})
@@ -332,16 +488,37 @@ def test_prepare_then_train_as_ray_jobs_on_a_token_protected_head(slurm_job, ray
     # The cluster's shards are byte-identical to the ones the in-process pipeline made from the same inputs.
     got = json.loads((output / "manifest.json").read_text())
     want = json.loads((Path(tiny_shards) / "manifest.json").read_text())
-    assert [(s["name"], s["num_samples"], s["sha256"]) for s in got["shards"]] == \
-        [(s["name"], s["num_samples"], s["sha256"]) for s in want["shards"]]
+    assert [(s["name"], s["num_samples"], s["sha256"]) for s in got["shards"]] == [
+        (s["name"], s["num_samples"], s["sha256"]) for s in want["shards"]
+    ]
     assert all((output / s["name"]).is_file() for s in got["shards"])
 
     # Training on the cluster's shards, as a Ray job (bertdist.launch.ray_job: the elastic supervisor, a task per node).
     config = training_runs.write_config(tmp_path / "train", str(output), tiny_vocab, zero_stage=1)
-    submitted = bertdist("submit", "--backend", "ray", "--address", ray_head.address, "--jobs-dir", str(jobs),
-                         "--config", str(config), "--cpu-only", "--nodes", "1", "--gpus-per-node", "1",
-                         "--master-port", str(free_tcp_port()), "data.phases.0.steps=2", "data.phases.0.eval_dir=",
-                         "data.loader_workers=0", "optim.warmup_steps=1", "checkpoint.every_steps=2", env=env)
+    submitted = bertdist(
+        "submit",
+        "--backend",
+        "ray",
+        "--address",
+        ray_head.address,
+        "--jobs-dir",
+        str(jobs),
+        "--config",
+        str(config),
+        "--cpu-only",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--master-port",
+        str(free_tcp_port()),
+        "data.phases.0.steps=2",
+        "data.phases.0.eval_dir=",
+        "data.loader_workers=0",
+        "optim.warmup_steps=1",
+        "checkpoint.every_steps=2",
+        env=env,
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job_id = submitted.stdout.split("submitted ray job ", 1)[1].split()[0]
     status, logs = _follow(job_id, jobs, env)

@@ -26,8 +26,9 @@ JOB_TIMEOUT_S = 600
 
 
 def _script(name: str, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(LAUNCH / name), *args], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(LAUNCH / name), *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,8 +53,17 @@ def test_hostfile_script_needs_a_hostfile(tmp_path):
 
 def test_rendered_slurm_script_is_valid_bash(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    job = plan(SubmitRequest(backend="slurm", config=str(REPO / "configs" / "bert-base.yaml"), nodes=2, gpus_per_node=4,
-                             time_limit="48:00:00", partition="gpu", jobs_dir=str(tmp_path / "jobs")))
+    job = plan(
+        SubmitRequest(
+            backend="slurm",
+            config=str(REPO / "configs" / "bert-base.yaml"),
+            nodes=2,
+            gpus_per_node=4,
+            time_limit="48:00:00",
+            partition="gpu",
+            jobs_dir=str(tmp_path / "jobs"),
+        )
+    )
     script = next(text for path, text in job.files.items() if path.endswith(".sbatch"))
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
@@ -61,9 +71,13 @@ def test_rendered_slurm_script_is_valid_bash(tmp_path, monkeypatch):
 
 
 def test_ray_job_entry_point_needs_the_resolved_config():
-    out = subprocess.run([sys.executable, "-m", "bertdist.launch.ray_job", "--gpus-per-node", "1"],
-                         env={k: v for k, v in os.environ.items() if k != "BERTDIST_CONFIG_YAML"},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "bertdist.launch.ray_job", "--gpus-per-node", "1"],
+        env={k: v for k, v in os.environ.items() if k != "BERTDIST_CONFIG_YAML"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "BERTDIST_CONFIG_YAML is not set" in out.stderr
 
 
@@ -73,9 +87,29 @@ def test_two_nodes_of_one_rank_train_exactly_like_one_node_of_two_ranks(tiny_sha
     one_node = training_runs.write_config(tmp_path / "one-node", tiny_shards, tiny_vocab, zero_stage=1)
     jobs = tmp_path / "jobs"
     submitted = subprocess.run(
-        [sys.executable, "-m", "bertdist", "submit", "--backend", "local", "--config", str(one_node), "--cpu-only",
-         "--gpus-per-node", "2", "--master-port", str(free_tcp_port()), "--jobs-dir", str(jobs)],
-        env={**os.environ, **CPU_ENV}, capture_output=True, text=True, timeout=120, check=True)
+        [
+            sys.executable,
+            "-m",
+            "bertdist",
+            "submit",
+            "--backend",
+            "local",
+            "--config",
+            str(one_node),
+            "--cpu-only",
+            "--gpus-per-node",
+            "2",
+            "--master-port",
+            str(free_tcp_port()),
+            "--jobs-dir",
+            str(jobs),
+        ],
+        env={**os.environ, **CPU_ENV},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     job_id = submitted.stdout.split("submitted local job ", 1)[1].split()[0]
 
     # Two "nodes" of one rank each, meanwhile: launch/single_node.sh once per node with its node rank and
@@ -85,11 +119,24 @@ def test_two_nodes_of_one_rank_train_exactly_like_one_node_of_two_ranks(tiny_sha
     port = str(free_tcp_port())
     nodes = []
     for node_rank in (0, 1):
-        env = {**os.environ, **CPU_ENV, "NNODES": "2", "NODE_RANK": str(node_rank), "NPROC_PER_NODE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        env = {
+            **os.environ,
+            **CPU_ENV,
+            "NNODES": "2",
+            "NODE_RANK": str(node_rank),
+            "NPROC_PER_NODE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
         log = open(tmp_path / f"node{node_rank}.log", "w")
-        nodes.append(subprocess.Popen(["bash", str(LAUNCH / "single_node.sh"), "--config", str(two_nodes)], env=env,
-                                      stdout=log, stderr=subprocess.STDOUT))
+        nodes.append(
+            subprocess.Popen(
+                ["bash", str(LAUNCH / "single_node.sh"), "--config", str(two_nodes)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     try:
         codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in nodes]
     finally:
@@ -98,10 +145,15 @@ def test_two_nodes_of_one_rank_train_exactly_like_one_node_of_two_ranks(tiny_sha
     assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
 
     # `logs --follow` returns when the local job's supervisor has recorded its exit code.
-    logs = subprocess.run([sys.executable, "-m", "bertdist", "logs", job_id, "--follow", "--jobs-dir", str(jobs)],
-                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S).stdout
-    status = subprocess.run([sys.executable, "-m", "bertdist", "status", job_id, "--jobs-dir", str(jobs)],
-                            capture_output=True, text=True)
+    logs = subprocess.run(
+        [sys.executable, "-m", "bertdist", "logs", job_id, "--follow", "--jobs-dir", str(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    ).stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "bertdist", "status", job_id, "--jobs-dir", str(jobs)], capture_output=True, text=True
+    )
     assert status.returncode == 0 and status.stdout.startswith("succeeded"), status.stdout + logs[-3000:]
     assert f"done: {training_runs.STEPS} steps" in logs
 

@@ -50,9 +50,18 @@ class _Ended:
 
 
 def _supervisor(tmp_path, fleet: ScriptedFleet, *overrides: str) -> tuple[Supervisor, io.StringIO]:
-    cfg = load_config("bert-tiny", [f"train.output_dir={tmp_path / 'out'}", "data.phases.0.micro_batch_size=8",
-                                    "launch.nodes=4", "launch.gpus_per_node=1", "launch.restart_backoff_s=0",
-                                    "launch.host_probe_interval_s=0.01", *overrides])  # fmt: skip
+    cfg = load_config(
+        "bert-tiny",
+        [
+            f"train.output_dir={tmp_path / 'out'}",
+            "data.phases.0.micro_batch_size=8",
+            "launch.nodes=4",
+            "launch.gpus_per_node=1",
+            "launch.restart_backoff_s=0",
+            "launch.host_probe_interval_s=0.01",
+            *overrides,
+        ],
+    )
     out = io.StringIO()
     return Supervisor(cfg, fleet, tmp_path / "state.json", out), out
 
@@ -77,7 +86,9 @@ def test_no_node_count_left_that_keeps_the_batch_stops_naming_the_field(tmp_path
     supervisor, out = _supervisor(tmp_path, fleet, "launch.min_nodes=3")
     assert supervisor.run() == 1
     (line,) = [ln for ln in out.getvalue().splitlines() if "stopping:" in ln]
-    assert "3 node(s): train.global_batch_size: 32 is not divisible by data.phases.0.micro_batch_size x world size" in line
+    assert (
+        "3 node(s): train.global_batch_size: 32 is not divisible by data.phases.0.micro_batch_size x world size" in line
+    )
 
 
 def test_stalls_are_relaunched_until_max_restarts(tmp_path):
@@ -98,4 +109,6 @@ def test_hosts_that_do_not_answer_at_the_start_are_left_out_down_to_min_nodes(tm
     fleet = ScriptedFleet([{"h1": 0, "h2": 0}], down={"h3"})
     supervisor, out = _supervisor(tmp_path, fleet, "launch.min_nodes=2")
     assert supervisor.run() == 0
-    assert fleet.launched[0][0] == ["h1", "h2"] and "h3 does not answer (scripted: down): leaving it out" in out.getvalue()
+    assert (
+        fleet.launched[0][0] == ["h1", "h2"] and "h3 does not answer (scripted: down): leaving it out" in out.getvalue()
+    )

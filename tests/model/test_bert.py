@@ -110,8 +110,12 @@ def test_unpadded_batch_and_full_sequence_head_match_transformers():
     labels = hf_labels(batch)
     with torch.no_grad():
         ours = model(batch["input_ids"], batch["token_type_ids"], masked_lm_ids=labels)
-        ref = reference(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], labels=labels,
-                        next_sentence_label=batch["next_sentence_label"])
+        ref = reference(
+            input_ids=batch["input_ids"],
+            token_type_ids=batch["token_type_ids"],
+            labels=labels,
+            next_sentence_label=batch["next_sentence_label"],
+        )
     assert ours.mlm_logits.shape == (3, 16, model.config.vocab_size)
     torch.testing.assert_close(ours.mlm_logits, ref.prediction_logits, **TOLERANCE)
     assert ours.nsp_loss is None and ours.loss is None

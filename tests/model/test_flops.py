@@ -56,8 +56,11 @@ def test_the_counts_are_those_of_the_formulas_they_replaced(cfg, length, predict
     assert flops.train_flops_per_sequence(cfg, length, predictions) == 3 * expected
 
 
-@pytest.mark.parametrize("cfg, expected", [(tiny_model_config(), 51142656), (ModelConfig.from_size("modernbert-tiny"), 817920000)],
-                         ids=["bert", "modernbert"])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [(tiny_model_config(), 51142656), (ModelConfig.from_size("modernbert-tiny"), 817920000)],
+    ids=["bert", "modernbert"],
+)
 def test_a_batchs_count_from_a_device_tensor_of_tokens_is_a_tensor_and_the_same_number(cfg, expected):
     """What the trainer calls with (batch["attention_mask"] > 0).sum(), with no host sync: 4 samples of 25 tokens."""
     tokens = torch.ones(4, 32, dtype=torch.int64)[:, :25].sum()
@@ -74,7 +77,9 @@ def test_the_model_classes_count_themselves_through_the_registry():
 
 def test_berts_count_is_its_layers_and_heads_the_last_layer_at_cls_and_the_predictions():
     cfg, length, predictions = tiny_model_config(num_layers=3), 32, 5
-    layers = [BertLayer.forward_flops(cfg, length, length)] * 2 + [BertLayer.forward_flops(cfg, length, predictions + 1)]
+    layers = [BertLayer.forward_flops(cfg, length, length)] * 2 + [
+        BertLayer.forward_flops(cfg, length, predictions + 1)
+    ]
     heads = BertPreTrainingHeads.forward_flops(cfg, predictions) + BertPooler.forward_flops(cfg)
     assert BertForPreTraining.forward_flops(cfg, length, predictions) == sum(layers) + heads
 
@@ -86,11 +91,15 @@ def test_a_modernbert_layer_counts_its_window_and_a_window_as_long_as_the_sample
     assert local < ModernBertEncoderLayer.forward_flops(windowed, 0, length)  # 17 keys a query, not 64
     assert ModernBertEncoderLayer.forward_flops(windowed, 1, 8) == ModernBertEncoderLayer.forward_flops(windowed, 0, 8)
     every_layer_global = ModelConfig.from_size("modernbert-tiny", global_attn_every_n_layers=1)
-    window_covers_the_sample = ModelConfig.from_size("modernbert-tiny", global_attn_every_n_layers=2, local_attention=2 * length)
-    assert (ModernBertForMaskedLM.forward_flops(every_layer_global, length, predictions)
-            == ModernBertForMaskedLM.forward_flops(window_covers_the_sample, length, predictions)
-            == sum(ModernBertEncoderLayer.forward_flops(every_layer_global, i, length) for i in range(4))
-            + ModernBertPredictionHead.forward_flops(every_layer_global, predictions))  # fmt: skip
+    window_covers_the_sample = ModelConfig.from_size(
+        "modernbert-tiny", global_attn_every_n_layers=2, local_attention=2 * length
+    )
+    assert (
+        ModernBertForMaskedLM.forward_flops(every_layer_global, length, predictions)
+        == ModernBertForMaskedLM.forward_flops(window_covers_the_sample, length, predictions)
+        == sum(ModernBertEncoderLayer.forward_flops(every_layer_global, i, length) for i in range(4))
+        + ModernBertPredictionHead.forward_flops(every_layer_global, predictions)
+    )
 
 
 def test_forward_flops_equal_torchs_count_of_the_models_matmuls():
@@ -127,12 +136,16 @@ def test_an_mfu_above_a_datasheet_peak_is_printed_as_unknown_with_one_warning(mo
     console = Console(tmp_path, enabled=True)
     for flops_per_second in (1.3 * 19.5e12, 1.5 * 19.5e12, 0.47 * 19.5e12):
         interval = Interval(start=0.0)
-        interval.add({"sequences": 1.0, "tokens": 1.0, "slots": 1.0, "data_wait_seconds": 0.0, "loss": 1.0, "micro_batches": 1.0})
+        interval.add(
+            {"sequences": 1.0, "tokens": 1.0, "slots": 1.0, "data_wait_seconds": 0.0, "loss": 1.0, "micro_batches": 1.0}
+        )
         monkeypatch.setattr(interval, "seconds", lambda: 1.0)
         interval.totals["flops"] = flops_per_second
         values = {"loss/train": 1.0, **interval.throughput(1, peak)}
         assert values[MFU] <= 1.0
-        console.train(1, 10, values, 1.0, {k: 0 for k in ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")})
+        console.train(
+            1, 10, values, 1.0, {k: 0 for k in ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")}
+        )
     lines = capsys.readouterr().out.splitlines()
     assert ["MFU ?" in line for line in lines] == [True, True, False] and "MFU 47%" in lines[2], lines
     assert peak.value == 19.5e12  # a datasheet peak is not moved

@@ -48,20 +48,45 @@ def _reference(cls_name: str, ours: torch.nn.Module, **config: object):
 
 
 CASES = {
-    "classification": lambda cfg: (BertForSequenceClassification(cfg, 3), "BertForSequenceClassification",
-                                   {"num_labels": 3}, _inputs(BATCH, SEQ), {"labels": torch.tensor([0, 2, 1])}),
-    "regression": lambda cfg: (BertForSequenceClassification(cfg, 1, REGRESSION), "BertForSequenceClassification",
-                               {"num_labels": 1, "problem_type": "regression"}, _inputs(BATCH, SEQ),
-                               {"labels": torch.tensor([0.5, 3.2, 4.9])}),
-    "tagging": lambda cfg: (BertForTokenClassification(cfg, 5), "BertForTokenClassification", {"num_labels": 5},
-                            _inputs(BATCH, SEQ), {"labels": torch.randint(0, 5, (BATCH, SEQ)).masked_fill(
-                                _inputs(BATCH, SEQ)["attention_mask"] == 0, -100)}),
-    "qa": lambda cfg: (BertForQuestionAnswering(cfg), "BertForQuestionAnswering", {},
-                       _inputs(BATCH, SEQ), {"start_positions": torch.tensor([1, 5, SEQ + 3]),  # the last: cut off
-                                             "end_positions": torch.tensor([2, 9, SEQ + 3])}),
-    "multiple_choice": lambda cfg: (BertForMultipleChoice(cfg), "BertForMultipleChoice", {},
-                                    _inputs(BATCH, CHOICES, SEQ), {"labels": torch.tensor([3, 0, 1])}),
-}  # fmt: skip
+    "classification": lambda cfg: (
+        BertForSequenceClassification(cfg, 3),
+        "BertForSequenceClassification",
+        {"num_labels": 3},
+        _inputs(BATCH, SEQ),
+        {"labels": torch.tensor([0, 2, 1])},
+    ),
+    "regression": lambda cfg: (
+        BertForSequenceClassification(cfg, 1, REGRESSION),
+        "BertForSequenceClassification",
+        {"num_labels": 1, "problem_type": "regression"},
+        _inputs(BATCH, SEQ),
+        {"labels": torch.tensor([0.5, 3.2, 4.9])},
+    ),
+    "tagging": lambda cfg: (
+        BertForTokenClassification(cfg, 5),
+        "BertForTokenClassification",
+        {"num_labels": 5},
+        _inputs(BATCH, SEQ),
+        {"labels": torch.randint(0, 5, (BATCH, SEQ)).masked_fill(_inputs(BATCH, SEQ)["attention_mask"] == 0, -100)},
+    ),
+    "qa": lambda cfg: (
+        BertForQuestionAnswering(cfg),
+        "BertForQuestionAnswering",
+        {},
+        _inputs(BATCH, SEQ),
+        {
+            "start_positions": torch.tensor([1, 5, SEQ + 3]),  # the last: cut off
+            "end_positions": torch.tensor([2, 9, SEQ + 3]),
+        },
+    ),
+    "multiple_choice": lambda cfg: (
+        BertForMultipleChoice(cfg),
+        "BertForMultipleChoice",
+        {},
+        _inputs(BATCH, CHOICES, SEQ),
+        {"labels": torch.tensor([3, 0, 1])},
+    ),
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -90,15 +115,20 @@ def test_saved_models_load_in_transformers_and_back(case, tmp_path, vocab_file):
     ours.eval()
     labels = ["neg", "neu", "pos"] if case == "classification" else [f"T{i}" for i in range(ours.num_labels)]
     save_task_model(ours, tmp_path / "ours", labels, vocab_file)
-    auto = {"BertForSequenceClassification": transformers.AutoModelForSequenceClassification,
-            "BertForTokenClassification": transformers.AutoModelForTokenClassification,
-            "BertForQuestionAnswering": transformers.AutoModelForQuestionAnswering,
-            "BertForMultipleChoice": transformers.AutoModelForMultipleChoice}[cls_name]  # fmt: skip
+    auto = {
+        "BertForSequenceClassification": transformers.AutoModelForSequenceClassification,
+        "BertForTokenClassification": transformers.AutoModelForTokenClassification,
+        "BertForQuestionAnswering": transformers.AutoModelForQuestionAnswering,
+        "BertForMultipleChoice": transformers.AutoModelForMultipleChoice,
+    }[cls_name]
     loaded, info = auto.from_pretrained(tmp_path / "ours", output_loading_info=True)
     assert type(loaded).__name__ == cls_name
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     if case == "classification":
-        assert loaded.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and loaded.config.problem_type == "single_label_classification"
+        assert (
+            loaded.config.id2label == {0: "neg", 1: "neu", 2: "pos"}
+            and loaded.config.problem_type == "single_label_classification"
+        )
     if case == "regression":
         assert loaded.config.problem_type == "regression"
     transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")

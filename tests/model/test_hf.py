@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
-
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -66,14 +65,26 @@ def test_save_pretrained_loads_in_transformers_with_tokenizer(tmp_path, vocab_fi
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
     encoded = tokenizer("The cats sat", "on a mat.")
     assert tokenizer.convert_ids_to_tokens(encoded["input_ids"]) == [
-        "[CLS]", "the", "cat", "##s", "sat", "[SEP]", "on", "a", "mat", ".", "[SEP]"
+        "[CLS]",
+        "the",
+        "cat",
+        "##s",
+        "sat",
+        "[SEP]",
+        "on",
+        "a",
+        "mat",
+        ".",
+        "[SEP]",
     ]
     assert encoded["token_type_ids"] == [0] * 6 + [1] * 5
     assert tokenizer.mask_token_id == 4 and tokenizer.pad_token_id == 0
 
 
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
-def test_an_export_carries_a_tokenizer_json_that_transformers_loads_with_the_same_ids(tmp_path, arch, high_id_tokenizer):
+def test_an_export_carries_a_tokenizer_json_that_transformers_loads_with_the_same_ids(
+    tmp_path, arch, high_id_tokenizer
+):
     from bertdist.data.tokenizer import open_tokenizer
     from bertdist.model.registry import build_model, hf_adapter
 
@@ -176,7 +187,10 @@ def test_bin_file_with_arbitrary_objects_is_refused(tmp_path):
     directory.mkdir()
     torch.save({"weights": os.system}, directory / "pytorch_model.bin")  # unpickling would import a callable
     (directory / "config.json").write_text(json.dumps(config_to_hf(tiny_model_config())))
-    with pytest.raises(CheckpointFormatError, match=r"pytorch_model.bin: refused to load: the file holds a Python object \(posix.system\)"):
+    with pytest.raises(
+        CheckpointFormatError,
+        match=r"pytorch_model.bin: refused to load: the file holds a Python object \(posix.system\)",
+    ):
         load_pretrained(directory)
 
 
@@ -220,8 +234,16 @@ def test_missing_files_and_weights_are_named(tmp_path):
 def test_config_round_trip_and_state_dict_maps():
     cfg = tiny_model_config(intermediate_size=100)
     back = config_from_hf(config_to_hf(cfg))
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
-                  "layer_norm_eps", "hidden_dropout_prob", "attention_dropout_prob"):
+    for field in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "layer_norm_eps",
+        "hidden_dropout_prob",
+        "attention_dropout_prob",
+    ):
         assert getattr(back, field) == getattr(cfg, field), field
     assert back.ffn_size() == 100
 
@@ -229,8 +251,10 @@ def test_config_round_trip_and_state_dict_maps():
     exported = hf_state_dict(state)
     assert exported.keys() == state.keys()
     assert from_hf_state_dict(exported).keys() == state.keys()
-    untied = dict(exported, **{"cls.predictions.decoder.weight": torch.zeros_like(
-        exported["bert.embeddings.word_embeddings.weight"])})
+    untied = dict(
+        exported,
+        **{"cls.predictions.decoder.weight": torch.zeros_like(exported["bert.embeddings.word_embeddings.weight"])},
+    )
     with pytest.raises(CheckpointFormatError, match="differs from bert.embeddings.word_embeddings.weight"):
         from_hf_state_dict(untied)
 
@@ -240,4 +264,3 @@ def test_bad_vocab_file_is_named(tmp_path):
     bad.write_text("hello\nworld\n")
     with pytest.raises(CheckpointFormatError, match=r"vocab.txt: not a BERT vocabulary, missing \[PAD\]"):
         save_pretrained(_model(), tmp_path / "out", vocab_file=bad)
-

@@ -38,10 +38,14 @@ def random_samples(count: int, seed: int, every_position: bool = False, lengths_
         labels.append(rng.integers(5, 1000, len(chosen)))
         counts.append(len(chosen))
     return Samples(
-        input_ids=np.concatenate(ids), lengths=lengths, segment_a_lengths=np.maximum(lengths // 2, 1),
-        masked_lm_positions=np.concatenate(positions), masked_lm_ids=np.concatenate(labels),
-        masked_counts=np.array(counts), next_sentence_labels=rng.integers(0, 2, count),
-    )  # fmt: skip
+        input_ids=np.concatenate(ids),
+        lengths=lengths,
+        segment_a_lengths=np.maximum(lengths // 2, 1),
+        masked_lm_positions=np.concatenate(positions),
+        masked_lm_ids=np.concatenate(labels),
+        masked_counts=np.array(counts),
+        next_sentence_labels=rng.integers(0, 2, count),
+    )
 
 
 def packed_order(samples: Samples) -> list[int]:
@@ -100,11 +104,15 @@ def test_the_last_layer_at_a_few_positions_equals_the_whole_last_layer_there(var
     states at those positions, and the same gradients."""
     unpad, packing = VARIANTS.get(variant, (False, False))
     batch = batch_of(random_samples(10, seed=5), SEQ, packing)
-    at = torch.cat([torch.zeros(len(batch["masked_lm_positions"]), 1, dtype=torch.long), batch["masked_lm_positions"]], 1)
+    at = torch.cat(
+        [torch.zeros(len(batch["masked_lm_positions"]), 1, dtype=torch.long), batch["masked_lm_positions"]], 1
+    )
     states, grads = [], []
     for subset in (False, True):
         bert = _model(unpad, hidden_dropout_prob=0.0, attention_dropout_prob=0.0).bert.train()
-        out, layout = bert.encode(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], at=at if subset else None)
+        out, layout = bert.encode(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], at=at if subset else None
+        )
         out = out if subset else layout.gather(out, at)
         (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
         states.append(out.detach())
@@ -114,7 +122,9 @@ def test_the_last_layer_at_a_few_positions_equals_the_whole_last_layer_there(var
     assert grads[1].keys() == grads[0].keys()
     for name, grad in grads[0].items():
         # float32 sums in another order: the embeddings' gradients (up to ~20 here) differ by up to ~1e-5
-        torch.testing.assert_close(grads[1][name], grad, atol=1e-5 * max(1.0, float(grad.abs().max())), rtol=1e-4, msg=name)
+        torch.testing.assert_close(
+            grads[1][name], grad, atol=1e-5 * max(1.0, float(grad.abs().max())), rtol=1e-4, msg=name
+        )
 
 
 def test_unpadded_training_with_dropout_runs_and_a_full_batch_stays_on_the_plain_path():
@@ -180,7 +190,6 @@ def test_task_heads_are_the_same_unpadded():
             outputs.append(cls(tiny_model_config(unpad=unpad), *args).eval()(ids * mask, attention_mask=mask).logits)
         real = mask.bool() if cls is BertForTokenClassification else slice(None)
         torch.testing.assert_close(outputs[1][real], outputs[0][real], **TOLERANCE)
-
 
 
 def test_a_short_training_run_has_the_same_loss_curve():

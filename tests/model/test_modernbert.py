@@ -16,14 +16,32 @@ transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
 
 
-def reference(bias: bool = False, model_class: str = "ModernBertForMaskedLM", **settings) -> "transformers.PreTrainedModel":
+def reference(
+    bias: bool = False, model_class: str = "ModernBertForMaskedLM", **settings
+) -> "transformers.PreTrainedModel":
     """A tiny transformers ModernBERT (`model_class`, with config `settings`) on random weights."""
     config = transformers.ModernBertConfig(
-        vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=2,
-        local_attention=32, global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0,
-        max_position_embeddings=4096, norm_bias=bias, attention_bias=bias, mlp_bias=bias, classifier_bias=bias,
-        pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3, **settings,
-    )  # fmt: skip
+        vocab_size=120,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        local_attention=32,
+        global_attn_every_n_layers=3,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        max_position_embeddings=4096,
+        norm_bias=bias,
+        attention_bias=bias,
+        mlp_bias=bias,
+        classifier_bias=bias,
+        pad_token_id=0,
+        cls_token_id=2,
+        sep_token_id=3,
+        bos_token_id=2,
+        eos_token_id=3,
+        **settings,
+    )
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # biases and norms away from their initial values, so that a mix-up shows
@@ -87,7 +105,9 @@ def test_masked_positions_give_the_logits_there_and_the_references_loss():
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask, labels=hf_labels)
         got = ours_from(hf)(ids, attention_mask=mask, masked_lm_positions=positions, masked_lm_ids=labels)
-    torch.testing.assert_close(got.mlm_logits[:, :3], want.logits[torch.arange(2)[:, None], positions[:, :3]], atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(
+        got.mlm_logits[:, :3], want.logits[torch.arange(2)[:, None], positions[:, :3]], atol=TOLERANCE, rtol=0
+    )
     torch.testing.assert_close(got.loss, want.loss, atol=TOLERANCE, rtol=0)
 
 
@@ -116,7 +136,10 @@ def test_local_attention_by_blocks_equals_the_masked_full_grid_with_gradients(le
 
     assert local_attention_pays(length, half)
     g = torch.Generator().manual_seed(length)
-    q, kv = torch.randn(3, length, 32, generator=g, dtype=torch.float64), torch.randn(3, length, 64, generator=g, dtype=torch.float64)
+    q, kv = (
+        torch.randn(3, length, 32, generator=g, dtype=torch.float64),
+        torch.randn(3, length, 64, generator=g, dtype=torch.float64),
+    )
     for key_mask in (None, torch.arange(length)[None] < torch.tensor([length, length // 3, 7])[:, None]):
         grad = torch.randn(3, length, 32, generator=g, dtype=torch.float64)
         real = torch.ones(3, length, 1, dtype=torch.bool) if key_mask is None else key_mask[..., None]
@@ -146,7 +169,10 @@ def test_export_loads_in_transformers_with_every_key_and_round_trips(tmp_path, t
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     again = modernbert_hf.load_pretrained(tmp_path / "export")
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
-    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "export")("a b").input_ids[0] == loaded.config.cls_token_id
+    assert (
+        transformers.AutoTokenizer.from_pretrained(tmp_path / "export")("a b").input_ids[0]
+        == loaded.config.cls_token_id
+    )
 
 
 def test_an_export_continues_pretraining_through_the_registry(tmp_path, tiny_vocab):

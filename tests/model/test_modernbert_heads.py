@@ -45,26 +45,56 @@ def _tags(mask: torch.Tensor) -> torch.Tensor:
 
 
 CASES = {  # name: (transformers class, its settings, our model of a config, input shape, labels of the mask)
-    "classification-cls": ("ModernBertForSequenceClassification", {"num_labels": 3, "classifier_pooling": "cls"},
-                           lambda cfg: ModernBertForSequenceClassification(cfg, 3, classifier_pooling="cls"), (BATCH, SEQ),
-                           lambda mask: {"labels": torch.tensor([0, 2, 1])}),
-    "classification-mean": ("ModernBertForSequenceClassification", {"num_labels": 3, "classifier_pooling": "mean"},
-                            lambda cfg: ModernBertForSequenceClassification(cfg, 3, classifier_pooling="mean"), (BATCH, SEQ),
-                            lambda mask: {"labels": torch.tensor([1, 0, 2])}),
-    "regression": ("ModernBertForSequenceClassification", {"num_labels": 1, "problem_type": "regression"},
-                   lambda cfg: ModernBertForSequenceClassification(cfg, 1, REGRESSION), (BATCH, SEQ),
-                   lambda mask: {"labels": torch.tensor([0.5, 3.2, 4.9])}),
-    "tagging": ("ModernBertForTokenClassification", {"num_labels": 5}, lambda cfg: ModernBertForTokenClassification(cfg, 5),
-                (BATCH, SEQ), lambda mask: {"labels": _tags(mask)}),
-    "qa": ("ModernBertForQuestionAnswering", {}, ModernBertForQuestionAnswering, (BATCH, SEQ),
-           lambda mask: {"start_positions": torch.tensor([1, 5, SEQ + 3]), "end_positions": torch.tensor([2, 9, SEQ + 3])}),  # the last: cut off
-    "multiple_choice-cls": ("ModernBertForMultipleChoice", {"classifier_pooling": "cls"},
-                            lambda cfg: ModernBertForMultipleChoice(cfg, "cls"), (BATCH, CHOICES, SEQ),
-                            lambda mask: {"labels": torch.tensor([3, 0, 1])}),
-    "multiple_choice-mean": ("ModernBertForMultipleChoice", {"classifier_pooling": "mean"},
-                             lambda cfg: ModernBertForMultipleChoice(cfg, "mean"), (BATCH, CHOICES, SEQ),
-                             lambda mask: {"labels": torch.tensor([2, 1, 3])}),
-}  # fmt: skip
+    "classification-cls": (
+        "ModernBertForSequenceClassification",
+        {"num_labels": 3, "classifier_pooling": "cls"},
+        lambda cfg: ModernBertForSequenceClassification(cfg, 3, classifier_pooling="cls"),
+        (BATCH, SEQ),
+        lambda mask: {"labels": torch.tensor([0, 2, 1])},
+    ),
+    "classification-mean": (
+        "ModernBertForSequenceClassification",
+        {"num_labels": 3, "classifier_pooling": "mean"},
+        lambda cfg: ModernBertForSequenceClassification(cfg, 3, classifier_pooling="mean"),
+        (BATCH, SEQ),
+        lambda mask: {"labels": torch.tensor([1, 0, 2])},
+    ),
+    "regression": (
+        "ModernBertForSequenceClassification",
+        {"num_labels": 1, "problem_type": "regression"},
+        lambda cfg: ModernBertForSequenceClassification(cfg, 1, REGRESSION),
+        (BATCH, SEQ),
+        lambda mask: {"labels": torch.tensor([0.5, 3.2, 4.9])},
+    ),
+    "tagging": (
+        "ModernBertForTokenClassification",
+        {"num_labels": 5},
+        lambda cfg: ModernBertForTokenClassification(cfg, 5),
+        (BATCH, SEQ),
+        lambda mask: {"labels": _tags(mask)},
+    ),
+    "qa": (
+        "ModernBertForQuestionAnswering",
+        {},
+        ModernBertForQuestionAnswering,
+        (BATCH, SEQ),
+        lambda mask: {"start_positions": torch.tensor([1, 5, SEQ + 3]), "end_positions": torch.tensor([2, 9, SEQ + 3])},
+    ),  # the last: cut off
+    "multiple_choice-cls": (
+        "ModernBertForMultipleChoice",
+        {"classifier_pooling": "cls"},
+        lambda cfg: ModernBertForMultipleChoice(cfg, "cls"),
+        (BATCH, CHOICES, SEQ),
+        lambda mask: {"labels": torch.tensor([3, 0, 1])},
+    ),
+    "multiple_choice-mean": (
+        "ModernBertForMultipleChoice",
+        {"classifier_pooling": "mean"},
+        lambda cfg: ModernBertForMultipleChoice(cfg, "mean"),
+        (BATCH, CHOICES, SEQ),
+        lambda mask: {"labels": torch.tensor([2, 1, 3])},
+    ),
+}
 
 
 def _pair(case: str, unpad: bool = True):
@@ -100,7 +130,9 @@ def test_logits_and_loss_equal_transformers(case, unpad):
 def test_saved_models_load_in_transformers_and_back(case, tmp_path, tiny_vocab):
     theirs, ours, inputs, _ = _pair(case)
     cls_name = CASES[case][0]
-    labels = {"classification-mean": ["neg", "neu", "pos"], "regression": ["score"]}.get(case, [f"T{i}" for i in range(ours.num_labels)])
+    labels = {"classification-mean": ["neg", "neu", "pos"], "regression": ["score"]}.get(
+        case, [f"T{i}" for i in range(ours.num_labels)]
+    )
     save_task_model(ours, tmp_path / "ours", labels, tiny_vocab)
     auto = getattr(transformers, "AutoModelFor" + cls_name.split("For", 1)[1])
     loaded, info = auto.from_pretrained(tmp_path / "ours", output_loading_info=True)
@@ -108,18 +140,25 @@ def test_saved_models_load_in_transformers_and_back(case, tmp_path, tiny_vocab):
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert loaded.config.classifier_pooling == getattr(ours, "classifier_pooling", "cls")
     if case == "classification-mean":
-        assert loaded.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and loaded.config.problem_type == "single_label_classification"
+        assert (
+            loaded.config.id2label == {0: "neg", 1: "neu", 2: "pos"}
+            and loaded.config.problem_type == "single_label_classification"
+        )
     if case == "regression":
         assert loaded.config.problem_type == "regression"
     transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")
     with torch.no_grad():
         real = inputs["attention_mask"].bool()
         got, want = ours(**inputs).logits, _logits(loaded.eval()(**inputs), case)
-        torch.testing.assert_close(got[real] if case == "tagging" else got, want[real] if case == "tagging" else want, atol=TOLERANCE, rtol=0)
+        torch.testing.assert_close(
+            got[real] if case == "tagging" else got, want[real] if case == "tagging" else want, atol=TOLERANCE, rtol=0
+        )
 
     loaded.save_pretrained(tmp_path / "theirs")  # and a transformers-saved model loads here
     back, back_labels = load_task_model(tmp_path / "theirs")
-    assert type(back).__name__ == cls_name and getattr(back, "classifier_pooling", None) == getattr(ours, "classifier_pooling", None)
+    assert type(back).__name__ == cls_name and getattr(back, "classifier_pooling", None) == getattr(
+        ours, "classifier_pooling", None
+    )
     assert back_labels == labels or case in ("qa", "multiple_choice-cls")
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(**inputs).logits, ours(**inputs).logits, atol=0, rtol=0)
@@ -130,15 +169,25 @@ def test_a_task_model_starts_from_an_export_as_transformers_does(tmp_path, tiny_
     fresh, drawn as transformers draws it (std hidden_size ** -0.5, cut at 2 std)."""
     pretrained = ours_from(reference())
     modernbert_hf.write_directory(pretrained, tmp_path / "export", tiny_vocab, {})
-    model = task_model_from_pretrained(tmp_path / "export", "ModernBertForSequenceClassification", [f"L{i}" for i in range(500)])
+    model = task_model_from_pretrained(
+        tmp_path / "export", "ModernBertForSequenceClassification", [f"L{i}" for i in range(500)]
+    )
     kept = {k: v for k, v in pretrained.state_dict().items() if k != "head.decoder_bias"}
     assert all(torch.equal(model.state_dict()[k], v) for k, v in kept.items())
     assert set(model.state_dict()) - set(kept) == {"classifier.weight", "classifier.bias"}
-    _, info = transformers.ModernBertForSequenceClassification.from_pretrained(tmp_path / "export", output_loading_info=True)
-    assert set(info["missing_keys"]) == {"classifier.weight", "classifier.bias"}, info  # what transformers starts fresh too
+    _, info = transformers.ModernBertForSequenceClassification.from_pretrained(
+        tmp_path / "export", output_loading_info=True
+    )
+    assert set(info["missing_keys"]) == {"classifier.weight", "classifier.bias"}, (
+        info
+    )  # what transformers starts fresh too
     std = 64**-0.5
     weight = model.classifier.weight.detach()
-    assert weight.abs().max() <= 2 * std and abs(float(weight.std()) / std - 0.88) < 0.05 and not model.classifier.bias.any()
+    assert (
+        weight.abs().max() <= 2 * std
+        and abs(float(weight.std()) / std - 0.88) < 0.05
+        and not model.classifier.bias.any()
+    )
 
 
 def test_a_family_mismatch_and_a_bad_pooling_are_refused():

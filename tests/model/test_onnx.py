@@ -52,15 +52,24 @@ def _write(directory, case: str, vocab: str | None = None):
     else:
         arch, head = case.split("-")
         cfg, prefix = (_bert(), "Bert") if arch == "bert" else (_modernbert(), "ModernBert")
-        labels = ["negative", "neutral", "positive"] if head in ("SequenceClassification", "TokenClassification") else ["x"]
+        labels = (
+            ["negative", "neutral", "positive"] if head in ("SequenceClassification", "TokenClassification") else ["x"]
+        )
         model = build_task_model(f"{prefix}For{head}", cfg, labels)
         save_task_model(model, directory, labels, vocab)
     return model.eval()
 
 
-CASES = ["bert-pretraining", "bert-mlm", "modernbert-pretraining",
-         *(f"{arch}-{head}" for arch in ("bert", "modernbert")
-           for head in ("SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice"))]  # fmt: skip
+CASES = [
+    "bert-pretraining",
+    "bert-mlm",
+    "modernbert-pretraining",
+    *(
+        f"{arch}-{head}"
+        for arch in ("bert", "modernbert")
+        for head in ("SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice")
+    ),
+]
 
 
 def _inputs(shape: tuple[int, ...], names: tuple[str, ...], seed: int) -> dict[str, torch.Tensor]:
@@ -70,8 +79,11 @@ def _inputs(shape: tuple[int, ...], names: tuple[str, ...], seed: int) -> dict[s
     lengths = torch.randint(length - length // 3, length + 1, (rows,), generator=g)
     lengths[0] = length
     mask = (torch.arange(length)[None, :] < lengths[:, None]).long().reshape(shape)
-    tensors = {"input_ids": torch.randint(4, 1000, shape, generator=g) * mask, "attention_mask": mask,
-               "token_type_ids": (torch.arange(length) >= length // 2).long().expand(shape) * mask}  # fmt: skip
+    tensors = {
+        "input_ids": torch.randint(4, 1000, shape, generator=g) * mask,
+        "attention_mask": mask,
+        "token_type_ids": (torch.arange(length) >= length // 2).long().expand(shape) * mask,
+    }
     return {name: tensors[name] for name in names}
 
 
@@ -141,9 +153,12 @@ def test_export_of_a_hugging_face_directory_writes_it_with_model_onnx(tmp_path, 
     assert "--vocab" in capsys.readouterr().err
 
 
-def test_export_of_a_fine_tuning_output_dir_writes_its_model_and_a_pretraining_run_its_mlm_head(tmp_path, capsys, tiny_vocab):
-    """`bertdist export` of a fine-tuning's output_dir (or a checkpoint in it) exports the model it kept, output_dir/model,
-    not the pretraining model its config's model.* would describe; without that model it says so in one line."""
+def test_export_of_a_fine_tuning_output_dir_writes_its_model_and_a_pretraining_run_its_mlm_head(
+    tmp_path, capsys, tiny_vocab
+):
+    """`bertdist export` of a fine-tuning's output_dir (or a checkpoint in it) exports the model it kept,
+    output_dir/model, not the pretraining model its config's model.* would describe; without that model it says so
+    in one line."""
     from tests.test_bad_input import _fake_run
 
     run = _fake_run(tmp_path)  # a pretraining run's checkpoint (ZeRO stage 0)
@@ -157,7 +172,9 @@ def test_export_of_a_fine_tuning_output_dir_writes_its_model_and_a_pretraining_r
         assert main(["export", str(given), "--output", str(out), "--format", "onnx"]) == 0
         inputs = _inputs((2, 9), ("input_ids", "token_type_ids", "attention_mask"), 0)
         (got,) = ort.InferenceSession(str(out / ONNX_FILE)).run(None, {k: v.numpy() for k, v in inputs.items()})
-        np.testing.assert_allclose(got, _pytorch(classifier, "bert-SequenceClassification", inputs)[0], rtol=TOLERANCE, atol=TOLERANCE)
+        np.testing.assert_allclose(
+            got, _pytorch(classifier, "bert-SequenceClassification", inputs)[0], rtol=TOLERANCE, atol=TOLERANCE
+        )
 
     (run / "model" / "config.json").unlink()  # a fine-tuning's weights, and no model: refused, not a traceback
     weights = checkpoint_dir / "mp_rank_00_model_states.pt"

@@ -51,8 +51,10 @@ def test_a_phase_sets_the_rope_thetas_the_model_then_rotates_by_and_the_export_c
         after, want = model(ids).mlm_logits, again(ids).mlm_logits
     assert torch.equal(after, want) and not torch.allclose(after, before)
 
-    run = {"model": dataclasses.asdict(base), "data": {"phases": [dataclasses.asdict(PhaseConfig(steps=10)),
-                                                                   dataclasses.asdict(extended)]}}  # fmt: skip
+    run = {
+        "model": dataclasses.asdict(base),
+        "data": {"phases": [dataclasses.asdict(PhaseConfig(steps=10)), dataclasses.asdict(extended)]},
+    }
     assert registry.checkpoint_model_config(run, 10).global_rope_theta == base.global_rope_theta  # closes phase 0
     assert registry.checkpoint_model_config(run, 11).global_rope_theta == 320_000.0
     assert registry.checkpoint_model_config(run, 15).global_rope_theta == 320_000.0
@@ -61,7 +63,9 @@ def test_a_phase_sets_the_rope_thetas_the_model_then_rotates_by_and_the_export_c
 def test_a_phase_theta_is_refused_where_nothing_rotates():
     from bertdist.config import ConfigError, load_config, validate
 
-    with pytest.raises(ConfigError, match=r"data.phases.0.global_rope_theta: 160000.0 applies only to model.arch modernbert"):
+    with pytest.raises(
+        ConfigError, match=r"data.phases.0.global_rope_theta: 160000.0 applies only to model.arch modernbert"
+    ):
         validate(load_config(None, ["data.phases.0.global_rope_theta=160000"]), check_files=False)
     with pytest.raises(ConfigError, match=r"data.phases.0.local_rope_theta: must be positive"):
         validate(load_config("modernbert-tiny", ["data.phases.0.local_rope_theta=-1"]), check_files=False)

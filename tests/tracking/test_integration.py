@@ -19,9 +19,20 @@ pytestmark = pytest.mark.slow
 
 EXPERIMENT = "integration"
 TRAINING_METRICS = (
-    "loss/train", "loss/train_mlm", "loss/train_nsp", "mlm_accuracy/train", "nsp_accuracy/train", "optimizer/learning_rate", "optimizer/grad_norm", "optimizer/loss_scale",
-    "optimizer/skipped_steps", "throughput/sequences_per_second", "throughput/tokens_per_second", "throughput/mfu", "throughput/data_wait_fraction",
-)  # fmt: skip
+    "loss/train",
+    "loss/train_mlm",
+    "loss/train_nsp",
+    "mlm_accuracy/train",
+    "nsp_accuracy/train",
+    "optimizer/learning_rate",
+    "optimizer/grad_norm",
+    "optimizer/loss_scale",
+    "optimizer/skipped_steps",
+    "throughput/sequences_per_second",
+    "throughput/tokens_per_second",
+    "throughput/mfu",
+    "throughput/data_wait_fraction",
+)
 EVAL_METRICS = ("loss/eval", "loss/eval_mlm", "loss/eval_nsp", "mlm_accuracy/eval", "nsp_accuracy/eval")
 
 
@@ -31,9 +42,11 @@ def tracked_job(mlflow_server, tiny_shards, tiny_vocab, tmp_path_factory):
     config = runs.write_config(directory, tiny_shards, tiny_vocab, zero_stage=1)
     out = directory / "out"
     tracking = [
-        "tracking.enabled=true", f"tracking.tracking_uri={mlflow_server.url}",
-        f"tracking.experiment_name={EXPERIMENT}", "tracking.run_name=tracked-job",
-    ]  # fmt: skip
+        "tracking.enabled=true",
+        f"tracking.tracking_uri={mlflow_server.url}",
+        f"tracking.experiment_name={EXPERIMENT}",
+        "tracking.run_name=tracked-job",
+    ]
 
     killed = runs.start_ranks(config, "killed", *tracking)
     killed.wait_for(lambda: runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", "the first checkpoint")
@@ -62,7 +75,9 @@ def test_the_killed_and_resumed_job_is_one_run_with_every_metric_once(mlflow_ser
     for key in EVAL_METRICS:
         assert [s for s, _ in mlflow_server.history(run_id, key)] == [0, runs.CHECKPOINT_EVERY, runs.STEPS], key
     logged = runs.read_metrics(out)  # training is deterministic across the resume: same losses either way
-    assert [v for _, v in mlflow_server.history(run_id, "loss/train")] == pytest.approx([logged[s]["loss/train"] for s in steps])
+    assert [v for _, v in mlflow_server.history(run_id, "loss/train")] == pytest.approx(
+        [logged[s]["loss/train"] for s in steps]
+    )
 
     params = mlflow_server.params(run_id)
     manifest = json.loads((Path(tiny_shards) / "manifest.json").read_text())
@@ -79,7 +94,9 @@ def test_the_killed_and_resumed_job_is_one_run_with_every_metric_once(mlflow_ser
     assert mlflow_server.artifacts(run_id, "checkpoints") == [
         f"checkpoints/step_{s:08d}.json" for s in (runs.CHECKPOINT_EVERY, runs.STEPS)
     ]
-    assert mlflow_server.tags(run_id)["bertdist.checkpoint.latest"] == str((out / "checkpoints" / f"step_{runs.STEPS:08d}").resolve())
+    assert mlflow_server.tags(run_id)["bertdist.checkpoint.latest"] == str(
+        (out / "checkpoints" / f"step_{runs.STEPS:08d}").resolve()
+    )
     assert not list(out.glob("mlflow-unsent-*.jsonl"))  # everything delivered, nothing left to replay
 
 
@@ -93,7 +110,9 @@ def test_export_is_attached_to_the_run_that_trained_it(mlflow_server, tracked_jo
     from bertdist.cli import main
 
     out, _ = tracked_job
-    run_id = json.loads((out / "checkpoints" / f"step_{runs.STEPS:08d}" / "train_state.json").read_text())["tracking_run_id"]
+    run_id = json.loads((out / "checkpoints" / f"step_{runs.STEPS:08d}" / "train_state.json").read_text())[
+        "tracking_run_id"
+    ]
     assert main(["export", str(out), "--output", str(tmp_path / "hf")]) == 0
     from mlflow import MlflowClient
 

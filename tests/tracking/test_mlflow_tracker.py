@@ -43,7 +43,11 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:
 def test_tracking_uri_comes_from_config_then_environment_then_the_projects_store(monkeypatch, tmp_path):
     run_dir = tmp_path / "run"
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert resolve_tracking_uri("", run_dir) == local_store_uri(run_dir) == f"sqlite:///{store_dir(run_dir) / STORE_FILENAME}"
+    assert (
+        resolve_tracking_uri("", run_dir)
+        == local_store_uri(run_dir)
+        == f"sqlite:///{store_dir(run_dir) / STORE_FILENAME}"
+    )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     assert resolve_tracking_uri("", run_dir) == "http://127.0.0.1:1"
     assert resolve_tracking_uri("http://127.0.0.1:2", run_dir) == "http://127.0.0.1:2"
@@ -54,10 +58,19 @@ def test_params_metrics_tags_and_artifacts_reach_the_server(mlflow_server, tmp_p
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "manifest.json").write_text(json.dumps({
-        "format_version": 1, "options": {"max_seq_length": 32}, "vocab_sha256": "ab" * 32,
-        "shards": [{"name": "shard-000000.tar", "num_samples": 7}, {"name": "shard-000001.tar", "num_samples": 5}],
-    }))
+    (shards / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "options": {"max_seq_length": 32},
+                "vocab_sha256": "ab" * 32,
+                "shards": [
+                    {"name": "shard-000000.tar", "num_samples": 7},
+                    {"name": "shard-000001.tar", "num_samples": 5},
+                ],
+            }
+        )
+    )
     cfg = Config(model=tiny_model_config())
     cfg.data.vocab_file = str(vocab)
     cfg.data.phases[0].train_dir = str(shards)
@@ -236,7 +249,10 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: metrics still que
 
 def test_metrics_queued_when_the_process_is_killed_arrive_with_the_resumed_attempt(mlflow_server, tmp_path):
     killed = subprocess.run(
-        [sys.executable, "-c", KILLED_ATTEMPT, mlflow_server.url, str(tmp_path)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", KILLED_ATTEMPT, mlflow_server.url, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     run_id = killed.stdout.split()[0]
@@ -269,7 +285,9 @@ def test_another_node_adds_its_system_metrics_to_rank_zeros_run(mlflow_server, t
     tracker = build_tracker(cfg, str(tmp_path), rank=0)
     assert type(build_node_monitor(cfg, str(tmp_path), tracker.run_id, node_rank=1)) is Tracker  # off in cfg
     cfg.log_system_metrics = True
-    monitor = MLflowTracker(cfg, str(tmp_path), run_id=tracker.run_id, node_rank=1, owns_run=False, system_metrics_interval_s=0.2)
+    monitor = MLflowTracker(
+        cfg, str(tmp_path), run_id=tracker.run_id, node_rank=1, owns_run=False, system_metrics_interval_s=0.2
+    )
     wait_until(lambda: "system/node_1/cpu_utilization_percentage" in mlflow_server.metric_keys(tracker.run_id))
     monitor.close()
     assert mlflow_server.run(tracker.run_id)["info"]["status"] == "RUNNING"  # the node does not end the run

@@ -18,8 +18,12 @@ def test_an_export_is_the_runs_mlflow_model_and_answers_fill_mask(mlflow_server,
     import mlflow
     import torch
 
-    cfg = TrackingConfig(tracking_uri=mlflow_server.url, experiment_name="unit-models", log_system_metrics=False,
-                         register_model_name="bert-tiny-unit")
+    cfg = TrackingConfig(
+        tracking_uri=mlflow_server.url,
+        experiment_name="unit-models",
+        log_system_metrics=False,
+        register_model_name="bert-tiny-unit",
+    )
     tracker = build_tracker(cfg, str(tmp_path), rank=0)
     tracker.close()
     torch.manual_seed(0)
@@ -47,7 +51,9 @@ def test_an_export_is_the_runs_mlflow_model_and_answers_fill_mask(mlflow_server,
 
 
 def test_an_export_of_a_run_the_store_does_not_know_warns_and_logs_nothing(mlflow_server, tmp_path, tiny_vocab):
-    cfg = TrackingConfig(tracking_uri=mlflow_server.url, experiment_name="unit-models-missing", log_system_metrics=False)
+    cfg = TrackingConfig(
+        tracking_uri=mlflow_server.url, experiment_name="unit-models-missing", log_system_metrics=False
+    )
     export_dir = tmp_path / "hf"
     save_pretrained(BertForPreTraining(tiny_model_config()), export_dir, vocab_file=tiny_vocab)
     with pytest.warns(RuntimeWarning, match="export not logged"):

@@ -19,12 +19,16 @@ pytestmark = pytest.mark.slow
 
 def test_checkpoints_and_models_land_in_the_bucket(s3, tmp_path, tiny_vocab):
     bucket = s3.bucket("mlflow-artifacts")
-    server = MlflowServer(tmp_path / "server", artifacts_destination=f"{bucket}/runs",
-                          environment={**s3.credentials, "MLFLOW_S3_ENDPOINT_URL": s3.url})  # fmt: skip
+    server = MlflowServer(
+        tmp_path / "server",
+        artifacts_destination=f"{bucket}/runs",
+        environment={**s3.credentials, "MLFLOW_S3_ENDPOINT_URL": s3.url},
+    )
     server.start()
     try:
-        cfg = TrackingConfig(tracking_uri=server.url, experiment_name="s3-artifacts", log_system_metrics=False,
-                             upload_checkpoints=True)  # fmt: skip
+        cfg = TrackingConfig(
+            tracking_uri=server.url, experiment_name="s3-artifacts", log_system_metrics=False, upload_checkpoints=True
+        )
         tracker = build_tracker(cfg, str(tmp_path), rank=0)
         checkpoint = tmp_path / "checkpoints" / "step_00000004"
         checkpoint.mkdir(parents=True)

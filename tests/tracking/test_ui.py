@@ -52,8 +52,12 @@ def test_the_printed_link_opens_the_latest_runs_charts(run_dir):
     if reason:
         pytest.skip(reason)
     directory, _ = run_dir
-    ui = subprocess.Popen([sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(free_tcp_port())],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(free_tcp_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         link = read_until(ui.stdout, "latest run", timeout_s=180).split(": ", 1)[1].strip()
         text = browser.render(link, "document.querySelectorAll('.main-svg').length >= 1", "document.body.innerText")
@@ -84,14 +88,19 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
     port = free_tcp_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         line = read_until(ui.stdout, "MLflow dashboard", timeout_s=180)
         url = f"http://127.0.0.1:{port}"
         assert url in line
         link = read_until(ui.stdout, "latest run", timeout_s=30)  # the run's charts, in the training view
-        assert link.strip() == f"latest run dashboard-run (ui-test): {url}/#/experiments/{experiment_id(directory)}/runs/{run_id}/model-metrics?workflowType=machine_learning"
+        assert link.strip() == (
+            f"latest run dashboard-run (ui-test): {url}/#/experiments/{experiment_id(directory)}/runs/{run_id}"
+            "/model-metrics?workflowType=machine_learning"
+        )
         with urllib.request.urlopen(f"{url}/api/2.0/mlflow/runs/get?run_id={run_id}", timeout=30) as response:
             run = json.load(response)["run"]
         assert run["info"]["run_name"] == "dashboard-run"
@@ -99,7 +108,9 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
         with urllib.request.urlopen(url, timeout=30) as response:
             assert b"<html" in response.read().lower()  # the dashboard page itself
         listening = [
-            c.laddr for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            c.laddr
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
         ]
         assert listening and {a.ip for a in listening} == {"127.0.0.1"}
         server_pids = [p.pid for p in psutil.Process(ui.pid).children(recursive=True)]
@@ -108,9 +119,13 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
         ui.send_signal(signal.SIGTERM)
         assert ui.wait(timeout=60) == 0
     rest = ui.stdout.read()
-    assert '"GET ' not in rest and "Uvicorn" not in rest, rest  # the server's access log stays out of sight (-v shows it)
+    assert '"GET ' not in rest and "Uvicorn" not in rest, (
+        rest
+    )  # the server's access log stays out of sight (-v shows it)
     time.sleep(0.5)
-    assert not [pid for pid in server_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        pid for pid in server_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
@@ -149,7 +164,10 @@ def test_ui_uses_the_environment_store_when_no_flag_is_given(monkeypatch, run_di
     directory, _ = run_dir
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     assert store_for(None, None) == ("http://127.0.0.1:5999", None)
-    assert store_for(str(directory), None) == (local_store_uri(directory), str(store_dir(directory) / ARTIFACTS_DIRNAME))
+    assert store_for(str(directory), None) == (
+        local_store_uri(directory),
+        str(store_dir(directory) / ARTIFACTS_DIRNAME),
+    )
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.chdir(directory.parent)
     with pytest.raises(UIError, match="runs/train"):
@@ -165,5 +183,10 @@ def test_ui_serves_the_same_store_for_a_run_and_for_its_project_directory(run_di
     directory, _ = run_dir
     assert store_for(str(directory.parent), None) == store_for(str(directory), None)
     old_run = tmp_path / "old-run"
-    build_tracker(TrackingConfig(tracking_uri=f"sqlite:///{old_run / STORE_FILENAME}", log_system_metrics=False), str(old_run), 0).close()
-    assert store_for(str(old_run), None) == (f"sqlite:///{old_run.resolve() / STORE_FILENAME}", str(old_run.resolve() / ARTIFACTS_DIRNAME))
+    build_tracker(
+        TrackingConfig(tracking_uri=f"sqlite:///{old_run / STORE_FILENAME}", log_system_metrics=False), str(old_run), 0
+    ).close()
+    assert store_for(str(old_run), None) == (
+        f"sqlite:///{old_run.resolve() / STORE_FILENAME}",
+        str(old_run.resolve() / ARTIFACTS_DIRNAME),
+    )

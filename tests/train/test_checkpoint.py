@@ -97,20 +97,38 @@ def test_a_resume_refuses_a_checkpoint_of_a_run_with_other_settings(tmp_path):
 
     theirs = load_config(None, ["optim.lr=1e-3", "train.global_batch_size=64", f"train.output_dir={tmp_path / 'a'}"])
     _recorded(checkpoint.checkpoints_dir(tmp_path / "b"), 10, theirs.to_dict())
-    moved = load_config(None, ["optim.lr=1e-3", "train.global_batch_size=64", f"train.output_dir={tmp_path / 'b'}",
-                               "data.phases.0.steps=2000", "data.phases.0.micro_batch_size=8", "launch.nodes=4"])  # fmt: skip
+    moved = load_config(
+        None,
+        [
+            "optim.lr=1e-3",
+            "train.global_batch_size=64",
+            f"train.output_dir={tmp_path / 'b'}",
+            "data.phases.0.steps=2000",
+            "data.phases.0.micro_batch_size=8",
+            "launch.nodes=4",
+        ],
+    )
     found = remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), moved.to_dict())
     assert found == checkpoint.checkpoints_dir(tmp_path / "b") / checkpoint.tag_for(10)
     newer = moved.to_dict()
     newer["model"]["a_field_added_since"] = 1  # a checkpoint of an older bertdist lacks it: not another run
     assert remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), newer) == found
-    mine = load_config(None, ["optim.lr=5e-4", "train.global_batch_size=128", "data.masking.masked_lm_prob=0.3",
-                              f"train.output_dir={tmp_path / 'b'}"])  # fmt: skip
+    mine = load_config(
+        None,
+        [
+            "optim.lr=5e-4",
+            "train.global_batch_size=128",
+            "data.masking.masked_lm_prob=0.3",
+            f"train.output_dir={tmp_path / 'b'}",
+        ],
+    )
     with pytest.raises(CheckpointError) as e:
         remote.resume_point(CheckpointConfig(resume="auto"), str(tmp_path / "b"), mine.to_dict())
     message = str(e.value)
-    assert all(f in message for f in ("optim.lr (0.001 there, 0.0005 here)", "train.global_batch_size",
-                                      "data.masking.masked_lm_prob")), message  # fmt: skip
+    assert all(
+        f in message
+        for f in ("optim.lr (0.001 there, 0.0005 here)", "train.global_batch_size", "data.masking.masked_lm_prob")
+    ), message
 
 
 def test_unreadable_or_foreign_train_state_is_named(tmp_path):
@@ -118,7 +136,9 @@ def test_unreadable_or_foreign_train_state_is_named(tmp_path):
     (d / checkpoint.TRAIN_STATE_FILENAME).write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable train state"):
         checkpoint.read_train_state(d)
-    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(json.dumps({**asdict(TrainState(1, 0, 0, 1, [], [], {})), "version": 99}))
+    (d / checkpoint.TRAIN_STATE_FILENAME).write_text(
+        json.dumps({**asdict(TrainState(1, 0, 0, 1, [], [], {})), "version": 99})
+    )
     with pytest.raises(CheckpointError, match="version 99"):
         checkpoint.read_train_state(d)
 

@@ -35,9 +35,12 @@ def test_fused_adam_is_built_and_steps():
     optimizer = build_optimizer(model, OptimConfig(fused="on"), "cuda")
     assert type(optimizer).__name__ == "FusedAdam"
     before = model.bert.pooler.dense.weight.detach().clone()
-    model(torch.randint(5, 100, (2, 16), device="cuda"), masked_lm_positions=torch.ones(2, 1, dtype=torch.long, device="cuda"),
-          masked_lm_ids=torch.ones(2, 1, dtype=torch.long, device="cuda"),
-          next_sentence_label=torch.zeros(2, dtype=torch.long, device="cuda")).loss.backward()  # fmt: skip
+    model(
+        torch.randint(5, 100, (2, 16), device="cuda"),
+        masked_lm_positions=torch.ones(2, 1, dtype=torch.long, device="cuda"),
+        masked_lm_ids=torch.ones(2, 1, dtype=torch.long, device="cuda"),
+        next_sentence_label=torch.zeros(2, dtype=torch.long, device="cuda"),
+    ).loss.backward()
     optimizer.step()
     assert not torch.equal(before, model.bert.pooler.dense.weight)
 
@@ -62,8 +65,9 @@ def test_fp16_zero2_run_killed_and_resumed_is_bit_identical(tmp_path, tiny_shard
     killed.wait_for(lambda: runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", "the first checkpoint")
     killed.signal(signal.SIGKILL)
     killed.wait()
-    final = runs.start_ranks(config("resumed"), "final", "--resume", "auto", python_code=DETERMINISTIC, world_size=1,
-                             accelerator="cuda")  # fmt: skip
+    final = runs.start_ranks(
+        config("resumed"), "final", "--resume", "auto", python_code=DETERMINISTIC, world_size=1, accelerator="cuda"
+    )
     assert final.wait() == [0], final.output(0)[-3000:]
     tag = f"step_{runs.STEPS:08d}"
     want = consolidated_state_dict(tmp_path / "through" / "out" / "checkpoints" / tag)

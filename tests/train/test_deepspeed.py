@@ -22,7 +22,11 @@ def _cfg(*overrides: str) -> Config:
 def test_batch_sizes_and_accumulation_come_from_the_global_batch():
     cfg = _cfg("train.zero_stage=2", "optim.grad_clip_norm=0.5")
     ds = deepspeed_config(cfg, cfg.data.phases[0], world_size=2)
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (64, 8, 4)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
+        64,
+        8,
+        4,
+    )
     assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 2
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 0.5
     assert not ds["fp16"]["enabled"] and not ds["bf16"]["enabled"]
@@ -65,7 +69,10 @@ def test_gpu_only_settings_are_refused_on_cpu():
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["train.zero_stage=0", "train.deepspeed.zero_optimization.stage=2"], ("zero_optimization.stage", "train.zero_stage=0")),
+        (
+            ["train.zero_stage=0", "train.deepspeed.zero_optimization.stage=2"],
+            ("zero_optimization.stage", "train.zero_stage=0"),
+        ),
         (["train.deepspeed.bf16.enabled=true"], ("train.deepspeed.bf16.enabled", "train.precision=fp32")),
         (["train.deepspeed.bfloat16.enabled=true"], ("train.deepspeed.bfloat16", "train.precision")),
         (["train.deepspeed.gradient_clipping=5.0"], ("train.deepspeed.gradient_clipping", "optim.grad_clip_norm=1.0")),

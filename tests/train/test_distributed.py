@@ -15,7 +15,14 @@ def test_no_launcher_is_a_single_local_rank():
 
 def test_torchrun_and_deepspeed_launcher_variables():
     env = read_env(
-        {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "MASTER_ADDR": "node1", "MASTER_PORT": "1234", "LOCAL_WORLD_SIZE": "8"}
+        {
+            "RANK": "5",
+            "WORLD_SIZE": "16",
+            "LOCAL_RANK": "5",
+            "MASTER_ADDR": "node1",
+            "MASTER_PORT": "1234",
+            "LOCAL_WORLD_SIZE": "8",
+        }
     )
     assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port) == (5, 16, 5, "node1", 1234)
     assert env.nodes == 2 and env.launcher == "torchrun"

@@ -19,18 +19,34 @@ from tests import training_runs as runs
 def _task_config(directory: Path, corpus: str) -> Path:
     """Which of two files of the tiny corpus a sentence comes from, as a finetune YAML."""
     files = sorted(Path(corpus).glob("*.txt"))[:2]
-    rows = [f"{line.strip()}\tfile{i}" for i, f in enumerate(files) for line in f.read_text().splitlines() if line.strip()]
+    rows = [
+        f"{line.strip()}\tfile{i}" for i, f in enumerate(files) for line in f.read_text().splitlines() if line.strip()
+    ]
     np.random.default_rng(0).shuffle(rows)
     (directory / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:64]) + "\n")
     (directory / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[64:96]) + "\n")
     config = directory / "downstream.yaml"
-    config.write_text(yaml.safe_dump({"finetune": {"train_file": str(directory / "train.tsv"), "dev_file": str(directory / "dev.tsv"),
-                                                   "epochs": 1, "batch_size": 16, "micro_batch_size": 8, "lr": 1e-4}}))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "finetune": {
+                    "train_file": str(directory / "train.tsv"),
+                    "dev_file": str(directory / "dev.tsv"),
+                    "epochs": 1,
+                    "batch_size": 16,
+                    "micro_batch_size": 8,
+                    "lr": 1e-4,
+                }
+            }
+        )
+    )
     return config
 
 
 @pytest.mark.slow
-def test_every_checkpoint_is_fine_tuned_beside_training_and_logged_at_its_step(tmp_path, tiny_corpus, tiny_shards, tiny_vocab):
+def test_every_checkpoint_is_fine_tuned_beside_training_and_logged_at_its_step(
+    tmp_path, tiny_corpus, tiny_shards, tiny_vocab
+):
     config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
     raw = yaml.safe_load(config.read_text())
     raw["tracking"] = {"enabled": True, "log_system_metrics": False}
@@ -39,12 +55,18 @@ def test_every_checkpoint_is_fine_tuned_beside_training_and_logged_at_its_step(t
     ranks = runs.start_ranks(config, "run")
     assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
     log = ranks.output(0)
-    assert f"step {runs.STEPS}: downstream origin accuracy" in log and f"step {runs.CHECKPOINT_EVERY}: downstream origin accuracy" in log, log[-3000:]
+    assert (
+        f"step {runs.STEPS}: downstream origin accuracy" in log
+        and f"step {runs.CHECKPOINT_EVERY}: downstream origin accuracy" in log
+    ), log[-3000:]
     out = tmp_path / "run" / "out"
     for step in (runs.CHECKPOINT_EVERY, runs.STEPS):
         results = json.loads((out / "downstream" / f"step_{step:08d}" / "results.json").read_text())
         assert set(results) == {"dev/accuracy", "dev/matthews", "dev/f1"}
-        assert f"from bertdist checkpoint {out / 'checkpoints' / f'step_{step:08d}'}" in (out / "downstream" / f"step_{step:08d}" / "log.txt").read_text()
+        assert (
+            f"from bertdist checkpoint {out / 'checkpoints' / f'step_{step:08d}'}"
+            in (out / "downstream" / f"step_{step:08d}" / "log.txt").read_text()
+        )
 
     import mlflow
 
@@ -60,10 +82,22 @@ def test_every_checkpoint_is_fine_tuned_beside_training_and_logged_at_its_step(t
 def test_a_bad_downstream_config_fails_before_training(tmp_path, tiny_shards, tiny_vocab, capsys):
     config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
     (tmp_path / "task.yaml").write_text("finetune: {lr: fast}\n")
-    code = main(["train", "--config", str(config), "--dry-run", f"eval.downstream.config={tmp_path / 'task.yaml'}", "eval.downstream.every_checkpoints=0"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(config),
+            "--dry-run",
+            f"eval.downstream.config={tmp_path / 'task.yaml'}",
+            "eval.downstream.every_checkpoints=0",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == USAGE_EXIT_CODE and "eval.downstream: every_checkpoints and timeout_s must be positive" in err, err
     assert "eval.downstream.config: finetune.lr: expected float, got str 'fast'" in err
     (tmp_path / "task.yaml").write_text("finetune: {epochs: 1}\n")
-    assert main(["train", "--config", str(config), "--dry-run", f"eval.downstream.config={tmp_path / 'task.yaml'}"]) == USAGE_EXIT_CODE
+    assert (
+        main(["train", "--config", str(config), "--dry-run", f"eval.downstream.config={tmp_path / 'task.yaml'}"])
+        == USAGE_EXIT_CODE
+    )
     assert "task.yaml: finetune.train_file is empty" in capsys.readouterr().err

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("zero_stage, precision", runs.ENGINES, ids=runs.ENGINE_IDS)
-def test_exported_model_predicts_like_the_checkpoint(tmp_path, tmp_path_factory, tiny_shards, tiny_vocab, zero_stage, precision):
+def test_exported_model_predicts_like_the_checkpoint(
+    tmp_path, tmp_path_factory, tiny_shards, tiny_vocab, zero_stage, precision
+):
     transformers = pytest.importorskip("transformers")
     base = str(tmp_path_factory.getbasetemp() / "training")
     run = runs.uninterrupted(base, tiny_shards, tiny_vocab, zero_stage, precision)
@@ -36,7 +38,11 @@ def test_exported_model_predicts_like_the_checkpoint(tmp_path, tmp_path_factory,
     ours.load_state_dict(consolidated_state_dict(source))
     theirs = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    batch = tokenizer(["the river ran past the old [MASK] and the church .", "a team of [MASK] played"], padding=True, return_tensors="pt")
+    batch = tokenizer(
+        ["the river ran past the old [MASK] and the church .", "a team of [MASK] played"],
+        padding=True,
+        return_tensors="pt",
+    )
     ours.eval(), theirs.eval()
     with torch.no_grad():
         want = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])

@@ -83,7 +83,11 @@ def test_a_build_holding_its_lock_too_long_stops_the_run_in_one_line(lock):
             extensions.prepare(print)
     finally:
         os.close(fd)
-    assert "\n" not in str(raised.value) and f"process {os.getpid()}" in str(raised.value) and str(lock) in str(raised.value)
+    assert (
+        "\n" not in str(raised.value)
+        and f"process {os.getpid()}" in str(raised.value)
+        and str(lock) in str(raised.value)
+    )
 
 
 def test_on_a_shared_filesystem_an_unheld_lock_is_stale_only_once_older_than_any_build(lock, monkeypatch):

@@ -18,23 +18,42 @@ from tests import training_runs as runs
 def test_a_dry_run_submission_estimates_time_cost_and_the_cost_of_a_failure(capsys):
     """Without calibration: an estimate from a datasheet peak at an assumed MFU, said so; the cost at a price;
     what one failure costs at the checkpoint interval."""
-    code = main(["submit", "--backend", "slurm", "--config", "bert-large-paper", "--nodes", "2", "--gpus-per-node", "8",
-                 "--dry-run", "--price-per-node-hour", "32.77"])  # fmt: skip
+    code = main(
+        [
+            "submit",
+            "--backend",
+            "slurm",
+            "--config",
+            "bert-large-paper",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--dry-run",
+            "--price-per-node-hour",
+            "32.77",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "estimated, not measured" in out and "A100 (assumed)" in out and "assumed MFU of 40%" in out, out
     if not torch.cuda.is_available():  # what a run started here, on this CPU, would take is said too
-        assert re.search(r"^no GPU on this machine: its CPU ranks \(a matmul peak of [\d.]+ GFLOP/s measured here", out, re.M), out
+        assert re.search(
+            r"^no GPU on this machine: its CPU ranks \(a matmul peak of [\d.]+ GFLOP/s measured here", out, re.M
+        ), out
     hours = float(re.findall(r"^forecast_hours: ([\d.e+-]+)", out, re.M)[-1])
     cost = float(re.search(r"per node-hour = ([\d,.]+)", out).group(1).replace(",", ""))
     assert cost == pytest.approx(hours * 2 * 32.77, rel=1e-3)
     assert "a failure costs at most 10,000 steps redone" not in out  # the paper's recipe checkpoints more often
-    assert re.search(r"a failure costs at most [\d,]+ steps redone \(.*checkpoint.every_steps\) plus a restart", out), out
+    assert re.search(r"a failure costs at most [\d,]+ steps redone \(.*checkpoint.every_steps\) plus a restart", out), (
+        out
+    )
 
 
 @pytest.mark.slow
 def test_calibration_times_every_phase_at_the_runs_accumulation_and_projects_the_sum_of_its_parts(
-        tiny_shards, tiny_vocab, tmp_path, monkeypatch, capsys):  # fmt: skip
+    tiny_shards, tiny_vocab, tmp_path, monkeypatch, capsys
+):
     """`--calibrate` for 2 ranks times one rank at each phase's micro batch and the accumulation of 2 ranks (the
     sequences its steps processed are counted, not configured), times a checkpoint, an evaluation and the start-up,
     and projects steps x step time + checkpoints + evaluations + start-up, printed part by part with units.
@@ -44,7 +63,10 @@ def test_calibration_times_every_phase_at_the_runs_accumulation_and_projects_the
     config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
     cfg = yaml.safe_load(config.read_text())
     phase = cfg["data"]["phases"][0]
-    cfg["data"]["phases"] = [{**phase, "micro_batch_size": 4, "steps": 100}, {**phase, "micro_batch_size": 2, "steps": 60}]
+    cfg["data"]["phases"] = [
+        {**phase, "micro_batch_size": 4, "steps": 100},
+        {**phase, "micro_batch_size": 2, "steps": 60},
+    ]
     cfg["train"].update(global_batch_size=16, eval_every_steps=50)  # 2 ranks: accumulation 2, then 4
     cfg["checkpoint"]["every_steps"] = 40
     cfg["launch"] = {"nodes": 1, "gpus_per_node": 2}
@@ -64,16 +86,29 @@ def test_calibration_times_every_phase_at_the_runs_accumulation_and_projects_the
 
     assert "calibrated: 3 timed steps per phase on this machine's cpu" in out, out[-3000:]
     assert result.sequences_per_step == [4 * 2, 2 * 4]  # micro batch x the accumulation of 2 ranks, as counted
-    assert all(s > 0 for s in [*result.step_seconds, result.checkpoint_seconds, result.eval_seconds, result.startup_seconds])
+    assert all(
+        s > 0 for s in [*result.step_seconds, result.checkpoint_seconds, result.eval_seconds, result.startup_seconds]
+    )
     assert result.startup_seconds < seen["wall_s"]  # the calibration process's time less what it timed inside
     checkpoints, evaluations = 4, 5  # 160 steps every 40; the untrained baseline, steps 50, 100, 150 and 160
-    projected_s = (100 * result.step_seconds[0] + 60 * result.step_seconds[1] + checkpoints * result.checkpoint_seconds
-                   + evaluations * result.eval_seconds + result.startup_seconds)  # fmt: skip
+    projected_s = (
+        100 * result.step_seconds[0]
+        + 60 * result.step_seconds[1]
+        + checkpoints * result.checkpoint_seconds
+        + evaluations * result.eval_seconds
+        + result.startup_seconds
+    )
     forecast_h = float(re.findall(r"^forecast_hours: ([\d.e+-]+)", out, re.M)[-1])
     assert forecast_h * 3600 == pytest.approx(projected_s, rel=1e-5), out[-3000:]
     for i, steps in enumerate([100, 60]):
         step_s = re.escape(f"{result.step_seconds[i]:.4g}")
-        assert re.search(rf"^phase {i}: {steps} steps x {step_s} s \(8 sequences a rank, data wait \d+%\) = ", out, re.M), out
-    assert re.search(rf"^checkpoints: every 40 steps, {re.escape(f'{result.checkpoint_seconds:.3g}')} s each = ", out, re.M), out
+        assert re.search(
+            rf"^phase {i}: {steps} steps x {step_s} s \(8 sequences a rank, data wait \d+%\) = ", out, re.M
+        ), out
+    assert re.search(
+        rf"^checkpoints: every 40 steps, {re.escape(f'{result.checkpoint_seconds:.3g}')} s each = ", out, re.M
+    ), out
     assert re.search(rf"^evaluations: {re.escape(f'{result.eval_seconds:.3g}')} s each = ", out, re.M), out
-    assert re.search(r"^projected wall time: .* on 1 node\(s\) x 2 rank\(s\); the all-reduce between ranks is not in it$", out, re.M), out
+    assert re.search(
+        r"^projected wall time: .* on 1 node\(s\) x 2 rank\(s\); the all-reduce between ranks is not in it$", out, re.M
+    ), out

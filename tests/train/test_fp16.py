@@ -52,9 +52,14 @@ sys.exit(main(sys.argv[1:]))
 
 def test_overflows_are_skipped_and_counted_and_a_nan_loss_stops_the_run(tmp_path, tiny_shards, tiny_vocab):
     config = runs.write_config(
-        tmp_path, tiny_shards, tiny_vocab, zero_stage=2, precision="fp16", max_nonfinite_steps=MAX_NONFINITE_STEPS,
+        tmp_path,
+        tiny_shards,
+        tiny_vocab,
+        zero_stage=2,
+        precision="fp16",
+        max_nonfinite_steps=MAX_NONFINITE_STEPS,
         deepspeed={"fp16": {"initial_scale_power": 4}},  # 2^4: the tiny model never overflows on its own
-    )  # fmt: skip
+    )
     ranks = runs.start_ranks(config, "fp16", python_code=INJECT)
     codes = ranks.wait()
     log = ranks.output(0)

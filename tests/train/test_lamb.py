@@ -68,7 +68,9 @@ def test_lamb_state_survives_a_state_dict_round_trip():
 
 @pytest.mark.parametrize("gpus, accumulation", [(8, (128, 512)), (64, (16, 64)), (256, (4, 16))])
 def test_the_large_batch_recipe_reaches_its_batches_by_accumulation(gpus, accumulation):
-    cfg = load_config(REPO / "configs" / "bert-large-lamb.yaml", [f"launch.nodes={gpus // 8}", "launch.gpus_per_node=8"])
+    cfg = load_config(
+        REPO / "configs" / "bert-large-lamb.yaml", [f"launch.nodes={gpus // 8}", "launch.gpus_per_node=8"]
+    )
     validate(cfg, check_files=False)
     first, second = cfg.data.phases
     assert (cfg.global_batch_size(first), cfg.global_batch_size(second)) == (65536, 32768)

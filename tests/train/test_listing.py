@@ -8,8 +8,15 @@ from bertdist.train.listing import _phase_note
 
 def _state(step: int) -> TrainState:
     phases = [{"steps": 100, "name": "pretrain"}, {"steps": 20, "name": "context-extension"}, {"steps": 10}]
-    return TrainState(step=step, tokens_seen=0, sequences_seen=0, world_size=1, loader_states=[], rng_states=[],
-                      config={"data": {"phases": phases}})  # fmt: skip
+    return TrainState(
+        step=step,
+        tokens_seen=0,
+        sequences_seen=0,
+        world_size=1,
+        loader_states=[],
+        rng_states=[],
+        config={"data": {"phases": phases}},
+    )
 
 
 def test_a_checkpoint_says_which_phase_it_closes_or_is_in():

@@ -7,7 +7,9 @@ from bertdist.errors import USAGE_EXIT_CODE
 from tests import training_runs as runs
 
 
-def test_the_dry_run_refuses_shards_of_another_vocabulary_and_says_which_are_not_prepared(tmp_path, tiny_shards, tiny_vocab, capsys):
+def test_the_dry_run_refuses_shards_of_another_vocabulary_and_says_which_are_not_prepared(
+    tmp_path, tiny_shards, tiny_vocab, capsys
+):
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
     assert main(["train", "--config", str(config), "--dry-run"]) == 0
     out = capsys.readouterr().out

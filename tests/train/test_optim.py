@@ -52,7 +52,8 @@ def test_each_phase_decays_its_own_fraction_under_wsd(tmp_path):
 
     (tmp_path / "c.yaml").write_text(
         "optim: {schedule: wsd, decay_fraction: 0.5, warmup_steps: 0}\n"
-        "data: {phases: [{steps: 4, lr: 1.0, decay_fraction: 0}, {steps: 4, lr: 0.5, max_seq_length: 512}]}\n")
+        "data: {phases: [{steps: 4, lr: 1.0, decay_fraction: 0}, {steps: 4, lr: 0.5, max_seq_length: 512}]}\n"
+    )
     cfg = load_config(str(tmp_path / "c.yaml"), [])
     assert [scheduled_learning_rate(cfg, s) for s in range(8)] == pytest.approx([1, 1, 1, 1, 0.5, 0.5, 0.5, 0.25])
 
@@ -81,14 +82,22 @@ def test_cpu_optimizer_is_adamw_without_decay_on_layernorm_and_biases():
     assert opt.defaults["eps"] == cfg.optim.eps
 
 
-@pytest.mark.parametrize("overrides, problem", [
-    (["optim.schedule=cosine"], "optim.schedule: 'cosine' is not one of linear, wsd"),
-    (["optim.schedule=wsd", "optim.decay_shape=sqrt"], "optim.decay_shape: 'sqrt' is not one of linear, 1-sqrt"),
-    (["optim.schedule=wsd", "optim.decay_fraction=1.5"], "optim.decay_fraction: must be in [0, 1], got 1.5"),
-    (["data.phases.0.decay_fraction=0.5"], "data.phases.0.decay_fraction: applies only to a phase's own wsd schedule"),
-    (["optim.schedule=wsd", "optim.decay_fraction=0.95", "optim.warmup_steps=100", "data.phases.0.steps=1000"],
-     "optim: 100 warmup steps and a decay of 950 (0.95 of 1000) do not fit in its 1000 steps"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (["optim.schedule=cosine"], "optim.schedule: 'cosine' is not one of linear, wsd"),
+        (["optim.schedule=wsd", "optim.decay_shape=sqrt"], "optim.decay_shape: 'sqrt' is not one of linear, 1-sqrt"),
+        (["optim.schedule=wsd", "optim.decay_fraction=1.5"], "optim.decay_fraction: must be in [0, 1], got 1.5"),
+        (
+            ["data.phases.0.decay_fraction=0.5"],
+            "data.phases.0.decay_fraction: applies only to a phase's own wsd schedule",
+        ),
+        (
+            ["optim.schedule=wsd", "optim.decay_fraction=0.95", "optim.warmup_steps=100", "data.phases.0.steps=1000"],
+            "optim: 100 warmup steps and a decay of 950 (0.95 of 1000) do not fit in its 1000 steps",
+        ),
+    ],
+)
 def test_a_schedule_that_cannot_run_as_written_is_refused_naming_the_field(overrides, problem):
     from bertdist.config import ConfigError, validate
 

@@ -25,7 +25,9 @@ def long_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
     from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp("long_shards") / "train")
-    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, max_seq_length=LONG_SEQ_LENGTH, max_predictions_per_seq=10))
+    prepare(
+        tiny_prepare_options(tiny_corpus, tiny_vocab, out, max_seq_length=LONG_SEQ_LENGTH, max_predictions_per_seq=10)
+    )
     return out
 
 

@@ -20,8 +20,9 @@ def base(tmp_path_factory) -> str:
     return str(tmp_path_factory.getbasetemp() / "training")
 
 
-def resumed_bit_identically(base: str, shards: str, vocab: str, zero_stage: int,
-                            recipe: str) -> tuple[runs.Scenario, runs.Scenario, dict]:  # fmt: skip
+def resumed_bit_identically(
+    base: str, shards: str, vocab: str, zero_stage: int, recipe: str
+) -> tuple[runs.Scenario, runs.Scenario, dict]:
     """The recipe's uninterrupted run and its killed-and-resumed twin, both finished, with the same final weights;
     returns both runs and those weights."""
     reference = runs.uninterrupted(base, shards, vocab, zero_stage, "fp32", recipe)

@@ -62,7 +62,9 @@ def _summary(run: runs.Scenario, shards: str, vocab: str) -> dict:
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "inputs": {"vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest(), "shards": _digest_shards(shards)},
-        "weights": {k: hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest() for k, v in sorted(weights.items())},
+        "weights": {
+            k: hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest() for k, v in sorted(weights.items())
+        },
         "metrics": [{k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in records],
     }
 
@@ -79,11 +81,15 @@ def test_bert_run_is_bit_identical_to_the_reference_from_before_the_registry(tmp
         Path(os.environ["BERTDIST_WRITE_REFERENCE"]).write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
         pytest.skip(f"wrote the reference to {os.environ['BERTDIST_WRITE_REFERENCE']}")
     want = json.loads(REFERENCE.read_text())
-    assert got["inputs"] == want["inputs"], "the test's corpus, vocabulary or shards changed: the reference no longer applies"
+    assert got["inputs"] == want["inputs"], (
+        "the test's corpus, vocabulary or shards changed: the reference no longer applies"
+    )
     same_kernels = (got["torch"], got["cpu_capability"]) == (want["torch"], want["cpu_capability"])
     if same_kernels:
         differ = [k for k in want["weights"] if got["weights"].get(k) != want["weights"][k]]
-        assert got["weights"].keys() == want["weights"].keys() and not differ, f"weights differ from the reference: {differ}"
+        assert got["weights"].keys() == want["weights"].keys() and not differ, (
+            f"weights differ from the reference: {differ}"
+        )
         assert got["metrics"] == want["metrics"]
         return
     # Another torch or CPU: same keys and records, values at 1e-4 (bit identity cannot be asked across kernels).

@@ -17,7 +17,13 @@ import yaml
 from bertdist import lease, storage
 from bertdist.config import CheckpointConfig, load_config
 from bertdist.train import remote
-from bertdist.train.checkpoint import DAMAGED_FILENAME, CheckpointError, consolidated_state_dict, read_train_state, tag_for
+from bertdist.train.checkpoint import (
+    DAMAGED_FILENAME,
+    CheckpointError,
+    consolidated_state_dict,
+    read_train_state,
+    tag_for,
+)
 from tests import training_runs as runs
 from tests.conftest import REPO
 from tests.s3_server import copy_prefix
@@ -55,8 +61,9 @@ def wait_for_published(uri: str, tag: str, ranks: runs.Ranks) -> None:
     ranks.wait_for(lambda: remote.latest_in_store(uri) == tag, f"{tag} published in {uri}")
 
 
-def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab,
-                                                                             capsys):
+def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
+    tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab, capsys
+):
     base = tmp_path_factory.getbasetemp()
     reference = runs.uninterrupted(str(base / "training"), tiny_shards, tiny_vocab, 1)
     uri = storage.join(s3.bucket("checkpoints"), "run-1")
@@ -64,13 +71,18 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     ranks = runs.start_ranks(first, "killed", python_code=HOLD_AFTER_FIRST_CHECKPOINT)
     wait_for_published(uri, tag_for(runs.CHECKPOINT_EVERY), ranks)
     # A second run on the same URI while the first trains: refused at start, the first untouched.
-    intruder = runs.start_ranks(store_config(base / "store-intruder", s3_shards, tiny_vocab, uri, gpus_per_node=1),
-                                "intruder", world_size=1)  # fmt: skip
-    assert intruder.wait() == [2] and f"checkpoint.uri {uri} is in use by another run" in intruder.output(0), intruder.output(0)[-2000:]
+    intruder = runs.start_ranks(
+        store_config(base / "store-intruder", s3_shards, tiny_vocab, uri, gpus_per_node=1), "intruder", world_size=1
+    )
+    assert intruder.wait() == [2] and f"checkpoint.uri {uri} is in use by another run" in intruder.output(0), (
+        intruder.output(0)[-2000:]
+    )
     assert remote.latest_in_store(uri) == tag_for(runs.CHECKPOINT_EVERY)
     from bertdist.cli import main
 
-    assert main(["train", "--config", str(base / "store-intruder" / "config.yaml"), "--dry-run"]) == 2  # it checks the same
+    assert (
+        main(["train", "--config", str(base / "store-intruder" / "config.yaml"), "--dry-run"]) == 2
+    )  # it checks the same
     assert f"checkpoint.uri {uri} is in use by another run" in capsys.readouterr().err
     for p in ranks.procs:
         p.send_signal(signal.SIGKILL)
@@ -87,8 +99,17 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     time.sleep(LEASE_TIMEOUT_S + 1)  # the killed run's lease goes stale
     assert main(["train", "--config", str(other), f"checkpoint.uri={uri}", "optim.lr=0.5", "--dry-run"]) == 2
     assert "written by a run with other settings: optim.lr" in capsys.readouterr().err
-    assert main(["train", "--config", str(fresh_config := store_config(base / "store-resumed", s3_shards, tiny_vocab, uri)),
-                 "--dry-run"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(fresh_config := store_config(base / "store-resumed", s3_shards, tiny_vocab, uri)),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     assert f"the run resumes from {tag_for(runs.CHECKPOINT_EVERY)}" in capsys.readouterr().out
 
     # Another node: an empty output directory, everything comes from the store.
@@ -97,12 +118,17 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     assert "taking over the lease of a run that stopped renewing it" in ranks.output(0)
     assert not storage.exists(storage.join(uri, lease.LEASE_NAME))  # given back at the end
     final = tag_for(runs.STEPS)
-    assert f"resumed from {base / 'store-resumed' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}" in ranks.output(0)
+    assert (
+        f"resumed from {base / 'store-resumed' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}"
+        in ranks.output(0)
+    )
     assert remote.latest_in_store(uri) == final
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(base / "store-resumed" / "out" / "checkpoints" / final)
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
-    listed = subprocess.run([sys.executable, "-m", "bertdist", "checkpoints", uri], capture_output=True, text=True, cwd=REPO, timeout=120)
+    listed = subprocess.run(
+        [sys.executable, "-m", "bertdist", "checkpoints", uri], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert listed.returncode == 0 and re.search(rf"{final}\s+intact\s.*latest", listed.stdout), listed.stdout
     assert not storage.exists(storage.join(uri, remote.UPLOADS, f"{final}.rank-00000"))  # marks cleared once published
 
@@ -117,7 +143,9 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     found = remote.resume_point(CheckpointConfig(uri=damaged), str(base / "store-fallback"), mark_damaged=True)
     assert found == base / "store-fallback" / "checkpoints" / tag_for(runs.CHECKPOINT_EVERY)
     warned = capsys.readouterr().err
-    assert f"{final}" in warned and f"resuming from the older {tag_for(runs.CHECKPOINT_EVERY)} instead" in warned, warned
+    assert f"{final}" in warned and f"resuming from the older {tag_for(runs.CHECKPOINT_EVERY)} instead" in warned, (
+        warned
+    )
     # Marked: not counted toward keep_last (the next save's prune keeps the checkpoint resumed from), left there.
     assert remote.complete_in_store(damaged) == [tag_for(runs.CHECKPOINT_EVERY)]
     assert storage.exists(storage.join(damaged, final, DAMAGED_FILENAME))
@@ -137,15 +165,32 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(tmp_
     assert storage.find(uri) == before and storage.exists(storage.join(s3_shards, "manifest.json"))
     rows = base / "store-rows.tsv"
     rows.write_text("sentence\tlabel\n" + "a b\t0\nc d\t1\n" * 2)
-    assert main(["finetune", f"finetune.init_from={model}", f"finetune.train_file={rows}", f"finetune.dev_file={rows}",
-                 f"finetune.output_dir={base / 'store-finetuned'}", "finetune.epochs=1", "finetune.batch_size=2",
-                 "finetune.micro_batch_size=2", "tracking.enabled=false", f"launch.master_port={free_tcp_port()}"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "finetune",
+                f"finetune.init_from={model}",
+                f"finetune.train_file={rows}",
+                f"finetune.dev_file={rows}",
+                f"finetune.output_dir={base / 'store-finetuned'}",
+                "finetune.epochs=1",
+                "finetune.batch_size=2",
+                "finetune.micro_batch_size=2",
+                "tracking.enabled=false",
+                f"launch.master_port={free_tcp_port()}",
+            ]
+        )
+        == 0
+    )
 
     # 2 -> 1 rank, from the store: the one rank continues at step 5 and finishes.
     one = store_config(base / "store-one-rank", s3_shards, tiny_vocab, copy, gpus_per_node=1)
     ranks = runs.start_ranks(one, "one", "--resume", "auto", world_size=1)
     assert ranks.wait() == [0], ranks.output(0)[-3000:]
-    assert f"resumed from {base / 'store-one-rank' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}" in ranks.output(0)
+    assert (
+        f"resumed from {base / 'store-one-rank' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}"
+        in ranks.output(0)
+    )
     assert read_train_state(base / "store-one-rank" / "out" / "checkpoints" / final).step == runs.STEPS
     assert remote.latest_in_store(copy) == final
 
@@ -175,7 +220,9 @@ def test_the_store_down_at_the_final_upload_is_a_requeue_not_bad_input(tmp_path,
     ranks = runs.start_ranks(config, "down", world_size=1, python_code=STORE_GONE_AT_THE_FINAL_CHECKPOINT)
     assert ranks.wait() == [75], ranks.output(0)[-3000:]
     said = ranks.output(0)
-    assert "still failing after 3 s of retries" in said and "not a problem with the input: exiting 75" in said, said[-2000:]
+    assert "still failing after 3 s of retries" in said and "not a problem with the input: exiting 75" in said, said[
+        -2000:
+    ]
     assert remote.latest_in_store(uri) == tag_for(runs.CHECKPOINT_EVERY)  # what a requeued job continues from
 
 
@@ -190,6 +237,9 @@ def test_a_staging_directory_holding_another_runs_checkpoints_is_refused(tmp_pat
     storage.write_text(storage.join(uri, "latest"), tag_for(10))
     theirs = load_config(None, ["optim.lr=5e-4"])
     _recorded(tmp_path / "out" / "checkpoints", 90, theirs.to_dict())
-    with pytest.raises(CheckpointError, match=r"train.output_dir checkpoint .*step_00000090 was written by a run with other "
-                                              r"settings: optim.lr"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"train.output_dir checkpoint .*step_00000090 was written by a run with other "
+        r"settings: optim.lr",
+    ):
         remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mine.to_dict())

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from bertdist.data.loader import _Segment
+from bertdist.safe_load import weights_only_loading
 from bertdist.train import reshard
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
-from bertdist.safe_load import weights_only_loading
 from tests import training_runs as runs
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,9 @@ def _losses(out: Path) -> dict[int, float]:
     return {step: record["loss/train"] for step, record in runs.read_metrics(out).items()}
 
 
-@pytest.mark.parametrize("zero_stage, before, after", [(1, 2, 1), (3, 1, 2), (0, 2, 1)], ids=["zero1-2to1", "zero3-1to2", "zero0-2to1"])
+@pytest.mark.parametrize(
+    "zero_stage, before, after", [(1, 2, 1), (3, 1, 2), (0, 2, 1)], ids=["zero1-2to1", "zero3-1to2", "zero0-2to1"]
+)
 def test_a_run_continues_on_another_number_of_ranks(base, tiny_shards, tiny_vocab, tmp_path, zero_stage, before, after):
     """Killed after the step-4 checkpoint on `before` ranks, resumed on `after`: it finishes, says what
     changed, reads every sample of the epoch at most once (8 steps x 16 samples consumed, none twice),
@@ -68,7 +70,9 @@ def test_a_run_continues_on_another_number_of_ranks(base, tiny_shards, tiny_voca
     state = read_train_state(out / "checkpoints" / f"step_{runs.STEPS:08d}")
     assert state.world_size == after and state.sequences_seen == runs.STEPS * GLOBAL_BATCH
     loader = state.loader_states[0]["loader"]
-    left = _Segment(loader["world_size"], loader["micro_batch_size"], loader["intervals"], loader["batches_done"]).remaining()
+    left = _Segment(
+        loader["world_size"], loader["micro_batch_size"], loader["intervals"], loader["batches_done"]
+    ).remaining()
     consumed = loader["num_samples"] - sum(b - a for a, b in left)
     assert consumed == runs.STEPS * GLOBAL_BATCH  # a repeated sample would leave more unread; a skipped one, fewer
     assert all(s["loader"] == loader for s in state.loader_states)  # the ranks agree on the segment

@@ -71,10 +71,25 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
     deepspeed = Path(sys.executable).with_name("deepspeed")
     with open(log, "w") as out:
         launcher = subprocess.Popen(
-            [str(deepspeed), "--num_gpus", "2", "--master_port", str(free_tcp_port()), "--module", "bertdist", "train",
-             "--config", str(config), *LONG_RUN],
-            env={**os.environ, **CPU_ENV}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                str(deepspeed),
+                "--num_gpus",
+                "2",
+                "--master_port",
+                str(free_tcp_port()),
+                "--module",
+                "bertdist",
+                "train",
+                "--config",
+                str(config),
+                *LONG_RUN,
+            ],
+            env={**os.environ, **CPU_ENV},
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_until(lambda: "step 3/" in log.read_text() or launcher.poll() is not None, 240, "training to start")
         assert launcher.poll() is None, log.read_text()[-3000:]
@@ -88,17 +103,40 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_a_local_jobs_supervisor_signalled_or_killed_leaves_a_checkpoint_and_no_process(signum, tmp_path, tiny_shards, tiny_vocab):
+def test_a_local_jobs_supervisor_signalled_or_killed_leaves_a_checkpoint_and_no_process(
+    signum, tmp_path, tiny_shards, tiny_vocab
+):
     from bertdist.launch.job import JobRecord
     from bertdist.launch.status import job_status
 
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
     jobs = tmp_path / "jobs"
     submitted = subprocess.run(
-        [sys.executable, "-m", "bertdist", "submit", "--backend", "local", "--config", str(config), "--cpu-only",
-         "--gpus-per-node", "2", "--master-port", str(free_tcp_port()), "--jobs-dir", str(jobs), *LONG_RUN],
-        env={**os.environ, **CPU_ENV}, cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bertdist",
+            "submit",
+            "--backend",
+            "local",
+            "--config",
+            str(config),
+            "--cpu-only",
+            "--gpus-per-node",
+            "2",
+            "--master-port",
+            str(free_tcp_port()),
+            "--jobs-dir",
+            str(jobs),
+            *LONG_RUN,
+        ],
+        env={**os.environ, **CPU_ENV},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     record = JobRecord.load(next(jobs.glob("*.json")).stem, jobs)
     log = Path(record.log_file)
     try:
@@ -108,7 +146,9 @@ def test_a_local_jobs_supervisor_signalled_or_killed_leaves_a_checkpoint_and_no_
         status = job_status(record)
         if signum == signal.SIGTERM:
             wait_until(Path(record.exit_code_file).is_file, 10, "the supervisor's exit code")
-            assert status.state == "stopped" and "stopped by SIGTERM" in status.detail, status  # not torchrun's "exit 1"
+            assert status.state == "stopped" and "stopped by SIGTERM" in status.detail, (
+                status
+            )  # not torchrun's "exit 1"
         else:
             assert status.state == "stopped" and "supervisor" in status.detail and "was killed" in status.detail, status
     finally:
@@ -122,9 +162,21 @@ def test_a_run_started_with_nohup_by_a_script_trains_on_after_the_script_ends(tm
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
     log = tmp_path / "train.log"
     steps = 100  # seconds of training after the shell has ended, while the launcher watch looks every second
-    train = [sys.executable, "-m", "bertdist", "train", "--config", str(config), f"launch.master_port={free_tcp_port()}",
-             f"data.phases.0.steps={steps}", *UNTIL_THE_END]  # fmt: skip
-    script = f"nohup {shlex.join(train)} > {shlex.quote(str(log))} 2>&1 & until grep -q 'step 1/' {shlex.quote(str(log))}; do sleep 0.2; done"
+    train = [
+        sys.executable,
+        "-m",
+        "bertdist",
+        "train",
+        "--config",
+        str(config),
+        f"launch.master_port={free_tcp_port()}",
+        f"data.phases.0.steps={steps}",
+        *UNTIL_THE_END,
+    ]
+    script = (
+        f"nohup {shlex.join(train)} > {shlex.quote(str(log))} 2>&1 & "
+        f"until grep -q 'step 1/' {shlex.quote(str(log))}; do sleep 0.2; done"
+    )
     shell = subprocess.Popen(["bash", "-c", script], env={**os.environ, **CPU_ENV}, cwd=REPO, start_new_session=True)
     try:
         assert shell.wait(timeout=240) == 0
@@ -138,7 +190,9 @@ def test_a_run_started_with_nohup_by_a_script_trains_on_after_the_script_ends(tm
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_in_one_line(signum, tmp_path, tiny_corpus, tiny_vocab):
+def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_in_one_line(
+    signum, tmp_path, tiny_corpus, tiny_vocab
+):
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained
     from bertdist.tracking.store import client, local_store_uri
@@ -149,11 +203,26 @@ def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_
     train, dev = _task(tmp_path, tiny_corpus)
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bertdist", "finetune", f"finetune.init_from={tmp_path / 'model'}", f"finetune.train_file={train}",
-         f"finetune.dev_file={dev}", f"finetune.output_dir={out}", "finetune.epochs=1000", "finetune.batch_size=8",
-         "finetune.micro_batch_size=8", f"launch.master_port={free_tcp_port()}"],
-        env={**os.environ, **CPU_ENV}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bertdist",
+            "finetune",
+            f"finetune.init_from={tmp_path / 'model'}",
+            f"finetune.train_file={train}",
+            f"finetune.dev_file={dev}",
+            f"finetune.output_dir={out}",
+            "finetune.epochs=1000",
+            "finetune.batch_size=8",
+            "finetune.micro_batch_size=8",
+            f"launch.master_port={free_tcp_port()}",
+        ],
+        env={**os.environ, **CPU_ENV},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -167,7 +236,10 @@ def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
     stopped = [line for line in rest.splitlines() if " stopped (" in line]
     assert len(stopped) == 1 and f"stopped ({signal.Signals(signum).name})" in stopped[0], rest
-    assert "the checkpoint of epoch 1 and its best model are kept" in stopped[0] and (out / "model" / "config.json").is_file()
+    assert (
+        "the checkpoint of epoch 1 and its best model are kept" in stopped[0]
+        and (out / "model" / "config.json").is_file()
+    )
     store = client(local_store_uri(str(out)))
     runs_found = store.search_runs(experiment_ids=[e.experiment_id for e in store.search_experiments()])
     assert [r.info.status for r in runs_found] == ["KILLED"]

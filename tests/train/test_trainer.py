@@ -1,5 +1,6 @@
 """End-to-end training with 2 real DeepSpeed ranks on CPU: exact resume after SIGKILL and SIGTERM for
-ZeRO 1, 2 and 3 in fp32 and ZeRO 1 and 2 in bf16, falling loss, the learning-rate curve, and clear failures on bad configs and shards."""
+ZeRO 1, 2 and 3 in fp32 and ZeRO 1 and 2 in bf16, falling loss, the learning-rate curve, and clear failures on
+bad configs and shards."""
 
 from __future__ import annotations
 
@@ -48,7 +49,15 @@ def test_resume_after_sigkill_and_sigterm_is_bit_identical(base, tiny_shards, ti
     expected, logged = runs.read_metrics(reference.out), runs.read_metrics(resumed.out)
     assert sorted(expected) == sorted(logged) == list(range(1, runs.STEPS + 1))
     for step in expected:
-        for key in ("loss/train", "loss/train_mlm", "loss/train_nsp", "mlm_accuracy/train", "optimizer/grad_norm", "optimizer/learning_rate", "progress/tokens_seen"):
+        for key in (
+            "loss/train",
+            "loss/train_mlm",
+            "loss/train_nsp",
+            "mlm_accuracy/train",
+            "optimizer/grad_norm",
+            "optimizer/learning_rate",
+            "progress/tokens_seen",
+        ):
             assert logged[step][key] == expected[step][key], (step, key)
 
 
@@ -58,9 +67,17 @@ def test_loss_falls_and_learning_rate_follows_warmup_then_linear_decay(base, tin
     losses = [metrics[s]["loss/train"] for s in sorted(metrics)]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
     rates = [metrics[s]["optimizer/learning_rate"] for s in sorted(metrics)]
-    assert rates == pytest.approx([learning_rate(s, runs.PEAK_LR, runs.WARMUP_STEPS, runs.STEPS) for s in range(runs.STEPS)])
+    assert rates == pytest.approx(
+        [learning_rate(s, runs.PEAK_LR, runs.WARMUP_STEPS, runs.STEPS) for s in range(runs.STEPS)]
+    )
     last = metrics[runs.STEPS]
-    for key in ("throughput/sequences_per_second", "throughput/tokens_per_second", "throughput/mfu", "throughput/data_wait_fraction", "optimizer/grad_norm"):
+    for key in (
+        "throughput/sequences_per_second",
+        "throughput/tokens_per_second",
+        "throughput/mfu",
+        "throughput/data_wait_fraction",
+        "optimizer/grad_norm",
+    ):
         assert last[key] > 0, key
     assert 0.1 < last["memory/peak_gb"] < 64  # the largest rank's resident set, GiB
     assert last["optimizer/loss_scale"] == 1.0 and last["optimizer/skipped_steps"] == 0
@@ -120,6 +137,7 @@ def test_bad_config_or_shards_fail_at_start(rank0_of_2, tmp_path, tiny_shards, t
     elif case == "too_few_samples_for_ranks":
         overrides = ["data.phases.0.micro_batch_size=100000", "train.global_batch_size=200000"]
     elif case == "missing_shard":
+
         def add_a_missing_shard(m):
             m["shards"].append({**m["shards"][0], "name": "gone.tar"})
             m["totals"]["samples"] += m["shards"][0]["num_samples"]
@@ -152,7 +170,9 @@ def test_a_killed_rank_is_named_by_the_ranks_it_leaves(base, tiny_shards, tiny_v
     assert "[rank 1 on " in survivor and "lost contact with the other ranks" in survivor and "Traceback" not in survivor
 
 
-def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identically(base, tiny_shards, tiny_vocab, tmp_path, capsys):
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identically(
+    base, tiny_shards, tiny_vocab, tmp_path, capsys
+):
     """The newest checkpoint's model file cut to 1,000 bytes after it was declared complete (a bad disk):
     `bertdist checkpoints` names it, and `--resume auto` never loads it but continues from the intact step
     before it, ending with the same weights as a run that was never damaged."""
@@ -180,14 +200,19 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identica
 
     client = mlflow.MlflowClient(local_store_uri(out))
     (run,) = client.search_runs([client.get_experiment_by_name("bertdist").experiment_id])  # the MLflow run says so too
-    assert run.data.tags["bertdist.resume_fallback"] == f"{final} failed verification; resumed from the older step_{runs.CHECKPOINT_EVERY:08d}"
+    assert (
+        run.data.tags["bertdist.resume_fallback"]
+        == f"{final} failed verification; resumed from the older step_{runs.CHECKPOINT_EVERY:08d}"
+    )
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(out / "checkpoints" / final)
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
 
 
 @pytest.mark.slow
-def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continues(base, tiny_shards, tiny_vocab, tmp_path):
+def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continues(
+    base, tiny_shards, tiny_vocab, tmp_path
+):
     """SIGSTOP rank 1 after the first checkpoint (stopped, not dead: its sockets stay open, so nothing fails
     by itself): rank 0's watchdog names rank 1 and its host, exits with the requeue code, and kills the
     stopped rank on its host; every process is gone within the timeout plus a few seconds. `--resume auto`
@@ -240,7 +265,9 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(base, tiny_shards, tiny_vocab, tmp_path, small_disk):
+def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(
+    base, tiny_shards, tiny_vocab, tmp_path, small_disk
+):
     """The second checkpoint does not fit: the run stops (exit 1) with a line naming the checkpoint, the free
     space and the intact one; `latest` still names step 4; once there is room, `--resume auto` ends with the
     weights of an uninterrupted run."""
@@ -254,7 +281,10 @@ def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(ba
     assert codes == [1, 1], logs[-4000:]
     final = f"step_{runs.STEPS:08d}"
     assert f"checkpoint {small_disk / 'checkpoints' / final} could not be written" in logs, logs[-4000:]
-    assert "MB free there: the file system is full" in logs and f"newest complete checkpoint is step_{runs.CHECKPOINT_EVERY:08d}" in logs
+    assert (
+        "MB free there: the file system is full" in logs
+        and f"newest complete checkpoint is step_{runs.CHECKPOINT_EVERY:08d}" in logs
+    )
     assert "Traceback" not in logs, logs[-4000:]
     assert runs.latest_tag(small_disk) == f"step_{runs.CHECKPOINT_EVERY:08d}"
 

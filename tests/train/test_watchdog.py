@@ -22,7 +22,9 @@ STALL_S = 1.0
 @pytest.fixture
 def store_port():
     port = free_tcp_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10)
+    )
     yield port
     del store
 
@@ -56,7 +58,11 @@ def test_a_silent_rank_is_named_with_its_host(store_port, capsys):
     assert exits.codes == {0: REQUEUE_EXIT_CODE}
     assert time.monotonic() - started < STALL_S + 4 * beat_interval_s(STALL_S) + 2
     err = capsys.readouterr().err
-    assert f"[rank 0 on {socket.gethostname()}]" in err and f"rank 1 on {socket.gethostname()}" in err and "sent no heartbeat" in err
+    assert (
+        f"[rank 0 on {socket.gethostname()}]" in err
+        and f"rank 1 on {socket.gethostname()}" in err
+        and "sent no heartbeat" in err
+    )
 
 
 @pytest.mark.parametrize("watching", [0, 1])

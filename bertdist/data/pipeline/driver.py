@@ -92,16 +92,26 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
         raise
 
 
-def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, mask_id: int, work_dir: str,
-         t_start: float) -> PrepareReport:  # fmt: skip
+def _run(
+    opts: PrepareOptions,
+    files: list[InputFile],
+    fingerprint: str,
+    vocab_size: int,
+    mask_id: int,
+    work_dir: str,
+    t_start: float,
+) -> PrepareReport:
     ray, ray_start_seconds = _start_ray(opts)
     run = _TaskRunner(ray, opts.workers, opts.progress, storage.endpoint())  # use_endpoint(opts.endpoint_url) set it
 
     units = plan_units(files, opts.unit_bytes)
     unit_results = run(
-        "read", read_unit,
+        "read",
+        read_unit,
         [(u, work_dir, opts.vocab_file, opts.cased, opts.group_bytes) for u in units],
-        weights=[_unit_bytes(u) for u in units], unit="MB", scale=1e-6,
+        weights=[_unit_bytes(u) for u in units],
+        unit="MB",
+        scale=1e-6,
     )
     skipped, good_units = _bad_input_report(files, units, unit_results, opts.on_bad_input)
     groups, document_stats = _plan_groups(work_dir, good_units, unit_results, opts.group_bytes)
@@ -109,9 +119,12 @@ def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_s
         raise DataError(f"no documents in {', '.join(opts.inputs)} (after skipping bad input and duplicates)")
 
     group_results = run(
-        "instances", make_group,
+        "instances",
+        make_group,
         [(g, members, work_dir, opts.vocab_file, opts.cased, opts.instances) for g, members in enumerate(groups)],
-        weights=None, unit="groups", scale=1,
+        weights=None,
+        unit="groups",
+        scale=1,
     )
     counts = np.array([r["instances"] for r in group_results], dtype=np.int64)
     group_offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -120,13 +133,20 @@ def _run(opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_s
         raise DataError("the corpus produced no instances (documents too short?)")
     num_shards = max(1, math.ceil(total / opts.samples_per_shard))
     shard_results = run(
-        "shards", write_one_shard,
-        [(s, num_shards, opts.band_shards, group_offsets, work_dir, opts.output_dir, opts.instances.seed)
-         for s in range(num_shards)],
-        weights=None, unit="shards", scale=1,
+        "shards",
+        write_one_shard,
+        [
+            (s, num_shards, opts.band_shards, group_offsets, work_dir, opts.output_dir, opts.instances.seed)
+            for s in range(num_shards)
+        ],
+        weights=None,
+        unit="shards",
+        scale=1,
     )
 
-    manifest = _manifest(opts, files, fingerprint, vocab_size, mask_id, skipped, document_stats, group_results, shard_results)
+    manifest = _manifest(
+        opts, files, fingerprint, vocab_size, mask_id, skipped, document_stats, group_results, shard_results
+    )
     write_manifest(opts.output_dir, manifest)
     storage.remove_tree(work_dir)
     for name in storage.listdir(opts.output_dir):  # temporaries of a killed earlier run
@@ -278,7 +298,9 @@ class _TaskRunner:
         self.limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.remote: Any = None
 
-    def __call__(self, stage: str, fn: Callable, args: list[tuple], weights: list[int] | None, unit: str, scale: float) -> list:
+    def __call__(
+        self, stage: str, fn: Callable, args: list[tuple], weights: list[int] | None, unit: str, scale: float
+    ) -> list:
         from tqdm import tqdm
 
         ray = self.ray
@@ -288,8 +310,15 @@ class _TaskRunner:
         results: list[Any] = [None] * len(args)
         pending: dict[Any, int] = {}
         next_task = 0
-        bar = tqdm(total=sum(weights) * scale, desc=f"prepare: {stage}", unit=unit, disable=not self.progress,
-                   file=sys.stderr, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+        bar = tqdm(
+            total=sum(weights) * scale,
+            desc=f"prepare: {stage}",
+            unit=unit,
+            disable=not self.progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
+        )
         counted = 0
         t0 = time.perf_counter()
         with bar:
@@ -376,8 +405,15 @@ def _plan_groups(
 
 
 def _manifest(
-    opts: PrepareOptions, files: list[InputFile], fingerprint: str, vocab_size: int, mask_id: int, skipped: list[dict],
-    document_stats: dict[str, int], group_results: list[dict], shard_results: list[dict],
+    opts: PrepareOptions,
+    files: list[InputFile],
+    fingerprint: str,
+    vocab_size: int,
+    mask_id: int,
+    skipped: list[dict],
+    document_stats: dict[str, int],
+    group_results: list[dict],
+    shard_results: list[dict],
 ) -> dict[str, Any]:
     samples = sum(r["instances"] for r in group_results)
     skipped_paths = {s["path"] for s in skipped}
@@ -401,7 +437,9 @@ def _manifest(
             not_next=sum(r["not_next"] for r in group_results),
             shard_bytes=sum(r["bytes"] for r in shard_results),
         ),
-        shards=[{k: r[k] for k in ("name", "num_samples", "sha256", "bytes", "blocks") if k in r} for r in shard_results],
+        shards=[
+            {k: r[k] for k in ("name", "num_samples", "sha256", "bytes", "blocks") if k in r} for r in shard_results
+        ],
     )
 
 
@@ -417,9 +455,11 @@ def summary_text(report: PrepareReport) -> str:
         f"  samples: mean length {t['sample_tokens'] / n:.1f}, {t['masked_tokens'] / n:.2f} masked per sample, "
         f"{100 * t['not_next'] / n:.1f}% NotNext, {t['shard_bytes'] / n:.0f} bytes per sample on disk",
         f"  time: {report.seconds:.1f} s ({report.ray_start_seconds:.1f} s starting Ray), "
-        f"{t['samples'] / max(report.seconds, 1e-9):,.0f} samples/s; peak worker memory {report.worker_peak_rss_mb:,.0f} MB; "
+        f"{t['samples'] / max(report.seconds, 1e-9):,.0f} samples/s; "
+        f"peak worker memory {report.worker_peak_rss_mb:,.0f} MB; "
         f"{report.resumed_shards} shards kept from a previous run",
         f"  ray nodes: {len(report.tasks_per_node)} ("
-        + ", ".join(f"{node}: {tasks} tasks" for node, tasks in report.tasks_per_node.items()) + ")",
+        + ", ".join(f"{node}: {tasks} tasks" for node, tasks in report.tasks_per_node.items())
+        + ")",
     ]
     return "\n".join(lines)

@@ -94,7 +94,9 @@ class _PieceWriter:
         self.document_bytes: list[int] = []
         self.text_bytes = 0
 
-    def add(self, ids: np.ndarray, sentence_lengths: np.ndarray, document_sentences: np.ndarray, texts: list[str]) -> None:
+    def add(
+        self, ids: np.ndarray, sentence_lengths: np.ndarray, document_sentences: np.ndarray, texts: list[str]
+    ) -> None:
         """Documents given as their tokens, sentence lengths, sentences per document and text (for the hash)."""
         self.tokens.append(ids)
         self.sentence_lengths.append(sentence_lengths)
@@ -152,7 +154,12 @@ def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, s
 
 
 def make_group(
-    group: int, members: list[tuple[str, np.ndarray]], work_dir: str, vocab_file: str, cased: bool, opts: InstanceOptions
+    group: int,
+    members: list[tuple[str, np.ndarray]],
+    work_dir: str,
+    vocab_file: str,
+    cased: bool,
+    opts: InstanceOptions,
 ) -> dict[str, Any]:
     """Stage 2 for one group: every pass of instances, written as column files (memory-mapped when local).
 
@@ -222,7 +229,9 @@ def write_one_shard(
     parts = []
     for g in np.unique(group).tolist():
         rows = by_group[group[by_group] == g]
-        parts.append(_open_group(storage.join(work_dir, "groups", f"group-{g:06d}")).take(instance[rows] - group_offsets[g]))
+        parts.append(
+            _open_group(storage.join(work_dir, "groups", f"group-{g:06d}")).take(instance[rows] - group_offsets[g])
+        )
     gathered = Samples.concat(parts)
     samples = gathered.take(np.argsort(by_group, kind="stable"))
     sha256, blocks = write_shard(path, samples, SAMPLES_PER_BLOCK)

@@ -40,7 +40,9 @@ def one_worker_run(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory):
 
 def test_bytes_do_not_depend_on_workers(one_worker_run, tiny_corpus, tiny_vocab, tmp_path):
     out = str(tmp_path / "data")
-    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, samples_per_shard=SMALL_SHARDS, workers=2, unit_bytes=20_000))
+    prepare(
+        tiny_prepare_options(tiny_corpus, tiny_vocab, out, samples_per_shard=SMALL_SHARDS, workers=2, unit_bytes=20_000)
+    )
     assert _shard_bytes(out) == _shard_bytes(one_worker_run)
     assert open(os.path.join(out, "manifest.json")).read() == open(os.path.join(one_worker_run, "manifest.json")).read()
 
@@ -79,19 +81,46 @@ def test_shards_partition_the_instances_spread_over_a_band(total, num_shards):
 
 
 @pytest.mark.parametrize("output", ["local", "store"])
-def test_killed_run_resumes_to_the_same_bytes(output, request, one_worker_run, tiny_corpus, tiny_vocab, ray_local, tmp_path):
+def test_killed_run_resumes_to_the_same_bytes(
+    output, request, one_worker_run, tiny_corpus, tiny_vocab, ray_local, tmp_path
+):
     """Killed while writing shards and run again, to a local directory and to an object store (tests/s3_server.py)."""
-    out = str(tmp_path / "data") if output == "local" else storage.join(request.getfixturevalue("s3").bucket("killed-prepare"), "data")
+    out = (
+        str(tmp_path / "data")
+        if output == "local"
+        else storage.join(request.getfixturevalue("s3").bucket("killed-prepare"), "data")
+    )
     cmd = [
-        sys.executable, "-m", "bertdist", "prepare", "--input", tiny_corpus, "--output", out, "--vocab", tiny_vocab,
-        "--max-seq-length", str(TEST_SEQ_LENGTH), "--dupe-factor", "2", "--samples-per-shard", str(SMALL_SHARDS),
-        "--group-mb", str(64 / 1024), "--workers", "1", "--no-progress",
-        "--ray-address", ray_local.get_runtime_context().gcs_address,
+        sys.executable,
+        "-m",
+        "bertdist",
+        "prepare",
+        "--input",
+        tiny_corpus,
+        "--output",
+        out,
+        "--vocab",
+        tiny_vocab,
+        "--max-seq-length",
+        str(TEST_SEQ_LENGTH),
+        "--dupe-factor",
+        "2",
+        "--samples-per-shard",
+        str(SMALL_SHARDS),
+        "--group-mb",
+        str(64 / 1024),
+        "--workers",
+        "1",
+        "--no-progress",
+        "--ray-address",
+        ray_local.get_runtime_context().gcs_address,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600  # a busy machine: the driver's start (Ray, imports) alone has taken minutes
     while not any(n.endswith(".tar") for n in storage.listdir(out)):
-        assert time.time() < deadline and proc.poll() is None, f"no shard written in 600 s (prepare exited {proc.poll()})"
+        assert time.time() < deadline and proc.poll() is None, (
+            f"no shard written in 600 s (prepare exited {proc.poll()})"
+        )
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -181,6 +210,9 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     pids |= {c.pid for pid in list(pids) for c in psutil.Process(pid).children(recursive=True)}
     listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
     assert listening, "no Ray server sockets found"
-    exposed = [(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in listening
-               if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]  # fmt: skip
+    exposed = [
+        (c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
+        for c in listening
+        if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")
+    ]
     assert exposed == []

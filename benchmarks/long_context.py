@@ -1,0 +1,167 @@
+"""Long context: tokens/s and peak memory of ModernBERT-mini at 512 to 8,192 tokens, bertdist against transformers.
+
+The same tokens per batch at every length (`--tokens`, 8,192: 16 rows of 512 ... 1 row of 8,192), full rows, 15%
+of the tokens predicted; one step = forward + backward + AdamW, fp32. Each (model, length) runs in a process of its
+own for its peak resident memory (ru_maxrss), and the two models are timed in turns in one process, so that the
+machine's load hits both alike. bertdist's local layers
+attend within their window (`bertdist.model.ops.local_attention`); `transformers.ModernBertForMaskedLM` (sdpa, its
+sparse prediction on) masks a full grid. Printed: per length, each model's tokens/s and peak memory, bertdist's cost
+per token relative to its cost at the shortest length (goal: <= 2x at 8,192), and the speedup (goal: >= 2x at 8,192).
+
+    python benchmarks/long_context.py                        # about five minutes on 2 CPU cores
+    python benchmarks/long_context.py --lengths 512,2048 --steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+LENGTHS = (512, 1024, 2048, 4096, 8192)
+
+
+def step_function(model_name: str, length: int, tokens: int, size: str):
+    """A closure doing one forward + backward + AdamW step of `model_name` on a full batch of `length`."""
+    import dataclasses
+
+    import torch
+
+    from bertdist.config import ModelConfig
+    from bertdist.model.ops import IGNORE_INDEX
+    from bertdist.model.registry import build_model, hf_adapter
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(ModelConfig.from_size(size), max_position_embeddings=max(LENGTHS))
+    rows, predictions = max(1, tokens // length), round(0.15 * length)
+    g = torch.Generator().manual_seed(length)
+    ids = torch.randint(5, cfg.vocab_size, (rows, length), generator=g)
+    mask = torch.ones(rows, length, dtype=torch.long)
+    positions = (
+        torch.stack([torch.randperm(length - 1, generator=g)[:predictions] + 1 for _ in range(rows)]).sort(1).values
+    )
+    labels = torch.randint(5, cfg.vocab_size, (rows, predictions), generator=g)
+    if model_name == "bertdist":
+        model = build_model(cfg).train()
+        batch = dict(input_ids=ids, attention_mask=mask, masked_lm_positions=positions, masked_lm_ids=labels)
+    else:
+        import transformers
+
+        special = dict(pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3)
+        hf = transformers.ModernBertConfig(
+            **hf_adapter("modernbert").config_to_hf(cfg, special), sparse_prediction=True, attn_implementation="sdpa"
+        )
+        model = transformers.ModernBertForMaskedLM(hf).train()
+        dense = torch.full_like(ids, IGNORE_INDEX).scatter_(1, positions, labels)
+        batch = dict(input_ids=ids, attention_mask=mask, labels=dense)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        optimizer.step()
+
+    return step, rows
+
+
+def timed_pair(length: int, tokens: int, steps: int, size: str) -> dict:
+    """Both models' median step time at `length`, timed in turns (load hits both alike)."""
+    import torch
+    from common import interleaved_medians
+
+    functions = {name: step_function(name, length, tokens, size)[0] for name in ("bertdist", "transformers")}
+    return interleaved_medians(functions, torch.device("cpu"), repeats=steps, warmup=1)
+
+
+def peak_memory(model_name: str, length: int, tokens: int, size: str) -> float:
+    """GB of peak resident memory of a process that builds one model and runs two steps."""
+    step, _ = step_function(model_name, length, tokens, size)
+    step()
+    step()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    p.add_argument("--tokens", type=int, default=8192, help="tokens per batch at every length")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per run (median reported)")
+    p.add_argument("--size", default="modernbert-mini")
+    p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)  # a child process
+    args = p.parse_args(argv)
+    if args.child:
+        what, length = args.child[0], int(args.child[1])
+        value = (
+            timed_pair(length, args.tokens, args.steps, args.size)
+            if what == "time"
+            else peak_memory(what, length, args.tokens, args.size)
+        )
+        print(json.dumps(value))
+        return {}
+    results: dict = {"size": args.size, "tokens_per_batch": args.tokens, "runs": []}
+    print(
+        f"{args.size}, {args.tokens} tokens per batch, fwd+bwd+AdamW fp32, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'length':>7} {'bertdist tok/s':>15} {'GB':>6} {'transformers tok/s':>19} {'GB':>6} {'speedup':>8} {'cost/token':>11}"
+    )
+    base = None
+    for length in map(int, args.lengths.split(",")):
+        seconds = _child(args, "time", length)
+        memory = {name: _child(args, name, length) for name in ("bertdist", "transformers")}
+        rows = max(1, args.tokens // length)
+        ours, theirs = (
+            {"step_s": seconds[n], "tokens_per_s": rows * length / seconds[n], "peak_memory_gb": memory[n]}
+            for n in ("bertdist", "transformers")
+        )
+        base = base or ours["tokens_per_s"]
+        row = {
+            "length": length,
+            "bertdist": ours,
+            "transformers": theirs,
+            "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"],
+            "cost_per_token_vs_shortest": base / ours["tokens_per_s"],
+        }
+        results["runs"].append(row)
+        print(
+            f"{length:>7} {ours['tokens_per_s']:>15,.0f} {ours['peak_memory_gb']:>6.2f} {theirs['tokens_per_s']:>19,.0f} "
+            f"{theirs['peak_memory_gb']:>6.2f} {row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _child(args: argparse.Namespace, what: str, length: int):
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            what,
+            str(length),
+            "--tokens",
+            str(args.tokens),
+            "--steps",
+            str(args.steps),
+            "--size",
+            args.size,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{what} at {length}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()

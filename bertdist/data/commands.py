@@ -1,0 +1,187 @@
+"""The data stage's commands: `bertdist vocab`, `bertdist prepare` and `bertdist inspect` (their parsers and what they
+run), as bertdist.finetune.commands and bertdist.launch.commands hold theirs; `bertdist.cli` puts them together."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bertdist.config import ModelConfig
+from bertdist.config.choices import choices
+from bertdist.data.instances import InstanceOptions
+from bertdist.data.pipeline.options import PrepareOptions
+from bertdist.data.tokenizer import TOKENIZER_MODELS
+from bertdist.errors import USAGE_EXIT_CODE
+from bertdist.flags import from_args
+
+
+def add_vocab(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "vocab",
+        help="train a tokenizer (WordPiece vocab.txt, or byte-level BPE tokenizer.json)",
+        description=(
+            "Train a tokenizer with Hugging Face tokenizers, streaming the input, with BERT's special tokens [PAD] "
+            "[UNK] [CLS] [SEP] [MASK] first. --model wordpiece (BERT's normaliser and pre-tokenizer) writes "
+            "DIR/vocab.txt and DIR/tokenizer.json; --model bpe (byte-level BPE as ModernBERT's) writes "
+            "DIR/tokenizer.json, tokenizer_config.json and special_tokens_map.json. data.vocab_file (--vocab) "
+            "names the file printed, or DIR."
+        ),
+    )
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)",
+    )
+    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument(
+        "--model",
+        choices=TOKENIZER_MODELS,
+        default=TOKENIZER_MODELS[0],
+        help="wordpiece: BERT's vocab.txt (default); bpe: a byte-level BPE tokenizer.json, as ModernBERT's",
+    )
+    p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
+    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
+    p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
+
+
+def _run_vocab(args: argparse.Namespace) -> int:
+    from bertdist.data.bpe import MIN_VOCAB_SIZE, train_bpe
+    from bertdist.data.readers import expand_inputs, iter_texts
+    from bertdist.data.vocab import train_vocab
+
+    train, smallest = (train_bpe, MIN_VOCAB_SIZE) if args.model == "bpe" else (train_vocab, 16)
+    if args.vocab_size < smallest:
+        print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    path = train(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
+    print(f"wrote {path}")
+    return 0
+
+
+def add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="turn a corpus into WebDataset shards of masked sentence pairs (Ray)",
+        description=(
+            "Read, split, tokenize, build BERT's NSP pairs and masks, and write shuffled, checksummed WebDataset "
+            "shards plus manifest.json, with Ray tasks (local Ray by default). The output depends only on the "
+            "inputs and options, not on --workers. A killed run resumes when rerun with the same command."
+        ),
+    )
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        dest="inputs",
+        metavar="INPUT",
+        help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)",
+    )
+    p.add_argument("--output", required=True, dest="output_dir", metavar="DIR")
+    p.add_argument(
+        "--vocab",
+        required=True,
+        dest="vocab_file",
+        metavar="VOCAB",
+        help="the tokenizer: a vocab.txt or "
+        "tokenizer.json from `bertdist vocab`, or a directory holding either (a Hugging Face model's)",
+    )
+    i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
+    p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
+    p.add_argument(
+        "--objective",
+        choices=choices(InstanceOptions, "objective"),
+        default=i.objective,
+        help="nsp: BERT's sentence pairs (the paper); mlm: full-length contiguous text for MLM-only training",
+    )
+    p.add_argument(
+        "--masking",
+        choices=choices(InstanceOptions, "masking"),
+        default=i.masking,
+        help="static: masks written into the shards (the paper); dynamic: the loader masks afresh every epoch",
+    )
+    p.add_argument(
+        "--dupe-factor",
+        type=int,
+        default=None,
+        help=f"passes over the data, each with new pairs and masks (default {i.dupe_factor}; 1 with --masking dynamic)",
+    )
+    p.add_argument("--masked-lm-prob", type=float, default=i.masked_lm_prob)
+    p.add_argument(
+        "--max-predictions-per-seq",
+        type=int,
+        default=i.max_predictions_per_seq,
+        help="at most this many predictions per sample (0, the default: the rate's share of --max-seq-length, "
+        "Google's 20 at 128 and 77 at 512)",
+    )
+    p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
+    p.add_argument("--whole-word-mask", action="store_true")
+    p.add_argument(
+        "--cased",
+        action="store_true",
+        help="the vocab.txt was trained with --cased (a tokenizer.json carries its own normaliser)",
+    )
+    p.add_argument("--seed", type=int, default=i.seed)
+    p.add_argument("--workers", type=int, default=o.workers, help="concurrent Ray tasks (default: every CPU)")
+    p.add_argument(
+        "--ray-address", default=o.ray_address, help="'auto' or ray://HOST:PORT for a cluster (default: local Ray)"
+    )
+    p.add_argument("--samples-per-shard", type=int, default=o.samples_per_shard)
+    p.add_argument(
+        "--group-mb",
+        type=float,
+        default=o.group_bytes / (1 << 20),
+        help="text per document group; NotNext segments come from the same group",
+    )
+    p.add_argument("--on-bad-input", choices=choices(PrepareOptions, "on_bad_input"), default=o.on_bad_input)
+    p.add_argument("--no-progress", action="store_false", dest="progress")
+    p.set_defaults(
+        func=_run_prepare,
+        interrupted="the finished parts are kept in OUTPUT/.work: the same command continues from them",
+    )
+
+
+PREPARE_CONVERTED = {"group_mb": "group_bytes", "dupe_factor": "dupe_factor"}
+"""`prepare` flags (by dest) whose value `prepare_options` converts for its field: MB to bytes, and a dupe factor
+that defaults by --masking. Every other flag's dest is its PrepareOptions or InstanceOptions field."""
+PREPARE_NOT_FLAGS = ("band_shards", "unit_bytes", "endpoint_url", "mask_token_fraction", "random_token_fraction")
+"""Fields deliberately without a flag: the driver's tuning, the store's endpoint (AWS_ENDPOINT_URL_S3), and the
+paper's 80/10/10 split of the masked tokens."""
+
+
+def prepare_options(args: argparse.Namespace) -> PrepareOptions:
+    """The options of `bertdist prepare`, each field from its flag (bertdist.flags), PREPARE_CONVERTED converted."""
+    default_dupes = 1 if args.masking == "dynamic" else InstanceOptions.dupe_factor
+    instances = from_args(
+        InstanceOptions, args, dupe_factor=default_dupes if args.dupe_factor is None else args.dupe_factor
+    )
+    group_bytes = int(args.group_mb * (1 << 20)) if 0 < args.group_mb < 1 << 20 else 0  # validation names the flag
+    return from_args(PrepareOptions, args, instances=instances, group_bytes=group_bytes)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from bertdist.data.pipeline.driver import prepare, summary_text
+
+    print(summary_text(prepare(prepare_options(args))))
+    return 0
+
+
+def add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="statistics and decoded examples of prepared shards",
+        description="Counts, length histogram, mask and NSP statistics, checksums, and a few decoded examples.",
+    )
+    p.add_argument("dir", help="a directory written by `bertdist prepare`")
+    p.add_argument("--examples", type=int, default=3, help="decoded examples to print")
+    p.add_argument(
+        "--vocab", help="vocab.txt or tokenizer.json for decoding (default: the one recorded in the manifest)"
+    )
+    p.set_defaults(func=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from bertdist.data.inspect import inspect_directory
+
+    print(inspect_directory(args.dir, examples=args.examples, vocab_file=args.vocab))
+    return 0
