@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        f"{'length':>7} {'bertdist tok/s':>15} {'GB':>6} {'transformers tok/s':>19} {'GB':>6} {'speedup':>8} {'cost/token':>11}"
+        f"{'length':>7} {'bertdist tok/s':>15} {'GB':>6} {'transformers tok/s':>19} {'GB':>6} "
+        f"{'speedup':>8} {'cost/token':>11}"
     )
     base = None
     for length in map(int, args.lengths.split(",")):
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         }
         results["runs"].append(row)
         print(
-            f"{length:>7} {ours['tokens_per_s']:>15,.0f} {ours['peak_memory_gb']:>6.2f} {theirs['tokens_per_s']:>19,.0f} "
-            f"{theirs['peak_memory_gb']:>6.2f} {row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x",
+            f"{length:>7} {ours['tokens_per_s']:>15,.0f} {ours['peak_memory_gb']:>6.2f} "
+            f"{theirs['tokens_per_s']:>19,.0f} {theirs['peak_memory_gb']:>6.2f} {row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x",
             flush=True,
         )
     if args.json:
