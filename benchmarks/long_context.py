@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
         results["runs"].append(row)
         print(
             f"{length:>7} {ours['tokens_per_s']:>15,.0f} {ours['peak_memory_gb']:>6.2f} "
-            f"{theirs['tokens_per_s']:>19,.0f} {theirs['peak_memory_gb']:>6.2f} {row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x",
+            f"{theirs['tokens_per_s']:>19,.0f} {theirs['peak_memory_gb']:>6.2f} "
+            f"{row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x",
             flush=True,
         )
     if args.json:
