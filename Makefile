@@ -5,13 +5,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test test-services demo bench gpu-check clean
+.PHONY: install test lint test-services demo bench gpu-check clean
 
 install:
 	bash scripts/install.sh
 
-test: install test-services
+test: install lint test-services
 	$(PY) -m pytest -q
+
+# The formatter and the linter (ruff, configured in pyproject.toml): a formatting or lint error fails `make test`.
+lint: install
+	$(VENV)/bin/ruff format --check bertdist tests benchmarks
+	$(VENV)/bin/ruff check bertdist tests benchmarks
 
 # What the suite uses that pip cannot install: a one-node SLURM cluster (scripts/setup_slurm.sh: apt-get
 # slurm-wlm + munge when missing and root), a headless Chromium for the dashboard test

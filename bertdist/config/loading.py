@@ -34,7 +34,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         try:
             loaded = yaml.safe_load(resolve_config_path(path).read_text()) or {}
         except FileNotFoundError:
-            raise ConfigError([f"config file {path}: not found (shipped configs: {', '.join(shipped_config_names())})"]) from None
+            raise ConfigError(
+                [f"config file {path}: not found (shipped configs: {', '.join(shipped_config_names())})"]
+            ) from None
         except (UnicodeDecodeError, OSError) as e:
             raise ConfigError([f"config file {path}: unreadable ({type(e).__name__}: {e})"]) from None
         except yaml.YAMLError as e:
@@ -52,8 +54,11 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     if cfg.eval.downstream.config:  # the downstream task's own config, checked now rather than at the first checkpoint
         try:
             task = load_config(cfg.eval.downstream.config).finetune
-            problems += [f"eval.downstream.config: {cfg.eval.downstream.config}: finetune.{k} is empty"
-                         for k in ("train_file", "dev_file") if not getattr(task, k)]  # fmt: skip
+            problems += [
+                f"eval.downstream.config: {cfg.eval.downstream.config}: finetune.{k} is empty"
+                for k in ("train_file", "dev_file")
+                if not getattr(task, k)
+            ]
         except ConfigError as e:
             problems += [f"eval.downstream.config: {problem}" for problem in e.problems]
     if problems:
@@ -106,8 +111,10 @@ def _apply_override(raw: dict[str, Any], item: str, defaults: dict[str, Any]) ->
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 where = ".".join(parts[:i])
-                raise ValueError(f"override {item!r}: {where} has {len(node)} entries (indices 0..{len(node) - 1}); "
-                                 f"add entries in the YAML file")
+                raise ValueError(
+                    f"override {item!r}: {where} has {len(node)} entries (indices 0..{len(node) - 1}); "
+                    f"add entries in the YAML file"
+                )
             part = int(part)
         elif not isinstance(node, dict):
             raise ValueError(f"override {item!r}: {'.'.join(parts[:i])} is not a section")

@@ -9,8 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 # L / H / A of BERT's published family (Turc et al. 2019 for the small ones; Devlin et al. 2018).
-_MODERNBERT = dict(arch="modernbert", next_sentence_prediction=False, layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
-                   attention_dropout_prob=0.0, vocab_size=50368, max_position_embeddings=8192)  # fmt: skip
+_MODERNBERT = dict(
+    arch="modernbert",
+    next_sentence_prediction=False,
+    layer_norm_eps=1e-5,
+    hidden_dropout_prob=0.0,
+    attention_dropout_prob=0.0,
+    vocab_size=50368,
+    max_position_embeddings=8192,
+)
 """ModernBERT's settings shared by every size (transformers' ModernBertConfig defaults)."""
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
@@ -21,10 +28,30 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     "large": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
     # ModernBERT (arXiv 2412.13663; ModernBertConfig): base 22 x 768, GLU 1,152; large 28 x 1,024, GLU 2,624. The
     # small sizes keep the last layer global (layers 0, 3, 6, ... are) and a window shorter than their sequences.
-    "modernbert-tiny": dict(_MODERNBERT, num_layers=4, hidden_size=128, num_attention_heads=2, intermediate_size=192,
-                            local_attention=16, vocab_size=30522, max_position_embeddings=512),
-    "modernbert-mini": dict(_MODERNBERT, num_layers=7, hidden_size=256, num_attention_heads=4, intermediate_size=384,
-                            local_attention=64, vocab_size=30522, max_position_embeddings=1024),
-    "modernbert-base": dict(_MODERNBERT, num_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152),
-    "modernbert-large": dict(_MODERNBERT, num_layers=28, hidden_size=1024, num_attention_heads=16, intermediate_size=2624),
+    "modernbert-tiny": dict(
+        _MODERNBERT,
+        num_layers=4,
+        hidden_size=128,
+        num_attention_heads=2,
+        intermediate_size=192,
+        local_attention=16,
+        vocab_size=30522,
+        max_position_embeddings=512,
+    ),
+    "modernbert-mini": dict(
+        _MODERNBERT,
+        num_layers=7,
+        hidden_size=256,
+        num_attention_heads=4,
+        intermediate_size=384,
+        local_attention=64,
+        vocab_size=30522,
+        max_position_embeddings=1024,
+    ),
+    "modernbert-base": dict(
+        _MODERNBERT, num_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152
+    ),
+    "modernbert-large": dict(
+        _MODERNBERT, num_layers=28, hidden_size=1024, num_attention_heads=16, intermediate_size=2624
+    ),
 }

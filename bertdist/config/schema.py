@@ -16,15 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from bertdist.config.choices import choices
+from bertdist.config.errors import ConfigError
 from bertdist.config.presets import MODEL_SIZES
-from bertdist.errors import UserError
-
-class ConfigError(UserError, ValueError):
-    """Raised with every problem found in a configuration, one per line, each naming its field."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 @dataclass
@@ -66,7 +59,8 @@ class ModelConfig:
     global_attn_every_n_layers: int = 3
     """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""
     local_attention: int = 128
-    """The local layers' sliding window, in tokens: a token sees keys at most half of this away (< 2 x longest max_seq_length)."""
+    """The local layers' sliding window, in tokens: a token sees keys at most half of this away (< 2 x the longest
+    max_seq_length)."""
     global_rope_theta: float = 160000.0
     local_rope_theta: float = 10000.0
     bias: bool = False
@@ -116,12 +110,14 @@ class PhaseConfig:
     """Warmup of the phase's own schedule (with `lr`)."""
     decay_fraction: float = -1.0
     """With `lr` and `optim.schedule: wsd`, the share of the phase's steps its rate decays over (1: a decay phase,
-    0: a stable one, as ModernBERT's pretraining, context-extension and decay phases); negative: optim.decay_fraction."""
+    0: a stable one, as ModernBERT's pretraining, context-extension and decay phases); negative:
+    optim.decay_fraction."""
     name: str = ""
     """Shown by `bertdist checkpoints` ("closes phase 1 (context-extension)"): pretrain, context-extension, decay..."""
     global_rope_theta: float = 0.0
     local_rope_theta: float = 0.0
-    """ModernBERT: this phase's RoPE thetas (0: model.*_rope_theta), as a context-extension phase raises the global one."""
+    """ModernBERT: this phase's RoPE thetas (0: model.*_rope_theta), as a context-extension phase raises the
+    global one."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,8 @@ class MaskingConfig:
     dynamic` (from this section). Frozen: prepare's tasks and the loader's workers each hold a copy."""
 
     masked_lm_prob: float = 0.15
-    """Share of a sample's tokens predicted (the paper: 0.15; Wettig et al. 2022 find 0.3-0.4 better for large models)."""
+    """Share of a sample's tokens predicted (the paper: 0.15; Wettig et al. 2022 find 0.3-0.4 better for large
+    models)."""
     max_predictions_per_seq: int = 0
     """At most this many predictions per sample; 0: as many as the rate gives (bertdist.data.masking.prediction_cap)."""
     whole_word_mask: bool = False
@@ -141,6 +138,7 @@ class MaskingConfig:
     """Of the predicted positions, the share shown as [MASK] (the paper's 80/10/10)."""
     random_token_fraction: float = 0.1
     """The share shown as a random token; the rest show the original token."""
+
 
 @dataclass
 class DataConfig:
@@ -164,8 +162,9 @@ class DataConfig:
 
 @dataclass
 class StorageConfig:
-    """Object stores: any path field (a phase's train_dir and eval_dir, checkpoint.uri, finetune.init_from...) may be a URL such as
-    s3://bucket/prefix (`bertdist.storage`). Credentials come from the environment or ~/.aws, never from here."""
+    """Object stores: any path field (a phase's train_dir and eval_dir, checkpoint.uri, finetune.init_from...) may
+    be a URL such as s3://bucket/prefix (`bertdist.storage`). Credentials come from the environment or ~/.aws, never
+    from here."""
 
     endpoint_url: str = ""
     """An S3-compatible store (MinIO, Ceph, R2, GCS's S3 interface); empty: AWS_ENDPOINT_URL_S3, else AWS."""
@@ -210,6 +209,11 @@ class OptimConfig:
 class TrainConfig:
     global_batch_size: int = 256
     """Sequences per optimizer step over all ranks (micro batch x ranks x accumulation)."""
+    batch_warmup_tokens: int = 0
+    """Batch-size warmup: the global batch ramps from batch_warmup_start to its full size over this many tokens
+    (counted at full length), in multiples of batch_warmup_start (bertdist.config.batch_warmup); 0: off."""
+    batch_warmup_start: int = 0
+    """The ramp's first global batch, in sequences (ModernBERT: 768 rising to 4,608 over 50B tokens)."""
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """fp32, fp16 (dynamic loss scaling) or bf16. fp16/bf16 are GPU paths."""
     zero_stage: int = 1
@@ -260,7 +264,8 @@ class CheckpointConfig:
 class TrackingConfig:
     enabled: bool = True
     tracking_uri: str = ""
-    """Empty: MLFLOW_TRACKING_URI if set, else a SQLite store in the run directory."""
+    """Empty: MLFLOW_TRACKING_URI if set, else the project's store: mlflow.db in the directory that holds the run
+    directory (bertdist.tracking.store.store_dir), shared by the runs side by side there."""
     experiment_name: str = "bertdist"
     run_name: str = ""
     """Empty: `bert-{model.size}-{launch.job_name}-{start time}`, e.g. bert-tiny-demo-20261122-2346."""
@@ -317,8 +322,9 @@ class FinetuneConfig:
     tracking and launch. The model's dimensions come from `init_from`; model.* dropout settings apply.
     """
 
-    task: Literal["classification", "regression", "token_classification", "question_answering",
-                  "multiple_choice"] = "classification"
+    task: Literal["classification", "regression", "token_classification", "question_answering", "multiple_choice"] = (
+        "classification"
+    )
     """classification (one text or a pair, any number of labels), regression (one score, MSE),
     token_classification (CoNLL files), question_answering (SQuAD v1.1/v2.0 JSON) or multiple_choice."""
     init_from: str = ""
@@ -341,7 +347,8 @@ class FinetuneConfig:
     """Classification/regression: more dev files (comma-separated) scored every epoch as `<file stem>/<metric>`
     (MNLI's dev_mismatched.tsv); the best epoch is still chosen on dev_file."""
     choice_columns: str = ""
-    """Multiple choice: the columns of the candidate endings, comma-separated (SWAG: ending0,ending1,ending2,ending3)."""
+    """Multiple choice: the columns of the candidate endings, comma-separated (SWAG:
+    ending0,ending1,ending2,ending3)."""
     on_bad_input: Literal["error", "skip"] = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
     max_seq_length: int = 0

@@ -39,10 +39,10 @@ from bertdist import storage
 from bertdist.config.schema import MaskingConfig
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
 from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
-from bertdist.data.tokenizer import open_tokenizer, tokenizer_file
 from bertdist.data.samples import Samples
 from bertdist.data.shards import read_block, read_manifest, shard_blocks
 from bertdist.data.streaming import BlockStream, StreamSettings
+from bertdist.data.tokenizer import open_tokenizer, tokenizer_file
 from bertdist.errors import DataError
 
 STATE_VERSION = 1
@@ -58,8 +58,9 @@ class _Masker(NamedTuple):
 class _Layout:
     """Which sample sits at a global position of an epoch, and reading it (cached per process)."""
 
-    def __init__(self, shard_dir: str, manifest: dict, seed: int, window: int, masker: _Masker | None,
-                 streaming: StreamSettings):  # fmt: skip
+    def __init__(
+        self, shard_dir: str, manifest: dict, seed: int, window: int, masker: _Masker | None, streaming: StreamSettings
+    ):
         self.shard_dir, self.seed, self.window, self.masker = shard_dir, seed, window, masker
         per_block = manifest["options"]["samples_per_block"]
         self.blocks: list[tuple[str, int, int]] = []  # (shard file, block index, samples)
@@ -79,8 +80,10 @@ class _Layout:
         self.prefetch_samples = streaming.prefetch_samples
         if storage.is_url(shard_dir):
             if not all("blocks" in shard for shard in manifest["shards"]):
-                raise DataError(f"{shard_dir}: the manifest lists no blocks (prepared by bertdist < 0.2), which streaming "
-                                "from a store needs; prepare the data again, or train from a local copy")  # fmt: skip
+                raise DataError(
+                    f"{shard_dir}: the manifest lists no blocks (prepared by bertdist < 0.2), which streaming "
+                    "from a store needs; prepare the data again, or train from a local copy"
+                )
             index = [(shard["name"], *block) for shard in manifest["shards"] for block in shard["blocks"]]
             self.stream = BlockStream(shard_dir, index, streaming)
 
@@ -182,27 +185,41 @@ def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length:
         samples, tok, msk = layout.block(block_id)
         start, m0, m1 = tok[row], msk[row], msk[row + 1]
         picked.append(
-            Picked(samples.input_ids[start : start + int(samples.lengths[row])], int(samples.segment_a_lengths[row]),
-                   samples.masked_lm_positions[m0:m1], samples.masked_lm_ids[m0:m1],
-                   int(samples.next_sentence_labels[row]))
-        )  # fmt: skip
+            Picked(
+                samples.input_ids[start : start + int(samples.lengths[row])],
+                int(samples.segment_a_lengths[row]),
+                samples.masked_lm_positions[m0:m1],
+                samples.masked_lm_ids[m0:m1],
+                int(samples.next_sentence_labels[row]),
+            )
+        )
     return collate(picked, max_seq_length, packing)
 
 
-def _collate_masking(layout: _Layout, epoch: int, blocks: np.ndarray, rows: np.ndarray, max_seq_length: int, packing: bool):
+def _collate_masking(
+    layout: _Layout, epoch: int, blocks: np.ndarray, rows: np.ndarray, max_seq_length: int, packing: bool
+):
     """The batch of unmasked samples, masked now: the masks depend on (seed, epoch, sample) only."""
     parts = []
     for block_id, row in zip(blocks.tolist(), rows.tolist()):
         samples, tok, _ = layout.block(block_id)
-        parts.append((samples.input_ids[tok[row] : tok[row + 1]], int(samples.segment_a_lengths[row]),
-                      int(samples.next_sentence_labels[row])))  # fmt: skip
+        parts.append(
+            (
+                samples.input_ids[tok[row] : tok[row + 1]],
+                int(samples.segment_a_lengths[row]),
+                int(samples.next_sentence_labels[row]),
+            )
+        )
     lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
     unmasked = Samples(
-        input_ids=np.concatenate([p[0] for p in parts]), lengths=lengths,
-        segment_a_lengths=np.array([p[1] for p in parts], dtype=np.int64), masked_lm_positions=np.zeros(0, np.int64),
-        masked_lm_ids=np.zeros(0, np.int64), masked_counts=np.zeros(len(parts), np.int64),
+        input_ids=np.concatenate([p[0] for p in parts]),
+        lengths=lengths,
+        segment_a_lengths=np.array([p[1] for p in parts], dtype=np.int64),
+        masked_lm_positions=np.zeros(0, np.int64),
+        masked_lm_ids=np.zeros(0, np.int64),
+        masked_counts=np.zeros(len(parts), np.int64),
         next_sentence_labels=np.array([p[2] for p in parts], dtype=np.int64),
-    )  # fmt: skip
+    )
     draws = KeyedDraws(layout.seed, epoch, layout.first_sample[blocks] + rows)
     masked = apply_masks(unmasked, layout.masker.rules, layout.masker.vocab, draws)
     return collate(picked_from(masked), max_seq_length, packing)
@@ -275,10 +292,15 @@ class _BatchStream(IterableDataset):
         for k, start in enumerate(starts):
             self._prefetch(starts[k + ahead : k + ahead + 1], end)
             parts = [
-                _collate(self.layout, self.epoch, self.segment.batch_positions(self.rank, batch), self.max_seq_length,
-                         self.packing)
+                _collate(
+                    self.layout,
+                    self.epoch,
+                    self.segment.batch_positions(self.rank, batch),
+                    self.max_seq_length,
+                    self.packing,
+                )
                 for batch in range(start, min(start + self.chunk, end))
-            ]  # fmt: skip
+            ]
             yield (parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])), [p[1] for p in parts]
 
     def _prefetch(self, chunk_starts: range, end: int) -> None:
@@ -375,9 +397,13 @@ class PretrainingLoader:
                 # global torch RNG (the training's dropout stream), and a resumed run creates it at
                 # another step than an uninterrupted one. Batches depend on positions, not on that seed.
                 DataLoader(
-                    stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False,
+                    stream,
+                    batch_size=None,
+                    num_workers=self.num_workers,
+                    persistent_workers=False,
                     pin_memory=self.pin_memory,  # page-locked chunks: the copies to the GPU run asynchronously
-                    generator=torch.Generator().manual_seed(self.seed), worker_init_fn=_leave_stop_signals_to_the_rank,
+                    generator=torch.Generator().manual_seed(self.seed),
+                    worker_init_fn=_leave_stop_signals_to_the_rank,
                 )
                 if self.num_workers
                 else stream
@@ -417,7 +443,9 @@ class PretrainingLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         expected = dict(
-            version=STATE_VERSION, seed=self.seed, num_samples=self._layout.num_samples,
+            version=STATE_VERSION,
+            seed=self.seed,
+            num_samples=self._layout.num_samples,
             shuffle_buffer_size=self._layout.window,
         )
         wrong = [f"{k}={state.get(k)!r} (this loader: {v!r})" for k, v in expected.items() if state.get(k) != v]

@@ -42,7 +42,11 @@ class Collection:
 
 def paths(data_dir: str, split: str) -> dict[str, Path]:
     root = Path(data_dir)
-    return {"corpus": root / "corpus.jsonl", "queries": root / "queries.jsonl", "qrels": root / "qrels" / f"{split}.tsv"}
+    return {
+        "corpus": root / "corpus.jsonl",
+        "queries": root / "queries.jsonl",
+        "qrels": root / "qrels" / f"{split}.tsv",
+    }
 
 
 def read_collection(data_dir: str, split: str, skip_bad: bool) -> Collection:
@@ -50,8 +54,9 @@ def read_collection(data_dir: str, split: str, skip_bad: bool) -> Collection:
     files = paths(data_dir, split)
     absent = [str(p) for p in files.values() if not p.is_file()]
     if absent:
-        raise DataError(f"--data-dir: {', '.join(absent)} not found (BEIR's layout: corpus.jsonl, queries.jsonl, "
-                        f"qrels/{split}.tsv)")  # fmt: skip
+        raise DataError(
+            f"--data-dir: {', '.join(absent)} not found (BEIR's layout: corpus.jsonl, queries.jsonl, qrels/{split}.tsv)"
+        )
     report = Examples(str(files["corpus"]), [])
     doc_ids, seen, skipped_lines = [], set(), set()
     for line, _, text, doc_id in _documents(str(files["corpus"]), report, skip_bad, seen):
@@ -86,11 +91,14 @@ def corpus_texts(collection: Collection, block_rows: int) -> Iterator[list[str]]
     if block:
         yield block
     if rows != len(collection.doc_ids):
-        raise DataError(f"{collection.corpus_file}: changed while it was read ({rows} documents, {len(collection.doc_ids)} before)")
+        raise DataError(
+            f"{collection.corpus_file}: changed while it was read ({rows} documents, {len(collection.doc_ids)} before)"
+        )
 
 
-def _documents(path: str, report: Examples, skip_bad: bool, seen: set[str],
-               title_field: str = "title") -> Iterator[tuple[int, dict | str, str | None, str]]:  # fmt: skip
+def _documents(
+    path: str, report: Examples, skip_bad: bool, seen: set[str], title_field: str = "title"
+) -> Iterator[tuple[int, dict | str, str | None, str]]:
     """(line, row, text or None where the line is bad, id) of every line of a corpus or queries file; the ids
     of the usable ones are added to `seen`."""
     for line, row in read_rows(path, [], ()):
@@ -111,7 +119,9 @@ def _row_problem(row: dict, title_field: str) -> str:
     if missing:
         return f"no {' or '.join(repr(f) for f in missing)} field (it has {', '.join(repr(k) for k in row) or 'none'})"
     title = row.get(title_field) if title_field else None
-    optional = [(title_field, title)] if title is not None and not (isinstance(title, str) and not title.strip()) else []
+    optional = (
+        [(title_field, title)] if title is not None and not (isinstance(title, str) and not title.strip()) else []
+    )
     return field_problem([("_id", row["_id"]), ("text", row["text"]), *optional])
 
 
@@ -120,7 +130,9 @@ def _text(row: dict, title_field: str) -> str:
     return f"{title} {str(row['text']).strip()}" if title else str(row["text"]).strip()
 
 
-def _qrels(path: str, queries: dict[str, str], doc_ids: set[str], report: Examples, skip_bad: bool) -> dict[str, dict[str, int]]:
+def _qrels(
+    path: str, queries: dict[str, str], doc_ids: set[str], report: Examples, skip_bad: bool
+) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
     for line, row in read_rows(path, list(QRELS_COLUMNS), ()):
         where = f"{path}:{line}"
@@ -142,5 +154,7 @@ def _qrels(path: str, queries: dict[str, str], doc_ids: set[str], report: Exampl
             continue
         qrels.setdefault(query, {})[doc] = int(score)
     if not qrels:
-        raise DataError(f"{path}: no usable judgment" + (f" ({len(report.skipped)} line(s) skipped)" if report.skipped else ""))
+        raise DataError(
+            f"{path}: no usable judgment" + (f" ({len(report.skipped)} line(s) skipped)" if report.skipped else "")
+        )
     return qrels

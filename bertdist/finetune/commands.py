@@ -11,10 +11,16 @@ from pathlib import Path
 
 
 def add_finetune(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a pretrained BERT on a labelled task", description=(
-        "Fine-tune a checkpoint, an export or any Hugging Face BERT or ModernBERT (finetune.init_from) on classification or "
-        "regression (CSV/TSV/JSONL), token_classification (CoNLL), question_answering (SQuAD JSON) or multiple_choice, "
-        "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."))  # fmt: skip
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a pretrained BERT on a labelled task",
+        description=(
+            "Fine-tune a checkpoint, an export or any Hugging Face BERT or ModernBERT (finetune.init_from) on "
+            "classification or regression (CSV/TSV/JSONL), token_classification (CoNLL), "
+            "question_answering (SQuAD JSON) or multiple_choice, "
+            "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."
+        ),
+    )
     p.add_argument("--config", help="YAML file with a finetune section (default: all from overrides)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -37,23 +43,43 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     from bertdist.finetune.embed import EmbedOptions
 
     d = EmbedOptions(model="", input="", output_dir="")
-    p = sub.add_parser("embed", help="write features of a frozen BERT to .npy shards", description=(
-        "Features for the feature-based approach (docs/finetune.md): one vector per row ([CLS] of a layer, or the "
-        "pooler) or per token, from a bertdist run, checkpoint or export, or any Hugging Face BERT or ModernBERT."))  # fmt: skip
-    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory")
+    p = sub.add_parser(
+        "embed",
+        help="write features of a frozen BERT to .npy shards",
+        description=(
+            "Features for the feature-based approach (docs/finetune.md): one vector per row ([CLS] of a layer, or the "
+            "pooler) or per token, from a bertdist run, checkpoint or export, or any Hugging Face BERT or ModernBERT."
+        ),
+    )
+    p.add_argument(
+        "--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory"
+    )
     p.add_argument("--input", required=True, help=".txt (a text per line) or .csv/.tsv/.jsonl with --text-column")
-    p.add_argument("--output", required=True, dest="output_dir", metavar="OUTPUT",
-                   help="an empty or new directory for the shards and index.json")
+    p.add_argument(
+        "--output",
+        required=True,
+        dest="output_dir",
+        metavar="OUTPUT",
+        help="an empty or new directory for the shards and index.json",
+    )
     p.add_argument("--text-column", default=d.text_column)
-    p.add_argument("--text-pair-column", default=d.text_pair_column, help="second text of a pair ([CLS] A [SEP] B [SEP])")
-    p.add_argument("--features", default=d.features, help="last, layer:N (0: embeddings), last4-concat, last4-sum or pooled")
+    p.add_argument(
+        "--text-pair-column", default=d.text_pair_column, help="second text of a pair ([CLS] A [SEP] B [SEP])"
+    )
+    p.add_argument(
+        "--features", default=d.features, help="last, layer:N (0: embeddings), last4-concat, last4-sum or pooled"
+    )
     p.add_argument("--level", default=d.level, help="sequence (one vector per row) or token (one per WordPiece token)")
     p.add_argument("--max-seq-length", type=int, default=d.max_seq_length)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--shard-rows", type=int, default=d.shard_rows, help="rows per .npy shard")
     p.add_argument("--dtype", default=d.dtype, help="float32 or float16")
-    p.add_argument("--on-bad-input", choices=choices(FinetuneConfig, "on_bad_input"), default=FinetuneConfig.on_bad_input,
-                   help="skip unreadable rows (counted)")
+    p.add_argument(
+        "--on-bad-input",
+        choices=choices(FinetuneConfig, "on_bad_input"),
+        default=FinetuneConfig.on_bad_input,
+        help="skip unreadable rows (counted)",
+    )
     p.set_defaults(func=_run_embed, interrupted="nothing was written (partial shards are removed)")
 
 
@@ -68,9 +94,15 @@ def _run_embed(args: argparse.Namespace) -> int:
 
     index = embed(from_args(EmbedOptions, args, skip_bad=args.on_bad_input == "skip"))
     summary = {k: index[k] for k in ("rows", "features", "level", "dimension")}
-    blank = f", {len(index['blank_lines'])} blank line(s) embedded as empty text (index.json: blank_lines)" if index["blank_lines"] else ""
-    print(f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped{blank}; "
-          f"{len(index['shards'])} shard(s) in {args.output_dir}")  # fmt: skip
+    blank = (
+        f", {len(index['blank_lines'])} blank line(s) embedded as empty text (index.json: blank_lines)"
+        if index["blank_lines"]
+        else ""
+    )
+    print(
+        f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped{blank}; "
+        f"{len(index['shards'])} shard(s) in {args.output_dir}"
+    )
     return 0
 
 
@@ -80,28 +112,57 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     from bertdist.finetune.suites import PAPER_LRS
 
     d = RetrievalOptions(data_dir="", model="", output="")
-    p = sub.add_parser("evaluate", help="fine-tune and score a model on a suite of tasks (GLUE or your own)", description=(
-        "Fine-tune MODEL on every task of the suite found in --data-dir, once per learning rate, and print the best dev "
-        "result per task as the paper's GLUE table; one MLflow parent run with a child per task and rate (docs/finetune.md). "
-        "--suite retrieval scores the frozen MODEL as a dense retriever on a BEIR collection instead. "
-        "key=value overrides apply to every run (e.g. finetune.epochs=2 train.precision=bf16)."))  # fmt: skip
-    p.add_argument("--suite", default="glue", help="glue (the standard GLUE TSV layout), retrieval (a BEIR collection: "
-                   "nDCG@10, Recall@100, MRR@10 of the frozen model, nothing fine-tuned) or a suite YAML file")
-    p.add_argument("--data-dir", required=True, help="directory with the suite's files (GLUE: CoLA/, SST-2/, MNLI/, ...; "
-                   "retrieval: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
-    p.add_argument("--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory")
+    p = sub.add_parser(
+        "evaluate",
+        help="fine-tune and score a model on a suite of tasks (GLUE or your own)",
+        description=(
+            "Fine-tune MODEL on every task of the suite found in --data-dir, once per learning rate, and print the "
+            "best dev result per task as the paper's GLUE table; one MLflow parent run with a child per task and rate "
+            "(docs/finetune.md). "
+            "--suite retrieval scores the frozen MODEL as a dense retriever on a BEIR collection instead. "
+            "key=value overrides apply to every run (e.g. finetune.epochs=2 train.precision=bf16)."
+        ),
+    )
+    p.add_argument(
+        "--suite",
+        default="glue",
+        help="glue (the standard GLUE TSV layout), retrieval (a BEIR collection: "
+        "nDCG@10, Recall@100, MRR@10 of the frozen model, nothing fine-tuned) or a suite YAML file",
+    )
+    p.add_argument(
+        "--data-dir",
+        required=True,
+        help="directory with the suite's files (GLUE: CoLA/, SST-2/, MNLI/, ...; "
+        "retrieval: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)",
+    )
+    p.add_argument(
+        "--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory"
+    )
     p.add_argument("--tasks", default="", help="comma-separated task names (default: every task found)")
     p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="learning rates of the sweep")
-    p.add_argument("--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)")
+    p.add_argument(
+        "--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)"
+    )
     p.add_argument("--config", help="YAML file applied to every run (train.*, optim.*, tracking.*, finetune.*)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
-    r = p.add_argument_group("retrieval", "--suite retrieval only (finetune.on_bad_input=skip skips bad lines, counted)")
+    r = p.add_argument_group(
+        "retrieval", "--suite retrieval only (finetune.on_bad_input=skip skips bad lines, counted)"
+    )
     r.add_argument("--split", default=d.split, help="the judgments: qrels/SPLIT.tsv")
-    r.add_argument("--pooling", choices=POOLINGS, default=d.pooling, help="a text's vector: the mean of the last layer, or [CLS]")
+    r.add_argument(
+        "--pooling", choices=POOLINGS, default=d.pooling, help="a text's vector: the mean of the last layer, or [CLS]"
+    )
     r.add_argument("--batch-size", type=int, default=d.batch_size)
-    r.add_argument("--max-seq-length", type=int, default=d.max_seq_length, help="0: 256, or the model's positions where fewer")
+    r.add_argument(
+        "--max-seq-length", type=int, default=d.max_seq_length, help="0: 256, or the model's positions where fewer"
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
-    p.set_defaults(func=_run_evaluate, interrupted="finished runs are kept under --output; the interrupted one continues from its last epoch when rerun")
+    p.set_defaults(
+        func=_run_evaluate,
+        interrupted=(
+            "finished runs are kept under --output; the interrupted one continues from its last epoch when rerun"
+        ),
+    )
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:

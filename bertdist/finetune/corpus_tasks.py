@@ -45,7 +45,9 @@ def sentence_adjacency(jsonl_file: str | Path, output_file: str | Path, rows: in
     return rows
 
 
-def next_sentence_choice(jsonl_file: str | Path, output_file: str | Path, rows: int, seed: int, choices: int = 4) -> int:
+def next_sentence_choice(
+    jsonl_file: str | Path, output_file: str | Path, rows: int, seed: int, choices: int = 4
+) -> int:
     """Write `rows` questions: a sentence, `choices` endings (one is the next sentence), the right index."""
     rng, documents = random.Random(seed), _documents(jsonl_file)
     with open(output_file, "w", encoding="utf-8", newline="") as f:
@@ -87,8 +89,16 @@ def code_entities(jsonl_file: str | Path, output_file: str | Path, sentences: in
     return sentences
 
 
-def span_questions(jsonl_file: str | Path, output_file: str | Path, questions: int, seed: int, unanswerable: float = 0.0,
-                   passage_sentences: int = 3, phrase_words: int = 3, answer_words: int = 2) -> int:  # fmt: skip
+def span_questions(
+    jsonl_file: str | Path,
+    output_file: str | Path,
+    questions: int,
+    seed: int,
+    unanswerable: float = 0.0,
+    passage_sentences: int = 3,
+    phrase_words: int = 3,
+    answer_words: int = 2,
+) -> int:
     """Write `questions` SQuAD questions whose answers are the words after a phrase of their passage."""
     rng, documents = random.Random(seed), _documents(jsonl_file)
     paragraphs = []
@@ -109,11 +119,17 @@ def span_questions(jsonl_file: str | Path, output_file: str | Path, questions: i
             phrase = " ".join(w for _, w in words[at : at + phrase_words])
             start = words[at + phrase_words][0]
             last_start, last = words[at + phrase_words + answer_words - 1]
-            qa.update(answers=[{"text": context[start : last_start + len(last)], "answer_start": start}], is_impossible=False)
+            qa.update(
+                answers=[{"text": context[start : last_start + len(last)], "answer_start": start}], is_impossible=False
+            )
         qa["question"] = f'What follows "{phrase}"?'
         paragraphs.append({"context": context, "qas": [qa]})
-    Path(output_file).write_text(json.dumps({"version": "v2.0" if unanswerable else "1.1",
-                                             "data": [{"title": "corpus", "paragraphs": paragraphs}]}, indent=1))  # fmt: skip
+    Path(output_file).write_text(
+        json.dumps(
+            {"version": "v2.0" if unanswerable else "1.1", "data": [{"title": "corpus", "paragraphs": paragraphs}]},
+            indent=1,
+        )
+    )
     return questions
 
 
@@ -125,10 +141,17 @@ def held_out_retrieval(jsonl_file: str | Path, output_dir: str | Path, queries: 
     held_out = {doc: rng.randrange(len(documents[doc])) for doc in rng.sample(range(len(documents)), queries)}
     out = Path(output_dir)
     (out / "qrels").mkdir(parents=True, exist_ok=True)
-    passages = [" ".join(s for i, s in enumerate(sentences) if i != held_out.get(doc)) for doc, sentences in enumerate(documents)]
-    _write_jsonl(out / "corpus.jsonl", [{"_id": f"d{doc}", "title": "", "text": text} for doc, text in enumerate(passages)])
+    passages = [
+        " ".join(s for i, s in enumerate(sentences) if i != held_out.get(doc))
+        for doc, sentences in enumerate(documents)
+    ]
+    _write_jsonl(
+        out / "corpus.jsonl", [{"_id": f"d{doc}", "title": "", "text": text} for doc, text in enumerate(passages)]
+    )
     _write_jsonl(out / "queries.jsonl", [{"_id": f"q{doc}", "text": documents[doc][i]} for doc, i in held_out.items()])
-    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{doc}\td{doc}\t1\n" for doc in held_out))
+    (out / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{doc}\td{doc}\t1\n" for doc in held_out)
+    )
     return queries
 
 

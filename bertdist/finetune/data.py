@@ -47,8 +47,15 @@ class Examples:
     """One `FILE:LINE: reason` per skipped row."""
 
 
-def read_examples(path: str, text_column: str, pair_column: str, label_column: str, skip_bad: bool,
-                  choice_columns: tuple[str, ...] = (), header: tuple[str, ...] = ()) -> Examples:  # fmt: skip
+def read_examples(
+    path: str,
+    text_column: str,
+    pair_column: str,
+    label_column: str,
+    skip_bad: bool,
+    choice_columns: tuple[str, ...] = (),
+    header: tuple[str, ...] = (),
+) -> Examples:
     """Every row of `path` as an Example; DataError naming the file (and line) for bad input.
 
     `header`: the column names of a CSV/TSV file that has no header row (GLUE's CoLA)."""
@@ -67,9 +74,15 @@ def read_examples(path: str, text_column: str, pair_column: str, label_column: s
         if problem:
             bad_row(out, where, problem, skip_bad)
             continue
-        out.rows.append(Example(str(text), None if pair is None else str(pair), str(label).strip(), where, [str(c) for c in choices]))
+        out.rows.append(
+            Example(
+                str(text), None if pair is None else str(pair), str(label).strip(), where, [str(c) for c in choices]
+            )
+        )
     if not out.rows:
-        raise DataError(f"{path}: no usable rows" + (f" ({len(out.skipped)} skipped)" if out.skipped else " (the file is empty)"))
+        raise DataError(
+            f"{path}: no usable rows" + (f" ({len(out.skipped)} skipped)" if out.skipped else " (the file is empty)")
+        )
     return out
 
 
@@ -121,21 +134,32 @@ def read_rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> It
                 return
             if suffix not in (".csv", ".tsv"):
                 raise DataError(f"{path}: unknown format {suffix or '(no extension)'!r}; use .csv, .tsv or .jsonl")
-            reader = csv.DictReader(f, fieldnames=list(header_names) or None, delimiter="\t" if suffix == ".tsv" else ",",
-                                    quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL)  # fmt: skip
+            reader = csv.DictReader(
+                f,
+                fieldnames=list(header_names) or None,
+                delimiter="\t" if suffix == ".tsv" else ",",
+                quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
+            )
             header = reader.fieldnames or []
             if not header:
                 raise DataError(f"{path}: empty file (a header row naming the columns comes first)")
             absent = [c for c in wanted if c not in header]
             if absent:
-                raise DataError(f"{path}: no column {', '.join(repr(c) for c in absent)}; its columns are {', '.join(header)}")
+                raise DataError(
+                    f"{path}: no column {', '.join(repr(c) for c in absent)}; its columns are {', '.join(header)}"
+                )
             bad_header = next((c for c in header if not_utf8(c)), None)
             if bad_header is not None:
                 raise DataError(f"{path}:1: the header row is {not_utf8(bad_header)}")
             for row in reader:
-                yield reader.line_num, row if None not in row else f"{len(row) - 1 + len(row[None])} fields, the header has {len(header)}"
+                yield (
+                    reader.line_num,
+                    row if None not in row else f"{len(row) - 1 + len(row[None])} fields, the header has {len(header)}",
+                )
         except csv.Error as e:
-            raise DataError(f"{path}:{reader.line_num}: unreadable CSV ({e}); the rows after it cannot be told apart") from None
+            raise DataError(
+                f"{path}:{reader.line_num}: unreadable CSV ({e}); the rows after it cannot be told apart"
+            ) from None
 
 
 def _json_row(text: str) -> dict | str:
@@ -165,7 +189,9 @@ def label_names(task: str, train: Examples) -> list[str]:
         return ["score"]
     names = {e.label for e in train.rows}
     if len(names) < 2:
-        raise DataError(f"{train.path}: one label ({', '.join(names)}) in the whole file; classification needs two or more")
+        raise DataError(
+            f"{train.path}: one label ({', '.join(names)}) in the whole file; classification needs two or more"
+        )
     return sorted(names, key=lambda n: (0, int(n), n) if n.lstrip("-").isdigit() else (1, 0, n))
 
 
@@ -185,7 +211,12 @@ def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) ->
         elif e.label in index:
             value = index[e.label]
         else:
-            bad_row(examples, e.where, f"label {e.label!r} is not one of the training file's ({', '.join(labels)})", skip_bad)
+            bad_row(
+                examples,
+                e.where,
+                f"label {e.label!r} is not one of the training file's ({', '.join(labels)})",
+                skip_bad,
+            )
             continue
         kept.append(e)
         values.append(value)

@@ -68,7 +68,9 @@ def check(o: EmbedOptions) -> None:
     if o.features == "pooled" and o.level == "token":
         problems.append("--features pooled is one vector per sequence; use --level sequence")
     if o.max_seq_length < 0:
-        problems.append(f"--max-seq-length: must be 0 (128 or the model's positions) or positive, got {o.max_seq_length}")
+        problems.append(
+            f"--max-seq-length: must be 0 (128 or the model's positions) or positive, got {o.max_seq_length}"
+        )
     for name in ("batch_size", "shard_rows"):
         if getattr(o, name) <= 0:
             problems.append(f"--{name.replace('_', '-')}: must be positive, got {getattr(o, name)}")
@@ -76,8 +78,10 @@ def check(o: EmbedOptions) -> None:
         problems.append(f"--dtype: {o.dtype!r} is not float32 or float16")
     output = Path(o.output_dir)
     if storage.is_url(o.output_dir):
-        problems.append(f"--output: {o.output_dir} is a URL; features are written to a local directory (a URL here is not "
-                        "supported yet)")  # fmt: skip
+        problems.append(
+            f"--output: {o.output_dir} is a URL; features are written to a local directory (a URL here is not "
+            "supported yet)"
+        )
     elif output.exists() and not output.is_dir():
         problems.append(f"--output: {output} is a file, not a directory")
     if problems:
@@ -89,8 +93,10 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     check(o)
     encoder = open_encoder(o.model, o.max_seq_length)
     if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
-        raise UserError(f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, or a BERT tagging, "
-                        "QA or MLM-only model); choose a layer")  # fmt: skip
+        raise UserError(
+            f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, or a BERT tagging, "
+            "QA or MLM-only model); choose a layer"
+        )
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
         if ownership.contents(out):
             raise UserError(f"--output: {out} is not empty")
@@ -114,7 +120,9 @@ class Encoder:
         """bertdist.finetune.features.Sequences of `rows` (Examples), cut to max_seq_length."""
         from bertdist.finetune.data import encode
 
-        return encode(rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length)
+        return encode(
+            rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length
+        )
 
     def batch(self, encoded: Any, rows: np.ndarray) -> dict[str, Any]:
         device = next(self.model.parameters()).device
@@ -193,9 +201,20 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
                     parts.append(vectors)
             dimension = parts[0].shape[-1]
             shards.append(_write_shard(out, len(shards), parts, ids, o, int(first)))
-    index = {"model": o.model, "pretraining_run_id": encoder.source.pretraining_run_id, "input": o.input, "features": o.features,
-             "level": o.level, "dimension": dimension, "dtype": o.dtype, "max_seq_length": encoder.max_seq_length,
-             "rows": len(encoded), "skipped": skipped, "blank_lines": blank_lines, "shards": shards}  # fmt: skip
+    index = {
+        "model": o.model,
+        "pretraining_run_id": encoder.source.pretraining_run_id,
+        "input": o.input,
+        "features": o.features,
+        "level": o.level,
+        "dimension": dimension,
+        "dtype": o.dtype,
+        "max_seq_length": encoder.max_seq_length,
+        "rows": len(encoded),
+        "skipped": skipped,
+        "blank_lines": blank_lines,
+        "shards": shards,
+    }
     write_json(out / "index.json", index, indent=1)
     return index
 
@@ -248,7 +267,9 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
     return read.rows, read.skipped, []
 
 
-def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int) -> dict[str, Any]:
+def _write_shard(
+    out: Path, number: int, parts: list[np.ndarray], ids: list[np.ndarray], o: EmbedOptions, first_row: int
+) -> dict[str, Any]:
     from bertdist.errors import write_error
     from bertdist.storage import atomic_write
 
@@ -256,7 +277,10 @@ def _write_shard(out: Path, number: int, parts: list[np.ndarray], ids: list[np.n
     if o.level == "token":
         files["tokens"] = np.concatenate(ids).astype(np.int32)
         files["offsets"] = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
-    entry: dict[str, Any] = {"first_row": first_row, "rows": len(parts) if o.level == "token" else len(files["features"])}
+    entry: dict[str, Any] = {
+        "first_row": first_row,
+        "rows": len(parts) if o.level == "token" else len(files["features"]),
+    }
     for name, array in files.items():
         path = out / f"{name}-{number:05d}.npy"
         try:

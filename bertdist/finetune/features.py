@@ -63,7 +63,11 @@ class Sequences:
             n = len(self.ids[s])
             input_ids[i, :n], mask[i, :n] = self.ids[s], 1
             segments[i, self.first_lengths[s] : n] = 1
-        out = {"input_ids": input_ids.reshape(shape), "token_type_ids": segments.reshape(shape), "attention_mask": mask.reshape(shape)}
+        out = {
+            "input_ids": input_ids.reshape(shape),
+            "token_type_ids": segments.reshape(shape),
+            "attention_mask": mask.reshape(shape),
+        }
         for name, values in self.targets.items():
             out[name] = values[rows]
         for name, per_token in self.token_targets.items():

@@ -159,14 +159,23 @@ def squad_scores(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
         answers = [a for a in answers if normalize_answer(a)] or [""]
         em[qid] = max(exact_match(predictions[qid], a) for a in answers)
         f[qid] = max(token_f1(predictions[qid], a) for a in answers)
-    scores = {"exact_match": 100 * np.mean(list(em.values())), "f1": 100 * np.mean(list(f.values())), "total": len(gold)}
+    scores = {
+        "exact_match": 100 * np.mean(list(em.values())),
+        "f1": 100 * np.mean(list(f.values())),
+        "total": len(gold),
+    }
     has_answer = [q for q, answers in gold.items() if any(normalize_answer(a) for a in answers)]
     no_answer = [q for q in gold if q not in set(has_answer)]
     if no_answer:
         for name, ids in (("HasAns", has_answer), ("NoAns", no_answer)):
             if ids:
-                scores.update({f"{name}_exact": 100 * np.mean([em[q] for q in ids]),
-                               f"{name}_f1": 100 * np.mean([f[q] for q in ids]), f"{name}_total": len(ids)})  # fmt: skip
+                scores.update(
+                    {
+                        f"{name}_exact": 100 * np.mean([em[q] for q in ids]),
+                        f"{name}_f1": 100 * np.mean([f[q] for q in ids]),
+                        f"{name}_total": len(ids),
+                    }
+                )
     return {k: float(v) if isinstance(v, np.floating) else v for k, v in scores.items()}
 
 

@@ -64,9 +64,13 @@ def check(o: RetrievalOptions) -> None:
     if o.batch_size <= 0:
         problems.append(f"--batch-size: must be positive, got {o.batch_size}")
     if o.max_seq_length < 0:
-        problems.append(f"--max-seq-length: must be 0 (256 or the model's positions) or positive, got {o.max_seq_length}")
+        problems.append(
+            f"--max-seq-length: must be 0 (256 or the model's positions) or positive, got {o.max_seq_length}"
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        problems.append("--suite retrieval runs in one process (on one GPU when there is one); start it without a launcher")
+        problems.append(
+            "--suite retrieval runs in one process (on one GPU when there is one); start it without a launcher"
+        )
     if problems:
         raise UserError("; ".join(problems))
 
@@ -89,17 +93,30 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
     run = _run(collection, *top_k(queries, corpus, TOP_K + 1))
     scores = retrieval_scores(run, collection.qrels)
     unjudged = sum(1 for judged in collection.qrels.values() if not any(g >= 1 for g in judged.values()))
-    results = {"suite": "retrieval", "model": o.model, "pretraining_run_id": encoder.source.pretraining_run_id,
-               "data_dir": o.data_dir, "split": o.split, "pooling": o.pooling, "max_seq_length": encoder.max_seq_length,
-               "queries": len(collection.queries), "passages": len(collection.doc_ids), "queries_without_relevant": unjudged,
-               "metrics": scores, "embedding_seconds": round(embedded - started, 3),
-               "search_seconds": round(time.monotonic() - embedded, 3), "skipped": collection.skipped}  # fmt: skip
+    results = {
+        "suite": "retrieval",
+        "model": o.model,
+        "pretraining_run_id": encoder.source.pretraining_run_id,
+        "data_dir": o.data_dir,
+        "split": o.split,
+        "pooling": o.pooling,
+        "max_seq_length": encoder.max_seq_length,
+        "queries": len(collection.queries),
+        "passages": len(collection.doc_ids),
+        "queries_without_relevant": unjudged,
+        "metrics": scores,
+        "embedding_seconds": round(embedded - started, 3),
+        "search_seconds": round(time.monotonic() - embedded, 3),
+        "skipped": collection.skipped,
+    }
     out = _write(o.output, results, run)
     _log(o, base, results, out)
     print(_table(scores))
     skipped = f"; {len(collection.skipped)} line(s) skipped (results.json: skipped)" if collection.skipped else ""
-    print(f"{len(collection.queries)} queries ({unjudged} with no relevant passage, scored 0), {len(collection.doc_ids)} "
-          f"passages{skipped}; results in {out / 'results.json'}")  # fmt: skip
+    print(
+        f"{len(collection.queries)} queries ({unjudged} with no relevant passage, scored 0), {len(collection.doc_ids)} "
+        f"passages{skipped}; results in {out / 'results.json'}"
+    )
     return OK_EXIT_CODE
 
 
@@ -121,8 +138,9 @@ def _embed_corpus(encoder: Any, collection: Any, o: RetrievalOptions) -> np.ndar
     return matrix
 
 
-def top_k(queries: np.ndarray, corpus: np.ndarray, k: int, query_block: int = 1024,
-          corpus_block: int = 32768) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def top_k(
+    queries: np.ndarray, corpus: np.ndarray, k: int, query_block: int = 1024, corpus_block: int = 32768
+) -> tuple[np.ndarray, np.ndarray]:
     """The `k` highest dot products of each query with the corpus, exactly: (scores, corpus rows), each
     (queries, min(k, passages)), best first, equal scores in corpus order. At most query_block x corpus_block
     scores exist at once; each block of the corpus goes to the device once."""
@@ -163,7 +181,9 @@ def _write(output: str, results: dict[str, Any], run: dict[str, dict[str, float]
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "run.trec") as f:
         for query, ranked in run.items():
-            f.writelines(f"{query} Q0 {doc} {rank} {score!r} bertdist\n" for rank, (doc, score) in enumerate(ranked.items(), 1))
+            f.writelines(
+                f"{query} Q0 {doc} {rank} {score!r} bertdist\n" for rank, (doc, score) in enumerate(ranked.items(), 1)
+            )
     write_json(out / "results.json", results, indent=1)
     return out
 
@@ -174,9 +194,17 @@ def _log(o: RetrievalOptions, base: Any, results: dict[str, Any], out: Path) -> 
 
     name = Path(o.data_dir.rstrip("/")).name or "retrieval"
     tracker = build_tracker(base.tracking, o.output, 0, run_name=f"retrieval-{name}-{time.strftime('%Y%m%d-%H%M')}")
-    tracker.set_tags({"bertdist.kind": "evaluate", "bertdist.suite": "retrieval", "bertdist.init_from": o.model,
-                      "bertdist.pretraining_run_id": results["pretraining_run_id"] or ""})  # fmt: skip
-    tracker.log_params({k: results[k] for k in ("data_dir", "split", "pooling", "max_seq_length", "queries", "passages")})
+    tracker.set_tags(
+        {
+            "bertdist.kind": "evaluate",
+            "bertdist.suite": "retrieval",
+            "bertdist.init_from": o.model,
+            "bertdist.pretraining_run_id": results["pretraining_run_id"] or "",
+        }
+    )
+    tracker.log_params(
+        {k: results[k] for k in ("data_dir", "split", "pooling", "max_seq_length", "queries", "passages")}
+    )
     tracker.log_metrics(results["metrics"], 0)
     tracker.log_artifact(out / "results.json")
     tracker.close("FINISHED")

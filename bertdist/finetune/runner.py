@@ -75,9 +75,13 @@ class Finetuning:
             checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
         self.source: Source = resolve(cfg)
         positions = self.source.model_cfg.max_position_embeddings
-        if problems := source_problems(ft, positions):  # the rules that need the model's config, checked once it is read
+        if problems := source_problems(
+            ft, positions
+        ):  # the rules that need the model's config, checked once it is read
             raise ConfigError(problems)
-        self.task: tasks.Task = tasks.build(ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file))
+        self.task: tasks.Task = tasks.build(
+            ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file)
+        )
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
         self.architecture = task_architecture(self.source.model_cfg.arch, self.task.head)
         self.pad_id = pad_id(self.source.vocab_file)
@@ -89,8 +93,12 @@ class Finetuning:
 
         from bertdist.train.distributed import init_process_group
 
-        init_process_group(env, "nccl" if torch.cuda.is_available() else "gloo", cfg.train.rendezvous_timeout_s,
-                           cfg.train.collective_timeout_s)  # fmt: skip
+        init_process_group(
+            env,
+            "nccl" if torch.cuda.is_available() else "gloo",
+            cfg.train.rendezvous_timeout_s,
+            cfg.train.collective_timeout_s,
+        )
         self.device = torch.device("cuda", env.local_rank) if torch.cuda.is_available() else torch.device("cpu")
         self.engine = self._engine()
         self.start_step, self.start_epoch, self.best, run_id = 0, 0, None, None
@@ -115,8 +123,11 @@ class Finetuning:
         optim = dataclasses.replace(cfg.optim, lr=ft.lr)
         device_type = self.device.type
         accumulation = ft.batch_size // (ft.micro_batch_size * self.env.world_size)
-        engine = ds.initialize(model, build_optimizer(model, optim, device_type),
-                               ds.engine_config(cfg, ft.batch_size, ft.micro_batch_size, accumulation))  # fmt: skip
+        engine = ds.initialize(
+            model,
+            build_optimizer(model, optim, device_type),
+            ds.engine_config(cfg, ft.batch_size, ft.micro_batch_size, accumulation),
+        )
         torch.manual_seed(cfg.train.seed + self.env.rank)  # dropout differs per rank
         return engine
 
@@ -125,8 +136,13 @@ class Finetuning:
         ours, theirs = self.cfg.to_dict()["finetune"], checkpoint.read_train_state(path).config.get("finetune", {})
         differ = sorted(k for k in ours if ours[k] != theirs.get(k) and k != "output_dir")
         if differ:
-            raise ConfigError([f"finetune.output_dir: {path} is a checkpoint of another fine-tuning (finetune.{differ[0]} differs); "
-                               "use another output_dir, or checkpoint.resume=none to start over"])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"finetune.output_dir: {path} is a checkpoint of another fine-tuning "
+                    f"(finetune.{differ[0]} differs); "
+                    "use another output_dir, or checkpoint.resume=none to start over"
+                ]
+            )
         state = checkpoint.load(self.engine, path, self.env.world_size)
         mine = state.loader_states[0]
         self.start_step, self.start_epoch, self.best = state.step, mine["epoch"], tuple(mine["best"])
@@ -140,13 +156,29 @@ class Finetuning:
         ft = self.cfg.finetune
         name = self.cfg.tracking.run_name or f"finetune-{ft.task}-{time.strftime('%Y%m%d-%H%M')}"
         tracker = build_tracker(self.cfg.tracking, ft.output_dir, self.env.rank, run_id=run_id, run_name=name)
-        shared = {"finetune": self.cfg.to_dict()["finetune"], "optim": self.cfg.to_dict()["optim"],
-                  "train": {k: getattr(self.cfg.train, k) for k in ("precision", "zero_stage", "seed")}}  # fmt: skip
-        tracker.log_params({**flatten(shared), "world_size": self.env.world_size, "train_rows": len(self.train),
-                            "dev_rows": len(self.dev), "skipped_rows": len(self.skipped), "labels": ",".join(self.task.labels)})  # fmt: skip
-        tracker.set_tags({"bertdist.kind": "finetune", "bertdist.init_from": ft.init_from or "random initialisation",
-                          "bertdist.pretraining_run_id": self.source.pretraining_run_id or "",
-                          "bertdist.pretraining_checkpoint": self.source.checkpoint or ""})  # fmt: skip
+        shared = {
+            "finetune": self.cfg.to_dict()["finetune"],
+            "optim": self.cfg.to_dict()["optim"],
+            "train": {k: getattr(self.cfg.train, k) for k in ("precision", "zero_stage", "seed")},
+        }
+        tracker.log_params(
+            {
+                **flatten(shared),
+                "world_size": self.env.world_size,
+                "train_rows": len(self.train),
+                "dev_rows": len(self.dev),
+                "skipped_rows": len(self.skipped),
+                "labels": ",".join(self.task.labels),
+            }
+        )
+        tracker.set_tags(
+            {
+                "bertdist.kind": "finetune",
+                "bertdist.init_from": ft.init_from or "random initialisation",
+                "bertdist.pretraining_run_id": self.source.pretraining_run_id or "",
+                "bertdist.pretraining_checkpoint": self.source.checkpoint or "",
+            }
+        )
         if self.cfg.tracking.parent_run_id:
             tracker.set_tags({"mlflow.parentRunId": self.cfg.tracking.parent_run_id})
         return tracker
@@ -163,8 +195,11 @@ class Finetuning:
         for note in self.task.notes:
             say(note)
         labels = f", labels {', '.join(self.task.labels)}" if self.task.labels else ""
-        say(f"{ft.task}: {len(self.train)} training rows, {len(self.dev)} dev rows{labels}; "
-            f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), from {self.source.description}")  # fmt: skip
+        say(
+            f"{ft.task}: {len(self.train)} training rows, {len(self.dev)} dev rows{labels}; "
+            f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), "
+            f"from {self.source.description}"
+        )
         if self.resume_from is not None:
             say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
             if self.best is not None and self.best[1] == self.start_epoch:  # its export may have been cut off
@@ -178,27 +213,45 @@ class Finetuning:
             for s in range(self.steps_per_epoch):
                 if step == self.total_steps:
                     break
-                set_learning_rate(engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps))
+                set_learning_rate(
+                    engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps)
+                )
                 loss, stop = self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size])
                 losses.append(loss)
                 step += 1
                 if stop:
                     return self._stopped(step, epoch)
             sets = {"dev": (self.dev, self.task.score), **self.task.extra_dev}
-            scores = {f"{name}/{k}": v for name, (rows, score) in sets.items() for k, v in self._evaluate(rows, score).items()}
+            scores = {
+                f"{name}/{k}": v for name, (rows, score) in sets.items() for k, v in self._evaluate(rows, score).items()
+            }
             self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **scores}, step)
             headline = next(iter(scores.values()))  # the task's headline metric on dev_file
-            say(f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, " + _listed(scores) + f" ({time.perf_counter() - started:.0f} s)")
+            say(
+                f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, "
+                + _listed(scores)
+                + f" ({time.perf_counter() - started:.0f} s)"
+            )
             if best is None or headline > best[0]:
                 best = (headline, epoch + 1, scores)
-            state = checkpoint.TrainState(step=step, tokens_seen=0, sequences_seen=step * ft.batch_size, world_size=self.env.world_size,
-                                          loader_states=[], rng_states=[], config=self.cfg.to_dict(), tracking_run_id=self.tracker.run_id)  # fmt: skip
+            state = checkpoint.TrainState(
+                step=step,
+                tokens_seen=0,
+                sequences_seen=step * ft.batch_size,
+                world_size=self.env.world_size,
+                loader_states=[],
+                rng_states=[],
+                config=self.cfg.to_dict(),
+                tracking_run_id=self.tracker.run_id,
+            )
             saved = checkpoint.save(engine, ft.output_dir, state, {"epoch": epoch + 1, "best": list(best)}, keep_last=1)
             if best[1] == epoch + 1:
                 self._export(saved, scores)
         assert best is not None
         _, epoch, scores = best
-        self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch)
+        self.tracker.log_metrics(
+            {f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch
+        )
         self.tracker.set_tags({"bertdist.best_epoch": epoch})
         say(f"best dev epoch {epoch}: " + _listed(scores) + f"; model: {ft.output_dir}/model")
         results.update(scores)
@@ -227,8 +280,11 @@ class Finetuning:
         """A stop request after `step`: the finished epochs' checkpoint and best model stay; the same command
         continues from the start of `epoch` (checkpoints are per epoch)."""
         kept = f"the checkpoint of epoch {epoch} and its best model are kept" if epoch else "no epoch had finished"
-        self._say(f"stopped ({self.stop.reason or 'another rank was signalled'}) at step {step}, in epoch {epoch + 1}: {kept}; "
-                  f"run the same command to continue from epoch {epoch + 1}")  # fmt: skip
+        self._say(
+            f"stopped ({self.stop.reason or 'another rank was signalled'}) at step {step}, "
+            f"in epoch {epoch + 1}: {kept}; "
+            f"run the same command to continue from epoch {epoch + 1}"
+        )
         self.tracker.set_tags({"bertdist.stop_reason": self.stop.reason or "signal"})
         self.tracker.close("KILLED")
         return REQUEUE_EXIT_CODE
@@ -241,7 +297,10 @@ class Finetuning:
         engine, ft = self.engine, self.cfg.finetune
         engine.eval()
         shares = np.array_split(np.arange(len(dev)), self.env.world_size)
-        mine, batches = shares[self.env.rank], math.ceil(len(shares[0]) / ft.micro_batch_size)  # shares[0] is the largest
+        mine, batches = (
+            shares[self.env.rank],
+            math.ceil(len(shares[0]) / ft.micro_batch_size),
+        )  # shares[0] is the largest
         outputs: list[np.ndarray] = []
         with torch.no_grad():
             for b in range(batches):  # the same number of forward passes on every rank (ZeRO-3 gathers in them)
@@ -265,13 +324,22 @@ class Finetuning:
 
         if self.env.is_main:
             out, task = f"{self.cfg.finetune.output_dir}/model", self.task
-            with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout stream
+            with torch.random.fork_rng(
+                devices=[]
+            ):  # its random init, overwritten below, must not move the dropout stream
                 model = build_task_model(self.architecture, self.source.model_cfg, task.labels, task.problem_type)
             # The fp32 master weights, from every rank's partition: no collective, and right under bf16 and ZeRO-3.
             model.load_state_dict(checkpoint.consolidated_state_dict(saved), strict=True)
-            save_task_model(model, out, self.task.labels, self.source.vocab_file,
-                            extra_config={"bertdist_init_from": self.cfg.finetune.init_from,
-                                          "bertdist_pretraining_run_id": self.source.pretraining_run_id})  # fmt: skip
+            save_task_model(
+                model,
+                out,
+                self.task.labels,
+                self.source.vocab_file,
+                extra_config={
+                    "bertdist_init_from": self.cfg.finetune.init_from,
+                    "bertdist_pretraining_run_id": self.source.pretraining_run_id,
+                },
+            )
             write_json(f"{self.cfg.finetune.output_dir}/results.json", scores, indent=1)
             self.tracker.set_tags({"bertdist.model_dir": out})
 

@@ -4,8 +4,8 @@
 - a bertdist run directory or one of its checkpoints (`step_N`), of either `model.arch`: verified like
   `bertdist export` does, its weights consolidated from any ZeRO stage, its vocabulary and MLflow run id taken
   from train_state.json;
-- a Hugging Face directory (config.json + weights + tokenizer.json or vocab.txt; a bertdist export is one) whose model_type is
-  bert or modernbert, with any head or none;
+- a Hugging Face directory (config.json + weights + tokenizer.json or vocab.txt; a bertdist export is one)
+  whose model_type is bert or modernbert, with any head or none;
 - nothing: the same architecture from random initialisation (`model.*`), the baseline that shows what
   pretraining bought.
 The resulting `Source` says what to record, so a fine-tuning run links back to the pretraining run.
@@ -50,7 +50,9 @@ def resolve(cfg: Config) -> Source:
         return Source("random initialisation", cfg.model, ft.vocab_file, None)
     path = Path(_local(ft.init_from))
     if not path.is_dir():
-        raise ConfigError([f"finetune.init_from: {path} is not a directory (a run, a checkpoint, or a Hugging Face model)"])
+        raise ConfigError(
+            [f"finetune.init_from: {path} is not a directory (a run, a checkpoint, or a Hugging Face model)"]
+        )
     if (path / "config.json").is_file():
         return _from_hf(path, cfg)
     return _from_checkpoint(path, cfg)
@@ -73,13 +75,23 @@ def _from_hf(path: Path, cfg: Config) -> Source:
     checkpoint_cfg, state, _ = read_pretrained(path)
     model_cfg = _with_dropout(checkpoint_cfg, cfg.model)
     if not cfg.finetune.vocab_file and not any((path / name).is_file() for name in (TOKENIZER_JSON, VOCAB_TXT)):
-        raise ConfigError([f"finetune.vocab_file: {path} has neither {TOKENIZER_JSON} nor {VOCAB_TXT}; name the tokenizer "
-                           "it was trained with"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"finetune.vocab_file: {path} has neither {TOKENIZER_JSON} nor {VOCAB_TXT}; name the tokenizer "
+                "it was trained with"
+            ]
+        )
     vocab = cfg.finetune.vocab_file or tokenizer_file(path)
     _check_vocab(vocab, model_cfg, str(path))
     raw = json.loads((path / "config.json").read_text())
-    return Source(f"Hugging Face {model_cfg.arch} {path}", model_cfg, vocab, state,
-                  pretraining_run_id=raw.get("bertdist_run_id"), checkpoint=raw.get("bertdist_checkpoint"))  # fmt: skip
+    return Source(
+        f"Hugging Face {model_cfg.arch} {path}",
+        model_cfg,
+        vocab,
+        state,
+        pretraining_run_id=raw.get("bertdist_run_id"),
+        checkpoint=raw.get("bertdist_checkpoint"),
+    )
 
 
 def _from_checkpoint(path: Path, cfg: Config) -> Source:
@@ -91,8 +103,14 @@ def _from_checkpoint(path: Path, cfg: Config) -> Source:
     if not Path(vocab).exists():
         raise ConfigError([f"finetune.vocab_file: the checkpoint's vocabulary {vocab} is not there; name it"])
     _check_vocab(vocab, model_cfg, state.config["data"]["vocab_file"])
-    return Source(f"bertdist checkpoint {checkpoint}", model_cfg, vocab, weights,
-                  pretraining_run_id=state.tracking_run_id, checkpoint=str(checkpoint))  # fmt: skip
+    return Source(
+        f"bertdist checkpoint {checkpoint}",
+        model_cfg,
+        vocab,
+        weights,
+        pretraining_run_id=state.tracking_run_id,
+        checkpoint=str(checkpoint),
+    )
 
 
 def _check_vocab(vocab: str, model_cfg: ModelConfig, trained_with: str) -> None:
@@ -105,8 +123,12 @@ def _check_vocab(vocab: str, model_cfg: ModelConfig, trained_with: str) -> None:
 
 def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
     """The checkpoint's architecture with this run's dropout and activation checkpointing."""
-    return replace(model_cfg, hidden_dropout_prob=run.hidden_dropout_prob, attention_dropout_prob=run.attention_dropout_prob,
-                   activation_checkpointing=run.activation_checkpointing)  # fmt: skip
+    return replace(
+        model_cfg,
+        hidden_dropout_prob=run.hidden_dropout_prob,
+        attention_dropout_prob=run.attention_dropout_prob,
+        activation_checkpointing=run.activation_checkpointing,
+    )
 
 
 def cased_vocabulary(vocab_file: str) -> bool:

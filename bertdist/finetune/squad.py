@@ -55,14 +55,18 @@ def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
     except UnicodeDecodeError as e:
         line = e.object[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 text (byte {e.start} of the file, {e.object[e.start:e.start + 1]!r})") from None
+        raise DataError(
+            f"{path}:{line}: not UTF-8 text (byte {e.start} of the file, {e.object[e.start : e.start + 1]!r})"
+        ) from None
     try:
         document = json.loads(raw)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     articles = document.get("data") if isinstance(document, dict) else None
     if not isinstance(articles, list):
-        raise DataError(f"{path}: not SQuAD JSON: needs {{'data': [{{'paragraphs': [...]}}, ...]}}, 'data' is {_kind(articles)}")
+        raise DataError(
+            f"{path}: not SQuAD JSON: needs {{'data': [{{'paragraphs': [...]}}, ...]}}, 'data' is {_kind(articles)}"
+        )
     questions: list[Question] = []
     seen: dict[str, str] = {}  # question id -> FILE:LINE of its first use
     cursor, line = 0, 1  # the last id found, and its line: ids come in file order, so both only move forward
@@ -74,8 +78,14 @@ def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
             record = f"{path}: data[{a}].paragraphs[{p}]"
             qas = paragraph.get("qas") if isinstance(paragraph, dict) else None
             if not isinstance(paragraph, dict) or not isinstance(qas, list):
-                bad_row(report, record, f"'qas' must be a list of questions, got {_kind(qas)}" if isinstance(paragraph, dict)
-                        else f"a paragraph must be an object, got {_kind(paragraph)}", skip_bad)  # fmt: skip
+                bad_row(
+                    report,
+                    record,
+                    f"'qas' must be a list of questions, got {_kind(qas)}"
+                    if isinstance(paragraph, dict)
+                    else f"a paragraph must be an object, got {_kind(paragraph)}",
+                    skip_bad,
+                )
                 continue
             context = paragraph.get("context")
             for q, qa in enumerate(qas):
@@ -95,7 +105,9 @@ def read_squad(path: str, skip_bad: bool) -> tuple[list[Question], Examples]:
                 answers = [] if qa.get("is_impossible") else [(x["text"], x["answer_start"]) for x in qa["answers"]]
                 questions.append(Question(str(qid), qa["question"], context, answers, where))
     if not questions:
-        raise DataError(f"{path}: no usable questions" + (f" ({len(report.skipped)} skipped)" if report.skipped else ""))
+        raise DataError(
+            f"{path}: no usable questions" + (f" ({len(report.skipped)} skipped)" if report.skipped else "")
+        )
     return questions, report
 
 
@@ -153,8 +165,9 @@ class Windows:
     """Per window: whether each of its passage tokens has its most context here."""
 
 
-def encode(questions: list[Question], vocab_file: str, cased: bool, max_seq_length: int, doc_stride: int,
-           max_query_length: int) -> Windows:  # fmt: skip
+def encode(
+    questions: list[Question], vocab_file: str, cased: bool, max_seq_length: int, doc_stride: int, max_query_length: int
+) -> Windows:
     from bertdist.data.tokenizer import open_tokenizer
 
     tokenizer = open_tokenizer(vocab_file, cased)
@@ -170,14 +183,18 @@ def encode(questions: list[Question], vocab_file: str, cased: bool, max_seq_leng
         windows = _windows(len(passage.ids), max_seq_length - len(query_ids) - 3, doc_stride)
         for start, length in windows:
             first = len(query_ids) + 2
-            ids.append(np.asarray([cls_id, *query_ids, sep_id, *passage.ids[start : start + length], sep_id], dtype=np.int64))
+            ids.append(
+                np.asarray([cls_id, *query_ids, sep_id, *passage.ids[start : start + length], sep_id], dtype=np.int64)
+            )
             first_lengths.append(first)
             inside = answer is not None and start <= answer[0] and answer[1] < start + length
             starts.append(first + answer[0] - start if inside else 0)
             ends.append(first + answer[1] - start if inside else 0)
             question_of.append(qi)
             window_start.append(start)
-            best_context.append(np.asarray([_is_best_context(windows, (start, length), start + i) for i in range(length)], dtype=bool))
+            best_context.append(
+                np.asarray([_is_best_context(windows, (start, length), start + i) for i in range(length)], dtype=bool)
+            )
     targets = {"start_positions": np.asarray(starts, dtype=np.int64), "end_positions": np.asarray(ends, dtype=np.int64)}
     sequences = Sequences(ids, np.asarray(first_lengths, dtype=np.int64), targets)
     return Windows(sequences, questions, np.asarray(question_of), offsets, np.asarray(window_start), best_context)
@@ -194,8 +211,10 @@ def _answer_tokens(spans: np.ndarray, answer: tuple[str, int]) -> tuple[int, int
 def _windows(tokens: int, room: int, doc_stride: int) -> list[tuple[int, int]]:
     """(start, length) of each window over `tokens` passage tokens, `room` tokens each, `doc_stride` apart."""
     if room < 1:
-        raise DataError(f"max_seq_length leaves no room for the passage after the question (room {room}); "
-                        "raise finetune.max_seq_length or lower finetune.max_query_length")  # fmt: skip
+        raise DataError(
+            f"max_seq_length leaves no room for the passage after the question (room {room}); "
+            "raise finetune.max_seq_length or lower finetune.max_query_length"
+        )
     windows, start = [], 0
     while True:
         length = min(tokens - start, room)
@@ -216,7 +235,9 @@ def _is_best_context(windows: list[tuple[int, int]], here: tuple[int, int], toke
     return best == here
 
 
-def predict(outputs: list[np.ndarray], dev: Windows, n_best_size: int, max_answer_length: int) -> tuple[list[str], np.ndarray]:
+def predict(
+    outputs: list[np.ndarray], dev: Windows, n_best_size: int, max_answer_length: int
+) -> tuple[list[str], np.ndarray]:
     """Each question's best span text and its null-minus-span score difference (inf where no span is valid)."""
     best_score = np.full(len(dev.questions), -np.inf)
     best_span: list[tuple[int, int] | None] = [None] * len(dev.questions)
@@ -227,7 +248,11 @@ def predict(outputs: list[np.ndarray], dev: Windows, n_best_size: int, max_answe
         null_score[qi] = min(null_score[qi], start_logits[0] + end_logits[0])
         context = np.zeros(len(logits), dtype=bool)
         context[first : first + len(dev.best_context[w])] = True
-        starts = [i for i in np.argsort(-start_logits, kind="stable")[:n_best_size] if context[i] and dev.best_context[w][i - first]]
+        starts = [
+            i
+            for i in np.argsort(-start_logits, kind="stable")[:n_best_size]
+            if context[i] and dev.best_context[w][i - first]
+        ]
         ends = [j for j in np.argsort(-end_logits, kind="stable")[:n_best_size] if context[j]]
         for i in starts:
             for j in ends:

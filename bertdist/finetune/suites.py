@@ -50,22 +50,46 @@ class SuiteTask:
     """The table's columns, as `<dev set>/<metric>` (default: dev/<the task's headline metric>)."""
 
 
-def _glue(name: str, directory: str, columns: dict[str, Any], metrics: tuple[str, ...], dev: str = "dev.tsv", **extra: Any) -> SuiteTask:
-    return SuiteTask(name, {"train_file": f"{directory}/train.tsv", "dev_file": f"{directory}/{dev}", **columns, **extra}, metrics)
+def _glue(
+    name: str, directory: str, columns: dict[str, Any], metrics: tuple[str, ...], dev: str = "dev.tsv", **extra: Any
+) -> SuiteTask:
+    return SuiteTask(
+        name, {"train_file": f"{directory}/train.tsv", "dev_file": f"{directory}/{dev}", **columns, **extra}, metrics
+    )
 
 
 GLUE = [
-    _glue("MNLI", "MNLI", {"text_column": "sentence1", "text_pair_column": "sentence2", "label_column": "gold_label"},
-          ("dev/accuracy", "dev_mismatched/accuracy"), dev="dev_matched.tsv", extra_dev_files="MNLI/dev_mismatched.tsv"),
-    _glue("QQP", "QQP", {"text_column": "question1", "text_pair_column": "question2", "label_column": "is_duplicate"}, ("dev/f1",)),
+    _glue(
+        "MNLI",
+        "MNLI",
+        {"text_column": "sentence1", "text_pair_column": "sentence2", "label_column": "gold_label"},
+        ("dev/accuracy", "dev_mismatched/accuracy"),
+        dev="dev_matched.tsv",
+        extra_dev_files="MNLI/dev_mismatched.tsv",
+    ),
+    _glue(
+        "QQP",
+        "QQP",
+        {"text_column": "question1", "text_pair_column": "question2", "label_column": "is_duplicate"},
+        ("dev/f1",),
+    ),
     _glue("QNLI", "QNLI", {"text_column": "question", "text_pair_column": "sentence"}, ("dev/accuracy",)),
     _glue("SST-2", "SST-2", {"text_column": "sentence"}, ("dev/accuracy",)),
     _glue("CoLA", "CoLA", {"text_column": "sentence", "columns": "source,label,notation,sentence"}, ("dev/matthews",)),
-    _glue("STS-B", "STS-B", {"text_column": "sentence1", "text_pair_column": "sentence2", "label_column": "score",
-                             "task": "regression"}, ("dev/spearman",)),
-    _glue("MRPC", "MRPC", {"text_column": "#1 String", "text_pair_column": "#2 String", "label_column": "Quality"}, ("dev/f1",)),
+    _glue(
+        "STS-B",
+        "STS-B",
+        {"text_column": "sentence1", "text_pair_column": "sentence2", "label_column": "score", "task": "regression"},
+        ("dev/spearman",),
+    ),
+    _glue(
+        "MRPC",
+        "MRPC",
+        {"text_column": "#1 String", "text_pair_column": "#2 String", "label_column": "Quality"},
+        ("dev/f1",),
+    ),
     _glue("RTE", "RTE", {"text_column": "sentence1", "text_pair_column": "sentence2"}, ("dev/accuracy",)),
-]  # fmt: skip
+]
 """GLUE in the order of the paper's Table 1, with the columns of GLUE's own TSV files."""
 
 
@@ -88,7 +112,9 @@ def read_suite(suite: str) -> list[SuiteTask]:
         if not isinstance(settings, dict) or not {"train_file", "dev_file"} <= set(settings):
             problems.append(f"{suite}: task {name!r} needs finetune: {{train_file: ..., dev_file: ...}}")
             continue
-        problems += [f"{suite}: task {name!r}: finetune.{k} is not a finetune setting" for k in settings if k not in known]
+        problems += [
+            f"{suite}: task {name!r}: finetune.{k} is not a finetune setting" for k in settings if k not in known
+        ]
         metric = spec.get("metric")
         out.append(SuiteTask(str(name), settings, (f"dev/{metric}",) if metric else ()))
     if problems:
@@ -96,8 +122,16 @@ def read_suite(suite: str) -> list[SuiteTask]:
     return out
 
 
-def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names: list[str], lrs: list[float],
-             config: str | None, overrides: list[str]) -> int:  # fmt: skip
+def evaluate(
+    suite: str,
+    data_dir: str,
+    model: str,
+    output_dir: str,
+    task_names: list[str],
+    lrs: list[float],
+    config: str | None,
+    overrides: list[str],
+) -> int:
     """Fine-tune `model` on every task of the suite found in `data_dir`, print and log the table."""
     from bertdist.tracking.mlflow_tracker import build_tracker
     from bertdist.train import stopping
@@ -112,8 +146,15 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
     suite_name = "glue" if suite == "glue" else Path(suite).stem
     parent = build_tracker(base.tracking, output_dir, env.rank, run_name=f"{suite_name}-{time.strftime('%Y%m%d-%H%M')}")
     parent.set_tags({"bertdist.kind": "evaluate", "bertdist.suite": suite_name, "bertdist.init_from": model})
-    parent.log_params({"suite": suite_name, "model": model, "data_dir": data_dir, "tasks": ",".join(t.name for t in tasks),
-                       "lrs": ",".join(str(lr) for lr in lrs)})  # fmt: skip
+    parent.log_params(
+        {
+            "suite": suite_name,
+            "model": model,
+            "data_dir": data_dir,
+            "tasks": ",".join(t.name for t in tasks),
+            "lrs": ",".join(str(lr) for lr in lrs),
+        }
+    )
     stop = stopping.StopFlag("bertdist evaluate")  # a signal between two runs; each run handles its own
     try:
         uri = getattr(parent, "tracking_uri", base.tracking.tracking_uri)
@@ -124,15 +165,27 @@ def evaluate(suite: str, data_dir: str, model: str, output_dir: str, task_names:
         return table
     columns = _columns(tasks, table)
     average = sum(columns.values()) / len(columns)
-    parent.log_metrics({**{f"{name}/{k}": v for name, (_, r) in table.items() for k, v in r.items()}, "average": average}, 0)
+    parent.log_metrics(
+        {**{f"{name}/{k}": v for name, (_, r) in table.items() for k, v in r.items()}, "average": average}, 0
+    )
     parent.close("FINISHED")
     if env.is_main:
         print(_table(columns, average, {name: r["lr"] for name, (_, r) in table.items()}))
     return OK_EXIT_CODE
 
 
-def _sweep(tasks: list[SuiteTask], lrs: list[float], data_dir: str, model: str, output_dir: str, config: str | None,
-           overrides: list[str], env: Any, tracking_parent: tuple[Any, str, str], stop: Any) -> dict[str, tuple[float, dict[str, float]]] | int:  # fmt: skip
+def _sweep(
+    tasks: list[SuiteTask],
+    lrs: list[float],
+    data_dir: str,
+    model: str,
+    output_dir: str,
+    config: str | None,
+    overrides: list[str],
+    env: Any,
+    tracking_parent: tuple[Any, str, str],
+    stop: Any,
+) -> dict[str, tuple[float, dict[str, float]]] | int:
     """Every task at every rate: the best result per task, or the exit code that ended the sweep (the parent
     run closed as FAILED, or KILLED after a stop request). `tracking_parent`: the parent run, its store, the suite."""
     from bertdist.finetune.runner import finetune
@@ -141,15 +194,30 @@ def _sweep(tasks: list[SuiteTask], lrs: list[float], data_dir: str, model: str, 
     table: dict[str, tuple[float, dict[str, float]]] = {}
     for number, (task, lr) in enumerate((t, lr) for t in tasks for lr in lrs):
         if stop.signum:
-            print(f"bertdist evaluate: stopped ({stop.reason}) before {task.name} at lr {lr:g}; finished runs are kept "
-                  f"under {output_dir}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"bertdist evaluate: stopped ({stop.reason}) before {task.name} at lr {lr:g}; finished runs are kept "
+                f"under {output_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
             parent.close("KILLED")
             return REQUEUE_EXIT_CODE
         with _rendezvous_port(env, number) as port:
             results: dict[str, float] = {}
-            tracking = {"tracking_uri": uri, "parent_run_id": parent.run_id or "", "run_name": f"{suite_name}-{task.name}-lr{lr:g}"}
-            cfg = load_config(config, [*overrides, *_overrides("finetune", _settings(task, data_dir, model, lr, output_dir)),
-                                       *_overrides("tracking", tracking), *port])  # fmt: skip
+            tracking = {
+                "tracking_uri": uri,
+                "parent_run_id": parent.run_id or "",
+                "run_name": f"{suite_name}-{task.name}-lr{lr:g}",
+            }
+            cfg = load_config(
+                config,
+                [
+                    *overrides,
+                    *_overrides("finetune", _settings(task, data_dir, model, lr, output_dir)),
+                    *_overrides("tracking", tracking),
+                    *port,
+                ],
+            )
             code = finetune(cfg, results)
             if code != OK_EXIT_CODE:
                 parent.close("KILLED" if code == REQUEUE_EXIT_CODE else "FAILED")
@@ -163,12 +231,25 @@ def _sweep(tasks: list[SuiteTask], lrs: list[float], data_dir: str, model: str, 
 def _settings(task: SuiteTask, data_dir: str, model: str, lr: float, output_dir: str) -> dict[str, Any]:
     """The finetune.* settings of one run of the sweep: the task's, with its files under `data_dir`."""
     extra = ",".join(str(Path(data_dir) / f) for f in str(task.settings.get("extra_dev_files", "")).split(",") if f)
-    return {**task.settings, **{k: str(Path(data_dir) / v) for k, v in task.settings.items() if k.endswith("_file")},
-            "extra_dev_files": extra, "init_from": model, "lr": lr, "output_dir": f"{output_dir}/{task.name}/lr{lr:g}"}  # fmt: skip
+    return {
+        **task.settings,
+        **{k: str(Path(data_dir) / v) for k, v in task.settings.items() if k.endswith("_file")},
+        "extra_dev_files": extra,
+        "init_from": model,
+        "lr": lr,
+        "output_dir": f"{output_dir}/{task.name}/lr{lr:g}",
+    }
 
 
-def _check_every_task(tasks: list[SuiteTask], data_dir: str, model: str, output_dir: str, config: str | None,
-                      overrides: list[str], world_size: int) -> None:  # fmt: skip
+def _check_every_task(
+    tasks: list[SuiteTask],
+    data_dir: str,
+    model: str,
+    output_dir: str,
+    config: str | None,
+    overrides: list[str],
+    world_size: int,
+) -> None:
     """Every task's settings, files and metric names, all problems at once, before the first fine-tuning."""
     from bertdist.config import ConfigError
     from bertdist.config.validation import validate_finetune
@@ -177,19 +258,27 @@ def _check_every_task(tasks: list[SuiteTask], data_dir: str, model: str, output_
     problems = []
     for task in tasks:
         try:
-            cfg = load_config(config, [*overrides, *_overrides("finetune", _settings(task, data_dir, model, 1.0, output_dir))])
+            cfg = load_config(
+                config, [*overrides, *_overrides("finetune", _settings(task, data_dir, model, 1.0, output_dir))]
+            )
             validate_finetune(cfg, world_size)
         except ConfigError as e:
             problems += [f"task {task.name}: {p}" for p in e.problems]
             continue
         ft = cfg.finetune
-        for name, path in (("train_file", ft.train_file), ("dev_file", ft.dev_file), *(("extra_dev_files", f) for f in ft.extra_dev())):
+        for name, path in (
+            ("train_file", ft.train_file),
+            ("dev_file", ft.dev_file),
+            *(("extra_dev_files", f) for f in ft.extra_dev()),
+        ):
             if not Path(path).is_file():
                 problems.append(f"task {task.name}: finetune.{name} {path} does not exist")
         for metric in task.metrics:
             if metric.split("/", 1)[1] not in kinds.METRICS[ft.task]:
-                problems.append(f"task {task.name}: metric {metric.split('/', 1)[1]!r} is not one that {ft.task} reports "
-                                f"({', '.join(kinds.METRICS[ft.task])})")  # fmt: skip
+                problems.append(
+                    f"task {task.name}: metric {metric.split('/', 1)[1]!r} is not one that {ft.task} reports "
+                    f"({', '.join(kinds.METRICS[ft.task])})"
+                )
     if problems:
         raise UserError("the suite cannot run: " + "; ".join(problems))
 
@@ -228,7 +317,10 @@ def _present(tasks: list[SuiteTask], data_dir: str, names: list[str]) -> list[Su
     if names and missing:
         raise UserError(f"--tasks: {', '.join(missing)} have no training file under {data_dir}")
     if not present:
-        raise UserError(f"--data-dir: no task of the suite under {data_dir} (looked for {', '.join(t.settings['train_file'] for t in chosen)})")
+        raise UserError(
+            f"--data-dir: no task of the suite under {data_dir} "
+            f"(looked for {', '.join(t.settings['train_file'] for t in chosen)})"
+        )
     return present
 
 
@@ -239,7 +331,9 @@ def _columns(tasks: list[SuiteTask], table: dict[str, tuple[float, dict[str, flo
         _, results = table[task.name]
         metrics = task.metrics or (next(iter(results)),)
         for metric in metrics:
-            suffix = {"dev": "-m" if len(metrics) > 1 else "", "dev_mismatched": "-mm"}.get(metric.split("/")[0], f"-{metric.split('/')[0]}")
+            suffix = {"dev": "-m" if len(metrics) > 1 else "", "dev_mismatched": "-mm"}.get(
+                metric.split("/")[0], f"-{metric.split('/')[0]}"
+            )
             percent = task.settings.get("task") == "question_answering"  # SQuAD's scores are percentages already
             out[task.name + suffix] = results[metric] if percent else 100 * results[metric]
     return out
@@ -249,5 +343,8 @@ def _table(columns: dict[str, float], average: float, lrs: dict[str, float]) -> 
     names = [*columns, "Average"]
     values = [f"{v:.1f}" for v in columns.values()] + [f"{average:.1f}"]
     widths = [max(len(n), len(v)) for n, v in zip(names, values)]
-    lines = [" | ".join(n.rjust(w) for n, w in zip(names, widths)), " | ".join(v.rjust(w) for v, w in zip(values, widths))]
+    lines = [
+        " | ".join(n.rjust(w) for n, w in zip(names, widths)),
+        " | ".join(v.rjust(w) for v, w in zip(values, widths)),
+    ]
     return "\n".join(lines) + "\nbest learning rate per task: " + ", ".join(f"{k} {v:g}" for k, v in lrs.items())

@@ -58,7 +58,9 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
                 continue
             if fields[0] == "-DOCSTART-":
                 continue
-            problem = not_utf8(line) or ("" if len(fields) >= 2 else f"{line.strip()!r} has no label (a line is 'word ... label')")
+            problem = not_utf8(line) or (
+                "" if len(fields) >= 2 else f"{line.strip()!r} has no label (a line is 'word ... label')"
+            )
             if problem:
                 # The whole sentence goes: its other words' labels would be misaligned without this one.
                 bad_row(report, f"{path}:{line_number}", problem, skip_bad)
@@ -70,14 +72,19 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
             tags.append(fields[-1])
         end_sentence()
     if not sentences:
-        raise DataError(f"{path}: no sentences" + (f" ({len(report.skipped)} skipped)" if report.skipped else " (the file is empty)"))
+        raise DataError(
+            f"{path}: no sentences"
+            + (f" ({len(report.skipped)} skipped)" if report.skipped else " (the file is empty)")
+        )
     return sentences, report
 
 
 def tag_names(train: list[Sentence]) -> list[str]:
     names = sorted({t for s in train for t in s.tags})
     if len(names) < 2:
-        raise DataError(f"{train[0].where.rsplit(':', 1)[0]}: one tag ({names[0]}) in the whole file; tagging needs two or more")
+        raise DataError(
+            f"{train[0].where.rsplit(':', 1)[0]}: one tag ({names[0]}) in the whole file; tagging needs two or more"
+        )
     return names
 
 
@@ -87,7 +94,9 @@ def known_tags(sentences: list[Sentence], labels: list[str], report: Examples, s
     for s in sentences:
         unknown = sorted(set(s.tags) - known)
         if unknown:
-            bad_row(report, s.where, f"tag(s) {', '.join(unknown)} not in the training file ({', '.join(labels)})", skip_bad)
+            bad_row(
+                report, s.where, f"tag(s) {', '.join(unknown)} not in the training file ({', '.join(labels)})", skip_bad
+            )
         else:
             kept.append(s)
     if not kept:

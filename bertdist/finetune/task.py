@@ -1,12 +1,13 @@
 """What `bertdist finetune` trains, per `finetune.task`: the head, the encoded rows and how dev outputs score.
 
-| task | files | head | dev metrics (headline first) |
-| --- | --- | --- | --- |
-| classification | CSV/TSV/JSONL, one text or a pair | SequenceClassification | accuracy, matthews, f1 (2 labels) or macro_f1 |
-| regression | CSV/TSV/JSONL, a score per row | SequenceClassification (MSE) | pearson, spearman, mse |
-| token_classification | CoNLL (word ... label) | TokenClassification | f1 (BIO tags; else accuracy), precision, recall, accuracy |
-| question_answering | SQuAD v1.1/v2.0 JSON | QuestionAnswering | f1, exact_match (v2.0: HasAns/NoAns, best_threshold) |
-| multiple_choice | CSV/TSV/JSONL, context + endings | MultipleChoice | accuracy |
+task: files; head; dev metrics (headline first)
+- classification: CSV/TSV/JSONL, one text or a pair; SequenceClassification; accuracy, matthews, f1 (2 labels) or
+  macro_f1
+- regression: CSV/TSV/JSONL, a score per row; SequenceClassification (MSE); pearson, spearman, mse
+- token_classification: CoNLL (word ... label); TokenClassification; f1 (BIO tags; else accuracy), precision,
+  recall, accuracy
+- question_answering: SQuAD v1.1/v2.0 JSON; QuestionAnswering; f1, exact_match (v2.0: HasAns/NoAns, best_threshold)
+- multiple_choice: CSV/TSV/JSONL, context + endings; MultipleChoice; accuracy
 
 The head is the same for every encoder family; the model is the family's (`BertFor...`, `ModernBertFor...`:
 bertdist.model.hf_heads.task_architecture).
@@ -30,7 +31,12 @@ from bertdist.finetune.features import Sequences
 from bertdist.model import hf_heads
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 
-CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE = "classification", "token_classification", "question_answering", "multiple_choice"
+CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE = (
+    "classification",
+    "token_classification",
+    "question_answering",
+    "multiple_choice",
+)
 METRICS = {
     CLASSIFICATION: ("accuracy", "matthews", "f1", "macro_f1"),  # f1 with two labels, macro_f1 with more
     data.REGRESSION: ("pearson", "spearman", "mse"),
@@ -75,8 +81,13 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
         train_rows, dev_rows = choice.answers(train, n, skip), choice.answers(dev, n, skip)
         encoded = [choice.encode(*rows, vocab_file, cased, length) for rows in (train_rows, dev_rows)]
         gold = dev_rows[1]
-        return Task(hf_heads.MULTIPLE_CHOICE, list(ft.choices()), *encoded, lambda out: choice.scores(out, gold),
-                    skipped=train.skipped + dev.skipped)  # fmt: skip
+        return Task(
+            hf_heads.MULTIPLE_CHOICE,
+            list(ft.choices()),
+            *encoded,
+            lambda out: choice.scores(out, gold),
+            skipped=train.skipped + dev.skipped,
+        )
     labels = data.label_names(ft.task, train)
     problem_type = REGRESSION if ft.task == data.REGRESSION else SINGLE_LABEL
 
@@ -89,8 +100,15 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
 
     encoded_dev, score = scored(dev)
     extra = {Path(f).stem: data.read_examples(f, *columns) for f in ft.extra_dev()}
-    task = Task(hf_heads.SEQUENCE_CLASSIFICATION, labels, scored(train)[0], encoded_dev, score, problem_type=problem_type,
-                extra_dev={name: scored(examples) for name, examples in extra.items()})  # fmt: skip
+    task = Task(
+        hf_heads.SEQUENCE_CLASSIFICATION,
+        labels,
+        scored(train)[0],
+        encoded_dev,
+        score,
+        problem_type=problem_type,
+        extra_dev={name: scored(examples) for name, examples in extra.items()},
+    )
     task.skipped = train.skipped + dev.skipped + [s for e in extra.values() for s in e.skipped]
     return task
 
@@ -105,12 +123,27 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
 
     def score(outputs: list[np.ndarray]) -> dict[str, float]:
         s = tagging.scores(outputs, encoded_dev, labels)
-        return {"f1": s["f1"], "precision": s["precision"], "recall": s["recall"], "accuracy": s["accuracy"]} if bio else {"accuracy": s["accuracy"]}
+        return (
+            {"f1": s["f1"], "precision": s["precision"], "recall": s["recall"], "accuracy": s["accuracy"]}
+            if bio
+            else {"accuracy": s["accuracy"]}
+        )
 
-    notes = [f"{t.truncated} {name} sentence(s) longer than {length} tokens were cut (their last words are predicted O)"
-             for name, t in (("training", encoded_train), ("dev", encoded_dev)) if t.truncated]  # fmt: skip
-    return Task(hf_heads.TOKEN_CLASSIFICATION, labels, encoded_train.sequences, encoded_dev.sequences, score, per_token=True,
-                skipped=train_report.skipped + dev_report.skipped, notes=notes)  # fmt: skip
+    notes = [
+        f"{t.truncated} {name} sentence(s) longer than {length} tokens were cut (their last words are predicted O)"
+        for name, t in (("training", encoded_train), ("dev", encoded_dev))
+        if t.truncated
+    ]
+    return Task(
+        hf_heads.TOKEN_CLASSIFICATION,
+        labels,
+        encoded_train.sequences,
+        encoded_dev.sequences,
+        score,
+        per_token=True,
+        skipped=train_report.skipped + dev_report.skipped,
+        notes=notes,
+    )
 
 
 def _question_answering(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
@@ -123,20 +156,35 @@ def _question_answering(ft: FinetuneConfig, vocab_file: str, cased: bool, length
         s = squad.scores(outputs, dev_windows, ft.n_best_size, ft.max_answer_length)
         return {"f1": s.pop("f1"), "exact_match": s.pop("exact_match"), **s}
 
-    notes = [f"{name}: {len(q)} questions in {len(w.sequences)} windows of {length} tokens (doc stride {ft.doc_stride})"
-             for name, q, w in (("training", train, windows[0]), ("dev", dev, dev_windows))]  # fmt: skip
-    return Task(hf_heads.QUESTION_ANSWERING, [], windows[0].sequences, dev_windows.sequences, score, per_token=True,
-                skipped=train_report.skipped + dev_report.skipped, notes=notes)  # fmt: skip
+    notes = [
+        f"{name}: {len(q)} questions in {len(w.sequences)} windows of {length} tokens (doc stride {ft.doc_stride})"
+        for name, q, w in (("training", train, windows[0]), ("dev", dev, dev_windows))
+    ]
+    return Task(
+        hf_heads.QUESTION_ANSWERING,
+        [],
+        windows[0].sequences,
+        dev_windows.sequences,
+        score,
+        per_token=True,
+        skipped=train_report.skipped + dev_report.skipped,
+        notes=notes,
+    )
 
 
 def classification_scores(outputs: list[np.ndarray], gold: np.ndarray, num_labels: int) -> dict[str, float]:
     predicted = np.asarray([o.argmax() for o in outputs])
     scores = {"accuracy": metrics.accuracy(predicted, gold), "matthews": metrics.matthews(predicted, gold)}
-    scores["f1" if num_labels == 2 else "macro_f1"] = metrics.f1(predicted, gold) if num_labels == 2 else metrics.macro_f1(predicted, gold)
+    scores["f1" if num_labels == 2 else "macro_f1"] = (
+        metrics.f1(predicted, gold) if num_labels == 2 else metrics.macro_f1(predicted, gold)
+    )
     return scores
 
 
 def regression_scores(outputs: list[np.ndarray], gold: np.ndarray) -> dict[str, float]:
     predicted = np.asarray([float(o.reshape(-1)[0]) for o in outputs])
-    return {"pearson": metrics.pearson(predicted, gold), "spearman": metrics.spearman(predicted, gold),
-            "mse": float(np.mean((predicted - gold) ** 2))}  # fmt: skip
+    return {
+        "pearson": metrics.pearson(predicted, gold),
+        "spearman": metrics.spearman(predicted, gold),
+        "mse": float(np.mean((predicted - gold) ** 2)),
+    }

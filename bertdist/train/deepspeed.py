@@ -3,8 +3,9 @@
 `deepspeed_config` turns Config into DeepSpeed's dictionary (batch sizes, ZeRO stage, precision,
 clipping) and merges the expert's `train.deepspeed` keys over it; `initialize` builds the engine around the
 model and the optimizer that `bertdist.train.optim.build_optimizer` picks (DeepSpeed's FusedAdam on GPU, torch's
-fused AdamW where that kernel cannot be built or used). The learning-rate schedule is not handed to DeepSpeed: the training loop sets the rate from the step
-(bertdist.train.optim), which keeps it exact across fp16 skipped steps and resumes.
+fused AdamW where that kernel cannot be built or used). The learning-rate schedule is not handed to DeepSpeed: the
+training loop sets the rate from the step (bertdist.train.optim), which keeps it exact across fp16 skipped steps and
+resumes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ if TYPE_CHECKING:
 
 # fp16 dynamic loss scaling as in NVIDIA's and DeepSpeed's BERT recipes: start at 2^16, halve on an
 # overflow (after `hysteresis` of them), double after 1000 clean steps.
-FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+FP16_LOSS_SCALING = {
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 
 
 def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int, load_universal: bool = False) -> dict[str, Any]:
@@ -30,14 +37,17 @@ def deepspeed_config(cfg: Config, phase: PhaseConfig, world_size: int, load_univ
     `load_universal`: the checkpoint to resume from is loaded from DeepSpeed's universal format (it was
     written by another number of ranks; bertdist.train.reshard).
     """
-    ds = engine_config(cfg, cfg.global_batch_size(phase), phase.micro_batch_size,
-                       cfg.gradient_accumulation_steps(phase, world_size))  # fmt: skip
+    ds = engine_config(
+        cfg, cfg.global_batch_size(phase), phase.micro_batch_size, cfg.gradient_accumulation_steps(phase, world_size)
+    )
     if load_universal:
         ds["checkpoint"] = {"load_universal": True}
     return ds
 
 
-def engine_config(cfg: Config, global_batch_size: int, micro_batch_size: int, accumulation_steps: int) -> dict[str, Any]:
+def engine_config(
+    cfg: Config, global_batch_size: int, micro_batch_size: int, accumulation_steps: int
+) -> dict[str, Any]:
     """DeepSpeed's config as pretraining and fine-tuning share it (batch, precision, ZeRO, clipping), with the
     expert's `train.deepspeed` keys merged over it."""
     t, o = cfg.train, cfg.optim
@@ -88,22 +98,25 @@ def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> DeepSpe
             # owner's; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
             for module, parameter in getattr(model, "external_parameters", list)():
                 deepspeed.zero.register_external_parameter(module, parameter)
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
+        )
     if model.config.compile:
         # Dynamic shapes: batches are padded per batch and the unpadded encoder's token count varies.
         engine.compile(compile_kwargs={"dynamic": True})
     return engine
 
 
-def enter_phase(engine: Any, cfg: Config, phase: PhaseConfig, world_size: int) -> None:
-    """Switch the engine to `phase`'s micro batch size; accumulation follows from the global batch.
+def set_batch(engine: Any, phase: PhaseConfig, global_batch_size: int) -> None:
+    """Train the next step on `phase`'s micro batch and `global_batch_size` sequences (the phase's, or a size of its
+    batch warmup: bertdist.config.batch_warmup); the accumulation follows.
 
     DeepSpeed places the accumulation boundary at every `gradient_accumulation_steps`-th micro step counted since
     the engine was made, and a resumed engine counts from 0 again. Once the accumulation changes, those counts
-    fall out of step (a run resumed in phase 1 would update after 2 of phase 2's 4 micro batches), so a phase
-    starts counting afresh: every step of a phase is then its accumulation's micro batches, resumed or not."""
+    fall out of step (a run resumed in phase 1 would update after 2 of phase 2's 4 micro batches), so each step
+    starts counting afresh: every step is then its accumulation's micro batches, resumed or not."""
     engine.set_train_micro_batch_size(phase.micro_batch_size)
-    engine.set_train_batch_size(cfg.global_batch_size(phase))
+    engine.set_train_batch_size(global_batch_size)
     engine.micro_steps = 0
 
 

@@ -3,10 +3,11 @@
 Without calibration the time per step is an estimate: the training FLOPs of a step on one rank over the peak
 FLOP/s of the device (this machine's GPU if it is in the datasheet table, else an assumed A100) at an assumed
 MFU; the printout says which, and on a machine without a GPU also what this CPU would take (its matmul peak
-measured in a fraction of a second), since a run started here would train on it. With `--calibrate` it is measured: the real trainer runs a few steps of every
-phase on this machine's device, one rank, at the configured micro batch and length and at the gradient
-accumulation of the requested world size, on the configured shards, and saves a checkpoint and runs an
-evaluation, each timed, in a process of its own whose whole wall time also gives the start-up and shutdown.
+measured in a fraction of a second), since a run started here would train on it. With `--calibrate` it is
+measured: the real trainer runs a few steps of every phase on this machine's device, one rank, at the configured
+micro batch and length and at the gradient accumulation of the requested world size, on the configured shards, and
+saves a checkpoint and runs an evaluation, each timed, in a process of its own whose whole wall time also gives
+the start-up and shutdown.
 The projection adds, per phase, steps x seconds per step (which includes the loader's
 data wait, reported too), the checkpoints at `checkpoint.every_steps`, the evaluations at
 `train.eval_every_steps`, and the start-up (imports, process group, engine, loaders, the first steps'
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertdist.config import Config
+from bertdist.config.batch_warmup import phase_sequences
 from bertdist.errors import UserError
 from bertdist.model.flops import (
     GPU_PEAK_FLOPS,
@@ -69,7 +71,7 @@ class Forecast:
         checkpoints = total_steps // cfg.checkpoint.every_steps + (total_steps % cfg.checkpoint.every_steps > 0)
         evals = sum(p.steps // cfg.train.eval_every_steps + 1 for p in cfg.data.phases if p.eval_dir)
         return {
-            **{f"phase {i}": p.steps * s for i, (p, s) in enumerate(zip(cfg.data.phases, self.step_seconds))},
+            **{f"phase {i}": n * s for i, (n, s) in enumerate(zip(full_batch_steps(cfg), self.step_seconds))},
             "checkpoints": checkpoints * self.checkpoint_seconds,
             "evaluations": evals * self.eval_seconds,
             "start-up": self.startup_seconds,
@@ -81,31 +83,56 @@ class Forecast:
     def describe(self, cfg: Config, price_per_node_hour: float | None = None) -> str:
         lc, ck = cfg.launch, cfg.checkpoint
         lines = [f"# forecast ({self.source})"]
-        for i, (p, s, w, n) in enumerate(zip(cfg.data.phases, self.step_seconds, self.data_wait, self.sequences_per_step)):
-            lines.append(f"phase {i}: {p.steps:,} steps x {s:.4g} s ({n:g} sequences a rank, data wait {w:.0%}) = {duration(p.steps * s)}")
+        per_phase = zip(
+            cfg.data.phases, full_batch_steps(cfg), self.step_seconds, self.data_wait, self.sequences_per_step
+        )
+        for i, (p, f, s, w, n) in enumerate(per_phase):
+            ramp = f" (a batch warmup: the sequences of {f:,.0f} steps at the full batch)" if f != p.steps else ""
+            lines.append(
+                f"phase {i}: {p.steps:,} steps{ramp} x {s:.4g} s ({n:g} sequences a rank, data wait "
+                f"{w:.0%}) = {duration(f * s)}"
+            )
         parts = self.parts(cfg)
         if self.startup_seconds:
-            lines += [f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = {duration(parts['checkpoints'])}",
-                      f"evaluations: {self.eval_seconds:.3g} s each = {duration(parts['evaluations'])}",
-                      f"start-up and shutdown: {duration(self.startup_seconds)}"]  # fmt: skip
+            lines += [
+                f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = "
+                f"{duration(parts['checkpoints'])}",
+                f"evaluations: {self.eval_seconds:.3g} s each = {duration(parts['evaluations'])}",
+                f"start-up and shutdown: {duration(self.startup_seconds)}",
+            ]
         else:
             lines.append("checkpoints, evaluations, start-up and shutdown: not estimated (--calibrate times them)")
         hours = self.hours(cfg)
-        lines.append(f"projected wall time: {duration(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
-                     "rank(s); the all-reduce between ranks is not in it")  # fmt: skip
+        lines.append(
+            f"projected wall time: {duration(hours * 3600)} ({hours:.4g} h) on {lc.nodes} node(s) x {lc.gpus_per_node} "
+            "rank(s); the all-reduce between ranks is not in it"
+        )
         if self.note:
             lines.append(self.note)
         if price_per_node_hour is not None:
-            lines.append(f"cost: {hours:.4g} h x {lc.nodes} node(s) x {price_per_node_hour:g} per node-hour = "
-                         f"{hours * lc.nodes * price_per_node_hour:,.2f}")
+            lines.append(
+                f"cost: {hours:.4g} h x {lc.nodes} node(s) x {price_per_node_hour:g} per node-hour = "
+                f"{hours * lc.nodes * price_per_node_hour:,.2f}"
+            )
         redo_s = ck.every_steps * max(self.step_seconds)
         restart_s = 2 * lc.host_probe_interval_s + lc.restart_backoff_s + self.startup_seconds
-        lines.append(f"a failure costs at most {ck.every_steps:,} steps redone ({duration(redo_s)}, checkpoint.every_steps) plus "
-                     f"a restart (detection <= {2 * lc.host_probe_interval_s:g} s, backoff {lc.restart_backoff_s:g} s, start-up "
-                     f"{duration(self.startup_seconds)}) = {duration(redo_s + restart_s)}")  # fmt: skip
-        lines.append(f"forecast_hours: {hours:.6g} (set train.forecast_hours={hours:.6g} to compare it with the run's "
-                     "actual time in MLflow: plan/forecast_hours, plan/actual_hours)")
+        lines.append(
+            f"a failure costs at most {ck.every_steps:,} steps redone ({duration(redo_s)}, checkpoint.every_steps) "
+            "plus "
+            f"a restart (detection <= {2 * lc.host_probe_interval_s:g} s, backoff {lc.restart_backoff_s:g} s, start-up "
+            f"{duration(self.startup_seconds)}) = {duration(redo_s + restart_s)}"
+        )
+        lines.append(
+            f"forecast_hours: {hours:.6g} (set train.forecast_hours={hours:.6g} to compare it with the run's "
+            "actual time in MLflow: plan/forecast_hours, plan/actual_hours)"
+        )
         return "\n".join(lines)
+
+
+def full_batch_steps(cfg: Config) -> list[float]:
+    """Per phase, its sequences in steps of its full global batch: its steps, fewer where a batch warmup trains
+    smaller ones (a step's time is taken at the full batch)."""
+    return [n / cfg.global_batch_size(p) for p, n in zip(cfg.data.phases, phase_sequences(cfg))]
 
 
 def estimate(cfg: Config) -> Forecast:
@@ -122,17 +149,25 @@ def estimate(cfg: Config) -> Forecast:
         peak = single if cfg.train.precision == "fp32" else half
     world = cfg.launch.world_size()
     sequences = [cfg.global_batch_size(p) / world for p in cfg.data.phases]
-    step_flops = [n * train_flops_per_sequence(cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length))
-                  for p, n in zip(cfg.data.phases, sequences)]  # fmt: skip
-    source = (f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, {peak / 1e12:g} TFLOP/s "
-              f"in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; --calibrate measures it")  # fmt: skip
+    step_flops = [
+        n * train_flops_per_sequence(cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length))
+        for p, n in zip(cfg.data.phases, sequences)
+    ]
+    source = (
+        f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, {peak / 1e12:g} TFLOP/s "
+        f"in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; --calibrate measures it"
+    )
     note = ""
     if not _cuda():  # planned here for a GPU cluster, or about to run on this CPU: both are said
         cpu_peak = measure_matmul_flops_per_second()
-        cpu_hours = sum(p.steps * f for p, f in zip(cfg.data.phases, step_flops)) / (cpu_peak * ASSUMED_MFU) / 3600
-        note = (f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s measured "
-                   f"here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at the same MFU")  # fmt: skip
-    return Forecast(source, [f / (peak * ASSUMED_MFU) for f in step_flops], [0.0] * len(step_flops), sequences, note=note)
+        cpu_hours = sum(n * f for n, f in zip(full_batch_steps(cfg), step_flops)) / (cpu_peak * ASSUMED_MFU) / 3600
+        note = (
+            f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s measured "
+            f"here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at the same MFU"
+        )
+    return Forecast(
+        source, [f / (peak * ASSUMED_MFU) for f in step_flops], [0.0] * len(step_flops), sequences, note=note
+    )
 
 
 def calibrate(cfg: Config, steps: int = 20) -> Forecast:
@@ -146,18 +181,33 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
     first: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bertdist-calibrate-") as tmp:
         for index, phase in enumerate(cfg.data.phases):
-            one = _one_rank_config(cfg, index, steps + WARMUP_STEPS, cfg.gradient_accumulation_steps(phase, world), f"{tmp}/phase{index}")
+            one = _one_rank_config(
+                cfg, index, steps + WARMUP_STEPS, cfg.gradient_accumulation_steps(phase, world), f"{tmp}/phase{index}"
+            )
             config_file = Path(tmp) / f"phase{index}.yaml"
             config_file.write_text(dump_yaml(one))
             started = time.monotonic()
-            child = subprocess.run([sys.executable, "-m", __name__, str(config_file), str(steps), "first" if index == 0 else "steps",
-                                    str(cfg.launch.gpus_per_node)],
-                                   capture_output=True, text=True, check=False)  # fmt: skip
+            child = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    __name__,
+                    str(config_file),
+                    str(steps),
+                    "first" if index == 0 else "steps",
+                    str(cfg.launch.gpus_per_node),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             wall_s = time.monotonic() - started
             found = [line for line in child.stdout.splitlines() if line.startswith(_RESULT)]
             if child.returncode or not found:
-                raise UserError(f"--calibrate: the calibration of phase {index} failed (exit {child.returncode}): "
-                                f"{(child.stderr.strip().splitlines() or ['no output'])[-1]}")  # fmt: skip
+                raise UserError(
+                    f"--calibrate: the calibration of phase {index} failed (exit {child.returncode}): "
+                    f"{(child.stderr.strip().splitlines() or ['no output'])[-1]}"
+                )
             result = json.loads(found[-1].removeprefix(_RESULT))
             step_s.append(result["step_s"])
             wait.append(result["data_wait"])
@@ -165,9 +215,16 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
             if index == 0:
                 first = {**result, "overhead_s": wall_s - result["timed_s"]}
     device = "cuda" if _cuda() else "cpu"
-    return Forecast(f"calibrated: {steps} timed steps per phase on this machine's {device}, one rank at each phase's micro "
-                    f"batch and the gradient accumulation of {world} rank(s)", step_s, wait, sequences, first["checkpoint_s"],
-                    first["eval_s"], first["overhead_s"])  # fmt: skip
+    return Forecast(
+        f"calibrated: {steps} timed steps per phase on this machine's {device}, one rank at each phase's micro "
+        f"batch and the gradient accumulation of {world} rank(s)",
+        step_s,
+        wait,
+        sequences,
+        first["checkpoint_s"],
+        first["eval_s"],
+        first["overhead_s"],
+    )
 
 
 _RESULT = "bertdist-calibration: "
@@ -192,7 +249,7 @@ def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int
     phase = one.data.phases[0]
     out = {"checkpoint_s": 0.0, "eval_s": 0.0}
     with Trainer(one, DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none")) as trainer:
-        ds.enter_phase(trainer.engine, one, phase, 1)
+        ds.set_batch(trainer.engine, phase, one.global_batch_size(phase))
         batches = iter(trainer.loaders[0])
         times, sums = [], []
         for step in range(steps + WARMUP_STEPS):
@@ -224,7 +281,7 @@ def _one_rank_config(cfg: Config, index: int, steps: int, accumulation: int, out
     one = copy.deepcopy(cfg)
     phase = one.data.phases[index]
     one.data.phases = [dataclasses.replace(phase, steps=steps, global_batch_size=phase.micro_batch_size * accumulation)]
-    one.train.output_dir = output_dir
+    one.train = dataclasses.replace(one.train, output_dir=output_dir, batch_warmup_tokens=0, batch_warmup_start=0)
     one.train.eval_every_steps = steps + 1
     one.checkpoint = dataclasses.replace(one.checkpoint, uri="", resume="none", every_steps=steps + 1, keep_last=1)
     one.tracking.enabled = False
@@ -239,5 +296,10 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-if __name__ == "__main__":  # one phase's calibration: python -m bertdist.train.forecast CONFIG STEPS first|steps RANKS_PER_NODE
-    print(_RESULT + json.dumps(_measure(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "first", int(sys.argv[4]))), flush=True)
+if (
+    __name__ == "__main__"
+):  # one phase's calibration: python -m bertdist.train.forecast CONFIG STEPS first|steps RANKS_PER_NODE
+    print(
+        _RESULT + json.dumps(_measure(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "first", int(sys.argv[4]))),
+        flush=True,
+    )

@@ -14,8 +14,15 @@ if TYPE_CHECKING:
     from bertdist.data.loader import PretrainingLoader
 
 
-def phase_loader(cfg: Config, phase: PhaseConfig, shard_dir: str, workers: int, rank: int = 0, world_size: int = 1,
-                 pin_memory: bool = False) -> PretrainingLoader:  # fmt: skip
+def phase_loader(
+    cfg: Config,
+    phase: PhaseConfig,
+    shard_dir: str,
+    workers: int,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> PretrainingLoader:
     """A `PretrainingLoader` of `shard_dir` for `phase`, on `rank` of `world_size`."""
     from bertdist.data.loader import PretrainingLoader
     from bertdist.data.streaming import StreamSettings
@@ -23,14 +30,27 @@ def phase_loader(cfg: Config, phase: PhaseConfig, shard_dir: str, workers: int, 
     st = cfg.storage
     streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads)
     loader = PretrainingLoader(
-        shard_dir=shard_dir, vocab_file=cfg.data.vocab_file, max_seq_length=phase.max_seq_length,
-        micro_batch_size=phase.micro_batch_size, rank=rank, world_size=world_size,
-        seed=cfg.train.seed, num_workers=workers, shuffle_buffer_size=cfg.data.shuffle_buffer_size,
-        packing=cfg.data.packing, pin_memory=pin_memory, masking=cfg.data.masking, streaming=streaming,
-    )  # fmt: skip
+        shard_dir=shard_dir,
+        vocab_file=cfg.data.vocab_file,
+        max_seq_length=phase.max_seq_length,
+        micro_batch_size=phase.micro_batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=cfg.train.seed,
+        num_workers=workers,
+        shuffle_buffer_size=cfg.data.shuffle_buffer_size,
+        packing=cfg.data.packing,
+        pin_memory=pin_memory,
+        masking=cfg.data.masking,
+        streaming=streaming,
+    )
     if loader.objective == "mlm" and cfg.model.next_sentence_prediction:
-        raise ConfigError([f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "
-                           "sentence pairs to classify); set it to false for MLM-only pretraining"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "
+                "sentence pairs to classify); set it to false for MLM-only pretraining"
+            ]
+        )
     return loader
 
 
@@ -47,8 +67,10 @@ def check_shards(cfg: Config, world_size: int) -> list[str]:
             if not shard_dir:
                 continue
             if not storage.is_file(storage.join(shard_dir, MANIFEST)):
-                lines.append(f"phase {i} {kind}: {shard_dir}: not prepared yet (no {MANIFEST}); the run refuses until "
-                             "`bertdist prepare` writes it")  # fmt: skip
+                lines.append(
+                    f"phase {i} {kind}: {shard_dir}: not prepared yet (no {MANIFEST}); the run refuses until "
+                    "`bertdist prepare` writes it"
+                )
                 continue
             loader = phase_loader(cfg, phase, shard_dir, workers=0, world_size=world_size)
             made = {"nsp": "sentence pairs (MLM + NSP)", "mlm": "MLM-only text"}.get(loader.objective, loader.objective)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from bertdist.config import Config
-from bertdist.train.optim import decay_steps
+from bertdist.config.batch_warmup import batch_schedule, phase_sequences
 from bertdist.model.flops import (
     masked_positions_for,
     non_embedding_parameters,
     total_parameters,
     train_flops_per_sequence,
 )
+from bertdist.train.optim import decay_steps
 
 
 def describe_plan(cfg: Config, world_size: int) -> str:
@@ -20,14 +21,20 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         f"{total_parameters(m) / 1e6:.1f}M parameters ({non_embedding_parameters(m) / 1e6:.1f}M non-embedding)",
         f"world size: {world_size} ({cfg.launch.nodes} node(s) x {cfg.launch.gpus_per_node} rank(s)), "
         f"precision {cfg.train.precision}, ZeRO stage {cfg.train.zero_stage}",
-        f"global batch: {cfg.train.global_batch_size} sequences unless a phase sets its own (samples, whatever the row layout: "
+        f"global batch: {cfg.train.global_batch_size} sequences unless a phase sets its own "
+        "(samples, whatever the row layout: "
         f"{'packed several per row' if cfg.data.packing else 'one per row'}; "
         f"encoder {'unpadded' if m.unpad else 'padded'})",
     ]
+    if cfg.train.batch_warmup_tokens:
+        lines.append(
+            f"batch warmup: from {cfg.train.batch_warmup_start:,} sequences to each phase's global batch over "
+            f"{cfg.train.batch_warmup_tokens:,} tokens (at full length), in multiples of "
+            f"{cfg.train.batch_warmup_start:,}: " + _ramp(cfg, world_size)
+        )
     total_tokens = total_flops = 0.0
     first = 0
-    for i, ph in enumerate(cfg.data.phases):
-        sequences = ph.steps * cfg.global_batch_size(ph)
+    for i, (ph, sequences) in enumerate(zip(cfg.data.phases, phase_sequences(cfg))):
         tokens = sequences * ph.max_seq_length
         flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, masked_positions_for(ph.max_seq_length))
         total_tokens += tokens
@@ -36,13 +43,20 @@ def describe_plan(cfg: Config, world_size: int) -> str:
             f"phase {i}: steps {first}..{first + ph.steps - 1} ({ph.steps:,}), length {ph.max_seq_length}, "
             f"global batch {cfg.global_batch_size(ph):,}, micro batch {ph.micro_batch_size}, "
             f"gradient accumulation {cfg.gradient_accumulation_steps(ph, world_size)}, "
-            + (f"lr {ph.lr:g} with {_after_warmup(cfg, ph.warmup_steps, ph.steps, ph.decay_fraction)}, " if ph.lr else "")
+            + (
+                f"lr {ph.lr:g} with {_after_warmup(cfg, ph.warmup_steps, ph.steps, ph.decay_fraction)}, "
+                if ph.lr
+                else ""
+            )
             + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"
         )
         first += ph.steps
     o = cfg.optim
-    schedule = (f"each phase its own (above), {o.name}" if cfg.data.phases[0].lr else
-                f"{o.name}, lr {o.lr:g}, {_after_warmup(cfg, o.warmup_steps, cfg.total_steps(), o.decay_fraction)}")  # fmt: skip
+    schedule = (
+        f"each phase its own (above), {o.name}"
+        if cfg.data.phases[0].lr
+        else f"{o.name}, lr {o.lr:g}, {_after_warmup(cfg, o.warmup_steps, cfg.total_steps(), o.decay_fraction)}"
+    )
     lines += [
         f"schedule: {schedule}",
         f"total: {cfg.total_steps():,} steps, {total_tokens:,.0f} tokens, {total_flops:.3e} training FLOPs "
@@ -51,11 +65,24 @@ def describe_plan(cfg: Config, world_size: int) -> str:
     return "\n".join(lines)
 
 
+def _ramp(cfg: Config, world_size: int) -> str:
+    """`steps 0..12,715 at 768 (accumulation 6), ...`: the batch sizes of the ramp, each with its steps."""
+    ramp = [s for s in batch_schedule(cfg) if s.tokens_before < cfg.train.batch_warmup_tokens]
+    micro = [ph.micro_batch_size * world_size for ph in cfg.data.phases]
+    return ", ".join(
+        f"steps {s.first_step:,}..{s.first_step + s.steps - 1:,} at {s.global_batch_size:,} (accumulation "
+        f"{s.global_batch_size // micro[s.phase]})"
+        for s in ramp
+    )
+
+
 def _after_warmup(cfg: Config, warmup_steps: int, steps: int, phase_fraction: float) -> str:
     """`2,000 warmup steps then linear decay to 0 at step 100,000`, or the stable and decay steps of `wsd`."""
     o = cfg.optim
     if o.schedule == "linear":
         return f"{warmup_steps:,} warmup steps then linear decay to 0 at step {steps:,}"
     decay = decay_steps(steps, o.decay_fraction if phase_fraction < 0 else phase_fraction)
-    return (f"{warmup_steps:,} warmup steps, stable to step {steps - decay:,}, then {o.decay_shape} decay to 0 over "
-            f"{decay:,} steps (wsd)")
+    return (
+        f"{warmup_steps:,} warmup steps, stable to step {steps - decay:,}, then {o.decay_shape} decay to 0 over "
+        f"{decay:,} steps (wsd)"
+    )

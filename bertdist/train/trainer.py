@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
+from bertdist.config.batch_warmup import global_batch_at
 from bertdist.errors import (
     FAILED_EXIT_CODE,
     OK_EXIT_CODE,
@@ -45,8 +46,6 @@ from bertdist.model import registry
 from bertdist.model.flops import PeakFlops
 from bertdist.model.registry import build_model, load_pretrained
 from bertdist.tracking.base import Tracker
-from bertdist.tracking.mlflow_tracker import build_node_monitor, build_tracker
-from bertdist.tracking.params import default_run_name
 from bertdist.train import (
     checkpoint,
     distributed,
@@ -54,6 +53,7 @@ from bertdist.train import (
     remote,
     reshard,
     rng,
+    run_tracking,
     stopping,
     timeline,
 )
@@ -110,12 +110,15 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
                 raise
             return trainer.stop_with(
                 f"lost contact with the other ranks during step {trainer.step + 1}: another rank stopped first "
-                f"(the one whose log ends without this line) ({one_line(e)[:200]})", FAILED_EXIT_CODE
-            )  # fmt: skip
+                f"(the one whose log ends without this line) ({one_line(e)[:200]})",
+                FAILED_EXIT_CODE,
+            )
 
 
-_REQUEUED = (f"; the object store is unavailable, which is not a problem with the input: exiting {REQUEUE_EXIT_CODE} to be "
-             "requeued, and the job continues from the newest checkpoint `latest` names in the store (--resume auto)")
+_REQUEUED = (
+    f"; the object store is unavailable, which is not a problem with the input: exiting {REQUEUE_EXIT_CODE} to be "
+    "requeued, and the job continues from the newest checkpoint `latest` names in the store (--resume auto)"
+)
 
 
 def due(step: int, every_steps: int, total_steps: int) -> bool:
@@ -129,7 +132,6 @@ class Trainer(contextlib.ExitStack):
 
     def __init__(self, cfg: Config, env: DistributedEnv, restart: RestartEvent | None = None):
         super().__init__()
-
 
         # --- checks: everything that can fail on bad input, before any process group or model exists
         validate(cfg, world_size=env.world_size)
@@ -145,15 +147,20 @@ class Trainer(contextlib.ExitStack):
             built.push(self)
             # Before reading checkpoints that another run on this directory or URI could be writing.
             held = distributed.own_output(self, self.output_dir, env, ck.uri, ck.lease_timeout_s)
-            self.uploader = remote.Uploader(ck.uri, env.rank, env.world_size, ck.keep_last, ck.upload_timeout_s,
-                                            held) if ck.uri else None  # fmt: skip
+            self.uploader = (
+                remote.Uploader(ck.uri, env.rank, env.world_size, ck.keep_last, ck.upload_timeout_s, held)
+                if ck.uri
+                else None
+            )
             self._check_resume_and_data()
             self._build_components()
             built.pop_all()
 
     def _check_resume_and_data(self) -> None:
         cfg, env = self.cfg, self.env
-        self.resume_from = remote.resume_point(cfg.checkpoint, cfg.train.output_dir, cfg.to_dict(), mark_damaged=env.is_main)
+        self.resume_from = remote.resume_point(
+            cfg.checkpoint, cfg.train.output_dir, cfg.to_dict(), mark_damaged=env.is_main
+        )
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
         self.resharding = self.resumed is not None and self.resumed.world_size != env.world_size
         self.loaders = [self._loader(phase, phase.train_dir, cfg.data.loader_workers) for phase in cfg.data.phases]
@@ -180,7 +187,9 @@ class Trainer(contextlib.ExitStack):
         self.console = Console(self.output_dir, env.is_main)
         self.downstream = DownstreamEvaluator(cfg.eval.downstream, self.output_dir, env.is_main, self.console.line)
         self.callback(self.downstream.stop)
-        self.watchdog = StallWatchdog(env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s)
+        self.watchdog = StallWatchdog(
+            env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s
+        )
         self.callback(self.watchdog.close)
         # Last, so that nothing done at start-up draws from the generators.
         if self.resumed is not None and not self.resharding:
@@ -191,14 +200,20 @@ class Trainer(contextlib.ExitStack):
             rng.seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
 
     def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> PretrainingLoader:
-        return phase_loader(self.cfg, phase, shard_dir, workers, self.env.rank, self.env.world_size, self.device_type == "cuda")
+        return phase_loader(
+            self.cfg, phase, shard_dir, workers, self.env.rank, self.env.world_size, self.device_type == "cuda"
+        )
 
     def _start_process_group(self) -> None:
         if self.device_type == "cuda":
             torch.cuda.set_device(self.env.local_rank)
         t = self.cfg.train
-        distributed.init_process_group(self.env, backend="nccl" if self.device_type == "cuda" else "gloo",
-                                       rendezvous_timeout_s=t.rendezvous_timeout_s, collective_timeout_s=t.collective_timeout_s)
+        distributed.init_process_group(
+            self.env,
+            backend="nccl" if self.device_type == "cuda" else "gloo",
+            rendezvous_timeout_s=t.rendezvous_timeout_s,
+            collective_timeout_s=t.collective_timeout_s,
+        )
         self.callback(distributed.destroy_process_group)
 
     def _build_engine(self) -> DeepSpeedEngine:
@@ -211,7 +226,9 @@ class Trainer(contextlib.ExitStack):
         _, phase = cfg.phase_at(self.start_step)
         optimizer = build_optimizer(model, cfg.optim, self.device_type)
         universal = self.resharding and reshard.has_partitions(self.resume_from)
-        return ds.initialize(model, optimizer, ds.deepspeed_config(cfg, phase, self.env.world_size, load_universal=universal))
+        return ds.initialize(
+            model, optimizer, ds.deepspeed_config(cfg, phase, self.env.world_size, load_universal=universal)
+        )
 
     def _restore(self) -> None:
         state = checkpoint.load(self.engine, self.resume_from, self.env.world_size)
@@ -223,42 +240,21 @@ class Trainer(contextlib.ExitStack):
             self.loaders[phase_index].load_state_dict(mine["loader"])
         print(f"[rank {self.env.rank}] resumed from {self.resume_from} at step {state.step}", flush=True)
         if self.resharding and self.env.is_main:
-            print(f"the checkpoint was written by {state.world_size} rank(s) and this run has {self.env.world_size}: the "
-                  "weights and optimizer state continue exactly and the epoch continues without repeating or skipping a "
-                  "sample; which rank reads which sample, and the dropout streams, differ from a run that kept "
-                  f"{state.world_size} rank(s)", flush=True)  # fmt: skip
+            print(
+                f"the checkpoint was written by {state.world_size} rank(s) and this run has {self.env.world_size}: the "
+                "weights and optimizer state continue exactly and the epoch continues without repeating or skipping a "
+                "sample; which rank reads which sample, and the dropout streams, differ from a run that kept "
+                f"{state.world_size} rank(s)",
+                flush=True,
+            )
 
     def _build_tracker(self) -> Tracker:
-        cfg, env = self.cfg, self.env
-        tracker = build_tracker(
-            cfg.tracking, str(self.output_dir), env.rank, run_id=self.resumed.tracking_run_id if self.resumed else None,
-            run_name=cfg.tracking.run_name or default_run_name(cfg),
-        )  # fmt: skip
-        tracker.log_run_start(cfg, env.world_size, env.nodes)
-        marked = checkpoint.latest(checkpoint.checkpoints_dir(self.output_dir)) if cfg.checkpoint.resume == "auto" else None
-        if marked is not None and self.resume_from is not None and marked != self.resume_from:
-            tracker.set_tags({"bertdist.resume_fallback": f"{marked.name} failed verification; resumed from the older "
-                                                          f"{self.resume_from.name}"})  # fmt: skip
-        if self.resume_from is not None:  # a kill can land between a checkpoint's completion and its record
-            tracker.log_checkpoint(self.resume_from, self.start_step)
-        timeline.log_start(tracker, self.restart, self.start_step, env.world_size, cfg.train.forecast_hours)
-        return tracker
+        return run_tracking.open_tracker(
+            self.cfg, self.env, self.output_dir, self.resumed, self.resume_from, self.restart, self.start_step
+        )
 
     def _build_node_monitor(self) -> contextlib.closing[Tracker]:
-        """System metrics of this node, for the first rank of every node but node 0 (whose rank 0 tracks them).
-
-        They go into rank 0's run, whose id only rank 0 knows until it is broadcast here.
-        """
-
-
-        run_id = [self.tracker.run_id]
-        dist.broadcast_object_list(run_id, src=0)
-        if self.env.local_rank != 0:
-            monitor = Tracker(run_id[0])
-        else:
-            node_rank = self.env.rank // self.env.local_world_size
-            monitor = build_node_monitor(self.cfg.tracking, str(self.output_dir), run_id[0], node_rank)
-        return contextlib.closing(monitor)
+        return run_tracking.node_monitor(self.cfg, self.env, self.output_dir, self.tracker)
 
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> int:
@@ -269,7 +265,9 @@ class Trainer(contextlib.ExitStack):
         nonfinite_streak = 0
         interval = metrics.Interval()
         step = self.step = self.start_step
-        self.console.line(f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}")
+        self.console.line(
+            f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}"
+        )
         first_phase = cfg.data.phases[0]
         if step == 0 and first_phase.eval_dir:
             self._evaluate(0, first_phase)  # the untrained baseline that later evaluations are read against
@@ -277,9 +275,9 @@ class Trainer(contextlib.ExitStack):
             index, phase = cfg.phase_at(step)
             if index != phase_index:
                 phase_index = index
-                ds.enter_phase(engine, cfg, phase, self.env.world_size)
                 registry.enter_phase(engine.module, registry.phase_model_config(cfg.model, phase))
                 batches = iter(self.loaders[index])
+            ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
             lr = scheduled_learning_rate(cfg, step)
             set_learning_rate(engine.optimizer.param_groups, lr)
             sums = self._train_step(batches)
@@ -304,8 +302,13 @@ class Trainer(contextlib.ExitStack):
         if self.uploader:
             self.uploader.wait()
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
-        timeline.log_end(self.tracker, self.console.line, step, self.elapsed_before + time.monotonic() - self.started,
-                         cfg.train.forecast_hours)  # fmt: skip
+        timeline.log_end(
+            self.tracker,
+            self.console.line,
+            step,
+            self.elapsed_before + time.monotonic() - self.started,
+            cfg.train.forecast_hours,
+        )
         self._log_downstream(self.downstream.close())
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
@@ -340,7 +343,9 @@ class Trainer(contextlib.ExitStack):
         if self.cfg.train.zero_stage != 0 or self.cfg.train.precision != "fp32":
             return float("nan")  # DeepSpeed's own value is read after the step
 
-        return float(torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None]))
+        return float(
+            torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None])
+        )
 
     def _log_interval(self, step: int, total_steps: int, lr: float, interval: metrics.Interval) -> None:
         grad_norm = self.engine.get_global_grad_norm()
@@ -351,6 +356,7 @@ class Trainer(contextlib.ExitStack):
             "optimizer/loss_scale": ds.loss_scale(self.engine),
             "optimizer/skipped_steps": float(self.engine.skipped_steps),
             "progress/tokens_seen": float(self.tokens_seen),
+            "progress/sequences_seen": float(self.sequences_seen),
             **interval.throughput(self.env.world_size, self.peak_flops),
             metrics.PEAK_MEMORY: self._peak_memory_gb(),
         }
@@ -399,13 +405,21 @@ class Trainer(contextlib.ExitStack):
 
     def _save(self, step: int, phase_index: int, nonfinite_streak: int) -> None:
         if nonfinite_streak:
-            self.console.line(f"step {step}: not checkpointing while the loss is non-finite ({nonfinite_streak} step(s))")
+            self.console.line(
+                f"step {step}: not checkpointing while the loss is non-finite ({nonfinite_streak} step(s))"
+            )
             return
         state = checkpoint.TrainState(
-            step=step, tokens_seen=self.tokens_seen, sequences_seen=self.sequences_seen,
-            world_size=self.env.world_size, loader_states=[], rng_states=[], config=self.cfg.to_dict(),
-            tracking_run_id=self.tracker.run_id, elapsed_seconds=self.elapsed_before + time.monotonic() - self.started,
-        )  # fmt: skip
+            step=step,
+            tokens_seen=self.tokens_seen,
+            sequences_seen=self.sequences_seen,
+            world_size=self.env.world_size,
+            loader_states=[],
+            rng_states=[],
+            config=self.cfg.to_dict(),
+            tracking_run_id=self.tracker.run_id,
+            elapsed_seconds=self.elapsed_before + time.monotonic() - self.started,
+        )
         local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
         self.watchdog.progress(step)
         waited = self.uploader.wait() if self.uploader else 0.0
@@ -415,7 +429,9 @@ class Trainer(contextlib.ExitStack):
         self.watchdog.progress(step)
         if self.uploader:
             self.uploader.start(path)
-        self.console.line(f"step {step}: checkpoint {path}" + (f", uploading to {self.cfg.checkpoint.uri}" if self.uploader else ""))
+        self.console.line(
+            f"step {step}: checkpoint {path}" + (f", uploading to {self.cfg.checkpoint.uri}" if self.uploader else "")
+        )
         self.tracker.log_checkpoint(path, step)
         self.downstream.after_checkpoint(path, step)
 
@@ -428,8 +444,10 @@ class Trainer(contextlib.ExitStack):
         if self.uploader:  # the job may end now
             self.uploader.wait()
         why = self.stop.reason or "another rank was signalled"
-        self.console.line(f"stopped ({why}): checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued "
-                          "(continue with --resume auto)")
+        self.console.line(
+            f"stopped ({why}): checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued "
+            "(continue with --resume auto)"
+        )
         self.tracker.close("KILLED")
         return REQUEUE_EXIT_CODE
 

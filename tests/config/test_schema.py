@@ -49,18 +49,40 @@ def test_model_size_preset_then_explicit_keys(tmp_path):
 
 @pytest.mark.parametrize(
     "size,lha",
-    [("tiny", (2, 128, 2)), ("mini", (4, 256, 4)), ("small", (4, 512, 8)),
-     ("medium", (8, 512, 8)), ("base", (12, 768, 12)), ("large", (24, 1024, 16)),
-     ("modernbert-base", (22, 768, 12)), ("modernbert-large", (28, 1024, 16))],
+    [
+        ("tiny", (2, 128, 2)),
+        ("mini", (4, 256, 4)),
+        ("small", (4, 512, 8)),
+        ("medium", (8, 512, 8)),
+        ("base", (12, 768, 12)),
+        ("large", (24, 1024, 16)),
+        ("modernbert-base", (22, 768, 12)),
+        ("modernbert-large", (28, 1024, 16)),
+    ],
 )
 def test_named_sizes(size, lha):
     m = ModelConfig.from_size(size)
     assert (m.num_layers, m.hidden_size, m.num_attention_heads) == lha
-    assert set(MODEL_SIZES) == {"tiny", "mini", "small", "medium", "base", "large", "modernbert-tiny", "modernbert-mini",
-                                "modernbert-base", "modernbert-large"}  # fmt: skip
+    assert set(MODEL_SIZES) == {
+        "tiny",
+        "mini",
+        "small",
+        "medium",
+        "base",
+        "large",
+        "modernbert-tiny",
+        "modernbert-mini",
+        "modernbert-base",
+        "modernbert-large",
+    }
     if size.startswith("modernbert"):  # the published shapes (transformers' ModernBertConfig)
         assert (m.arch, m.ffn_size(), m.vocab_size, m.local_attention, m.global_attn_every_n_layers) == (
-            "modernbert", 1152 if size.endswith("base") else 2624, 50368, 128, 3)
+            "modernbert",
+            1152 if size.endswith("base") else 2624,
+            50368,
+            128,
+            3,
+        )
         assert (m.global_rope_theta, m.local_rope_theta, m.layer_norm_eps, m.bias) == (160000.0, 10000.0, 1e-5, False)
 
 
@@ -109,7 +131,9 @@ def test_impossible_combinations_name_their_fields(tmp_path, vocab):
     problems = "\n".join(err.value.problems)
     assert "train.forecast_hours: must be >= 0" in problems
     assert "launch.min_nodes: must be between 1 and launch.nodes=2 (0: launch.nodes), got 3" in problems
-    assert "launch.host_probe_interval_s: must be positive" in problems and "launch.max_restarts: must be >= 0" in problems
+    assert (
+        "launch.host_probe_interval_s: must be positive" in problems and "launch.max_restarts: must be >= 0" in problems
+    )
     assert "model.hidden_size: 128 is not divisible by model.num_attention_heads=3" in problems
     assert "model.vocab_size: 4 is smaller than the 7 tokens" in problems
     assert "optim.warmup_steps: 5000 is longer than the run" in problems
@@ -121,12 +145,23 @@ def test_a_url_where_only_a_local_path_works_is_refused_by_name(vocab):
     """Where a URL is not supported yet it is an error naming the field, never a local directory called `s3:`."""
     from bertdist.config.validation import validate_finetune
 
-    cfg = load_config(None, [f"data.vocab_file={vocab}", "train.output_dir=s3://bucket/run", "storage.cache_mb=0",
-                             "finetune.output_dir=s3://bucket/ft", "finetune.train_file=t.tsv", "finetune.dev_file=d.tsv"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"data.vocab_file={vocab}",
+            "train.output_dir=s3://bucket/run",
+            "storage.cache_mb=0",
+            "finetune.output_dir=s3://bucket/ft",
+            "finetune.train_file=t.tsv",
+            "finetune.dev_file=d.tsv",
+        ],
+    )
     with pytest.raises(ConfigError) as err:
         validate(cfg, world_size=1)
     problems = "\n".join(err.value.problems)
-    assert "train.output_dir: s3://bucket/run is a URL; the run directory" in problems and "set checkpoint.uri" in problems
+    assert (
+        "train.output_dir: s3://bucket/run is a URL; the run directory" in problems and "set checkpoint.uri" in problems
+    )
     assert "finetune.output_dir: s3://bucket/ft is a URL; this field takes a local path" in problems
     assert "storage.cache_mb: must be at least 1" in problems
     with pytest.raises(ConfigError, match="finetune.output_dir: s3://bucket/ft is a URL"):

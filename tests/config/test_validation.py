@@ -19,30 +19,72 @@ from tests.conftest import REPO
 
 CASES = [
     ("unknown-arch", "modernbert-tiny", ["model.arch=gpt"], "model.arch: 'gpt' is not one of bert, modernbert"),
-    ("window-on-bert", "bert-tiny", ["model.local_attention=64"],
-     "model.local_attention: 64 applies only to model.arch modernbert, and model.arch: bert ignores it"),
+    (
+        "window-on-bert",
+        "bert-tiny",
+        ["model.local_attention=64"],
+        "model.local_attention: 64 applies only to model.arch modernbert, and model.arch: bert ignores it",
+    ),
     ("bias-on-bert", "bert-tiny", ["model.bias=true"], "model.bias: True applies only to model.arch modernbert"),
     ("rope-on-bert", "bert-tiny", ["model.local_rope_theta=5000"], "model.local_rope_theta: 5000.0 applies only to"),
-    ("token-types-on-modernbert", "modernbert-tiny", ["model.type_vocab_size=4"],
-     "model.type_vocab_size: 4 applies only to model.arch bert, and model.arch: modernbert ignores it"),
-    ("nsp-on-modernbert", "modernbert-tiny", ["model.next_sentence_prediction=true"],
-     "model.next_sentence_prediction: ModernBERT has no next-sentence head"),
-    ("modernbert-weights-for-bert", "bert-tiny", ["checkpoint.init_from_pretrained={modernbert}"],
-     ("checkpoint.init_from_pretrained: {modernbert} holds a modernbert model (config.json model_type), and "
-      "model.arch is 'bert'; set model.arch: modernbert")),
-    ("bert-weights-for-modernbert", "modernbert-tiny", ["checkpoint.init_from_pretrained={bert}"],
-     ("checkpoint.init_from_pretrained: {bert} holds a bert model (config.json model_type), and model.arch is "
-      "'modernbert'; set model.arch: bert")),
-    ("window-longer-than-the-run", "modernbert-tiny", ["model.local_attention=1024"],
-     ("model.local_attention: 1024 covers every sequence of this run (a token sees keys up to 512 positions away; "
-      "the longest is data.phases.0.max_seq_length=64)")),
-    ("heads-on-bert", "bert-tiny", ["model.num_attention_heads=3"],
-     "model.hidden_size: 128 is not divisible by model.num_attention_heads=3"),
-    ("heads-on-modernbert", "modernbert-tiny", ["model.num_attention_heads=3"],
-     "model.hidden_size: 128 is not divisible by model.num_attention_heads=3"),
-    ("odd-rotary-head", "modernbert-tiny", ["model.hidden_size=66", "model.intermediate_size=96"],
-     "model.num_attention_heads: a head size of 33 (model.hidden_size / heads) is odd"),
-]  # fmt: skip
+    (
+        "token-types-on-modernbert",
+        "modernbert-tiny",
+        ["model.type_vocab_size=4"],
+        "model.type_vocab_size: 4 applies only to model.arch bert, and model.arch: modernbert ignores it",
+    ),
+    (
+        "nsp-on-modernbert",
+        "modernbert-tiny",
+        ["model.next_sentence_prediction=true"],
+        "model.next_sentence_prediction: ModernBERT has no next-sentence head",
+    ),
+    (
+        "modernbert-weights-for-bert",
+        "bert-tiny",
+        ["checkpoint.init_from_pretrained={modernbert}"],
+        (
+            "checkpoint.init_from_pretrained: {modernbert} holds a modernbert model (config.json model_type), and "
+            "model.arch is 'bert'; set model.arch: modernbert"
+        ),
+    ),
+    (
+        "bert-weights-for-modernbert",
+        "modernbert-tiny",
+        ["checkpoint.init_from_pretrained={bert}"],
+        (
+            "checkpoint.init_from_pretrained: {bert} holds a bert model (config.json model_type), and model.arch is "
+            "'modernbert'; set model.arch: bert"
+        ),
+    ),
+    (
+        "window-longer-than-the-run",
+        "modernbert-tiny",
+        ["model.local_attention=1024"],
+        (
+            "model.local_attention: 1024 covers every sequence of this run (a token sees keys up to 512 positions "
+            "away; the longest is data.phases.0.max_seq_length=64)"
+        ),
+    ),
+    (
+        "heads-on-bert",
+        "bert-tiny",
+        ["model.num_attention_heads=3"],
+        "model.hidden_size: 128 is not divisible by model.num_attention_heads=3",
+    ),
+    (
+        "heads-on-modernbert",
+        "modernbert-tiny",
+        ["model.num_attention_heads=3"],
+        "model.hidden_size: 128 is not divisible by model.num_attention_heads=3",
+    ),
+    (
+        "odd-rotary-head",
+        "modernbert-tiny",
+        ["model.hidden_size=66", "model.intermediate_size=96"],
+        "model.num_attention_heads: a head size of 33 (model.hidden_size / heads) is odd",
+    ),
+]
 
 
 @pytest.fixture
@@ -61,14 +103,20 @@ def run(tmp_path: Path) -> dict[str, str]:
 
 
 def arguments(config: str, overrides: list[str], run: dict[str, str]) -> list[str]:
-    return ["--config", str(REPO / "configs" / f"{config}.yaml"), f"data.vocab_file={run['vocab']}",
-            f"train.output_dir={run['output']}", *(o.format(**run) for o in overrides)]  # fmt: skip
+    return [
+        "--config",
+        str(REPO / "configs" / f"{config}.yaml"),
+        f"data.vocab_file={run['vocab']}",
+        f"train.output_dir={run['output']}",
+        *(o.format(**run) for o in overrides),
+    ]
 
 
 @pytest.mark.parametrize("reader", ["validate", "train --dry-run", "train"])
 @pytest.mark.parametrize("config, overrides, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_what_the_architecture_cannot_build_is_one_problem_before_anything_starts(reader, config, overrides, expected,
-                                                                                  run, capsys):  # fmt: skip
+def test_what_the_architecture_cannot_build_is_one_problem_before_anything_starts(
+    reader, config, overrides, expected, run, capsys
+):
     args, expected = arguments(config, overrides, run), expected.format(**run)
     if reader == "validate":
         with pytest.raises(ConfigError) as e:
@@ -83,13 +131,16 @@ def test_what_the_architecture_cannot_build_is_one_problem_before_anything_start
     assert not Path(run["output"]).exists()
 
 
-@pytest.mark.parametrize("config, overrides", [
-    ("modernbert-tiny", ["model.local_attention=125"]),  # a token at either end of 64 still sees only 62 keys away
-    ("modernbert-tiny", ["model.local_attention=1024", "model.global_attn_every_n_layers=1"]),  # no local layer
-    ("modernbert-tiny", ["checkpoint.init_from_pretrained={modernbert}"]),
-    ("bert-tiny", ["checkpoint.init_from_pretrained={bert}"]),
-    ("bert-tiny", ["model.local_attention=128", "model.bias=false"]),  # the defaults: nothing set
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, overrides",
+    [
+        ("modernbert-tiny", ["model.local_attention=125"]),  # a token at either end of 64 still sees only 62 keys away
+        ("modernbert-tiny", ["model.local_attention=1024", "model.global_attn_every_n_layers=1"]),  # no local layer
+        ("modernbert-tiny", ["checkpoint.init_from_pretrained={modernbert}"]),
+        ("bert-tiny", ["checkpoint.init_from_pretrained={bert}"]),
+        ("bert-tiny", ["model.local_attention=128", "model.bias=false"]),  # the defaults: nothing set
+    ],
+)
 def test_what_the_architecture_uses_is_accepted(config, overrides, run):
     args = arguments(config, overrides, run)
     validate(load_config(args[1], args[2:]))
@@ -106,8 +157,14 @@ def test_an_export_names_its_architecture_by_model_type_as_validation_reads_it()
 def test_the_modernbert_only_fields_are_the_schemas():
     """The schema marks ModernBERT's own fields with a comment; validation's table names the same fields."""
     source = (REPO / "bertdist" / "config" / "schema.py").read_text()
-    block = source[source.index("# ModernBERT only (arch: modernbert)"):source.index("@classmethod", source.index("# ModernBERT only"))]
-    declared = {node.target.id for node in ast.parse(block.replace("\n    ", "\n")).body if isinstance(node, ast.AnnAssign)}
+    block = source[
+        source.index("# ModernBERT only (arch: modernbert)") : source.index(
+            "@classmethod", source.index("# ModernBERT only")
+        )
+    ]
+    declared = {
+        node.target.id for node in ast.parse(block.replace("\n    ", "\n")).body if isinstance(node, ast.AnnAssign)
+    }
     assert declared == {name for name, archs in ARCH_ONLY_FIELDS.items() if archs == ("modernbert",)}
     assert set(ARCH_ONLY_FIELDS) <= {f.name for f in dataclasses.fields(ModelConfig)}
 
@@ -118,12 +175,24 @@ def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_r
     from bertdist.config.validation import data_problems, source_problems, validate_finetune
     from bertdist.model.bert import check_heads_divide
 
-    cfg = load_config(None, ["finetune.max_seq_length=600", "finetune.batch_size=32", "finetune.micro_batch_size=16",
-                             "finetune.train_file=t.tsv", "finetune.dev_file=d.tsv"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "finetune.max_seq_length=600",
+            "finetune.batch_size=32",
+            "finetune.micro_batch_size=16",
+            "finetune.train_file=t.tsv",
+            "finetune.dev_file=d.tsv",
+        ],
+    )
     validate_finetune(cfg, world_size=2)
-    with pytest.raises(ConfigError, match=r"finetune.batch_size: 32 is not divisible by finetune.micro_batch_size \(16\) x 3"):
+    with pytest.raises(
+        ConfigError, match=r"finetune.batch_size: 32 is not divisible by finetune.micro_batch_size \(16\) x 3"
+    ):
         validate_finetune(cfg, world_size=3)
-    assert source_problems(cfg.finetune, 512) == ["finetune.max_seq_length: 600 is longer than the model's 512 positions"]
+    assert source_problems(cfg.finetune, 512) == [
+        "finetune.max_seq_length: 600 is longer than the model's 512 positions"
+    ]
     assert source_problems(cfg.finetune, 1024) == []
     assert data_problems(cfg.finetune, 31) == ["finetune.batch_size: 32 is more than the 31 training rows"]
     assert data_problems(cfg.finetune, 32) == []

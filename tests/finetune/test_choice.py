@@ -9,7 +9,10 @@ import pytest
 from bertdist.data import DataError
 from bertdist.finetune import choice, data
 
-ROWS = "context,start,e0,e1,label\nthe cat sat,on the,mat,moon,0\na dog ran,far,away from home,off,1\nbirds sing,at,dawn,noon,2\n"
+ROWS = (
+    "context,start,e0,e1,label\nthe cat sat,on the,mat,moon,0\na dog ran,far,away from home,off,1\n"
+    "birds sing,at,dawn,noon,2\n"
+)
 
 
 def test_labels_are_choice_indices_named_by_line(tmp_path):
@@ -37,4 +40,6 @@ def test_each_choice_is_a_pair_and_a_batch_groups_them(tmp_path, tiny_vocab):
     longest = max(len(encoded.ids[s]) for s in range(4))
     assert batch["input_ids"].shape == (2, 2, longest) and batch["labels"].tolist() == [1, 0]
     assert batch["input_ids"][0, 1, : len(encoded.ids[3])].tolist() == encoded.ids[3].tolist()
-    assert batch["token_type_ids"][0, 1].tolist() == [0] * (len(ids("a dog ran")) + 2) + [1] * (len(ids("far off")) + 1) + [0] * (longest - len(encoded.ids[3]))
+    assert batch["token_type_ids"][0, 1].tolist() == [0] * (len(ids("a dog ran")) + 2) + [1] * (
+        len(ids("far off")) + 1
+    ) + [0] * (longest - len(encoded.ids[3]))

@@ -22,9 +22,11 @@ def _write(path, rows: list[dict], fmt: str) -> str:
     return str(path)
 
 
-ROWS = [{"sentence": "the cat sat", "other": "on the mat", "label": "pos"},
-        {"sentence": "a dog ran", "other": "far away", "label": "neg"},
-        {"sentence": "birds sing", "other": "at dawn", "label": "pos"}]  # fmt: skip
+ROWS = [
+    {"sentence": "the cat sat", "other": "on the mat", "label": "pos"},
+    {"sentence": "a dog ran", "other": "far away", "label": "neg"},
+    {"sentence": "birds sing", "other": "at dawn", "label": "pos"},
+]
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
@@ -56,7 +58,14 @@ def test_whole_file_problems_name_the_file(tmp_path):
 
 def test_bad_rows_stop_naming_the_line_or_are_skipped_and_counted(tmp_path):
     path = tmp_path / "train.jsonl"
-    path.write_text(json.dumps(ROWS[0]) + "\n{broken\n" + json.dumps({**ROWS[1], "sentence": " "}) + "\n" + json.dumps(ROWS[2]) + "\n")
+    path.write_text(
+        json.dumps(ROWS[0])
+        + "\n{broken\n"
+        + json.dumps({**ROWS[1], "sentence": " "})
+        + "\n"
+        + json.dumps(ROWS[2])
+        + "\n"
+    )
     with pytest.raises(DataError, match=r"train.jsonl:2: not valid JSON .*on_bad_input=skip"):
         data.read_examples(str(path), "sentence", "", "label", skip_bad=False)
     read = data.read_examples(str(path), "sentence", "", "label", skip_bad=True)
@@ -66,8 +75,13 @@ def test_bad_rows_stop_naming_the_line_or_are_skipped_and_counted(tmp_path):
 
 def test_a_dev_label_the_training_file_never_had_is_named(tmp_path):
     train = data.read_examples(_write(tmp_path / "train.csv", ROWS, "csv"), "sentence", "", "label", skip_bad=False)
-    dev = data.read_examples(_write(tmp_path / "dev.csv", [{**ROWS[0], "label": "neutral"}, ROWS[1]], "csv"),
-                             "sentence", "", "label", skip_bad=False)  # fmt: skip
+    dev = data.read_examples(
+        _write(tmp_path / "dev.csv", [{**ROWS[0], "label": "neutral"}, ROWS[1]], "csv"),
+        "sentence",
+        "",
+        "label",
+        skip_bad=False,
+    )
     labels = data.label_names("classification", train)
     with pytest.raises(DataError, match=r"dev.csv:2: label 'neutral' is not one of the training file's \(neg, pos\)"):
         data.targets("classification", dev, labels, skip_bad=False)
@@ -83,8 +97,10 @@ def test_regression_scores_must_be_numbers(tmp_path):
 
 
 def test_pairs_are_encoded_as_bert_does_and_truncated_from_the_longer_text(tmp_path, tiny_vocab):
-    rows = [data.Example("the cat sat on the mat", "a dog", "pos", "x:2"),
-            data.Example("short", "the cat sat on the mat and then the dog sat", "neg", "x:3")]  # fmt: skip
+    rows = [
+        data.Example("the cat sat on the mat", "a dog", "pos", "x:2"),
+        data.Example("short", "the cat sat on the mat and then the dog sat", "neg", "x:3"),
+    ]
     from bertdist.data.vocab import load_tokenizer, read_vocab
 
     vocab = read_vocab(tiny_vocab)
@@ -123,10 +139,15 @@ def test_non_utf8_bytes_and_non_text_fields_name_their_line_and_field_and_can_be
     read = data.read_examples(str(csv_file), "sentence", "", "label", skip_bad=True)
     assert [e.text for e in read.rows] == ["good one", "another"] and read.skipped[0].startswith(f"{csv_file}:3:")
     jsonl = tmp_path / "t.jsonl"
-    jsonl.write_text('{"sentence": "fine", "label": 1}\n{"sentence": ["a", "list"], "label": 0}\n{"sentence": 42, "label": 0}\n')
+    jsonl.write_text(
+        '{"sentence": "fine", "label": 1}\n{"sentence": ["a", "list"], "label": 0}\n{"sentence": 42, "label": 0}\n'
+    )
     with pytest.raises(DataError, match=r"t.jsonl:2: field 'sentence' must be text or a number, got list"):
         data.read_examples(str(jsonl), "sentence", "", "label", skip_bad=False)
-    assert [e.text for e in data.read_examples(str(jsonl), "sentence", "", "label", skip_bad=True).rows] == ["fine", "42"]
+    assert [e.text for e in data.read_examples(str(jsonl), "sentence", "", "label", skip_bad=True).rows] == [
+        "fine",
+        "42",
+    ]
 
 
 def test_a_csv_field_longer_than_pythons_default_limit_is_an_ordinary_long_text(tmp_path):

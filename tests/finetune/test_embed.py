@@ -15,8 +15,15 @@ from tests.conftest import tiny_model_config
 
 transformers = pytest.importorskip("transformers")
 
-TEXTS = ["The module copies files.", "A dog ran far away from home, and then it came back.", "Birds sing at dawn.",
-         "Return true if the object is a built-in function.", "x", "Another line of text here.", "The end."]  # fmt: skip
+TEXTS = [
+    "The module copies files.",
+    "A dog ran far away from home, and then it came back.",
+    "Birds sing at dawn.",
+    "Return true if the object is a built-in function.",
+    "x",
+    "Another line of text here.",
+    "The end.",
+]
 
 
 @pytest.fixture
@@ -48,22 +55,62 @@ def _load(directory, name):
 @pytest.mark.parametrize("features", ["last", "layer:1", "last4-sum", "pooled"])
 def test_sequence_features_equal_transformers(features, pretrained, tmp_path, capsys):
     out = tmp_path / f"features-{features.replace(':', '')}"
-    assert main(["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt"), "--output", str(out),
-                 "--features", features, "--shard-rows", "3", "--batch-size", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "embed",
+                "--model",
+                str(pretrained),
+                "--input",
+                str(tmp_path / "texts.txt"),
+                "--output",
+                str(out),
+                "--features",
+                features,
+                "--shard-rows",
+                "3",
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert '"rows": 7' in capsys.readouterr().out
     index, got = _load(out, "features")
     reference, _, _ = _reference(pretrained)
     states = reference.hidden_states
-    expected = {"last": states[-1][:, 0], "layer:1": states[1][:, 0], "pooled": reference.pooler_output,
-                "last4-sum": torch.stack(states[-4:]).sum(0)[:, 0]}[features]  # fmt: skip
+    expected = {
+        "last": states[-1][:, 0],
+        "layer:1": states[1][:, 0],
+        "pooled": reference.pooler_output,
+        "last4-sum": torch.stack(states[-4:]).sum(0)[:, 0],
+    }[features]
     assert [s["rows"] for s in index["shards"]] == [3, 3, 1] and index["dimension"] == 64
     torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_token_features_are_the_last_four_layers_of_every_token(pretrained, tmp_path):
     out = tmp_path / "tokens"
-    assert main(["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt"), "--output", str(out),
-                 "--features", "last4-concat", "--level", "token", "--shard-rows", "4"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "embed",
+                "--model",
+                str(pretrained),
+                "--input",
+                str(tmp_path / "texts.txt"),
+                "--output",
+                str(out),
+                "--features",
+                "last4-concat",
+                "--level",
+                "token",
+                "--shard-rows",
+                "4",
+            ]
+        )
+        == 0
+    )
     index = json.loads((out / "index.json").read_text())
     reference, lengths, ids = _reference(pretrained)
     expected = torch.cat(reference.hidden_states[-4:], dim=-1)
@@ -74,14 +121,19 @@ def test_token_features_are_the_last_four_layers_of_every_token(pretrained, tmp_
         for r in range(shard["rows"]):
             n = lengths[row]
             assert tokens[offsets[r] : offsets[r + 1]].tolist() == ids[row, :n].tolist()
-            torch.testing.assert_close(torch.from_numpy(features[offsets[r] : offsets[r + 1]]), expected[row, :n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                torch.from_numpy(features[offsets[r] : offsets[r + 1]]), expected[row, :n], atol=1e-5, rtol=1e-5
+            )
             row += 1
     assert row == len(TEXTS)
 
 
 def test_bad_options_fail_before_writing(pretrained, tmp_path, capsys):
     args = ["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt")]
-    assert main([*args, "--output", str(tmp_path / "a"), "--features", "pooled", "--level", "token", "--batch-size", "0"]) == USAGE_EXIT_CODE
+    assert (
+        main([*args, "--output", str(tmp_path / "a"), "--features", "pooled", "--level", "token", "--batch-size", "0"])
+        == USAGE_EXIT_CODE
+    )
     err = capsys.readouterr().err
     assert "--features pooled is one vector per sequence" in err and "--batch-size: must be positive" in err
     assert main([*args, "--output", str(tmp_path / "b"), "--features", "layer:9"]) == USAGE_EXIT_CODE
@@ -100,7 +152,9 @@ def test_blank_lines_are_rows_so_vectors_stay_aligned_with_their_lines(pretraine
     assert index["rows"] == 5 and index["blank_lines"] == [2, 4]
     reference, _, _ = _reference(pretrained)
     for line, text_index in ((1, 0), (3, 1), (5, 2)):  # line N of the file is row N - 1
-        torch.testing.assert_close(torch.from_numpy(got[line - 1]), reference.hidden_states[-1][text_index, 0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            torch.from_numpy(got[line - 1]), reference.hidden_states[-1][text_index, 0], atol=1e-5, rtol=1e-5
+        )
     torch.testing.assert_close(got[1], got[3])  # both blank lines: the features of [CLS] [SEP]
 
 
@@ -116,14 +170,43 @@ def test_modernbert_features_equal_transformers_hidden_states(tmp_path, tiny_voc
     lengths = batch["attention_mask"].sum(dim=1).tolist()
     for features, level in (("layer:2", "sequence"), ("last", "token")):
         out = tmp_path / f"features-{level}"
-        assert main(["embed", "--model", str(export), "--input", str(tmp_path / "texts.txt"), "--output", str(out),
-                     "--features", features, "--level", level, "--batch-size", "3"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "embed",
+                    "--model",
+                    str(export),
+                    "--input",
+                    str(tmp_path / "texts.txt"),
+                    "--output",
+                    str(out),
+                    "--features",
+                    features,
+                    "--level",
+                    level,
+                    "--batch-size",
+                    "3",
+                ]
+            )
+            == 0
+        )
         _, got = _load(out, "features")
         if level == "sequence":
             torch.testing.assert_close(torch.from_numpy(got), states[2][:, 0], atol=1e-5, rtol=1e-5)
         else:
             expected = torch.cat([states[-1][row, :n] for row, n in enumerate(lengths)])
             torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
-    code = main(["embed", "--model", str(export), "--input", str(tmp_path / "texts.txt"), "--output", str(tmp_path / "pooled"),
-                 "--features", "pooled"])  # fmt: skip
+    code = main(
+        [
+            "embed",
+            "--model",
+            str(export),
+            "--input",
+            str(tmp_path / "texts.txt"),
+            "--output",
+            str(tmp_path / "pooled"),
+            "--features",
+            "pooled",
+        ]
+    )
     assert code == USAGE_EXIT_CODE and "has no pooler weights (ModernBERT" in capsys.readouterr().err

@@ -18,15 +18,25 @@ def test_classification_metrics_equal_scikit_learn(seed):
     classes = 2 if seed < 2 else 4
     gold = rng.integers(0, classes, 200)
     predicted = np.where(rng.random(200) < 0.6, gold, rng.integers(0, classes, 200))
-    assert metrics.accuracy(predicted, gold) == pytest.approx(sklearn_metrics.accuracy_score(gold, predicted), abs=1e-12)
-    assert metrics.matthews(predicted, gold) == pytest.approx(sklearn_metrics.matthews_corrcoef(gold, predicted), abs=1e-12)
-    assert metrics.macro_f1(predicted, gold) == pytest.approx(sklearn_metrics.f1_score(gold, predicted, average="macro"), abs=1e-12)
+    assert metrics.accuracy(predicted, gold) == pytest.approx(
+        sklearn_metrics.accuracy_score(gold, predicted), abs=1e-12
+    )
+    assert metrics.matthews(predicted, gold) == pytest.approx(
+        sklearn_metrics.matthews_corrcoef(gold, predicted), abs=1e-12
+    )
+    assert metrics.macro_f1(predicted, gold) == pytest.approx(
+        sklearn_metrics.f1_score(gold, predicted, average="macro"), abs=1e-12
+    )
     if classes == 2:
         assert metrics.f1(predicted, gold) == pytest.approx(sklearn_metrics.f1_score(gold, predicted), abs=1e-12)
 
 
 def test_matthews_is_zero_when_one_class_is_predicted():
-    assert metrics.matthews([1, 1, 1, 1], [0, 1, 0, 1]) == 0.0 == sklearn_metrics.matthews_corrcoef([0, 1, 0, 1], [1, 1, 1, 1])
+    assert (
+        metrics.matthews([1, 1, 1, 1], [0, 1, 0, 1])
+        == 0.0
+        == sklearn_metrics.matthews_corrcoef([0, 1, 0, 1], [1, 1, 1, 1])
+    )
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -46,7 +56,11 @@ def test_entity_scores_follow_seqeval():
     assert metrics.entity_scores(predicted, gold) == {"precision": 0.5, "recall": 0.5, "f1": 0.5}
     # A broken entity: I-PER after O starts a second PER; I-LOC after B-PER starts a LOC.
     assert metrics.entities(["B-PER", "O", "I-PER", "I-LOC", "B-ORG", "I-ORG"]) == {
-        ("PER", 0, 0), ("PER", 2, 2), ("LOC", 3, 3), ("ORG", 4, 5)}
+        ("PER", 0, 0),
+        ("PER", 2, 2),
+        ("LOC", 3, 3),
+        ("ORG", 4, 5),
+    }
     scores = metrics.entity_scores([["B-PER", "O", "I-PER"]], [["B-PER", "I-PER", "I-PER"]])
     assert scores == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
     scores = metrics.entity_scores([["B-PER", "O", "B-LOC"]], [["B-PER", "O", "O"]])

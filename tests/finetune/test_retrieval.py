@@ -47,7 +47,9 @@ def test_metrics_equal_ranx(retrieved, distinct_scores):
         qrels, run = _judged(rng, 30, 200), {}
         for q in qrels:
             docs = rng.choice(200, size=retrieved, replace=False)
-            values = rng.permutation(retrieved) / retrieved if distinct_scores else rng.integers(0, 4, size=retrieved) / 4
+            values = (
+                rng.permutation(retrieved) / retrieved if distinct_scores else rng.integers(0, 4, size=retrieved) / 4
+            )
             run[q] = {f"d{d}": float(v) for d, v in zip(docs, values)}
         ours, theirs = retrieval_scores(run, qrels), _ranx(run, qrels)
         assert ours == pytest.approx(theirs, abs=1e-9, rel=0), f"trial {trial}"
@@ -59,14 +61,21 @@ def test_metrics_by_hand_ties_keep_the_runs_order():
     run = {"a": {"d4": 0.9, "d2": 0.5, "d1": 0.5}, "b": {"d3": 1.0}}
     ideal = 2 + 1 / np.log2(3)
     assert retrieval_scores(run, qrels) == pytest.approx(
-        {"ndcg_at_10": (2 / np.log2(3) + 1 / np.log2(4)) / ideal / 2, "recall_at_100": 0.5, "mrr_at_10": 0.25}, abs=1e-12)
+        {"ndcg_at_10": (2 / np.log2(3) + 1 / np.log2(4)) / ideal / 2, "recall_at_100": 0.5, "mrr_at_10": 0.25},
+        abs=1e-12,
+    )
     swapped = {"a": {"d4": 0.9, "d1": 0.5, "d2": 0.5}, "b": {}}
-    assert retrieval_scores(swapped, qrels)["ndcg_at_10"] == pytest.approx((1 / np.log2(3) + 2 / np.log2(4)) / ideal / 2)
+    assert retrieval_scores(swapped, qrels)["ndcg_at_10"] == pytest.approx(
+        (1 / np.log2(3) + 2 / np.log2(4)) / ideal / 2
+    )
 
 
 def test_top_k_in_blocks_equals_a_full_sort():
     rng = np.random.default_rng(1)
-    queries, corpus = (v / np.linalg.norm(v, axis=1, keepdims=True) for v in (rng.standard_normal((n, 8)).astype(np.float32) for n in (11, 53)))
+    queries, corpus = (
+        v / np.linalg.norm(v, axis=1, keepdims=True)
+        for v in (rng.standard_normal((n, 8)).astype(np.float32) for n in (11, 53))
+    )
     corpus[40] = corpus[3]  # an exact tie: the earlier row ranks first
     queries[0] = corpus[3]
     scores, rows = top_k(queries, corpus, 10, query_block=3, corpus_block=7)
@@ -109,8 +118,24 @@ def _qrels(collection: Path) -> dict[str, dict[str, int]]:
 
 def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["evaluate", "--suite", "retrieval", "--data-dir", str(collection), "--model", str(random_model),
-                 "--output", str(out), "--batch-size", "16"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "evaluate",
+                "--suite",
+                "retrieval",
+                "--data-dir",
+                str(collection),
+                "--model",
+                str(random_model),
+                "--output",
+                str(out),
+                "--batch-size",
+                "16",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr()
     header, values = [line.split("|") for line in printed.out.splitlines() if "|" in line][:2]
     assert [h.strip() for h in header] == ["nDCG@10", "Recall@100", "MRR@10"]
@@ -119,7 +144,9 @@ def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert (results["queries"], results["passages"], results["skipped"]) == (40, passages, [])
     metrics = results["metrics"]
-    assert [float(v) for v in values] == pytest.approx([100 * metrics[k] for k in ("ndcg_at_10", "recall_at_100", "mrr_at_10")], abs=0.051)
+    assert [float(v) for v in values] == pytest.approx(
+        [100 * metrics[k] for k in ("ndcg_at_10", "recall_at_100", "mrr_at_10")], abs=0.051
+    )
     # An untrained encoder is about as good as chance at finding the passage a sentence was taken from.
     assert metrics["ndcg_at_10"] < 0.5 and metrics["mrr_at_10"] < 0.5, metrics
     run = _trec(out / "run.trec")
@@ -139,13 +166,38 @@ def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
 def test_a_query_that_is_its_passage_is_found_first(collection, random_model, tmp_path):
     """The same model scores perfect where the task is trivial: the low score above is the model's, not a
     mix-up of ids or rows."""
-    corpus = {row["_id"]: row["text"] for row in map(json.loads, (collection / "corpus.jsonl").read_text().splitlines())}
+    corpus = {
+        row["_id"]: row["text"] for row in map(json.loads, (collection / "corpus.jsonl").read_text().splitlines())
+    }
     qrels = _qrels(collection)
-    (collection / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": corpus[next(iter(d))]}) + "\n" for q, d in qrels.items()))
+    (collection / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": corpus[next(iter(d))]}) + "\n" for q, d in qrels.items())
+    )
     out = tmp_path / "out"
-    assert main(["evaluate", "--suite", "retrieval", "--data-dir", str(collection), "--model", str(random_model),
-                 "--output", str(out), "--pooling", "cls", "tracking.enabled=false"]) == 0  # fmt: skip
-    assert json.loads((out / "results.json").read_text())["metrics"] == {"ndcg_at_10": 1.0, "recall_at_100": 1.0, "mrr_at_10": 1.0}
+    assert (
+        main(
+            [
+                "evaluate",
+                "--suite",
+                "retrieval",
+                "--data-dir",
+                str(collection),
+                "--model",
+                str(random_model),
+                "--output",
+                str(out),
+                "--pooling",
+                "cls",
+                "tracking.enabled=false",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((out / "results.json").read_text())["metrics"] == {
+        "ndcg_at_10": 1.0,
+        "recall_at_100": 1.0,
+        "mrr_at_10": 1.0,
+    }
 
 
 def _edit(path: Path, line: int, new: str | None) -> None:
@@ -157,17 +209,32 @@ def _edit(path: Path, line: int, new: str | None) -> None:
 
 BAD = {
     "corpus without text": ("corpus.jsonl", 3, '{"_id": "x", "title": "t"}', "corpus.jsonl:3: no 'text' field"),
-    "corpus empty text": ("corpus.jsonl", 2, '{"_id": "x", "title": "t", "text": "  "}', "corpus.jsonl:2: empty 'text'"),
+    "corpus empty text": (
+        "corpus.jsonl",
+        2,
+        '{"_id": "x", "title": "t", "text": "  "}',
+        "corpus.jsonl:2: empty 'text'",
+    ),
     "corpus duplicate id": ("corpus.jsonl", 5, None, "corpus.jsonl:6: _id 'd4' appears on an earlier line"),
     "corpus not JSON": ("corpus.jsonl", 4, '{"_id": "x",', "corpus.jsonl:4: not valid JSON"),
     "queries without id": ("queries.jsonl", 1, '{"text": "a question"}', "queries.jsonl:1: no '_id' field"),
     "queries duplicate id": ("queries.jsonl", 1, None, "queries.jsonl:2: _id"),
-    "qrels unknown document": ("qrels/test.tsv", 3, "{q}\tnope\t1", "test.tsv:3: corpus-id 'nope' is not in corpus.jsonl"),
-    "qrels unknown query": ("qrels/test.tsv", 2, "nobody\td1\t1", "test.tsv:2: query-id 'nobody' is not in queries.jsonl"),
+    "qrels unknown document": (
+        "qrels/test.tsv",
+        3,
+        "{q}\tnope\t1",
+        "test.tsv:3: corpus-id 'nope' is not in corpus.jsonl",
+    ),
+    "qrels unknown query": (
+        "qrels/test.tsv",
+        2,
+        "nobody\td1\t1",
+        "test.tsv:2: query-id 'nobody' is not in queries.jsonl",
+    ),
     "qrels score": ("qrels/test.tsv", 2, "{q}\td1\thigh", "test.tsv:2: score 'high' is not an integer"),
     "qrels judged twice": ("qrels/test.tsv", 2, None, "test.tsv:3: query"),
     "qrels missing column": ("qrels/test.tsv", 1, "query-id\tcorpus-id", "test.tsv: no column 'score'"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -175,8 +242,19 @@ def test_bad_collections_fail_before_the_model_is_loaded(case, collection, tmp_p
     file, line, new, message = BAD[case]
     first_query = json.loads((collection / "queries.jsonl").read_text().splitlines()[0])["_id"]
     _edit(collection / file, line, None if new is None else new.replace("{q}", first_query))
-    code = main(["evaluate", "--suite", "retrieval", "--data-dir", str(collection), "--model", str(tmp_path / "no-model"),
-                 "--output", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--suite",
+            "retrieval",
+            "--data-dir",
+            str(collection),
+            "--model",
+            str(tmp_path / "no-model"),
+            "--output",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == USAGE_EXIT_CODE and message in err and "no-model" not in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
@@ -189,9 +267,28 @@ def test_skip_counts_and_names_every_skipped_line(collection, random_model, tmp_
     _edit(collection / "corpus.jsonl", line, f'{{"_id": "d{line - 1}", "text": ""}}')
     _edit(collection / "qrels" / "test.tsv", 3, f"{query}\tmissing\t1")
     out = tmp_path / "out"
-    assert main(["evaluate", "--suite", "retrieval", "--data-dir", str(collection), "--model", str(random_model), "--output",
-                 str(out), "finetune.on_bad_input=skip", "tracking.enabled=false"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "evaluate",
+                "--suite",
+                "retrieval",
+                "--data-dir",
+                str(collection),
+                "--model",
+                str(random_model),
+                "--output",
+                str(out),
+                "finetune.on_bad_input=skip",
+                "tracking.enabled=false",
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert [s.split(": ", 1)[0].rsplit("/", 1)[1] for s in results["skipped"]] == [f"corpus.jsonl:{line}", "test.tsv:3"]
-    assert results["passages"] == len((collection / "corpus.jsonl").read_text().splitlines()) - 1 and "2 line(s) skipped" in capsys.readouterr().out
+    assert (
+        results["passages"] == len((collection / "corpus.jsonl").read_text().splitlines()) - 1
+        and "2 line(s) skipped" in capsys.readouterr().out
+    )
     assert all(f"d{line - 1}" not in docs for docs in _trec(out / "run.trec").values())

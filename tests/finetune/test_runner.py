@@ -28,7 +28,9 @@ def _task(tmp_path: Path, corpus: str) -> tuple[str, str]:
     import csv
 
     files = sorted(Path(corpus).glob("*.txt"))[:2]
-    rows = [(line.strip(), f"file{i}") for i, f in enumerate(files) for line in f.read_text().splitlines() if line.strip()]
+    rows = [
+        (line.strip(), f"file{i}") for i, f in enumerate(files) for line in f.read_text().splitlines() if line.strip()
+    ]
     np.random.default_rng(0).shuffle(rows)
     paths = []
     for name, part in (("train", rows[: len(rows) * 4 // 5]), ("dev", rows[len(rows) * 4 // 5 :])):
@@ -42,12 +44,22 @@ def _task(tmp_path: Path, corpus: str) -> tuple[str, str]:
 
 
 def _overrides(train: str, dev: str, out: Path, *extra: str) -> list[str]:
-    return [f"finetune.train_file={train}", f"finetune.dev_file={dev}", f"finetune.output_dir={out}",
-            "finetune.epochs=2", "finetune.batch_size=16", "finetune.micro_batch_size=8", "finetune.lr=1e-4",
-            f"launch.master_port={free_tcp_port()}", *extra]  # fmt: skip
+    return [
+        f"finetune.train_file={train}",
+        f"finetune.dev_file={dev}",
+        f"finetune.output_dir={out}",
+        "finetune.epochs=2",
+        "finetune.batch_size=16",
+        "finetune.micro_batch_size=8",
+        "finetune.lr=1e-4",
+        f"launch.master_port={free_tcp_port()}",
+        *extra,
+    ]
 
 
-def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loads(tmp_path, tiny_corpus, tiny_vocab, capsys):
+def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loads(
+    tmp_path, tiny_corpus, tiny_vocab, capsys
+):
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained
 
@@ -67,7 +79,9 @@ def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loa
     dev_rows = list(csv.DictReader(open(dev)))
     with torch.no_grad():
         logits = model(**tokenizer([r["sentence"] for r in dev_rows], padding=True, return_tensors="pt")).logits
-    accuracy = float(np.mean([model.config.id2label[int(i)] == r["label"] for i, r in zip(logits.argmax(-1), dev_rows)]))
+    accuracy = float(
+        np.mean([model.config.id2label[int(i)] == r["label"] for i, r in zip(logits.argmax(-1), dev_rows)])
+    )
     best = printed.split("best dev epoch", 1)[1]
     assert f"accuracy {accuracy:.4f}" in best, (accuracy, best)  # the export is the model that was measured
 
@@ -85,7 +99,10 @@ def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loa
 
     client = mlflow.MlflowClient(local_store_uri(out))
     (run,) = client.search_runs([client.get_experiment_by_name("bertdist").experiment_id])
-    assert run.data.tags["bertdist.init_from"] == str(tmp_path / "pretrained") and run.data.tags["bertdist.kind"] == "finetune"
+    assert (
+        run.data.tags["bertdist.init_from"] == str(tmp_path / "pretrained")
+        and run.data.tags["bertdist.kind"] == "finetune"
+    )
     assert "dev/accuracy" in run.data.metrics and run.data.params["finetune.lr"] == "0.0001"
 
 
@@ -96,21 +113,30 @@ def _modernbert_export(directory: Path, vocab: str) -> Path:
     from tests.conftest import TEST_VOCAB_SIZE
 
     torch.manual_seed(0)
-    write_directory(build_model(ModelConfig.from_size("modernbert-tiny", vocab_size=TEST_VOCAB_SIZE)), directory, vocab, {})
+    write_directory(
+        build_model(ModelConfig.from_size("modernbert-tiny", vocab_size=TEST_VOCAB_SIZE)), directory, vocab, {}
+    )
     return directory
 
 
-def test_finetune_from_a_modernbert_export_exports_a_model_transformers_computes_alike(tmp_path, tiny_corpus, tiny_vocab, capsys):
+def test_finetune_from_a_modernbert_export_exports_a_model_transformers_computes_alike(
+    tmp_path, tiny_corpus, tiny_vocab, capsys
+):
     from bertdist.model.hf_heads import load_task_model
 
     pretrained = _modernbert_export(tmp_path / "pretrained", tiny_vocab)
     train, dev = _task(tmp_path, tiny_corpus)
     out = tmp_path / "run"
-    assert main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={pretrained}", "tracking.enabled=false")]) == 0
+    assert (
+        main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={pretrained}", "tracking.enabled=false")])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "epoch 2/2" in printed and f"from Hugging Face modernbert {pretrained}" in printed, printed
 
-    theirs, info = transformers.AutoModelForSequenceClassification.from_pretrained(out / "model", output_loading_info=True)
+    theirs, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        out / "model", output_loading_info=True
+    )
     assert type(theirs).__name__ == "ModernBertForSequenceClassification", type(theirs)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     ours, labels = load_task_model(out / "model")
@@ -118,25 +144,53 @@ def test_finetune_from_a_modernbert_export_exports_a_model_transformers_computes
     import csv
 
     dev_rows = list(csv.DictReader(open(dev)))
-    batch = transformers.AutoTokenizer.from_pretrained(out / "model")([r["sentence"] for r in dev_rows], padding=True, return_tensors="pt")
+    batch = transformers.AutoTokenizer.from_pretrained(out / "model")(
+        [r["sentence"] for r in dev_rows], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():  # the tokenizer's token_type_ids go in too: both models ignore them
         logits = theirs.eval()(**batch).logits
         torch.testing.assert_close(ours.eval()(**batch).logits, logits, atol=1e-5, rtol=0)
-    accuracy = float(np.mean([theirs.config.id2label[int(i)] == r["label"] for i, r in zip(logits.argmax(-1), dev_rows)]))
+    accuracy = float(
+        np.mean([theirs.config.id2label[int(i)] == r["label"] for i, r in zip(logits.argmax(-1), dev_rows)])
+    )
     best = printed.split("best dev epoch", 1)[1]
     assert f"accuracy {accuracy:.4f}" in best, (accuracy, best)  # the export is the model that was measured
 
 
 def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, tiny_corpus, tiny_vocab, capsys):
     train, dev = _task(tmp_path, tiny_corpus)
-    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=summarization", "finetune.doc_stride=0",
-                                         "finetune.batch_size=10", f"finetune.vocab_file={tiny_vocab}")])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            *_overrides(
+                train,
+                dev,
+                tmp_path / "x",
+                "finetune.task=summarization",
+                "finetune.doc_stride=0",
+                "finetune.batch_size=10",
+                f"finetune.vocab_file={tiny_vocab}",
+            ),
+        ]
+    )
     err = capsys.readouterr().err
-    assert code == USAGE_EXIT_CODE and "finetune.task: 'summarization' is not one of classification, regression" in err, err
+    assert (
+        code == USAGE_EXIT_CODE and "finetune.task: 'summarization' is not one of classification, regression" in err
+    ), err
     assert "finetune.batch_size: 10 is not divisible by finetune.micro_batch_size (8)" in err
     assert "finetune.doc_stride: must be positive, got 0" in err
-    code = main(["finetune", *_overrides(train, dev, tmp_path / "x", "finetune.task=multiple_choice", f"finetune.vocab_file={tiny_vocab}")])
-    assert code == USAGE_EXIT_CODE and "finetune.choice_columns: multiple_choice needs two or more" in capsys.readouterr().err
+    code = main(
+        [
+            "finetune",
+            *_overrides(
+                train, dev, tmp_path / "x", "finetune.task=multiple_choice", f"finetune.vocab_file={tiny_vocab}"
+            ),
+        ]
+    )
+    assert (
+        code == USAGE_EXIT_CODE
+        and "finetune.choice_columns: multiple_choice needs two or more" in capsys.readouterr().err
+    )
     code = main(["finetune", *_overrides(train, dev, tmp_path / "x", f"finetune.init_from={tmp_path / 'nowhere'}")])
     assert code == USAGE_EXIT_CODE and "is not a directory" in capsys.readouterr().err
 
@@ -146,12 +200,27 @@ def _two_ranks(logs: Path, *args: str) -> runs.Ranks:
     goes to `{logs}.rank{N}.log` (a rank blocked on a full pipe that nobody reads would stall the other)."""
     port, procs, files = free_tcp_port(), [], []
     for rank in range(2):
-        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2",
-               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        env = {
+            **os.environ,
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
         files.append(logs.with_name(f"{logs.name}.rank{rank}.log"))
         with open(files[-1], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "bertdist", "finetune", *args, "tracking.enabled=false"],
-                                          env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bertdist", "finetune", *args, "tracking.enabled=false"],
+                    env=env,
+                    cwd=REPO,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     return runs.Ranks(procs, files)
 
 
@@ -163,25 +232,34 @@ def _finish(ranks: runs.Ranks) -> str:
 
 
 @pytest.mark.slow
-def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(tmp_path, tiny_corpus, tiny_shards, tiny_vocab, tmp_path_factory):
+def test_two_deepspeed_ranks_finetune_a_pretraining_checkpoint(
+    tmp_path, tiny_corpus, tiny_shards, tiny_vocab, tmp_path_factory
+):
     reference = runs.uninterrupted(str(tmp_path_factory.getbasetemp() / "training"), tiny_shards, tiny_vocab, 1)
     train, dev = _task(tmp_path, tiny_corpus)
     out = tmp_path / "run"
     outputs = [_finish(_two_ranks(out, *_overrides(train, dev, out, f"finetune.init_from={reference.out}")))]
     assert "on 2 rank(s), from bertdist checkpoint" in outputs[0] and f"step_{runs.STEPS:08d}" in outputs[0]
     config = json.loads((out / "model" / "config.json").read_text())
-    assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(reference.out)
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["bertdist_init_from"] == str(
+        reference.out
+    )
 
 
 @pytest.mark.slow
-def test_finetune_starts_from_a_modernbert_pretraining_run(tmp_path, tiny_corpus, tiny_vocab, mlm_shards, tmp_path_factory, capsys):
-    """The run's newest checkpoint (ZeRO-3, consolidated): its encoder and MLM head transform, as the task model's start."""
+def test_finetune_starts_from_a_modernbert_pretraining_run(
+    tmp_path, tiny_corpus, tiny_vocab, mlm_shards, tmp_path_factory, capsys
+):
+    """The run's newest checkpoint (ZeRO-3, consolidated): its encoder and MLM head transform, as the task model's
+    start."""
     from bertdist.config import Config, FinetuneConfig
     from bertdist.finetune.source import resolve
     from bertdist.model.hf_heads import build_task_model, load_encoder
     from bertdist.train.checkpoint import consolidated_state_dict
 
-    run = runs.uninterrupted(str(tmp_path_factory.getbasetemp() / "training"), mlm_shards, tiny_vocab, 3, "fp32", "modernbert")
+    run = runs.uninterrupted(
+        str(tmp_path_factory.getbasetemp() / "training"), mlm_shards, tiny_vocab, 3, "fp32", "modernbert"
+    )
     assert run.exit_codes["run"] == [0, 0], run.notes["run"][-3000:]
     source = resolve(Config(finetune=FinetuneConfig(init_from=str(run.out))))
     model = build_task_model("ModernBertForSequenceClassification", source.model_cfg, ["a", "b"])
@@ -192,17 +270,30 @@ def test_finetune_starts_from_a_modernbert_pretraining_run(tmp_path, tiny_corpus
 
     train, dev = _task(tmp_path, tiny_corpus)
     out = tmp_path / "run"
-    assert main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={run.out}", "tracking.enabled=false")]) == 0
+    assert (
+        main(["finetune", *_overrides(train, dev, out, f"finetune.init_from={run.out}", "tracking.enabled=false")]) == 0
+    )
     assert "from bertdist checkpoint" in capsys.readouterr().out
-    assert json.loads((out / "model" / "config.json").read_text())["architectures"] == ["ModernBertForSequenceClassification"]
+    assert json.loads((out / "model" / "config.json").read_text())["architectures"] == [
+        "ModernBertForSequenceClassification"
+    ]
 
 
 TASKS = {  # task: (maker, file suffix, settings, Auto class)
     "token_classification": ("code_entities", "conll", [], "AutoModelForTokenClassification"),
-    "question_answering": ("span_questions", "json", ["finetune.max_seq_length=64", "finetune.doc_stride=32"], "AutoModelForQuestionAnswering"),
-    "multiple_choice": ("next_sentence_choice", "csv", ["finetune.text_column=context", "finetune.choice_columns=ending0,ending1,ending2,ending3"],
-                        "AutoModelForMultipleChoice"),
-}  # fmt: skip
+    "question_answering": (
+        "span_questions",
+        "json",
+        ["finetune.max_seq_length=64", "finetune.doc_stride=32"],
+        "AutoModelForQuestionAnswering",
+    ),
+    "multiple_choice": (
+        "next_sentence_choice",
+        "csv",
+        ["finetune.text_column=context", "finetune.choice_columns=ending0,ending1,ending2,ending3"],
+        "AutoModelForMultipleChoice",
+    ),
+}
 
 
 @pytest.mark.parametrize("family", ["Bert", "ModernBert"])
@@ -222,7 +313,14 @@ def test_every_task_trains_and_exports_for_its_auto_class(task, family, tmp_path
     else:
         _modernbert_export(tmp_path / "pretrained", tiny_vocab)
     out = tmp_path / "run"
-    args = _overrides(str(files[0]), str(files[1]), out, f"finetune.task={task}", f"finetune.init_from={tmp_path / 'pretrained'}", *settings)
+    args = _overrides(
+        str(files[0]),
+        str(files[1]),
+        out,
+        f"finetune.task={task}",
+        f"finetune.init_from={tmp_path / 'pretrained'}",
+        *settings,
+    )
     assert main(["finetune", *args]) == 0
     printed = capsys.readouterr().out
     assert "epoch 2/2" in printed and "best dev epoch" in printed, printed
@@ -246,8 +344,12 @@ def test_a_killed_two_rank_finetuning_resumes_bit_identically(tmp_path, tiny_cor
     train, dev = _task(tmp_path, tiny_corpus)
     lines = Path(dev).read_text().splitlines()[:338]  # 337 rows: shares of 169 and 168, 22 and 21 micro batches of 8
     Path(dev).write_text("\n".join(lines) + "\n")  # so under ZeRO-3 rank 1 runs one extra evaluation forward
-    args = lambda out: [*_overrides(train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}", "finetune.epochs=3",  # noqa: E731
-                                    "train.zero_stage=3")]
+
+    def args(out):
+        return _overrides(
+            train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}", "finetune.epochs=3", "train.zero_stage=3"
+        )
+
     _finish(_two_ranks(tmp_path / "whole", *args(tmp_path / "whole")))
 
     out = tmp_path / "interrupted"
@@ -261,7 +363,11 @@ def test_a_killed_two_rank_finetuning_resumes_bit_identically(tmp_path, tiny_cor
     assert whole.name == resumed.name
     a, b = consolidated_state_dict(whole), consolidated_state_dict(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)  # weights bit-identical after the interruption
-    assert (tmp_path / "whole" / "model" / "model.safetensors").read_bytes() == (out / "model" / "model.safetensors").read_bytes()
-    assert json.loads((tmp_path / "whole" / "results.json").read_text()) == json.loads((out / "results.json").read_text())
+    assert (tmp_path / "whole" / "model" / "model.safetensors").read_bytes() == (
+        out / "model" / "model.safetensors"
+    ).read_bytes()
+    assert json.loads((tmp_path / "whole" / "results.json").read_text()) == json.loads(
+        (out / "results.json").read_text()
+    )
     code = main(["finetune", *args(out), "finetune.lr=3e-4"])  # the same directory for another fine-tuning
     assert code == USAGE_EXIT_CODE

@@ -15,12 +15,27 @@ from bertdist.finetune.corpus_tasks import span_questions
 
 
 def test_an_answer_not_at_its_offset_names_file_line_and_question(tmp_path):
-    data = {"data": [{"paragraphs": [{"context": "The cat sat on the mat.", "qas": [
-        {"id": "good", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]},
-        {"id": "moved", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 3}]}]}]}]}  # fmt: skip
+    data = {
+        "data": [
+            {
+                "paragraphs": [
+                    {
+                        "context": "The cat sat on the mat.",
+                        "qas": [
+                            {"id": "good", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]},
+                            {"id": "moved", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 3}]},
+                        ],
+                    }
+                ]
+            }
+        ]
+    }
     path = tmp_path / "dev.json"
     path.write_text(json.dumps(data, indent=1))
-    with pytest.raises(DataError, match=r"dev.json:1\d: question 'moved': answer 'the mat' is not at its offset 3 \(the passage has ' cat sa'"):
+    with pytest.raises(
+        DataError,
+        match=r"dev.json:1\d: question 'moved': answer 'the mat' is not at its offset 3 \(the passage has ' cat sa'",
+    ):
         squad.read_squad(str(path), skip_bad=False)
     questions, report = squad.read_squad(str(path), skip_bad=True)
     assert [q.qid for q in questions] == ["good"] and len(report.skipped) == 1
@@ -37,7 +52,9 @@ def long_questions(tmp_path, tiny_documents, tiny_vocab):
     """Questions on 8-sentence passages cut into several 48-token windows."""
     span_questions(tiny_documents, tmp_path / "qa.json", questions=40, seed=3, passage_sentences=8)
     questions, _ = squad.read_squad(str(tmp_path / "qa.json"), skip_bad=False)
-    return questions, squad.encode(questions, tiny_vocab, cased=False, max_seq_length=48, doc_stride=16, max_query_length=12)
+    return questions, squad.encode(
+        questions, tiny_vocab, cased=False, max_seq_length=48, doc_stride=16, max_query_length=12
+    )
 
 
 def test_windows_cover_each_passage_and_give_each_token_one_best_window(long_questions):
@@ -124,15 +141,40 @@ def _squad(tmp_path, *qas, context="The cat sat on the mat."):
 GOOD = {"id": "good", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]}
 
 
-@pytest.mark.parametrize("qa, message", [
-    ({"id": "s", "question": "Who?", "is_impossible": "False", "answers": [{"text": "The cat", "answer_start": 0}]},
-     r"question 's': field 'is_impossible' must be true or false, got str \"False\""),
-    ({"id": "n", "question": "Who?", "answers": [{"text": 7, "answer_start": 0}]}, r"field 'answers\[\].text' must be non-empty text, got int 7"),
-    ({"id": "neg", "question": "Who?", "answers": [{"text": "The", "answer_start": -4}]}, r"'answers\[\].answer_start' must be an integer >= 0, got int -4"),
-    ({"id": "str", "question": "Who?", "answers": [{"text": "The", "answer_start": "0"}]}, r"'answers\[\].answer_start' must be an integer >= 0, got str"),
-    ({"id": "both", "question": "Who?", "is_impossible": True, "answers": [{"text": "The", "answer_start": 0}]}, "is true but 'answers' is not empty"),
-    ({"id": 5.5, "question": "Who?", "answers": []}, r"qas\[1\]: field 'id' must be a non-empty string, got float 5.5"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "qa, message",
+    [
+        (
+            {
+                "id": "s",
+                "question": "Who?",
+                "is_impossible": "False",
+                "answers": [{"text": "The cat", "answer_start": 0}],
+            },
+            r"question 's': field 'is_impossible' must be true or false, got str \"False\"",
+        ),
+        (
+            {"id": "n", "question": "Who?", "answers": [{"text": 7, "answer_start": 0}]},
+            r"field 'answers\[\].text' must be non-empty text, got int 7",
+        ),
+        (
+            {"id": "neg", "question": "Who?", "answers": [{"text": "The", "answer_start": -4}]},
+            r"'answers\[\].answer_start' must be an integer >= 0, got int -4",
+        ),
+        (
+            {"id": "str", "question": "Who?", "answers": [{"text": "The", "answer_start": "0"}]},
+            r"'answers\[\].answer_start' must be an integer >= 0, got str",
+        ),
+        (
+            {"id": "both", "question": "Who?", "is_impossible": True, "answers": [{"text": "The", "answer_start": 0}]},
+            "is true but 'answers' is not empty",
+        ),
+        (
+            {"id": 5.5, "question": "Who?", "answers": []},
+            r"qas\[1\]: field 'id' must be a non-empty string, got float 5.5",
+        ),
+    ],
+)
 def test_every_field_must_have_the_type_the_reader_needs(qa, message, tmp_path):
     path = _squad(tmp_path, GOOD, qa)
     with pytest.raises(DataError, match=message):
@@ -144,7 +186,11 @@ def test_every_field_must_have_the_type_the_reader_needs(qa, message, tmp_path):
 @pytest.mark.parametrize("qas", [None, 3, "x"])
 def test_qas_that_is_not_a_list_names_the_paragraph(qas, tmp_path):
     path = tmp_path / "dev.json"
-    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "The cat sat.", "qas": [GOOD]}, {"context": "C d.", "qas": qas}]}]}))
+    path.write_text(
+        json.dumps(
+            {"data": [{"paragraphs": [{"context": "The cat sat.", "qas": [GOOD]}, {"context": "C d.", "qas": qas}]}]}
+        )
+    )
     with pytest.raises(DataError, match=r"dev.json: data\[0\].paragraphs\[1\]: 'qas' must be a list of questions"):
         squad.read_squad(str(path), skip_bad=False)
     path.write_text(json.dumps({"data": {"paragraphs": []}}))
@@ -154,8 +200,15 @@ def test_qas_that_is_not_a_list_names_the_paragraph(qas, tmp_path):
 
 def test_a_repeated_question_id_is_refused_or_skipped_and_counted(tmp_path):
     again = {**GOOD, "question": "Who sat there?"}
-    path = _squad(tmp_path, GOOD, {"id": "other", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 15}]}, again)
-    with pytest.raises(DataError, match=r"dev.json:2\d: question 'good': the id 'good' is used again \(first at .*dev.json:\d+\)"):
+    path = _squad(
+        tmp_path,
+        GOOD,
+        {"id": "other", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 15}]},
+        again,
+    )
+    with pytest.raises(
+        DataError, match=r"dev.json:2\d: question 'good': the id 'good' is used again \(first at .*dev.json:\d+\)"
+    ):
         squad.read_squad(path, skip_bad=False)
     questions, report = squad.read_squad(path, skip_bad=True)
     assert [q.qid for q in questions] == ["good", "other"] and len(report.skipped) == 1

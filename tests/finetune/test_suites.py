@@ -35,7 +35,10 @@ def _glue(root: Path, corpus: str) -> Path:
     for name, part in (("train", slice(0, 48)), ("dev", slice(48, 60))):
         write(f"SST-2/{name}.tsv", "sentence\tlabel", [f"{s}\t{label}" for s, label in rows[::2][part]])
         write(f"CoLA/{name}.tsv", None, [f"src\t{label}\t\t{s}" for s, label in rows[1::2][part]])
-    mnli = [f"{i}\t{a}\t{b}\t{['entailment', 'neutral', 'contradiction'][la + lb]}" for i, ((a, la), (b, lb)) in enumerate(pairs)]
+    mnli = [
+        f"{i}\t{a}\t{b}\t{['entailment', 'neutral', 'contradiction'][la + lb]}"
+        for i, ((a, la), (b, lb)) in enumerate(pairs)
+    ]
     write("MNLI/train.tsv", "index\tsentence1\tsentence2\tgold_label", mnli[:40])
     write("MNLI/dev_matched.tsv", "index\tsentence1\tsentence2\tgold_label", mnli[40:50])
     write("MNLI/dev_mismatched.tsv", "index\tsentence1\tsentence2\tgold_label", mnli[50:60])
@@ -63,8 +66,24 @@ RUN = ["finetune.epochs=1", "finetune.batch_size=16", "finetune.micro_batch_size
 def test_glue_layout_sweep_table_and_nested_runs(tmp_path, tiny_corpus, pretrained, capsys):
     data = _glue(tmp_path / "glue", tiny_corpus)
     out = tmp_path / "evaluate"
-    assert main(["evaluate", "--data-dir", str(data), "--model", str(pretrained), "--output", str(out), "--lrs", "1e-4,3e-4",
-                 *RUN, f"launch.master_port={free_tcp_port()}"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "evaluate",
+                "--data-dir",
+                str(data),
+                "--model",
+                str(pretrained),
+                "--output",
+                str(out),
+                "--lrs",
+                "1e-4,3e-4",
+                *RUN,
+                f"launch.master_port={free_tcp_port()}",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     header, values = [line.split("|") for line in printed.splitlines() if "|" in line][:2]
     assert [h.strip() for h in header] == ["MNLI-m", "MNLI-mm", "SST-2", "CoLA", "STS-B", "Average"], printed
@@ -82,48 +101,108 @@ def test_glue_layout_sweep_table_and_nested_runs(tmp_path, tiny_corpus, pretrain
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 4 * 2 and all(r.data.tags["bertdist.init_from"] == str(pretrained) for r in children)
     assert {r.data.tags["mlflow.runName"] for r in children} >= {"glue-CoLA-lr0.0001", "glue-STS-B-lr0.0003"}
-    assert parent.data.metrics["average"] == pytest.approx(scores[-1], abs=0.06) and "MNLI/dev_mismatched/accuracy" in parent.data.metrics
+    assert (
+        parent.data.metrics["average"] == pytest.approx(scores[-1], abs=0.06)
+        and "MNLI/dev_mismatched/accuracy" in parent.data.metrics
+    )
 
 
 def test_a_custom_suite_file_and_the_task_filter(tmp_path, tiny_corpus, pretrained, capsys):
     data = _glue(tmp_path / "data", tiny_corpus)
     suite = tmp_path / "mine.yaml"
-    suite.write_text("tasks:\n  origin:\n    metric: f1\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
-                     "  other:\n    finetune: {train_file: absent/train.tsv, dev_file: absent/dev.tsv}\n")  # fmt: skip
-    args = ["evaluate", "--suite", str(suite), "--data-dir", str(data), "--model", str(pretrained), "--output", str(tmp_path / "o"),
-            "--lrs", "1e-4", *RUN, f"launch.master_port={free_tcp_port()}", "tracking.enabled=false"]  # fmt: skip
+    suite.write_text(
+        "tasks:\n  origin:\n    metric: f1\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
+        "  other:\n    finetune: {train_file: absent/train.tsv, dev_file: absent/dev.tsv}\n"
+    )
+    args = [
+        "evaluate",
+        "--suite",
+        str(suite),
+        "--data-dir",
+        str(data),
+        "--model",
+        str(pretrained),
+        "--output",
+        str(tmp_path / "o"),
+        "--lrs",
+        "1e-4",
+        *RUN,
+        f"launch.master_port={free_tcp_port()}",
+        "tracking.enabled=false",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert [h.strip() for h in [line for line in printed.splitlines() if "|" in line][0].split("|")] == ["origin", "Average"]
-    assert main([*args, "--tasks", "other"]) == USAGE_EXIT_CODE and "other have no training file" in capsys.readouterr().err
-    assert main([*args, "--tasks", "nope"]) == USAGE_EXIT_CODE and "nope not in the suite (origin, other)" in capsys.readouterr().err
+    assert [h.strip() for h in [line for line in printed.splitlines() if "|" in line][0].split("|")] == [
+        "origin",
+        "Average",
+    ]
+    assert (
+        main([*args, "--tasks", "other"]) == USAGE_EXIT_CODE
+        and "other have no training file" in capsys.readouterr().err
+    )
+    assert (
+        main([*args, "--tasks", "nope"]) == USAGE_EXIT_CODE
+        and "nope not in the suite (origin, other)" in capsys.readouterr().err
+    )
     suite.write_text("tasks:\n  x:\n    finetune: {train_file: a, dev_file: b, learning_rate: 1}\n")
-    assert main(args) == USAGE_EXIT_CODE and "finetune.learning_rate is not a finetune setting" in capsys.readouterr().err
+    assert (
+        main(args) == USAGE_EXIT_CODE and "finetune.learning_rate is not a finetune setting" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow
-def test_a_suite_is_checked_whole_before_any_run_and_an_exported_master_port_is_not_reused(tmp_path, tiny_corpus, pretrained, capsys,
-                                                                                           monkeypatch):
+def test_a_suite_is_checked_whole_before_any_run_and_an_exported_master_port_is_not_reused(
+    tmp_path, tiny_corpus, pretrained, capsys, monkeypatch
+):
     data = _glue(tmp_path / "data", tiny_corpus)
     suite = tmp_path / "mine.yaml"
-    suite.write_text("tasks:\n  a:\n    metric: acuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
-                     "  b:\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv, epochs: 0}\n")  # fmt: skip
+    suite.write_text(
+        "tasks:\n  a:\n    metric: acuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
+        "  b:\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv, epochs: 0}\n"
+    )
     monkeypatch.setenv("MASTER_PORT", str(free_tcp_port()))  # a user's shell often exports one
-    args = ["evaluate", "--suite", str(suite), "--data-dir", str(data), "--model", str(pretrained), "--output", str(tmp_path / "o"),
-            *RUN, "tracking.enabled=false"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--suite",
+        str(suite),
+        "--data-dir",
+        str(data),
+        "--model",
+        str(pretrained),
+        "--output",
+        str(tmp_path / "o"),
+        *RUN,
+        "tracking.enabled=false",
+    ]
     assert main([*args, "--lrs", "1e-4"]) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
-    assert "metric 'acuracy' is not one that classification reports" in err and "finetune.epochs: must be a positive" in err, err
-    assert "SST-2/missing.tsv does not exist" not in err  # b's settings were refused first; its files are checked once they parse
+    assert (
+        "metric 'acuracy' is not one that classification reports" in err
+        and "finetune.epochs: must be a positive" in err
+    ), err
+    assert (
+        "SST-2/missing.tsv does not exist" not in err
+    )  # b's settings were refused first; its files are checked once they parse
     assert not (tmp_path / "o").exists()  # nothing ran
-    suite.write_text("tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv}\n")
-    assert main([*args, "--lrs", "1e-4"]) == USAGE_EXIT_CODE and "SST-2/missing.tsv does not exist" in capsys.readouterr().err
-    suite.write_text("tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n")
-    assert main([*args, "--lrs", "1e-4,2e-4"]) == 0, capsys.readouterr().err  # two runs in one process, MASTER_PORT exported
+    suite.write_text(
+        "tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv}\n"
+    )
+    assert (
+        main([*args, "--lrs", "1e-4"]) == USAGE_EXIT_CODE
+        and "SST-2/missing.tsv does not exist" in capsys.readouterr().err
+    )
+    suite.write_text(
+        "tasks:\n  a:\n    metric: accuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
+    )
+    assert main([*args, "--lrs", "1e-4,2e-4"]) == 0, (
+        capsys.readouterr().err
+    )  # two runs in one process, MASTER_PORT exported
 
 
 @pytest.mark.slow
-def test_a_signal_between_two_runs_stops_the_sweep_and_marks_the_suite_killed(tmp_path, tiny_corpus, pretrained, capsys, monkeypatch):
+def test_a_signal_between_two_runs_stops_the_sweep_and_marks_the_suite_killed(
+    tmp_path, tiny_corpus, pretrained, capsys, monkeypatch
+):
     import os
     import signal
 
@@ -140,8 +219,24 @@ def test_a_signal_between_two_runs_stops_the_sweep_and_marks_the_suite_killed(tm
     monkeypatch.setattr(runner, "finetune", then_terminated)
     before = signal.getsignal(signal.SIGTERM)
     data = _glue(tmp_path / "data", tiny_corpus)
-    code = main(["evaluate", "--suite", "glue", "--tasks", "SST-2", "--data-dir", str(data), "--model", str(pretrained), "--output",
-                 str(tmp_path / "o"), "--lrs", "1e-4,2e-4", *RUN])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--suite",
+            "glue",
+            "--tasks",
+            "SST-2",
+            "--data-dir",
+            str(data),
+            "--model",
+            str(pretrained),
+            "--output",
+            str(tmp_path / "o"),
+            "--lrs",
+            "1e-4,2e-4",
+            *RUN,
+        ]
+    )
     assert code == REQUEUE_EXIT_CODE
     assert "bertdist evaluate: stopped (SIGTERM) before SST-2 at lr 0.0002" in capsys.readouterr().err
     store = client(local_store_uri(str(tmp_path / "o")))

@@ -24,7 +24,22 @@ Rossum NNP I-NP I-NAME
 
 
 def _vocab(tmp_path) -> str:
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "sh", "##util", "module", "copies", "guido", "van", "ross", "##um"]
+    tokens = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "the",
+        "sh",
+        "##util",
+        "module",
+        "copies",
+        "guido",
+        "van",
+        "ross",
+        "##um",
+    ]
     (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n")
     return str(tmp_path / "vocab.txt")
 
@@ -60,7 +75,11 @@ def _encoded(tmp_path, max_seq_length: int = 32):
     (tmp_path / "train.conll").write_text(CONLL)
     sentences, _ = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
     labels = tagging.tag_names(sentences)
-    return sentences, labels, tagging.encode(sentences, labels, _vocab(tmp_path), cased=False, max_seq_length=max_seq_length)
+    return (
+        sentences,
+        labels,
+        tagging.encode(sentences, labels, _vocab(tmp_path), cased=False, max_seq_length=max_seq_length),
+    )
 
 
 def test_the_first_sub_token_of_each_word_carries_its_label(tmp_path):
@@ -68,7 +87,15 @@ def test_the_first_sub_token_of_each_word_carries_its_label(tmp_path):
     # [CLS] the sh ##util module copies [SEP]
     assert tagged.sequences.ids[0].tolist() == [2, 5, 6, 7, 8, 9, 3]
     o, code = labels.index("O"), labels.index("B-CODE")
-    assert tagged.sequences.token_targets["labels"][0].tolist() == [IGNORE_INDEX, o, code, IGNORE_INDEX, o, o, IGNORE_INDEX]
+    assert tagged.sequences.token_targets["labels"][0].tolist() == [
+        IGNORE_INDEX,
+        o,
+        code,
+        IGNORE_INDEX,
+        o,
+        o,
+        IGNORE_INDEX,
+    ]
     assert tagged.first_positions[0].tolist() == [1, 2, 4, 5] and tagged.truncated == 0
     # Cut to 4 tokens: [CLS] guido van [SEP]; Rossum is lost and predicted O.
     _, _, short = _encoded(tmp_path, max_seq_length=4)
@@ -87,4 +114,8 @@ def test_scores_follow_each_word_s_first_sub_token(tmp_path):
     perfect[1][3, :] = 0.0
     perfect[1][3, labels.index("B-NAME")] = 1.0  # Rossum starts a new name: neither predicted name is the gold one
     got = tagging.scores(perfect, dev, labels)
-    assert got["precision"] == pytest.approx(1 / 3) and got["recall"] == pytest.approx(1 / 2) and got["accuracy"] == pytest.approx(6 / 7)
+    assert (
+        got["precision"] == pytest.approx(1 / 3)
+        and got["recall"] == pytest.approx(1 / 2)
+        and got["accuracy"] == pytest.approx(6 / 7)
+    )

@@ -11,19 +11,28 @@ beside its options (bertdist.finetune.embed.check).
 """
 
 from bertdist.config.validation.finetune import data_problems, source_problems, validate_finetune
+from bertdist.config.validation.model import ARCH_ONLY_FIELDS, heads_divide_problem
 from bertdist.config.validation.prepare import validate_prepare
 from bertdist.config.validation.train import (
-    ARCH_ONLY_FIELDS,
     BACKENDS,
     PRECISIONS,
     VERIFY_MODES,
     deepspeed_passthrough_problems,
-    heads_divide_problem,
     local_only_problems,
     validate,
 )
 
 __all__ = [
-    "ARCH_ONLY_FIELDS", "BACKENDS", "PRECISIONS", "VERIFY_MODES", "data_problems", "deepspeed_passthrough_problems",
-    "heads_divide_problem", "local_only_problems", "source_problems", "validate", "validate_finetune", "validate_prepare",
-]  # fmt: skip
+    "ARCH_ONLY_FIELDS",
+    "BACKENDS",
+    "PRECISIONS",
+    "VERIFY_MODES",
+    "data_problems",
+    "deepspeed_passthrough_problems",
+    "heads_divide_problem",
+    "local_only_problems",
+    "source_problems",
+    "validate",
+    "validate_finetune",
+    "validate_prepare",
+]

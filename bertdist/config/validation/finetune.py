@@ -25,18 +25,29 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
     if ft.extra_dev() and ft.task not in EXTRA_DEV_TASKS:
         p.append(f"finetune.extra_dev_files: only for classification and regression, not {ft.task}")
     if ft.task == "multiple_choice" and len(ft.choices()) < 2:
-        p.append(f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}")
+        p.append(
+            f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}"
+        )
     for name in ("train_file", "dev_file"):
         if not getattr(ft, name):
             p.append(f"finetune.{name}: empty")
-    for name in ("batch_size", "micro_batch_size", "doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
+    for name in (
+        "batch_size",
+        "micro_batch_size",
+        "doc_stride",
+        "max_query_length",
+        "max_answer_length",
+        "n_best_size",
+    ):
         if getattr(ft, name) <= 0:
             p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")
     if ft.max_seq_length < 0:
         p.append(f"finetune.max_seq_length: must be 0 (the task's default) or positive, got {ft.max_seq_length}")
     if ft.batch_size > 0 and ft.micro_batch_size > 0 and ft.batch_size % (ft.micro_batch_size * world_size):
-        p.append(f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
-                 f"({ft.micro_batch_size}) x {world_size} rank(s)")  # fmt: skip
+        p.append(
+            f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
+            f"({ft.micro_batch_size}) x {world_size} rank(s)"
+        )
     if not (ft.epochs > 0 and math.isfinite(ft.epochs)):
         p.append(f"finetune.epochs: must be a positive number, got {ft.epochs}")
     if not (ft.lr > 0 and math.isfinite(ft.lr)):

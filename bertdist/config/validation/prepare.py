@@ -35,9 +35,17 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ("--workers", opts.workers < 0, "must be >= 0"),
             ("--samples-per-shard", opts.samples_per_shard < 1, "must be at least 1"),
             ("--group-mb", not (math.isfinite(opts.group_bytes) and opts.group_bytes > 0), "must be positive"),
-            ("--on-bad-input", opts.on_bad_input not in choices(type(opts), "on_bad_input"), _one_of(type(opts), "on_bad_input")),
+            (
+                "--on-bad-input",
+                opts.on_bad_input not in choices(type(opts), "on_bad_input"),
+                _one_of(type(opts), "on_bad_input"),
+            ),
             ("--output", storage.is_file(opts.output_dir), f"{opts.output_dir} is a file, not a directory"),
-            ("--vocab", storage.is_url(opts.vocab_file), "a URL is not supported here yet; give a local vocab.txt or tokenizer.json"),
+            (
+                "--vocab",
+                storage.is_url(opts.vocab_file),
+                "a URL is not supported here yet; give a local vocab.txt or tokenizer.json",
+            ),
         ]
         if bad
     ]

@@ -8,13 +8,12 @@ path works, heads that divide the hidden size) are functions here that they call
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from bertdist import storage
+from bertdist.config.batch_warmup import phases_in_ramp
 from bertdist.config.choices import choice_problems, choices
 from bertdist.config.schema import (
     ARCHITECTURES,
@@ -22,10 +21,9 @@ from bertdist.config.schema import (
     Config,
     ConfigError,
     LaunchConfig,
-    ModelConfig,
-    PhaseConfig,
     TrainConfig,
 )
+from bertdist.config.validation.model import architecture_problems, pretrained_arch_problem
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
 
@@ -35,8 +33,14 @@ VERIFY_MODES = choices(CheckpointConfig, "verify")
 """How a checkpoint's files are checked before loading (bertdist.train.integrity)."""
 
 
-LOCAL_ONLY_FIELDS = ("data.vocab_file", "checkpoint.init_from_pretrained", "finetune.output_dir", "finetune.train_file",
-                     "finetune.dev_file", "finetune.vocab_file")  # fmt: skip
+LOCAL_ONLY_FIELDS = (
+    "data.vocab_file",
+    "checkpoint.init_from_pretrained",
+    "finetune.output_dir",
+    "finetune.train_file",
+    "finetune.dev_file",
+    "finetune.vocab_file",
+)
 """Path fields that do not take an object-store URL yet (the others do: bertdist.storage)."""
 
 
@@ -47,8 +51,10 @@ def local_only_problems(cfg: Config) -> list[str]:
         section, name = dotted.split(".")
         value = getattr(getattr(cfg, section), name)
         if value and storage.is_url(value):
-            found.append(f"{dotted}: {value} is a URL; this field takes a local path (a URL here is not supported yet: "
-                         "copy it to local disk)")  # fmt: skip
+            found.append(
+                f"{dotted}: {value} is a URL; this field takes a local path (a URL here is not supported yet: "
+                "copy it to local disk)"
+            )
     return found
 
 
@@ -71,106 +77,30 @@ def deepspeed_passthrough_problems(cfg: Config) -> list[str]:
     combination that validation refuses (LAMB under ZeRO 2, say) without a word. A key that repeats the
     schema's own value is harmless and accepted."""
     t, extra = cfg.train, cfg.train.deepspeed
-    found = [f"train.deepspeed.{key}: set by our config ({owner}); remove it from train.deepspeed"
-             for key, owner in DEEPSPEED_OWNED_KEYS.items() if key in extra]  # fmt: skip
+    found = [
+        f"train.deepspeed.{key}: set by our config ({owner}); remove it from train.deepspeed"
+        for key, owner in DEEPSPEED_OWNED_KEYS.items()
+        if key in extra
+    ]
     zero = extra.get("zero_optimization")
     if isinstance(zero, dict) and "stage" in zero and zero["stage"] != t.zero_stage:
-        found.append(f"train.deepspeed.zero_optimization.stage: {zero['stage']!r} contradicts train.zero_stage={t.zero_stage}; "
-                     "set train.zero_stage instead")  # fmt: skip
+        found.append(
+            f"train.deepspeed.zero_optimization.stage: {zero['stage']!r} contradicts train.zero_stage={t.zero_stage}; "
+            "set train.zero_stage instead"
+        )
     for section in ("fp16", "bf16"):
         value = extra.get(section)
         if isinstance(value, dict) and "enabled" in value and bool(value["enabled"]) != (t.precision == section):
-            found.append(f"train.deepspeed.{section}.enabled: {value['enabled']!r} contradicts train.precision={t.precision}; "
-                         "set train.precision instead")  # fmt: skip
+            found.append(
+                f"train.deepspeed.{section}.enabled: {value['enabled']!r} contradicts train.precision={t.precision}; "
+                "set train.precision instead"
+            )
     if "gradient_clipping" in extra and extra["gradient_clipping"] != cfg.optim.grad_clip_norm:
-        found.append(f"train.deepspeed.gradient_clipping: {extra['gradient_clipping']!r} contradicts optim.grad_clip_norm="
-                     f"{cfg.optim.grad_clip_norm}; set optim.grad_clip_norm instead")  # fmt: skip
+        found.append(
+            f"train.deepspeed.gradient_clipping: {extra['gradient_clipping']!r} contradicts optim.grad_clip_norm="
+            f"{cfg.optim.grad_clip_norm}; set optim.grad_clip_norm instead"
+        )
     return found
-
-
-ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
-    "type_vocab_size": ("bert",),
-    "global_attn_every_n_layers": ("modernbert",),
-    "local_attention": ("modernbert",),
-    "global_rope_theta": ("modernbert",),
-    "local_rope_theta": ("modernbert",),
-    "bias": ("modernbert",),
-}
-"""model fields that only these architectures read: set away from its default under another `model.arch`, the
-field would be ignored without a word. (`next_sentence_prediction` has its own check: ModernBERT refuses its
-default, true.)"""
-
-
-def heads_divide_problem(m: ModelConfig) -> str:
-    """Why the attention heads cannot split `model.hidden_size` ('' when they can). The one copy of the rule:
-    `validate` reports it as a field problem, and bertdist.model.bert.check_heads_divide raises it when a model is
-    built from a ModelConfig that never went through validation (a test's, a checkpoint's)."""
-    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
-        return f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"
-    return ""
-
-
-def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str]:
-    """What `model.arch` cannot build, or would silently ignore: an unknown name, another architecture's
-    options, heads that do not split the hidden size, and ModernBERT's window and rotary head size."""
-    found = [problem] if (problem := heads_divide_problem(m)) else []
-    if m.arch not in ARCHITECTURES:  # reported by choice_problems; nothing else about it can be judged
-        return found
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    for name, archs in ARCH_ONLY_FIELDS.items():
-        if m.arch not in archs and getattr(m, name) != defaults[name]:
-            found.append(f"model.{name}: {getattr(m, name)!r} applies only to model.arch {' or '.join(archs)}, and "
-                         f"model.arch: {m.arch} ignores it; remove it (default {defaults[name]!r})")  # fmt: skip
-    for i, ph in enumerate(phases):
-        for name in ("global_rope_theta", "local_rope_theta"):
-            theta = getattr(ph, name)
-            if theta and m.arch != "modernbert":
-                found.append(f"data.phases.{i}.{name}: {theta!r} applies only to model.arch modernbert (rotary positions), "
-                             f"and model.arch: {m.arch} ignores it")  # fmt: skip
-            elif theta < 0:
-                found.append(f"data.phases.{i}.{name}: must be positive (or 0: model.{name}), got {theta}")
-    if m.arch != "modernbert":
-        return found
-    if m.next_sentence_prediction:
-        found.append("model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false (MLM-only, "
-                     "shards prepared with --objective mlm)")  # fmt: skip
-    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads == 0 and (m.hidden_size // m.num_attention_heads) % 2:
-        found.append(f"model.num_attention_heads: a head size of {m.hidden_size // m.num_attention_heads} (model.hidden_size / "
-                     "heads) is odd; ModernBERT's rotary position embedding rotates pairs of dimensions, so it needs an even one")  # fmt: skip
-    if m.global_attn_every_n_layers < 1 or m.local_attention < 2:
-        found.append(f"model.global_attn_every_n_layers and model.local_attention: must be >= 1 and >= 2, got "
-                     f"{m.global_attn_every_n_layers} and {m.local_attention}")  # fmt: skip
-    elif m.global_attn_every_n_layers > 1 and m.num_layers > 1 and phases:
-        # Judged against the sequences the run trains on, not model.max_position_embeddings (8,192 for
-        # ModernBERT, whose first stage trains at 1,024): a window that covers them trains no local attention.
-        i, longest = max(enumerate(ph.max_seq_length for ph in phases), key=lambda item: item[1])
-        if m.local_attention // 2 >= longest - 1:
-            found.append(f"model.local_attention: {m.local_attention} covers every sequence of this run (a token sees keys "
-                         f"up to {m.local_attention // 2} positions away; the longest is data.phases.{i}.max_seq_length="
-                         f"{longest}), so the local layers would attend like the global ones; set it below "
-                         f"{2 * (longest - 1)} (or model.global_attn_every_n_layers: 1 for global attention only)")  # fmt: skip
-    if not (m.global_rope_theta > 0 and m.local_rope_theta > 0):
-        found.append(f"model.global_rope_theta, model.local_rope_theta: must be positive, got {m.global_rope_theta}, "
-                     f"{m.local_rope_theta}")  # fmt: skip
-    return found
-
-
-def pretrained_arch_problem(directory: str, arch: str) -> str:
-    """Why the Hugging Face directory `directory` cannot start a run of `model.arch` `arch` ('' when it can); read
-    from its config.json's model_type, which for each architecture is its name (bertdist.model.registry
-    HF_MODEL_TYPES), BERT when it names none (old checkpoints)."""
-    path = Path(directory) / "config.json"
-    try:
-        model_type = json.loads(path.read_text()).get("model_type", "bert")
-    except (OSError, ValueError, AttributeError) as e:
-        return f"checkpoint.init_from_pretrained: {path} is unreadable ({e}); a Hugging Face model directory has a config.json"
-    if model_type not in ARCHITECTURES:
-        return (f"checkpoint.init_from_pretrained: {directory} holds a {model_type!r} model (config.json model_type), "
-                f"not one bertdist reads ({', '.join(ARCHITECTURES)})")  # fmt: skip
-    if model_type != arch:
-        return (f"checkpoint.init_from_pretrained: {directory} holds a {model_type} model (config.json model_type), and "
-                f"model.arch is {arch!r}; set model.arch: {model_type}")  # fmt: skip
-    return ""
 
 
 def credential_problems(values: Any, where: str = "") -> list[str]:
@@ -189,20 +119,74 @@ def schedule_problems(cfg: Config) -> list[str]:
     o, found = cfg.optim, []
     if not 0.0 <= o.decay_fraction <= 1.0:
         found.append(f"optim.decay_fraction: must be in [0, 1], got {o.decay_fraction}")
-    own = [(f"data.phases.{i}", ph.steps, ph.warmup_steps, o.decay_fraction if ph.decay_fraction < 0 else ph.decay_fraction)
-           for i, ph in enumerate(cfg.data.phases) if ph.lr]  # fmt: skip
+    own = [
+        (
+            f"data.phases.{i}",
+            ph.steps,
+            ph.warmup_steps,
+            o.decay_fraction if ph.decay_fraction < 0 else ph.decay_fraction,
+        )
+        for i, ph in enumerate(cfg.data.phases)
+        if ph.lr
+    ]
     for i, ph in enumerate(cfg.data.phases):
         if ph.decay_fraction >= 0 and not (ph.lr and o.schedule == "wsd"):
-            found.append(f"data.phases.{i}.decay_fraction: applies only to a phase's own wsd schedule (data.phases.{i}.lr "
-                         "with optim.schedule: wsd)")  # fmt: skip
+            found.append(
+                f"data.phases.{i}.decay_fraction: applies only to a phase's own wsd schedule (data.phases.{i}.lr "
+                "with optim.schedule: wsd)"
+            )
         elif ph.decay_fraction > 1:
             found.append(f"data.phases.{i}.decay_fraction: must be in [0, 1], got {ph.decay_fraction}")
     if o.schedule == "wsd" and not found:
         for name, steps, warmup, fraction in own or [("optim", cfg.total_steps(), o.warmup_steps, o.decay_fraction)]:
             decay = round(fraction * steps)
             if warmup + decay > steps:
-                found.append(f"{name}: {warmup} warmup steps and a decay of {decay} ({fraction:g} of {steps}) do not fit "
-                             f"in its {steps} steps; lower the decay_fraction or the warmup")  # fmt: skip
+                found.append(
+                    f"{name}: {warmup} warmup steps and a decay of {decay} ({fraction:g} of {steps}) do not fit "
+                    f"in its {steps} steps; lower the decay_fraction or the warmup"
+                )
+    return found
+
+
+def batch_warmup_problems(cfg: Config, world: int) -> list[str]:
+    """A batch warmup (bertdist.config.batch_warmup) whose sizes every phase it reaches can train on `world` ranks:
+    a start below the phase's full batch and a multiple of its micro batch x world size (then so is every size of
+    the ramp). Judged from step 0, whatever step a run resumes at."""
+    t, found = cfg.train, []
+    if t.batch_warmup_tokens < 0 or t.batch_warmup_start < 0:
+        return [
+            f"train.batch_warmup_tokens, train.batch_warmup_start: must be >= 0 (0: no batch warmup), got "
+            f"{t.batch_warmup_tokens}, {t.batch_warmup_start}"
+        ]
+    if not t.batch_warmup_tokens:
+        return (
+            [
+                "train.batch_warmup_start: applies only with train.batch_warmup_tokens (the tokens the ramp takes); "
+                "set both, or neither"
+            ]
+            if t.batch_warmup_start
+            else []
+        )
+    if not t.batch_warmup_start:
+        return [
+            "train.batch_warmup_start: the ramp's first global batch (sequences) is needed with "
+            "train.batch_warmup_tokens"
+        ]
+    phases = cfg.data.phases
+    if world <= 0 or any(min(ph.max_seq_length, ph.micro_batch_size, cfg.global_batch_size(ph)) <= 0 for ph in phases):
+        return found  # reported on their own fields; the ramp cannot be laid out
+    for i in phases_in_ramp(cfg):
+        full, micro = cfg.global_batch_size(phases[i]), phases[i].micro_batch_size
+        if t.batch_warmup_start >= full:
+            found.append(
+                f"train.batch_warmup_start: {t.batch_warmup_start} is not below the global batch of "
+                f"data.phases.{i} ({full}), which the ramp reaches; the ramp rises to it"
+            )
+        elif t.batch_warmup_start % (micro * world):
+            found.append(
+                f"train.batch_warmup_start: {t.batch_warmup_start} (the ramp's sizes are its multiples) is "
+                f"not divisible by data.phases.{i}.micro_batch_size x world size = {micro} x {world}"
+            )
     return found
 
 
@@ -247,8 +231,11 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(f"{name}.train_dir: empty")
         if ph.steps <= 0:
             p.append(f"{name}.steps: must be positive, got {ph.steps}")
-        batch, batch_field = (ph.global_batch_size, f"{name}.global_batch_size") if ph.global_batch_size else (
-            t.global_batch_size, "train.global_batch_size")  # fmt: skip
+        batch, batch_field = (
+            (ph.global_batch_size, f"{name}.global_batch_size")
+            if ph.global_batch_size
+            else (t.global_batch_size, "train.global_batch_size")
+        )
         if ph.global_batch_size < 0:
             p.append(f"{name}.global_batch_size: must be >= 0 (0: train.global_batch_size), got {ph.global_batch_size}")
         elif ph.micro_batch_size <= 0:
@@ -266,35 +253,56 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(f"{name}.max_seq_length: must be at least 8, got {ph.max_seq_length}")
         if ph.max_seq_length > m.max_position_embeddings:
             p.append(
-                f"{name}.max_seq_length: {ph.max_seq_length} exceeds model.max_position_embeddings={m.max_position_embeddings}"
+                f"{name}.max_seq_length: {ph.max_seq_length} exceeds "
+                f"model.max_position_embeddings={m.max_position_embeddings}"
             )
     mk = d.masking
     if not 0.0 < mk.masked_lm_prob < 1.0:
         p.append(f"data.masking.masked_lm_prob: must be in (0, 1), got {mk.masked_lm_prob}")
     if mk.max_predictions_per_seq < 0:
-        p.append(f"data.masking.max_predictions_per_seq: must be >= 0 (0: from the rate), got {mk.max_predictions_per_seq}")
-    if not (mk.mask_token_fraction >= 0 and mk.random_token_fraction >= 0
-            and mk.mask_token_fraction + mk.random_token_fraction <= 1):  # fmt: skip
-        p.append(f"data.masking: mask_token_fraction and random_token_fraction must be >= 0 with a sum <= 1, got "
-                 f"{mk.mask_token_fraction} and {mk.random_token_fraction}")  # fmt: skip
+        p.append(
+            f"data.masking.max_predictions_per_seq: must be >= 0 (0: from the rate), got {mk.max_predictions_per_seq}"
+        )
+    if not (
+        mk.mask_token_fraction >= 0
+        and mk.random_token_fraction >= 0
+        and mk.mask_token_fraction + mk.random_token_fraction <= 1
+    ):
+        p.append(
+            f"data.masking: mask_token_fraction and random_token_fraction must be >= 0 with a sum <= 1, got "
+            f"{mk.mask_token_fraction} and {mk.random_token_fraction}"
+        )
     if d.loader_workers < 0:
         p.append(f"data.loader_workers: must be >= 0, got {d.loader_workers}")
 
     own_schedules = [i for i, ph in enumerate(d.phases) if ph.lr]
     if own_schedules and len(own_schedules) != len(d.phases):
-        p.append(f"data.phases.N.lr: set for phases {own_schedules} only; either every phase has its own schedule or none")
+        p.append(
+            f"data.phases.N.lr: set for phases {own_schedules} only; either every phase has its own schedule or none"
+        )
     # A schedule setting that does not apply is refused rather than dropped (the plan would show another warmup).
     for i, ph in enumerate(d.phases):
         if ph.warmup_steps and not ph.lr:
-            p.append(f"data.phases.{i}.warmup_steps: applies only to a phase's own schedule (data.phases.{i}.lr); this "
-                     "run follows optim.lr and optim.warmup_steps")  # fmt: skip
-    if own_schedules and len(own_schedules) == len(d.phases) and o.warmup_steps and not any(ph.warmup_steps for ph in d.phases):
-        p.append(f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
-                 "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)")  # fmt: skip
+            p.append(
+                f"data.phases.{i}.warmup_steps: applies only to a phase's own schedule (data.phases.{i}.lr); this "
+                "run follows optim.lr and optim.warmup_steps"
+            )
+    if (
+        own_schedules
+        and len(own_schedules) == len(d.phases)
+        and o.warmup_steps
+        and not any(ph.warmup_steps for ph in d.phases)
+    ):
+        p.append(
+            f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
+            "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)"
+        )
     if o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):
-        p.append(f"optim.name: lamb scales each parameter tensor by its own trust ratio, and ZeRO (train.zero_stage="
-                 f"{t.zero_stage}) and DeepSpeed's bf16 optimizer hand the optimizer flattened partitions instead; "
-                 "use train.zero_stage: 0 with fp32 or fp16")  # fmt: skip
+        p.append(
+            f"optim.name: lamb scales each parameter tensor by its own trust ratio, and ZeRO (train.zero_stage="
+            f"{t.zero_stage}) and DeepSpeed's bf16 optimizer hand the optimizer flattened partitions instead; "
+            "use train.zero_stage: 0 with fp32 or fp16"
+        )
     total = cfg.total_steps()
     if o.warmup_steps < 0:
         p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
@@ -311,13 +319,17 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if o.grad_clip_norm < 0:
         p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
     p.extend(schedule_problems(cfg))
+    p.extend(batch_warmup_problems(cfg, world))
 
     p.extend(deepspeed_passthrough_problems(cfg))
     p.extend(credential_problems(cfg.to_dict()))
     if cfg.checkpoint.every_steps <= 0:
         p.append(f"checkpoint.every_steps: must be positive, got {cfg.checkpoint.every_steps}")
     if not cfg.checkpoint.lease_timeout_s >= 4:
-        p.append(f"checkpoint.lease_timeout_s: must be at least 4 (a heartbeat every quarter of it), got {cfg.checkpoint.lease_timeout_s}")
+        p.append(
+            "checkpoint.lease_timeout_s: must be at least 4 (a heartbeat every quarter of it), "
+            f"got {cfg.checkpoint.lease_timeout_s}"
+        )
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
 
@@ -327,8 +339,10 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         if getattr(st, name) < low:
             p.append(f"storage.{name}: must be at least {low}, got {getattr(st, name)}")
     if storage.is_url(t.output_dir):
-        p.append(f"train.output_dir: {t.output_dir} is a URL; the run directory (logs, local checkpoint copies) is local: "
-                 "keep it on disk and set checkpoint.uri to the store")  # fmt: skip
+        p.append(
+            f"train.output_dir: {t.output_dir} is a URL; the run directory (logs, local checkpoint copies) is local: "
+            "keep it on disk and set checkpoint.uri to the store"
+        )
 
     if not t.forecast_hours >= 0:
         p.append(f"train.forecast_hours: must be >= 0 (0: no forecast), got {t.forecast_hours}")
@@ -336,7 +350,9 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     if not 1 <= lc.master_port <= 65535:
         p.append(f"launch.master_port: {lc.master_port} is not a TCP port")
     if not 0 <= lc.min_nodes <= max(lc.nodes, 1):
-        p.append(f"launch.min_nodes: must be between 1 and launch.nodes={lc.nodes} (0: launch.nodes), got {lc.min_nodes}")
+        p.append(
+            f"launch.min_nodes: must be between 1 and launch.nodes={lc.nodes} (0: launch.nodes), got {lc.min_nodes}"
+        )
     for name in ("max_restarts", "restart_backoff_s", "readmit_after_s"):
         if getattr(lc, name) < 0:
             p.append(f"launch.{name}: must be >= 0, got {getattr(lc, name)}")
@@ -346,8 +362,10 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
 
     ds = cfg.eval.downstream
     if ds.config and (ds.every_checkpoints <= 0 or not ds.timeout_s > 0 or not re.fullmatch(r"[\w.-]+", ds.name)):
-        p.append(f"eval.downstream: every_checkpoints and timeout_s must be positive and name a word (letters, digits, "
-                 f"_ . -), got {ds.every_checkpoints}, {ds.timeout_s}, {ds.name!r}")  # fmt: skip
+        p.append(
+            f"eval.downstream: every_checkpoints and timeout_s must be positive and name a word (letters, digits, "
+            f"_ . -), got {ds.every_checkpoints}, {ds.timeout_s}, {ds.name!r}"
+        )
     if check_files and not storage.is_url(d.vocab_file):
         if not d.vocab_file:
             p.append("data.vocab_file: empty (make one with `bertdist vocab`)")
@@ -362,7 +380,9 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
                 p.append(f"data.vocab_file: {e}")
                 n = 0
             if n > m.vocab_size:
-                p.append(f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}")
+                p.append(
+                    f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}"
+                )
             elif n and cfg.checkpoint.init_from_pretrained:
                 try:
                     problem = vocab_mismatch(d.vocab_file, m.vocab_size, cfg.checkpoint.init_from_pretrained)

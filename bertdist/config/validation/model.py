@@ -1,0 +1,121 @@
+"""The model's rules: what `model.arch` cannot build or would silently ignore, the heads, and a pretrained
+checkpoint's architecture; `validate` (train) reports them with the rest."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from bertdist.config.schema import ARCHITECTURES, ModelConfig, PhaseConfig
+
+ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
+    "type_vocab_size": ("bert",),
+    "global_attn_every_n_layers": ("modernbert",),
+    "local_attention": ("modernbert",),
+    "global_rope_theta": ("modernbert",),
+    "local_rope_theta": ("modernbert",),
+    "bias": ("modernbert",),
+}
+"""model fields that only these architectures read: set away from its default under another `model.arch`, the
+field would be ignored without a word. (`next_sentence_prediction` has its own check: ModernBERT refuses its
+default, true.)"""
+
+
+def heads_divide_problem(m: ModelConfig) -> str:
+    """Why the attention heads cannot split `model.hidden_size` ('' when they can). The one copy of the rule:
+    `validate` reports it as a field problem, and bertdist.model.bert.check_heads_divide raises it when a model is
+    built from a ModelConfig that never went through validation (a test's, a checkpoint's)."""
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        return (
+            f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"
+        )
+    return ""
+
+
+def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str]:
+    """What `model.arch` cannot build, or would silently ignore: an unknown name, another architecture's
+    options, heads that do not split the hidden size, and ModernBERT's window and rotary head size."""
+    found = [problem] if (problem := heads_divide_problem(m)) else []
+    if m.arch not in ARCHITECTURES:  # reported by choice_problems; nothing else about it can be judged
+        return found
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    for name, archs in ARCH_ONLY_FIELDS.items():
+        if m.arch not in archs and getattr(m, name) != defaults[name]:
+            found.append(
+                f"model.{name}: {getattr(m, name)!r} applies only to model.arch {' or '.join(archs)}, and "
+                f"model.arch: {m.arch} ignores it; remove it (default {defaults[name]!r})"
+            )
+    for i, ph in enumerate(phases):
+        for name in ("global_rope_theta", "local_rope_theta"):
+            theta = getattr(ph, name)
+            if theta and m.arch != "modernbert":
+                found.append(
+                    f"data.phases.{i}.{name}: {theta!r} applies only to model.arch modernbert (rotary positions), "
+                    f"and model.arch: {m.arch} ignores it"
+                )
+            elif theta < 0:
+                found.append(f"data.phases.{i}.{name}: must be positive (or 0: model.{name}), got {theta}")
+    if m.arch != "modernbert":
+        return found
+    if m.next_sentence_prediction:
+        found.append(
+            "model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false (MLM-only, "
+            "shards prepared with --objective mlm)"
+        )
+    if (
+        m.num_attention_heads > 0
+        and m.hidden_size % m.num_attention_heads == 0
+        and (m.hidden_size // m.num_attention_heads) % 2
+    ):
+        found.append(
+            f"model.num_attention_heads: a head size of {m.hidden_size // m.num_attention_heads} (model.hidden_size / "
+            "heads) is odd; ModernBERT's rotary position embedding rotates pairs of dimensions, so it needs an even one"
+        )
+    if m.global_attn_every_n_layers < 1 or m.local_attention < 2:
+        found.append(
+            f"model.global_attn_every_n_layers and model.local_attention: must be >= 1 and >= 2, got "
+            f"{m.global_attn_every_n_layers} and {m.local_attention}"
+        )
+    elif m.global_attn_every_n_layers > 1 and m.num_layers > 1 and phases:
+        # Judged against the sequences the run trains on, not model.max_position_embeddings (8,192 for
+        # ModernBERT, whose first stage trains at 1,024): a window that covers them trains no local attention.
+        i, longest = max(enumerate(ph.max_seq_length for ph in phases), key=lambda item: item[1])
+        if m.local_attention // 2 >= longest - 1:
+            found.append(
+                f"model.local_attention: {m.local_attention} covers every sequence of this run (a token sees keys "
+                f"up to {m.local_attention // 2} positions away; the longest is data.phases.{i}.max_seq_length="
+                f"{longest}), so the local layers would attend like the global ones; set it below "
+                f"{2 * (longest - 1)} (or model.global_attn_every_n_layers: 1 for global attention only)"
+            )
+    if not (m.global_rope_theta > 0 and m.local_rope_theta > 0):
+        found.append(
+            f"model.global_rope_theta, model.local_rope_theta: must be positive, got {m.global_rope_theta}, "
+            f"{m.local_rope_theta}"
+        )
+    return found
+
+
+def pretrained_arch_problem(directory: str, arch: str) -> str:
+    """Why the Hugging Face directory `directory` cannot start a run of `model.arch` `arch` ('' when it can); read
+    from its config.json's model_type, which for each architecture is its name (bertdist.model.registry
+    HF_MODEL_TYPES), BERT when it names none (old checkpoints)."""
+    path = Path(directory) / "config.json"
+    try:
+        model_type = json.loads(path.read_text()).get("model_type", "bert")
+    except (OSError, ValueError, AttributeError) as e:
+        return (
+            f"checkpoint.init_from_pretrained: {path} is unreadable ({e}); "
+            "a Hugging Face model directory has a config.json"
+        )
+    if model_type not in ARCHITECTURES:
+        return (
+            f"checkpoint.init_from_pretrained: {directory} holds a {model_type!r} model (config.json model_type), "
+            f"not one bertdist reads ({', '.join(ARCHITECTURES)})"
+        )
+    if model_type != arch:
+        return (
+            f"checkpoint.init_from_pretrained: {directory} holds a {model_type} model (config.json model_type), and "
+            f"model.arch is {arch!r}; set model.arch: {model_type}"
+        )
+    return ""
