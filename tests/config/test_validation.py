@@ -198,3 +198,14 @@ def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_r
     assert data_problems(cfg.finetune, 32) == []
     with pytest.raises(ValueError, match="model.hidden_size: 128 is not divisible by model.num_attention_heads=3"):
         check_heads_divide(load_config(None, ["model.hidden_size=128", "model.num_attention_heads=3"]).model)
+
+
+def test_sentence_pairs_longer_than_bert_positions_are_refused_before_anything_starts(tmp_path, tiny_vocab, capsys):
+    """Long context is full-length text (--objective mlm); sentence pairs stay at BERT's 512 and say so."""
+    from bertdist.cli import main
+
+    base = ["prepare", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--vocab", tiny_vocab]
+    assert main([*base, "--max-seq-length", "1024"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-seq-length: sentence pairs (--objective nsp) stay at <= 512 tokens" in err and "\n" == err[-1:]
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from bertdist.data.pipeline.options import PrepareOptions
 
 
+MAX_PAIR_LENGTH = 512
+"""The longest sentence-pair sample: BERT's learned positions, which the pairs objective trains."""
+
+
 def validate_prepare(opts: PrepareOptions) -> None:
     """Raise DataError listing every out-of-range option (by its flag) and an output that cannot be a directory."""
     i = opts.instances
@@ -25,6 +29,12 @@ def validate_prepare(opts: PrepareOptions) -> None:
         f"{flag}: {why}"
         for flag, bad, why in [
             ("--max-seq-length", not 8 <= i.max_seq_length <= 65535, "must be in [8, 65535]"),
+            (
+                "--max-seq-length",
+                i.objective == "nsp" and i.max_seq_length > MAX_PAIR_LENGTH,
+                f"sentence pairs (--objective nsp) stay at <= {MAX_PAIR_LENGTH} tokens, BERT's positions; longer "
+                "samples are --objective mlm (full-length text, up to ModernBERT's 8,192)",
+            ),
             ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
             ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
             ("--max-predictions-per-seq", i.max_predictions_per_seq < 0, "must be >= 0 (0: from the rate)"),
