@@ -37,8 +37,8 @@ pytestmark = pytest.mark.slow
 
 REFERENCE = Path(__file__).parent / "reference" / "bert_zero1.json"
 NOT_COMPARED = ("throughput/", "memory/")
-"""Wall-clock rates and peak memory: the only metrics that differ between two identical runs (memory/ was added
-after the reference was made)."""
+"""Wall-clock rates and peak memory: the only metrics that differ between two identical runs. Metrics added after
+the reference was made (memory/peak_gb, progress/sequences_seen) are not in it; every one it has is compared."""
 
 
 def _digest_shards(directory: str) -> str:
@@ -90,12 +90,14 @@ def test_bert_run_is_bit_identical_to_the_reference_from_before_the_registry(tmp
         assert got["weights"].keys() == want["weights"].keys() and not differ, (
             f"weights differ from the reference: {differ}"
         )
-        assert got["metrics"] == want["metrics"]
+        assert len(got["metrics"]) == len(want["metrics"])
+        for g, w in zip(got["metrics"], want["metrics"]):
+            assert {k: g.get(k, "missing") for k in w} == w
         return
     # Another torch or CPU: same keys and records, values at 1e-4 (bit identity cannot be asked across kernels).
     assert got["weights"].keys() == want["weights"].keys()
     assert len(got["metrics"]) == len(want["metrics"])
     for g, w in zip(got["metrics"], want["metrics"]):
-        assert g.keys() == w.keys()
+        assert w.keys() <= g.keys()
         for key, value in w.items():
             assert g[key] == (pytest.approx(value, rel=1e-4, abs=1e-6) if isinstance(value, float) else value), key
