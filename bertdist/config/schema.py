@@ -408,6 +408,17 @@ class EvalConfig:
     downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
 
 
+def phase_index(phase_steps: list[int], step: int) -> tuple[int, int]:
+    """(index, end step) of the phase holding 0-based optimizer step `step`, the phases being `phase_steps` steps
+    long; past the last phase, the last one. A run's Config and a checkpoint's recorded config both ask here."""
+    end = 0
+    for index, steps in enumerate(phase_steps):
+        end += steps
+        if step < end:
+            return index, end
+    return len(phase_steps) - 1, end
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -436,12 +447,8 @@ class Config:
 
     def phase_at(self, step: int) -> tuple[int, PhaseConfig]:
         """The phase (index, config) that optimizer step `step` (0-based) belongs to."""
-        end = 0
-        for i, phase in enumerate(self.data.phases):
-            end += phase.steps
-            if step < end:
-                return i, phase
-        return len(self.data.phases) - 1, self.data.phases[-1]
+        index, _ = phase_index([phase.steps for phase in self.data.phases], step)
+        return index, self.data.phases[index]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists (tuples become lists), as YAML and JSON write them."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist.config import ModelConfig, PhaseConfig
+from bertdist.config.schema import phase_index
 from bertdist.errors import UserError
 
 MODEL_CLASSES = {
@@ -52,14 +53,9 @@ def phase_model_config(model_cfg: ModelConfig, phase: PhaseConfig) -> ModelConfi
 def checkpoint_model_config(run_config: dict[str, Any], step: int) -> ModelConfig:
     """The model of a checkpoint after `step` steps of the run whose resolved config is `run_config`: the run's
     model in the phase of its last step (what an export or a fine-tuning must build)."""
-    end, phases = 0, [PhaseConfig(**p) for p in run_config["data"]["phases"]]
-    phase = phases[-1]
-    for candidate in phases:
-        end += candidate.steps
-        if step <= end:
-            phase = candidate
-            break
-    return phase_model_config(ModelConfig(**run_config["model"]), phase)
+    phases = [PhaseConfig(**p) for p in run_config["data"]["phases"]]
+    index, _ = phase_index([p.steps for p in phases], step - 1)
+    return phase_model_config(ModelConfig(**run_config["model"]), phases[index])
 
 
 def enter_phase(model: Any, model_cfg: ModelConfig) -> None:

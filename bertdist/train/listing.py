@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from bertdist import storage
+from bertdist.config.schema import phase_index
 from bertdist.train.checkpoint import (
     CHECKPOINTS_DIRNAME,
     LATEST_FILENAME,
@@ -114,10 +115,9 @@ def _table(rows: list[tuple[str, TrainState | None, str]], marked: str | None, m
 def _phase_note(state: TrainState) -> str:
     """`, closes phase 0 (pretrain)` when the checkpoint is a phase's last step, else `, phase 1 (decay)`: the
     phase of the last step it holds, from the run's own config (names from data.phases.N.name)."""
-    end = 0
-    for index, phase in enumerate(state.config.get("data", {}).get("phases", [])):
-        end += phase.get("steps", 0)
-        if state.step <= end:
-            name = f" ({phase['name']})" if phase.get("name") else ""
-            return f", {'closes ' if state.step == end else ''}phase {index}{name}"
-    return ""
+    phases = state.config.get("data", {}).get("phases", [])
+    if not phases:
+        return ""
+    index, end = phase_index([phase.get("steps", 0) for phase in phases], state.step - 1)
+    name = f" ({phases[index]['name']})" if phases[index].get("name") else ""
+    return f", {'closes ' if state.step == end else ''}phase {index}{name}"
