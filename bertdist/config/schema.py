@@ -322,11 +322,12 @@ class FinetuneConfig:
     tracking and launch. The model's dimensions come from `init_from`; model.* dropout settings apply.
     """
 
-    task: Literal["classification", "regression", "token_classification", "question_answering", "multiple_choice"] = (
-        "classification"
-    )
+    task: Literal[
+        "classification", "regression", "token_classification", "question_answering", "multiple_choice", "embedding"
+    ] = "classification"
     """classification (one text or a pair, any number of labels), regression (one score, MSE),
-    token_classification (CoNLL files), question_answering (SQuAD v1.1/v2.0 JSON) or multiple_choice."""
+    token_classification (CoNLL files), question_answering (SQuAD v1.1/v2.0 JSON), multiple_choice, or embedding
+    (query-passage pairs, contrastive: a sentence-transformers model)."""
     init_from: str = ""
     """A bertdist run directory or checkpoint (step_N), its export, or any Hugging Face BERT or ModernBERT directory;
     empty: random initialisation of model.* (the baseline a pretrained model must beat)."""
@@ -349,6 +350,13 @@ class FinetuneConfig:
     choice_columns: str = ""
     """Multiple choice: the columns of the candidate endings, comma-separated (SWAG:
     ending0,ending1,ending2,ending3)."""
+    negative_columns: str = ""
+    """Embedding: columns of hard-negative passages, comma-separated (text_column: the query; text_pair_column: its
+    positive)."""
+    pooling: Literal["mean", "cls"] = "mean"
+    """Embedding: a text's vector is the mean of the last layer over its tokens, or its [CLS] state."""
+    temperature: float = 0.05
+    """Embedding: InfoNCE's softmax temperature over cosine similarities (sentence-transformers' scale 20)."""
     on_bad_input: Literal["error", "skip"] = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
     max_seq_length: int = 0
@@ -380,6 +388,9 @@ class FinetuneConfig:
 
     def header(self) -> tuple[str, ...]:
         return _names(self.columns)
+
+    def negatives(self) -> tuple[str, ...]:
+        return _names(self.negative_columns)
 
     def extra_dev(self) -> tuple[str, ...]:
         return _names(self.extra_dev_files)

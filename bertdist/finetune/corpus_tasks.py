@@ -13,6 +13,8 @@ the tests), one per kind of `bertdist finetune` task. Each reads documents from 
 - `span_questions` (question answering, SQuAD JSON): a passage of a few sentences and the question
   `What follows "<a phrase of the passage>"?`, answered by the next words of the passage; with
   `unanswerable` > 0, that share of questions asks about a phrase from another document (v2.0).
+- `query_passages` (embedding, JSON lines): a sentence of a document as the query, the rest of the document as
+  its positive passage, and another document as a hard negative.
 - `held_out_retrieval` (`bertdist evaluate --suite retrieval`, a BEIR collection): every document is a
   passage; a query is a sentence taken out of its document, whose passage (the rest of it) is the one relevant.
 """
@@ -131,6 +133,25 @@ def span_questions(
         )
     )
     return questions
+
+
+def query_passages(jsonl_file: str | Path, output_file: str | Path, rows: int, seed: int) -> int:
+    """Write `rows` {query, passage, negative} objects: a sentence, the rest of its document, another document."""
+    rng, documents = random.Random(seed), _documents(jsonl_file)
+    pairs = []
+    for _ in range(rows):
+        doc = rng.randrange(len(documents))
+        held_out = rng.randrange(len(documents[doc]))
+        sentences = documents[doc]
+        pairs.append(
+            {
+                "query": sentences[held_out],
+                "passage": " ".join(s for i, s in enumerate(sentences) if i != held_out),
+                "negative": " ".join(documents[_other(rng, documents, doc)]),
+            }
+        )
+    _write_jsonl(Path(output_file), pairs)
+    return rows
 
 
 def held_out_retrieval(jsonl_file: str | Path, output_dir: str | Path, queries: int, seed: int) -> int:

@@ -11,7 +11,10 @@ within 0.3 F1 of fine-tuning. Choices (`features`):
 | `last4-sum` | the sum of the last four layers | H |
 | `pooled` | tanh(W·[CLS]) of the pooler (sequence level only; BERT with a pooler) | H |
 
-`level=sequence` writes one vector per row (the [CLS] position, or the pooler); `level=token` one per
+`level=sequence` writes one vector per row: by `pooling`, the [CLS] position (`cls`) or the mean over the row's
+tokens (`mean`, [CLS] and [SEP] included, as sentence-transformers' mean pooling), or the pooler; the default is
+the model's own pooling when it is a sentence-transformers directory (`finetune.task=embedding` writes one), else
+`cls`. So a fine-tuned sentence encoder gives here what `SentenceTransformer(DIR).encode` gives. `level=token` one per
 WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so the user can align
 words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for token level
 `tokens-NNNNN.npy` (ids) and `offsets-NNNNN.npy` (row r's vectors are [offsets[r], offsets[r + 1]) of its
@@ -24,6 +27,7 @@ is owned while the command runs, and a failure (a full disk, Ctrl-C) removes wha
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +36,13 @@ from typing import Any
 import numpy as np
 
 from bertdist import ownership, storage
+from bertdist.config.choices import choices
+from bertdist.config.schema import FinetuneConfig
 from bertdist.data import DataError
 from bertdist.errors import UserError
 
+POOLINGS = choices(FinetuneConfig, "pooling")
+"""mean (of a layer over each row's tokens) or cls (its first token's state)."""
 FEATURES = re.compile(r"last|layer:-?\d+|last4-concat|last4-sum|pooled")
 LEVELS = ("sequence", "token")
 
@@ -50,6 +58,8 @@ class EmbedOptions:
     text_pair_column: str = ""
     features: str = "last"
     level: str = "sequence"
+    pooling: str = ""
+    """Sequence level: cls or mean; empty: the model's (a sentence-transformers directory's Pooling), else cls."""
     max_seq_length: int = 0
     """0: 128, or the model's positions where it has fewer; longer rows are cut."""
     batch_size: int = 64
@@ -67,6 +77,13 @@ def check(o: EmbedOptions) -> None:
         problems.append(f"--level: {o.level!r} is not sequence or token")
     if o.features == "pooled" and o.level == "token":
         problems.append("--features pooled is one vector per sequence; use --level sequence")
+    if o.pooling and o.pooling not in POOLINGS:
+        problems.append(f"--pooling: {o.pooling!r} is not {' or '.join(POOLINGS)}")
+    if o.pooling == "mean" and (o.level == "token" or o.features == "pooled"):
+        problems.append(
+            "--pooling mean averages a layer's tokens into one vector per row: not with --level token "
+            "or --features pooled"
+        )
     if o.max_seq_length < 0:
         problems.append(
             f"--max-seq-length: must be 0 (128 or the model's positions) or positive, got {o.max_seq_length}"
@@ -90,7 +107,10 @@ def check(o: EmbedOptions) -> None:
 
 def embed(o: EmbedOptions) -> dict[str, Any]:
     """Write the features of every input row; returns the index."""
+    from bertdist.model.sentence import read_pooling
+
     check(o)
+    o = dataclasses.replace(o, pooling=o.pooling or (o.level == "sequence" and read_pooling(o.model)) or "cls")
     encoder = open_encoder(o.model, o.max_seq_length)
     if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
         raise UserError(
@@ -151,9 +171,6 @@ def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> 
     return Encoder(source, network, length, inputs, cased_vocabulary(source.vocab_file), pad_id(source.vocab_file))
 
 
-POOLINGS = ("mean", "cls")
-
-
 def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_size: int) -> np.ndarray:
     """(len(texts), hidden) float32 of unit length: the mean of the last layer over each text's tokens ([CLS] and
     [SEP] included, padding not), or its [CLS] vector. Texts are batched by length, so little is padding."""
@@ -169,11 +186,7 @@ def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_siz
             rows = by_length[start : start + batch_size]
             batch = encoder.batch(encoded, rows)
             states = encoder.model.hidden_states(**batch)[-1].float()  # (batch, seq, hidden)
-            if pooling == "cls":
-                vectors = states[:, 0]
-            else:
-                mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)  # (batch, seq, 1)
-                vectors = (states * mask).sum(dim=1) / mask.sum(dim=1)
+            vectors = _pooled(states, batch["attention_mask"], pooling)
             out[rows] = torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
     return out
 
@@ -193,7 +206,7 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
             for start in range(0, len(shard_rows), o.batch_size):
                 batch_rows = shard_rows[start : start + o.batch_size]
                 batch = encoder.batch(encoded, batch_rows)
-                vectors = _features(encoder.model, batch, o.features, o.level).float().cpu().numpy()
+                vectors = _features(encoder.model, batch, o).float().cpu().numpy()
                 if o.level == "token":
                     parts += encoded.trim(vectors, batch_rows, per_token=True)
                     ids += [encoded.ids[r] for r in batch_rows]
@@ -207,6 +220,7 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
         "input": o.input,
         "features": o.features,
         "level": o.level,
+        "pooling": o.pooling if o.level == "sequence" and o.features != "pooled" else None,
         "dimension": dimension,
         "dtype": o.dtype,
         "max_seq_length": encoder.max_seq_length,
@@ -219,10 +233,11 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
     return index
 
 
-def _features(encoder: Any, batch: dict[str, Any], features: str, level: str) -> Any:
+def _features(encoder: Any, batch: dict[str, Any], o: EmbedOptions) -> Any:
     """(batch, seq, dim) for token level, (batch, dim) for sequence level."""
     import torch
 
+    features = o.features
     states = encoder.hidden_states(**batch)
     if features == "pooled":
         return encoder.pooler(states[-1][:, 0])
@@ -237,7 +252,15 @@ def _features(encoder: Any, batch: dict[str, Any], features: str, level: str) ->
         if not -len(states) <= layer < len(states):
             raise UserError(f"--features {features}: the model has layers 0..{len(states) - 1} (0: the embeddings)")
         chosen = states[layer]
-    return chosen if level == "token" else chosen[:, 0]
+    return chosen if o.level == "token" else _pooled(chosen, batch["attention_mask"], o.pooling)
+
+
+def _pooled(states: Any, attention_mask: Any, pooling: str) -> Any:
+    """(batch, dim): each row's [CLS] state, or the mean of its tokens' (padding left out)."""
+    if pooling == "cls":
+        return states[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(states.dtype)  # (batch, seq, 1)
+    return (states * mask).sum(dim=1) / mask.sum(dim=1)
 
 
 def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:

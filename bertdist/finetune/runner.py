@@ -111,13 +111,13 @@ class Finetuning:
     def _engine(self) -> Any:
         import torch
 
-        from bertdist.model.hf_heads import build_task_model, load_encoder
+        from bertdist.model.hf_heads import load_encoder
         from bertdist.train import deepspeed as ds
         from bertdist.train.optim import build_optimizer
 
-        cfg, ft, task = self.cfg, self.cfg.finetune, self.task
+        cfg, ft = self.cfg, self.cfg.finetune
         torch.manual_seed(cfg.train.seed)  # the same head on every rank
-        model = build_task_model(self.architecture, self.source.model_cfg, task.labels, task.problem_type)
+        model = self._new_model()
         if self.source.state is not None:
             load_encoder(model, self.source.state, self.source.description)
         optim = dataclasses.replace(cfg.optim, lr=ft.lr)
@@ -269,9 +269,10 @@ class Finetuning:
         for micro in np.array_split(mine, len(mine) // ft.micro_batch_size):
             batch = {k: v.to(self.device) for k, v in self.train.batch(micro, self.pad_id).items()}
             out = engine(**batch)
-            engine.backward(out.loss)
+            loss = out.loss if self.task.loss is None else self.task.loss(out.logits)
+            engine.backward(loss)
             engine.step()
-            total[0] += out.loss.detach().double().cpu()
+            total[0] += loss.detach().double().cpu()
         total[1] = 1.0 if self.stop.signum else 0.0
         dist.all_reduce(total)
         return float(total[0]) / (self.env.world_size * (len(mine) // ft.micro_batch_size)), bool(total[1])
@@ -320,28 +321,37 @@ class Finetuning:
         that started us."""
         import torch
 
-        from bertdist.model.hf_heads import build_task_model, save_task_model
+        from bertdist.model.hf_heads import save_task_model
+        from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
 
         if self.env.is_main:
-            out, task = f"{self.cfg.finetune.output_dir}/model", self.task
-            with torch.random.fork_rng(
-                devices=[]
-            ):  # its random init, overwritten below, must not move the dropout stream
-                model = build_task_model(self.architecture, self.source.model_cfg, task.labels, task.problem_type)
+            ft = self.cfg.finetune
+            out = f"{ft.output_dir}/model"
+            with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout
+                model = self._new_model()
             # The fp32 master weights, from every rank's partition: no collective, and right under bf16 and ZeRO-3.
             model.load_state_dict(checkpoint.consolidated_state_dict(saved), strict=True)
-            save_task_model(
-                model,
-                out,
-                self.task.labels,
-                self.source.vocab_file,
-                extra_config={
-                    "bertdist_init_from": self.cfg.finetune.init_from,
-                    "bertdist_pretraining_run_id": self.source.pretraining_run_id,
-                },
-            )
+            provenance = {
+                "bertdist_init_from": ft.init_from,
+                "bertdist_pretraining_run_id": self.source.pretraining_run_id,
+            }
+            if isinstance(model, SentenceEmbedder):
+                length = ft.sequence_length(self.source.model_cfg.max_position_embeddings)
+                save_sentence_transformer(model, out, self.source.vocab_file, length, provenance)
+            else:
+                save_task_model(model, out, self.task.labels, self.source.vocab_file, provenance)
             write_json(f"{self.cfg.finetune.output_dir}/results.json", scores, indent=1)
             self.tracker.set_tags({"bertdist.model_dir": out})
+
+    def _new_model(self) -> Any:
+        """The task's model, freshly initialised: a `transformers`-named task model, or a sentence encoder."""
+        from bertdist.model.hf_heads import build_task_model
+        from bertdist.model.sentence import SENTENCE_EMBEDDING, SentenceEmbedder
+
+        cfg, task = self.source.model_cfg, self.task
+        if task.head == SENTENCE_EMBEDDING:
+            return SentenceEmbedder(cfg, self.cfg.finetune.pooling)
+        return build_task_model(self.architecture, cfg, task.labels, task.problem_type)
 
     def _say(self, line: str) -> None:
         if self.env.is_main:

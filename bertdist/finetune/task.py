@@ -8,6 +8,8 @@ task: files; head; dev metrics (headline first)
   recall, accuracy
 - question_answering: SQuAD v1.1/v2.0 JSON; QuestionAnswering; f1, exact_match (v2.0: HasAns/NoAns, best_threshold)
 - multiple_choice: CSV/TSV/JSONL, context + endings; MultipleChoice; accuracy
+- embedding: CSV/TSV/JSONL, query + positive (+ hard negatives); a pooled encoder (bertdist.model.sentence), InfoNCE
+  across ranks (bertdist.finetune.contrastive); ndcg_at_10, mrr_at_10, recall_at_100 of the dev queries
 
 The head is the same for every encoder family; the model is the family's (`BertFor...`, `ModernBertFor...`:
 bertdist.model.hf_heads.task_architecture).
@@ -21,21 +23,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from bertdist.config import FinetuneConfig
-from bertdist.finetune import choice, data, metrics, squad, tagging
+from bertdist.finetune import choice, contrastive, data, metrics, squad, tagging
 from bertdist.finetune.features import Sequences
 from bertdist.model import hf_heads
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
+from bertdist.model.sentence import SENTENCE_EMBEDDING
 
-CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE = (
+CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, EMBEDDING = (
     "classification",
     "token_classification",
     "question_answering",
     "multiple_choice",
+    "embedding",
 )
 METRICS = {
     CLASSIFICATION: ("accuracy", "matthews", "f1", "macro_f1"),  # f1 with two labels, macro_f1 with more
@@ -43,6 +47,7 @@ METRICS = {
     TAGGING: ("accuracy", "precision", "recall", "f1"),
     QUESTION_ANSWERING: ("exact_match", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_threshold"),
     MULTIPLE_CHOICE: ("accuracy",),
+    EMBEDDING: contrastive.METRICS,
 }
 """The dev metrics each task reports (a suite's `metric:` must be one of its task's)."""
 
@@ -50,7 +55,8 @@ METRICS = {
 @dataclass
 class Task:
     head: str
-    """SequenceClassification, TokenClassification, QuestionAnswering or MultipleChoice (bertdist.model.hf_heads)."""
+    """SequenceClassification, TokenClassification, QuestionAnswering, MultipleChoice (bertdist.model.hf_heads) or
+    SentenceEmbedding (bertdist.model.sentence)."""
     labels: list[str]
     """Class or tag names, stored with the model (id2label); QA has none, multiple choice its choice columns."""
     train: Sequences
@@ -65,6 +71,9 @@ class Task:
     """What the log should say about the data (windows per question, truncated sentences)."""
     extra_dev: dict[str, tuple[Sequences, Callable[[list[np.ndarray]], dict[str, float]]]] = field(default_factory=dict)
     """More dev sets scored every epoch, by name (finetune.extra_dev_files): their rows and score."""
+    loss: Callable[[Any], Any] | None = None
+    """The training loss from the model's outputs (`logits`) where the model does not compute it: embedding's,
+    whose negatives come from every rank."""
 
 
 def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task:
@@ -74,6 +83,8 @@ def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task
         return _tagging(ft, vocab_file, cased, length, skip)
     if ft.task == QUESTION_ANSWERING:
         return _question_answering(ft, vocab_file, cased, length, skip)
+    if ft.task == EMBEDDING:
+        return _embedding(ft, vocab_file, cased, length, skip)
     columns = (ft.text_column, ft.text_pair_column, ft.label_column, skip, ft.choices(), ft.header())
     train, dev = data.read_examples(ft.train_file, *columns), data.read_examples(ft.dev_file, *columns)
     if ft.task == MULTIPLE_CHOICE:
@@ -143,6 +154,26 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
         per_token=True,
         skipped=train_report.skipped + dev_report.skipped,
         notes=notes,
+    )
+
+
+def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
+    columns = (ft.text_column, ft.text_pair_column, "", skip, ft.negatives(), ft.header())
+    train, dev = data.read_examples(ft.train_file, *columns), data.read_examples(ft.dev_file, *columns)
+    dev_rows, score = contrastive.dev_rows(dev, vocab_file, cased, length)
+    negatives = f", {len(ft.negatives())} hard negative(s) each" if ft.negatives() else ""
+    return Task(
+        SENTENCE_EMBEDDING,
+        [],
+        contrastive.training_rows(train, vocab_file, cased, length),
+        dev_rows,
+        score,
+        skipped=train.skipped + dev.skipped,
+        notes=[
+            f"{len(train.rows)} query-passage pairs{negatives}; "
+            f"dev: {len(dev.rows)} queries among {len(dev_rows) - len(dev.rows)} passages"
+        ],
+        loss=lambda vectors: contrastive.info_nce(vectors, ft.temperature),
     )
 
 

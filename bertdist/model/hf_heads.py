@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from bertdist.config import ModelConfig
-from bertdist.model import heads, hf, modernbert_heads, modernbert_hf
+from bertdist.model import bert, heads, hf, modernbert, modernbert_heads, modernbert_hf
 from bertdist.model.bert import BertModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_weights
@@ -58,6 +58,8 @@ class Family:
     """Of those, what a pretrained checkpoint may lack (BERT's pooler; ModernBERT's head)."""
     inputs: tuple[str, ...]
     """What its encoder reads of a batch (ModernBERT has no segments)."""
+    init_weights: Callable[[torch.nn.Module, ModelConfig], None]
+    """The family's initialisation of one module (`module.apply`), for an encoder that starts at random."""
 
 
 FAMILIES = {
@@ -72,6 +74,7 @@ FAMILIES = {
         pretrained=("bert.",),
         optional=("bert.pooler.",),
         inputs=("input_ids", "token_type_ids", "attention_mask"),
+        init_weights=lambda module, cfg: bert.init_weights(module, cfg.initializer_range),
     ),
     "modernbert": Family(
         "ModernBert",
@@ -84,6 +87,7 @@ FAMILIES = {
         pretrained=("model.", "head."),
         optional=("head.",),
         inputs=("input_ids", "attention_mask"),
+        init_weights=modernbert.init_weights,
     ),
 }
 """model.arch -> its task models and their Hugging Face format."""

@@ -28,6 +28,12 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
         p.append(
             f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}"
         )
+    if ft.task == "embedding" and not ft.text_pair_column:
+        p.append("finetune.text_pair_column: embedding needs the column of each query's positive passage")
+    if ft.negatives() and ft.task != "embedding":
+        p.append(f"finetune.negative_columns: only for embedding, not {ft.task}")
+    if not (ft.temperature > 0 and math.isfinite(ft.temperature)):
+        p.append(f"finetune.temperature: must be a positive number, got {ft.temperature}")
     for name in ("train_file", "dev_file"):
         if not getattr(ft, name):
             p.append(f"finetune.{name}: empty")

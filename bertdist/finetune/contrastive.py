@@ -1,0 +1,104 @@
+"""`finetune.task=embedding`: sentence embeddings trained contrastively on (query, positive) pairs.
+
+Rows come from the same CSV/TSV/JSONL reader as classification: `finetune.text_column` is the query,
+`finetune.text_pair_column` the passage that answers it, and `finetune.negative_columns` (optional,
+comma-separated) hard negatives: passages that look relevant and are not. A row is encoded as its query, its
+positive and its negatives, each `[CLS] text [SEP]` cut to max_seq_length, one sequence apiece (a group, as a
+multiple-choice question's choices are).
+
+The loss is InfoNCE with in-batch negatives (sentence-transformers' MultipleNegativesRankingLoss): each query's
+cosine similarity to every passage of the step, divided by `finetune.temperature`, and the cross-entropy of
+picking its own positive. With more than one rank, the passages are gathered from every rank, so a query is
+scored against world_size x micro_batch_size x (1 + negatives) passages, as large-batch contrastive training
+needs. The gather is differentiable (`torch.distributed.nn.functional.all_gather`): its backward sends each rank
+the gradients that every rank's queries put on its passages (an all-to-all, summed), so rank r's parameters
+receive d(sum over ranks of their losses)/d(its activations), and DeepSpeed's average of the ranks' gradients
+is then the gradient of the mean loss over all queries of the step: the same as one rank with the whole batch
+(tests/finetune/test_contrastive.py checks it against a single process). Negatives come from the micro batch
+(every rank's): gradient accumulation adds micro batches' gradients but not their passages, so to score
+against the whole step's passages set micro_batch_size = batch_size / ranks.
+
+Dev: every dev row's query is searched among the dev file's passages (positives and negatives, each distinct
+text once); its positive is the one relevant passage. The metrics are BEIR's: nDCG@10 (the headline), MRR@10
+and Recall@100 (bertdist.finetune.metrics.retrieval_scores), on unit-length vectors ranked by dot product.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from bertdist.finetune.data import Examples
+from bertdist.finetune.features import Sequences
+
+if TYPE_CHECKING:
+    import torch
+
+METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+"""The dev metrics, headline first."""
+
+
+def training_rows(examples: Examples, vocab_file: str, cased: bool, length: int) -> Sequences:
+    """Each row's query, positive and negatives as one group of sequences."""
+    texts = [t for e in examples.rows for t in (e.text, e.pair or "", *e.choices)]
+    return _sequences(texts, vocab_file, cased, length, group=2 + len(examples.rows[0].choices))
+
+
+def dev_rows(examples: Examples, vocab_file: str, cased: bool, length: int) -> tuple[Sequences, Callable]:
+    """The dev queries then the distinct dev passages, one sequence each, and the function scoring their vectors."""
+    passages: dict[str, int] = {}
+    for e in examples.rows:
+        for text in (e.pair or "", *e.choices):
+            passages.setdefault(text, len(passages))
+    relevant = [passages[e.pair or ""] for e in examples.rows]
+    queries = [e.text for e in examples.rows]
+    sequences = _sequences(queries + list(passages), vocab_file, cased, length, group=1)
+    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(queries), relevant)
+
+
+def retrieval_metrics(vectors: np.ndarray, queries: int, relevant: list[int]) -> dict[str, float]:
+    """nDCG@10, MRR@10 and Recall@100 of the first `queries` vectors searching the rest; query i's one relevant
+    passage is passage `relevant[i]`."""
+    from bertdist.finetune.metrics import retrieval_scores
+    from bertdist.finetune.retrieval import TOP_K, top_k
+
+    unit = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    scores, rows = top_k(unit[:queries], unit[queries:], TOP_K)
+    run = {str(q): {str(p): float(s) for p, s in zip(rows[q], scores[q])} for q in range(queries)}
+    qrels = {str(q): {str(relevant[q]): 1} for q in range(queries)}
+    found = retrieval_scores(run, qrels)
+    return {name: found[name] for name in METRICS}
+
+
+def info_nce(vectors: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The mean over this rank's queries of InfoNCE against the passages of every rank.
+
+    `vectors` (rows, group, hidden): per row its query, its positive, then its negatives."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    queries = F.normalize(vectors[:, 0].float(), dim=-1)
+    passages = F.normalize(vectors[:, 1:].float(), dim=-1).reshape(-1, vectors.shape[-1])  # (rows x passages, h)
+    rank = 0
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.distributed.nn.functional import all_gather
+
+        rank = dist.get_rank()
+        passages = torch.cat(all_gather(passages))  # every rank has the same rows per micro batch
+    per_row = vectors.shape[1] - 1
+    positives = rank * len(queries) * per_row + torch.arange(len(queries), device=vectors.device) * per_row
+    return F.cross_entropy(queries @ passages.T / temperature, positives)
+
+
+def _sequences(texts: list[str], vocab_file: str, cased: bool, length: int, group: int) -> Sequences:
+    from bertdist.data.tokenizer import open_tokenizer
+    from bertdist.finetune.features import bert_sequence
+
+    tokenizer = open_tokenizer(vocab_file, cased)
+    ids = [
+        bert_sequence(tokenizer.cls_id, tokenizer.sep_id, e.ids[: length - 2], None)[0]
+        for e in tokenizer.encode_batch(texts)
+    ]
+    return Sequences(ids, np.asarray([len(s) for s in ids], dtype=np.int64), group=group)

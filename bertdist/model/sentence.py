@@ -1,0 +1,112 @@
+"""A sentence encoder: an encoder family's bare encoder and a pooling of its last layer into one vector per text,
+for contrastive fine-tuning (`finetune.task=embedding`), and the sentence-transformers directory it is saved as.
+
+The vector is the mean of the last layer over a text's tokens ([CLS] and [SEP] included, padding not) or its
+[CLS] state, not normalised: the loss and the retrieval scores normalise (cosine similarity), and so does
+sentence-transformers' default similarity. No projection sits on top, so the saved directory is the encoder
+alone plus sentence-transformers' Pooling: what `SentenceTransformer(DIR)` computes is exactly what this module
+and `bertdist embed --pooling` compute (tests/finetune/test_embedding.py compares the three at 1e-5).
+
+The directory (`save_sentence_transformer`): the family's Hugging Face files (config.json naming `BertModel` or
+`ModernBertModel`, model.safetensors, the tokenizer), `modules.json` (a Transformer module at the root, then
+`1_Pooling`), `sentence_bert_config.json` (max_seq_length), `1_Pooling/config.json` (mean or cls) and
+`config_sentence_transformers.json` (cosine similarity). bertdist reads it back like any Hugging Face directory
+of the family (`finetune.init_from`, `bertdist embed`, `bertdist evaluate --suite retrieval`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.heads import TaskOutput
+from bertdist.model.hf_heads import FAMILIES
+from bertdist.model.modernbert_heads import pool
+
+SENTENCE_EMBEDDING = "SentenceEmbedding"
+"""A fine-tuning task's head (bertdist.finetune.task): this module's model, not a `transformers` task class."""
+
+
+class SentenceEmbedder(nn.Module):
+    """`forward(input_ids, attention_mask, token_type_ids) -> TaskOutput(None, vectors)`: (rows, [group,] hidden)
+    vectors for (rows, [group,] seq) inputs; a group is a query with its passages (contrastive training)."""
+
+    def __init__(self, cfg: ModelConfig, pooling: str = "mean"):
+        super().__init__()
+        if pooling not in ("mean", "cls"):  # finetune.pooling
+            raise ValueError(f"pooling must be mean or cls, got {pooling!r}")
+        family = FAMILIES[cfg.arch]
+        self.config, self.pooling, self.inputs, self.encoder_name = cfg, pooling, family.inputs, family.encoder_name
+        setattr(self, family.encoder_name, family.encoder(cfg))  # the name the family's checkpoints use
+        self.apply(lambda module: family.init_weights(module, cfg))  # a random start; pretrained weights overwrite
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        **targets: Any,
+    ) -> TaskOutput:
+        """`targets` (a batch's other fields) are ignored: the contrastive loss is computed across ranks by the
+        fine-tuning runner (bertdist.finetune.contrastive), which a model cannot see."""
+        length = input_ids.shape[-1]
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        flat = {k: v.reshape(-1, length) for k, v in given.items() if k in self.inputs and v is not None}
+        states, layout = getattr(self, self.encoder_name).encode(**flat)
+        vectors = pool(states, layout, flat.get("attention_mask"), self.pooling)
+        return TaskOutput(None, vectors.reshape(*input_ids.shape[:-1], vectors.shape[-1]))
+
+
+def save_sentence_transformer(
+    model: SentenceEmbedder,
+    directory: str | os.PathLike,
+    vocab_file: str | os.PathLike | None,
+    max_seq_length: int,
+    extra_config: dict[str, Any] | None = None,
+) -> None:
+    """Write `directory` for `sentence_transformers.SentenceTransformer(directory)` (offline) and for bertdist."""
+    directory = Path(directory)
+    family = FAMILIES[model.config.arch]
+    family.write_directory(
+        model, directory, vocab_file, {"architectures": [f"{family.prefix}Model"], **(extra_config or {})}
+    )
+    _write_json(
+        directory / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ],
+    )
+    _write_json(directory / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    _write_json(
+        directory / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": model.config.hidden_size,
+            "pooling_mode_cls_token": model.pooling == "cls",
+            "pooling_mode_mean_tokens": model.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "include_prompt": True,
+        },
+    )
+    _write_json(directory / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}})
+
+
+def read_pooling(directory: str | os.PathLike) -> str | None:
+    """The pooling of a sentence-transformers directory (mean or cls), or None where `directory` is not one."""
+    path = Path(directory) / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    return "cls" if config.get("pooling_mode_cls_token") else "mean"
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2) + "\n")

@@ -1,0 +1,188 @@
+"""`finetune.task=embedding`: InfoNCE with negatives gathered from every rank, the dev retrieval metrics, and the
+export that sentence-transformers loads offline and that embeds as bertdist does (BERT and ModernBERT)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertdist.cli import main
+from bertdist.errors import USAGE_EXIT_CODE
+from bertdist.finetune.contrastive import info_nce, retrieval_metrics
+from bertdist.finetune.corpus_tasks import query_passages
+from bertdist.train.distributed import free_tcp_port
+from tests.conftest import tiny_model_config
+
+TEMPERATURE = 0.1
+
+
+def _gradients(rank: int, world: int, port: int, out: str) -> None:
+    """One rank's share of the rows: its loss's gradient averaged over the ranks, as DeepSpeed averages."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model, rows = _model_and_rows()
+    info_nce(model(rows.chunk(world)[rank]), TEMPERATURE).backward()
+    grad = model.weight.grad.clone()
+    dist.all_reduce(grad)
+    torch.save(grad / world, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _model_and_rows() -> tuple[torch.nn.Linear, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 6), torch.randn(8, 3, 8)  # 8 rows: a query, its positive, a hard negative
+
+
+def test_gathered_negatives_give_the_gradient_of_one_process_with_the_whole_batch(tmp_path):
+    """The gather's backward sends each rank the gradient every rank's queries put on its passages; averaged over
+    the ranks that is the gradient of the mean loss of all queries, each scored against every passage."""
+    torch.multiprocessing.spawn(_gradients, args=(2, free_tcp_port(), str(tmp_path)), nprocs=2)
+    model, rows = _model_and_rows()
+    info_nce(model(rows), TEMPERATURE).backward()
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(tmp_path / f"rank{rank}.pt", weights_only=True), model.weight.grad)
+    local = _model_and_rows()[0]  # without the gather a rank's queries see half the passages: another gradient
+    sum(info_nce(local(part), TEMPERATURE) / 2 for part in rows.chunk(2)).backward()
+    assert not torch.allclose(local.weight.grad, model.weight.grad, atol=1e-4)
+
+
+def test_dev_metrics_rank_each_querys_own_passage():
+    rng = np.random.default_rng(0)
+    passages = rng.normal(size=(20, 16)).astype(np.float32)
+    relevant = [3, 7, 11]
+    queries = passages[relevant] + 0.01 * rng.normal(size=(3, 16)).astype(np.float32)
+    assert retrieval_metrics(np.concatenate([queries, passages]), 3, relevant) == {
+        "ndcg_at_10": 1.0,
+        "mrr_at_10": 1.0,
+        "recall_at_100": 1.0,
+    }
+    swapped = retrieval_metrics(np.concatenate([queries, passages]), 3, [7, 3, 11])
+    assert swapped["mrr_at_10"] < 1.0 and swapped["recall_at_100"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_documents, tmp_path_factory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("pairs")
+    query_passages(tiny_documents, directory / "train.jsonl", 64, seed=0)
+    query_passages(tiny_documents, directory / "dev.jsonl", 24, seed=1)
+    return directory / "train.jsonl", directory / "dev.jsonl"
+
+
+def _pretrained(directory: Path, vocab: str, arch: str) -> Path:
+    from bertdist.config import ModelConfig
+    from bertdist.model.hf import save_pretrained
+    from bertdist.model.modernbert_hf import write_directory
+    from bertdist.model.registry import build_model
+    from tests.conftest import TEST_VOCAB_SIZE
+
+    torch.manual_seed(0)
+    if arch == "bert":
+        from bertdist.model.bert import BertForPreTraining
+
+        save_pretrained(BertForPreTraining(tiny_model_config()), directory, vocab)
+    else:
+        cfg = ModelConfig.from_size("modernbert-tiny", vocab_size=TEST_VOCAB_SIZE)
+        write_directory(build_model(cfg), directory, vocab, {})
+    return directory
+
+
+def _args(train: Path, dev: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "finetune",
+        "finetune.task=embedding",
+        f"finetune.train_file={train}",
+        f"finetune.dev_file={dev}",
+        "finetune.text_column=query",
+        "finetune.text_pair_column=passage",
+        f"finetune.output_dir={out}",
+        "finetune.batch_size=16",
+        "finetune.micro_batch_size=16",
+        "finetune.epochs=1",
+        "finetune.lr=1e-4",
+        "tracking.enabled=false",
+        f"launch.master_port={free_tcp_port()}",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("arch,pooling", [("bert", "mean"), ("modernbert", "cls")])
+def test_the_export_is_a_sentence_transformer_that_embeds_as_bertdist_does(
+    arch, pooling, pairs, tiny_vocab, tmp_path, capsys, hf_offline
+):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    transformers = pytest.importorskip("transformers")
+    from bertdist.model.sentence import SentenceEmbedder
+
+    pretrained = _pretrained(tmp_path / "pretrained", tiny_vocab, arch)
+    train, dev = pairs
+    args = _args(train, dev, tmp_path / "run", f"finetune.init_from={pretrained}", f"finetune.pooling={pooling}")
+    assert main([*args, "finetune.negative_columns=negative"]) == 0
+    printed = capsys.readouterr().out
+    assert "64 query-passage pairs, 1 hard negative(s) each" in printed and "dev ndcg_at_10" in printed, printed
+    model_dir = tmp_path / "run" / "model"
+
+    _, info = transformers.AutoModel.from_pretrained(model_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    texts = [json.loads(line)["query"] for line in dev.read_text().splitlines()]
+    theirs = sentence_transformers.SentenceTransformer(str(model_dir), device="cpu").encode(texts, batch_size=7)
+
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    features = tmp_path / "features"
+    assert (
+        main(["embed", "--model", str(model_dir), "--input", str(tmp_path / "texts.txt"), "--output", str(features)])
+        == 0
+    )
+    index = json.loads((features / "index.json").read_text())
+    assert index["pooling"] == pooling  # the directory's own pooling, unasked
+    np.testing.assert_allclose(np.load(features / "features-00000.npy"), theirs, atol=1e-5, rtol=0)
+
+    from bertdist.finetune.embed import open_encoder
+
+    encoder = open_encoder(str(model_dir), 0)
+    ours = SentenceEmbedder(encoder.source.model_cfg, pooling).eval()
+    ours.load_state_dict({k: v for k, v in encoder.source.state.items() if k in ours.state_dict()})
+    batch = encoder.batch(encoder.encode([_example(t) for t in texts]), np.arange(len(texts)))
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(**batch).logits.numpy(), theirs, atol=1e-5, rtol=0)
+
+
+def _example(text: str):
+    from bertdist.finetune.data import Example
+
+    return Example(text, None, "", "")
+
+
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        (["finetune.text_pair_column="], "finetune.text_pair_column: embedding needs the column"),
+        (["finetune.negative_columns=hard"], "train.jsonl:1: empty 'hard'"),  # a JSON line without the key
+        (["finetune.temperature=0"], "finetune.temperature: must be a positive number"),
+    ],
+)
+def test_bad_embedding_settings_fail_in_one_line(extra, expected, pairs, tiny_vocab, tmp_path, capsys):
+    pretrained = _pretrained(tmp_path / "pretrained", tiny_vocab, "bert")
+    train, dev = pairs
+    assert main([*_args(train, dev, tmp_path / "run", f"finetune.init_from={pretrained}"), *extra]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert expected in err, err
+
+
+def test_an_empty_passage_is_named_by_file_and_line(pairs, tiny_vocab, tmp_path, capsys):
+    pretrained = _pretrained(tmp_path / "pretrained", tiny_vocab, "bert")
+    train, dev = pairs
+    rows = train.read_text().splitlines()
+    row = json.loads(rows[2])
+    row["passage"] = " "
+    bad = tmp_path / "train.jsonl"
+    bad.write_text("\n".join([*rows[:2], json.dumps(row), *rows[3:]]) + "\n")
+    assert main(_args(bad, dev, tmp_path / "run", f"finetune.init_from={pretrained}")) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert f"{bad}:3: empty 'passage'" in err, err
