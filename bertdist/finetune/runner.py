@@ -4,7 +4,8 @@ The same engine as pretraining: the process group from whichever launcher starte
 deepspeed launcher, srun, or none), DeepSpeed with the run's ZeRO stage and precision, AdamW with BERT's
 decoupled weight decay, and BERT's fine-tuning schedule (linear warmup over `finetune.warmup_proportion`
 of the steps, then linear decay to zero). The task (bertdist.finetune.task) decides the head, the rows and
-the dev metrics: classification, regression, token tagging, extractive QA or multiple choice; the encoder
+the dev metrics: classification, regression, token tagging, extractive QA, multiple choice, or sentence
+embeddings (whose contrastive loss the task computes across ranks: bertdist.finetune.contrastive); the encoder
 family (model.arch of the checkpoint) the task model's class (`BertFor...`, `ModernBertFor...`). Each epoch
 visits the training rows in a seeded order that every rank computes alike; a step's `finetune.batch_size`
 rows are split among the ranks and their micro batches. After every epoch all ranks score a share of the

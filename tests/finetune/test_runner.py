@@ -331,23 +331,39 @@ def test_every_task_trains_and_exports_for_its_auto_class(task, family, tmp_path
 
 
 @pytest.mark.slow
-def test_a_killed_two_rank_finetuning_resumes_bit_identically(tmp_path, tiny_corpus, tiny_vocab):
-    """Under ZeRO-3, the stage with the most to get wrong: parameters gathered inside every forward (so equal
-    evaluation forwards per rank), partitioned weights exported from the checkpoint. ZeRO 1 and 2 resume is
-    the pretraining checkpoint's, tested in tests/train; `test_two_deepspeed_ranks_...` fine-tunes at ZeRO 1."""
+def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path, tiny_documents, tiny_vocab):
+    """Contrastive fine-tuning (finetune.task=embedding: passages gathered from both ranks, through the gather's
+    backward) under ZeRO-3, the stage with the most to get wrong: parameters gathered inside every forward (so
+    equal evaluation forwards per rank), partitioned weights exported from the checkpoint. ZeRO 1 and 2 resume is
+    the pretraining checkpoint's, tested in tests/train; `test_two_deepspeed_ranks_...` classifies at ZeRO 1;
+    tests/finetune/test_contrastive.py checks the gathered gradient and the export against sentence-transformers."""
+    from bertdist.finetune.corpus_tasks import query_passages
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained
     from bertdist.train.checkpoint import consolidated_state_dict, latest
 
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
-    train, dev = _task(tmp_path, tiny_corpus)
-    lines = Path(dev).read_text().splitlines()[:338]  # 337 rows: shares of 169 and 168, 22 and 21 micro batches of 8
-    Path(dev).write_text("\n".join(lines) + "\n")  # so under ZeRO-3 rank 1 runs one extra evaluation forward
+    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    query_passages(tiny_documents, train, 64, seed=0)
+    query_passages(tiny_documents, dev, 40, seed=1)
+    rows = [json.loads(line) for line in dev.read_text().splitlines()]
+    while (len(rows) + len({t for r in rows for t in (r["passage"], r["negative"])})) % 16 != 1:
+        rows.pop()  # dev: queries + distinct passages = 16k + 1, shares of 8k + 1 and 8k: rank 1 runs an extra forward
+    dev.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def args(out):
         return _overrides(
-            train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}", "finetune.epochs=3", "train.zero_stage=3"
+            str(train),
+            str(dev),
+            out,
+            f"finetune.init_from={tmp_path / 'pretrained'}",
+            "finetune.task=embedding",
+            "finetune.text_column=query",
+            "finetune.text_pair_column=passage",
+            "finetune.negative_columns=negative",
+            "finetune.epochs=3",
+            "train.zero_stage=3",
         )
 
     _finish(_two_ranks(tmp_path / "whole", *args(tmp_path / "whole")))
@@ -358,6 +374,7 @@ def test_a_killed_two_rank_finetuning_resumes_bit_identically(tmp_path, tiny_cor
     ranks.kill()
     printed = _finish(_two_ranks(tmp_path / "resumed", *args(out)))
     assert "resumed from" in printed and "epoch 3/3" in printed and "epoch 1/3" not in printed, printed
+    assert "dev ndcg_at_10" in printed, printed
 
     whole, resumed = (latest(d / "checkpoints") for d in (tmp_path / "whole", out))
     assert whole.name == resumed.name
