@@ -7,9 +7,12 @@ machine's load hits both alike. bertdist's local layers
 attend within their window (`bertdist.model.ops.local_attention`); `transformers.ModernBertForMaskedLM` (sdpa, its
 sparse prediction on) masks a full grid. Printed: per length, each model's tokens/s and peak memory, bertdist's cost
 per token relative to its cost at the shortest length (goal: <= 2x at 8,192), and the speedup (goal: >= 2x at 8,192).
+`--checkpointed` adds bertdist with `model.activation_checkpointing` (each layer recomputed in the backward pass):
+the memory a long row needs against the time it costs.
 
     python benchmarks/long_context.py                        # about five minutes on 2 CPU cores
     python benchmarks/long_context.py --lengths 512,2048 --steps 2
+    python benchmarks/long_context.py --lengths 8192 --checkpointed
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 LENGTHS = (512, 1024, 2048, 4096, 8192)
+CHECKPOINTED = "bertdist-checkpointed"
 
 
 def step_function(model_name: str, length: int, tokens: int, size: str):
@@ -45,8 +49,8 @@ def step_function(model_name: str, length: int, tokens: int, size: str):
         torch.stack([torch.randperm(length - 1, generator=g)[:predictions] + 1 for _ in range(rows)]).sort(1).values
     )
     labels = torch.randint(5, cfg.vocab_size, (rows, predictions), generator=g)
-    if model_name == "bertdist":
-        model = build_model(cfg).train()
+    if model_name.startswith("bertdist"):
+        model = build_model(dataclasses.replace(cfg, activation_checkpointing=model_name == CHECKPOINTED)).train()
         batch = dict(input_ids=ids, attention_mask=mask, masked_lm_positions=positions, masked_lm_ids=labels)
     else:
         import transformers
@@ -68,12 +72,12 @@ def step_function(model_name: str, length: int, tokens: int, size: str):
     return step, rows
 
 
-def timed_pair(length: int, tokens: int, steps: int, size: str) -> dict:
-    """Both models' median step time at `length`, timed in turns (load hits both alike)."""
+def timed_pair(length: int, tokens: int, steps: int, size: str, models: tuple[str, ...]) -> dict:
+    """The models' median step times at `length`, timed in turns (load hits all alike)."""
     import torch
     from common import interleaved_medians
 
-    functions = {name: step_function(name, length, tokens, size)[0] for name in ("bertdist", "transformers")}
+    functions = {name: step_function(name, length, tokens, size)[0] for name in models}
     return interleaved_medians(functions, torch.device("cpu"), repeats=steps, warmup=1)
 
 
@@ -91,13 +95,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=8192, help="tokens per batch at every length")
     p.add_argument("--steps", type=int, default=3, help="timed steps per run (median reported)")
     p.add_argument("--size", default="modernbert-mini")
+    p.add_argument("--checkpointed", action="store_true", help="also bertdist with activation checkpointing")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)  # a child process
     args = p.parse_args(argv)
+    models = ("bertdist", "transformers", *((CHECKPOINTED,) if args.checkpointed else ()))
     if args.child:
         what, length = args.child[0], int(args.child[1])
         value = (
-            timed_pair(length, args.tokens, args.steps, args.size)
+            timed_pair(length, args.tokens, args.steps, args.size, models)
             if what == "time"
             else peak_memory(what, length, args.tokens, args.size)
         )
@@ -110,17 +116,18 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(
         f"{'length':>7} {'bertdist tok/s':>15} {'GB':>6} {'transformers tok/s':>19} {'GB':>6} "
-        f"{'speedup':>8} {'cost/token':>11}"
+        f"{'speedup':>8} {'cost/token':>11}" + (f" {'checkpointed tok/s':>19} {'GB':>6}" if args.checkpointed else "")
     )
     base = None
     for length in map(int, args.lengths.split(",")):
         seconds = _child(args, "time", length)
-        memory = {name: _child(args, name, length) for name in ("bertdist", "transformers")}
+        memory = {name: _child(args, name, length) for name in models}
         rows = max(1, args.tokens // length)
-        ours, theirs = (
-            {"step_s": seconds[n], "tokens_per_s": rows * length / seconds[n], "peak_memory_gb": memory[n]}
-            for n in ("bertdist", "transformers")
-        )
+        measured = {
+            n: {"step_s": seconds[n], "tokens_per_s": rows * length / seconds[n], "peak_memory_gb": memory[n]}
+            for n in models
+        }
+        ours, theirs = measured["bertdist"], measured["transformers"]
         base = base or ours["tokens_per_s"]
         row = {
             "length": length,
@@ -129,11 +136,15 @@ def main(argv: list[str] | None = None) -> dict:
             "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"],
             "cost_per_token_vs_shortest": base / ours["tokens_per_s"],
         }
+        checkpointed = ""
+        if args.checkpointed:
+            row[CHECKPOINTED] = c = measured[CHECKPOINTED]
+            checkpointed = f" {c['tokens_per_s']:>19,.0f} {c['peak_memory_gb']:>6.2f}"
         results["runs"].append(row)
         print(
             f"{length:>7} {ours['tokens_per_s']:>15,.0f} {ours['peak_memory_gb']:>6.2f} "
             f"{theirs['tokens_per_s']:>19,.0f} {theirs['peak_memory_gb']:>6.2f} "
-            f"{row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x",
+            f"{row['speedup']:>7.2f}x {row['cost_per_token_vs_shortest']:>10.2f}x{checkpointed}",
             flush=True,
         )
     if args.json:
@@ -155,6 +166,7 @@ def _child(args: argparse.Namespace, what: str, length: int):
             str(args.steps),
             "--size",
             args.size,
+            *(["--checkpointed"] if args.checkpointed else []),
         ],
         capture_output=True,
         text=True,

@@ -134,13 +134,18 @@ class Finetuning:
 
     def _resume(self, path: Any) -> str | None:
         """Continue from the epoch checkpoint at `path`: weights, optimizer, RNG, step and the best epoch so far."""
-        ours, theirs = self.cfg.to_dict()["finetune"], checkpoint.read_train_state(path).config.get("finetune", {})
-        differ = sorted(k for k in ours if ours[k] != theirs.get(k) and k != "output_dir")
+        mine, saved = self.cfg.to_dict(), checkpoint.read_train_state(path).config
+        # train.seed picks the head's start, the dropout and the data order: another seed is another fine-tuning
+        ours = {**{f"finetune.{k}": v for k, v in mine["finetune"].items()}, "train.seed": mine["train"]["seed"]}
+        theirs = {
+            **{f"finetune.{k}": v for k, v in saved.get("finetune", {}).items()},
+            "train.seed": saved.get("train", {}).get("seed"),
+        }
+        differ = sorted(k for k in ours if ours[k] != theirs.get(k) and k != "finetune.output_dir")
         if differ:
             raise ConfigError(
                 [
-                    f"finetune.output_dir: {path} is a checkpoint of another fine-tuning "
-                    f"(finetune.{differ[0]} differs); "
+                    f"finetune.output_dir: {path} is a checkpoint of another fine-tuning ({differ[0]} differs); "
                     "use another output_dir, or checkpoint.resume=none to start over"
                 ]
             )

@@ -386,5 +386,5 @@ def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path
     assert json.loads((tmp_path / "whole" / "results.json").read_text()) == json.loads(
         (out / "results.json").read_text()
     )
-    code = main(["finetune", *args(out), "finetune.lr=3e-4"])  # the same directory for another fine-tuning
-    assert code == USAGE_EXIT_CODE
+    for other in ("finetune.lr=3e-4", "train.seed=7"):  # the same directory for another fine-tuning
+        assert main(["finetune", *args(out), other]) == USAGE_EXIT_CODE, other
