@@ -12,7 +12,9 @@ tests/model/test_onnx.py runs the graphs in onnxruntime at two batch sizes and l
 
 Inputs, int64: `input_ids`, `attention_mask` (1 a token, 0 padding: one sample per row, no packing) and BERT's
 `token_type_ids`, each (batch, sequence), or (batch, choices, sequence) for multiple choice. Outputs: `logits`, or
-`start_logits` and `end_logits` for question answering (`OUTPUTS`). Logits at padding slots mean nothing.
+`start_logits` and `end_logits` for question answering, or `sentence_embedding` (batch, hidden) for a sentence
+encoder (`finetune.task=embedding`'s sentence-transformers directory: the pooled vector, not normalised)
+(`OUTPUTS`). Logits at padding slots mean nothing.
 
 Deliberately not: a converter of other models (an architecture or task bertdist does not load is refused in one
 line), an optimiser or quantiser (onnxruntime's tools take model.onnx), nor BERT's next-sentence logits.
@@ -43,6 +45,7 @@ from bertdist.model.hf_heads import (
 )
 from bertdist.model.outputs import PreTrainingOutput
 from bertdist.model.registry import load_pretrained
+from bertdist.model.sentence import SENTENCE_EMBEDDING, read_pooling, read_sentence_embedder
 
 ONNX_FILE = "model.onnx"
 MODEL_CARD_FILE = "README.md"
@@ -61,6 +64,7 @@ OUTPUTS = {
     TOKEN_CLASSIFICATION: {"logits": ("batch", "sequence", "labels")},
     QUESTION_ANSWERING: {"start_logits": ("batch", "sequence"), "end_logits": ("batch", "sequence")},
     MULTIPLE_CHOICE: {"logits": ("batch", "choices")},
+    SENTENCE_EMBEDDING: {"sentence_embedding": ("batch", "hidden")},
 }
 """Head -> its outputs and their axes (those named batch, choices and sequence are dynamic)."""
 _DYNAMIC = ("batch", "choices", "sequence")
@@ -87,7 +91,11 @@ class Graph:
 
 
 def supported_architectures() -> list[str]:
-    return [*PRETRAINING_ARCHITECTURES, *(name for family in FAMILIES.values() for name in family.task_models)]
+    return [
+        *PRETRAINING_ARCHITECTURES,
+        *(name for family in FAMILIES.values() for name in family.task_models),
+        *(f"{family.prefix}Model with a sentence-transformers Pooling" for family in FAMILIES.values()),
+    ]
 
 
 def load(directory: str | os.PathLike) -> tuple[nn.Module, Graph]:
@@ -100,6 +108,8 @@ def load(directory: str | os.PathLike) -> tuple[nn.Module, Graph]:
         model, head = load_pretrained(directory, cfg), _MLM
     elif architecture in FAMILIES[cfg.arch].task_models:
         (model, _), head = load_task_model(directory, unpad=False), architecture.split("For", 1)[1]
+    elif architecture == f"{FAMILIES[cfg.arch].prefix}Model" and read_pooling(directory):
+        model, head = read_sentence_embedder(directory, unpad=False), SENTENCE_EMBEDDING
     else:
         raise OnnxExportError(
             f"{directory / CONFIG_FILE}: ONNX export takes {', '.join(supported_architectures())}; "
@@ -192,6 +202,11 @@ _RUN = {
     MULTIPLE_CHOICE: (
         'texts = (["the cat sat on the"] * 2, ["mat .", "sky ."])',
         "print(int(logits[0].argmax()))  # the best choice",
+    ),
+    SENTENCE_EMBEDDING: (
+        'texts = ["where is the cat ?", "the cat sat on the mat ."]',
+        "unit = sentence_embedding / ((sentence_embedding**2).sum(-1, keepdims=True) ** 0.5)\n"
+        "print(float(unit[0] @ unit[1]))  # cosine similarity",
     ),
 }
 """Head -> the texts of the model card's example and what it prints."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.model.heads import TaskOutput
+from bertdist.model.hf import CheckpointFormatError
 from bertdist.model.hf_heads import FAMILIES
 from bertdist.model.modernbert_heads import pool
 
@@ -105,6 +106,24 @@ def read_pooling(directory: str | os.PathLike) -> str | None:
         return None
     config = json.loads(path.read_text())
     return "cls" if config.get("pooling_mode_cls_token") else "mean"
+
+
+def read_sentence_embedder(directory: str | os.PathLike, unpad: bool = True) -> SentenceEmbedder:
+    """The sentence encoder of a sentence-transformers directory of a family bertdist reads (its Transformer
+    module at the root, then Pooling), in bertdist's form. `unpad` False: padded, as a traced graph needs."""
+    import dataclasses
+
+    from bertdist.model.hf_heads import load_encoder, read_pretrained
+
+    pooling = read_pooling(directory)
+    if pooling is None:
+        raise CheckpointFormatError(
+            f"{Path(directory) / '1_Pooling' / 'config.json'}: not found: not a sentence encoder"
+        )
+    cfg, state, source = read_pretrained(directory)
+    model = SentenceEmbedder(dataclasses.replace(cfg, unpad=unpad), pooling)
+    load_encoder(model, state, source)
+    return model
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -19,6 +19,7 @@ from bertdist.model.bert import BertForPreTraining
 from bertdist.model.hf_heads import build_task_model, save_task_model
 from bertdist.model.modernbert import ModernBertForMaskedLM
 from bertdist.model.onnx import MODEL_CARD_FILE, ONNX_FILE, OnnxExportError, load, write_onnx
+from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
 from tests.conftest import tiny_model_config
 
 ort = pytest.importorskip("onnxruntime")
@@ -49,6 +50,10 @@ def _write(directory, case: str, vocab: str | None = None):
     elif case == "modernbert-pretraining":
         model = ModernBertForMaskedLM(_modernbert())
         modernbert_hf.write_directory(model, directory, vocab, {})
+    elif case.endswith("embedding"):  # finetune.task=embedding's export: a sentence-transformers directory
+        cfg = _bert() if case.startswith("bert") else _modernbert()
+        model = SentenceEmbedder(cfg, "mean" if case.startswith("bert") else "cls")
+        save_sentence_transformer(model, directory, vocab, 128)
     else:
         arch, head = case.split("-")
         cfg, prefix = (_bert(), "Bert") if arch == "bert" else (_modernbert(), "ModernBert")
@@ -69,6 +74,8 @@ CASES = [
         for arch in ("bert", "modernbert")
         for head in ("SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice")
     ),
+    "bert-embedding",
+    "modernbert-embedding",
 ]
 
 
@@ -117,7 +124,9 @@ def test_onnxruntime_computes_what_pytorch_computes_at_any_batch_size_and_length
 
 
 @pytest.mark.usefixtures("hf_offline")
-@pytest.mark.parametrize("case", ["modernbert-pretraining", "bert-SequenceClassification", "bert-MultipleChoice"])
+@pytest.mark.parametrize(
+    "case", ["modernbert-pretraining", "bert-SequenceClassification", "bert-MultipleChoice", "bert-embedding"]
+)
 def test_the_model_card_says_how_to_run_model_onnx_and_its_program_runs(tmp_path, tiny_vocab, case):
     pytest.importorskip("transformers")
     _write(tmp_path, case, tiny_vocab)
