@@ -41,10 +41,11 @@ class InstanceOptions(MaskingConfig):
     dupe_factor: int = 5
     short_seq_prob: float = 0.1
     seed: int = 12345
-    objective: Literal["nsp", "mlm"] = "nsp"
+    objective: Literal["nsp", "mlm", "sop"] = "nsp"
     """nsp: BERT's sentence pairs, half of them with a random second segment (the paper). mlm: contiguous
     full sentences up to the maximum length, crossing document boundaries (RoBERTa's FULL-SENTENCES), for a
-    model trained without next-sentence prediction."""
+    model trained without next-sentence prediction. sop: ALBERT's sentence-order pairs, two consecutive segments
+    of one document, swapped half the time (label 1: swapped)."""
     masking: Literal["static", "dynamic"] = "static"
     """static: masks chosen here and written into the shards, `dupe_factor` passes each with its own (the
     paper). dynamic: no masks in the shards; the training loader masks every sample afresh each epoch
@@ -74,6 +75,7 @@ class Pairs:
     b_start: np.ndarray
     b_end: np.ndarray
     is_random_next: np.ndarray
+    """1: B does not continue A (NSP's NotNext; sentence order's swapped pairs too), the samples' label."""
     document: np.ndarray
     """Document the pair was made from (segment A's)."""
     random_document: np.ndarray
@@ -109,13 +111,18 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
     The walk is sequential by nature, so it runs once per pair on integer offsets: where the reference adds
     sentences one at a time until the chunk reaches its target length (or segment B its length), this
     bisects the cumulative token offsets. Same chunks, same random draws in the same order; truncation is
-    then vectorised."""
+    then vectorised.
+
+    Sentence order (`opts.objective == "sop"`, google-research/albert's `create_pretraining_data.py`): the same
+    chunks and split; instead of a random next segment, half of the pairs swap A and B. As in ALBERT's script, a
+    chunk of one sentence still takes B from a random document (labelled 1: not in order), as NSP does."""
     max_num_tokens = opts.max_seq_length - 3
     bounds = docs.sentence_offsets.tolist()
     doc_sentences = docs.document_offsets.tolist()
     num_docs = len(docs)
     random = rs.random  # local names: this loop runs once per instance
     short_seq_prob = opts.short_seq_prob
+    sentence_order = opts.objective == "sop"
     rows: list[tuple[int, ...]] = []
     append = rows.append
     for d in range(num_docs):
@@ -129,7 +136,7 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
             chunk_sentences = i - c + 1
             a_stop = c + (1 + int(random() * (chunk_sentences - 1)) if chunk_sentences >= 2 else 1)
             a_lo, a_hi = bounds[c], bounds[a_stop]
-            if chunk_sentences == 1 or random() < 0.5:
+            if chunk_sentences == 1 or (not sentence_order and random() < 0.5):
                 for _ in range(10):
                     other = int(random() * num_docs)
                     if other != d:
@@ -140,6 +147,8 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
                 b_hi = bounds[bisect_left(bounds, b_lo + target - (a_hi - a_lo), j + 1, o_end)]
                 i = a_stop - 1  # the chunk's unused sentences go back to the walk
                 append((a_lo, a_hi, b_lo, b_hi, 1, d, other, target))
+            elif sentence_order and random() < 0.5:
+                append((a_hi, bounds[i + 1], a_lo, a_hi, 1, d, -1, target))  # the rest of the chunk first
             else:
                 append((a_lo, a_hi, a_hi, bounds[i + 1], 0, d, -1, target))
             c = i + 1

@@ -73,6 +73,10 @@ def check_shards(cfg: Config, world_size: int) -> list[str]:
                 )
                 continue
             loader = phase_loader(cfg, phase, shard_dir, workers=0, world_size=world_size)
-            made = {"nsp": "sentence pairs (MLM + NSP)", "mlm": "MLM-only text"}.get(loader.objective, loader.objective)
+            made = {
+                "nsp": "sentence pairs (MLM + NSP)",
+                "sop": "sentence-order pairs (MLM + SOP)",
+                "mlm": "MLM-only text",
+            }.get(loader.objective, loader.objective)
             lines.append(f"phase {i} {kind}: {shard_dir}: {made}, made with this vocabulary: checked")
     return lines

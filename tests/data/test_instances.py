@@ -76,6 +76,29 @@ def test_random_next_comes_from_another_document(pairs_and_docs):
     assert 0.5 < rnd.mean() < 0.8
 
 
+def test_sentence_order_pairs_are_consecutive_segments_swapped_half_the_time():
+    """ALBERT's SOP: the same chunks as NSP, B always A's continuation in its document, and half the pairs of a
+    chunk of two or more sentences swapped; a one-sentence chunk takes B from another document, as ALBERT's
+    script does (labelled 1)."""
+    docs = _documents()
+    pairs = make_pairs(
+        docs, InstanceOptions(max_seq_length=64, objective="sop"), RandomStream(np.random.default_rng(1))
+    )
+    random_b, labelled = pairs.random_document >= 0, pairs.is_random_next == 1
+    assert (labelled[random_b]).all()
+    swapped, in_order = labelled & ~random_b, ~labelled
+    assert 0.45 < swapped.sum() / (~random_b).sum() < 0.55
+    lo, hi = _doc_token_range(docs, pairs.document)
+    own = ~random_b
+    assert (pairs.a_start[own] >= lo[own]).all() and (pairs.b_end[own] <= hi[own]).all()
+    assert (pairs.b_start[own] >= lo[own]).all() and (pairs.a_end[own] <= hi[own]).all()
+    assert (pairs.a_end[in_order] <= pairs.b_start[in_order]).all()  # B after A
+    assert (pairs.b_end[swapped] <= pairs.a_start[swapped]).all()  # swapped: what came second is segment A
+    untouched = swapped & (pairs.a_end - pairs.a_start + pairs.b_end - pairs.b_start < 61)
+    assert (pairs.b_end[untouched] == pairs.a_start[untouched]).all()  # adjacent: a sentence boundary between
+    assert random_b.mean() < 0.2  # only one-sentence chunks
+
+
 def test_short_sequence_probability(pairs_and_docs):
     pairs, docs, opts = pairs_and_docs
     first_of_document = np.unique(pairs.document, return_index=True)[1]

@@ -31,9 +31,9 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ("--max-seq-length", not 8 <= i.max_seq_length <= 65535, "must be in [8, 65535]"),
             (
                 "--max-seq-length",
-                i.objective == "nsp" and i.max_seq_length > MAX_PAIR_LENGTH,
-                f"sentence pairs (--objective nsp) stay at <= {MAX_PAIR_LENGTH} tokens, BERT's positions; longer "
-                "samples are --objective mlm (full-length text, up to ModernBERT's 8,192)",
+                i.objective != "mlm" and i.max_seq_length > MAX_PAIR_LENGTH,
+                f"sentence pairs (--objective {i.objective}) stay at <= {MAX_PAIR_LENGTH} tokens, BERT's positions; "
+                "longer samples are --objective mlm (full-length text, up to ModernBERT's 8,192)",
             ),
             ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
             ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
