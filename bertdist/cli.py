@@ -8,6 +8,7 @@
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA,
                       multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
+    bertdist attention  pictures of every attention head for one text (a PNG grid, an offline HTML page)
     bertdist evaluate fine-tune and score a model on a suite (GLUE, or your own) with the paper's sweep
     bertdist checkpoints  list a run's checkpoints and verify their files
     bertdist submit   submit a training or preprocessing job to a cluster
@@ -41,7 +42,7 @@ from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
-from bertdist.finetune.commands import add_embed, add_evaluate, add_finetune
+from bertdist.finetune.commands import add_attention, add_embed, add_evaluate, add_finetune
 from bertdist.launch.commands import (
     add_forecast_flags,
     add_logs,
@@ -265,6 +266,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_train,
     add_finetune,
     add_embed,
+    add_attention,
     add_evaluate,
     _add_export,
     _add_checkpoints,

@@ -19,6 +19,7 @@ EXPECTED_COMMANDS = [
     "train",
     "finetune",
     "embed",
+    "attention",
     "evaluate",
     "export",
     "checkpoints",

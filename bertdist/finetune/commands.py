@@ -1,4 +1,5 @@
-"""The command lines of the second stage: `bertdist finetune`, `embed` and `evaluate` (registered by bertdist.cli).
+"""The command lines of the second stage: `bertdist finetune`, `embed`, `attention` and `evaluate` (registered by
+bertdist.cli).
 
 Like every subcommand, they only parse arguments and call into the package.
 """
@@ -70,6 +71,11 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
         "--features", default=d.features, help="last, layer:N (0: embeddings), last4-concat, last4-sum or pooled"
     )
     p.add_argument("--level", default=d.level, help="sequence (one vector per row) or token (one per WordPiece token)")
+    p.add_argument(
+        "--pooling",
+        default=d.pooling,
+        help="sequence level: cls or mean (of the layer's tokens); default: a sentence-transformers model's, else cls",
+    )
     p.add_argument("--max-seq-length", type=int, default=d.max_seq_length)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--shard-rows", type=int, default=d.shard_rows, help="rows per .npy shard")
@@ -106,6 +112,51 @@ def _run_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_attention(sub: argparse._SubParsersAction) -> None:
+    from bertdist.finetune.attention import AttentionOptions
+
+    d = AttentionOptions(model="", text="")
+    p = sub.add_parser(
+        "attention",
+        help="draw where every attention head looks, for one text (PNG grid and an offline HTML page)",
+        description=(
+            "Run one text (or pair) through a BERT or ModernBERT and write OUTPUT/attention.png (a layers x heads "
+            "grid of heatmaps) and OUTPUT/attention.html (pick a layer and head, hover over tokens; entropy and "
+            "the share on [CLS], [SEP], the previous and the next token of every head) (docs/finetune.md)."
+        ),
+    )
+    p.add_argument(
+        "--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory"
+    )
+    p.add_argument("--text", required=True, help="the text (the first of a pair)")
+    p.add_argument("--pair", help="a second text: [CLS] TEXT [SEP] PAIR [SEP]")
+    p.add_argument(
+        "--output",
+        default=d.output_dir,
+        dest="output_dir",
+        metavar="OUTPUT",
+        help=f"directory for attention.png and attention.html (default {d.output_dir}; they are replaced)",
+    )
+    p.add_argument(
+        "--max-seq-length", type=int, default=d.max_seq_length, help="0: 128, or the model's positions where fewer"
+    )
+    p.set_defaults(func=_run_attention, interrupted="each file is written whole or not at all")
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    from bertdist.finetune.attention import HTML_NAME, PNG_NAME, AttentionOptions, attention
+    from bertdist.flags import from_args
+
+    maps = attention(from_args(AttentionOptions, args))
+    layers, heads, tokens, _ = maps.probabilities.shape
+    out = Path(args.output_dir)
+    print(
+        f"bertdist attention: {tokens} tokens, {layers} layers x {heads} heads; wrote {out / PNG_NAME} and "
+        f"{out / HTML_NAME}"
+    )
+    return 0
+
+
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
     from bertdist.finetune.embed import POOLINGS
     from bertdist.finetune.retrieval import RetrievalOptions
@@ -116,9 +167,10 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "evaluate",
         help="fine-tune and score a model on a suite of tasks (GLUE or your own)",
         description=(
-            "Fine-tune MODEL on every task of the suite found in --data-dir, once per learning rate, and print the "
-            "best dev result per task as the paper's GLUE table; one MLflow parent run with a child per task and rate "
-            "(docs/finetune.md). "
+            "Fine-tune MODEL on every task of the suite found in --data-dir, once per learning rate and seed, and "
+            "print the best median dev result per task as the paper's GLUE table (GLUE: beside BERT's published "
+            "numbers); results.json and results.md in --output; one MLflow parent run with a child per task, rate and "
+            "seed (docs/finetune.md). "
             "--suite retrieval scores the frozen MODEL as a dense retriever on a BEIR collection instead. "
             "key=value overrides apply to every run (e.g. finetune.epochs=2 train.precision=bf16)."
         ),
@@ -140,6 +192,13 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tasks", default="", help="comma-separated task names (default: every task found)")
     p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="learning rates of the sweep")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="fine-tunings per task and learning rate, with train.seed, train.seed+1, ...; each rate is scored by "
+        "their median (papers report the median of 5 or more for the small GLUE tasks)",
+    )
     p.add_argument(
         "--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)"
     )
@@ -180,5 +239,9 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
         if tasks:
             raise UserError("--tasks: --suite retrieval is one task (the collection in --data-dir)")
+        if args.seeds != 1:
+            raise UserError("--seeds: --suite retrieval fine-tunes nothing, so it has no seeds to vary")
         return evaluate_retrieval(from_args(RetrievalOptions, args))
-    return evaluate(args.suite, args.data_dir, args.model, args.output, tasks, lrs, args.config, list(args.overrides))
+    return evaluate(
+        args.suite, args.data_dir, args.model, args.output, tasks, lrs, args.seeds, args.config, list(args.overrides)
+    )

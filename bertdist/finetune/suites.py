@@ -12,14 +12,18 @@ metric the results table shows. `glue` is built in, for the standard GLUE layout
 
 Every task found in the data directory (its training file exists; `--tasks` picks some) is fine-tuned once
 per learning rate of the sweep (the paper's 2e-5, 3e-5, 5e-5; batch 32, 3 epochs are the finetune
-defaults), and the best dev result over the sweep is the task's score, as in the paper's GLUE table (which
-reports F1 for QQP and MRPC, Spearman for STS-B, Matthews correlation for CoLA and accuracy for the rest;
-WNLI is left out, as the paper does). MNLI trains once and is scored on both dev sets (m/mm).
+defaults) and seed (`--seeds N`: train.seed, train.seed + 1, ...), and the best median dev result over the
+sweep is the task's score (bertdist.finetune.scorecard), as in the paper's GLUE table (which reports F1 for
+QQP and MRPC, Spearman for STS-B, Matthews correlation for CoLA and accuracy for the rest; WNLI is left out,
+as the paper does). MNLI trains once and is scored on both dev sets (m/mm). Each run has a directory of its
+own, `{output}/<task>/lr<rate>/seed<seed>`: the same command again skips the finished ones (each resumes
+from its last epoch's checkpoint, with nothing left to train) and continues an interrupted one.
 
-MLflow: one parent run for the suite (`bertdist.kind = evaluate`), with each task and learning rate a
-child run nested under it (the fine-tuning run itself, which keeps its link to the pretraining run); the
-parent holds `<task>/<metric>` (best over the sweep), the chosen learning rates and the average. All runs
-go to one store: tracking.tracking_uri, else `{output}/mlruns.db`.
+MLflow: one parent run for the suite (`bertdist.kind = evaluate`: the suite, the sweep, the seeds and the
+overrides as parameters), with each task, learning rate and seed a child run nested under it (the
+fine-tuning run itself, with its finetune.* settings and train.seed, which keeps its link to the pretraining
+run); the parent holds the scorecard's metrics and results.json / results.md. All runs go to one store:
+tracking.tracking_uri, else `{output}/mlruns.db`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,6 +42,7 @@ import yaml
 
 from bertdist.config import Config, load_config
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, UserError
+from bertdist.finetune import scorecard
 
 PAPER_LRS = (2e-5, 3e-5, 5e-5)
 
@@ -129,54 +135,71 @@ def evaluate(
     output_dir: str,
     task_names: list[str],
     lrs: list[float],
+    seeds: int,
     config: str | None,
     overrides: list[str],
 ) -> int:
-    """Fine-tune `model` on every task of the suite found in `data_dir`, print and log the table."""
+    """Fine-tune `model` `seeds` times on every task of the suite found in `data_dir` at every rate of `lrs`;
+    print the scorecard, write it to results.json and results.md in `output_dir`, and log it."""
     from bertdist.tracking.mlflow_tracker import build_tracker
     from bertdist.train import stopping
     from bertdist.train.distributed import read_env
 
-    tasks = _present(read_suite(suite), data_dir, task_names)
     if not lrs or any(not lr > 0 for lr in lrs):
         raise UserError(f"--lrs: learning rates must be positive, got {lrs}")
+    if seeds < 1:
+        raise UserError(f"--seeds: fine-tunings per task and learning rate must be 1 or more, got {seeds}")
+    tasks = _present(read_suite(suite), data_dir, task_names)
     base = load_config(config, overrides)
     env = read_env(default_port=base.launch.master_port)
     _check_every_task(tasks, data_dir, model, output_dir, config, overrides, env.world_size)  # not after hours of runs
     suite_name = "glue" if suite == "glue" else Path(suite).stem
+    seed_values = [base.train.seed + i for i in range(seeds)]
+    settings = {  # what reruns the numbers (with the same config file and model)
+        "suite": suite_name,
+        "model": model,
+        "data_dir": data_dir,
+        "tasks": [t.name for t in tasks],
+        "lrs": lrs,
+        "seeds": seed_values,
+        "config": config or "",
+        "overrides": shlex.join(overrides),
+    }
     parent = build_tracker(base.tracking, output_dir, env.rank, run_name=f"{suite_name}-{time.strftime('%Y%m%d-%H%M')}")
     parent.set_tags({"bertdist.kind": "evaluate", "bertdist.suite": suite_name, "bertdist.init_from": model})
-    parent.log_params(
-        {
-            "suite": suite_name,
-            "model": model,
-            "data_dir": data_dir,
-            "tasks": ",".join(t.name for t in tasks),
-            "lrs": ",".join(str(lr) for lr in lrs),
-        }
-    )
+    parent.log_params({k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in settings.items()})
     stop = stopping.StopFlag("bertdist evaluate")  # a signal between two runs; each run handles its own
     try:
         uri = getattr(parent, "tracking_uri", base.tracking.tracking_uri)
-        table = _sweep(tasks, lrs, data_dir, model, output_dir, config, overrides, env, (parent, uri, suite_name), stop)
+        sweep = [(t, lr, seed) for t in tasks for lr in lrs for seed in seed_values]
+        runs = _sweep(sweep, data_dir, model, output_dir, config, overrides, env, (parent, uri, suite_name), stop)
     finally:
         stop.close()
-    if isinstance(table, int):
-        return table
-    columns = _columns(tasks, table)
-    average = sum(columns.values()) / len(columns)
-    parent.log_metrics(
-        {**{f"{name}/{k}": v for name, (_, r) in table.items() for k, v in r.items()}, "average": average}, 0
-    )
-    parent.close("FINISHED")
+    if isinstance(runs, int):
+        return runs
+    card = scorecard.build(tasks, runs, seed_values, scorecard.PUBLISHED_GLUE if suite == "glue" else None)
+    parent.log_metrics(scorecard.parent_metrics(card), 0)
     if env.is_main:
-        print(_table(columns, average, {name: r["lr"] for name, (_, r) in table.items()}))
+        for path in _write(output_dir, card, settings):
+            parent.log_artifact(path)
+        print(f"{scorecard.report(card)}\nresults in {output_dir}/results.json and results.md")
+    parent.close("FINISHED")
     return OK_EXIT_CODE
 
 
+def _write(output_dir: str, card: scorecard.Scorecard, settings: dict[str, Any]) -> list[str]:
+    """The scorecard beside the runs, for programs (results.json, every run's metrics) and people (results.md)."""
+    from bertdist.storage import atomic_write, write_json
+
+    paths = [f"{output_dir}/results.json", f"{output_dir}/results.md"]
+    write_json(paths[0], scorecard.to_json(card, settings), indent=1)
+    with atomic_write(paths[1]) as f:
+        f.write(f"# bertdist evaluate: {settings['suite']}, {settings['model']}\n\n{scorecard.report(card, True)}\n")
+    return paths
+
+
 def _sweep(
-    tasks: list[SuiteTask],
-    lrs: list[float],
+    sweep: list[tuple[SuiteTask, float, int]],
     data_dir: str,
     model: str,
     output_dir: str,
@@ -185,18 +208,18 @@ def _sweep(
     env: Any,
     tracking_parent: tuple[Any, str, str],
     stop: Any,
-) -> dict[str, tuple[float, dict[str, float]]] | int:
-    """Every task at every rate: the best result per task, or the exit code that ended the sweep (the parent
+) -> list[scorecard.Run] | int:
+    """Every (task, rate, seed) of `sweep`: each run's results, or the exit code that ended the sweep (the parent
     run closed as FAILED, or KILLED after a stop request). `tracking_parent`: the parent run, its store, the suite."""
     from bertdist.finetune.runner import finetune
 
     parent, uri, suite_name = tracking_parent
-    table: dict[str, tuple[float, dict[str, float]]] = {}
-    for number, (task, lr) in enumerate((t, lr) for t in tasks for lr in lrs):
+    runs: list[scorecard.Run] = []
+    for number, (task, lr, seed) in enumerate(sweep):
         if stop.signum:
             print(
-                f"bertdist evaluate: stopped ({stop.reason}) before {task.name} at lr {lr:g}; finished runs are kept "
-                f"under {output_dir}",
+                f"bertdist evaluate: stopped ({stop.reason}) before {task.name} at lr {lr:g}, seed {seed}; finished "
+                f"runs are kept under {output_dir}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -207,13 +230,15 @@ def _sweep(
             tracking = {
                 "tracking_uri": uri,
                 "parent_run_id": parent.run_id or "",
-                "run_name": f"{suite_name}-{task.name}-lr{lr:g}",
+                "run_name": f"{suite_name}-{task.name}-lr{lr:g}-seed{seed}",
             }
+            run_dir = f"{output_dir}/{task.name}/lr{lr:g}/seed{seed}"  # a resume compares finetune.* only, not seeds
             cfg = load_config(
                 config,
                 [
                     *overrides,
-                    *_overrides("finetune", _settings(task, data_dir, model, lr, output_dir)),
+                    *_overrides("finetune", _settings(task, data_dir, model, lr, run_dir)),
+                    *_overrides("train", {"seed": seed}),
                     *_overrides("tracking", tracking),
                     *port,
                 ],
@@ -222,14 +247,13 @@ def _sweep(
             if code != OK_EXIT_CODE:
                 parent.close("KILLED" if code == REQUEUE_EXIT_CODE else "FAILED")
                 return code
-            headline = results[task.metrics[0]] if task.metrics else next(iter(results.values()))
-            if task.name not in table or headline > table[task.name][0]:
-                table[task.name] = (headline, {**results, "lr": lr})
-    return table
+            runs.append(scorecard.Run(task.name, lr, seed, results))
+    return runs
 
 
 def _settings(task: SuiteTask, data_dir: str, model: str, lr: float, output_dir: str) -> dict[str, Any]:
-    """The finetune.* settings of one run of the sweep: the task's, with its files under `data_dir`."""
+    """The finetune.* settings of one run of the sweep (written to `output_dir`): the task's, with its files under
+    `data_dir`."""
     extra = ",".join(str(Path(data_dir) / f) for f in str(task.settings.get("extra_dev_files", "")).split(",") if f)
     return {
         **task.settings,
@@ -237,7 +261,7 @@ def _settings(task: SuiteTask, data_dir: str, model: str, lr: float, output_dir:
         "extra_dev_files": extra,
         "init_from": model,
         "lr": lr,
-        "output_dir": f"{output_dir}/{task.name}/lr{lr:g}",
+        "output_dir": output_dir,
     }
 
 
@@ -322,29 +346,3 @@ def _present(tasks: list[SuiteTask], data_dir: str, names: list[str]) -> list[Su
             f"(looked for {', '.join(t.settings['train_file'] for t in chosen)})"
         )
     return present
-
-
-def _columns(tasks: list[SuiteTask], table: dict[str, tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """`MNLI-m`, `MNLI-mm`, `QQP`, ...: each task's best result in percent, as the paper prints them."""
-    out = {}
-    for task in tasks:
-        _, results = table[task.name]
-        metrics = task.metrics or (next(iter(results)),)
-        for metric in metrics:
-            suffix = {"dev": "-m" if len(metrics) > 1 else "", "dev_mismatched": "-mm"}.get(
-                metric.split("/")[0], f"-{metric.split('/')[0]}"
-            )
-            percent = task.settings.get("task") == "question_answering"  # SQuAD's scores are percentages already
-            out[task.name + suffix] = results[metric] if percent else 100 * results[metric]
-    return out
-
-
-def _table(columns: dict[str, float], average: float, lrs: dict[str, float]) -> str:
-    names = [*columns, "Average"]
-    values = [f"{v:.1f}" for v in columns.values()] + [f"{average:.1f}"]
-    widths = [max(len(n), len(v)) for n, v in zip(names, values)]
-    lines = [
-        " | ".join(n.rjust(w) for n, w in zip(names, widths)),
-        " | ".join(v.rjust(w) for v, w in zip(values, widths)),
-    ]
-    return "\n".join(lines) + "\nbest learning rate per task: " + ", ".join(f"{k} {v:g}" for k, v in lrs.items())

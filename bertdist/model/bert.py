@@ -45,7 +45,14 @@ from torch.utils.checkpoint import checkpoint
 from bertdist.config import ModelConfig
 from bertdist.config.validation import heads_divide_problem
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import Dropout, VocabCrossEntropy, multi_head_attention, tied_logits
+from bertdist.model.ops import (
+    Dropout,
+    VocabCrossEntropy,
+    attention_probabilities,
+    multi_head_attention,
+    split_heads,
+    tied_logits,
+)
 from bertdist.model.outputs import PreTrainingOutput, Scored
 
 
@@ -102,9 +109,21 @@ class BertSelfAttention(nn.Module):
                 x, torch.cat([self.key.weight, self.value.weight]), torch.cat([self.key.bias, self.value.bias])
             )
             return layout.attention_at(q, kv, self._attend)
+        return layout.attention(self._qkv(x, scale), self.num_heads, self._attend, self._dropout_p())
+
+    def probabilities(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        """(batch, heads, seq, seq): the softmax `forward` weights the values by, before attention dropout, in
+        the padded or packed space (`bertdist attention` draws them)."""
+        hidden = x.shape[-1]
+        qkv = self._qkv(x, (hidden // self.num_heads) ** -0.5)
+        q, k, _ = split_heads(qkv[..., :hidden], qkv[..., hidden:], self.num_heads)
+        return attention_probabilities(q, k, layout.mask, scale=1.0)
+
+    def _qkv(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """The fused (..., 3 x hidden) projection, the queries multiplied by `scale`."""
         weight = torch.cat([self.query.weight * scale, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias * scale, self.key.bias, self.value.bias])
-        return layout.attention(F.linear(x, weight, bias), self.num_heads, self._attend, self._dropout_p())
+        return F.linear(x, weight, bias)
 
     def _dropout_p(self) -> float:
         return self.dropout_p if self.training else 0.0
@@ -288,6 +307,23 @@ class BertModel(nn.Module):
         for layer in self.encoder.layer:
             states.append(layer(states[-1], layout))
         return [layout.to_grid(s) for s in states]
+
+    def attention_probabilities(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Every layer's attention probabilities, (batch, heads, seq, seq) each (`transformers`' `attentions`),
+        computed on the padded grid whatever `model.unpad` says (a picture wants every query's row). Inference
+        only: in training mode the layers would apply dropout that these weights do not show."""
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
+        x = self.embeddings(*layout.inputs(input_ids, token_type_ids))
+        probabilities = []
+        for layer in self.encoder.layer:
+            probabilities.append(layer.attention.self.probabilities(x, layout))
+            x = layer(x, layout)
+        return probabilities
 
 
 class BertPredictionHeadTransform(nn.Module):

@@ -35,9 +35,11 @@ from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import (
     Dropout,
     VocabCrossEntropy,
+    attention_probabilities,
     local_attention,
     local_attention_pays,
     multi_head_attention,
+    split_heads,
     tied_logits,
 )
 from bertdist.model.outputs import PreTrainingOutput, Scored
@@ -106,14 +108,31 @@ class ModernBertAttention(nn.Module):
         return 2 * seq_length * h * (3 * h + h) + 2 * 2 * seq_length * h * keys
 
     def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = layout.attention(
+            self._qkv(x, rotary), self.num_heads, self._attend, dropout_p, windowed=bool(self.window)
+        )
+        return self.out_drop(self.Wo(out))
+
+    def probabilities(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
+        """(batch, heads, seq, seq): the softmax `forward` weights the values by, before attention dropout, in the
+        padded or packed space (`bertdist attention` draws them). A local layer's window is `window_mask` on the
+        full grid, which is what `local_attention` computes block by block."""
+        hidden, length = x.shape[-1], x.shape[-2]
+        qkv = self._qkv(x, rotary)
+        mask = layout.mask
+        if self.window:
+            mask = window_mask(length, length, self.window, mask, x.device)
+        q, k, _ = split_heads(qkv[..., :hidden], qkv[..., hidden:], self.num_heads)
+        return attention_probabilities(q, k, mask, (hidden // self.num_heads) ** -0.5)
+
+    def _qkv(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """The fused (..., 3 x hidden) projection, queries and keys rotated by each token's position."""
         hidden = x.shape[-1]
         qkv = self.Wqkv(x)
         shape = (*qkv.shape[:-1], self.num_heads, hidden // self.num_heads)
         q, k = rotary.apply(qkv[..., :hidden].view(shape)), rotary.apply(qkv[..., hidden : 2 * hidden].view(shape))
-        qkv = torch.cat([q.flatten(-2), k.flatten(-2), qkv[..., 2 * hidden :]], dim=-1)
-        dropout_p = self.dropout_p if self.training else 0.0
-        out = layout.attention(qkv, self.num_heads, self._attend, dropout_p, windowed=bool(self.window))
-        return self.out_drop(self.Wo(out))
+        return torch.cat([q.flatten(-2), k.flatten(-2), qkv[..., 2 * hidden :]], dim=-1)
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         dropout_p, scale = self.dropout_p if self.training else 0.0, (q.shape[-1] // self.num_heads) ** -0.5
@@ -121,14 +140,15 @@ class ModernBertAttention(nn.Module):
             key_mask = None if mask is None else mask.reshape(len(mask), -1)  # one sample per row: a key mask
             return local_attention(q, kv, key_mask, self.num_heads, self.window, dropout_p, scale)
         if self.window:  # short rows, or packed rows (a block mask): the window as a mask on the full grid
-            mask = window_mask(q.shape[1], kv.shape[1], self.window, mask)
+            mask = window_mask(q.shape[1], kv.shape[1], self.window, mask, q.device)
         return multi_head_attention(q, kv, mask, self.num_heads, dropout_p, scale)
 
 
-def window_mask(queries: int, keys: int, half: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """`mask` (None, a key mask or a block mask) and |i - j| <= half on the grid's slots. A query left with no key
-    (padding far from every real token) attends to its whole row instead, to stay finite; it reaches no loss."""
-    i = torch.arange(queries, device=mask.device if mask is not None else None)
+def window_mask(queries: int, keys: int, half: int, mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """`mask` (None, a key mask or a block mask) and |i - j| <= half on the grid's slots, on `device` (the
+    queries': without a mask there is no other tensor to take it from). A query left with no key (padding far
+    from every real token) attends to its whole row instead, to stay finite; it reaches no loss."""
+    i = torch.arange(queries, device=device)
     near = (i[:, None] - torch.arange(keys, device=i.device)[None, :]).abs() <= half  # (queries, keys)
     allowed = near if mask is None else mask & near
     return allowed | ~allowed.any(-1, keepdim=True)
@@ -194,11 +214,39 @@ class ModernBertModel(nn.Module):
         states, layout = self._run(input_ids, attention_mask, keep_all=True)
         return [layout.to_grid(s) for s in states]
 
+    def attention_probabilities(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """Every layer's attention probabilities, (batch, heads, seq, seq) each (`transformers`' `attentions`),
+        computed on the padded grid whatever `model.unpad` says (a picture wants every query's row). Inference
+        only: in training mode the layers would apply dropout that these weights do not show."""
+        x, layout, rotary = self._inputs(input_ids, attention_mask, unpad=False)
+        probabilities = []
+        for layer, layer_rotary in zip(self.layers, rotary):
+            probabilities.append(layer.attn.probabilities(layer.attn_norm(x), layout, layer_rotary))
+            x = layer(x, layout, layer_rotary)
+        return probabilities
+
     def _run(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, keep_all: bool = False
     ) -> tuple[list[torch.Tensor], TokenLayout]:
+        x, layout, rotary = self._inputs(input_ids, attention_mask, self.config.unpad)
+        states = [x]
+        for layer, layer_rotary in zip(self.layers, rotary):
+            if self.config.activation_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, layout, layer_rotary, use_reentrant=False)
+            else:
+                x = layer(x, layout, layer_rotary)
+            states.append(x)
+        states[-1] = self.final_norm(x)
+        return (states if keep_all else states[-1:]), layout
+
+    def _inputs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, unpad: bool
+    ) -> tuple[torch.Tensor, TokenLayout, list[Rotary]]:
+        """The embeddings' output, the layout, and each layer's rotary embedding (of its kind's theta)."""
         cfg = self.config
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, cfg.unpad)
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad)
         ids, _, positions = layout.inputs(input_ids, None)
         if positions is None:  # one sample per row, from slot 0
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
@@ -208,16 +256,7 @@ class ModernBertModel(nn.Module):
             kind: Rotary(positions, head_dim, theta, x.dtype)
             for kind, theta in (("global", cfg.global_rope_theta), ("local", cfg.local_rope_theta))
         }
-        states = [x]
-        for i, layer in enumerate(self.layers):
-            args = (layout, rotary["global" if is_global(cfg, i) else "local"])
-            if cfg.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, *args, use_reentrant=False)
-            else:
-                x = layer(x, *args)
-            states.append(x)
-        states[-1] = self.final_norm(x)
-        return (states if keep_all else states[-1:]), layout
+        return x, layout, [rotary["global" if is_global(cfg, i) else "local"] for i in range(cfg.num_layers)]
 
 
 class ModernBertHeadTransform(nn.Module):

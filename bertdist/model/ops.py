@@ -55,19 +55,36 @@ def multi_head_attention(
     A function, not a module: it runs once per length bucket on the unpadded CPU path, and every batch must make
     the same module calls (the ZeRO-3 rule, bertdist.model.bert)."""
     batch, queries, hidden = q.shape
-    head_dim = hidden // num_heads
-    q = q.reshape(batch, queries, num_heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
-    k, v = kv.reshape(batch, kv.shape[1], 2, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k, v = split_heads(q, kv, num_heads)
     if dropout_p > 0 and q.device.type == "cpu":
         # SDPA on CPU has no fused kernel with dropout and falls back to this same math, with torch's slower
         # dropout; spelling it out lets the attention probabilities use our cheaper `dropout`.
-        scores = (q * scale) @ k.transpose(-2, -1)  # (batch, heads, queries, keys)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        out = dropout(scores.softmax(dim=-1), dropout_p) @ v
+        out = dropout(attention_probabilities(q, k, attn_mask, scale), dropout_p) @ v
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return out.transpose(1, 2).reshape(batch, queries, hidden)
+
+
+def split_heads(q: torch.Tensor, kv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(batch, queries, hidden) queries and (batch, keys, 2 x hidden) keys and values -> q, k, v, each (batch,
+    heads, length, head_dim): views where the inputs allow."""
+    batch, queries, hidden = q.shape
+    head_dim = hidden // num_heads
+    q = q.reshape(batch, queries, num_heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
+    k, v = kv.reshape(batch, kv.shape[1], 2, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
+
+
+def attention_probabilities(
+    q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """softmax(q k^T x scale) over the keys each query may attend (`attn_mask` True), (batch, heads, queries,
+    keys) from split heads: the weights `scaled_dot_product_attention` gives the values, spelled out, for the
+    CPU dropout path above and for reading them (`bertdist attention`)."""
+    scores = (q * scale) @ k.transpose(-2, -1)  # (batch, heads, queries, keys)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return scores.softmax(dim=-1)
 
 
 LOCAL_BLOCK = 64

@@ -1,9 +1,13 @@
 """`bertdist evaluate`: GLUE's own file layouts (a header-less CoLA, MNLI's two dev sets, STS-B's scores)
-made from real text, the learning-rate sweep, the paper's table, and one MLflow parent run whose children
-are the fine-tuning runs; a custom suite file; bad suites and filters fail before anything runs."""
+made from real text, the learning-rate sweep, the paper's table beside the published numbers, and one MLflow
+parent run whose children are the fine-tuning runs; several seeds per setting, recorded so that they rerun and
+resume; a custom suite file; bad suites, filters and seed counts fail before anything runs. (The scorecard's
+arithmetic and layout: test_scorecard.py.)"""
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -85,11 +89,17 @@ def test_glue_layout_sweep_table_and_nested_runs(tmp_path, tiny_corpus, pretrain
         == 0
     )
     printed = capsys.readouterr().out
-    header, values = [line.split("|") for line in printed.splitlines() if "|" in line][:2]
-    assert [h.strip() for h in header] == ["MNLI-m", "MNLI-mm", "SST-2", "CoLA", "STS-B", "Average"], printed
-    scores = [float(v) for v in values]
+    header, values, *published = [line.split("|") for line in printed.splitlines() if "|" in line]
+    assert [h.strip() for h in header] == ["", "MNLI-m", "MNLI-mm", "SST-2", "CoLA", "STS-B", "Average"], printed
+    assert values[0].strip() == "dev, 1 seed"
+    scores = [float(v) for v in values[1:]]
     assert all(-100 <= v <= 100 for v in scores) and scores[-1] == pytest.approx(np.mean(scores[:-1]), abs=0.06)
     assert "dev_mismatched accuracy" in printed and "best learning rate per task: MNLI" in printed
+    assert [[c.strip() for c in row] for row in published] == [
+        ["BERT-Base (GLUE test set)", "84.6", "83.4", "93.5", "52.1", "85.8", "79.9"],  # the mean of these five
+        ["BERT-Large (GLUE test set)", "86.7", "85.9", "94.9", "60.5", "86.5", "82.9"],
+    ]
+    assert "ours are on the dev sets" in printed and "std over seeds" not in printed
 
     import mlflow
 
@@ -100,7 +110,10 @@ def test_glue_layout_sweep_table_and_nested_runs(tmp_path, tiny_corpus, pretrain
     (parent,) = [r for r in runs if r.data.tags.get("bertdist.kind") == "evaluate"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 4 * 2 and all(r.data.tags["bertdist.init_from"] == str(pretrained) for r in children)
-    assert {r.data.tags["mlflow.runName"] for r in children} >= {"glue-CoLA-lr0.0001", "glue-STS-B-lr0.0003"}
+    assert {r.data.tags["mlflow.runName"] for r in children} >= {
+        "glue-CoLA-lr0.0001-seed1234",
+        "glue-STS-B-lr0.0003-seed1234",
+    }
     assert (
         parent.data.metrics["average"] == pytest.approx(scores[-1], abs=0.06)
         and "MNLI/dev_mismatched/accuracy" in parent.data.metrics
@@ -133,9 +146,18 @@ def test_a_custom_suite_file_and_the_task_filter(tmp_path, tiny_corpus, pretrain
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert [h.strip() for h in [line for line in printed.splitlines() if "|" in line][0].split("|")] == [
+        "",
         "origin",
         "Average",
     ]
+    for seeds in ("0", "-1"):
+        assert main([*args, "--seeds", seeds]) == USAGE_EXIT_CODE
+        assert capsys.readouterr().err == (
+            f"bertdist evaluate: --seeds: fine-tunings per task and learning rate must be 1 or more, got {seeds}\n"
+        )
+    retrieval = ["evaluate", "--suite", "retrieval", "--data-dir", str(data), "--model", str(pretrained)]
+    assert main([*retrieval, "--seeds", "2"]) == USAGE_EXIT_CODE
+    assert capsys.readouterr().err.startswith("bertdist evaluate: --seeds: --suite retrieval fine-tunes nothing")
     assert (
         main([*args, "--tasks", "other"]) == USAGE_EXIT_CODE
         and "other have no training file" in capsys.readouterr().err
@@ -148,6 +170,83 @@ def test_a_custom_suite_file_and_the_task_filter(tmp_path, tiny_corpus, pretrain
     assert (
         main(args) == USAGE_EXIT_CODE and "finetune.learning_rate is not a finetune setting" in capsys.readouterr().err
     )
+
+
+@pytest.mark.slow
+def test_seeds_give_each_setting_a_median_and_spread_recorded_to_rerun_and_resume(
+    tmp_path, tiny_corpus, pretrained, capsys
+):
+    import mlflow
+
+    from bertdist.tracking.store import local_store_uri
+
+    data = _glue(tmp_path / "data", tiny_corpus)
+    suite = tmp_path / "mine.yaml"
+    suite.write_text("tasks:\n  origin:\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n")
+    out = tmp_path / "o"
+    args = ["evaluate", "--suite", str(suite), "--data-dir", str(data), "--model", str(pretrained)]
+    args += ["--output", str(out), "--lrs", "1e-4", "--seeds", "2", *RUN, f"launch.master_port={free_tcp_port()}"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    rows = {
+        row[0].strip(): [c.strip() for c in row[1:]]
+        for row in (x.split("|") for x in printed.splitlines())
+        if len(row) > 1
+    }
+    assert list(rows) == ["", "dev, median of 2 seeds", "std over seeds", "min, max over seeds"], (
+        printed
+    )  # no paper row
+    assert "2 seeds per task and learning rate (train.seed 1234, 1235)" in printed
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [1234, 1235] and results["lrs"] == [1e-4] and results["tasks"] == ["origin"]
+    runs = results["runs"]
+    assert [(r["task"], r["lr"], r["seed"]) for r in runs] == [("origin", 1e-4, 1234), ("origin", 1e-4, 1235)]
+    accuracy = [r["results"]["dev/accuracy"] for r in runs]  # the classification headline: the suite names none
+    spread = results["scores"]["origin"]["metrics"]["dev/accuracy"]
+    assert spread == {
+        "median": statistics.median(accuracy),
+        "min": min(accuracy),
+        "max": max(accuracy),
+        "std": pytest.approx(statistics.stdev(accuracy)),
+    }
+    assert rows["dev, median of 2 seeds"][0] == f"{100 * spread['median']:.1f}"
+    assert "| dev, median of 2 seeds |" in (out / "results.md").read_text()
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*/*/model")) == [
+        "origin/lr0.0001/seed1234/model",
+        "origin/lr0.0001/seed1235/model",
+    ]
+
+    client = mlflow.MlflowClient(local_store_uri(out))
+    experiment = client.get_experiment_by_name("bertdist").experiment_id
+    (parent,) = [r for r in client.search_runs([experiment]) if r.data.tags.get("bertdist.kind") == "evaluate"]
+    children = [
+        r for r in client.search_runs([experiment]) if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    ]
+    assert sorted((r.data.params["finetune.lr"], r.data.params["train.seed"]) for r in children) == [
+        ("0.0001", "1234"),
+        ("0.0001", "1235"),
+    ]
+    assert {k: parent.data.params[k] for k in ("suite", "tasks", "lrs", "seeds")} == {
+        "suite": "mine",
+        "tasks": "origin",
+        "lrs": "0.0001",
+        "seeds": "1234,1235",
+    }
+    assert "finetune.epochs=1" in parent.data.params["overrides"]
+    metrics = parent.data.metrics
+    assert metrics["origin/dev/accuracy"] == pytest.approx(spread["median"])
+    assert metrics["origin/dev/accuracy_std"] == pytest.approx(spread["std"])
+    assert {"origin/dev/accuracy_min", "origin/dev/accuracy_max", "origin/lr", "average"} <= set(metrics)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"results.json", "results.md"}
+
+    # The same command again: every seed's run is finished in a directory of its own, so nothing trains.
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("resumed from") == 2 and "epoch 1/1" not in printed, printed
+    assert json.loads((out / "results.json").read_text())["runs"] == runs
+    finetunings = [r for r in client.search_runs([experiment]) if r.data.tags.get("bertdist.kind") == "finetune"]
+    assert sorted(r.info.run_id for r in finetunings) == sorted(r.info.run_id for r in children)  # the same runs
 
 
 @pytest.mark.slow

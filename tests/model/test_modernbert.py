@@ -149,7 +149,8 @@ def test_local_attention_by_blocks_equals_the_masked_full_grid_with_gradients(le
             if blocked:
                 out = local_attention(q_, kv_, key_mask, 4, half, 0.0, 0.25)
             else:
-                mask = window_mask(length, length, half, None if key_mask is None else key_mask[:, None, None, :])
+                key = None if key_mask is None else key_mask[:, None, None, :]
+                mask = window_mask(length, length, half, key, q.device)
                 out = multi_head_attention(q_, kv_, mask, 4, 0.0, 0.25)
             (out * grad * real).sum().backward()
             results.append((out * real, q_.grad * real, kv_.grad))
