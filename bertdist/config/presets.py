@@ -19,6 +19,15 @@ _MODERNBERT = dict(
     max_position_embeddings=8192,
 )
 """ModernBERT's settings shared by every size (transformers' ModernBertConfig defaults)."""
+_ALBERT = dict(
+    arch="albert",
+    embedding_size=128,  # E = 128 at every size (arXiv 1909.11942, Table 1)
+    share_layers="all",  # all-shared, ALBERT's default (ibid., section 3.1)
+    hidden_dropout_prob=0.0,  # no dropout (ibid., section 4.8; the v2 checkpoints' configs)
+    attention_dropout_prob=0.0,
+    vocab_size=30000,  # a 30,000-token SentencePiece vocabulary (ibid., section 4.1)
+)
+"""ALBERT's settings shared by every size; heads are H / 64 and the feed-forward 4H (ibid., section 3.1)."""
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
     "mini": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
@@ -54,4 +63,9 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     "modernbert-large": dict(
         _MODERNBERT, num_layers=28, hidden_size=1024, num_attention_heads=16, intermediate_size=2624
     ),
+    # ALBERT (arXiv 1909.11942, Table 1): base L12/H768, large L24/H1024 (12M and 18M parameters). The mini
+    # size is BERT-mini's shape with ALBERT's E and sharing, for CPU runs.
+    "albert-mini": dict(_ALBERT, num_layers=4, hidden_size=256, num_attention_heads=4),
+    "albert-base": dict(_ALBERT, num_layers=12, hidden_size=768, num_attention_heads=12),
+    "albert-large": dict(_ALBERT, num_layers=24, hidden_size=1024, num_attention_heads=16),
 }

@@ -29,10 +29,12 @@ class ModelConfig:
 
     size: str = "base"
     """Named size: tiny, mini, small, medium, base or large (BERT: layers, hidden size, heads); modernbert-tiny,
-    -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary)."""
-    arch: Literal["bert", "modernbert"] = "bert"
-    """bert (the 2018 architecture, the default) or modernbert (RoPE, GeGLU, pre-norm, alternating global and
-    local attention: bertdist.model.modernbert). One registry: bertdist.model.registry."""
+    -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary); albert-mini, -base, -large
+    (ALBERT: also its embedding width, sharing, dropout and vocabulary)."""
+    arch: Literal["bert", "modernbert", "albert"] = "bert"
+    """bert (the 2018 architecture, the default), modernbert (RoPE, GeGLU, pre-norm, alternating global and
+    local attention: bertdist.model.modernbert) or albert (factorized embeddings, layers sharing parameters, a
+    sentence-order head: bertdist.model.albert). One registry: bertdist.model.registry."""
     num_layers: int = 12
     hidden_size: int = 768
     num_attention_heads: int = 12
@@ -56,7 +58,7 @@ class ModelConfig:
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
     """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
-    # ModernBERT only (arch: modernbert); BERT refuses them set away from these defaults (validation.ARCH_ONLY_FIELDS).
+    # ModernBERT only (arch: modernbert); the others refuse them set away from these defaults (ARCH_ONLY_FIELDS).
     global_attn_every_n_layers: int = 3
     """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""
     local_attention: int = 128
@@ -66,6 +68,15 @@ class ModelConfig:
     local_rope_theta: float = 10000.0
     bias: bool = False
     """Biases in the linear layers and LayerNorms (ModernBERT has none; the decoder keeps its own either way)."""
+    # ALBERT only (arch: albert); the others refuse them set away from these defaults.
+    embedding_size: int = 0
+    """Width E of the token, position and segment embeddings, projected to hidden_size by one E x H matrix
+    (ALBERT's factorization: V x E + E x H parameters instead of V x H; the paper's E is 128); at most
+    hidden_size. 0: hidden_size (no factorization), so that the default suits every hidden size."""
+    share_layers: Literal["all", "attention", "ffn", "none"] = "all"
+    """What the layers share: all (ALBERT: one layer applied num_layers times), attention or ffn (that sublayer
+    only, each layer keeping its own other one), none (num_layers distinct layers). transformers' ALBERT holds all
+    and none only: the other two train, and `bertdist export` refuses them."""
 
     @classmethod
     def from_size(cls, size: str, **overrides: Any) -> "ModelConfig":
@@ -80,6 +91,10 @@ class ModelConfig:
 
     def ffn_size(self) -> int:
         return self.intermediate_size or 4 * self.hidden_size
+
+    def embedding_width(self) -> int:
+        """E: ALBERT's embedding width (model.embedding_size, 0 meaning hidden_size)."""
+        return self.embedding_size or self.hidden_size
 
 
 ARCHITECTURES: tuple[str, ...] = choices(ModelConfig, "arch")
@@ -247,7 +262,7 @@ class CheckpointConfig:
     resume: str = "auto"
     """auto: continue from the latest complete checkpoint if any; none: start fresh; or a path."""
     init_from_pretrained: str = ""
-    """A Hugging Face BERT or ModernBERT directory to start from (continued pretraining)."""
+    """A Hugging Face BERT, ModernBERT or ALBERT directory to start from (continued pretraining)."""
     verify: Literal["sha256", "size"] = "sha256"
     """Before loading a checkpoint, check its files against the record made at save: sha256 (every byte) or size."""
     uri: str = ""

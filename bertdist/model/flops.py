@@ -42,6 +42,11 @@ def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, masked_p
 
 def non_embedding_parameters(model: ModelConfig) -> int:
     h, f = model.hidden_size, model.ffn_size()
+    if model.arch == "albert":  # the E x H projection, and each distinct attention and feed-forward once
+        attention, ffn = 4 * h * h + 4 * h + 2 * h, 2 * h * f + f + h + 2 * h  # each with its LayerNorm
+        attentions = 1 if model.share_layers in ("all", "attention") else model.num_layers
+        ffns = 1 if model.share_layers in ("all", "ffn") else model.num_layers
+        return model.embedding_width() * h + h + attentions * attention + ffns * ffn
     if model.arch == "modernbert":  # QKV, output, GeGLU in and out, two norms (layer 0: one); biases with model.bias
         norms = (2 * model.num_layers - 1 + 1) * h * (2 if model.bias else 1)
         biases = model.num_layers * (3 * h + h + 2 * f + h) if model.bias else 0
@@ -56,9 +61,10 @@ def total_parameters(model: ModelConfig) -> int:
         per_norm = h * (2 if model.bias else 1)
         head = h * h + (h if model.bias else 0) + per_norm
         return model.vocab_size * h + per_norm + non_embedding_parameters(model) + head + model.vocab_size
-    embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h
+    e = model.embedding_width() if model.arch == "albert" else h  # ALBERT's embeddings and MLM head are E wide
+    embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
     pooler = h * h + h if model.next_sentence_prediction else 0
-    mlm_head = h * h + h + 2 * h + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
+    mlm_head = h * e + e + 2 * e + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
     nsp_head = 2 * h + 2 if model.next_sentence_prediction else 0
     return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head
 

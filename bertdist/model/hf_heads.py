@@ -93,9 +93,19 @@ FAMILIES = {
 """model.arch -> its task models and their Hugging Face format."""
 
 
+def family_of(arch: str) -> Family:
+    """FAMILIES[arch], or for an architecture without task models (ALBERT) a CheckpointFormatError saying so."""
+    if arch not in FAMILIES:
+        raise CheckpointFormatError(
+            f"model.arch {arch}: fine-tuning, embedding and ONNX export take {' and '.join(FAMILIES)} models; "
+            f"{arch} has no task models yet (its pretraining export loads in transformers)"
+        )
+    return FAMILIES[arch]
+
+
 def task_architecture(arch: str, head: str) -> str:
     """The class name of the `head` task model (SequenceClassification, ...) of the model.arch family."""
-    return f"{FAMILIES[arch].prefix}For{head}"
+    return f"{family_of(arch).prefix}For{head}"
 
 
 def build_task_model(
@@ -107,7 +117,7 @@ def build_task_model(
 ) -> Any:
     """A freshly initialised task model of `cfg`'s family; `labels` are the class names (one name for
     regression and QA/MC). `classifier_pooling` (ModernBERT) None: the model's default."""
-    family = FAMILIES[cfg.arch]
+    family = family_of(cfg.arch)
     if architecture not in family.task_models:
         raise CheckpointFormatError(
             f"architecture {architecture!r} is not a {cfg.arch} task model ({', '.join(family.task_models)})"
@@ -142,7 +152,7 @@ def save_task_model(
         config["problem_type"] = model.problem_type
     if hasattr(model, "classifier_pooling"):
         config["classifier_pooling"] = model.classifier_pooling
-    FAMILIES[model.config.arch].write_directory(model, directory, vocab_file, {**config, **(extra_config or {})})
+    family_of(model.config.arch).write_directory(model, directory, vocab_file, {**config, **(extra_config or {})})
 
 
 def load_task_model(directory: str | os.PathLike, unpad: bool = True) -> tuple[Any, list[str]]:
@@ -151,7 +161,7 @@ def load_task_model(directory: str | os.PathLike, unpad: bool = True) -> tuple[A
     directory = Path(directory)
     raw, cfg = model_config(directory)
     cfg = dataclasses.replace(cfg, unpad=unpad)
-    family = FAMILIES[cfg.arch]
+    family = family_of(cfg.arch)
     architecture = (raw.get("architectures") or [""])[0]
     labels = _labels(raw, directory)
     sequence = architecture.endswith(SEQUENCE_CLASSIFICATION)
@@ -174,7 +184,7 @@ def read_pretrained(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str
     directory = Path(directory)
     _, cfg = model_config(directory)
     tensors, source = read_weights(directory)
-    return cfg, FAMILIES[cfg.arch].state_from_hf(tensors, source), source
+    return cfg, family_of(cfg.arch).state_from_hf(tensors, source), source
 
 
 def task_model_from_pretrained(
@@ -192,7 +202,7 @@ def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
     pretrained state dict; the rest (the pretraining heads, a classifier) is left out.
 
     `model` is a task model, or a module holding a bare encoder under the same name (`pretrained_encoder`)."""
-    family = FAMILIES[model.config.arch]
+    family = family_of(model.config.arch)
     wanted = {k: v for k, v in model.state_dict().items() if k.startswith(family.pretrained)}
     missing = sorted(k for k in wanted if k not in state and not k.startswith(family.optional))
     if missing:
@@ -209,7 +219,7 @@ def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
 
 def pretrained_encoder(cfg: ModelConfig, state: dict[str, Any], source: str) -> torch.nn.Module:
     """The bare encoder of `cfg`'s family with the pretrained weights of `state` (`encode`, `hidden_states`)."""
-    family = FAMILIES[cfg.arch]
+    family = family_of(cfg.arch)
     holder = torch.nn.Module()  # the encoder under the task models' name, which `state` uses
     holder.config = cfg
     setattr(holder, family.encoder_name, family.encoder(cfg))
@@ -221,7 +231,7 @@ def model_config(directory: str | os.PathLike) -> tuple[dict[str, Any], ModelCon
     """config.json of a Hugging Face directory of either family and the ModelConfig it describes."""
     directory = Path(directory)
     raw, arch = _read_config(directory)
-    return raw, FAMILIES[arch].config_from_hf(raw, str(directory / CONFIG_FILE))
+    return raw, family_of(arch).config_from_hf(raw, str(directory / CONFIG_FILE))
 
 
 def _read_config(directory: Path) -> tuple[dict[str, Any], str]:

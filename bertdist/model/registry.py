@@ -24,11 +24,16 @@ from bertdist.errors import UserError
 MODEL_CLASSES = {
     "bert": "bertdist.model.bert:BertForPreTraining",
     "modernbert": "bertdist.model.modernbert:ModernBertForMaskedLM",
+    "albert": "bertdist.model.albert:AlbertForPreTraining",
 }
 """model.arch (one of the schema's ARCHITECTURES) -> its pretraining model class (module:class)."""
-HF_ADAPTERS = {"bert": "bertdist.model.hf", "modernbert": "bertdist.model.modernbert_hf"}
+HF_ADAPTERS = {
+    "bert": "bertdist.model.hf",
+    "modernbert": "bertdist.model.modernbert_hf",
+    "albert": "bertdist.model.albert_hf",
+}
 """model.arch -> the module that converts it to and from the Hugging Face format."""
-HF_MODEL_TYPES = {"bert": "bert", "modernbert": "modernbert"}
+HF_MODEL_TYPES = {"bert": "bert", "modernbert": "modernbert", "albert": "albert"}
 """config.json's model_type -> model.arch."""
 
 

@@ -58,6 +58,8 @@ def test_model_size_preset_then_explicit_keys(tmp_path):
         ("large", (24, 1024, 16)),
         ("modernbert-base", (22, 768, 12)),
         ("modernbert-large", (28, 1024, 16)),
+        ("albert-base", (12, 768, 12)),
+        ("albert-large", (24, 1024, 16)),
     ],
 )
 def test_named_sizes(size, lha):
@@ -74,6 +76,9 @@ def test_named_sizes(size, lha):
         "modernbert-mini",
         "modernbert-base",
         "modernbert-large",
+        "albert-mini",
+        "albert-base",
+        "albert-large",
     }
     if size.startswith("modernbert"):  # the published shapes (transformers' ModernBertConfig)
         assert (m.arch, m.ffn_size(), m.vocab_size, m.local_attention, m.global_attn_every_n_layers) == (
@@ -84,6 +89,15 @@ def test_named_sizes(size, lha):
             3,
         )
         assert (m.global_rope_theta, m.local_rope_theta, m.layer_norm_eps, m.bias) == (160000.0, 10000.0, 1e-5, False)
+    if size.startswith("albert"):  # arXiv 1909.11942: E 128, all shared, no dropout, 30k vocabulary, FFN 4H
+        assert (m.arch, m.embedding_width(), m.share_layers, m.hidden_dropout_prob, m.attention_dropout_prob) == (
+            "albert",
+            128,
+            "all",
+            0.0,
+            0.0,
+        )
+        assert (m.vocab_size, m.ffn_size(), m.hidden_size // m.num_attention_heads) == (30000, 4 * m.hidden_size, 64)
 
 
 def test_unknown_key_wrong_type_and_indivisible_batch_are_all_reported_at_once(tmp_path):

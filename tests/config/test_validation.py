@@ -31,7 +31,32 @@ CASES = [
         "token-types-on-modernbert",
         "modernbert-tiny",
         ["model.type_vocab_size=4"],
-        "model.type_vocab_size: 4 applies only to model.arch bert, and model.arch: modernbert ignores it",
+        "model.type_vocab_size: 4 applies only to model.arch bert or albert, and model.arch: modernbert ignores it",
+    ),
+    (
+        "sharing-on-bert",
+        "bert-tiny",
+        ["model.share_layers=none"],
+        "model.share_layers: 'none' applies only to model.arch albert, and model.arch: bert ignores it",
+    ),
+    (
+        "factorized-embeddings-on-modernbert",
+        "modernbert-tiny",
+        ["model.embedding_size=64"],
+        "model.embedding_size: 64 applies only to model.arch albert, and model.arch: modernbert ignores it",
+    ),
+    (
+        "embeddings-wider-than-hidden",
+        "albert-mini",
+        ["model.embedding_size=512"],
+        "model.embedding_size: 512 is not within 0..model.hidden_size=256",
+    ),
+    ("unknown-sharing", "albert-mini", ["model.share_layers=some"], "model.share_layers: 'some' is not one of all,"),
+    (
+        "albert-weights-for-bert",
+        "bert-tiny",
+        ["checkpoint.init_from_pretrained={albert}"],
+        "checkpoint.init_from_pretrained: {albert} holds a albert model (config.json model_type), and model.arch is",
     ),
     (
         "nsp-on-modernbert",
@@ -90,12 +115,16 @@ CASES = [
 @pytest.fixture
 def run(tmp_path: Path) -> dict[str, str]:
     """A vocabulary, an output directory, and the config.json of an export of each architecture."""
-    from bertdist.model import hf, modernbert_hf
+    from bertdist.model import albert_hf, hf, modernbert_hf
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\na\n")
     places = {"vocab": str(vocab), "output": str(tmp_path / "run")}
-    for arch, adapter, size in (("bert", hf, "tiny"), ("modernbert", modernbert_hf, "modernbert-tiny")):
+    for arch, adapter, size in (
+        ("bert", hf, "tiny"),
+        ("modernbert", modernbert_hf, "modernbert-tiny"),
+        ("albert", albert_hf, "albert-mini"),
+    ):
         (tmp_path / arch).mkdir()
         (tmp_path / arch / "config.json").write_text(json.dumps(adapter.config_to_hf(ModelConfig.from_size(size))))
         places[arch] = str(tmp_path / arch)
@@ -139,6 +168,8 @@ def test_what_the_architecture_cannot_build_is_one_problem_before_anything_start
         ("modernbert-tiny", ["checkpoint.init_from_pretrained={modernbert}"]),
         ("bert-tiny", ["checkpoint.init_from_pretrained={bert}"]),
         ("bert-tiny", ["model.local_attention=128", "model.bias=false"]),  # the defaults: nothing set
+        ("albert-mini", ["checkpoint.init_from_pretrained={albert}", "model.type_vocab_size=2"]),
+        ("albert-mini", ["model.embedding_size=0", "model.share_layers=ffn", "model.next_sentence_prediction=false"]),
     ],
 )
 def test_what_the_architecture_uses_is_accepted(config, overrides, run):
@@ -154,18 +185,19 @@ def test_an_export_names_its_architecture_by_model_type_as_validation_reads_it()
     assert registry.HF_MODEL_TYPES == {arch: arch for arch in ARCHITECTURES}
 
 
-def test_the_modernbert_only_fields_are_the_schemas():
-    """The schema marks ModernBERT's own fields with a comment; validation's table names the same fields."""
+@pytest.mark.parametrize("arch, comment", [("modernbert", "# ModernBERT only"), ("albert", "# ALBERT only")])
+def test_the_fields_of_one_architecture_are_the_schemas(arch, comment):
+    """The schema marks an architecture's own fields with a comment (`# ALBERT only (arch: albert)`) above them, up
+    to the next such comment or the methods; validation's table names the same fields."""
     source = (REPO / "bertdist" / "config" / "schema.py").read_text()
-    block = source[
-        source.index("# ModernBERT only (arch: modernbert)") : source.index(
-            "@classmethod", source.index("# ModernBERT only")
-        )
-    ]
+    start = source.index(f"{comment} (arch: {arch})")
+    end = min(i for i in (source.find("    # ", start + 1), source.index("@classmethod", start)) if i > 0)
     declared = {
-        node.target.id for node in ast.parse(block.replace("\n    ", "\n")).body if isinstance(node, ast.AnnAssign)
+        node.target.id
+        for node in ast.parse(source[start:end].replace("\n    ", "\n")).body
+        if isinstance(node, ast.AnnAssign)
     }
-    assert declared == {name for name, archs in ARCH_ONLY_FIELDS.items() if archs == ("modernbert",)}
+    assert declared == {name for name, archs in ARCH_ONLY_FIELDS.items() if archs == (arch,)}
     assert set(ARCH_ONLY_FIELDS) <= {f.name for f in dataclasses.fields(ModelConfig)}
 
 
@@ -209,3 +241,5 @@ def test_sentence_pairs_longer_than_bert_positions_are_refused_before_anything_s
     err = capsys.readouterr().err
     assert "--max-seq-length: sentence pairs (--objective nsp) stay at <= 512 tokens" in err and "\n" == err[-1:]
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert main([*base, "--max-seq-length", "1024", "--objective", "sop"]) == 2
+    assert "sentence pairs (--objective sop) stay at <= 512 tokens" in capsys.readouterr().err

@@ -15,7 +15,7 @@ def test_every_architecture_has_a_model_and_an_adapter():
     assert set(registry.HF_MODEL_TYPES.values()) == set(ARCHITECTURES)
 
 
-@pytest.mark.parametrize("size", ["tiny", "modernbert-tiny", "modernbert-mini"])
+@pytest.mark.parametrize("size", ["tiny", "modernbert-tiny", "modernbert-mini", "albert-mini"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_counted_parameters_are_the_models(size, bias):
     cfg = ModelConfig.from_size(size, **({"bias": bias} if size.startswith("modernbert") else {}))

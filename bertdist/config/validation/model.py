@@ -10,12 +10,14 @@ from pathlib import Path
 from bertdist.config.schema import ARCHITECTURES, ModelConfig, PhaseConfig
 
 ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
-    "type_vocab_size": ("bert",),
+    "type_vocab_size": ("bert", "albert"),
     "global_attn_every_n_layers": ("modernbert",),
     "local_attention": ("modernbert",),
     "global_rope_theta": ("modernbert",),
     "local_rope_theta": ("modernbert",),
     "bias": ("modernbert",),
+    "embedding_size": ("albert",),
+    "share_layers": ("albert",),
 }
 """model fields that only these architectures read: set away from its default under another `model.arch`, the
 field would be ignored without a word. (`next_sentence_prediction` has its own check: ModernBERT refuses its
@@ -35,7 +37,8 @@ def heads_divide_problem(m: ModelConfig) -> str:
 
 def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str]:
     """What `model.arch` cannot build, or would silently ignore: an unknown name, another architecture's
-    options, heads that do not split the hidden size, and ModernBERT's window and rotary head size."""
+    options, heads that do not split the hidden size, ALBERT's embedding width, and ModernBERT's window and
+    rotary head size."""
     found = [problem] if (problem := heads_divide_problem(m)) else []
     if m.arch not in ARCHITECTURES:  # reported by choice_problems; nothing else about it can be judged
         return found
@@ -56,6 +59,11 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
                 )
             elif theta < 0:
                 found.append(f"data.phases.{i}.{name}: must be positive (or 0: model.{name}), got {theta}")
+    if m.arch == "albert" and not 0 <= m.embedding_size <= m.hidden_size:
+        found.append(
+            f"model.embedding_size: {m.embedding_size} is not within 0..model.hidden_size={m.hidden_size}; ALBERT "
+            "factorizes the embeddings to a width E <= H (0: hidden_size)"
+        )
     if m.arch != "modernbert":
         return found
     if m.next_sentence_prediction:
