@@ -134,6 +134,7 @@ def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int 
 
 def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> int:
     from bertdist.config import load_config
+    from bertdist.config.objectives import OBJECTIVES
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.driver import prepare
     from bertdist.data.pipeline.options import PrepareOptions
@@ -156,7 +157,7 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
     config = config_file(DEMO_CONFIGS[arch])
     cfg = load_config(config, overrides)
     phase = cfg.data.phases[0]
-    mlm_only = not cfg.model.next_sentence_prediction
+    samples = OBJECTIVES[cfg.model.objective].samples[0]  # what `prepare --objective` makes for it
 
     _stage("corpus: Python's own documentation (pydoc topics + standard-library docstrings)")
     corpus = out / "corpus"
@@ -174,14 +175,14 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
         )
         print(f"  {cfg.data.vocab_file}")
 
-    if mlm_only:  # full-length text, masked by the loader every epoch: one pass of the corpus
+    if samples == "mlm":  # full-length text, masked by the loader every epoch: one pass of the corpus
         _stage("prepare: full-length text for masked-LM only, masked at load time, with local Ray")
         instances = InstanceOptions(
             max_seq_length=phase.max_seq_length, dupe_factor=1, objective="mlm", masking="dynamic"
         )
     else:
-        _stage("prepare: masked sentence pairs with local Ray")
-        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5)
+        _stage(f"prepare: masked sentence pairs ({samples}) with local Ray")
+        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5, objective=samples)
     for split, target in (("train", phase.train_dir), ("eval", phase.eval_dir)):
         if not (Path(target) / "manifest.json").is_file():
             report = prepare(
@@ -196,7 +197,7 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
             )
             totals = report.manifest["totals"]
             print(
-                f"  {split}: {totals['samples']:,} {'sequences' if mlm_only else 'masked sentence pairs'} from "
+                f"  {split}: {totals['samples']:,} {'sequences' if samples == 'mlm' else 'masked sentence pairs'} from "
                 f"{totals['documents']:,} documents in {report.seconds:.0f} s ({target})"
             )
 

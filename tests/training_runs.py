@@ -36,7 +36,7 @@ RECIPES = {
     "paper": {},
     # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule
     "fast": {
-        "model": {"next_sentence_prediction": False},
+        "model": {"objective": "mlm"},
         "optim": {"name": "lamb"},
         "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS},
     },  # LAMB's step is lr x |w| per tensor
@@ -44,7 +44,7 @@ RECIPES = {
     "modernbert": {
         "model": {
             "arch": "modernbert",
-            "next_sentence_prediction": False,
+            "objective": "mlm",
             "num_layers": 4,
             "intermediate_size": 96,
             "local_attention": 16,

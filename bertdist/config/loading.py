@@ -134,6 +134,11 @@ def _child(default: Any, part: Any) -> Any:
     return None
 
 
+RENAMED = {"model.next_sentence_prediction": "model.objective (true: mlm+nsp, false: mlm)"}
+"""Keys of earlier bertdist versions -> what replaced them: a YAML or override naming one is told the new name
+(saved configs are upgraded where they are read: bertdist.config.objectives.upgrade_model_section)."""
+
+
 def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
     """Instantiate dataclass `cls` from `raw`, recording unknown keys and type errors in `problems`."""
     if raw is None:
@@ -144,7 +149,9 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in raw:
-        if key not in names:
+        if f"{prefix}{key}" in RENAMED:
+            problems.append(f"{prefix}{key}: renamed: use {RENAMED[f'{prefix}{key}']}")
+        elif key not in names:
             problems.append(f"{prefix}{key}: unknown key (known: {', '.join(sorted(names))})")
     values: dict[str, Any] = {}
     key = getattr(cls, "PRESET_FIELD", None)

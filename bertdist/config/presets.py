@@ -11,7 +11,7 @@ from typing import Any
 # L / H / A of BERT's published family (Turc et al. 2019 for the small ones; Devlin et al. 2018).
 _MODERNBERT = dict(
     arch="modernbert",
-    next_sentence_prediction=False,
+    objective="mlm",  # no sentence head (ModernBERT's recipe)
     layer_norm_eps=1e-5,
     hidden_dropout_prob=0.0,
     attention_dropout_prob=0.0,
@@ -23,6 +23,7 @@ _ALBERT = dict(
     arch="albert",
     embedding_size=128,  # E = 128 at every size (arXiv 1909.11942, Table 1)
     share_layers="all",  # all-shared, ALBERT's default (ibid., section 3.1)
+    objective="mlm+sop",  # sentence-order prediction instead of NSP (ibid., section 3.1)
     hidden_dropout_prob=0.0,  # no dropout (ibid., section 4.8; the v2 checkpoints' configs)
     attention_dropout_prob=0.0,
     vocab_size=30000,  # a 30,000-token SentencePiece vocabulary (ibid., section 4.1)

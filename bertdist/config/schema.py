@@ -48,9 +48,11 @@ class ModelConfig:
     attention_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
-    next_sentence_prediction: bool = True
-    """false: MLM-only pretraining (RoBERTa): no NSP head, no pooler, no NSP loss; for shards prepared with
-    `--objective mlm` (whose samples have no second segment). The export is a `BertForMaskedLM`."""
+    objective: Literal["mlm+nsp", "mlm", "mlm+sop"] = "mlm+nsp"
+    """What pretraining trains (bertdist.config.objectives): mlm+nsp, masked LM and next-sentence prediction on
+    `prepare --objective nsp` pairs (the paper); mlm, masked LM only (RoBERTa: no pooler, no sentence head; any
+    shards, `--objective mlm` text is made for it; exported as *ForMaskedLM); mlm+sop, masked LM and ALBERT's
+    sentence-order prediction on `--objective sop` pairs."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
     unpad: bool = True

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
+from bertdist.config.objectives import objective
 from bertdist.model.bert import (
     BertEmbeddings,
     BertLayer,
@@ -241,17 +242,19 @@ class AlbertSOPHead(nn.Module):
 
 
 class AlbertForPreTraining(nn.Module):
-    """ALBERT with its pretraining heads: masked LM (decoder tied to the E-wide word embedding) and sentence
-    order. With `next_sentence_prediction` off there is neither the SOP head nor the pooler: the parameters of
-    `transformers.AlbertForMaskedLM`."""
+    """ALBERT with its pretraining heads: masked LM (decoder tied to the E-wide word embedding) and the sentence
+    classifier (`sop_classifier`), trained for sentence order (`model.objective: mlm+sop`, ALBERT's) or next
+    sentence (mlm+nsp), logged under that name. With `model.objective: mlm` there is neither the sentence head
+    nor the pooler: the parameters of `transformers.AlbertForMaskedLM`."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         check_heads_divide(cfg)
         self.config = cfg
-        self.albert = AlbertModel(cfg, add_pooling_layer=cfg.next_sentence_prediction)
+        self.sentence_task = objective(cfg).sentence_task
+        self.albert = AlbertModel(cfg, add_pooling_layer=self.sentence_task is not None)
         self.predictions = AlbertMLMHead(cfg)
-        self.sop_classifier = AlbertSOPHead(cfg) if cfg.next_sentence_prediction else None
+        self.sop_classifier = AlbertSOPHead(cfg) if self.sentence_task else None
         self.apply(lambda module: init_weights(module, cfg.initializer_range))  # BERT's, as transformers' ALBERT
 
     @staticmethod
@@ -260,7 +263,7 @@ class AlbertForPreTraining(nn.Module):
         predictions, as `forward` with `masked_lm_positions` runs it: the E -> H projection of every token, every
         application of a layer (shared or not, each costs its FLOPs), the last one at [CLS] and the predictions
         only, and the heads there (bertdist.model.flops)."""
-        sop = cfg.next_sentence_prediction
+        sop = objective(cfg).sentence_task is not None
         projection = 2 * seq_length * cfg.embedding_width() * cfg.hidden_size
         full_layers = (cfg.num_layers - 1) * AlbertLayer.forward_flops(cfg, seq_length, seq_length)
         last_layer = AlbertLayer.forward_flops(cfg, seq_length, masked_positions + sop)
@@ -280,8 +283,8 @@ class AlbertForPreTraining(nn.Module):
         masked_lm_ids: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
     ) -> PreTrainingOutput:
-        """As `BertForPreTraining.forward`; `next_sentence_label` is the sentence-order label (0 in order, 1
-        swapped), and the output's `nsp_*` fields hold the SOP head's logits and loss."""
+        """As `BertForPreTraining.forward`; `next_sentence_label` is the sentence head's label (sentence order: 0
+        in order, 1 swapped), and the output's `nsp_*` fields hold its logits and loss."""
         sop = self.sop_classifier is not None
         if masked_lm_positions is not None:
             # The last layer runs only at each sample's [CLS] (SOP) and its predictions (MLM).
@@ -301,12 +304,13 @@ class AlbertForPreTraining(nn.Module):
             flat = mlm_logits.reshape(-1, mlm_logits.shape[-1])
             components["mlm"] = VocabCrossEntropy.apply(flat, masked_lm_ids.reshape(-1))
             scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
+        task = self.sentence_task
         if next_sentence_label is not None and sop:
-            components["sop"] = F.cross_entropy(sop_logits, next_sentence_label.reshape(-1))
-            scored["sop"] = Scored(sop_logits, next_sentence_label.reshape(-1))
+            components[task] = F.cross_entropy(sop_logits, next_sentence_label.reshape(-1))
+            scored[task] = Scored(sop_logits, next_sentence_label.reshape(-1))
         loss = None
-        if "mlm" in components and (not sop or "sop" in components):
-            loss = components["mlm"] + components["sop"] if sop else components["mlm"]
+        if "mlm" in components and (not sop or task in components):
+            loss = components["mlm"] + components[task] if sop else components["mlm"]
         return PreTrainingOutput(
-            loss, components.get("mlm"), components.get("sop"), mlm_logits, sop_logits, components, scored
+            loss, components.get("mlm"), components.get(task), mlm_logits, sop_logits, components, scored
         )

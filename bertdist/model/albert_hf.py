@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from bertdist.config import ModelConfig
+from bertdist.config.objectives import HF_KEY, objective, objective_from_hf
 from bertdist.errors import write_error
 from bertdist.model.albert import AlbertForPreTraining, layer_groups
 from bertdist.model.hf import (
@@ -81,7 +82,8 @@ def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> d
         )
     hf: dict[str, Any] = {key: getattr(cfg, field) for field, key in _CONFIG_KEYS.items()}
     hf.update(
-        architectures=["AlbertForPreTraining" if cfg.next_sentence_prediction else "AlbertForMaskedLM"],
+        architectures=["AlbertForPreTraining" if objective(cfg).sentence_task else "AlbertForMaskedLM"],
+        **{HF_KEY: cfg.objective},
         model_type="albert",
         intermediate_size=cfg.ffn_size(),
         embedding_size=cfg.embedding_width(),
@@ -124,7 +126,7 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
         size="albert-base",
         arch="albert",
         share_layers="all" if groups == 1 else "none",
-        next_sentence_prediction="AlbertForMaskedLM" not in (hf.get("architectures") or []),
+        objective=objective_from_hf(hf, "mlm+sop"),
         **{"attention_dropout_prob": 0.0, **{field: value for field, value in values.items() if value is not None}},
     )
 

@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
+from bertdist.config.objectives import objective
 from bertdist.config.validation import heads_divide_problem
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import (
@@ -358,12 +359,12 @@ class BertPreTrainingHeads(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.predictions = BertLMPredictionHead(cfg)
-        self.seq_relationship = nn.Linear(cfg.hidden_size, 2) if cfg.next_sentence_prediction else None
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2) if objective(cfg).sentence_task else None
 
     @staticmethod
     def forward_flops(cfg: ModelConfig, predictions: int) -> int:
-        """The MLM head at `predictions` positions and the NSP classifier at [CLS]."""
-        nsp = 2 * cfg.hidden_size * 2 if cfg.next_sentence_prediction else 0
+        """The MLM head at `predictions` positions and the sentence classifier at [CLS]."""
+        nsp = 2 * cfg.hidden_size * 2 if objective(cfg).sentence_task else 0
         return BertLMPredictionHead.forward_flops(cfg, predictions) + nsp
 
 
@@ -388,17 +389,20 @@ def init_weights(module: nn.Module, std: float) -> None:
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with its two pretraining heads: masked language model (tied decoder) and next-sentence prediction.
+    """BERT with its two pretraining heads: masked language model (tied decoder) and the sentence classifier,
+    trained for next-sentence or sentence-order prediction (`model.objective` mlm+nsp or mlm+sop: its loss and
+    accuracy are logged under `nsp` or `sop`).
 
-    With `next_sentence_prediction` off (MLM-only pretraining, as RoBERTa), there is neither the NSP head nor
-    the pooler it trains: the parameters are those of `transformers.BertForMaskedLM`, whose class loads the
-    export with no missing or unexpected key."""
+    With `model.objective: mlm` (MLM-only pretraining, as RoBERTa), there is neither the sentence head nor the
+    pooler it trains: the parameters are those of `transformers.BertForMaskedLM`, whose class loads the export
+    with no missing or unexpected key."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         check_heads_divide(cfg)
         self.config = cfg
-        self.bert = BertModel(cfg, add_pooling_layer=cfg.next_sentence_prediction)
+        self.sentence_task = objective(cfg).sentence_task
+        self.bert = BertModel(cfg, add_pooling_layer=self.sentence_task is not None)
         self.cls = BertPreTrainingHeads(cfg)
         self.apply(lambda module: init_weights(module, cfg.initializer_range))
 
@@ -408,7 +412,7 @@ class BertForPreTraining(nn.Module):
         predictions, as `forward` with `masked_lm_positions` runs it: the last layer at [CLS] and the predictions
         only (from every token's keys and values), the pooler and the heads there. Embedding lookups, norms and
         activations are not counted (bertdist.model.flops)."""
-        nsp = cfg.next_sentence_prediction
+        nsp = objective(cfg).sentence_task is not None
         full_layers = (cfg.num_layers - 1) * BertLayer.forward_flops(cfg, seq_length, seq_length)
         last_layer = BertLayer.forward_flops(cfg, seq_length, masked_positions + nsp)
         heads = BertPreTrainingHeads.forward_flops(cfg, masked_positions) + (
@@ -458,10 +462,10 @@ class BertForPreTraining(nn.Module):
             loss = mlm_loss
         elif mlm_loss is not None and nsp_loss is not None:
             loss = mlm_loss + nsp_loss
-        components = {name: v for name, v in (("mlm", mlm_loss), ("nsp", nsp_loss)) if v is not None}
+        components = {name: v for name, v in (("mlm", mlm_loss), (self.sentence_task, nsp_loss)) if v is not None}
         scored = {}
         if masked_lm_ids is not None:
             scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
         if nsp_loss is not None:
-            scored["nsp"] = Scored(nsp_logits, next_sentence_label.reshape(-1))
+            scored[self.sentence_task] = Scored(nsp_logits, next_sentence_label.reshape(-1))
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, components, scored)

@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 from bertdist.config import ModelConfig
+from bertdist.config.objectives import objective
 from bertdist.model import registry
 
 
@@ -63,9 +64,10 @@ def total_parameters(model: ModelConfig) -> int:
         return model.vocab_size * h + per_norm + non_embedding_parameters(model) + head + model.vocab_size
     e = model.embedding_width() if model.arch == "albert" else h  # ALBERT's embeddings and MLM head are E wide
     embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
-    pooler = h * h + h if model.next_sentence_prediction else 0
+    sentence_head = objective(model).sentence_task is not None
+    pooler = h * h + h if sentence_head else 0
     mlm_head = h * e + e + 2 * e + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
-    nsp_head = 2 * h + 2 if model.next_sentence_prediction else 0
+    nsp_head = 2 * h + 2 if sentence_head else 0
     return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head
 
 

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertdist.config import MODEL_SIZES, ModelConfig
+from bertdist.config.objectives import HF_KEY, objective, objective_from_hf
 from bertdist.data.tokenizer import BERT_SPECIAL_TOKENS, TextTokenizer, open_tokenizer, write_fast_tokenizer_files
 from bertdist.errors import UserError, first_line, write_error
 from bertdist.model.bert import BertForPreTraining
@@ -86,7 +87,8 @@ def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
     hf = {hf_key: getattr(cfg, field) for field, hf_key in _CONFIG_KEYS.items()}
     hf["intermediate_size"] = cfg.ffn_size()
     hf.update(
-        architectures=["BertForPreTraining" if cfg.next_sentence_prediction else "BertForMaskedLM"],
+        architectures=["BertForPreTraining" if objective(cfg).sentence_task else "BertForMaskedLM"],
+        **{HF_KEY: cfg.objective},
         model_type="bert",
         hidden_act="gelu",
         position_embedding_type="absolute",
@@ -116,8 +118,7 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
     # `size` only names a preset; every dimension is set explicitly, so a non-preset shape is represented exactly.
     size = next((name for name, d in MODEL_SIZES.items() if tuple(d.values()) == dims), "base")
     # A BertForMaskedLM (an MLM-only pretraining) has no NSP head or pooler to expect.
-    nsp = "BertForMaskedLM" not in (hf.get("architectures") or [])
-    return ModelConfig(size=size, next_sentence_prediction=nsp, **values)
+    return ModelConfig(size=size, objective=objective_from_hf(hf, "mlm+nsp"), **values)
 
 
 def read_config(directory: Path) -> ModelConfig:

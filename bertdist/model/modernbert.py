@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertdist.config import ModelConfig
+from bertdist.config.objectives import objective
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import (
     Dropout,
@@ -296,10 +297,10 @@ class ModernBertForMaskedLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.next_sentence_prediction:
+        if objective(cfg).sentence_task:
             raise ValueError(
-                "model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false "
-                "(MLM-only pretraining, on shards prepared with --objective mlm)"
+                f"model.objective: {cfg.objective!r}: ModernBERT has no sentence head; use mlm (MLM-only "
+                "pretraining, on shards prepared with --objective mlm)"
             )
         self.config = cfg
         self.model = ModernBertModel(cfg)

@@ -108,7 +108,7 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
     return ModelConfig(
         size="modernbert-base",
         arch="modernbert",
-        next_sentence_prediction=False,
+        objective="mlm",
         intermediate_size=hf["intermediate_size"],
         bias=biases.pop(),
         global_attn_every_n_layers=every_n,

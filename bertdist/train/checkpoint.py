@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bertdist import chatter
+from bertdist.config.objectives import upgrade_model_section
 from bertdist.errors import UserError, first_line, one_line
 from bertdist.safe_load import weights_only_loading
 from bertdist.storage import is_partial, partial_name, write_text
@@ -123,6 +124,8 @@ def parse_train_state(data: bytes, where: str) -> TrainState:
         if recorded is not None and recorded != _state_checksum(raw):
             raise ValueError("its checksum does not match its content (edited or damaged)")
         state = TrainState(**raw)
+        if "model" in state.config:  # written before a rename of a model setting: read as this version names it
+            state.config["model"] = upgrade_model_section(state.config["model"])
     except (ValueError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{where}: unreadable train state ({e})") from None
     return state

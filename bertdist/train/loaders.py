@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bertdist.config import Config, ConfigError, PhaseConfig
+from bertdist.config.objectives import OBJECTIVES
 
 if TYPE_CHECKING:
     from bertdist.data.loader import PretrainingLoader
@@ -44,11 +45,13 @@ def phase_loader(
         masking=cfg.data.masking,
         streaming=streaming,
     )
-    if loader.objective == "mlm" and cfg.model.next_sentence_prediction:
+    wanted = OBJECTIVES[cfg.model.objective]
+    if loader.objective not in wanted.samples:
         raise ConfigError(
             [
-                f"model.next_sentence_prediction: {shard_dir} was prepared with --objective mlm (no "
-                "sentence pairs to classify); set it to false for MLM-only pretraining"
+                f"model.objective: {cfg.model.objective} ({wanted.summary}) trains on samples of "
+                f"`bertdist prepare --objective {' or '.join(wanted.samples)}`, and {shard_dir} was prepared with "
+                f"--objective {loader.objective}; prepare its data, or set model.objective to match"
             ]
         )
     return loader

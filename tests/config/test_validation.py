@@ -61,8 +61,8 @@ CASES = [
     (
         "nsp-on-modernbert",
         "modernbert-tiny",
-        ["model.next_sentence_prediction=true"],
-        "model.next_sentence_prediction: ModernBERT has no next-sentence head",
+        ["model.objective=mlm+nsp"],
+        "model.objective: 'mlm+nsp': ModernBERT has no sentence head",
     ),
     (
         "modernbert-weights-for-bert",
@@ -169,7 +169,7 @@ def test_what_the_architecture_cannot_build_is_one_problem_before_anything_start
         ("bert-tiny", ["checkpoint.init_from_pretrained={bert}"]),
         ("bert-tiny", ["model.local_attention=128", "model.bias=false"]),  # the defaults: nothing set
         ("albert-mini", ["checkpoint.init_from_pretrained={albert}", "model.type_vocab_size=2"]),
-        ("albert-mini", ["model.embedding_size=0", "model.share_layers=ffn", "model.next_sentence_prediction=false"]),
+        ("albert-mini", ["model.embedding_size=0", "model.share_layers=ffn", "model.objective=mlm"]),
     ],
 )
 def test_what_the_architecture_uses_is_accepted(config, overrides, run):

@@ -98,8 +98,8 @@ def test_mlm_and_sop_logits_and_the_loss_match_transformers(share_layers, groups
 
 def test_without_the_sop_head_it_is_albert_for_masked_lm():
     hf = reference(model_class="AlbertForMaskedLM")
-    model = ours_from(hf, next_sentence_prediction=False)  # a config made in memory names no architecture
-    assert not model.config.next_sentence_prediction and model.sop_classifier is None
+    model = ours_from(hf, objective="mlm")  # a config made in memory names no architecture
+    assert model.config.objective == "mlm" and model.sop_classifier is None
     ids, types, mask = batch()
     hf_labels = torch.full_like(ids, -100)
     for row in range(2):
@@ -146,11 +146,11 @@ def vocab_file(tmp_path) -> str:
 
 
 @pytest.mark.parametrize(
-    "nsp, hf_class", [(True, "AlbertForPreTraining"), (False, "AlbertForMaskedLM")], ids=["sop", "mlm-only"]
+    "objective, hf_class", [("mlm+sop", "AlbertForPreTraining"), ("mlm", "AlbertForMaskedLM")], ids=["sop", "mlm-only"]
 )
 @pytest.mark.parametrize("share_layers", ["all", "none"])
 def test_the_export_loads_in_transformers_with_every_key_and_comes_back_the_same(
-    nsp, hf_class, share_layers, tmp_path, hf_offline
+    objective, hf_class, share_layers, tmp_path, hf_offline
 ):
     cfg = ModelConfig.from_size(
         "albert-mini",
@@ -160,7 +160,7 @@ def test_the_export_loads_in_transformers_with_every_key_and_comes_back_the_same
         embedding_size=16,
         max_position_embeddings=64,
         share_layers=share_layers,
-        next_sentence_prediction=nsp,
+        objective=objective,
     )
     torch.manual_seed(1)
     model = AlbertForPreTraining(cfg).eval()
@@ -176,9 +176,10 @@ def test_the_export_loads_in_transformers_with_every_key_and_comes_back_the_same
         got = model(encoded["input_ids"], encoded["token_type_ids"], encoded["attention_mask"])
         back = registry.load_pretrained(tmp_path / "export", cfg).eval()
         again = back(encoded["input_ids"], encoded["token_type_ids"], encoded["attention_mask"])
-    logits = want.prediction_logits if nsp else want.logits
+    logits = want.prediction_logits if objective == "mlm+sop" else want.logits
     torch.testing.assert_close(got.mlm_logits, logits, atol=TOLERANCE, rtol=0)
-    if nsp:
+    assert config["bertdist_objective"] == back.config.objective == objective  # which labels trained the head
+    if objective == "mlm+sop":
         torch.testing.assert_close(got.nsp_logits, want.sop_logits, atol=TOLERANCE, rtol=0)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
     assert torch.equal(again.mlm_logits, got.mlm_logits)

@@ -88,7 +88,7 @@ def test_an_export_carries_a_tokenizer_json_that_transformers_loads_with_the_sam
     from bertdist.data.tokenizer import open_tokenizer
     from bertdist.model.registry import build_model, hf_adapter
 
-    model = build_model(tiny_model_config(arch=arch, next_sentence_prediction=arch == "bert"))
+    model = build_model(tiny_model_config(arch=arch, objective="mlm+nsp" if arch == "bert" else "mlm"))
     source = Path(high_id_tokenizer) / "tokenizer.json"
     hf_adapter(arch).write_directory(model, tmp_path / "export", source, {})
     assert (tmp_path / "export" / "tokenizer.json").read_bytes() == source.read_bytes()
@@ -135,8 +135,8 @@ def test_masked_lm_checkpoint_loads_as_mlm_only_or_with_fresh_pooler_and_nsp_hea
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every weight it needs is there
         mlm_only = load_pretrained(tmp_path / "mlm").eval()
-    assert not mlm_only.config.next_sentence_prediction and mlm_only.bert.pooler is None
-    with_nsp = dataclasses.replace(mlm_only.config, next_sentence_prediction=True)
+    assert mlm_only.config.objective == "mlm" and mlm_only.bert.pooler is None
+    with_nsp = dataclasses.replace(mlm_only.config, objective="mlm+nsp")
     with pytest.warns(UserWarning, match="bert.pooler.dense.weight.*cls.seq_relationship.weight"):
         model = load_pretrained(tmp_path / "mlm", with_nsp).eval()  # continued pretraining with NSP
     assert torch.all(model.bert.pooler.dense.bias == 0)  # fresh, BERT-initialised

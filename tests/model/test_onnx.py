@@ -35,7 +35,7 @@ def _bert():
 
 
 def _modernbert():  # a window shorter than the rows, so that local layers differ from global ones
-    return tiny_model_config(arch="modernbert", next_sentence_prediction=False, local_attention=16)
+    return tiny_model_config(arch="modernbert", objective="mlm", local_attention=16)
 
 
 def _write(directory, case: str, vocab: str | None = None):
@@ -45,7 +45,7 @@ def _write(directory, case: str, vocab: str | None = None):
         model = BertForPreTraining(_bert())
         hf.write_directory(model, directory, vocab, {})
     elif case == "bert-mlm":
-        model = BertForPreTraining(tiny_model_config(next_sentence_prediction=False))
+        model = BertForPreTraining(tiny_model_config(objective="mlm"))
         hf.write_directory(model, directory, vocab, {})
     elif case == "modernbert-pretraining":
         model = ModernBertForMaskedLM(_modernbert())

@@ -26,3 +26,21 @@ def test_the_dry_run_refuses_shards_of_another_vocabulary_and_says_which_are_not
     missing = tmp_path / "not-yet"
     assert main(["train", "--config", str(config), "--dry-run", f"data.phases.0.eval_dir={missing}"]) == 0
     assert f"phase 0 eval: {missing}: not prepared yet (no manifest.json)" in capsys.readouterr().out
+
+
+def test_the_objective_trains_only_on_samples_it_can_use(tmp_path, tiny_shards, tiny_vocab, capsys):
+    """Sentence-order prediction on NSP pairs would train the head on the wrong labels: refused before a step,
+    naming the objective, the shards and what they were prepared with (MLM alone takes any samples)."""
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    code = main(["train", "--config", str(config), "--dry-run", "model.objective=mlm+sop"])
+    err = capsys.readouterr().err
+    assert (
+        code == USAGE_EXIT_CODE
+        and "model.objective: mlm+sop" in err
+        and "--objective sop" in err
+        and "--objective nsp" in err
+    ), err
+    assert main(["train", "--config", str(config), "--dry-run", "model.objective=mlm"]) == 0
+    assert main(["train", "--config", str(config), "--dry-run", "model.next_sentence_prediction=false"]) == 2
+    err = capsys.readouterr().err
+    assert "model.next_sentence_prediction: renamed: use model.objective (true: mlm+nsp, false: mlm)" in err, err

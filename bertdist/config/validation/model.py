@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import ARCHITECTURES, ModelConfig, PhaseConfig
 
 ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
@@ -20,8 +21,7 @@ ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "share_layers": ("albert",),
 }
 """model fields that only these architectures read: set away from its default under another `model.arch`, the
-field would be ignored without a word. (`next_sentence_prediction` has its own check: ModernBERT refuses its
-default, true.)"""
+field would be ignored without a word. (`objective` has its own check: ModernBERT has no sentence head.)"""
 
 
 def heads_divide_problem(m: ModelConfig) -> str:
@@ -66,10 +66,10 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
         )
     if m.arch != "modernbert":
         return found
-    if m.next_sentence_prediction:
+    if m.objective in OBJECTIVES and OBJECTIVES[m.objective].sentence_task:
         found.append(
-            "model.next_sentence_prediction: ModernBERT has no next-sentence head; set it to false (MLM-only, "
-            "shards prepared with --objective mlm)"
+            f"model.objective: {m.objective!r}: ModernBERT has no sentence head; use mlm (shards prepared with "
+            "--objective mlm)"
         )
     if (
         m.num_attention_heads > 0
