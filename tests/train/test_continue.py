@@ -13,6 +13,7 @@ from bertdist.cli import main
 from bertdist.config import ModelConfig
 from bertdist.model import modernbert_hf
 from bertdist.model.modernbert import ModernBertForMaskedLM
+from bertdist.train.distributed import free_tcp_port
 from tests.training_runs import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -91,6 +92,7 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
                 "train.log_every_steps=1",
                 "tracking.enabled=false",
                 f"train.output_dir={out}",
+                f"launch.master_port={free_tcp_port()}",  # not 29500, which another job on the machine may hold
             ]
         )
         == 0
