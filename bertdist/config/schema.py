@@ -152,6 +152,12 @@ class MaskingConfig:
     """At most this many predictions per sample; 0: as many as the rate gives (bertdist.data.masking.prediction_cap)."""
     whole_word_mask: bool = False
     """Mask all pieces of a word together (a `##` piece goes with the word before it)."""
+    span_masking: bool = False
+    """SpanBERT's masking: contiguous spans of whole words, each span's length in words drawn from a geometric
+    distribution (`span_length_p`) cut at `max_span_words`, until the budget; one 80/10/10 choice per span."""
+    span_length_p: float = 0.2
+    """The geometric distribution's p (SpanBERT: 0.2, a mean span of 3.8 words with the cut at 10)."""
+    max_span_words: int = 10
     mask_token_fraction: float = 0.8
     """Of the predicted positions, the share shown as [MASK] (the paper's 80/10/10)."""
     random_token_fraction: float = 0.1

@@ -117,6 +117,13 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--short-seq-prob", type=float, default=i.short_seq_prob)
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument(
+        "--span-masking",
+        action="store_true",
+        help="SpanBERT's masking: spans of whole words, geometric lengths, one 80/10/10 choice per span",
+    )
+    p.add_argument("--span-length-p", type=float, default=i.span_length_p, help="the span lengths' geometric p")
+    p.add_argument("--max-span-words", type=int, default=i.max_span_words, help="the longest span, in words")
+    p.add_argument(
         "--cased",
         action="store_true",
         help="the vocab.txt was trained with --cased (a tokenizer.json carries its own normaliser)",

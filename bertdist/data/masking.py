@@ -17,6 +17,13 @@ no other cap, so at most `prediction_cap`);
 with whole-word masking a piece that does not start a word (a `##` piece; for byte-level BPE, one without a
 leading space: `bertdist.data.tokenizer`) goes with the word before it and a word that would overshoot the budget
 is skipped; a chosen position shows [MASK] 80% of the time, a uniformly random token 10%, itself 10%.
+
+Span masking (`span_masking`, SpanBERT, Joshi et al. 2019, section 3.1, as its code does it): until the budget is
+spent, draw a span length in words from Geo(`span_length_p`) cut at `max_span_words` (renormalised: a mean of 3.8
+words at p = 0.2 and 10), and an anchor token uniformly among the candidates; the span starts at the anchor's word
+and takes whole words to the right while they fit the budget and the segment (a span never crosses [SEP]); an
+anchor in a word already taken is drawn again. All tokens of a span share one 80/10/10 choice (SpanBERT's "on the
+span level"). Its draws are keyed like the others, so a sample's spans are as deterministic as its tokens.
 """
 
 from __future__ import annotations
@@ -123,13 +130,17 @@ def apply_masks(samples: Samples, rules: MaskingConfig, vocab: VocabInfo, draws)
     if rules.max_predictions_per_seq:  # 0: the rate's budget alone (so at most prediction_cap)
         budget = np.minimum(rules.max_predictions_per_seq, budget)
     budget = np.minimum(budget, np.bincount(sample[candidate], minlength=n)).astype(np.int64)
-    if rules.whole_word_mask:
+    span_first = None
+    if rules.span_masking:
+        chosen, span_first = _choose_spans(tokens, sample, starts, candidate, budget, vocab, rules, draws)
+    elif rules.whole_word_mask:
         chosen = _choose_whole_words(tokens, sample, starts, candidate, budget, vocab, draws)
     else:
         chosen = _choose_tokens(sample, position, lengths, candidate, budget, draws)
     sample, position = sample[chosen], position[chosen]
     labels = tokens[chosen]
-    u = draws.uniform(_REPLACE, sample, position)
+    # one choice per span: drawn at its first token (per token otherwise)
+    u = draws.uniform(_REPLACE, sample, position if span_first is None else span_first - starts[sample])
     random_ids = (draws.uniform(_RANDOM_TOKEN, sample, position) * vocab.size).astype(np.int64)
     shown_random = u < rules.mask_token_fraction + rules.random_token_fraction
     tokens[chosen] = np.where(u < rules.mask_token_fraction, vocab.mask_id, np.where(shown_random, random_ids, labels))
@@ -172,12 +183,7 @@ def _choose_whole_words(
     """Whole-word masking: a continuation joins the previous word; a token after [CLS] or [SEP] starts a word. The
     shuffled words are taken in turn, skipping one that would overshoot the budget. Flat indices chosen."""
     n = len(starts)
-    after_special = np.ones(len(tokens), dtype=bool)
-    after_special[1:] = ~candidate[:-1]
-    word_start = candidate & (~vocab.is_continuation[tokens] | after_special)
-    counted = np.cumsum(word_start)
-    in_sample, where = sample[candidate], np.flatnonzero(candidate)
-    word = counted[where] - 1 - (counted[starts] - word_start[starts])[in_sample]  # of each candidate, in its sample
+    where, in_sample, word = _words(tokens, sample, starts, candidate, vocab)
     if len(word) == 0:
         return where
     max_words = int(word.max()) + 1
@@ -185,6 +191,87 @@ def _choose_whole_words(
     keys = draws.uniform(_WORD_KEYS, np.arange(n)[:, None], np.arange(max_words)[None, :])
     keys[sizes == 0] = 2.0
     return where[_greedy_groups(keys, sizes, budget)[in_sample, word]]
+
+
+def _words(
+    tokens: np.ndarray, sample: np.ndarray, starts: np.ndarray, candidate: np.ndarray, vocab: VocabInfo
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of each candidate token: its flat index, its sample, and its word's index within the sample. A continuation
+    joins the previous word; a token after [CLS] or [SEP] starts one."""
+    after_special = np.ones(len(tokens), dtype=bool)
+    after_special[1:] = ~candidate[:-1]
+    word_start = candidate & (~vocab.is_continuation[tokens] | after_special)
+    counted = np.cumsum(word_start)
+    in_sample, where = sample[candidate], np.flatnonzero(candidate)
+    word = counted[where] - 1 - (counted[starts] - word_start[starts])[in_sample]
+    return where, in_sample, word
+
+
+def span_length_cdf(rules: MaskingConfig) -> np.ndarray:
+    """P(length <= k) for k = 1..max_span_words: Geo(span_length_p) cut there and renormalised."""
+    k = np.arange(1, rules.max_span_words + 1)
+    q = 1.0 - rules.span_length_p
+    return (1.0 - q**k) / (1.0 - q**rules.max_span_words) if q > 0 else np.ones(len(k))
+
+
+def _choose_spans(
+    tokens: np.ndarray,
+    sample: np.ndarray,
+    starts: np.ndarray,
+    candidate: np.ndarray,
+    budget: np.ndarray,
+    vocab: VocabInfo,
+    rules: MaskingConfig,
+    draws,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Span masking (module docstring): the flat indices chosen (ascending) and, for each, its span's first one.
+
+    Each sample has a fixed number of draws (four per budget token, which an anchor in a taken word wastes), so
+    the numbers a sample uses do not depend on the other samples of its batch."""
+    n = len(starts)
+    where, in_sample, word = _words(tokens, sample, starts, candidate, vocab)
+    attempts = 4 * int(budget.max(initial=0)) + 8
+    lengths = (
+        np.searchsorted(
+            span_length_cdf(rules),
+            draws.uniform(_POSITION_KEYS, np.arange(n)[:, None], np.arange(attempts)[None, :]),
+            side="right",
+        )
+        + 1
+    )
+    anchors = draws.uniform(_WORD_KEYS, np.arange(n)[:, None], np.arange(attempts)[None, :])
+    bounds = np.searchsorted(in_sample, np.arange(n + 1))  # each sample's candidates: where[bounds[s]:bounds[s+1]]
+    chosen, firsts = [], []
+    for s in range(n):
+        flat, words = where[bounds[s] : bounds[s + 1]], word[bounds[s] : bounds[s + 1]]
+        if len(flat) == 0 or budget[s] == 0:
+            continue
+        word_starts = np.flatnonzero(np.diff(words, prepend=-1))  # each word's first candidate (local index)
+        word_ends = np.append(word_starts[1:], len(flat))
+        taken = np.zeros(len(word_starts), dtype=bool)
+        used = 0
+        for t in range(attempts):
+            if used >= budget[s]:
+                break
+            w = words[min(int(anchors[s, t] * len(flat)), len(flat) - 1)]
+            if taken[w]:
+                continue
+            first = flat[word_starts[w]]
+            for _ in range(lengths[s, t]):
+                size = word_ends[w] - word_starts[w]
+                if taken[w] or used + size > budget[s]:
+                    break
+                taken[w], used = True, used + size
+                chosen.append(flat[word_starts[w] : word_ends[w]])
+                firsts.append(np.full(size, first))
+                w += 1
+                if w == len(word_starts) or flat[word_starts[w]] != flat[word_ends[w - 1] - 1] + 1:
+                    break  # the sample's end, or a [SEP] between: a span stays in its segment
+    if not chosen:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    chosen_flat, first_flat = np.concatenate(chosen), np.concatenate(firsts)
+    order = np.argsort(chosen_flat, kind="stable")
+    return chosen_flat[order], first_flat[order]
 
 
 def _greedy_groups(keys: np.ndarray, sizes: np.ndarray, budget: np.ndarray) -> np.ndarray:

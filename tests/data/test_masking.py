@@ -11,7 +11,7 @@ import pytest
 from bertdist.config import MaskingConfig
 from bertdist.data.instances import InstanceOptions, full_sentences
 from bertdist.data.loader import PretrainingLoader
-from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
+from bertdist.data.masking import KeyedDraws, VocabInfo, _choose_spans, apply_masks, span_length_cdf
 from bertdist.data.samples import Samples
 from bertdist.data.vocab import read_vocab
 from bertdist.demo import python_documentation
@@ -98,9 +98,67 @@ def test_whole_words_are_masked_together(prose):
     ).mean()
 
 
-def test_masks_depend_on_seed_epoch_and_sample_only(prose):
+def _spans(samples: Samples, vocab: VocabInfo, rules: MaskingConfig, seed: int = 1):
+    """The chosen tokens (flat indices) and each one's span (its span's first token), as apply_masks chooses."""
+    tokens = samples.input_ids.astype(np.int64)
+    starts = samples.token_offsets()[:-1]
+    sample = np.repeat(np.arange(len(samples)), samples.lengths.astype(np.int64))
+    candidate = (tokens != vocab.cls_id) & (tokens != vocab.sep_id)
+    budget = np.maximum(1, np.round(samples.lengths * rules.masked_lm_prob)).astype(np.int64)
+    draws = KeyedDraws(seed, 0, np.arange(len(samples)))
+    return _choose_spans(tokens, sample, starts, candidate, budget, vocab, rules, draws), budget
+
+
+def test_span_lengths_follow_the_cut_geometric_distribution():
+    """Chi-square of 20,000 drawn lengths against Geo(0.2) cut at 10 and renormalised (SpanBERT's)."""
+    from scipy.stats import chisquare
+
+    rules = MaskingConfig(span_masking=True)
+    cdf = span_length_cdf(rules)
+    u = KeyedDraws(3, 0, np.arange(20_000)).uniform(0, np.arange(20_000), np.zeros(20_000, dtype=np.int64))
+    lengths = np.searchsorted(cdf, u, side="right") + 1
+    observed = np.bincount(lengths, minlength=11)[1:]
+    expected = np.diff(np.concatenate([[0.0], cdf])) * len(u)
+    assert chisquare(observed, expected).pvalue > 0.01
+    assert abs((np.arange(1, 11) * np.diff(np.concatenate([[0.0], cdf]))).sum() - 3.8) < 0.05  # SpanBERT's mean
+
+
+def test_span_masking_on_real_text_whole_words_budget_and_one_choice_per_span(prose):
     samples, vocab = prose
-    rules = MaskingConfig()
+    rules = MaskingConfig(span_masking=True)
+    (chosen, first), budget = _spans(samples, vocab, rules)
+    tokens = samples.input_ids.astype(np.int64)
+    picked = np.zeros(len(tokens), dtype=bool)
+    picked[chosen] = True
+    continuation = vocab.is_continuation[tokens]
+    joins = continuation[1:] & ~np.isin(tokens[:-1], [vocab.cls_id, vocab.sep_id])
+    assert np.array_equal(picked[1:][joins], picked[:-1][joins])  # whole words
+    assert not np.isin(tokens[chosen], [vocab.cls_id, vocab.sep_id]).any()
+    spans = np.split(chosen, np.flatnonzero(np.diff(first)) + 1)
+    assert all(np.array_equal(s, np.arange(s[0], s[-1] + 1)) for s in spans)  # contiguous
+    words = [int((~continuation[s]).sum()) for s in spans]
+    # at most 10 words; shorter on average than the draws' 3.8 words: a 64-token sample's budget of 10 tokens (the
+    # tiny vocabulary cuts a word into 2-3 pieces), a segment's end and a word already taken end spans early
+    assert max(words) <= 10 and 1.5 < np.mean(words) < 3.8, np.mean(words)
+
+    out = _masked(samples, vocab, rules)
+    assert (out.masked_counts <= budget).all() and out.masked_counts.sum() > 0.9 * budget.sum()
+    at = samples.token_offsets()[:-1][np.repeat(np.arange(len(samples)), out.masked_counts)] + out.masked_lm_positions
+    assert np.array_equal(np.sort(at), chosen)
+    shown = np.zeros(len(tokens), dtype=np.int64)
+    shown[at] = out.input_ids[at]
+    masked_spans = [bool((shown[s] == vocab.mask_id).all()) for s in spans]
+    some_masked = [bool((shown[s] == vocab.mask_id).any()) for s in spans]
+    # a span is shown as [MASK] whole, or not at all (but where a random token happens to be [MASK])
+    assert np.mean(np.array(masked_spans) != np.array(some_masked)) < 0.01
+    assert abs(np.mean(masked_spans) - 0.8) < 0.03
+    kept = [bool((shown[s] == tokens[s]).all()) for s in spans]
+    assert abs(np.mean(kept) - 0.1) < 0.03  # (a random token equal to the original is rare at this vocabulary)
+
+
+@pytest.mark.parametrize("rules", [MaskingConfig(), MaskingConfig(span_masking=True)], ids=["tokens", "spans"])
+def test_masks_depend_on_seed_epoch_and_sample_only(prose, rules):
+    samples, vocab = prose
     whole = _masked(samples, vocab, rules)
     ids = np.arange(len(samples))
     halves = [

@@ -37,6 +37,8 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ),
             ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
             ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
+            ("--span-length-p", not 0 < i.span_length_p <= 1, "must be in (0, 1]"),
+            ("--max-span-words", i.max_span_words < 1, "must be at least 1"),
             ("--max-predictions-per-seq", i.max_predictions_per_seq < 0, "must be >= 0 (0: from the rate)"),
             ("--short-seq-prob", not 0 <= i.short_seq_prob <= 1, "must be in [0, 1]"),
             ("--seed", not 0 <= i.seed < 2**63, "must be in [0, 2^63)"),

@@ -259,6 +259,10 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     mk = d.masking
     if not 0.0 < mk.masked_lm_prob < 1.0:
         p.append(f"data.masking.masked_lm_prob: must be in (0, 1), got {mk.masked_lm_prob}")
+    if not 0.0 < mk.span_length_p <= 1.0:
+        p.append(f"data.masking.span_length_p: must be in (0, 1], got {mk.span_length_p}")
+    if mk.max_span_words < 1:
+        p.append(f"data.masking.max_span_words: must be at least 1, got {mk.max_span_words}")
     if mk.max_predictions_per_seq < 0:
         p.append(
             f"data.masking.max_predictions_per_seq: must be >= 0 (0: from the rate), got {mk.max_predictions_per_seq}"
