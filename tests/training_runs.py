@@ -40,8 +40,10 @@ RECIPES = {
         "optim": {"name": "lamb"},
         "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS},
     },  # LAMB's step is lr x |w| per tensor
-    # ModernBERT at the tiny width: layers 0 and 3 global, 1-2 within an 8-token half window of the 32 tokens
+    # ModernBERT at the tiny width: layers 0 and 3 global, 1-2 within an 8-token half window of the 32 tokens;
+    # SpanBERT's span masking at load time (its resume is as exact as token masking's)
     "modernbert": {
+        "data": {"masking": {"span_masking": True}},
         "model": {
             "arch": "modernbert",
             "objective": "mlm",
@@ -51,7 +53,7 @@ RECIPES = {
             "layer_norm_eps": 1e-5,
             "hidden_dropout_prob": 0.0,
             "attention_dropout_prob": 0.0,
-        }
+        },
     },
 }
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert":
@@ -124,6 +126,7 @@ def write_config(
             ],
             "loader_workers": 1,
             "shuffle_buffer_size": 256,
+            **changes.get("data", {}),
         },
         "optim": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS, **changes.get("optim", {})},
         "train": {
