@@ -80,6 +80,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, dest="output_dir", metavar="DIR")
     p.add_argument(
         "--vocab",
+        "--tokenizer",
         required=True,
         dest="vocab_file",
         metavar="VOCAB",

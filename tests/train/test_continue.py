@@ -1,5 +1,5 @@
 """Continued pretraining as docs/training.md describes it: a released ModernBERT directory (weights, config.json, a
-tokenizer.json whose special tokens are not BERT's ids) -> `bertdist prepare --vocab MODEL_DIR` -> `bertdist train`
+tokenizer.json whose special tokens are not BERT's ids) -> `bertdist prepare --tokenizer MODEL_DIR` -> `bertdist train`
 from its weights with a decay-only wsd schedule -> an export that transformers loads."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
                 tiny_corpus,
                 "--output",
                 str(shards),
-                "--vocab",
+                "--tokenizer",  # --vocab's other name, for a model's own tokenizer
                 str(released),
                 "--objective",
                 "mlm",
