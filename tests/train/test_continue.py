@@ -1,6 +1,7 @@
-"""Continued pretraining as docs/training.md describes it: a released ModernBERT directory (weights, config.json, a
-tokenizer.json whose special tokens are not BERT's ids) -> `bertdist prepare --tokenizer MODEL_DIR` -> `bertdist train`
-from its weights with a decay-only wsd schedule -> an export that transformers loads."""
+"""Continued pretraining as docs/training.md describes it: a released ModernBERT directory (saved by transformers,
+with a tokenizer.json whose special tokens are not BERT's ids) -> `bertdist prepare --tokenizer MODEL_DIR` ->
+`bertdist train` from its weights with a decay-only wsd schedule (starting at transformers' loss) -> an export that
+transformers loads."""
 
 from __future__ import annotations
 
@@ -12,11 +13,19 @@ import torch
 from bertdist.cli import main
 from bertdist.config import ModelConfig
 from bertdist.model import modernbert_hf
-from bertdist.model.modernbert import ModernBertForMaskedLM
 from bertdist.train.distributed import free_tcp_port
 from tests.training_runs import read_metrics
 
 pytestmark = pytest.mark.slow
+MODEL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=2,
+    vocab_size=1024,
+    max_position_embeddings=128,
+    local_attention=16,
+)
+"""The released model's shape: modernbert-tiny's, narrower."""
 
 
 def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
@@ -24,18 +33,8 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
 ):
     transformers = pytest.importorskip("transformers")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    cfg = ModelConfig.from_size(
-        "modernbert-tiny",
-        hidden_size=64,
-        intermediate_size=96,
-        num_attention_heads=2,
-        vocab_size=1024,
-        max_position_embeddings=128,
-        local_attention=16,
-    )
-    torch.manual_seed(0)
-    released = tmp_path / "released"
-    modernbert_hf.write_directory(ModernBertForMaskedLM(cfg), released, f"{high_id_tokenizer}/tokenizer.json", {})
+    cfg = ModelConfig.from_size("modernbert-tiny", **MODEL)
+    released = _released_by_transformers(transformers, cfg, high_id_tokenizer, tmp_path / "released")
 
     shards = tmp_path / "shards"
     assert (
@@ -78,12 +77,7 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
                 "data.phases.0.micro_batch_size=8",
                 "train.global_batch_size=8",
                 "data.loader_workers=0",
-                "model.hidden_size=64",
-                "model.intermediate_size=96",
-                "model.num_attention_heads=2",
-                "model.vocab_size=1024",
-                "model.max_position_embeddings=128",
-                "model.local_attention=16",
+                *(f"model.{k}={v}" for k, v in MODEL.items()),
                 "optim.schedule=wsd",
                 "optim.decay_fraction=1.0",
                 "optim.warmup_steps=0",
@@ -97,6 +91,7 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
         )
         == 0
     )
+    _first_loss_is_transformers(transformers, released, shards)
     rates = [r["optimizer/learning_rate"] for _, r in sorted(read_metrics(out).items())]
     assert rates == pytest.approx([lr * (steps - s) / steps for s in range(steps)])  # decay only: no warmup, no plateau
 
@@ -111,3 +106,44 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
     ]
     assert not torch.equal(trained, start)  # it trained from the released weights...
     assert torch.nn.functional.cosine_similarity(trained.flatten(), start.flatten(), dim=0) > 0.9  # ...not from scratch
+
+
+def _released_by_transformers(transformers, cfg: ModelConfig, tokenizer_dir: str, directory):
+    """A ModernBERT as transformers saves one (random weights of `cfg`'s shape), with the tokenizer.json beside it."""
+    import shutil
+
+    from bertdist.data.tokenizer import open_tokenizer
+
+    tokenizer = open_tokenizer(f"{tokenizer_dir}/tokenizer.json")
+    special = {f"{name}_token_id": getattr(tokenizer, f"{name}_id") for name in ("pad", "cls", "sep")}
+    torch.manual_seed(0)
+    hf_config = transformers.ModernBertConfig(**{**modernbert_hf.config_to_hf(cfg), **special})
+    transformers.ModernBertForMaskedLM(hf_config).save_pretrained(directory)
+    shutil.copy(f"{tokenizer_dir}/tokenizer.json", directory)
+    return directory
+
+
+def _first_loss_is_transformers(transformers, released, shards) -> None:
+    """The model a run continues from (checkpoint.init_from_pretrained, through the registry as the trainer loads
+    it) computes transformers' loss on the run's first batch, its own tokenizer's masks (1e-5)."""
+    from bertdist.config import load_config
+    from bertdist.data.loader import PretrainingLoader
+    from bertdist.model.registry import load_pretrained
+
+    model_cfg = load_config("modernbert-tiny", [f"model.{k}={v}" for k, v in MODEL.items()]).model
+    ours = load_pretrained(released, model_cfg).eval()
+    batch = next(iter(PretrainingLoader(str(shards), str(released), max_seq_length=64, micro_batch_size=8, seed=1)))
+    labels = torch.full_like(batch["input_ids"], -100)
+    real = batch["masked_lm_ids"] != -100
+    rows = torch.arange(len(labels))[:, None].expand_as(real)
+    labels[rows[real], batch["masked_lm_positions"][real]] = batch["masked_lm_ids"][real]
+    theirs = transformers.ModernBertForMaskedLM.from_pretrained(released).eval()
+    with torch.no_grad():
+        want = theirs(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        got = ours(
+            batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            masked_lm_positions=batch["masked_lm_positions"],
+            masked_lm_ids=batch["masked_lm_ids"],
+        ).loss
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
