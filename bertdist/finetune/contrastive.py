@@ -10,11 +10,11 @@ The loss is InfoNCE with in-batch negatives (sentence-transformers' MultipleNega
 cosine similarity to every passage of the step, divided by `finetune.temperature`, and the cross-entropy of
 picking its own positive. With more than one rank, the passages are gathered from every rank, so a query is
 scored against world_size x micro_batch_size x (1 + negatives) passages, as large-batch contrastive training
-needs. The gather is differentiable (`torch.distributed.nn.functional.all_gather`): its backward sends each rank
-the gradients that every rank's queries put on its passages (an all-to-all, summed), so rank r's parameters
-receive d(sum over ranks of their losses)/d(its activations), and DeepSpeed's average of the ranks' gradients
-is then the gradient of the mean loss over all queries of the step: the same as one rank with the whole batch
-(tests/finetune/test_contrastive.py checks it against a single process). Negatives come from the micro batch
+needs. The gather is differentiable (`_GatherWithGradient`): its backward sends each rank the gradients that every
+rank's queries put on its passages (an all-reduce of the gathered gradient, then the rank's slice), so rank r's
+parameters receive d(sum over ranks of their losses)/d(its activations), and DeepSpeed's average of the ranks'
+gradients is then the gradient of the mean loss over all queries of the step: the same as one rank with the whole
+batch (tests/finetune/test_contrastive.py checks it against a single process). Negatives come from the micro batch
 (every rank's): gradient accumulation adds micro batches' gradients but not their passages, so to score
 against the whole step's passages set micro_batch_size = batch_size / ranks.
 
@@ -25,15 +25,15 @@ and Recall@100 (bertdist.finetune.metrics.retrieval_scores), on unit-length vect
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 from bertdist.finetune.data import Examples
 from bertdist.finetune.features import Sequences
-
-if TYPE_CHECKING:
-    import torch
 
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 """The dev metrics, headline first."""
@@ -75,21 +75,35 @@ def info_nce(vectors: torch.Tensor, temperature: float) -> torch.Tensor:
     """The mean over this rank's queries of InfoNCE against the passages of every rank.
 
     `vectors` (rows, group, hidden): per row its query, its positive, then its negatives."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
     queries = F.normalize(vectors[:, 0].float(), dim=-1)
     passages = F.normalize(vectors[:, 1:].float(), dim=-1).reshape(-1, vectors.shape[-1])  # (rows x passages, h)
     rank = 0
     if dist.is_initialized() and dist.get_world_size() > 1:
-        from torch.distributed.nn.functional import all_gather
-
         rank = dist.get_rank()
-        passages = torch.cat(all_gather(passages))  # every rank has the same rows per micro batch
+        passages = _GatherWithGradient.apply(passages)  # every rank has the same rows per micro batch
     per_row = vectors.shape[1] - 1
     positives = rank * len(queries) * per_row + torch.arange(len(queries), device=vectors.device) * per_row
     return F.cross_entropy(queries @ passages.T / temperature, positives)
+
+
+class _GatherWithGradient(torch.autograd.Function):
+    """Every rank's rows, concatenated in rank order; the backward hands each rank the sum over all ranks of the
+    gradients on its own rows (an all-reduce of the whole gradient, then this rank's slice). Written here rather
+    than taken from torch.distributed.nn (deprecated in torch 2.x, and an all-to-all there) so that it runs on
+    every backend, gloo included."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor) -> torch.Tensor:
+        gathered = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, rows.contiguous())
+        return torch.cat(gathered)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)
+        mine = grad.shape[0] // dist.get_world_size()
+        return grad[dist.get_rank() * mine : (dist.get_rank() + 1) * mine]
 
 
 def _sequences(texts: list[str], vocab_file: str, cased: bool, length: int, group: int) -> Sequences:

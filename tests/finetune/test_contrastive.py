@@ -32,6 +32,7 @@ def _gradients(rank: int, world: int, port: int, out: str) -> None:
     grad = model.weight.grad.clone()
     dist.all_reduce(grad)
     torch.save(grad / world, f"{out}/rank{rank}.pt")
+    dist.barrier()  # neither rank tears the group down while the other still talks in it
     dist.destroy_process_group()
 
 
