@@ -1,493 +1,493 @@
-"""Time to quality: held-out MLM accuracy against wall-clock time, bertdist against transformers' Trainer.
+"""Time to quality: held-out MLM accuracy against wall-clock time, bertdist against transformers' Trainer given
+the same recipe, for BERT-mini and ModernBERT-mini.
 
-One model shape (BERT-mini, L4/H256/A4), one corpus (Python's own documentation, every 20th document held
-out), one machine, one wall-clock budget per run, three runs one after another:
-  trainer  transformers' `Trainer` + `DataCollatorForLanguageModeling` (MLM only, masks drawn at load time, 15%)
-           on the text grouped into full-length chunks, as `run_mlm.py` does; the paper recipe's batch, AdamW
-           and schedule (lr 1e-4, 1% warmup, linear decay);
-  paper    bertdist, the paper's recipe (static masks, NSP pairs, dupe factor 5), the same batch and schedule;
-  fast     bertdist, configs/bert-mini-fast.yaml (MLM only, masks at load time, a 10x learning rate).
-Each run's schedule is planned to end at ~90% of the budget from a short probe of its own step time (a user
-with a time budget does the same), and a run still going at the budget is stopped there. Checkpoints are
-saved every `--checkpoint-minutes`; after the runs every checkpoint is scored by the same code (transformers'
-`BertForMaskedLM` on one fixed held-out set: 15% masked once, the same positions for everyone): MLM accuracy
-and loss. Each final model is then fine-tuned with `bertdist finetune` on a task made from held-out text
-(sentence adjacency, the same settings for all). Data preparation is timed separately.
+Runs (`--runs`, benchmarks/ttq_runs.py):
+  bert-fast           bertdist, configs/bert-mini-fast.yaml (MLM only on full-length text, masks at load time)
+  bert-trainer        transformers' Trainer + BertForMaskedLM + DataCollatorForLanguageModeling on the text grouped
+                      as run_mlm.py does, with bert-mini-fast's recipe, read from the same YAML: AdamW's lr, betas,
+                      eps, weight decay, clipping, warmup share, schedule (bertdist's own function, as a LambdaLR),
+                      masking rate and 80/10/10, sequence length, batch, and the model's shapes
+  modernbert-fast     bertdist, configs/modernbert-mini-fast.yaml (ModernBERT-mini, 30% masking)
+  modernbert-trainer  the Trainer + ModernBertForMaskedLM (sdpa, its sparse prediction on) with that YAML's recipe
+  bert-paper          (optional) bertdist with the paper's recipe (NSP pairs, static masks, lr 1e-4)
+All runs share one corpus (`--corpus FILE ...`: .txt/.jsonl/.xml as `bertdist prepare --input` reads them; default
+Python's own documentation), every 20th document held out, one WordPiece vocabulary, one held-out set: up to 500
+full-length sequences masked at 15% (80/10/10), in several draws of the masks where fewer are held out, at the
+same positions for everyone, scored with transformers' class of each architecture. Data preparation is timed apart
+from the budgets.
 
-Prints the curves, each run's time to the lowest final accuracy of the three, the ratios, the downstream
-scores; writes RESULTS/curves.png and results.json; `--mlflow URI` also logs the curves there.
+Each run's schedule is planned to end at ~90% of its budget from a short probe of its own step time and start-up
+(a user with a time budget does the same); a run still going at the budget is stopped there. Each run saves
+`--checkpoints` checkpoints; all are scored afterwards. The runs are interleaved (for each seed, for each budget,
+every run) so that the machine's noise falls on all of them.
 
-    python benchmarks/time_to_quality.py                       # 20 minutes per run (about 75 minutes in all)
-    python benchmarks/time_to_quality.py --budget-minutes 2    # a quick look
+The target of an architecture is the lowest final accuracy of its `--target-from` runs at the longest budget
+(default: its Trainer runs, every seed: a level the longer reference runs of the Trainer all reached, where a short
+budget's would sit on the early plateau), or `--target`. The plateau (always predicting the most
+frequent token) is printed beside it, with a warning when the target is within 0.02 of it. A time to the target is
+interpolated between measured checkpoints only: "<=" where the first checkpoint is already above it, ">" where a
+run never reaches it. Prints, per architecture and budget, the Trainer's time to the target over bertdist's (median
+over seeds, with the range of all seed pairs), how that ratio moves with the budget, ModernBERT-mini against
+BERT-mini, and the downstream scores (sentence adjacency from held-out text, the final models of the first
+`--downstream-seeds` seeds at the longest budget). Writes OUTPUT/results.json and OUTPUT/curves.png (one panel per
+architecture, seeds as thin lines); `--mlflow URI` also logs the curves there. `--keep-earlier` reports, beside
+this invocation's runs, the other runs an earlier invocation left in OUTPUT/runs.json (same corpus), so that the
+measurement can be split over sessions (each architecture's pair is still interleaved within its own session).
+
+On 2 idle cores (estimates from the step times measured before; the probes print this machine's), the four runs at
+2.5 and 5 minutes with 2 seeds take ~100 minutes: 60 in the budgets, ~3 of probes, ~7 of exports and scoring (3-6 s
+a checkpoint), ~26 of downstream fine-tuning (~3 min a BERT-mini, ~10 a ModernBERT-mini: 4x BERT's in the smoke
+tests). Split by architecture, each half fits in ~40 minutes:
+    python benchmarks/time_to_quality.py                                                # all four, ~100 min
+    python benchmarks/time_to_quality.py --runs bert-fast,bert-trainer                  # BERT's pair, ~41 min
+    python benchmarks/time_to_quality.py --runs modernbert-fast,modernbert-trainer --keep-earlier --downstream-seeds 0
+                                                   # then ModernBERT's pair, reporting all four, ~37 min
+    python benchmarks/time_to_quality.py --budget-minutes 0.5 --seeds 1 --downstream-seeds 0      # a smoke test
+    python benchmarks/time_to_quality.py --corpus my_texts/ --runs bert-fast,bert-trainer --budget-minutes 4 8
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import shutil
-import signal
-import subprocess
-import sys
+import statistics
 import time
 from pathlib import Path
 
-import numpy as np
+from ttq_data import downstream, held_out_set, hf_directory, plateau, prepare_data, score
+from ttq_runs import DEFAULT_RUNS, RUNS, base_config, check_trainer_recipe, probe, recipe_line, timed_run
 
-REPO = Path(__file__).resolve().parent.parent
-RUNS = ("trainer", "paper", "fast")
-SEQ, BATCH, VOCAB = 128, 32, 8192
-PAPER_LR, WARMUP_FRACTION = 1e-4, 0.01
-HELD_OUT_SEQUENCES = 1000
+RATIO_GOAL = 2.5
+PLATEAU_MARGIN = 0.02
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budget-minutes", type=float, default=20.0)
-    p.add_argument("--checkpoint-minutes", type=float, default=2.5)
+    p.add_argument("--corpus", nargs="+", default=[], metavar="FILE", help="text to train on (default: Python's docs)")
+    p.add_argument("--budget-minutes", nargs="+", type=float, default=[2.5, 5.0], help="one run per budget")
+    p.add_argument("--seeds", type=int, default=2, help="seeds 0..N-1 of every run")
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"comma-separated, of: {', '.join(RUNS)}")
+    p.add_argument(
+        "--target",
+        nargs="+",
+        default=[],
+        metavar="ACC",
+        help="a fixed target accuracy for every architecture, or ARCH=ACC each (bert=0.15 modernbert=0.14)",
+    )
+    p.add_argument(
+        "--target-from",
+        default="trainer",
+        choices=("trainer", "fast", "paper"),
+        help="without --target: the lowest final accuracy of the ARCH-<this> runs at the longest budget is ARCH's",
+    )
+    p.add_argument("--checkpoints", type=int, default=6, help="checkpoints per run (all scored)")
+    p.add_argument("--downstream-seeds", type=int, default=1, help="fine-tune the final models of this many seeds")
+    p.add_argument(
+        "--keep-earlier",
+        action="store_true",
+        help="report also the runs of OUTPUT/runs.json (same corpus) that this invocation does not run",
+    )
     p.add_argument("--output", default="runs/time_to_quality")
-    p.add_argument("--runs", default=",".join(RUNS), help="which runs, comma-separated")
     p.add_argument("--mlflow", default="", help="also log the curves to this MLflow tracking URI")
     args = p.parse_args(argv)
+    names = args.runs.split(",")
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+    fixed_targets = _fixed_targets(args.target, p)
+    budgets = sorted(set(args.budget_minutes))
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    budget_s = args.budget_minutes * 60
-    prep = prepare_data(out)
-    held_out = held_out_set(out)
-    results = {}
-    for name in args.runs.split(","):
-        run_dir = out / name
-        for stale in ("probe", "run"):  # an earlier invocation's checkpoints must not be scored as this one's
-            shutil.rmtree(run_dir / stale, ignore_errors=True)
-        seconds_per_step = probe(name, run_dir / "probe", prep)
-        steps = max(20, int(0.9 * budget_s / seconds_per_step))
-        every = max(5, int(steps * args.checkpoint_minutes * 60 / budget_s))
+
+    # --- what each run trains
+    shapes = {(base_config(n).data.phases[0].max_seq_length, base_config(n).model.vocab_size) for n in names}
+    if len(shapes) > 1:
+        raise SystemExit(f"the runs' configs differ in sequence length or vocabulary size: {sorted(shapes)}")
+    ((seq, vocab_size),) = shapes
+    for name in names:
+        if RUNS[name].engine == "trainer":
+            check_trainer_recipe(name)
+        print(recipe_line(name), flush=True)
+    print(
+        "the Trainer runs use bertdist's schedule function itself (bertdist.train.optim.learning_rate: warmup "
+        "(step + 1) / warmup_steps, then its decay), handed to the Trainer as a LambdaLR (create_scheduler), so "
+        "the schedules are the same, not the nearest lr_scheduler_type",
+        flush=True,
+    )
+
+    # --- data: prepared once, timed apart from the budgets
+    prep = prepare_data(out / "data", args.corpus, {RUNS[n].data for n in names}, seq, vocab_size)
+    corpus = prep["identity"]
+    print(
+        f"corpus: {corpus['name']}: {corpus['train_documents']} documents to train on ({corpus['train_mb']:.1f} MB, "
+        f"{corpus['train_tokens']:,} tokens in {seq}-token chunks), {corpus['held_out_documents']} held out",
+        flush=True,
+    )
+    for kind in ("mlm", "paper", "chunks"):
+        if kind in prep:
+            users = ", ".join(n for n in names if RUNS[n].data == kind)
+            made = f"{prep[kind]['seconds']:.0f} s" if prep[kind]["made"] else "reused from an earlier invocation"
+            print(f"data preparation, {kind} ({users}): {made}", flush=True)
+    earlier = earlier_records(out / "runs.json", names, corpus) if args.keep_earlier else []
+    held_out = held_out_set(prep, seq)
+    floor = plateau(prep, held_out)
+    positions = int((held_out["labels"] != -100).sum())
+    print(
+        f"held-out set: {held_out['sequences']} sequences of {seq} tokens, "
+        f"{len(held_out['labels']) // held_out['sequences']} draws of 15% masks ({positions:,} scored positions); "
+        f"plateau: {floor['accuracy']:.4f} by always predicting {floor['token']!r}, the best context-free guess",
+        flush=True,
+    )
+
+    # --- a probe of each run's step time, then the runs, interleaved
+    paces = {}
+    for name in names:
+        directory = out / name / "probe"
+        shutil.rmtree(directory, ignore_errors=True)
+        paces[name] = probe(name, directory, prep)
         print(
-            f"== {name}: {seconds_per_step:.3f} s/step in the probe -> {steps} steps, a checkpoint every {every}",
+            f"probe {name}: {paces[name].seconds_per_step:.3f} s/step, {paces[name].overhead_s:.0f} s start-up and "
+            f"shutdown",
             flush=True,
         )
-        checkpoints, wall_s = timed_run(name, run_dir / "run", prep, steps, every, budget_s)
-        curve = [dict(time_s=t, step=s, **score(model_dir, held_out)) for t, s, model_dir in checkpoints]
-        for point in curve:
+    records: list[dict] = []
+    for seed in range(args.seeds):
+        for budget in budgets:
+            for name in names:
+                records.append(one_run(name, budget, seed, paces[name], prep, held_out, out, args.checkpoints))
+                runs_file = {"corpus": prep["identity"], "runs": earlier + records}
+                (out / "runs.json").write_text(json.dumps(runs_file, indent=2, default=str))
+    for record in records:
+        if record["budget_minutes"] == budgets[-1] and record["seed"] < args.downstream_seeds and record["curve"]:
+            run_dir = Path(record["run_dir"]) / "finetuned"
+            start = time.perf_counter()
+            record["downstream"] = downstream(prep, Path(record["final_model"]), run_dir)
             print(
-                f"   {point['time_s']:7.0f} s  step {point['step']:6d}  "
-                f"mlm acc {point['accuracy']:.4f}  loss {point['loss']:.3f}",
+                f"downstream {record['run']} seed {record['seed']}: dev accuracy {record['downstream']:.4f} "
+                f"(fine-tuned in {time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-        results[name] = dict(
-            curve=curve,
-            wall_s=wall_s,
-            planned_steps=steps,
-            prepare_s=prep[name]["seconds"],
-            seconds_per_step=seconds_per_step,
-            downstream=downstream(out, checkpoints[-1][2]),
+    (out / "runs.json").write_text(json.dumps({"corpus": prep["identity"], "runs": earlier + records}, indent=2))
+    context = dict(paces=paces, prep=prep, floor=floor, args=args, out=out)
+    return report(earlier + records, context, fixed_targets)
+
+
+def earlier_records(path: Path, names: list[str], corpus: dict) -> list[dict]:
+    """--keep-earlier: the runs an earlier invocation measured on the same corpus that this one does not run."""
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    if saved.get("corpus") != corpus:
+        raise SystemExit(f"--keep-earlier: {path} was measured on another corpus ({saved.get('corpus')})")
+    kept = [r for r in saved["runs"] if r["run"] not in names]
+    print(f"kept from an earlier invocation: {', '.join(sorted({r['run'] for r in kept})) or 'nothing'}")
+    return kept
+
+
+def _fixed_targets(values: list[str], p: argparse.ArgumentParser) -> dict[str, float]:
+    targets: dict[str, float] = {}
+    for value in values:
+        arch, _, number = value.rpartition("=")
+        try:
+            accuracy = float(number)
+        except ValueError:
+            p.error(f"--target {value}: expected ACC or ARCH=ACC")
+        for a in [arch] if arch else sorted({k.arch for k in RUNS.values()}):
+            targets[a] = accuracy
+    return targets
+
+
+def one_run(name: str, budget: float, seed: int, pace, prep: dict, held_out: dict, out: Path, checkpoints: int) -> dict:
+    run_dir = out / name / f"{budget:g}min-seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier invocation's checkpoints must not be scored as this one's
+    budget_s = budget * 60
+    steps = pace.steps_in(budget_s)
+    every = max(1, math.ceil(steps / checkpoints))
+    print(f"== {name}, {budget:g} min, seed {seed}: {steps} steps, a checkpoint every {every}", flush=True)
+    saved, wall_s = timed_run(name, run_dir, prep, steps, every, budget_s, seed)
+    if not saved:  # reported as never reaching anything, rather than ending the whole measurement
+        print(f"   no checkpoint within {budget:g} minutes; see {run_dir / 'train.log'}", flush=True)
+    curve, model_dir, scoring_start = [], None, time.perf_counter()
+    for time_s, step, checkpoint in saved:
+        model_dir = hf_directory(checkpoint)
+        curve.append(dict(time_s=time_s, step=step, **score(RUNS[name].arch, model_dir, held_out)))
+        print(
+            f"   {time_s / 60:6.2f} min  step {step:6d}  mlm acc {curve[-1]['accuracy']:.4f}  "
+            f"loss {curve[-1]['loss']:.3f}",
+            flush=True,
         )
-    report(results, out, args.mlflow)
-    return results
+    scoring_s = time.perf_counter() - scoring_start
+    print(f"   (exported and scored {len(curve)} checkpoints in {scoring_s:.0f} s, outside the budget)", flush=True)
+    return dict(
+        run=name,
+        arch=RUNS[name].arch,
+        budget_minutes=budget,
+        seed=seed,
+        seconds_per_step=pace.seconds_per_step,
+        overhead_s=pace.overhead_s,
+        planned_steps=steps,
+        wall_s=wall_s,
+        scoring_s=scoring_s,
+        curve=curve,
+        run_dir=str(run_dir),
+        final_model=model_dir and str(model_dir),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
-# Data: one corpus and vocabulary; each run's own preparation, timed
+# Times to the target, ratios
 
 
-def prepare_data(out: Path) -> dict:
-    from bertdist.data.readers import expand_inputs, iter_texts
-    from bertdist.data.vocab import train_vocab
-    from bertdist.demo import write_corpus
-
-    corpus = out / "corpus"
-    if not (corpus / "eval.jsonl").exists():
-        write_corpus(corpus)
-    vocab = out / "vocab" / "vocab.txt"
-    if not vocab.exists():
-        train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(out / "vocab"), VOCAB)
-    prep = {"corpus": corpus, "vocab": vocab}
-    for name, flags in (("paper", []), ("fast", ["--objective", "mlm", "--masking", "dynamic"])):
-        shards = out / name / "shards"
-        start = time.perf_counter()
-        if not (shards / "manifest.json").exists():
-            _bertdist(
-                "prepare",
-                "--input",
-                str(corpus / "train.jsonl"),
-                "--output",
-                str(shards),
-                "--vocab",
-                str(vocab),
-                "--max-seq-length",
-                str(SEQ),
-                "--no-progress",
-                *flags,
-            )
-        prep[name] = {"shards": shards, "seconds": time.perf_counter() - start}
-    start = time.perf_counter()
-    chunks = out / "trainer" / "chunks.npy"
-    if not chunks.exists():
-        chunks.parent.mkdir(parents=True, exist_ok=True)
-        np.save(chunks, group_texts(corpus / "train.jsonl", vocab))
-    prep["trainer"] = {"chunks": chunks, "seconds": time.perf_counter() - start}
-    return prep
+def time_to(record: dict, target: float) -> dict:
+    """When the run's curve first reaches `target`, interpolated between two measured checkpoints only:
+    relation "=", "<=" (the first checkpoint is already there) or ">" (never reached: past the last one, or past
+    the run's end when it saved no checkpoint)."""
+    curve = record["curve"]
+    if not curve:
+        return {"seconds": record["wall_s"], "relation": ">"}
+    if curve[0]["accuracy"] >= target:
+        return {"seconds": curve[0]["time_s"], "relation": "<="}
+    for before, point in zip(curve, curve[1:]):
+        if point["accuracy"] >= target:
+            share = (target - before["accuracy"]) / (point["accuracy"] - before["accuracy"])
+            return {"seconds": before["time_s"] + share * (point["time_s"] - before["time_s"]), "relation": "="}
+    return {"seconds": curve[-1]["time_s"], "relation": ">"}
 
 
-def group_texts(jsonl: Path, vocab: Path) -> np.ndarray:
-    """run_mlm.py's preparation: every document tokenized with [CLS] ... [SEP], concatenated, cut into SEQ-token
-    chunks (the remainder dropped)."""
-    from transformers import BertTokenizerFast
-
-    tokenizer = BertTokenizerFast(str(vocab), do_lower_case=True)
-    texts = [json.loads(line)["text"] for line in jsonl.open(encoding="utf-8")]
-    ids = np.concatenate([np.array(e, dtype=np.int32) for e in tokenizer(texts)["input_ids"]])
-    return ids[: len(ids) // SEQ * SEQ].reshape(-1, SEQ)
+def _combined(relations: list[str]) -> str:
+    """The relation of a median of bounded values: exact, an upper or lower bound, or unknown (both kinds)."""
+    kinds = set(relations) - {"="}
+    return kinds.pop() if len(kinds) == 1 else ("=" if not kinds else "?")
 
 
-def held_out_set(out: Path) -> dict:
-    """The held-out documents as full-length [CLS] text [SEP] sequences, masked once (15%, 80/10/10)."""
-    from transformers import BertTokenizerFast
-
-    from bertdist.config import MaskingConfig
-    from bertdist.data.instances import Documents, InstanceOptions, full_sentences
-    from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
-    from bertdist.data.vocab import read_vocab
-
-    vocab_file = out / "vocab" / "vocab.txt"
-    tokenizer = BertTokenizerFast(str(vocab_file), do_lower_case=True)
-    texts = [json.loads(line)["text"] for line in (out / "corpus" / "eval.jsonl").open(encoding="utf-8")]
-    ids = [e for e in tokenizer(texts, add_special_tokens=False)["input_ids"] if e]
-    lengths = np.array([len(e) for e in ids])
-    docs = Documents(
-        np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1)
-    )
-    vocab = VocabInfo.from_tokens(read_vocab(str(vocab_file)))
-    samples = full_sentences(docs, InstanceOptions(max_seq_length=SEQ), vocab)
-    samples = samples.slice(0, min(HELD_OUT_SEQUENCES, len(samples)))
-    masked = apply_masks(samples, MaskingConfig(), vocab, KeyedDraws(2026, 0, np.arange(len(samples))))
-    n = len(masked)
-    input_ids, labels = np.zeros((n, SEQ), np.int64), np.full((n, SEQ), -100, np.int64)
-    tok, msk = masked.token_offsets(), masked.mask_offsets()
-    for i in range(n):
-        input_ids[i, : masked.lengths[i]] = masked.input_ids[tok[i] : tok[i + 1]]
-        labels[i, masked.masked_lm_positions[msk[i] : msk[i + 1]]] = masked.masked_lm_ids[msk[i] : msk[i + 1]]
-    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).astype(np.int64), "labels": labels}
+def ratio(peer: list[dict], ours: list[dict]) -> dict:
+    """The peer's time to the target over ours: of the medians over seeds, and the range over all seed pairs."""
+    value = statistics.median(t["seconds"] for t in peer) / statistics.median(t["seconds"] for t in ours)
+    pairs = [a["seconds"] / b["seconds"] for a in peer for b in ours]
+    high = _combined([t["relation"] for t in peer]) == ">" or _combined([t["relation"] for t in ours]) == "<="
+    low = _combined([t["relation"] for t in peer]) == "<=" or _combined([t["relation"] for t in ours]) == ">"
+    relation = "?" if high and low else ">=" if high else "<=" if low else "="
+    return {"value": value, "low": min(pairs), "high": max(pairs), "relation": relation}
 
 
-def score(model_dir: Path, held_out: dict) -> dict:
-    """MLM accuracy and loss of a Hugging Face directory on the held-out set (the same code for every run)."""
-    import torch
-    from transformers import BertForMaskedLM
-
-    model = BertForMaskedLM.from_pretrained(model_dir).eval()
-    right = total = 0
-    loss_sum = 0.0
-    with torch.no_grad():
-        for lo in range(0, len(held_out["input_ids"]), 100):
-            batch = {k: torch.from_numpy(v[lo : lo + 100]) for k, v in held_out.items()}
-            hidden = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-            where = batch["labels"] != -100
-            chosen, labels = model.cls(hidden[where]), batch["labels"][where]  # the MLM head where it is scored
-            right += int((chosen.argmax(-1) == labels).sum())
-            total += int(where.sum())
-            loss_sum += float(torch.nn.functional.cross_entropy(chosen, labels, reduction="sum"))
-    return {"accuracy": right / total, "loss": loss_sum / total}
+def _ratio_text(r: dict) -> str:
+    pairs = f"(seed pairs {r['low']:.2f}-{r['high']:.2f}x)"
+    if r["relation"] == "?":
+        return f"{r['value']:.2f}x, not determined: both sides' times are bounds {pairs}"
+    return f"{'' if r['relation'] == '=' else r['relation']}{r['value']:.2f}x {pairs}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Runs
+def _minutes(times: list[dict]) -> str:
+    relation = _combined([t["relation"] for t in times])
+    minutes = sorted(t["seconds"] / 60 for t in times)
+    spread = f" ({minutes[0]:.2f}-{minutes[-1]:.2f})" if len(minutes) > 1 else ""
+    return f"{'' if relation == '=' else relation}{statistics.median(minutes):.2f}{spread}"
 
 
-def probe(name: str, directory: Path, prep: dict) -> float:
-    """Seconds per optimizer step, from a short run of the same job after its first steps."""
-    steps = 30
-    if name == "trainer":
-        _trainer_process(directory, prep, steps, every=steps * 10).wait()
-        times = json.loads((directory / "step_times.json").read_text())
-        return float(np.median(np.diff(times[10:])))
-    _bertdist("train", "--config", str(_bertdist_config(name, directory, prep, steps, every=steps * 10)))
-    records = [json.loads(line) for line in (directory / "out" / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["throughput/sequences_per_second"] for r in records if "throughput/sequences_per_second" in r]
-    return BATCH / float(np.median(rates[1:]))
-
-
-def timed_run(name: str, directory: Path, prep: dict, steps: int, every: int, budget_s: float) -> tuple[list, float]:
-    """Start the run, stop it at the budget; (time since start, step, model directory) of each checkpoint."""
-    start = time.time()
-    if name == "trainer":
-        process = _trainer_process(directory, prep, steps, every)
-    else:
-        config = _bertdist_config(name, directory, prep, steps, every)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bertdist", "train", "--config", str(config)],
-            cwd=REPO,
-            env=_env(),
-            stdout=open(directory / "train.log", "w"),
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        process.wait(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)  # bertdist checkpoints the step it is in; the Trainer just stops
-        process.wait(timeout=300)
-    wall_s = time.time() - start
-    if name == "trainer":
-        saved = json.loads((directory / "save_times.json").read_text())
-        return [(t, s, directory / f"checkpoint-{s}") for s, t in saved], wall_s
-    checkpoints = []
-    for step_dir in sorted((directory / "out" / "checkpoints").glob("step_*")):
-        done = max(f.stat().st_mtime for f in step_dir.rglob("*") if f.is_file()) - start
-        model_dir = directory / "export" / step_dir.name
-        if not model_dir.exists():
-            _bertdist("export", str(step_dir), "--output", str(model_dir))
-        checkpoints.append((done, int(step_dir.name.split("_")[1]), model_dir))
-    return checkpoints, wall_s
-
-
-def _bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: int) -> Path:
-    import yaml
-
-    directory.mkdir(parents=True, exist_ok=True)
-    base = REPO / "configs" / ("bert-mini-fast.yaml" if name == "fast" else "bert-tiny.yaml")
-    cfg = yaml.safe_load(base.read_text())
-    optim = cfg.setdefault("optim", {})
-    warmup_fraction = optim["warmup_steps"] / cfg["data"]["phases"][0]["steps"] if name == "fast" else WARMUP_FRACTION
-    cfg.setdefault("model", {}).update(size="mini", vocab_size=VOCAB)
-    cfg.setdefault("data", {}).update(
-        vocab_file=str(prep["vocab"]),
-        loader_workers=1,
-        phases=[
-            {"train_dir": str(prep[name]["shards"]), "max_seq_length": SEQ, "micro_batch_size": BATCH, "steps": steps}
-        ],
-    )
-    if name == "paper":
-        optim.update(lr=PAPER_LR, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01)
-    optim["warmup_steps"] = max(1, round(steps * warmup_fraction))
-    cfg.setdefault("train", {}).update(
-        global_batch_size=BATCH,
-        zero_stage=1,
-        precision="fp32",
-        output_dir=str(directory / "out"),
-        log_every_steps=10,
-        eval_every_steps=10**9,
-    )
-    cfg["checkpoint"] = {"every_steps": every, "keep_last": 10**6, "resume": "none"}
-    cfg["tracking"] = {"enabled": False}
-    cfg["launch"] = {"backend": "local", "nodes": 1, "gpus_per_node": 1}
-    path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _trainer_process(directory: Path, prep: dict, steps: int, every: int) -> subprocess.Popen:
-    directory.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        __file__,
-        "--trainer-run",
-        str(directory),
-        str(prep["trainer"]["chunks"]),
-        str(prep["vocab"]),
-        str(steps),
-        str(every),
-    ]
-    env = {**_env(), "TTQ_START": str(time.time())}
-    return subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=open(directory / "train.log", "w"), stderr=subprocess.STDOUT
-    )
-
-
-def trainer_run(directory: str, chunks_file: str, vocab: str, steps: int, every: int) -> None:
-    """The reference run: transformers' Trainer as its MLM example runs it, with the paper recipe's settings."""
-    import torch
-    from transformers import (
-        BertConfig,
-        BertForMaskedLM,
-        BertTokenizerFast,
-        DataCollatorForLanguageModeling,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
-
-    start = float(os.environ["TTQ_START"])
-    out = Path(directory)
-    chunks = np.load(chunks_file)
-    dataset = [{"input_ids": torch.from_numpy(row.astype(np.int64))} for row in chunks]
-    tokenizer = BertTokenizerFast(vocab, do_lower_case=True)
-    from bertdist.config import MODEL_SIZES
-
-    mini = MODEL_SIZES["mini"]
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=mini["hidden_size"],
-        num_hidden_layers=mini["num_layers"],
-        num_attention_heads=mini["num_attention_heads"],
-        intermediate_size=4 * mini["hidden_size"],
-    )
-    torch.manual_seed(0)
-    model = BertForMaskedLM(config)
-    step_times, save_times = [], []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            step_times.append(time.time() - start)
-
-        def on_save(self, args, state, control, **kwargs):
-            save_times.append((state.global_step, time.time() - start))
-            (out / "save_times.json").write_text(json.dumps(save_times))
-            (out / "step_times.json").write_text(json.dumps(step_times))
-
-    arguments = TrainingArguments(
-        output_dir=str(out),
-        max_steps=steps,
-        per_device_train_batch_size=BATCH,
-        learning_rate=PAPER_LR,
-        weight_decay=0.01,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        warmup_steps=max(1, round(steps * WARMUP_FRACTION)),
-        lr_scheduler_type="linear",
-        save_strategy="steps",
-        save_steps=every,
-        save_total_limit=None,
-        logging_steps=50,
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        dataloader_num_workers=0,
-    )
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15)
-    trainer = Trainer(
-        model=model,
-        args=arguments,
-        train_dataset=dataset,
-        data_collator=collator,
-        processing_class=tokenizer,
-        callbacks=[Clock()],
-    )
-    trainer.train()
-    trainer.save_model(str(out / f"checkpoint-{trainer.state.global_step}"))
-    if not save_times or save_times[-1][0] != trainer.state.global_step:
-        save_times.append((trainer.state.global_step, time.time() - start))
-    (out / "save_times.json").write_text(json.dumps(save_times))
-    (out / "step_times.json").write_text(json.dumps(step_times))
-
-
-def downstream(out: Path, model_dir: Path) -> float:
-    """Dev accuracy of the final model fine-tuned on sentence adjacency from held-out text (the demo's task)."""
-    from bertdist.finetune.corpus_tasks import sentence_adjacency
-    from bertdist.train.distributed import free_tcp_port
-
-    task = out / "downstream"
-    if not (task / "dev.tsv").exists():
-        task.mkdir(parents=True, exist_ok=True)
-        sentence_adjacency(out / "corpus" / "eval.jsonl", task / "train.tsv", 4000, seed=0)
-        sentence_adjacency(out / "corpus" / "eval.jsonl", task / "dev.tsv", 1000, seed=1)
-    run_dir = model_dir.parent / "finetuned"
-    result = _bertdist(
-        "finetune",
-        f"finetune.init_from={model_dir}",
-        f"finetune.vocab_file={out / 'vocab' / 'vocab.txt'}",
-        f"finetune.train_file={task / 'train.tsv'}",
-        f"finetune.dev_file={task / 'dev.tsv'}",
-        "finetune.text_column=sentence1",
-        "finetune.text_pair_column=sentence2",
-        "finetune.epochs=2",
-        "finetune.lr=5e-5",
-        f"finetune.output_dir={run_dir}",
-        "tracking.enabled=false",
-        f"launch.master_port={free_tcp_port()}",
-    )
-    best = result.split("best dev epoch", 1)[1]
-    return float(best.split("accuracy ", 1)[1].split(",")[0])
-
-
-def _bertdist(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "bertdist", *args], cwd=REPO, env=_env(), capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"bertdist {' '.join(args[:2])} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return done.stdout
-
-
-def _env() -> dict:
-    return {**os.environ, "DS_ACCELERATOR": "cpu"}
+def targets_of(records: list[dict], fixed: dict[str, float], source: str, floor: dict) -> dict:
+    longest = max(r["budget_minutes"] for r in records)
+    targets = {}
+    for arch in dict.fromkeys(r["arch"] for r in records):
+        if arch in fixed:
+            accuracy, rule = fixed[arch], "--target"
+        else:
+            runs = [r for r in records if r["arch"] == arch and r["budget_minutes"] == longest]
+            rule = f"the lowest final accuracy of the {arch}-{source} runs at {longest:g} min"
+            if not any(r["run"] == f"{arch}-{source}" for r in runs):
+                rule = f"no {arch}-{source} run: the lowest final accuracy of the {arch} runs at {longest:g} min"
+            else:
+                runs = [r for r in runs if r["run"] == f"{arch}-{source}"]
+            accuracy = min((r["curve"][-1]["accuracy"] for r in runs if r["curve"]), default=float("nan"))
+        targets[arch] = {"accuracy": accuracy, "rule": rule, "above_plateau": accuracy - floor["accuracy"]}
+    return targets
 
 
 # ---------------------------------------------------------------------------------------------
 # Report
 
 
-def time_to(curve: list[dict], target: float) -> float | None:
-    """Wall-clock seconds at which the curve first reaches `target` (linear between checkpoints)."""
-    previous = {"time_s": 0.0, "accuracy": 0.0}
-    for point in curve:
-        if point["accuracy"] >= target:
-            span = point["accuracy"] - previous["accuracy"]
-            share = (target - previous["accuracy"]) / span if span > 0 else 1.0
-            return previous["time_s"] + share * (point["time_s"] - previous["time_s"])
-        previous = point
-    return None
-
-
-def report(results: dict, out: Path, mlflow_uri: str) -> None:
-    target = min(r["curve"][-1]["accuracy"] for r in results.values())
-    print(f"\ntarget: {target:.4f} held-out MLM accuracy (the lowest final accuracy of the runs)")
-    print(
-        f"{'run':8} {'prepare s':>9} {'s/step':>7} {'steps':>6} "
-        f"{'final acc':>9} {'final loss':>10} {'to target s':>11} {'downstream':>10}"
-    )
-    for name, r in results.items():
-        r["time_to_target_s"] = time_to(r["curve"], target)
-        last = r["curve"][-1]
+def report(records: list[dict], ctx: dict, fixed_targets: dict[str, float]) -> dict:
+    floor, out = ctx["floor"], ctx["out"]
+    budgets = sorted({r["budget_minutes"] for r in records})
+    targets = targets_of(records, fixed_targets, ctx["args"].target_from, floor)
+    summary, ratios = [], {}
+    for arch, target in targets.items():
+        acc = target["accuracy"]
         print(
-            f"{name:8} {r['prepare_s']:9.0f} {r['seconds_per_step']:7.3f} {last['step']:6d} {last['accuracy']:9.4f} "
-            f"{last['loss']:10.3f} {r['time_to_target_s']:11.0f} {r['downstream']:10.4f}"
+            f"\n== {arch}: target {acc:.4f} ({target['rule']}); plateau {floor['accuracy']:.4f} "
+            f"(always {floor['token']!r}): the target is {abs(acc - floor['accuracy']):.4f} "
+            f"{'above' if acc >= floor['accuracy'] else 'below'} it"
         )
-    if "fast" in results:
-        for other in ("trainer", "paper"):
-            if other in results:
-                ratio = results[other]["time_to_target_s"] / results["fast"]["time_to_target_s"]
-                print(f"fast reaches the target {ratio:.2f}x sooner than {other}")
-    (out / "results.json").write_text(json.dumps({"target": target, **results}, indent=2, default=str))
+        if acc - floor["accuracy"] < PLATEAU_MARGIN:
+            print(
+                f"WARNING: {arch}'s target is within {PLATEAU_MARGIN} of the plateau: the ratio would measure how "
+                "fast each run leaves the plateau; use longer budgets or --target"
+            )
+        print(
+            f"{'run':19} {'budget':>6} {'seeds':>5} {'s/step':>7} {'steps':>6} {'final acc (min-max)':>22} "
+            f"{'to target, min (min-max)':>25} {'downstream':>10}"
+        )
+        for record in records:
+            if record["arch"] == arch:
+                record["time_to_target"] = time_to(record, acc)
+        for name in dict.fromkeys(r["run"] for r in records if r["arch"] == arch):
+            for budget in budgets:
+                group = [r for r in records if r["run"] == name and r["budget_minutes"] == budget]
+                if not group:
+                    continue
+                finals = sorted(r["curve"][-1]["accuracy"] for r in group if r["curve"])
+                steps = [r["curve"][-1]["step"] for r in group if r["curve"]]
+                scores = [r["downstream"] for r in group if "downstream" in r]
+                final_text = f"{statistics.median(finals):9.4f} ({finals[0]:.4f}-{finals[-1]:.4f})" if finals else "-"
+                print(
+                    f"{name:19} {budget:6g} {len(group):5d} {group[0]['seconds_per_step']:7.3f} "
+                    f"{statistics.median(steps) if steps else 0:6.0f} {final_text:>22} "
+                    f"{_minutes([r['time_to_target'] for r in group]):>25} "
+                    f"{(f'{statistics.median(scores):.4f}' if scores else '-'):>10}"
+                )
+        for peer in (f"{arch}-trainer", f"{arch}-paper"):
+            by_budget = {}
+            for budget in budgets:
+                times = {
+                    name: [r["time_to_target"] for r in records if r["run"] == name and r["budget_minutes"] == budget]
+                    for name in (peer, f"{arch}-fast")
+                }
+                if times[peer] and times[f"{arch}-fast"]:
+                    by_budget[budget] = ratio(times[peer], times[f"{arch}-fast"])
+                    sooner = _ratio_text(by_budget[budget])
+                    print(f"{budget:g} min: {arch}-fast reaches {acc:.4f} {sooner} sooner than {peer}")
+            if by_budget:
+                ratios[f"{arch}-fast vs {peer}"] = {f"{b:g}": r for b, r in by_budget.items()}
+                summary.append(_budget_line(f"{arch}-fast vs {peer}", by_budget, peer.endswith("trainer")))
+    summary += _architectures(records, targets, budgets)
+    corpus = ctx["prep"]["identity"]
+    summary.append(
+        f"corpus: {corpus['name']} ({corpus['train_mb']:.1f} MB, {corpus['train_tokens']:,} tokens to train on): "
+        "the ratios hold for this corpus and these budgets; another corpus: --corpus FILE ..."
+    )
+    print("\nsummary:")
+    for line in summary:
+        print(f"  {line}")
+    results = dict(
+        corpus=corpus,
+        prepare_s={k: ctx["prep"][k]["seconds"] for k in ("mlm", "paper", "chunks") if k in ctx["prep"]},
+        plateau=floor,
+        targets=targets,
+        paces={n: vars(p) for n, p in ctx["paces"].items()},
+        runs=records,
+        ratios=ratios,
+        summary=summary,
+    )
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    plot(records, targets, floor, out / "curves.png")
+    print(f"wrote {out / 'curves.png'} and {out / 'results.json'}")
+    if ctx["args"].mlflow:
+        log_to_mlflow(records, ctx["args"].mlflow)
+    return results
+
+
+def _budget_line(label: str, by_budget: dict, goal: bool) -> str:
+    text = ", ".join(f"{_ratio_text(r)} at {b:g} min" for b, r in by_budget.items())
+    if goal:
+        met = [f"{b:g}" for b, r in by_budget.items() if r["value"] >= RATIO_GOAL and r["relation"] in ("=", ">=")]
+        text += f" (goal >= {RATIO_GOAL}x: met at {', '.join(met) + ' min' if met else 'no budget'})"
+    if len(by_budget) < 2:
+        return f"{label}: {text}; one budget: pass two --budget-minutes to see how the ratio moves with the budget"
+    (b0, r0), (b1, r1) = list(by_budget.items())[0], list(by_budget.items())[-1]
+    overlap = r0["low"] <= r1["high"] and r1["low"] <= r0["high"]
+    change = r1["value"] / r0["value"] - 1
+    bound = "" if r0["relation"] == r1["relation"] == "=" else ", between bounds"
+    return (
+        f"{label}: {text}; from {b0:g} to {b1:g} min the ratio {'grows' if change > 0 else 'falls'} by "
+        f"{abs(change):.0%} ({'within' if overlap else 'beyond'} the seed-pair ranges{bound}): the target is fixed, so "
+        "a longer budget stretches both schedules and moves where each run passes it"
+    )
+
+
+def _architectures(records: list[dict], targets: dict, budgets: list[float]) -> list[str]:
+    """ModernBERT-mini against BERT-mini, both by bertdist: time to a common target, final accuracy, step time."""
+    if not {"bert-fast", "modernbert-fast"} <= {r["run"] for r in records}:
+        return []
+    common = min(targets["bert"]["accuracy"], targets["modernbert"]["accuracy"])
+    lines = []
+    for budget in budgets:
+        runs = {
+            n: [r for r in records if r["run"] == n and r["budget_minutes"] == budget]
+            for n in ("bert-fast", "modernbert-fast")
+        }
+        if not all(runs.values()):
+            continue
+        times = {n: [time_to(r, common) for r in group] for n, group in runs.items()}
+        finals = {
+            n: statistics.median([r["curve"][-1]["accuracy"] for r in group if r["curve"]] or [float("nan")])
+            for n, group in runs.items()
+        }
+        lines.append(
+            f"modernbert-fast vs bert-fast at {budget:g} min: to {common:.4f} in {_minutes(times['modernbert-fast'])} "
+            f"vs {_minutes(times['bert-fast'])} min (bert's time over modernbert's: "
+            f"{_ratio_text(ratio(times['bert-fast'], times['modernbert-fast']))}); final accuracy "
+            f"{finals['modernbert-fast']:.4f} vs {finals['bert-fast']:.4f}; "
+            f"{runs['modernbert-fast'][0]['seconds_per_step']:.3f} vs "
+            f"{runs['bert-fast'][0]['seconds_per_step']:.3f} s/step"
+        )
+    return lines
+
+
+def plot(records: list[dict], targets: dict, floor: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in results.items():
-        ax.plot([p["time_s"] / 60 for p in r["curve"]], [p["accuracy"] for p in r["curve"]], marker="o", label=name)
-    ax.axhline(target, color="grey", linestyle=":", label="target")
-    ax.set_xlabel("wall-clock minutes (2-core CPU)")
-    ax.set_ylabel("held-out MLM accuracy")
-    ax.set_title("BERT-mini: time to quality")
-    ax.legend()
+    archs = list(targets)
+    budgets = sorted({r["budget_minutes"] for r in records})
+    styles = ["-", "--", ":", "-."]
+    colours = {"fast": "tab:blue", "trainer": "tab:orange", "paper": "tab:green"}
+    fig, axes = plt.subplots(1, len(archs), figsize=(6.5 * len(archs), 4.5), squeeze=False, sharey=True)
+    for ax, arch in zip(axes[0], archs):
+        labelled = set()
+        for r in records:
+            if r["arch"] != arch:
+                continue
+            budget_index = budgets.index(r["budget_minutes"])
+            label = f"{r['run']}, {r['budget_minutes']:g} min"
+            ax.plot(
+                [p["time_s"] / 60 for p in r["curve"]],
+                [p["accuracy"] for p in r["curve"]],
+                color=colours[r["run"].split("-", 1)[1]],
+                linestyle=styles[(len(budgets) - 1 - budget_index) % len(styles)],
+                linewidth=1.0,
+                marker=".",
+                label=None if label in labelled else label,
+            )
+            labelled.add(label)
+        ax.axhline(targets[arch]["accuracy"], color="grey", linestyle=":", linewidth=1, label="target")
+        ax.axhline(floor["accuracy"], color="black", linestyle=":", linewidth=0.8, label="plateau (most frequent)")
+        ax.set_title(f"{arch}-mini: held-out MLM accuracy (seeds as thin lines)")
+        ax.set_xlabel("wall-clock minutes")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("held-out MLM accuracy (15% masked)")
     fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
-    print(f"wrote {out / 'curves.png'} and {out / 'results.json'}")
-    if mlflow_uri:
-        import mlflow
+    fig.savefig(path, dpi=120)
 
-        mlflow.set_tracking_uri(mlflow_uri)
-        mlflow.set_experiment("time-to-quality")
-        for name, r in results.items():
-            with mlflow.start_run(run_name=name):
-                for p in r["curve"]:
-                    mlflow.log_metrics(
-                        {
-                            "heldout/mlm_accuracy": p["accuracy"],
-                            "heldout/mlm_loss": p["loss"],
-                            "wall_clock_s": p["time_s"],
-                        },
-                        step=p["step"],
-                    )
-                mlflow.log_metrics({"downstream/accuracy": r["downstream"], "prepare_s": r["prepare_s"]})
+
+def log_to_mlflow(records: list[dict], uri: str) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("time-to-quality")
+    for r in records:
+        with mlflow.start_run(run_name=f"{r['run']}-{r['budget_minutes']:g}min-seed{r['seed']}"):
+            for p in r["curve"]:
+                mlflow.log_metrics(
+                    {"heldout/mlm_accuracy": p["accuracy"], "heldout/mlm_loss": p["loss"], "wall_clock_s": p["time_s"]},
+                    step=p["step"],
+                )
+            if "downstream" in r:
+                mlflow.log_metrics({"downstream/accuracy": r["downstream"]})
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--trainer-run":
-        trainer_run(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
-    else:
-        main()
+    main()
