@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from bertdist import chatter
+from bertdist.train.distributed import free_tcp_port
 from tests.conftest import REPO, TEST_SEQ_LENGTH, tiny_model_config
 
 CHATTER = (
@@ -124,7 +125,8 @@ def test_train_finetune_and_export_print_only_bertdists_lines(tmp_path, tiny_sha
         },
         "checkpoint": {"every_steps": 2},
         "tracking": {"log_system_metrics": False},
-        "launch": {"nodes": 1, "gpus_per_node": 1},
+        # a free rendezvous port: 29500 may still be held by another test's process as this one starts
+        "launch": {"nodes": 1, "gpus_per_node": 1, "master_port": free_tcp_port()},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     trained = _bertdist("train", "--config", "config.yaml", cwd=tmp_path)
@@ -149,6 +151,7 @@ def test_train_finetune_and_export_print_only_bertdists_lines(tmp_path, tiny_sha
         "finetune.epochs=1",
         "finetune.batch_size=16",
         "finetune.micro_batch_size=8",
+        f"launch.master_port={free_tcp_port()}",
         cwd=tmp_path,
     )
     _assert_quiet(tuned, "finetune")
