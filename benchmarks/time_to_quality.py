@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 
 from ttq_data import downstream, held_out_set, hf_directory, plateau, prepare_data, score
-from ttq_runs import DEFAULT_RUNS, RUNS, base_config, check_trainer_recipe, probe, recipe_line, timed_run
+from ttq_runs import DEFAULT_RUNS, RUNS, base_config, check_trainer_recipe, kind_of, probe, recipe_line, timed_run
 
 RATIO_GOAL = 2.5
 PLATEAU_MARGIN = 0.02
@@ -212,7 +212,7 @@ def one_run(name: str, budget: float, seed: int, pace, prep: dict, held_out: dic
     curve, model_dir, scoring_start = [], None, time.perf_counter()
     for time_s, step, checkpoint in saved:
         model_dir = hf_directory(checkpoint)
-        curve.append(dict(time_s=time_s, step=step, **score(RUNS[name].arch, model_dir, held_out)))
+        curve.append(dict(time_s=time_s, step=step, **score(kind_of(name).arch, model_dir, held_out)))
         print(
             f"   {time_s / 60:6.2f} min  step {step:6d}  mlm acc {curve[-1]['accuracy']:.4f}  "
             f"loss {curve[-1]['loss']:.3f}",
@@ -222,7 +222,7 @@ def one_run(name: str, budget: float, seed: int, pace, prep: dict, held_out: dic
     print(f"   (exported and scored {len(curve)} checkpoints in {scoring_s:.0f} s, outside the budget)", flush=True)
     return dict(
         run=name,
-        arch=RUNS[name].arch,
+        arch=kind_of(name).arch,
         budget_minutes=budget,
         seed=seed,
         seconds_per_step=pace.seconds_per_step,

@@ -72,13 +72,18 @@ def write_corpus(corpus_files: list[str], directory: Path) -> None:
         raise SystemExit(f"--corpus: {index} documents; at least {2 * HELD_OUT_EVERY_NTH_DOCUMENT} are needed")
 
 
-def prepare_data(directory: Path, corpus_files: list[str], kinds: set[str], seq: int, vocab_size: int) -> dict:
-    """The corpus, its vocabulary and each kind of training data the runs need, made once (and again when the
-    corpus changes); the seconds each preparation took."""
+def prepare_data(
+    directory: Path, corpus_files: list[str], kinds: set[str], seq: int, vocab_size: int, vocab_file: Path | None = None
+) -> dict:
+    """The corpus, its vocabulary (trained on it, or `vocab_file`: a model's own, to continue pretraining it) and
+    each kind of training data the runs need, made once (and again when the corpus changes); the seconds each
+    preparation took."""
     from bertdist.data.readers import expand_inputs, iter_texts
     from bertdist.data.vocab import train_vocab
 
     identity = {**corpus_identity(corpus_files), "max_seq_length": seq, "vocab_size": vocab_size}
+    if vocab_file is not None:
+        identity["vocab_file"] = [str(vocab_file), os.stat(vocab_file).st_mtime]
     marker = directory / "source.json"
     if marker.exists() and json.loads(marker.read_text()) != identity:
         shutil.rmtree(directory)  # another corpus's data must not be reused
@@ -87,7 +92,7 @@ def prepare_data(directory: Path, corpus_files: list[str], kinds: set[str], seq:
     corpus = directory / "corpus"
     if not (corpus / "eval.jsonl").exists():
         write_corpus(corpus_files, corpus)
-    vocab = directory / "vocab" / "vocab.txt"
+    vocab = vocab_file or directory / "vocab" / "vocab.txt"
     if not vocab.exists():
         train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(vocab.parent), vocab_size)
     prep: dict = {"corpus": corpus, "vocab": vocab, "identity": identity}

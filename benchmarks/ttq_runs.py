@@ -43,6 +43,9 @@ class RunKind:
     overrides: tuple[str, ...] = field(default=())
     """Config overrides on top of the file (the paper recipe)."""
     description: str = ""
+    continued: bool = False
+    """Starts from the Hugging Face directory `prep["init_from"]` instead of random weights, with a fresh
+    optimizer (benchmarks/continued_pretraining.py)."""
 
 
 RUNS = {
@@ -71,12 +74,40 @@ RUNS = {
     ),
 }
 DEFAULT_RUNS = ("bert-fast", "bert-trainer", "modernbert-fast", "modernbert-trainer")
+CONTINUED_RECIPE = ("optim.schedule=wsd", "optim.decay_fraction=0.2", "optim.lr=3e-4")
+"""Continued pretraining from a fully decayed model as docs/training.md advises it: a short warmup (the file's 6%)
+to a lower rate than the original peak, a plateau, the last 20% decaying."""
+CONTINUED_RUNS = {
+    "modernbert-continued": RunKind(
+        "modernbert",
+        "bertdist",
+        "modernbert-mini-fast.yaml",
+        "mlm",
+        CONTINUED_RECIPE,
+        "bertdist, checkpoint.init_from_pretrained",
+        continued=True,
+    ),
+    "modernbert-continued-trainer": RunKind(
+        "modernbert",
+        "trainer",
+        "modernbert-mini-fast.yaml",
+        "chunks",
+        CONTINUED_RECIPE,
+        "Trainer + ModernBertForMaskedLM.from_pretrained, the same recipe",
+        continued=True,
+    ),
+}
+"""The runs of benchmarks/continued_pretraining.py: both start from the same Hugging Face directory."""
+
+
+def kind_of(name: str) -> RunKind:
+    return RUNS[name] if name in RUNS else CONTINUED_RUNS[name]
 
 
 def base_config(name: str):
     from bertdist.config import load_config
 
-    kind = RUNS[name]
+    kind = kind_of(name)
     return load_config(REPO / "configs" / kind.config, list(kind.overrides))
 
 
@@ -98,12 +129,12 @@ def check_trainer_recipe(name: str) -> None:
     if masking.whole_word_mask or masking.max_predictions_per_seq:
         problems.append("whole-word masking or a cap on the predictions per sequence")
     if problems:
-        raise SystemExit(f"{name}: the Trainer peer cannot reproduce {'; '.join(problems)} of {RUNS[name].config}")
+        raise SystemExit(f"{name}: the Trainer peer cannot reproduce {'; '.join(problems)} of {kind_of(name).config}")
 
 
 def recipe_line(name: str) -> str:
     """What a run trains, in one line: the numbers its bertdist peer and it share."""
-    kind, cfg = RUNS[name], base_config(name)
+    kind, cfg = kind_of(name), base_config(name)
     o, m, phase = cfg.optim, cfg.data.masking, cfg.data.phases[0]
     schedule = (
         "then linear to 0"
@@ -141,7 +172,7 @@ def probe(name: str, directory: Path, prep: dict) -> Pace:
     if process.wait() != 0:
         raise SystemExit(f"{name}: the probe failed; see {directory / 'train.log'}")
     wall_s = time.time() - start
-    if RUNS[name].engine == "trainer":
+    if kind_of(name).engine == "trainer":
         times = json.loads((directory / "step_times.json").read_text())
         seconds_per_step = float(np.median(np.diff(times[10:])))
     else:
@@ -162,7 +193,7 @@ def timed_run(name: str, directory: Path, prep: dict, steps: int, every: int, bu
         process.send_signal(signal.SIGTERM)  # bertdist checkpoints the step it is in; the Trainer just stops
         process.wait(timeout=300)
     wall_s = time.time() - start
-    if RUNS[name].engine == "trainer":
+    if kind_of(name).engine == "trainer":
         saved = (
             json.loads((directory / "save_times.json").read_text()) if (directory / "save_times.json").exists() else []
         )
@@ -176,7 +207,7 @@ def timed_run(name: str, directory: Path, prep: dict, steps: int, every: int, bu
 
 def start_run(name: str, directory: Path, prep: dict, steps: int, every: int, seed: int) -> subprocess.Popen:
     directory.mkdir(parents=True, exist_ok=True)
-    if RUNS[name].engine == "trainer":
+    if kind_of(name).engine == "trainer":
         spec = directory / "spec.json"
         spec.write_text(json.dumps(trainer_spec(name, directory, prep, steps, every, seed), indent=2))
         command = [sys.executable, __file__, str(spec)]
@@ -201,7 +232,7 @@ def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: i
     cfg = base_config(name)
     warmup_fraction = cfg.optim.warmup_steps / cfg.total_steps()
     phase = cfg.data.phases[0]
-    phase.train_dir, phase.eval_dir, phase.steps = str(prep[RUNS[name].data]["path"]), "", steps
+    phase.train_dir, phase.eval_dir, phase.steps = str(prep[kind_of(name).data]["path"]), "", steps
     cfg.data.vocab_file = str(prep["vocab"])
     cfg.data.loader_workers = 1
     cfg.optim.warmup_steps = max(1, round(steps * warmup_fraction))
@@ -210,6 +241,8 @@ def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: i
     cfg.train.log_every_steps, cfg.train.eval_every_steps = 10, 10**9
     cfg.checkpoint.every_steps, cfg.checkpoint.keep_last, cfg.checkpoint.resume = every, 10**6, "none"
     cfg.tracking.enabled = False
+    if kind_of(name).continued:
+        cfg.checkpoint.init_from_pretrained = str(prep["init_from"])
     cfg.launch.backend, cfg.launch.nodes, cfg.launch.gpus_per_node = "local", 1, 1
     path = directory / "config.yaml"
     path.write_text(dump_yaml(cfg))
@@ -223,7 +256,7 @@ def trainer_spec(name: str, directory: Path, prep: dict, steps: int, every: int,
     check_trainer_recipe(name)
     cfg = base_config(name)
     tokens = read_vocab(str(prep["vocab"]))
-    if RUNS[name].arch == "bert":
+    if kind_of(name).arch == "bert":
         from bertdist.model.hf import config_to_hf
 
         hf_config = config_to_hf(cfg.model, pad_token_id=tokens.index("[PAD]"))
@@ -237,7 +270,8 @@ def trainer_spec(name: str, directory: Path, prep: dict, steps: int, every: int,
     o, m = cfg.optim, cfg.data.masking
     micro = cfg.data.phases[0].micro_batch_size
     return dict(
-        arch=RUNS[name].arch,
+        arch=kind_of(name).arch,
+        init_from=str(prep["init_from"]) if kind_of(name).continued else "",
         directory=str(directory),
         chunks=str(prep["chunks"]["path"]),
         vocab=str(prep["vocab"]),
@@ -296,7 +330,11 @@ def trainer_run(spec: dict) -> None:
         "modernbert": (ModernBertConfig, ModernBertForMaskedLM),
     }[spec["arch"]]
     torch.manual_seed(spec["seed"])
-    model = model_class(config_class.from_dict(spec["hf_config"]))
+    config = config_class.from_dict(spec["hf_config"])
+    # continued: the same shapes and token ids (bertdist's config writer), the base's weights
+    model = (
+        model_class.from_pretrained(spec["init_from"], config=config) if spec.get("init_from") else model_class(config)
+    )
     step_times, save_times = [], []
 
     def write_times() -> None:
