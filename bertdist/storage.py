@@ -404,9 +404,12 @@ def download_file(url: str, local: str) -> None:
 
 
 def upload_directory(local: str | os.PathLike, url: str, last: str = "") -> None:
-    """Every file of a local directory (recursively) to `url`; the file named `last` after all others (the
-    one whose presence makes the directory usable, e.g. a model's config.json)."""
-    files = sorted((p for p in Path(local).rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
+    """Every file of a local directory (recursively) to `url`; the file at the relative path `last` after all
+    others (the one whose presence makes the directory usable, e.g. a model's config.json: not its generator/'s)."""
+    files = sorted(
+        (p for p in Path(local).rglob("*") if p.is_file()),
+        key=lambda p: (p.relative_to(local).as_posix() == last, str(p)),
+    )
     for path in files:
         upload_file(str(path), join(url, *path.relative_to(local).parts))
 

@@ -55,9 +55,20 @@ RECIPES = {
             "attention_dropout_prob": 0.0,
         },
     },
+    # ELECTRA: the tiny discriminator with 32-wide embeddings and a generator half its width reading them
+    "electra": {
+        "model": {
+            "arch": "electra",
+            "objective": "rtd",
+            "embedding_size": 32,
+            "generator_hidden_size": 32,
+            "generator_num_attention_heads": 1,
+            "generator_intermediate_size": 64,
+        },
+    },
 }
-"""Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert":
-prepared with --objective mlm --masking dynamic)."""
+"""Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert",
+"electra": prepared with --objective mlm --masking dynamic)."""
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.

@@ -5,6 +5,7 @@
 | `mlm+nsp` (the paper, default) | masked LM + next-sentence prediction on [CLS] | `nsp` pairs | `*ForPreTraining` |
 | `mlm` (RoBERTa) | masked LM alone: no pooler, no sentence head | any (`mlm` text is made for it) | `*ForMaskedLM` |
 | `mlm+sop` (ALBERT) | masked LM + sentence-order prediction on [CLS] | `sop` pairs | `*ForPreTraining` |
+| `rtd` (ELECTRA) | generator MLM + 50 x replaced-token detection | any | `ElectraForPreTraining` (+ `...ForMaskedLM`) |
 
 The sentence head is the same module for next-sentence and sentence-order prediction (a 2-way classifier on the
 pooled [CLS]: BERT's `cls.seq_relationship`, ALBERT's `sop_classifier`); the objective decides which labels the
@@ -13,8 +14,9 @@ bertdist.model.outputs, bertdist.train.metrics). An architecture's pretraining m
 `objective(cfg)`; the trainer's loader refuses shards whose samples the objective cannot use, naming both.
 
 A new objective is its name in the schema's `model.objective` Literal and a row here; one with its own heads or
-loss (SpanBERT's span boundaries, ELECTRA's replaced-token detection, distillation: not supported yet) adds them in
-the architectures' models and says so in docs/model.md. This module is data: it imports nothing heavy.
+loss adds them in the model of the architectures it names (ELECTRA's generator and discriminator are
+bertdist.model.electra; SpanBERT's span boundaries and distillation: not supported yet) and says so in
+docs/model.md. This module is data: it imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ class Objective:
     samples: tuple[str, ...]
     """The kinds of prepared samples (`bertdist prepare --objective`) it trains on."""
     summary: str
+    architectures: tuple[str, ...] = ("bert", "modernbert", "albert")
+    """The `model.arch`s whose models train it (ModernBERT: those without a sentence task)."""
 
 
 OBJECTIVES = {
     "mlm+nsp": Objective("nsp", ("nsp",), "masked LM + next-sentence prediction (BERT)"),
     "mlm": Objective(None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)"),
     "mlm+sop": Objective("sop", ("sop",), "masked LM + sentence-order prediction (ALBERT)"),
+    "rtd": Objective(None, ("mlm", "nsp", "sop"), "replaced-token detection (ELECTRA)", ("electra",)),
 }
 """model.objective -> what it trains (the keys are the schema's Literal, in its order)."""
 

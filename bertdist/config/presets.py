@@ -29,6 +29,9 @@ _ALBERT = dict(
     vocab_size=30000,  # a 30,000-token SentencePiece vocabulary (ibid., section 4.1)
 )
 """ALBERT's settings shared by every size; heads are H / 64 and the feed-forward 4H (ibid., section 3.1)."""
+_ELECTRA = dict(arch="electra", objective="rtd", rtd_weight=50.0)
+"""ELECTRA's settings shared by every size (arXiv 2003.10555): lambda = 50 (section 2); BERT's WordPiece
+vocabulary and dropout (Appendix A)."""
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
     "mini": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
@@ -69,4 +72,48 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     "albert-mini": dict(_ALBERT, num_layers=4, hidden_size=256, num_attention_heads=4),
     "albert-base": dict(_ALBERT, num_layers=12, hidden_size=768, num_attention_heads=12),
     "albert-large": dict(_ALBERT, num_layers=24, hidden_size=1024, num_attention_heads=16),
+    # ELECTRA (arXiv 2003.10555, Table 6): Small L12/H256/A4, FFN 1,024, embeddings 128; Base L12/H768/A12, E 768;
+    # Large L24/H1024/A16, E 1,024. The generator's width, FFN and heads are a multiplier of the discriminator's:
+    # 1/4 (Small, Large), 1/3 (Base). The mini size is BERT-mini's shape with Small's E and a 1/4 generator.
+    "electra-mini": dict(
+        _ELECTRA,
+        num_layers=4,
+        hidden_size=256,
+        num_attention_heads=4,
+        embedding_size=128,
+        generator_hidden_size=64,
+        generator_num_attention_heads=1,
+        generator_intermediate_size=256,
+    ),
+    "electra-small": dict(
+        _ELECTRA,
+        num_layers=12,
+        hidden_size=256,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        embedding_size=128,
+        generator_hidden_size=64,
+        generator_num_attention_heads=1,
+        generator_intermediate_size=256,
+    ),
+    "electra-base": dict(
+        _ELECTRA,
+        num_layers=12,
+        hidden_size=768,
+        num_attention_heads=12,
+        embedding_size=768,
+        generator_hidden_size=256,
+        generator_num_attention_heads=4,
+        generator_intermediate_size=1024,
+    ),
+    "electra-large": dict(
+        _ELECTRA,
+        num_layers=24,
+        hidden_size=1024,
+        num_attention_heads=16,
+        embedding_size=1024,
+        generator_hidden_size=256,
+        generator_num_attention_heads=4,
+        generator_intermediate_size=1024,
+    ),
 }

@@ -12,6 +12,7 @@ comparable across implementations.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from typing import Any
@@ -52,6 +53,11 @@ def non_embedding_parameters(model: ModelConfig) -> int:
         norms = (2 * model.num_layers - 1 + 1) * h * (2 if model.bias else 1)
         biases = model.num_layers * (3 * h + h + 2 * f + h) if model.bias else 0
         return model.num_layers * (4 * h * h + 3 * h * f) + norms + biases
+    if model.arch == "electra":  # the discriminator's layers and the generator's, each with its projection from E
+        gen, e = model.generator_config(), model.embedding_width()
+        stacks = [dataclasses.replace(c, arch="bert") for c in (model, gen)]
+        projections = sum(e * c.hidden_size + c.hidden_size for c in stacks if c.hidden_size != e)
+        return sum(non_embedding_parameters(c) for c in stacks) + projections
     per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attention, FFN, two LayerNorms
     return model.num_layers * per_layer
 
@@ -62,8 +68,11 @@ def total_parameters(model: ModelConfig) -> int:
         per_norm = h * (2 if model.bias else 1)
         head = h * h + (h if model.bias else 0) + per_norm
         return model.vocab_size * h + per_norm + non_embedding_parameters(model) + head + model.vocab_size
-    e = model.embedding_width() if model.arch == "albert" else h  # ALBERT's embeddings and MLM head are E wide
+    e = model.embedding_width() if model.arch in ("albert", "electra") else h  # embeddings (ALBERT: MLM head) E wide
     embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
+    if model.arch == "electra":  # discriminator head; generator head: transform to E, LayerNorm, decoder bias
+        heads = h * h + h + h + 1 + model.generator_config().hidden_size * e + e + 2 * e + model.vocab_size
+        return embeddings + non_embedding_parameters(model) + heads
     sentence_head = objective(model).sentence_task is not None
     pooler = h * h + h if sentence_head else 0
     mlm_head = h * e + e + 2 * e + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)

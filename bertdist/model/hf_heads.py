@@ -1,5 +1,6 @@
 """Fine-tuned models in the Hugging Face format: what `transformers`' Auto classes load, both ways, for each
-encoder family (BERT: bertdist.model.heads; ModernBERT: bertdist.model.modernbert_heads).
+encoder family (BERT: bertdist.model.heads; ModernBERT: bertdist.model.modernbert_heads; ELECTRA's discriminator:
+bertdist.model.electra_heads).
 
 A task model is named by its `transformers` class, `{family prefix}For{head}` (`BertForSequenceClassification`,
 `ModernBertForMultipleChoice`, ...): `task_architecture(arch, head)` makes the name, and the name picks the class.
@@ -23,8 +24,9 @@ from typing import Any, Callable
 import torch
 
 from bertdist.config import ModelConfig
-from bertdist.model import bert, heads, hf, modernbert, modernbert_heads, modernbert_hf
+from bertdist.model import bert, electra_heads, electra_hf, heads, hf, modernbert, modernbert_heads, modernbert_hf
 from bertdist.model.bert import BertModel
+from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_weights
 from bertdist.model.modernbert import ModernBertModel
@@ -89,6 +91,19 @@ FAMILIES = {
         inputs=("input_ids", "attention_mask"),
         init_weights=modernbert.init_weights,
     ),
+    "electra": Family(
+        "Electra",
+        electra_heads.TASK_MODELS,
+        electra_hf.config_from_hf,
+        electra_hf.from_hf_state_dict,
+        electra_hf.write_directory,
+        "electra",
+        ElectraModel,  # the discriminator's: a pretraining checkpoint's generator is left behind
+        pretrained=("electra.",),
+        optional=(),
+        inputs=("input_ids", "token_type_ids", "attention_mask"),
+        init_weights=lambda module, cfg: bert.init_weights(module, cfg.initializer_range),
+    ),
 }
 """model.arch -> its task models and their Hugging Face format."""
 
@@ -96,8 +111,9 @@ FAMILIES = {
 def family_of(arch: str) -> Family:
     """FAMILIES[arch], or for an architecture without task models (ALBERT) a CheckpointFormatError saying so."""
     if arch not in FAMILIES:
+        *others, last = FAMILIES
         raise CheckpointFormatError(
-            f"model.arch {arch}: fine-tuning, embedding and ONNX export take {' and '.join(FAMILIES)} models; "
+            f"model.arch {arch}: fine-tuning, embedding and ONNX export take {', '.join(others)} and {last} models; "
             f"{arch} has no task models yet (its pretraining export loads in transformers)"
         )
     return FAMILIES[arch]
@@ -228,7 +244,7 @@ def pretrained_encoder(cfg: ModelConfig, state: dict[str, Any], source: str) -> 
 
 
 def model_config(directory: str | os.PathLike) -> tuple[dict[str, Any], ModelConfig]:
-    """config.json of a Hugging Face directory of either family and the ModelConfig it describes."""
+    """config.json of a Hugging Face directory of any family and the ModelConfig it describes."""
     directory = Path(directory)
     raw, arch = _read_config(directory)
     return raw, family_of(arch).config_from_hf(raw, str(directory / CONFIG_FILE))

@@ -28,7 +28,8 @@ class PreTrainingOutput:
     """What a pretraining model's `forward` returns. Losses are None when their labels were not given."""
 
     loss: torch.Tensor | None
-    """The sum of `components` (None unless every component's labels are given)."""
+    """What training minimises (None unless every component's labels are given): the sum of `components`, or a
+    weighted sum that the model documents (ELECTRA: mlm + rtd_weight x rtd)."""
     mlm_loss: torch.Tensor | None
     """Mean cross-entropy over the MLM predictions whose label is not -100."""
     nsp_loss: torch.Tensor | None

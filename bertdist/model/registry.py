@@ -25,15 +25,17 @@ MODEL_CLASSES = {
     "bert": "bertdist.model.bert:BertForPreTraining",
     "modernbert": "bertdist.model.modernbert:ModernBertForMaskedLM",
     "albert": "bertdist.model.albert:AlbertForPreTraining",
+    "electra": "bertdist.model.electra:ElectraForPreTraining",
 }
 """model.arch (one of the schema's ARCHITECTURES) -> its pretraining model class (module:class)."""
 HF_ADAPTERS = {
     "bert": "bertdist.model.hf",
     "modernbert": "bertdist.model.modernbert_hf",
     "albert": "bertdist.model.albert_hf",
+    "electra": "bertdist.model.electra_hf",
 }
 """model.arch -> the module that converts it to and from the Hugging Face format."""
-HF_MODEL_TYPES = {"bert": "bert", "modernbert": "modernbert", "albert": "albert"}
+HF_MODEL_TYPES = {"bert": "bert", "modernbert": "modernbert", "albert": "albert", "electra": "electra"}
 """config.json's model_type -> model.arch."""
 
 

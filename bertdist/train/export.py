@@ -71,7 +71,9 @@ def export(
     with tempfile.TemporaryDirectory() as staging:
         export_directory(checkpoint_path, Path(staging, "model"), vocab_file, onnx=onnx)
         if existing:
-            _refuse_replacing_other_objects(output, existing, {p.name for p in Path(staging, "model").iterdir()})
+            model = Path(staging, "model")
+            exported = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()}
+            _refuse_replacing_other_objects(output, existing, exported)
             for url in existing:
                 storage.remove(url)
         storage.upload_directory(Path(staging, "model"), output, last=CONFIG_FILE)
@@ -203,16 +205,14 @@ def _fine_tuned_model(source: Path) -> Path | None:
 
 
 def _copy_model(model: Path, staging: Path, vocab_file: str | None) -> None:
-    """The files of the Hugging Face directory `model`, as they are (its tokenizer is the model's)."""
+    """The files of the Hugging Face directory `model`, as they are (its tokenizer is the model's), with its
+    subdirectories (an ELECTRA's generator/)."""
     if vocab_file:
         raise checkpoint.CheckpointError(
             f"--vocab: {model} is a Hugging Face directory, exported with its own tokenizer; "
             "--vocab applies to training checkpoints"
         )
-    staging.mkdir(parents=True)
-    for path in model.iterdir():
-        if path.is_file():
-            shutil.copyfile(path, staging / path.name)
+    shutil.copytree(model, staging, copy_function=shutil.copyfile)
 
 
 def _refuse_output_over_input(output: Path, given_path: str) -> None:

@@ -60,6 +60,9 @@ def test_model_size_preset_then_explicit_keys(tmp_path):
         ("modernbert-large", (28, 1024, 16)),
         ("albert-base", (12, 768, 12)),
         ("albert-large", (24, 1024, 16)),
+        ("electra-small", (12, 256, 4)),
+        ("electra-base", (12, 768, 12)),
+        ("electra-large", (24, 1024, 16)),
     ],
 )
 def test_named_sizes(size, lha):
@@ -79,6 +82,10 @@ def test_named_sizes(size, lha):
         "albert-mini",
         "albert-base",
         "albert-large",
+        "electra-mini",
+        "electra-small",
+        "electra-base",
+        "electra-large",
     }
     if size.startswith("modernbert"):  # the published shapes (transformers' ModernBertConfig)
         assert (m.arch, m.ffn_size(), m.vocab_size, m.local_attention, m.global_attn_every_n_layers) == (
@@ -98,6 +105,22 @@ def test_named_sizes(size, lha):
             0.0,
         )
         assert (m.vocab_size, m.ffn_size(), m.hidden_size // m.num_attention_heads) == (30000, 4 * m.hidden_size, 64)
+    if size.startswith("electra"):  # arXiv 2003.10555, Table 6: E, and the generator at 1/4 (1/3 for Base) of H
+        g = m.generator_config()
+        share = 3 if size == "electra-base" else 4
+        assert (m.arch, m.objective, m.rtd_weight, m.embedding_width()) == (
+            "electra",
+            "rtd",
+            50.0,
+            128 if size == "electra-small" else m.hidden_size,
+        )
+        assert (g.hidden_size, g.num_attention_heads, g.ffn_size(), g.num_layers, g.embedding_width()) == (
+            m.hidden_size // share,
+            m.num_attention_heads // share,
+            m.ffn_size() // share,
+            m.num_layers,
+            m.embedding_width(),
+        )
 
 
 def test_unknown_key_wrong_type_and_indivisible_batch_are_all_reported_at_once(tmp_path):

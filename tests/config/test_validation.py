@@ -31,7 +31,7 @@ CASES = [
         "token-types-on-modernbert",
         "modernbert-tiny",
         ["model.type_vocab_size=4"],
-        "model.type_vocab_size: 4 applies only to model.arch bert or albert, and model.arch: modernbert ignores it",
+        "model.type_vocab_size: 4 applies only to model.arch bert or albert or electra, and model.arch: modernbert",
     ),
     (
         "sharing-on-bert",
@@ -43,13 +43,44 @@ CASES = [
         "factorized-embeddings-on-modernbert",
         "modernbert-tiny",
         ["model.embedding_size=64"],
-        "model.embedding_size: 64 applies only to model.arch albert, and model.arch: modernbert ignores it",
+        "model.embedding_size: 64 applies only to model.arch albert or electra, and model.arch: modernbert ignores it",
     ),
     (
         "embeddings-wider-than-hidden",
         "albert-mini",
         ["model.embedding_size=512"],
         "model.embedding_size: 512 is not within 0..model.hidden_size=256",
+    ),
+    (
+        "generator-wider-than-the-discriminator",
+        "electra-mini",
+        ["model.generator_hidden_size=512"],
+        "model.generator_hidden_size: 512 is not within 0..model.hidden_size=256; a generator wider than the",
+    ),
+    (
+        "generator-heads",
+        "electra-mini",
+        ["model.generator_num_attention_heads=3"],
+        "model.generator_hidden_size: 64 is not divisible by model.generator_num_attention_heads=3",
+    ),
+    (
+        "generator-on-bert",
+        "bert-tiny",
+        ["model.generator_hidden_size=64"],
+        "model.generator_hidden_size: 64 applies only to model.arch electra, and model.arch: bert ignores it",
+    ),
+    (
+        "rtd-on-bert",
+        "bert-tiny",
+        ["model.objective=rtd"],
+        "model.objective: 'rtd' (replaced-token detection (ELECTRA)) is trained by model.arch electra, not bert",
+    ),
+    (
+        "electra-without-rtd",
+        "electra-mini",
+        ["model.objective=mlm"],
+        "model.objective: 'mlm' (masked LM only (RoBERTa)) is trained by model.arch bert or modernbert or albert, not "
+        "electra, which trains rtd",
     ),
     ("unknown-sharing", "albert-mini", ["model.share_layers=some"], "model.share_layers: 'some' is not one of all,"),
     (

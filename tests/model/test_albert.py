@@ -295,7 +295,7 @@ def test_fine_tuning_an_albert_is_refused_in_one_line_until_it_has_task_models(t
     from bertdist.model import hf_heads
 
     albert_hf.write_directory(AlbertForPreTraining(sized("all")), tmp_path, None, {})
-    refusal = "^model.arch albert: fine-tuning, embedding and ONNX export take bert and modernbert models"
+    refusal = "^model.arch albert: fine-tuning, embedding and ONNX export take bert, modernbert and electra models"
     with pytest.raises(UserError, match=refusal):
         hf_heads.read_pretrained(tmp_path)  # a Hugging Face directory
     with pytest.raises(UserError, match=refusal):

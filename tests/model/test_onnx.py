@@ -1,7 +1,7 @@
 """ONNX graphs of bertdist's models (bertdist.model.onnx): for a pretraining export of each architecture and a
-fine-tuned model of every task, onnxruntime computes what PyTorch computes (1e-4) at two batch sizes and lengths
-(the axes are dynamic, padded rows and rows without padding alike); the model card's program runs; an
-architecture bertdist does not export is refused in one line."""
+fine-tuned model of every task (BERT, ModernBERT and ELECTRA), onnxruntime computes what PyTorch computes (1e-4) at
+two batch sizes and lengths (the axes are dynamic, padded rows and rows without padding alike); the model card's
+program runs; an architecture bertdist does not export is refused in one line."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def _modernbert():  # a window shorter than the rows, so that local layers diffe
     return tiny_model_config(arch="modernbert", objective="mlm", local_attention=16)
 
 
+def _electra():  # embeddings narrower than the discriminator: its projection is in the graph
+    return tiny_model_config(arch="electra", objective="rtd", embedding_size=32, generator_hidden_size=32)
+
+
+TASK_FAMILIES = {"bert": (_bert, "Bert"), "modernbert": (_modernbert, "ModernBert"), "electra": (_electra, "Electra")}
+
+
 def _write(directory, case: str, vocab: str | None = None):
     """A Hugging Face directory of `case` (its model freshly initialised); returns the model."""
     torch.manual_seed(0)
@@ -56,7 +63,8 @@ def _write(directory, case: str, vocab: str | None = None):
         save_sentence_transformer(model, directory, vocab, 128)
     else:
         arch, head = case.split("-")
-        cfg, prefix = (_bert(), "Bert") if arch == "bert" else (_modernbert(), "ModernBert")
+        config, prefix = TASK_FAMILIES[arch]
+        cfg = config()
         labels = (
             ["negative", "neutral", "positive"] if head in ("SequenceClassification", "TokenClassification") else ["x"]
         )
@@ -71,7 +79,7 @@ CASES = [
     "modernbert-pretraining",
     *(
         f"{arch}-{head}"
-        for arch in ("bert", "modernbert")
+        for arch in TASK_FAMILIES
         for head in ("SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice")
     ),
     "bert-embedding",
@@ -109,7 +117,8 @@ def test_onnxruntime_computes_what_pytorch_computes_at_any_batch_size_and_length
     write_onnx(tmp_path)
     session = ort.InferenceSession(str(tmp_path / ONNX_FILE))
     names = tuple(i.name for i in session.get_inputs())
-    assert set(names) == ({"input_ids", "attention_mask"} | ({"token_type_ids"} if case.startswith("bert") else set()))
+    segments = {"token_type_ids"} if case.startswith(("bert", "electra")) else set()
+    assert set(names) == {"input_ids", "attention_mask"} | segments
     for seed, shape in enumerate(SHAPES):
         shape = (shape[0], CHOICES[seed], shape[1]) if case.endswith("MultipleChoice") else shape
         inputs = _inputs(shape, names, seed)

@@ -1,7 +1,9 @@
 """The fast recipe end to end with 2 real DeepSpeed ranks: MLM only on shards masked at load time, LAMB, a
 schedule per phase. Killed and resumed it is bit-identical to an uninterrupted run; its export is a
 `BertForMaskedLM` with every key in place; `bertdist finetune` starts from it. ModernBERT the same way, under
-ZeRO-3 (its tied decoder gathered where the model uses it), exported as a `ModernBertForMaskedLM`."""
+ZeRO-3 (its tied decoder gathered where the model uses it), exported as a `ModernBertForMaskedLM`; ELECTRA under
+ZeRO-3 too (one embedding module called by the generator and the discriminator), exported as the discriminator's
+`ElectraForPreTraining` and the generator's `ElectraForMaskedLM`."""
 
 from __future__ import annotations
 
@@ -82,3 +84,32 @@ def test_modernbert_trains_under_zero3_resumes_bit_identically_and_exports(base,
     ids = torch.randint(5, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).mlm_logits, model.eval()(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+def test_electra_trains_under_zero3_resumes_bit_identically_and_exports_both_models(
+    base, mlm_shards, tiny_vocab, tmp_path
+):
+    transformers = pytest.importorskip("transformers")
+    reference, _, want = resumed_bit_identically(base, mlm_shards, tiny_vocab, 3, "electra")
+    assert {"generator.generator_lm_head.bias", "discriminator_predictions.dense_prediction.weight"} <= set(want)
+    records = [record for _, record in sorted(runs.read_metrics(reference.out).items())]
+    assert all({"loss/train_mlm", "loss/train_rtd", "rtd_accuracy/train"} <= set(r) for r in records), records[0]
+    for r in records:  # the loss is the generator's MLM plus 50 x the discriminator's
+        assert r["loss/train"] == pytest.approx(r["loss/train_mlm"] + 50 * r["loss/train_rtd"], rel=1e-6)
+    losses = [r["loss/train"] for r in records]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+    assert main(["export", str(reference.out), "--output", str(tmp_path / "hf")]) == 0
+    for directory, name in (
+        (tmp_path / "hf", "ElectraForPreTraining"),
+        (tmp_path / "hf" / "generator", "ElectraForMaskedLM"),
+    ):
+        model, info = getattr(transformers, name).from_pretrained(directory, output_loading_info=True)
+        assert {k: v for k, v in info.items() if v} == {}, (name, info)
+    from bertdist.model.electra_hf import load_pretrained
+
+    ours = load_pretrained(tmp_path / "hf").eval()
+    theirs = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(5, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.discriminator_logits(ids), theirs(input_ids=ids).logits, atol=1e-5, rtol=0)

@@ -11,14 +11,19 @@ from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import ARCHITECTURES, ModelConfig, PhaseConfig
 
 ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
-    "type_vocab_size": ("bert", "albert"),
+    "type_vocab_size": ("bert", "albert", "electra"),
     "global_attn_every_n_layers": ("modernbert",),
     "local_attention": ("modernbert",),
     "global_rope_theta": ("modernbert",),
     "local_rope_theta": ("modernbert",),
     "bias": ("modernbert",),
-    "embedding_size": ("albert",),
+    "embedding_size": ("albert", "electra"),
     "share_layers": ("albert",),
+    "generator_hidden_size": ("electra",),
+    "generator_num_attention_heads": ("electra",),
+    "generator_intermediate_size": ("electra",),
+    "generator_num_layers": ("electra",),
+    "rtd_weight": ("electra",),
 }
 """model fields that only these architectures read: set away from its default under another `model.arch`, the
 field would be ignored without a word. (`objective` has its own check: ModernBERT has no sentence head.)"""
@@ -59,6 +64,14 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
                 )
             elif theta < 0:
                 found.append(f"data.phases.{i}.{name}: must be positive (or 0: model.{name}), got {theta}")
+    if m.objective in OBJECTIVES and m.arch not in OBJECTIVES[m.objective].architectures:
+        found.append(
+            f"model.objective: {m.objective!r} ({OBJECTIVES[m.objective].summary}) is trained by model.arch "
+            f"{' or '.join(OBJECTIVES[m.objective].architectures)}, not {m.arch}, which trains "
+            f"{' or '.join(name for name, o in OBJECTIVES.items() if m.arch in o.architectures)}"
+        )
+    if m.arch == "electra":
+        found += _generator_problems(m)
     if m.arch == "albert" and not 0 <= m.embedding_size <= m.hidden_size:
         found.append(
             f"model.embedding_size: {m.embedding_size} is not within 0..model.hidden_size={m.hidden_size}; ALBERT "
@@ -127,3 +140,27 @@ def pretrained_arch_problem(directory: str, arch: str) -> str:
             f"model.arch is {arch!r}; set model.arch: {model_type}"
         )
     return ""
+
+
+def _generator_problems(m: ModelConfig) -> list[str]:
+    """ELECTRA's generator: no wider than the discriminator, heads that split its width, a positive weight."""
+    found = []
+    if m.generator_hidden_size < 0 or m.generator_hidden_size > m.hidden_size:
+        found.append(
+            f"model.generator_hidden_size: {m.generator_hidden_size} is not within 0..model.hidden_size="
+            f"{m.hidden_size}; a generator wider than the discriminator makes its task too hard (the paper: 1/4 to "
+            "1/2 of its width)"
+        )
+    elif problem := heads_divide_problem(m.generator_config()):
+        found.append(
+            problem.replace("model.hidden_size", "model.generator_hidden_size").replace(
+                "model.num_attention_heads", "model.generator_num_attention_heads"
+            )
+        )
+    if min(m.generator_num_layers, m.generator_intermediate_size, m.embedding_size) < 0 or m.rtd_weight <= 0:
+        found.append(
+            "model.generator_num_layers, generator_intermediate_size, embedding_size, rtd_weight: must be >= 0 "
+            f"(rtd_weight > 0), got {m.generator_num_layers}, {m.generator_intermediate_size}, {m.embedding_size}, "
+            f"{m.rtd_weight}"
+        )
+    return found

@@ -1,0 +1,175 @@
+"""ELECTRA's fine-tuning models in plain PyTorch, as `transformers.ElectraFor*` compute them, with their module and
+parameter names (`electra.*`, `classifier.dense`/`out_proj`, `sequence_summary.summary`, `qa_outputs`), so that
+bertdist.model.hf_heads writes checkpoints the Auto classes load and reads theirs.
+
+The encoder is the discriminator's (bertdist.model.electra.ElectraModel: embeddings of width E, their projection,
+BERT's layers), which is what ELECTRA fine-tunes; the generator is left behind. What differs from BERT's task
+models (bertdist.model.heads, whose losses and multiple-choice reshaping these share): no pooler.
+- `ElectraForSequenceClassification`: `classifier` (ElectraClassificationHead) on the first token: dropout,
+  dense(H, H), GELU (where BERT's pooler has tanh: the ELECTRA authors' choice), dropout, out_proj(H, labels).
+- `ElectraForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a label.
+- `ElectraForQuestionAnswering`: Linear(H, 2) on every position (start and end), no dropout; padded encoder.
+- `ElectraForMultipleChoice`: `sequence_summary` on each choice's first token (summary Linear(H, H), GELU,
+  dropout: transformers' ElectraConfig defaults, the only form config.json may name), then Linear(H, 1).
+
+The first token is computed alone in the last layer (as BERT's `pooled_output`): slot 0 of each row, what
+transformers reads. Initialisation is BERT's, as transformers' ElectraPreTrainedModel.
+tests/model/test_electra_heads.py compares logits with `transformers` on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.bert import init_weights
+from bertdist.model.electra import ElectraModel
+from bertdist.model.heads import (
+    SINGLE_LABEL,
+    TaskOutput,
+    check_task,
+    classification_loss,
+    multiple_choice,
+    span_loss,
+    tagging_loss,
+)
+from bertdist.model.ops import Dropout
+
+
+class ElectraClassificationHead(nn.Module):
+    """On the first token: dropout, dense(H, H), GELU, dropout, out_proj(H, labels)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.out_proj = nn.Linear(cfg.hidden_size, num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(F.gelu(self.dense(self.dropout(first)))))
+
+
+class ElectraSequenceSummary(nn.Module):
+    """A choice's vector: its first token through summary Linear(H, H), GELU and dropout."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.summary = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.last_dropout = Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return self.last_dropout(F.gelu(self.summary(first)))
+
+
+class _ElectraTaskModel(nn.Module):
+    """The discriminator's encoder; subclasses add their head, call `init_weights` and implement `forward`."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__()
+        check_task(cfg, num_labels, problem_type)
+        self.config, self.num_labels = cfg, num_labels
+        self.electra = ElectraModel(cfg)
+
+    def init_weights(self) -> None:
+        self.apply(lambda module: init_weights(module, self.config.initializer_range))
+
+    def first_tokens(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(rows, hidden): each row's first token, which the last layer computes alone."""
+        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
+        states, _ = self.electra.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
+        return states[:, 0]
+
+
+class ElectraForSequenceClassification(_ElectraTaskModel):
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type)
+        self.problem_type = problem_type
+        self.classifier = ElectraClassificationHead(cfg, num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        logits = self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
+        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+
+
+class ElectraForTokenClassification(_ElectraTaskModel):
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__(cfg, num_labels)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.electra.encode(input_ids, token_type_ids, attention_mask)
+        logits = layout.to_grid(self.classifier(self.dropout(states)))  # real tokens only; padding slots are zeros
+        return TaskOutput(tagging_loss(logits, labels), logits)
+
+
+class ElectraForQuestionAnswering(_ElectraTaskModel):
+    def __init__(self, cfg: ModelConfig):
+        # The start/end softmax runs over every slot of the row, padding included, as in transformers: the padded
+        # slots' states are part of the loss, so this encoder always runs padded (as BERT's).
+        super().__init__(cfg, num_labels=2)
+        self.electra.unpad = False
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.electra.encode(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(layout.to_grid(states))  # no dropout here, as in transformers
+        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+
+
+class ElectraForMultipleChoice(_ElectraTaskModel):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, num_labels=1)
+        self.sequence_summary = ElectraSequenceSummary(cfg)
+        self.classifier = nn.Linear(cfg.hidden_size, 1)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
+
+        def score(**rows: torch.Tensor | None) -> torch.Tensor:
+            return self.classifier(self.sequence_summary(self.first_tokens(**rows)))
+
+        return multiple_choice(
+            score, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
+
+
+TASK_MODELS = {
+    "ElectraForSequenceClassification": ElectraForSequenceClassification,
+    "ElectraForTokenClassification": ElectraForTokenClassification,
+    "ElectraForQuestionAnswering": ElectraForQuestionAnswering,
+    "ElectraForMultipleChoice": ElectraForMultipleChoice,
+}
