@@ -125,7 +125,7 @@ def package_descriptions(path: Path) -> Path:
         for dist in metadata.distributions():
             fields = dist.metadata
             name = (fields["Name"] or "").lower()
-            body = fields.get_payload() or fields["Description"] or ""  # Metadata 2.1+: the body; older: a field
+            body = fields.get_payload() or fields.get("Description") or ""  # Metadata 2.1+: the body; older: a field
             if name in seen or not body or len(body.split()) < 50:
                 continue
             seen.add(name)
