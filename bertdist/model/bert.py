@@ -221,6 +221,21 @@ class BertEncoder(nn.Module):
                 x = layer(x, layout, last_at)
         return x
 
+    def every_state(self, x: torch.Tensor, layout: TokenLayout) -> list[torch.Tensor]:
+        """x and every layer's output, num_layers + 1 tensors in the layout's space. Inference only."""
+        states = [x]
+        for layer in self.layer:
+            states.append(layer(states[-1], layout))
+        return states
+
+    def attention_probabilities(self, x: torch.Tensor, layout: TokenLayout) -> list[torch.Tensor]:
+        """Every layer's attention probabilities from input x, (batch, heads, seq, seq) each on a padded layout."""
+        probabilities = []
+        for layer in self.layer:
+            probabilities.append(layer.attention.self.probabilities(x, layout))
+            x = layer(x, layout)
+        return probabilities
+
 
 class BertPooler(nn.Module):
     """tanh(Linear(H, H)) of the final [CLS] state: the sentence-pair representation NSP classifies."""
@@ -304,9 +319,7 @@ class BertModel(nn.Module):
         """The embeddings' output and every layer's, num_layers + 1 tensors (`transformers`' hidden_states):
         the features of the paper's feature-based approach. Inference only: no activation checkpointing."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        states = [self.embeddings(*layout.inputs(input_ids, token_type_ids))]
-        for layer in self.encoder.layer:
-            states.append(layer(states[-1], layout))
+        states = self.encoder.every_state(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
         return [layout.to_grid(s) for s in states]
 
     def attention_probabilities(
@@ -319,12 +332,7 @@ class BertModel(nn.Module):
         computed on the padded grid whatever `model.unpad` says (a picture wants every query's row). Inference
         only: in training mode the layers would apply dropout that these weights do not show."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
-        x = self.embeddings(*layout.inputs(input_ids, token_type_ids))
-        probabilities = []
-        for layer in self.encoder.layer:
-            probabilities.append(layer.attention.self.probabilities(x, layout))
-            x = layer(x, layout)
-        return probabilities
+        return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
 
 
 class BertPredictionHeadTransform(nn.Module):

@@ -91,10 +91,9 @@ class ElectraModel(nn.Module):
         """As `BertModel.hidden_states` (`bertdist embed`'s features): the encoder's input, projected, and every
         layer's output, num_layers + 1 (batch, seq, hidden) tensors, as `transformers` returns them."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        states = [self.embed(layout, input_ids, token_type_ids)]
-        for layer in self.encoder.layer:
-            states.append(layer(states[-1], layout))
-        return [layout.to_grid(s) for s in states]
+        return [
+            layout.to_grid(s) for s in self.encoder.every_state(self.embed(layout, input_ids, token_type_ids), layout)
+        ]
 
     def attention_probabilities(
         self,
@@ -105,12 +104,7 @@ class ElectraModel(nn.Module):
         """As `BertModel.attention_probabilities` (`bertdist attention`): every layer's, (batch, heads, seq, seq),
         on the padded grid. Inference only."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
-        x = self.embed(layout, input_ids, token_type_ids)
-        probabilities = []
-        for layer in self.encoder.layer:
-            probabilities.append(layer.attention.self.probabilities(x, layout))
-            x = layer(x, layout)
-        return probabilities
+        return self.encoder.attention_probabilities(self.embed(layout, input_ids, token_type_ids), layout)
 
 
 class ElectraDiscriminatorPredictions(nn.Module):
