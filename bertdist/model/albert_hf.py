@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from bertdist.model.hf import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
     CheckpointFormatError,
+    check_weights,
     chmod_like_new_files,
     read_weights,
     write_tokenizer_files,
@@ -214,21 +214,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     tensors, source = read_weights(directory)
     state = from_hf_state_dict(tensors, source)
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    required = [k for k in missing if not k.startswith(_OPTIONAL_PREFIXES)]
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if required or wrong:
-        raise CheckpointFormatError(f"{source}: " + "; ".join([*(f"missing {k}" for k in required[:5]), *wrong[:5]]))
-    if missing:
-        warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start fresh", stacklevel=2)
-    if unexpected := sorted(set(state) - set(expected)):
-        warnings.warn(
-            f"{source}: ignoring weights ALBERT pretraining does not use: {', '.join(unexpected)}", stacklevel=2
-        )
+    check_weights(expected, state, source, _OPTIONAL_PREFIXES, "ALBERT")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     return model
 

@@ -37,6 +37,7 @@ from bertdist.model.hf import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
     CheckpointFormatError,
+    check_weights,
     chmod_like_new_files,
     read_weights,
     write_tokenizer_files,
@@ -323,12 +324,24 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     expected = model.state_dict()
     tensors, source = read_weights(directory)
     state = from_hf_state_dict(tensors, source)
-    _check({k: v for k, v in expected.items() if not k.startswith("generator.")}, state, source, _OPTIONAL_PREFIXES)
+    check_weights(
+        {k: v for k, v in expected.items() if not k.startswith("generator.")},
+        state,
+        source,
+        _OPTIONAL_PREFIXES,
+        "ELECTRA",
+    )
     if has_generator:
         tensors, generator_source = read_weights(generator_dir)
         embeddings = {k: v for k, v in state.items() if k.startswith(_EMBEDDINGS)}
         generator = generator_from_hf_state_dict(tensors, embeddings, generator_source)
-        _check({k: v for k, v in expected.items() if k.startswith("generator.")}, generator, generator_source, ())
+        check_weights(
+            {k: v for k, v in expected.items() if k.startswith("generator.")},
+            generator,
+            generator_source,
+            (),
+            "ELECTRA",
+        )
         state.update(generator)
     else:
         gen = cfg.generator_config()
@@ -340,28 +353,6 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
         )
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     return model
-
-
-def _check(
-    expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], source: str, optional: tuple[str, ...]
-) -> None:
-    """CheckpointFormatError naming `source` for a weight `state` lacks (but `optional`'s, named in a warning:
-    they start fresh) or whose shape disagrees; a warning naming what it has that the model does not use."""
-    missing = sorted(set(expected) - set(state))
-    required = [k for k in missing if not k.startswith(optional)]
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if required or wrong:
-        raise CheckpointFormatError(f"{source}: " + "; ".join([*(f"missing {k}" for k in required[:5]), *wrong[:5]]))
-    if missing:
-        warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start fresh", stacklevel=3)
-    if unexpected := sorted(set(state) - set(expected)):
-        warnings.warn(
-            f"{source}: ignoring weights ELECTRA pretraining does not use: {', '.join(unexpected)}", stacklevel=3
-        )
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -176,6 +176,33 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor], source: str = "state
     return {k: v for k, v in renamed.items() if k not in _TIED_OR_BUFFERS}
 
 
+def check_weights(
+    expected: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    source: str,
+    optional: tuple[str, ...],
+    family: str,
+) -> None:
+    """CheckpointFormatError naming `source` for a weight `state` lacks (but `optional`'s, named in a warning:
+    they start fresh) or whose shape disagrees; a warning naming what it has that `family`'s pretraining model
+    does not use."""
+    missing = sorted(set(expected) - set(state))
+    required = [k for k in missing if not k.startswith(optional)]
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if required or wrong:
+        raise CheckpointFormatError(f"{source}: " + "; ".join([*(f"missing {k}" for k in required[:5]), *wrong[:5]]))
+    if missing:
+        warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start fresh", stacklevel=3)
+    if unexpected := sorted(set(state) - set(expected)):
+        warnings.warn(
+            f"{source}: ignoring weights {family} pretraining does not use: {', '.join(unexpected)}", stacklevel=3
+        )
+
+
 def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
     """All tensors of the checkpoint in `directory`, preferring safetensors; returns them and the file read."""
     for name, reader in ((SAFETENSORS_FILE, _load_safetensors), (PYTORCH_FILE, _load_torch)):
