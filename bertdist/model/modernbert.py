@@ -54,13 +54,21 @@ class Rotary:
     """cos and sin of every token's position in the space in use, for one theta: computed once per forward pass
     and shared by the layers of that kind (fp32 angles, as the reference)."""
 
-    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos, sin  # (..., 1, head_dim)
+
+    @staticmethod
+    def of(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> "Rotary":
         inv_freq = 1.0 / (
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
         )
         angles = positions[..., None].float() * inv_freq  # (..., head_dim / 2)
         angles = torch.cat((angles, angles), dim=-1)
-        self.cos, self.sin = angles.cos()[..., None, :].to(dtype), angles.sin()[..., None, :].to(dtype)  # (..., 1, hd)
+        return Rotary(angles.cos()[..., None, :].to(dtype), angles.sin()[..., None, :].to(dtype))
+
+    def at(self, layout: TokenLayout, positions: torch.Tensor) -> "Rotary":
+        """The rotation of the tokens at `positions` (samples, k) of each sample (`TokenLayout.gather`)."""
+        return Rotary(*(layout.gather(t.flatten(-2), positions)[..., None, :] for t in (self.cos, self.sin)))
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., heads, head_dim) rotated by each token's position."""
@@ -95,25 +103,54 @@ class ModernBertAttention(nn.Module):
         self.out_drop = Dropout(cfg.attention_dropout_prob)
 
     @staticmethod
-    def forward_flops(cfg: ModelConfig, layer: int, seq_length: Any) -> Any:
-        """Per sample of `seq_length` tokens (a number or a tensor): the fused QKV and output projections of every
-        token, and scores and weighted sum over the keys each query sees: the whole sample in a global layer, the
-        window in a local one (2 x local_attention / 2 + 1 keys, at most the sample). `local_attention` computes
-        whole blocks of keys; only the window is the model's math."""
+    def forward_flops(cfg: ModelConfig, layer: int, seq_length: Any, queries: Any = None) -> Any:
+        """Per sample of `seq_length` tokens (a number or a tensor), `queries` of them attending (default all):
+        the key and value projections of every token, the query and output projections of the queries, and
+        scores and weighted sum over the keys each query sees: the whole sample in a global layer, the window in
+        a local one (2 x local_attention / 2 + 1 keys, at most the sample). `local_attention` computes whole
+        blocks of keys; only the window is the model's math."""
         h = cfg.hidden_size
+        queries = seq_length if queries is None else queries
         if is_global(cfg, layer):
             keys = seq_length
         else:
             window = 2 * (cfg.local_attention // 2) + 1
             keys = seq_length.clamp(max=window) if isinstance(seq_length, torch.Tensor) else min(seq_length, window)
-        return 2 * seq_length * h * (3 * h + h) + 2 * 2 * seq_length * h * keys
+        return 2 * seq_length * h * 2 * h + 2 * queries * h * 2 * h + 2 * 2 * queries * h * keys
 
-    def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Every token's attention output, or with `at` (samples, k) only that of those positions of each sample,
+        (samples, k, hidden), over the keys and values of every token (`TokenLayout.attention_at`)."""
+        if at is not None:
+            return self.out_drop(self.Wo(self._attend_at(x, layout, rotary, at)))
         dropout_p = self.dropout_p if self.training else 0.0
         out = layout.attention(
             self._qkv(x, rotary), self.num_heads, self._attend, dropout_p, windowed=bool(self.window)
         )
         return self.out_drop(self.Wo(out))
+
+    def _attend_at(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary, at: torch.Tensor) -> torch.Tensor:
+        """Queries at `at` only; keys and values everywhere. A local layer's window is centred on each query's
+        position, which is also its slot in `attention_at`'s key grid."""
+        hidden = x.shape[-1]
+        w, b = self.Wqkv.weight, self.Wqkv.bias
+        q = F.linear(layout.gather(x, at), w[:hidden], None if b is None else b[:hidden])
+        kv = F.linear(x, w[hidden:], None if b is None else b[hidden:])
+        shape = (self.num_heads, hidden // self.num_heads)
+        q = rotary.at(layout, at).apply(q.unflatten(-1, shape)).flatten(-2)
+        kv = torch.cat([rotary.apply(kv[..., :hidden].unflatten(-1, shape)).flatten(-2), kv[..., hidden:]], dim=-1)
+        dropout_p, scale = self.dropout_p if self.training else 0.0, shape[1] ** -0.5
+
+        def attend(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            if self.window:
+                slots = torch.arange(kv.shape[1], device=q.device)
+                near = (at[:, None, :, None] - slots).abs() <= self.window  # (samples, 1, k, keys)
+                mask = near if mask is None else mask & near
+            return multi_head_attention(q, kv, mask, self.num_heads, dropout_p, scale)
+
+        return layout.attention_at(q, kv, attend)
 
     def probabilities(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
         """(batch, heads, seq, seq): the softmax `forward` weights the values by, before attention dropout, in the
@@ -183,12 +220,21 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp = ModernBertMLP(cfg)
 
     @staticmethod
-    def forward_flops(cfg: ModelConfig, layer: int, seq_length: Any) -> Any:
-        """Layer `layer` over a sample of `seq_length` tokens: every layer runs at every token."""
-        return ModernBertAttention.forward_flops(cfg, layer, seq_length) + ModernBertMLP.forward_flops(cfg, seq_length)
+    def forward_flops(cfg: ModelConfig, layer: int, seq_length: Any, queries: Any = None) -> Any:
+        """Layer `layer` over a sample of `seq_length` tokens, computed at `queries` of them (default all)."""
+        queries = seq_length if queries is None else queries
+        return ModernBertAttention.forward_flops(cfg, layer, seq_length, queries) + ModernBertMLP.forward_flops(
+            cfg, queries
+        )
 
-    def forward(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), layout, rotary)
+    def forward(
+        self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(tokens or batch x seq, hidden) -> the same, or with `at` (samples, k) only the outputs at those
+        positions of each sample, (samples, k, hidden): attention reads every token's keys and values, the rest
+        runs on those k tokens alone (BERT's last layer does the same: bertdist.model.bert)."""
+        residual = x if at is None else layout.gather(x, at)
+        x = residual + self.attn(self.attn_norm(x), layout, rotary, at)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -203,10 +249,11 @@ class ModernBertModel(nn.Module):
         self.final_norm = _norm(cfg)
 
     def encode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, at: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, TokenLayout]:
-        """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout."""
-        states, layout = self._run(input_ids, attention_mask)
+        """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout; with `at`
+        (samples, k), the last layer runs at those positions of each sample only: (samples, k, hidden)."""
+        states, layout = self._run(input_ids, attention_mask, at=at)
         return states[-1], layout
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -229,15 +276,20 @@ class ModernBertModel(nn.Module):
         return probabilities
 
     def _run(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, keep_all: bool = False
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        keep_all: bool = False,
+        at: torch.Tensor | None = None,
     ) -> tuple[list[torch.Tensor], TokenLayout]:
         x, layout, rotary = self._inputs(input_ids, attention_mask, self.config.unpad)
         states = [x]
-        for layer, layer_rotary in zip(self.layers, rotary):
+        for i, (layer, layer_rotary) in enumerate(zip(self.layers, rotary)):
+            last_at = at if i == len(self.layers) - 1 else None
             if self.config.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, layout, layer_rotary, use_reentrant=False)
+                x = checkpoint(layer, x, layout, layer_rotary, last_at, use_reentrant=False)
             else:
-                x = layer(x, layout, layer_rotary)
+                x = layer(x, layout, layer_rotary, last_at)
             states.append(x)
         states[-1] = self.final_norm(x)
         return (states if keep_all else states[-1:]), layout
@@ -254,7 +306,7 @@ class ModernBertModel(nn.Module):
         x = self.embeddings(ids)
         head_dim = cfg.hidden_size // cfg.num_attention_heads
         rotary = {
-            kind: Rotary(positions, head_dim, theta, x.dtype)
+            kind: Rotary.of(positions, head_dim, theta, x.dtype)
             for kind, theta in (("global", cfg.global_rope_theta), ("local", cfg.local_rope_theta))
         }
         return x, layout, [rotary["global" if is_global(cfg, i) else "local"] for i in range(cfg.num_layers)]
@@ -310,9 +362,12 @@ class ModernBertForMaskedLM(nn.Module):
     @staticmethod
     def forward_flops(cfg: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
         """Forward FLOPs of one sequence of `seq_length` tokens (a number or a tensor) with `masked_positions`
-        predictions: every layer as it counts itself, the head at the predictions only (bertdist.model.flops)."""
-        layers = sum(ModernBertEncoderLayer.forward_flops(cfg, i, seq_length) for i in range(cfg.num_layers))
-        return 1.0 * (layers + ModernBertPredictionHead.forward_flops(cfg, masked_positions))
+        predictions, as `forward` with `masked_lm_positions` runs it: the last layer and the head at the predictions
+        only (bertdist.model.flops)."""
+        last = cfg.num_layers - 1
+        layers = sum(ModernBertEncoderLayer.forward_flops(cfg, i, seq_length) for i in range(last))
+        last_layer = ModernBertEncoderLayer.forward_flops(cfg, last, seq_length, masked_positions)
+        return 1.0 * (layers + last_layer + ModernBertPredictionHead.forward_flops(cfg, masked_positions))
 
     def set_rope_thetas(self, global_theta: float, local_theta: float) -> None:
         """Rotate by other thetas from the next forward on (a context-extension phase; the weights are unchanged)."""
@@ -334,10 +389,10 @@ class ModernBertForMaskedLM(nn.Module):
         next_sentence_label: torch.Tensor | None = None,
     ) -> PreTrainingOutput:
         """As `BertForPreTraining.forward` (token types are not used: ModernBERT has no segments)."""
-        states, layout = self.model.encode(input_ids, attention_mask)
-        predicted = (
-            layout.gather(states, masked_lm_positions) if masked_lm_positions is not None else layout.to_grid(states)
-        )
+        # With positions, the last layer runs only at the predictions (as BERT's: the reference runs it everywhere
+        # and gathers after the final norm; the logits there are the same).
+        states, layout = self.model.encode(input_ids, attention_mask, at=masked_lm_positions)
+        predicted = states if masked_lm_positions is not None else layout.to_grid(states)
         logits = self.head(predicted, self.model.embeddings.tok_embeddings.weight)
         if masked_lm_ids is None:
             return PreTrainingOutput(None, None, None, logits, None)

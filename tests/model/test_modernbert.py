@@ -17,14 +17,14 @@ TOLERANCE = 1e-5
 
 
 def reference(
-    bias: bool = False, model_class: str = "ModernBertForMaskedLM", **settings
+    bias: bool = False, model_class: str = "ModernBertForMaskedLM", layers: int = 4, **settings
 ) -> "transformers.PreTrainedModel":
     """A tiny transformers ModernBERT (`model_class`, with config `settings`) on random weights."""
     config = transformers.ModernBertConfig(
         vocab_size=120,
         hidden_size=64,
         intermediate_size=96,
-        num_hidden_layers=4,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         local_attention=32,
         global_attn_every_n_layers=3,
@@ -109,6 +109,26 @@ def test_masked_positions_give_the_logits_there_and_the_references_loss():
         got.mlm_logits[:, :3], want.logits[torch.arange(2)[:, None], positions[:, :3]], atol=TOLERANCE, rtol=0
     )
     torch.testing.assert_close(got.loss, want.loss, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("layers", [4, 3], ids=["global-last-layer", "local-last-layer"])
+def test_the_last_layer_at_the_predictions_alone_gives_the_full_models_logits_on_every_layout(layers):
+    """The last layer runs at the predictions only (its keys and values everywhere, a local layer's window
+    centred on each prediction): the same logits as the full model's there, padded, unpadded and packed."""
+    hf = reference(layers=layers)
+    ids, mask = batch(128)
+    positions = torch.tensor([[1, 5, 40, 0], [3, 7, 60, 79]])
+    first, second = int(mask[0].sum()), int(mask[1].sum())
+    packed_ids = torch.cat([ids[0, :first], ids[1, :second]])[None]
+    packed_mask = torch.cat([torch.ones(first), torch.full((second,), 2)]).long()[None]
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask).logits[torch.arange(2)[:, None], positions]
+        for unpad in (True, False):
+            model = ours_from(hf, unpad=unpad)
+            got = model(ids, attention_mask=mask, masked_lm_positions=positions).mlm_logits
+            torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=0)
+            got = model(packed_ids, attention_mask=packed_mask, masked_lm_positions=positions).mlm_logits
+            torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=0)
 
 
 def test_a_packed_sample_never_sees_another():
