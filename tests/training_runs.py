@@ -66,9 +66,11 @@ RECIPES = {
             "generator_intermediate_size": 64,
         },
     },
+    # SpanBERT: span masking at load time, MLM + the span-boundary objective
+    "span": {"data": {"masking": {"span_masking": True}}, "model": {"objective": "span"}},
 }
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert",
-"electra": prepared with --objective mlm --masking dynamic)."""
+"electra", "span": prepared with --objective mlm --masking dynamic)."""
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.

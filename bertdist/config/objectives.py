@@ -6,6 +6,7 @@
 | `mlm` (RoBERTa) | masked LM alone: no pooler, no sentence head | any (`mlm` text is made for it) | `*ForMaskedLM` |
 | `mlm+sop` (ALBERT) | masked LM + sentence-order prediction on [CLS] | `sop` pairs | `*ForPreTraining` |
 | `rtd` (ELECTRA) | generator MLM + 50 x replaced-token detection | any | `ElectraForPreTraining` (+ `...ForMaskedLM`) |
+| `span` (SpanBERT) | masked LM + span-boundary objective on span masks | any, masked at load | `BertForMaskedLM` |
 
 The sentence head is the same module for next-sentence and sentence-order prediction (a 2-way classifier on the
 pooled [CLS]: BERT's `cls.seq_relationship`, ALBERT's `sop_classifier`); the objective decides which labels the
@@ -15,8 +16,14 @@ bertdist.model.outputs, bertdist.train.metrics). An architecture's pretraining m
 
 A new objective is its name in the schema's `model.objective` Literal and a row here; one with its own heads or
 loss adds them in the model of the architectures it names (ELECTRA's generator and discriminator are
-bertdist.model.electra; SpanBERT's span boundaries and distillation: not supported yet) and says so in
-docs/model.md. This module is data: it imports nothing heavy.
+bertdist.model.electra; SpanBERT's span-boundary head is bertdist.model.bert_heads, which BERT's pretraining model
+adds when `span_boundaries` says so; distillation: not supported yet) and says so in docs/model.md. This module is
+data: it imports nothing heavy.
+
+SpanBERT's head predicts each token of a masked span from the two tokens just outside the span and its place in it,
+so its batches carry each prediction's span bounds (bertdist.data.batching), which only load-time span masking
+knows: `span` needs `data.masking.span_masking` and shards prepared with `--masking dynamic`. Its export is the
+encoder with the MLM head, as the released SpanBERT is: the boundary head only trains.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ class Objective:
     summary: str
     architectures: tuple[str, ...] = ("bert", "modernbert", "albert")
     """The `model.arch`s whose models train it (ModernBERT: those without a sentence task)."""
+    span_boundaries: bool = False
+    """SpanBERT's span-boundary head: batches carry each prediction's span bounds (span masking at load time)."""
 
 
 OBJECTIVES = {
@@ -41,6 +50,7 @@ OBJECTIVES = {
     "mlm": Objective(None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)"),
     "mlm+sop": Objective("sop", ("sop",), "masked LM + sentence-order prediction (ALBERT)"),
     "rtd": Objective(None, ("mlm", "nsp", "sop"), "replaced-token detection (ELECTRA)", ("electra",)),
+    "span": Objective(None, ("mlm", "nsp", "sop"), "masked LM + span boundaries (SpanBERT)", ("bert",), True),
 }
 """model.objective -> what it trains (the keys are the schema's Literal, in its order)."""
 

@@ -50,12 +50,12 @@ class ModelConfig:
     attention_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
-    objective: Literal["mlm+nsp", "mlm", "mlm+sop", "rtd"] = "mlm+nsp"
+    objective: Literal["mlm+nsp", "mlm", "mlm+sop", "rtd", "span"] = "mlm+nsp"
     """What pretraining trains (bertdist.config.objectives): mlm+nsp, masked LM and next-sentence prediction on
     `prepare --objective nsp` pairs (the paper); mlm, masked LM only (RoBERTa: no pooler, no sentence head; any
     shards, `--objective mlm` text is made for it; exported as *ForMaskedLM); mlm+sop, masked LM and ALBERT's
     sentence-order prediction on `--objective sop` pairs; rtd, ELECTRA's replaced-token detection (arch: electra, any
-    shards)."""
+    shards); span, SpanBERT's masked LM + span-boundary objective (arch: bert, span masking at load time)."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
     unpad: bool = True

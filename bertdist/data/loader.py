@@ -53,6 +53,8 @@ BATCHES_TRANSFER_SAMPLES = 1024
 class _Masker(NamedTuple):
     rules: MaskingConfig
     vocab: VocabInfo
+    span_bounds: bool
+    """The batches carry `masked_lm_span_bounds` (bertdist.data.batching)."""
 
 
 class _Layout:
@@ -222,6 +224,8 @@ def _collate_masking(
     )
     draws = KeyedDraws(layout.seed, epoch, layout.first_sample[blocks] + rows)
     masked = apply_masks(unmasked, layout.masker.rules, layout.masker.vocab, draws)
+    if not layout.masker.span_bounds:
+        masked.masked_span_bounds = None
     return collate(picked_from(masked), max_seq_length, packing)
 
 
@@ -331,9 +335,11 @@ class PretrainingLoader:
         pin_memory: bool = False,
         masking: MaskingConfig = MaskingConfig(),
         streaming: StreamSettings = StreamSettings(),
+        span_bounds: bool = False,
     ):
         """`masking`: the rules for shards prepared with `--masking dynamic` (default: the paper's 15%, 80/10/10);
-        shards with static masks keep theirs. `streaming`:
+        shards with static masks keep theirs. `span_bounds`: batches carry each prediction's span boundaries
+        (SpanBERT's objective), which needs span masking here, at load time. `streaming`:
         the cache and read-ahead for a `shard_dir` that is an object-store URL (whose endpoint is the process's:
         `bertdist.storage.use_endpoint`)."""
         manifest = read_manifest(shard_dir)
@@ -360,7 +366,13 @@ class PretrainingLoader:
         """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
         masker = None
         if options.get("masking", "static") == "dynamic":
-            masker = _Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)))
+            masker = _Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)), span_bounds)
+        if span_bounds and (masker is None or not masking.span_masking):
+            raise DataError(
+                f"{shard_dir}: span boundaries come from span masking at load time: set data.masking.span_masking "
+                "and use shards prepared with --masking dynamic"
+                + ("" if masker else f" (these were prepared with --masking {options.get('masking', 'static')})")
+            )
         self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker, streaming)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(

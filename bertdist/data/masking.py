@@ -144,6 +144,9 @@ def apply_masks(samples: Samples, rules: MaskingConfig, vocab: VocabInfo, draws)
     random_ids = (draws.uniform(_RANDOM_TOKEN, sample, position) * vocab.size).astype(np.int64)
     shown_random = u < rules.mask_token_fraction + rules.random_token_fraction
     tokens[chosen] = np.where(u < rules.mask_token_fraction, vocab.mask_id, np.where(shown_random, random_ids, labels))
+    bounds = None
+    if span_first is not None:
+        bounds = _span_bounds(chosen, span_first) - starts[sample][:, None]
     return Samples(
         input_ids=tokens,
         lengths=samples.lengths,
@@ -152,7 +155,21 @@ def apply_masks(samples: Samples, rules: MaskingConfig, vocab: VocabInfo, draws)
         masked_lm_ids=labels,
         masked_counts=np.bincount(sample, minlength=n),
         next_sentence_labels=samples.next_sentence_labels,
+        masked_span_bounds=bounds,
     )
+
+
+def _span_bounds(chosen: np.ndarray, span_first: np.ndarray) -> np.ndarray:
+    """(predictions, 2) flat indices of the tokens just before and just after each chosen token's span. A span's
+    tokens are consecutive among the (ascending) chosen ones and share `span_first`; two spans that touch are still
+    two. Inside the sample: a span has a candidate on each side or [CLS] / [SEP]."""
+    if len(chosen) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    new_span = np.ones(len(chosen), dtype=bool)
+    new_span[1:] = span_first[1:] != span_first[:-1]
+    span = np.cumsum(new_span) - 1
+    last = chosen[np.append(np.flatnonzero(new_span)[1:], len(chosen)) - 1]
+    return np.stack([span_first - 1, last[span] + 1], axis=1)
 
 
 def _choose_tokens(

@@ -28,13 +28,17 @@ class Samples:
     """Masked positions per sample."""
     next_sentence_labels: np.ndarray
     """0 = IsNext, 1 = NotNext (B is from another document)."""
+    masked_span_bounds: np.ndarray | None = None
+    """With span masking at load time: the positions just outside each prediction's span, (predictions, 2) as
+    (left, right), which SpanBERT's boundary head reads. Not a column: the shards do not keep it."""
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     @staticmethod
     def column_names() -> list[str]:
-        return [f.name for f in fields(Samples)]
+        """The columns the shards store (every field but `masked_span_bounds`)."""
+        return [f.name for f in fields(Samples) if f.name != "masked_span_bounds"]
 
     def token_offsets(self) -> np.ndarray:
         return offsets(self.lengths)

@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
 from bertdist.config.validation import heads_divide_problem
+from bertdist.model.bert_heads import BertLMPredictionHead, BertPreTrainingHeads, SpanBoundaryHead
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import (
     Dropout,
@@ -52,7 +53,6 @@ from bertdist.model.ops import (
     attention_probabilities,
     multi_head_attention,
     split_heads,
-    tied_logits,
 )
 from bertdist.model.outputs import PreTrainingOutput, Scored
 
@@ -335,47 +335,6 @@ class BertModel(nn.Module):
         return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
 
 
-class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(F.gelu(self.dense(x)))
-
-
-class BertLMPredictionHead(nn.Module):
-    """Transform, then the vocabulary projection whose weight is the word embedding (tied) plus its own bias."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.transform = BertPredictionHeadTransform(cfg)
-        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-
-    @staticmethod
-    def forward_flops(cfg: ModelConfig, predictions: int) -> int:
-        """The transform and the vocabulary projection at `predictions` positions."""
-        return 2 * predictions * (cfg.hidden_size * cfg.hidden_size + cfg.hidden_size * cfg.vocab_size)
-
-    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        """Logits shaped like x with the vocabulary last, laid out vocabulary-major (`ops.tied_logits`)."""
-        return tied_logits(self.transform(x), decoder_weight, self.bias)
-
-
-class BertPreTrainingHeads(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.predictions = BertLMPredictionHead(cfg)
-        self.seq_relationship = nn.Linear(cfg.hidden_size, 2) if objective(cfg).sentence_task else None
-
-    @staticmethod
-    def forward_flops(cfg: ModelConfig, predictions: int) -> int:
-        """The MLM head at `predictions` positions and the sentence classifier at [CLS]."""
-        nsp = 2 * cfg.hidden_size * 2 if objective(cfg).sentence_task else 0
-        return BertLMPredictionHead.forward_flops(cfg, predictions) + nsp
-
-
 def check_heads_divide(cfg: ModelConfig) -> None:
     """The model's own guard, for a ModelConfig that never went through validation (a test's, a checkpoint's):
     the config rule itself, which `bertdist.config.validate` reports as a field problem."""
@@ -403,7 +362,8 @@ class BertForPreTraining(nn.Module):
 
     With `model.objective: mlm` (MLM-only pretraining, as RoBERTa), there is neither the sentence head nor the
     pooler it trains: the parameters are those of `transformers.BertForMaskedLM`, whose class loads the export
-    with no missing or unexpected key."""
+    with no missing or unexpected key. With `span` (SpanBERT), the span-boundary head trains beside the MLM head
+    (`span_boundary`, loss `sbo`) and the export leaves it out: a `BertForMaskedLM` too."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -412,6 +372,7 @@ class BertForPreTraining(nn.Module):
         self.sentence_task = objective(cfg).sentence_task
         self.bert = BertModel(cfg, add_pooling_layer=self.sentence_task is not None)
         self.cls = BertPreTrainingHeads(cfg)
+        self.span_boundary = SpanBoundaryHead(cfg) if objective(cfg).span_boundaries else None
         self.apply(lambda module: init_weights(module, cfg.initializer_range))
 
     @staticmethod
@@ -421,16 +382,19 @@ class BertForPreTraining(nn.Module):
         only (from every token's keys and values), the pooler and the heads there. Embedding lookups, norms and
         activations are not counted (bertdist.model.flops)."""
         nsp = objective(cfg).sentence_task is not None
+        spans = objective(cfg).span_boundaries  # the last layer also at both bounds of each prediction's span
         full_layers = (cfg.num_layers - 1) * BertLayer.forward_flops(cfg, seq_length, seq_length)
-        last_layer = BertLayer.forward_flops(cfg, seq_length, masked_positions + nsp)
+        last_layer = BertLayer.forward_flops(cfg, seq_length, masked_positions * (3 if spans else 1) + nsp)
         heads = BertPreTrainingHeads.forward_flops(cfg, masked_positions) + (
             BertPooler.forward_flops(cfg) if nsp else 0
         )
-        return 1.0 * (full_layers + last_layer + heads)
+        span_head = SpanBoundaryHead.forward_flops(cfg, masked_positions) if spans else 0
+        return 1.0 * (full_layers + last_layer + heads + span_head)
 
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""
-        return [(self.cls.predictions, self.bert.embeddings.word_embeddings.weight)]
+        decoder = self.bert.embeddings.word_embeddings.weight
+        return [(self.cls.predictions, decoder)] + ([(self.span_boundary, decoder)] if self.span_boundary else [])
 
     def forward(
         self,
@@ -440,40 +404,65 @@ class BertForPreTraining(nn.Module):
         masked_lm_positions: torch.Tensor | None = None,
         masked_lm_ids: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        masked_lm_span_bounds: torch.Tensor | None = None,
     ) -> PreTrainingOutput:
         """Logits and losses for a batch.
 
         With `masked_lm_positions` (batch, predictions), the MLM head runs only there and `masked_lm_ids` has the
         same shape; without it, the head runs on every position and `masked_lm_ids` is (batch, seq) like
-        Hugging Face's `labels`. Label -100 marks slots without a prediction.
+        Hugging Face's `labels`. Label -100 marks slots without a prediction. `masked_lm_span_bounds` (batch,
+        predictions, 2): the positions just outside each prediction's span, which the span-boundary head reads
+        (objective `span`; its training needs them).
         """
         nsp = self.cls.seq_relationship is not None
+        spans = self.span_boundary is not None and masked_lm_span_bounds is not None
+        if (
+            self.span_boundary is not None
+            and masked_lm_ids is not None
+            and not (spans and masked_lm_positions is not None)
+        ):
+            raise ValueError("model.objective span trains on masked_lm_positions and masked_lm_span_bounds")
         if masked_lm_positions is not None:
-            # The last layer runs only at each sample's [CLS] (NSP) and its predictions (MLM).
+            # The last layer runs only at each sample's [CLS] (NSP), its predictions (MLM) and their spans' bounds.
             at = masked_lm_positions
             if nsp:
                 at = torch.cat([at.new_zeros(len(at), 1), at], 1)
+            if spans:
+                at = torch.cat([at, masked_lm_span_bounds[..., 0], masked_lm_span_bounds[..., 1]], 1)
             states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=at)
             pooled_output, predicted = (self.bert.pooler(states[:, 0]), states[:, 1:]) if nsp else (None, states)
+            if spans:
+                predicted, left, right = predicted.split(masked_lm_positions.shape[1], dim=1)
         else:
             states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
             pooled_output, predicted = self.bert.pool(states, layout), layout.to_grid(states)
-        mlm_logits = self.cls.predictions(predicted, self.bert.embeddings.word_embeddings.weight)
+        decoder = self.bert.embeddings.word_embeddings.weight
+        mlm_logits = self.cls.predictions(predicted, decoder)
         nsp_logits = self.cls.seq_relationship(pooled_output) if nsp else None
+        if spans:
+            offset = (masked_lm_positions - masked_lm_span_bounds[..., 0] - 1).clamp(min=0)  # padding slots: 0
+            sbo_logits = self.span_boundary(left, right, offset, decoder)
 
-        mlm_loss = nsp_loss = loss = None
+        mlm_loss = nsp_loss = sbo_loss = loss = None
         if masked_lm_ids is not None:
             mlm_loss = VocabCrossEntropy.apply(mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1))
+            if spans:
+                sbo_loss = VocabCrossEntropy.apply(
+                    sbo_logits.reshape(-1, sbo_logits.shape[-1]), masked_lm_ids.reshape(-1)
+                )
         if next_sentence_label is not None and nsp:
             nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1))
         if mlm_loss is not None and not nsp:
-            loss = mlm_loss
+            loss = mlm_loss if sbo_loss is None else mlm_loss + sbo_loss
         elif mlm_loss is not None and nsp_loss is not None:
             loss = mlm_loss + nsp_loss
-        components = {name: v for name, v in (("mlm", mlm_loss), (self.sentence_task, nsp_loss)) if v is not None}
+        named = (("mlm", mlm_loss), (self.sentence_task, nsp_loss), ("sbo", sbo_loss))
+        components = {name: v for name, v in named if v is not None}
         scored = {}
         if masked_lm_ids is not None:
             scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
         if nsp_loss is not None:
             scored[self.sentence_task] = Scored(nsp_logits, next_sentence_label.reshape(-1))
+        if sbo_loss is not None:
+            scored["sbo"] = Scored(sbo_logits, masked_lm_ids)
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, components, scored)

@@ -43,8 +43,10 @@ _RENAMES = ((".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".Lay
 # Keys that carry no information of their own: the tied decoder matrix, and a buffer of arange(max_positions).
 _TIED_OR_BUFFERS = {"cls.predictions.decoder.weight", "bert.embeddings.position_ids"}
 _DECODER_BIAS, _MLM_BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
-# What a checkpoint may lack: the heads that BertModel / BertForMaskedLM do not have.
-_OPTIONAL_PREFIXES = ("bert.pooler.", "cls.")
+SPAN_BOUNDARY_PREFIX = "span_boundary."
+"""SpanBERT's span-boundary head (objective `span`): trained, never exported."""
+# What a checkpoint may lack: the heads that BertModel / BertForMaskedLM do not have (which start fresh).
+_OPTIONAL_PREFIXES = ("bert.pooler.", "cls.", SPAN_BOUNDARY_PREFIX)
 
 # ModelConfig field <- config.json key, for the fields both describe.
 _CONFIG_KEYS = {
@@ -142,9 +144,14 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     """bertdist `BertForPreTraining` parameters -> the tensors `transformers` saves for `BertForPreTraining`.
 
     The names already agree; the tensors are made contiguous CPU copies so the result can be written with
-    safetensors whatever device or ZeRO-consolidation view they came from.
+    safetensors whatever device or ZeRO-consolidation view they came from. SpanBERT's span-boundary head
+    (`span_boundary.*`) is left out: no Hugging Face class has it, and the released SpanBERT drops it too.
     """
-    return {name: t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()}
+    return {
+        name: t.detach().to("cpu", copy=True).contiguous()
+        for name, t in state_dict.items()
+        if not name.startswith(SPAN_BOUNDARY_PREFIX)
+    }
 
 
 def from_hf_state_dict(state_dict: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:

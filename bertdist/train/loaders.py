@@ -44,6 +44,7 @@ def phase_loader(
         pin_memory=pin_memory,
         masking=cfg.data.masking,
         streaming=streaming,
+        span_bounds=OBJECTIVES[cfg.model.objective].span_boundaries,
     )
     wanted = OBJECTIVES[cfg.model.objective]
     if loader.objective not in wanted.samples:

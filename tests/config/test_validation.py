@@ -82,6 +82,19 @@ CASES = [
         "model.objective: 'mlm' (masked LM only (RoBERTa)) is trained by model.arch bert or modernbert or albert, not "
         "electra, which trains rtd",
     ),
+    (
+        "span-on-modernbert",
+        "modernbert-tiny",
+        ["model.objective=span", "data.masking.span_masking=true"],
+        "model.objective: 'span' (masked LM + span boundaries (SpanBERT)) is trained by model.arch bert, not "
+        "modernbert",
+    ),
+    (
+        "span-without-span-masking",
+        "bert-tiny",
+        ["model.objective=span"],
+        "data.masking.span_masking: model.objective span predicts masked spans from their boundaries; set it to true",
+    ),
     ("unknown-sharing", "albert-mini", ["model.share_layers=some"], "model.share_layers: 'some' is not one of all,"),
     (
         "albert-weights-for-bert",

@@ -15,6 +15,7 @@ from bertdist.data.masking import KeyedDraws, VocabInfo, _choose_spans, apply_ma
 from bertdist.data.samples import Samples
 from bertdist.data.vocab import read_vocab
 from bertdist.demo import python_documentation
+from bertdist.errors import DataError
 from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
 
 SEQ = 64
@@ -156,6 +157,30 @@ def test_span_masking_on_real_text_whole_words_budget_and_one_choice_per_span(pr
     assert abs(np.mean(kept) - 0.1) < 0.03  # (a random token equal to the original is rare at this vocabulary)
 
 
+def test_span_bounds_are_the_tokens_just_outside_each_predictions_own_span(prose):
+    """SpanBERT's boundary head reads them: left < position < right, everything strictly between is that span's
+    (chosen, with the span's first token), the bounds are not in the span, and two spans that touch stay two."""
+    samples, vocab = prose
+    rules = MaskingConfig(span_masking=True)
+    (chosen, first), _ = _spans(samples, vocab, rules)
+    out = _masked(samples, vocab, rules)
+    starts = samples.token_offsets()[:-1][np.repeat(np.arange(len(samples)), out.masked_counts)]
+    at = starts + out.masked_lm_positions
+    left, right = (starts + out.masked_span_bounds[:, 0], starts + out.masked_span_bounds[:, 1])
+    span_first = dict(zip(chosen.tolist(), first.tolist()))
+    lengths = samples.lengths.astype(np.int64)[np.repeat(np.arange(len(samples)), out.masked_counts)]
+    assert (left < at).all() and (at < right).all()
+    assert (out.masked_span_bounds[:, 0] >= 0).all() and (out.masked_span_bounds[:, 1] < lengths).all()
+    touching = 0
+    for a, lo, hi in zip(at.tolist(), left.tolist(), right.tolist()):
+        inside = range(lo + 1, hi)
+        assert all(span_first.get(t) == span_first[a] for t in inside)  # the whole span, and only it
+        assert span_first.get(lo) != span_first[a] and span_first.get(hi) != span_first[a]
+        touching += span_first.get(hi) is not None
+    assert touching > 0  # some spans end where another starts: each keeps its own bounds
+    assert _masked(samples, vocab, MaskingConfig()).masked_span_bounds is None
+
+
 @pytest.mark.parametrize("rules", [MaskingConfig(), MaskingConfig(span_masking=True)], ids=["tokens", "spans"])
 def test_masks_depend_on_seed_epoch_and_sample_only(prose, rules):
     samples, vocab = prose
@@ -218,6 +243,22 @@ def test_shards_hold_no_masks_and_the_loader_masks_them(dynamic_shards, tiny_voc
     batch = next(iter(_loader(dynamic_shards, tiny_vocab)))
     real = batch["masked_lm_ids"] != -100
     assert real.any(1).all() and (batch["input_ids"] == read_vocab(tiny_vocab).index("[MASK]")).any()
+
+
+def test_span_bounds_reach_the_batch_only_when_asked_for_and_need_span_masking_here(
+    dynamic_shards, tiny_vocab, tiny_shards
+):
+    spans = MaskingConfig(span_masking=True)
+    batch = next(iter(_loader(dynamic_shards, tiny_vocab, masking=spans, span_bounds=True)))
+    bounds, positions = batch["masked_lm_span_bounds"], batch["masked_lm_positions"]
+    real = batch["masked_lm_ids"] != -100
+    assert bounds.shape == (*positions.shape, 2) and real.any()
+    assert (bounds[..., 0][real] < positions[real]).all() and (positions[real] < bounds[..., 1][real]).all()
+    assert "masked_lm_span_bounds" not in next(iter(_loader(dynamic_shards, tiny_vocab, masking=spans)))
+    with pytest.raises(DataError, match="span masking at load time.*prepared with --masking static"):
+        _loader(tiny_shards, tiny_vocab, masking=spans, span_bounds=True)
+    with pytest.raises(DataError, match="set data.masking.span_masking"):
+        _loader(dynamic_shards, tiny_vocab, span_bounds=True)
 
 
 def test_same_masks_for_any_number_of_workers(dynamic_shards, tiny_vocab):

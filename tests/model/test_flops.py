@@ -9,12 +9,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bertdist.config import ModelConfig
 from bertdist.model import flops
-from bertdist.model.bert import (
-    BertForPreTraining,
-    BertLayer,
-    BertPooler,
-    BertPreTrainingHeads,
-)
+from bertdist.model.bert import BertForPreTraining, BertLayer, BertPooler
+from bertdist.model.bert_heads import BertPreTrainingHeads
 from bertdist.model.flops import (
     PeakFlops,
     forward_flops_per_sequence,
@@ -126,17 +122,19 @@ def test_modernberts_forward_flops_equal_torchs_count_of_its_matmuls(num_layers)
     assert counter.get_total_flops() == sequences * forward_flops_per_sequence(cfg, length, predictions)
 
 
-def test_forward_flops_equal_torchs_count_of_the_models_matmuls():
+@pytest.mark.parametrize("objective", ["mlm+nsp", "span"])
+def test_forward_flops_equal_torchs_count_of_the_models_matmuls(objective):
     """Training mode on CPU spells attention out as matmuls (torch's counter does not see CPU SDPA), so every
-    matmul of the forward is counted: the full layers, the last layer at [CLS] and the predictions only, the
-    MLM and NSP heads."""
-    cfg = tiny_model_config()
+    matmul of the forward is counted: the full layers, the last layer at [CLS] and the predictions only (and, for
+    SpanBERT, at their spans' bounds), the MLM and NSP heads (or the span-boundary head)."""
+    cfg = tiny_model_config(objective=objective)
     model = BertForPreTraining(cfg).train()
     sequences, length, predictions = 3, 32, 5
     input_ids = torch.randint(5, cfg.vocab_size, (sequences, length))
     positions = torch.tensor([[1, 4, 9, 16, 25]] * sequences)
+    bounds = torch.stack([positions - 1, positions + 1], -1) if objective == "span" else None
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(input_ids, masked_lm_positions=positions)
+        model(input_ids, masked_lm_positions=positions, masked_lm_span_bounds=bounds)
     assert counter.get_total_flops() == sequences * forward_flops_per_sequence(cfg, length, predictions)
 
 

@@ -3,7 +3,8 @@ schedule per phase. Killed and resumed it is bit-identical to an uninterrupted r
 `BertForMaskedLM` with every key in place; `bertdist finetune` starts from it. ModernBERT the same way, under
 ZeRO-3 (its tied decoder gathered where the model uses it), exported as a `ModernBertForMaskedLM`; ELECTRA under
 ZeRO-3 too (one embedding module called by the generator and the discriminator), exported as the discriminator's
-`ElectraForPreTraining` and the generator's `ElectraForMaskedLM`."""
+`ElectraForPreTraining` and the generator's `ElectraForMaskedLM`; SpanBERT under ZeRO-3 (its boundary head uses
+the tied decoder too), exported as a `BertForMaskedLM` without that head, which a fine-tuning starts from."""
 
 from __future__ import annotations
 
@@ -113,3 +114,25 @@ def test_electra_trains_under_zero3_resumes_bit_identically_and_exports_both_mod
     ids = torch.randint(5, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours.discriminator_logits(ids), theirs(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+def test_spanbert_trains_under_zero3_resumes_bit_identically_exports_a_masked_lm_and_fine_tunes(
+    base, mlm_shards, tiny_vocab, tiny_corpus, tmp_path
+):
+    transformers = pytest.importorskip("transformers")
+    reference, _, want = resumed_bit_identically(base, mlm_shards, tiny_vocab, 3, "span")
+    assert "span_boundary.dense1.weight" in want
+    records = [record for _, record in sorted(runs.read_metrics(reference.out).items())]
+    assert all({"loss/train_mlm", "loss/train_sbo", "sbo_accuracy/train"} <= set(r) for r in records), records[0]
+    for r in records:  # MLM plus the span-boundary objective
+        assert r["loss/train"] == pytest.approx(r["loss/train_mlm"] + r["loss/train_sbo"], rel=1e-6)
+    losses = [r["loss/train"] for r in records]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+    assert main(["export", str(reference.out), "--output", str(tmp_path / "hf")]) == 0
+    model, info = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert type(model).__name__ == "BertForMaskedLM" and {k: v for k, v in info.items() if v} == {}, info
+    from tests.finetune.test_runner import _overrides, _task
+
+    train, dev = _task(tmp_path, tiny_corpus)
+    assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0

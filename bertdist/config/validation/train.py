@@ -15,6 +15,7 @@ from typing import Any
 from bertdist import storage
 from bertdist.config.batch_warmup import phases_in_ramp
 from bertdist.config.choices import choice_problems, choices
+from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import (
     ARCHITECTURES,
     CheckpointConfig,
@@ -263,6 +264,11 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"data.masking.span_length_p: must be in (0, 1], got {mk.span_length_p}")
     if mk.max_span_words < 1:
         p.append(f"data.masking.max_span_words: must be at least 1, got {mk.max_span_words}")
+    if OBJECTIVES.get(m.objective, OBJECTIVES["mlm"]).span_boundaries and not mk.span_masking:
+        p.append(
+            f"data.masking.span_masking: model.objective {m.objective} predicts masked spans from their boundaries; "
+            "set it to true (and use shards prepared with --masking dynamic)"
+        )
     if mk.max_predictions_per_seq < 0:
         p.append(
             f"data.masking.max_predictions_per_seq: must be >= 0 (0: from the rate), got {mk.max_predictions_per_seq}"
