@@ -196,6 +196,13 @@ def _bert_logits(model, input_ids, attention_mask, where):
     return model.cls(hidden[where])  # the MLM head where it is scored
 
 
+def _distilbert_logits(model, input_ids, attention_mask, where):
+    import torch.nn.functional as F
+
+    hidden = model.distilbert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return model.vocab_projector(model.vocab_layer_norm(F.gelu(model.vocab_transform(hidden[where]))))
+
+
 def _modernbert_logits(model, input_ids, attention_mask, where):
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     return model.decoder(model.head(hidden[where]))
@@ -205,7 +212,7 @@ def score(arch: str, model_dir: Path, held_out: dict) -> dict:
     """MLM accuracy and loss of a Hugging Face directory on the held-out set: transformers' class of the
     architecture, the same positions for every run."""
     import torch
-    from transformers import BertForMaskedLM, ModernBertForMaskedLM
+    from transformers import BertForMaskedLM, DistilBertForMaskedLM, ModernBertForMaskedLM
     from transformers.utils import logging
 
     logging.set_verbosity_error()  # a paper-recipe export's NSP head and pooler are left out on purpose
@@ -213,6 +220,7 @@ def score(arch: str, model_dir: Path, held_out: dict) -> dict:
     model_class, logits_of = {
         "bert": (BertForMaskedLM, _bert_logits),
         "modernbert": (ModernBertForMaskedLM, _modernbert_logits),
+        "distilbert": (DistilBertForMaskedLM, _distilbert_logits),
     }[arch]
     model = model_class.from_pretrained(model_dir).eval()
     right = total = 0
@@ -245,26 +253,47 @@ def hf_directory(checkpoint: Path) -> Path:
 # Downstream
 
 
-def downstream(prep: dict, model_dir: Path, run_dir: Path) -> float:
-    """Dev accuracy of a final model fine-tuned on sentence adjacency from held-out text (the demo's task)."""
-    from bertdist.finetune.corpus_tasks import sentence_adjacency
+DOWNSTREAM_TASKS = {
+    # task: (maker in bertdist.finetune.corpus_tasks, file suffix, (train, dev) rows, settings, the score)
+    "adjacency": (
+        "sentence_adjacency",
+        "tsv",
+        (DOWNSTREAM_TRAIN_ROWS, DOWNSTREAM_DEV_ROWS),
+        ("finetune.text_column=sentence1", "finetune.text_pair_column=sentence2"),
+        "accuracy",
+    ),
+    "span_questions": (
+        "span_questions",
+        "json",
+        (DOWNSTREAM_TRAIN_ROWS // 2, DOWNSTREAM_DEV_ROWS // 2),
+        ("finetune.task=question_answering", "finetune.max_seq_length=128", "finetune.doc_stride=64"),
+        "f1",
+    ),
+}
+"""The downstream tasks made from held-out text: sentence adjacency (the demo's: is B the sentence after A?) and
+span questions (SQuAD-style: which words follow a phrase of the passage?), scored by dev accuracy and F1."""
+
+
+def downstream(prep: dict, model_dir: Path, run_dir: Path, task: str = "adjacency") -> float:
+    """The dev score of a model fine-tuned on `task` (DOWNSTREAM_TASKS) from held-out text, fixed settings (2
+    epochs at 5e-5), the best epoch's."""
+    from bertdist.finetune import corpus_tasks
     from bertdist.train.distributed import free_tcp_port
 
-    task = prep["corpus"].parent / "downstream"
-    if not (task / "dev.tsv").exists():
-        task.mkdir(parents=True, exist_ok=True)
-        held_out = prep["corpus"] / "eval.jsonl"
-        sentence_adjacency(held_out, task / "train.tsv", DOWNSTREAM_TRAIN_ROWS, seed=0)
-        sentence_adjacency(held_out, task / "dev.tsv", DOWNSTREAM_DEV_ROWS, seed=1)
+    maker, suffix, rows, settings, metric = DOWNSTREAM_TASKS[task]
+    files = prep["corpus"].parent / ("downstream" if task == "adjacency" else f"downstream-{task}")
+    if not (files / f"dev.{suffix}").exists():
+        files.mkdir(parents=True, exist_ok=True)
+        for seed, (name, count) in enumerate(zip(("train", "dev"), rows)):
+            getattr(corpus_tasks, maker)(prep["corpus"] / "eval.jsonl", files / f"{name}.{suffix}", count, seed)
     shutil.rmtree(run_dir, ignore_errors=True)
     result = bertdist(
         "finetune",
         f"finetune.init_from={model_dir}",
         f"finetune.vocab_file={prep['vocab']}",
-        f"finetune.train_file={task / 'train.tsv'}",
-        f"finetune.dev_file={task / 'dev.tsv'}",
-        "finetune.text_column=sentence1",
-        "finetune.text_pair_column=sentence2",
+        f"finetune.train_file={files / f'train.{suffix}'}",
+        f"finetune.dev_file={files / f'dev.{suffix}'}",
+        *settings,
         "finetune.epochs=2",
         "finetune.lr=5e-5",
         f"finetune.output_dir={run_dir}",
@@ -272,7 +301,7 @@ def downstream(prep: dict, model_dir: Path, run_dir: Path) -> float:
         f"launch.master_port={free_tcp_port()}",
     )
     best = result.split("best dev epoch", 1)[1]
-    return float(best.split("accuracy ", 1)[1].split(",")[0])
+    return float(best.split(f"{metric} ", 1)[1].split(",")[0].split(";")[0])
 
 
 def bertdist(*args: str) -> str:

@@ -32,7 +32,7 @@ PLAN_SHARE = 0.9
 @dataclass(frozen=True)
 class RunKind:
     arch: str
-    """bert or modernbert: which scorer and which transformers class read its checkpoints."""
+    """bert, modernbert, distilbert (which scorer and transformers class read its checkpoints), electra, albert."""
     engine: str
     """bertdist or trainer."""
     config: str
@@ -46,6 +46,8 @@ class RunKind:
     continued: bool = False
     """Starts from the Hugging Face directory `prep["init_from"]` instead of random weights, with a fresh
     optimizer (benchmarks/continued_pretraining.py)."""
+    distilled: bool = False
+    """Learns from the teacher `prep["teacher"]`, a Hugging Face directory (benchmarks/successors.py)."""
 
 
 RUNS = {
@@ -98,10 +100,26 @@ CONTINUED_RUNS = {
     ),
 }
 """The runs of benchmarks/continued_pretraining.py: both start from the same Hugging Face directory."""
+SUCCESSOR_RUNS = {
+    "electra-fast": RunKind("electra", "bertdist", "electra-mini.yaml", "mlm", description="bertdist, electra-mini"),
+    "spanbert-fast": RunKind("bert", "bertdist", "spanbert-mini.yaml", "mlm", description="bertdist, spanbert-mini"),
+    "distilbert-fast": RunKind(
+        "distilbert", "bertdist", "distilbert-mini.yaml", "mlm", description="bertdist, distilbert-mini", distilled=True
+    ),
+    "albert-fast": RunKind(
+        "albert",
+        "bertdist",
+        "albert-mini.yaml",
+        "mlm",
+        ("model.objective=mlm",),  # its step on the same MLM text as BERT's (no sentence-order head)
+        description="bertdist, albert-mini (all layers shared), MLM only",
+    ),
+}
+"""The runs of benchmarks/successors.py beside bert-fast; distilbert-fast's teacher is bert-fast's final model."""
 
 
 def kind_of(name: str) -> RunKind:
-    return RUNS[name] if name in RUNS else CONTINUED_RUNS[name]
+    return {**RUNS, **CONTINUED_RUNS, **SUCCESSOR_RUNS}[name]
 
 
 def base_config(name: str):
@@ -243,6 +261,8 @@ def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: i
     cfg.tracking.enabled = False
     if kind_of(name).continued:
         cfg.checkpoint.init_from_pretrained = str(prep["init_from"])
+    if kind_of(name).distilled:
+        cfg.distill.teacher = str(prep["teacher"])
     cfg.launch.backend, cfg.launch.nodes, cfg.launch.gpus_per_node = "local", 1, 1
     path = directory / "config.yaml"
     path.write_text(dump_yaml(cfg))

@@ -119,12 +119,12 @@ def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
 
 def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0, arch: str = "bert") -> int:
     """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
-    if arch not in DEMO_CONFIGS:  # the demo fine-tunes its export: an architecture with task models
+    if arch not in DEMO_CONFIGS:
         from bertdist.errors import UserError
 
         raise UserError(
-            f"--arch {arch}: the demo fine-tunes its export, and {arch} has no task models yet; choose "
-            f"{' or '.join(DEMO_CONFIGS)}"
+            f"--arch {arch}: the demo has no config for it yet (configs/{arch}-*.yaml train it outside the demo); "
+            f"choose {' or '.join(DEMO_CONFIGS)}"
         )
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -238,6 +238,16 @@ def mlm_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
     return out
 
 
+@pytest.fixture(scope="session")
+def sop_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+    """`tiny_shards`' corpus as ALBERT's sentence-order pairs (one pass, masks made at prepare time)."""
+    from bertdist.data.pipeline.driver import prepare
+
+    out = str(tmp_path_factory.mktemp("sop_shards") / "train")
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, objective="sop", dupe_factor=1))
+    return out
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 300 KB tmpfs: a full disk, as root can make one (skipped otherwise)."""

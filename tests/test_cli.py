@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bertdist.config import load_config
 from tests.conftest import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -61,7 +63,17 @@ def test_every_config_dry_runs(config: Path, tmp_path: Path):
     # Vocabularies are site data (made by `bertdist vocab`), so the test points every config at one.
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(100)]))
-    out = bertdist("train", "--config", str(config), "--dry-run", f"data.vocab_file={vocab}")
+    overrides = [f"data.vocab_file={vocab}"]
+    cfg = load_config(config)
+    if cfg.distill.teacher:  # a teacher is an export too: its config.json and tokenizer are what the plan reads
+        m, teacher = cfg.model, tmp_path / "teacher"
+        teacher.mkdir()
+        hf = dict(model_type="bert", num_hidden_layers=2 * m.num_layers, hidden_size=m.hidden_size)
+        hf.update(num_attention_heads=m.num_attention_heads, intermediate_size=m.ffn_size(), vocab_size=m.vocab_size)
+        (teacher / "config.json").write_text(json.dumps({**hf, "max_position_embeddings": m.max_position_embeddings}))
+        (teacher / "vocab.txt").write_text(vocab.read_text())
+        overrides.append(f"distill.teacher={teacher}")
+    out = bertdist("train", "--config", str(config), "--dry-run", *overrides)
     assert out.returncode == 0, out.stderr
     assert "# plan" in out.stdout and "world size:" in out.stdout and "training FLOPs" in out.stdout
     assert "gradient accumulation" in out.stdout

@@ -68,9 +68,13 @@ RECIPES = {
     },
     # SpanBERT: span masking at load time, MLM + the span-boundary objective
     "span": {"data": {"masking": {"span_masking": True}}, "model": {"objective": "span"}},
+    # ALBERT: 32-wide embeddings projected to the tiny width, every layer shared, sentence order on `sop` pairs
+    "albert": {"model": {"arch": "albert", "objective": "mlm+sop", "embedding_size": 32, "share_layers": "all"}},
+    # DistilBERT: a 1-layer student of the 2-layer tiny BERT `teacher_directory` writes, from its layer 0
+    "distill": {"model": {"arch": "distilbert", "objective": "distill", "num_layers": 1}},
 }
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert",
-"electra", "span": prepared with --objective mlm --masking dynamic)."""
+"electra", "span", "distill": prepared with --objective mlm --masking dynamic; "albert": --objective sop)."""
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.
@@ -156,10 +160,27 @@ def write_config(
         "tracking": {"enabled": False},
         "launch": {"nodes": 1, "gpus_per_node": WORLD_SIZE},
     }
+    if recipe == "distill":
+        cfg["distill"] = {"teacher": str(teacher_directory(directory.parent, vocab))}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def teacher_directory(base: Path, vocab: str) -> Path:
+    """The distillation recipe's teacher: the suite's tiny BERT (MLM head, random weights, seed 0) exported with
+    the run's vocabulary, written once per session."""
+    directory = base / "teacher"
+    if not (directory / "config.json").exists():
+        import torch
+
+        from bertdist.model.bert import BertForPreTraining
+        from bertdist.model.hf import save_pretrained
+
+        torch.manual_seed(0)
+        save_pretrained(BertForPreTraining(tiny_model_config(objective="mlm")), directory, vocab)
+    return directory
 
 
 @dataclass

@@ -6,6 +6,7 @@
 | `mlm` (RoBERTa) | masked LM alone: no pooler, no sentence head | any (`mlm` text is made for it) | `*ForMaskedLM` |
 | `mlm+sop` (ALBERT) | masked LM + sentence-order prediction on [CLS] | `sop` pairs | `*ForPreTraining` |
 | `rtd` (ELECTRA) | generator MLM + 50 x replaced-token detection | any | `ElectraForPreTraining` (+ `...ForMaskedLM`) |
+| `distill` (DistilBERT) | soft targets of a teacher + MLM + hidden-state cosine | any | `DistilBertForMaskedLM` |
 | `span` (SpanBERT) | masked LM + span-boundary objective on span masks | any, masked at load | `BertForMaskedLM` |
 
 The sentence head is the same module for next-sentence and sentence-order prediction (a 2-way classifier on the
@@ -17,8 +18,8 @@ bertdist.model.outputs, bertdist.train.metrics). An architecture's pretraining m
 A new objective is its name in the schema's `model.objective` Literal and a row here; one with its own heads or
 loss adds them in the model of the architectures it names (ELECTRA's generator and discriminator are
 bertdist.model.electra; SpanBERT's span-boundary head is bertdist.model.bert_heads, which BERT's pretraining model
-adds when `span_boundaries` says so; distillation: not supported yet) and says so in docs/model.md. This module is
-data: it imports nothing heavy.
+adds when `span_boundaries` says so; distillation's teacher and loss are bertdist.model.distilbert, the teacher's
+loading bertdist.train.distill) and says so in docs/model.md. This module is data: it imports nothing heavy.
 
 SpanBERT's head predicts each token of a masked span from the two tokens just outside the span and its place in it,
 so its batches carry each prediction's span bounds (bertdist.data.batching), which only load-time span masking
@@ -47,10 +48,13 @@ class Objective:
 
 OBJECTIVES = {
     "mlm+nsp": Objective("nsp", ("nsp",), "masked LM + next-sentence prediction (BERT)"),
-    "mlm": Objective(None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)"),
+    "mlm": Objective(
+        None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)", ("bert", "modernbert", "albert", "distilbert")
+    ),
     "mlm+sop": Objective("sop", ("sop",), "masked LM + sentence-order prediction (ALBERT)"),
     "rtd": Objective(None, ("mlm", "nsp", "sop"), "replaced-token detection (ELECTRA)", ("electra",)),
     "span": Objective(None, ("mlm", "nsp", "sop"), "masked LM + span boundaries (SpanBERT)", ("bert",), True),
+    "distill": Objective(None, ("mlm", "nsp", "sop"), "distillation from a teacher (DistilBERT)", ("distilbert",)),
 }
 """model.objective -> what it trains (the keys are the schema's Literal, in its order)."""
 

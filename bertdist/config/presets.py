@@ -32,6 +32,9 @@ _ALBERT = dict(
 _ELECTRA = dict(arch="electra", objective="rtd", rtd_weight=50.0)
 """ELECTRA's settings shared by every size (arXiv 2003.10555): lambda = 50 (section 2); BERT's WordPiece
 vocabulary and dropout (Appendix A)."""
+_DISTILBERT = dict(arch="distilbert", objective="distill")
+"""DistilBERT (arXiv 1910.01108, section 3): BERT's layer at the teacher's width, half its depth, no segment
+embeddings or pooler, trained by distillation."""
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
     "mini": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
@@ -106,6 +109,9 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
         generator_num_attention_heads=4,
         generator_intermediate_size=1024,
     ),
+    # DistilBERT: half the teacher's layers at its width (6 of BERT-Base's 12, section 3); mini: 2 of BERT-mini's 4.
+    "distilbert-mini": dict(_DISTILBERT, num_layers=2, hidden_size=256, num_attention_heads=4),
+    "distilbert-base": dict(_DISTILBERT, num_layers=6, hidden_size=768, num_attention_heads=12),
     "electra-large": dict(
         _ELECTRA,
         num_layers=24,

@@ -31,12 +31,14 @@ class ModelConfig:
     """Named size: tiny, mini, small, medium, base or large (BERT: layers, hidden size, heads); modernbert-tiny,
     -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary); albert-mini, -base, -large
     (ALBERT: also its embedding width, sharing, dropout and vocabulary); electra-mini, -small, -base, -large (ELECTRA:
-    also its embedding width and generator)."""
-    arch: Literal["bert", "modernbert", "albert", "electra"] = "bert"
+    also its embedding width and generator); distilbert-mini, -base (DistilBERT students: half the layers of
+    BERT-mini and BERT-Base)."""
+    arch: Literal["bert", "modernbert", "albert", "electra", "distilbert"] = "bert"
     """bert (the 2018 architecture, the default), modernbert (RoPE, GeGLU, pre-norm, alternating global and
     local attention: bertdist.model.modernbert), albert (factorized embeddings, layers sharing parameters, a
-    sentence-order head: bertdist.model.albert) or electra (a small MLM generator and the discriminator that
-    detects its replacements: bertdist.model.electra). One registry: bertdist.model.registry."""
+    sentence-order head: bertdist.model.albert), electra (a small MLM generator and the discriminator that
+    detects its replacements: bertdist.model.electra) or distilbert (BERT's layers without segment embeddings or
+    pooler, the student of a distillation: bertdist.model.distilbert). One registry: bertdist.model.registry."""
     num_layers: int = 12
     hidden_size: int = 768
     num_attention_heads: int = 12
@@ -50,12 +52,13 @@ class ModelConfig:
     attention_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
-    objective: Literal["mlm+nsp", "mlm", "mlm+sop", "rtd", "span"] = "mlm+nsp"
+    objective: Literal["mlm+nsp", "mlm", "mlm+sop", "rtd", "span", "distill"] = "mlm+nsp"
     """What pretraining trains (bertdist.config.objectives): mlm+nsp, masked LM and next-sentence prediction on
     `prepare --objective nsp` pairs (the paper); mlm, masked LM only (RoBERTa: no pooler, no sentence head; any
     shards, `--objective mlm` text is made for it; exported as *ForMaskedLM); mlm+sop, masked LM and ALBERT's
     sentence-order prediction on `--objective sop` pairs; rtd, ELECTRA's replaced-token detection (arch: electra, any
-    shards); span, SpanBERT's masked LM + span-boundary objective (arch: bert, span masking at load time)."""
+    shards); span, SpanBERT's masked LM + span-boundary objective (arch: bert, span masking at load time); distill,
+    DistilBERT's distillation from a teacher (arch: distilbert, the `distill` section)."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
     unpad: bool = True
@@ -370,6 +373,26 @@ class LaunchConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Knowledge distillation (`model.objective: distill`; DistilBERT, Sanh et al. 2019, arXiv 1910.01108, section
+    3): the student learns from a frozen teacher run in eval mode on every rank beside it. The loss is
+    kd_weight x the soft-target loss (KL divergence of the student's distribution from the teacher's at
+    `temperature`, x temperature^2, at the masked positions) + mlm_weight x MLM + cos_weight x (1 - cosine) of the
+    two last hidden states at every token; the paper's weights 5 / 2 / 1 and temperature 2 are the defaults."""
+
+    teacher: str = ""
+    """A Hugging Face BERT directory (config.json model_type bert: a `bertdist export` of a BERT run, or a
+    transformers BERT), with the tokenizer of data.vocab_file."""
+    student_layers: list[int] = field(default_factory=list)
+    """The teacher's layers the student's start from, one per student layer (0-based); empty: every other one
+    (0, 2, 4, ...: the paper's "one layer out of two"). Only a fresh run copies them."""
+    temperature: float = 2.0
+    kd_weight: float = 5.0
+    mlm_weight: float = 2.0
+    cos_weight: float = 1.0
+
+
+@dataclass
 class EvalConfig:
     downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
 
@@ -397,6 +420,7 @@ class Config:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def total_steps(self) -> int:
         return sum(p.steps for p in self.data.phases)

@@ -114,8 +114,8 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     encoder = open_encoder(o.model, o.max_seq_length)
     if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
         raise UserError(
-            f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, or a BERT tagging, "
-            "QA or MLM-only model); choose a layer"
+            f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, ELECTRA, DistilBERT, "
+            "or a BERT tagging, QA or MLM-only model); choose a layer"
         )
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
         if ownership.contents(out):

@@ -5,7 +5,7 @@
   `bertdist export` does, its weights consolidated from any ZeRO stage, its vocabulary and MLflow run id taken
   from train_state.json;
 - a Hugging Face directory (config.json + weights + tokenizer.json or vocab.txt; a bertdist export is one)
-  whose model_type is bert, modernbert or electra (its discriminator), with any head or none;
+  whose model_type is bert, modernbert, albert, electra (its discriminator) or distilbert, with any head or none;
 - nothing: the same architecture from random initialisation (`model.*`), the baseline that shows what
   pretraining bought.
 The resulting `Source` says what to record, so a fine-tuning run links back to the pretraining run.

@@ -58,13 +58,14 @@ from bertdist.model.outputs import PreTrainingOutput, Scored
 
 
 class BertEmbeddings(nn.Module):
-    """Token + segment + learned absolute position embeddings, then LayerNorm and dropout."""
+    """Token + segment + learned absolute position embeddings, then LayerNorm and dropout. Without `segments`
+    (DistilBERT) there are no segment embeddings and token types are not read."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, segments: bool = True):
         super().__init__()
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if segments else None
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
@@ -77,9 +78,11 @@ class BertEmbeddings(nn.Module):
         weight: the same module calls either way (the ZeRO-3 rule, module docstring)."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        if self.token_type_embeddings is None:
+            return self.dropout(self.LayerNorm(x))
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x + self.token_type_embeddings(token_type_ids)))
 
 
@@ -261,10 +264,10 @@ class BertModel(nn.Module):
     those tasks have no pooler weights), `pooled_output` is None.
     """
 
-    def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True):
+    def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True, segments: bool = True):
         super().__init__()
         self.unpad = cfg.unpad
-        self.embeddings = BertEmbeddings(cfg)
+        self.embeddings = BertEmbeddings(cfg, segments)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
 
@@ -365,12 +368,15 @@ class BertForPreTraining(nn.Module):
     with no missing or unexpected key. With `span` (SpanBERT), the span-boundary head trains beside the MLM head
     (`span_boundary`, loss `sbo`) and the export leaves it out: a `BertForMaskedLM` too."""
 
+    SEGMENTS = True
+    """Segment (token type) embeddings: DistilBERT's subclass has none (bertdist.model.distilbert)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         check_heads_divide(cfg)
         self.config = cfg
         self.sentence_task = objective(cfg).sentence_task
-        self.bert = BertModel(cfg, add_pooling_layer=self.sentence_task is not None)
+        self.bert = BertModel(cfg, add_pooling_layer=self.sentence_task is not None, segments=self.SEGMENTS)
         self.cls = BertPreTrainingHeads(cfg)
         self.span_boundary = SpanBoundaryHead(cfg) if objective(cfg).span_boundaries else None
         self.apply(lambda module: init_weights(module, cfg.initializer_range))

@@ -4,7 +4,8 @@ bertdist.model.hf_heads writes checkpoints the Auto classes load and reads their
 
 The encoder is the discriminator's (bertdist.model.electra.ElectraModel: embeddings of width E, their projection,
 BERT's layers), which is what ELECTRA fine-tunes; the generator is left behind. What differs from BERT's task
-models (bertdist.model.heads, whose losses and multiple-choice reshaping these share): no pooler.
+models (bertdist.model.heads, whose losses, multiple-choice reshaping, `TaskModel` and `TokenTagger` these share):
+no pooler.
 - `ElectraForSequenceClassification`: `classifier` (ElectraClassificationHead) on the first token: dropout,
   dense(H, H), GELU (where BERT's pooler has tanh: the ELECTRA authors' choice), dropout, out_proj(H, labels).
 - `ElectraForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a label.
@@ -24,16 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
-from bertdist.model.bert import init_weights
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    TaskModel,
     TaskOutput,
-    check_task,
+    TokenTagger,
     classification_loss,
     multiple_choice,
     span_loss,
-    tagging_loss,
 )
 from bertdist.model.ops import Dropout
 
@@ -63,25 +63,11 @@ class ElectraSequenceSummary(nn.Module):
         return self.last_dropout(F.gelu(self.summary(first)))
 
 
-class _ElectraTaskModel(nn.Module):
+class _ElectraTaskModel(TaskModel):
     """The discriminator's encoder; subclasses add their head, call `init_weights` and implement `forward`."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__()
-        check_task(cfg, num_labels, problem_type)
-        self.config, self.num_labels = cfg, num_labels
-        self.electra = ElectraModel(cfg)
-
-    def init_weights(self) -> None:
-        self.apply(lambda module: init_weights(module, self.config.initializer_range))
-
-    def first_tokens(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """(rows, hidden): each row's first token, which the last layer computes alone."""
-        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
-        states, _ = self.electra.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
-        return states[:, 0]
+        super().__init__(cfg, num_labels, problem_type, "electra", ElectraModel)
 
 
 class ElectraForSequenceClassification(_ElectraTaskModel):
@@ -102,23 +88,9 @@ class ElectraForSequenceClassification(_ElectraTaskModel):
         return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
 
 
-class ElectraForTokenClassification(_ElectraTaskModel):
+class ElectraForTokenClassification(TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        states, layout = self.electra.encode(input_ids, token_type_ids, attention_mask)
-        logits = layout.to_grid(self.classifier(self.dropout(states)))  # real tokens only; padding slots are zeros
-        return TaskOutput(tagging_loss(logits, labels), logits)
+        super().__init__(cfg, num_labels, "electra", ElectraModel)
 
 
 class ElectraForQuestionAnswering(_ElectraTaskModel):

@@ -69,15 +69,19 @@ def total_parameters(model: ModelConfig) -> int:
         head = h * h + (h if model.bias else 0) + per_norm
         return model.vocab_size * h + per_norm + non_embedding_parameters(model) + head + model.vocab_size
     e = model.embedding_width() if model.arch in ("albert", "electra") else h  # embeddings (ALBERT: MLM head) E wide
-    embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
+    segments = 0 if model.arch == "distilbert" else model.type_vocab_size  # DistilBERT has no segment embeddings
+    embeddings = (model.vocab_size + model.max_position_embeddings + segments) * e + 2 * e
     if model.arch == "electra":  # discriminator head; generator head: transform to E, LayerNorm, decoder bias
         heads = h * h + h + h + 1 + model.generator_config().hidden_size * e + e + 2 * e + model.vocab_size
         return embeddings + non_embedding_parameters(model) + heads
     sentence_head = objective(model).sentence_task is not None
     pooler = h * h + h if sentence_head else 0
+    # SpanBERT's boundary head: its position embeddings, two layers with their LayerNorms, its decoder bias
+    span_head = model.max_position_embeddings * h + 4 * h * h + 6 * h + model.vocab_size
+    span_head = span_head if objective(model).span_boundaries else 0
     mlm_head = h * e + e + 2 * e + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
     nsp_head = 2 * h + 2 if sentence_head else 0
-    return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head
+    return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head + span_head
 
 
 def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:

@@ -15,6 +15,9 @@ key, and a model fine-tuned with `transformers` loads here. Token tagging and QA
 
 The losses and the multiple-choice reshaping are functions here that ModernBERT's task models
 (bertdist.model.modernbert_heads) share: only the encoder and what sits between it and the classifier differ.
+The families on BERT's layers (ELECTRA's bertdist.model.electra_heads, DistilBERT's
+bertdist.model.distilbert_heads) also share `TaskModel` (the encoder under its checkpoints' name, the first tokens)
+and `TokenTagger` (their token classification).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.model.bert import BertModel, check_heads_divide, init_weights
+from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import IGNORE_INDEX, Dropout
 
 SINGLE_LABEL = "single_label_classification"
@@ -96,20 +100,90 @@ def multiple_choice(
     return TaskOutput(None if labels is None else F.cross_entropy(logits, labels.reshape(-1)), logits)
 
 
-class _TaskModel(nn.Module):
-    """The encoder plus a head; subclasses set `head` and implement `forward`."""
+class TaskModel(nn.Module):
+    """A task model's encoder, built by `new_encoder` under `encoder_name` (the prefix of its family's weights:
+    `bert`, `electra`), and BERT's initialisation; subclasses add their head, call `init_weights` and implement
+    `forward`. The families on BERT's layers share it: BERT's task models here, ELECTRA's and DistilBERT's."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        problem_type: str,
+        encoder_name: str,
+        new_encoder: Callable[[ModelConfig], nn.Module],
+        segments: bool = True,
+    ):
+        super().__init__()
+        check_task(cfg, num_labels, problem_type)
+        self.config, self.num_labels = cfg, num_labels
+        self.encoder_name, self.segments = encoder_name, segments
+        setattr(self, encoder_name, new_encoder(cfg))
+
+    def init_weights(self) -> None:
+        self.apply(lambda module: init_weights(module, self.config.initializer_range))
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """The encoder's `encode` (`BertModel.encode`). Token types reach it only when the family has `segments`:
+        the fine-tuning runner's batches carry them, and DistilBERT's task models take them and drop them here."""
+        encoder = getattr(self, self.encoder_name)
+        return encoder.encode(input_ids, token_type_ids if self.segments else None, attention_mask, at=at)
+
+    def first_tokens(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(rows, hidden): each row's first token (slot 0, what transformers reads), which the last layer computes
+        alone, as BERT's `pooled_output` does."""
+        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
+        states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
+        return states[:, 0]
+
+
+class TokenTagger(TaskModel):
+    """Token classification as ELECTRA's and DistilBERT's: dropout and Linear(H, labels) at every real token;
+    -100 marks positions without a label. (BERT's classifies the grid `BertModel.forward` returns.)"""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        encoder_name: str,
+        new_encoder: Callable[[ModelConfig], nn.Module],
+        segments: bool = True,
+    ):
+        super().__init__(cfg, num_labels, SINGLE_LABEL, encoder_name, new_encoder, segments)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        logits = layout.to_grid(self.classifier(self.dropout(states)))  # real tokens only; padding slots are zeros
+        return TaskOutput(tagging_loss(logits, labels), logits)
+
+
+class _TaskModel(TaskModel):
+    """BERT's encoder (with its pooler unless `add_pooling_layer` says otherwise) and the classifier's dropout."""
 
     add_pooling_layer = True
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__()
-        check_task(cfg, num_labels, problem_type)
-        self.config, self.num_labels = cfg, num_labels
-        self.bert = BertModel(cfg, add_pooling_layer=self.add_pooling_layer)
+        super().__init__(
+            cfg, num_labels, problem_type, "bert", lambda c: BertModel(c, add_pooling_layer=self.add_pooling_layer)
+        )
         self.dropout = Dropout(cfg.hidden_dropout_prob)
-
-    def init_weights(self) -> None:
-        self.apply(lambda module: init_weights(module, self.config.initializer_range))
 
 
 class BertForSequenceClassification(_TaskModel):

@@ -23,7 +23,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -123,17 +123,21 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
     return ModelConfig(size=size, objective=objective_from_hf(hf, "mlm+nsp"), **values)
 
 
-def read_config(directory: Path) -> ModelConfig:
+def read_config(
+    directory: Path, parse: Callable[[dict, str], ModelConfig] = config_from_hf, family: str = "BERT"
+) -> ModelConfig:
+    """The ModelConfig of `directory`'s config.json, read by `parse` (an adapter's `config_from_hf`; BERT's by
+    default); CheckpointFormatError naming the file when it is missing, not JSON or not an object."""
     path = directory / CONFIG_FILE
     try:
         hf = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointFormatError(f"{path}: not found; a Hugging Face BERT directory has a config.json") from None
+        raise CheckpointFormatError(f"{path}: not found; a Hugging Face {family} directory has a config.json") from None
     except json.JSONDecodeError as e:
         raise CheckpointFormatError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(hf, dict):
         raise CheckpointFormatError(f"{path}: expected a JSON object")
-    return config_from_hf(hf, str(path))
+    return parse(hf, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,12 +341,18 @@ def write_directory(
             model.config.max_position_embeddings,
             ["input_ids", "token_type_ids", "attention_mask"],
         ).pad_id
+    config = {**config_to_hf(model.config, pad_token_id=pad_token_id), **config_updates}
+    write_model_files(directory, hf_state_dict(model.state_dict()), config)
+
+
+def write_model_files(directory: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """model.safetensors (readable as the export's other files are), then config.json: the file that makes a
+    directory a model comes last."""
     try:
-        save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+        save_file(tensors, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
         raise write_error(directory / SAFETENSORS_FILE, e) from None
     chmod_like_new_files(directory / SAFETENSORS_FILE)
-    config = {**config_to_hf(model.config, pad_token_id=pad_token_id), **config_updates}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -359,7 +369,9 @@ def write_tokenizer_files(
 ) -> TextTokenizer:
     """The run's tokenizer, for `AutoTokenizer`: a vocab.txt as `BertTokenizer`'s vocab.txt, tokenizer_config.json
     and special_tokens_map.json; a tokenizer.json copied, with a `PreTrainedTokenizerFast` tokenizer_config.json
-    naming the special tokens and the model's inputs (`model_input_names`). Returns it (its ids go in config.json)."""
+    naming the special tokens. Either tokenizer_config.json names the model's inputs (`model_input_names`: a
+    `BertTokenizer` would otherwise give token_type_ids to a model that has no segments, DistilBERT). Returns the
+    tokenizer (its ids go in config.json)."""
     try:
         tokenizer = open_tokenizer(vocab_file)
     except UserError as e:
@@ -374,6 +386,7 @@ def write_tokenizer_files(
         "do_lower_case": not tokenizer.cased,
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
+        "model_input_names": model_input_names,
         **BERT_SPECIAL_TOKENS,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")

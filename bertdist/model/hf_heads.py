@@ -1,6 +1,7 @@
 """Fine-tuned models in the Hugging Face format: what `transformers`' Auto classes load, both ways, for each
-encoder family (BERT: bertdist.model.heads; ModernBERT: bertdist.model.modernbert_heads; ELECTRA's discriminator:
-bertdist.model.electra_heads).
+encoder family (BERT: bertdist.model.heads; ModernBERT: bertdist.model.modernbert_heads; ALBERT:
+bertdist.model.albert_heads; ELECTRA's discriminator: bertdist.model.electra_heads; DistilBERT:
+bertdist.model.distilbert_heads).
 
 A task model is named by its `transformers` class, `{family prefix}For{head}` (`BertForSequenceClassification`,
 `ModernBertForMultipleChoice`, ...): `task_architecture(arch, head)` makes the name, and the name picks the class.
@@ -24,7 +25,21 @@ from typing import Any, Callable
 import torch
 
 from bertdist.config import ModelConfig
-from bertdist.model import bert, electra_heads, electra_hf, heads, hf, modernbert, modernbert_heads, modernbert_hf
+from bertdist.model import (
+    albert_heads,
+    albert_hf,
+    bert,
+    distilbert_heads,
+    distilbert_hf,
+    electra_heads,
+    electra_hf,
+    heads,
+    hf,
+    modernbert,
+    modernbert_heads,
+    modernbert_hf,
+)
+from bertdist.model.albert import AlbertModel
 from bertdist.model.bert import BertModel
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
@@ -57,11 +72,16 @@ class Family:
     """Prefixes of the weights a task model takes from a pretrained checkpoint: the encoder, and for ModernBERT
     `head` (the MLM head's transform, which `transformers`' task models start from too)."""
     optional: tuple[str, ...]
-    """Of those, what a pretrained checkpoint may lack (BERT's pooler; ModernBERT's head)."""
+    """Of those, what a pretrained checkpoint may lack (BERT's and ALBERT's pooler; ModernBERT's head)."""
     inputs: tuple[str, ...]
-    """What its encoder reads of a batch (ModernBERT has no segments)."""
+    """What its encoder reads of a batch (ModernBERT and DistilBERT have no segments)."""
     init_weights: Callable[[torch.nn.Module, ModelConfig], None]
     """The family's initialisation of one module (`module.apply`), for an encoder that starts at random."""
+
+
+def _bert_init(module: torch.nn.Module, cfg: ModelConfig) -> None:
+    """BERT's initialisation, which ALBERT, ELECTRA and DistilBERT keep."""
+    bert.init_weights(module, cfg.initializer_range)
 
 
 FAMILIES = {
@@ -76,7 +96,7 @@ FAMILIES = {
         pretrained=("bert.",),
         optional=("bert.pooler.",),
         inputs=("input_ids", "token_type_ids", "attention_mask"),
-        init_weights=lambda module, cfg: bert.init_weights(module, cfg.initializer_range),
+        init_weights=_bert_init,
     ),
     "modernbert": Family(
         "ModernBert",
@@ -102,14 +122,40 @@ FAMILIES = {
         pretrained=("electra.",),
         optional=(),
         inputs=("input_ids", "token_type_ids", "attention_mask"),
-        init_weights=lambda module, cfg: bert.init_weights(module, cfg.initializer_range),
+        init_weights=_bert_init,
+    ),
+    "distilbert": Family(
+        "DistilBert",
+        distilbert_heads.TASK_MODELS,
+        distilbert_hf.config_from_hf,
+        distilbert_hf.from_hf_state_dict,
+        distilbert_hf.write_directory,
+        distilbert_heads.ENCODER_NAME,  # bertdist's names: distilbert_hf renames them to transformers' `distilbert.`
+        distilbert_heads.encoder,
+        pretrained=(f"{distilbert_heads.ENCODER_NAME}.",),
+        optional=(),
+        inputs=("input_ids", "attention_mask"),
+        init_weights=_bert_init,
+    ),
+    "albert": Family(
+        "Albert",
+        albert_heads.TASK_MODELS,
+        albert_hf.config_from_hf,
+        albert_hf.from_hf_state_dict,
+        albert_hf.write_directory,
+        albert_heads.ENCODER_NAME,
+        AlbertModel,  # with its pooler, as BERT's
+        pretrained=(f"{albert_heads.ENCODER_NAME}.",),
+        optional=(f"{albert_heads.ENCODER_NAME}.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
+        inputs=("input_ids", "token_type_ids", "attention_mask"),
+        init_weights=_bert_init,
     ),
 }
 """model.arch -> its task models and their Hugging Face format."""
 
 
 def family_of(arch: str) -> Family:
-    """FAMILIES[arch], or for an architecture without task models (ALBERT) a CheckpointFormatError saying so."""
+    """FAMILIES[arch], or for an architecture without task models a CheckpointFormatError saying so."""
     if arch not in FAMILIES:
         *others, last = FAMILIES
         raise CheckpointFormatError(

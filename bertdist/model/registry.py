@@ -26,6 +26,7 @@ MODEL_CLASSES = {
     "modernbert": "bertdist.model.modernbert:ModernBertForMaskedLM",
     "albert": "bertdist.model.albert:AlbertForPreTraining",
     "electra": "bertdist.model.electra:ElectraForPreTraining",
+    "distilbert": "bertdist.model.distilbert:DistilBertForMaskedLM",
 }
 """model.arch (one of the schema's ARCHITECTURES) -> its pretraining model class (module:class)."""
 HF_ADAPTERS = {
@@ -33,9 +34,16 @@ HF_ADAPTERS = {
     "modernbert": "bertdist.model.modernbert_hf",
     "albert": "bertdist.model.albert_hf",
     "electra": "bertdist.model.electra_hf",
+    "distilbert": "bertdist.model.distilbert_hf",
 }
 """model.arch -> the module that converts it to and from the Hugging Face format."""
-HF_MODEL_TYPES = {"bert": "bert", "modernbert": "modernbert", "albert": "albert", "electra": "electra"}
+HF_MODEL_TYPES = {
+    "bert": "bert",
+    "modernbert": "modernbert",
+    "albert": "albert",
+    "electra": "electra",
+    "distilbert": "distilbert",
+}
 """config.json's model_type -> model.arch."""
 
 

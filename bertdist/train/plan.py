@@ -26,6 +26,14 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         f"{'packed several per row' if cfg.data.packing else 'one per row'}; "
         f"encoder {'unpadded' if m.unpad else 'padded'})",
     ]
+    if m.objective == "distill":
+        x = cfg.distill
+        layers = f"teacher layers {x.student_layers}" if x.student_layers else "every other teacher layer"
+        lines.append(
+            f"distillation: from the frozen teacher {x.teacher} (its forward runs on every rank and is not in the "
+            f"FLOPs below); the student starts from {layers}; loss {x.kd_weight:g} x soft targets at temperature "
+            f"{x.temperature:g} + {x.mlm_weight:g} x MLM + {x.cos_weight:g} x hidden-state cosine"
+        )
     if cfg.train.batch_warmup_tokens:
         lines.append(
             f"batch warmup: from {cfg.train.batch_warmup_start:,} sequences to each phase's global batch over "

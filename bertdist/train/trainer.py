@@ -223,6 +223,11 @@ class Trainer(contextlib.ExitStack):
             model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
         else:
             model = build_model(cfg.model)
+        if cfg.model.objective == "distill":
+            from bertdist.train.distill import attach_teacher
+
+            fresh = self.resume_from is None and not cfg.checkpoint.init_from_pretrained
+            attach_teacher(cfg, model, self.device, fresh)
         _, phase = cfg.phase_at(self.start_step)
         optimizer = build_optimizer(model, cfg.optim, self.device_type)
         universal = self.resharding and reshard.has_partitions(self.resume_from)

@@ -63,6 +63,7 @@ def test_model_size_preset_then_explicit_keys(tmp_path):
         ("electra-small", (12, 256, 4)),
         ("electra-base", (12, 768, 12)),
         ("electra-large", (24, 1024, 16)),
+        ("distilbert-base", (6, 768, 12)),
     ],
 )
 def test_named_sizes(size, lha):
@@ -86,6 +87,8 @@ def test_named_sizes(size, lha):
         "electra-small",
         "electra-base",
         "electra-large",
+        "distilbert-mini",
+        "distilbert-base",
     }
     if size.startswith("modernbert"):  # the published shapes (transformers' ModernBertConfig)
         assert (m.arch, m.ffn_size(), m.vocab_size, m.local_attention, m.global_attn_every_n_layers) == (

@@ -79,8 +79,8 @@ CASES = [
         "electra-without-rtd",
         "electra-mini",
         ["model.objective=mlm"],
-        "model.objective: 'mlm' (masked LM only (RoBERTa)) is trained by model.arch bert or modernbert or albert, not "
-        "electra, which trains rtd",
+        "model.objective: 'mlm' (masked LM only (RoBERTa)) is trained by model.arch bert or modernbert or albert or "
+        "distilbert, not electra, which trains rtd",
     ),
     (
         "span-on-modernbert",

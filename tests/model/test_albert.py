@@ -288,15 +288,3 @@ def test_the_flops_are_pinned_for_a_small_config():
     layers = 3 * AlbertLayer.forward_flops(cfg, length, length) + AlbertLayer.forward_flops(cfg, length, 21)
     heads = AlbertMLMHead.forward_flops(cfg, predictions) + AlbertSOPHead.forward_flops(cfg)
     assert AlbertForPreTraining.forward_flops(cfg, length, predictions) == 2 * length * e * h + layers + heads
-
-
-def test_fine_tuning_an_albert_is_refused_in_one_line_until_it_has_task_models(tmp_path):
-    from bertdist.errors import UserError
-    from bertdist.model import hf_heads
-
-    albert_hf.write_directory(AlbertForPreTraining(sized("all")), tmp_path, None, {})
-    refusal = "^model.arch albert: fine-tuning, embedding and ONNX export take bert, modernbert and electra models"
-    with pytest.raises(UserError, match=refusal):
-        hf_heads.read_pretrained(tmp_path)  # a Hugging Face directory
-    with pytest.raises(UserError, match=refusal):
-        hf_heads.task_architecture("albert", hf_heads.SEQUENCE_CLASSIFICATION)  # a bertdist checkpoint's model.arch

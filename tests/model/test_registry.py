@@ -15,10 +15,15 @@ def test_every_architecture_has_a_model_and_an_adapter():
     assert set(registry.HF_MODEL_TYPES.values()) == set(ARCHITECTURES)
 
 
-@pytest.mark.parametrize("size", ["tiny", "modernbert-tiny", "modernbert-mini", "albert-mini"])
+@pytest.mark.parametrize(
+    "size", ["tiny", "modernbert-tiny", "modernbert-mini", "albert-mini", "distilbert-mini", "span"]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_counted_parameters_are_the_models(size, bias):
-    cfg = ModelConfig.from_size(size, **({"bias": bias} if size.startswith("modernbert") else {}))
+    if size == "span":  # BERT with SpanBERT's boundary head
+        cfg = ModelConfig.from_size("tiny", objective="span")
+    else:
+        cfg = ModelConfig.from_size(size, **({"bias": bias} if size.startswith("modernbert") else {}))
     model = registry.build_model(cfg)
     assert flops.total_parameters(cfg) == sum(p.numel() for p in model.parameters())
     assert flops.forward_flops_per_sequence(cfg, 128, 20) > 0

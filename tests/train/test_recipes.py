@@ -4,7 +4,9 @@ schedule per phase. Killed and resumed it is bit-identical to an uninterrupted r
 ZeRO-3 (its tied decoder gathered where the model uses it), exported as a `ModernBertForMaskedLM`; ELECTRA under
 ZeRO-3 too (one embedding module called by the generator and the discriminator), exported as the discriminator's
 `ElectraForPreTraining` and the generator's `ElectraForMaskedLM`; SpanBERT under ZeRO-3 (its boundary head uses
-the tied decoder too), exported as a `BertForMaskedLM` without that head, which a fine-tuning starts from."""
+the tied decoder too), exported as a `BertForMaskedLM` without that head, which a fine-tuning starts from; a
+DistilBERT student learning from a tiny BERT teacher, exported as `DistilBertForMaskedLM` and fine-tuned; ALBERT
+with shared layers on sentence-order pairs, exported as `AlbertForPreTraining` and fine-tuned."""
 
 from __future__ import annotations
 
@@ -136,3 +138,53 @@ def test_spanbert_trains_under_zero3_resumes_bit_identically_exports_a_masked_lm
 
     train, dev = _task(tmp_path, tiny_corpus)
     assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0
+
+
+def test_distilbert_learns_from_its_teacher_resumes_bit_identically_exports_and_fine_tunes(
+    base, mlm_shards, tiny_vocab, tiny_corpus, tmp_path
+):
+    """A 1-layer student of the 2-layer tiny BERT under ZeRO-2: the teacher is loaded again on resume (it is in no
+    checkpoint), so the resumed run is bit-identical only if the teacher is the same and the student continues
+    from its checkpoint, not from the teacher's layers again."""
+    transformers = pytest.importorskip("transformers")
+    reference, _, want = resumed_bit_identically(base, mlm_shards, tiny_vocab, 2, "distill")
+    assert not any("teacher" in k or "token_type" in k for k in want)
+    records = [record for _, record in sorted(runs.read_metrics(reference.out).items())]
+    assert all({"loss/train_kd", "loss/train_mlm", "loss/train_cos"} <= set(r) for r in records), records[0]
+    for r in records:  # the paper's 5 / 2 / 1
+        want_loss = 5 * r["loss/train_kd"] + 2 * r["loss/train_mlm"] + r["loss/train_cos"]
+        assert r["loss/train"] == pytest.approx(want_loss, rel=1e-6)
+    losses = [r["loss/train"] for r in records]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+    assert main(["export", str(reference.out), "--output", str(tmp_path / "hf")]) == 0
+    model, info = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert type(model).__name__ == "DistilBertForMaskedLM" and {k: v for k, v in info.items() if v} == {}, info
+    from tests.finetune.test_runner import _overrides, _task
+
+    train, dev = _task(tmp_path, tiny_corpus)
+    assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "model")
+    assert type(classifier).__name__ == "DistilBertForSequenceClassification"
+
+
+def test_albert_trains_sentence_order_resumes_bit_identically_exports_and_fine_tunes(
+    base, sop_shards, tiny_vocab, tiny_corpus, tmp_path
+):
+    transformers = pytest.importorskip("transformers")
+    reference, _, want = resumed_bit_identically(base, sop_shards, tiny_vocab, 1, "albert")
+    assert "albert.encoder.embedding_hidden_mapping_in.weight" in want
+    records = [record for _, record in sorted(runs.read_metrics(reference.out).items())]
+    assert all({"loss/train_mlm", "loss/train_sop", "sop_accuracy/train"} <= set(r) for r in records), records[0]
+    losses = [r["loss/train"] for r in records]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+    assert main(["export", str(reference.out), "--output", str(tmp_path / "hf")]) == 0
+    model, info = transformers.AlbertForPreTraining.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}, info
+    from tests.finetune.test_runner import _overrides, _task
+
+    train, dev = _task(tmp_path, tiny_corpus)
+    assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "model")
+    assert type(classifier).__name__ == "AlbertForSequenceClassification"

@@ -24,6 +24,7 @@ from bertdist.config.schema import (
     LaunchConfig,
     TrainConfig,
 )
+from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.model import architecture_problems, pretrained_arch_problem
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
@@ -205,6 +206,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         if getattr(m, name) <= 0:
             p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
     p.extend(architecture_problems(m, d.phases))
+    p.extend(distill_problems(cfg, check_files))
     for name in ("hidden_dropout_prob", "attention_dropout_prob"):
         if not 0.0 <= getattr(m, name) < 1.0:
             p.append(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")

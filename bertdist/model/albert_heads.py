@@ -1,0 +1,137 @@
+"""ALBERT's fine-tuning models in plain PyTorch, as `transformers.AlbertFor*` compute them, with their module and
+parameter names (`albert.*`, `albert.pooler`, `classifier`, `qa_outputs`), so that bertdist.model.hf_heads writes
+checkpoints the Auto classes load and reads theirs.
+
+The encoder is bertdist's ALBERT (bertdist.model.albert.AlbertModel: embeddings of width E, their projection, the
+shared layers), under `albert` as in the pretraining model, so that an export's or a checkpoint's weights start a
+task model as they are (bertdist.model.albert_hf renames nothing). The task models are BERT's with ALBERT's encoder
+and transformers' `classifier_dropout_prob` before the classifier (`CLASSIFIER_DROPOUT_PROB`); they share BERT's
+losses, multiple-choice reshaping, `TaskModel` and `TokenTagger` (bertdist.model.heads):
+- `AlbertForSequenceClassification`: the pooler (tanh(Linear(H, H)) of the first token), dropout, classifier
+  Linear(H, labels); single-label (cross-entropy) or regression (MSE);
+- `AlbertForTokenClassification`: no pooler; dropout and a Linear on every position; -100 marks positions without
+  a label;
+- `AlbertForQuestionAnswering`: no pooler; Linear(H, 2) on every position (start and end), no dropout; padded
+  encoder;
+- `AlbertForMultipleChoice`: each choice's pooled first token, dropout, Linear(H, 1).
+
+The first token is computed alone in the last layer (as BERT's `pooled_output`): slot 0 of each row, what
+transformers reads. Initialisation is BERT's, as transformers' AlbertPreTrainedModel.
+tests/model/test_albert_heads.py compares logits and losses with `transformers` on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.albert import AlbertModel
+from bertdist.model.heads import (
+    SINGLE_LABEL,
+    TaskModel,
+    TaskOutput,
+    TokenTagger,
+    classification_loss,
+    multiple_choice,
+    span_loss,
+)
+from bertdist.model.ops import Dropout
+
+ENCODER_NAME = "albert"
+"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
+CLASSIFIER_DROPOUT_PROB = 0.1
+"""The dropout before the classifier of sequence classification, token classification and multiple choice:
+AlbertConfig's `classifier_dropout_prob` default, which bertdist.model.albert_hf writes in config.json (ModelConfig
+has no field for it), so that transformers fine-tunes an export as bertdist does. Not the hidden dropout, which
+ALBERT's presets turn off."""
+
+
+def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
+    """The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
+    return AlbertModel(cfg, add_pooling_layer=False)
+
+
+class _AlbertClassifier(TaskModel):
+    """The encoder with its pooler, dropout and the classifier to `outputs` on each row's pooled first token."""
+
+    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, outputs, problem_type, ENCODER_NAME, AlbertModel)
+        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)
+        self.classifier = nn.Linear(cfg.hidden_size, outputs)
+        self.init_weights()
+
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        pooled = self.albert.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
+        return self.classifier(self.dropout(pooled))
+
+
+class AlbertForSequenceClassification(_AlbertClassifier):
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type)
+        self.problem_type = problem_type
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        logits = self.classify(input_ids, token_type_ids, attention_mask)
+        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+
+
+class AlbertForTokenClassification(TokenTagger):
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler)
+        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)  # transformers' ALBERT tagger: the classifier's, not hidden
+
+
+class AlbertForQuestionAnswering(TaskModel):
+    def __init__(self, cfg: ModelConfig):
+        # The start/end softmax runs over every slot of the row, padding included, as in transformers: the padded
+        # slots' states are part of the loss, so this encoder always runs padded (as BERT's).
+        super().__init__(cfg, 2, SINGLE_LABEL, ENCODER_NAME, encoder_without_pooler)
+        self.albert.unpad = False
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(layout.to_grid(states))  # no dropout here, as in transformers
+        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+
+
+class AlbertForMultipleChoice(_AlbertClassifier):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
+        return multiple_choice(
+            self.classify, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
+
+
+TASK_MODELS = {
+    "AlbertForSequenceClassification": AlbertForSequenceClassification,
+    "AlbertForTokenClassification": AlbertForTokenClassification,
+    "AlbertForQuestionAnswering": AlbertForQuestionAnswering,
+    "AlbertForMultipleChoice": AlbertForMultipleChoice,
+}

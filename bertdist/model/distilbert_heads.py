@@ -1,0 +1,132 @@
+"""DistilBERT's fine-tuning models in plain PyTorch, as `transformers.DistilBertFor*` compute them, with their head
+names (`pre_classifier`, `classifier`, `qa_outputs`), so that bertdist.model.hf_heads writes checkpoints the Auto
+classes load and reads theirs.
+
+The encoder is bertdist's BERT without segment embeddings or pooler (`encoder`), under `bert` as in the
+pretraining model (bertdist.model.distilbert), so that a checkpoint's weights start a task model as they are;
+bertdist.model.distilbert_hf renames them to transformers' `distilbert.transformer...` on the way out and back.
+Token types are taken (the fine-tuning runner's batches carry them) and never reach the encoder. Next to BERT's
+task models (bertdist.model.heads, whose losses, multiple-choice reshaping, `TaskModel` and `TokenTagger` these
+share):
+- `DistilBertForSequenceClassification`: on the first token, pre_classifier Linear(H, H), ReLU, dropout,
+  classifier Linear(H, labels); single-label (cross-entropy) or regression (MSE);
+- `DistilBertForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a
+  label;
+- `DistilBertForQuestionAnswering`: dropout, then Linear(H, 2) on every position (start and end); padded encoder;
+- `DistilBertForMultipleChoice`: each choice's first token through the classification head, to one score.
+
+The heads' dropouts are transformers' defaults (distilbert_hf.HEAD_DROPOUTS), written in config.json. The first
+token is computed alone in the last layer (as BERT's `pooled_output`): slot 0 of each row, what transformers reads.
+Initialisation is BERT's, as transformers' DistilBertPreTrainedModel. tests/model/test_distilbert_heads.py compares
+logits and losses with `transformers` on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.bert import BertModel
+from bertdist.model.distilbert_hf import HEAD_DROPOUTS
+from bertdist.model.heads import (
+    SINGLE_LABEL,
+    TaskModel,
+    TaskOutput,
+    TokenTagger,
+    classification_loss,
+    multiple_choice,
+    span_loss,
+)
+from bertdist.model.ops import Dropout
+
+ENCODER_NAME = "bert"
+"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
+
+
+def encoder(cfg: ModelConfig) -> BertModel:
+    """DistilBERT's encoder: BERT's layers, no segment embeddings, no pooler."""
+    return BertModel(cfg, add_pooling_layer=False, segments=False)
+
+
+class _DistilBertClassifier(TaskModel):
+    """The encoder and the head on each row's first token: pre_classifier, ReLU, dropout, classifier to `outputs`."""
+
+    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, outputs, problem_type, ENCODER_NAME, encoder, segments=False)
+        self.pre_classifier = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = Dropout(HEAD_DROPOUTS["seq_classif_dropout"])
+        self.classifier = nn.Linear(cfg.hidden_size, outputs)
+        self.init_weights()
+
+    def classify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        first = self.first_tokens(input_ids, None, attention_mask)
+        return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
+
+
+class DistilBertForSequenceClassification(_DistilBertClassifier):
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type)
+        self.problem_type = problem_type
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        logits = self.classify(input_ids, attention_mask)
+        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+
+
+class DistilBertForTokenClassification(TokenTagger):
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
+
+
+class DistilBertForQuestionAnswering(TaskModel):
+    def __init__(self, cfg: ModelConfig):
+        # The start/end softmax runs over every slot of the row, padding included, as in transformers: the padded
+        # slots' states are part of the loss, so this encoder always runs padded (as BERT's).
+        super().__init__(cfg, 2, SINGLE_LABEL, ENCODER_NAME, encoder, segments=False)
+        self.bert.unpad = False
+        self.dropout = Dropout(HEAD_DROPOUTS["qa_dropout"])
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(self.dropout(layout.to_grid(states)))
+        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+
+
+class DistilBertForMultipleChoice(_DistilBertClassifier):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
+        return multiple_choice(self.classify, labels, input_ids=input_ids, attention_mask=attention_mask)
+
+
+TASK_MODELS = {
+    "DistilBertForSequenceClassification": DistilBertForSequenceClassification,
+    "DistilBertForTokenClassification": DistilBertForTokenClassification,
+    "DistilBertForQuestionAnswering": DistilBertForQuestionAnswering,
+    "DistilBertForMultipleChoice": DistilBertForMultipleChoice,
+}

@@ -1,0 +1,29 @@
+"""The teacher of a distillation run (`model.objective: distill`): loaded on every rank beside the student,
+copied into a fresh student's layers, and attached to it (bertdist.model.distilbert computes the loss).
+
+Every rank loads the same frozen teacher from `distill.teacher` (validated before the run starts: a Hugging Face
+BERT of the student's width and vocabulary). It is loaded again on resume: it is no part of a checkpoint, and
+being frozen it is the same teacher. It runs at the run's precision (bf16 or fp16 halve its memory and time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bertdist.config import Config
+from bertdist.config.validation.distill import student_layers
+from bertdist.model.distilbert import DistilBertForMaskedLM, Distillation
+from bertdist.model.registry import load_pretrained
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def attach_teacher(cfg: Config, student: DistilBertForMaskedLM, device: torch.device, fresh: bool) -> None:
+    """Load `distill.teacher` onto `device`; on a `fresh` start (no checkpoint, no pretrained student), start the
+    student from the teacher's layers; then attach it to the student."""
+    x = cfg.distill
+    teacher = load_pretrained(x.teacher)
+    if fresh:
+        student.init_from_teacher(teacher, student_layers(cfg, teacher.config.num_layers))
+    teacher.to(device=device, dtype=_DTYPES[cfg.train.precision])
+    student.attach_teacher(Distillation(teacher, x.temperature, x.kd_weight, x.mlm_weight, x.cos_weight))
