@@ -18,7 +18,7 @@ Reported:
   second by `bertdist embed` ([CLS] of the last layer) on `--sentences` held-out sentences, the two models in turns
   `--repeats` times, medians (goal: >= 1.8x), with the parameters of both;
 - ALBERT with every layer shared against BERT of the same width: parameters and seconds per step.
-Writes OUTPUT/results.json.
+Writes OUTPUT/results.json and OUTPUT/downstream_curves.png.
 
     python benchmarks/successors.py                                     # ~55 minutes on 2 idle cores
     python benchmarks/successors.py --budget-minutes 1 --checkpoints 2 --repeats 1          # a smoke test
@@ -172,6 +172,7 @@ def report(runs: dict, paces: dict, speeds: list[float], out: Path) -> dict:
         f"{times[ELECTRA]['seconds'] / 60:.2f} min: ELECTRA as soon as {_ratio_text(sooner)}"
     )
     results["electra"] = {"target": target, "times": times, "sooner": sooner, "curves": curves}
+    plot(curves, target, out / "downstream_curves.png")
 
     span, token = runs[SPANBERT]["models"][-1]["span_questions"], mlm["models"][-1]["span_questions"]
     print(f"\n== SpanBERT against token masking: span questions F1 {span:.2f} vs {token:.2f} ({span - token:+.2f})")
@@ -203,6 +204,26 @@ def report(runs: dict, paces: dict, speeds: list[float], out: Path) -> dict:
     results["albert"] = {"parameters": total_parameters(albert), "bert_parameters": total_parameters(bert)}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
+
+
+def plot(curves: dict, target: float, path: Path) -> None:
+    """Downstream score against pretraining minutes, one line per run, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, record in curves.items():
+        points = record["curve"]
+        ax.plot([p["time_s"] / 60 for p in points], [p["accuracy"] for p in points], marker="o", label=name)
+    ax.axhline(target, linestyle="--", color="gray", label="the MLM run's final score")
+    ax.set_xlabel("pretraining wall-clock minutes")
+    ax.set_ylabel("sentence adjacency, dev accuracy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"curves: {path}", flush=True)
 
 
 if __name__ == "__main__":
