@@ -29,12 +29,12 @@ from bertdist.config import ModelConfig
 from bertdist.model.albert import AlbertModel
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    SpanPredictor,
     TaskModel,
     TaskOutput,
     TokenTagger,
     classification_loss,
     multiple_choice,
-    span_loss,
 )
 from bertdist.model.ops import Dropout
 
@@ -90,26 +90,9 @@ class AlbertForTokenClassification(TokenTagger):
         self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)  # transformers' ALBERT tagger: the classifier's, not hidden
 
 
-class AlbertForQuestionAnswering(TaskModel):
+class AlbertForQuestionAnswering(SpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        # The start/end softmax runs over every slot of the row, padding included, as in transformers: the padded
-        # slots' states are part of the loss, so this encoder always runs padded (as BERT's).
-        super().__init__(cfg, 2, SINGLE_LABEL, ENCODER_NAME, encoder_without_pooler)
-        self.albert.unpad = False
-        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
-        logits = self.qa_outputs(layout.to_grid(states))  # no dropout here, as in transformers
-        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
 
 
 class AlbertForMultipleChoice(_AlbertClassifier):

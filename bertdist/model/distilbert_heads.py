@@ -32,12 +32,12 @@ from bertdist.model.bert import BertModel
 from bertdist.model.distilbert_hf import HEAD_DROPOUTS
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    SpanPredictor,
     TaskModel,
     TaskOutput,
     TokenTagger,
     classification_loss,
     multiple_choice,
-    span_loss,
 )
 from bertdist.model.ops import Dropout
 
@@ -86,27 +86,9 @@ class DistilBertForTokenClassification(TokenTagger):
         super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
 
 
-class DistilBertForQuestionAnswering(TaskModel):
+class DistilBertForQuestionAnswering(SpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        # The start/end softmax runs over every slot of the row, padding included, as in transformers: the padded
-        # slots' states are part of the loss, so this encoder always runs padded (as BERT's).
-        super().__init__(cfg, 2, SINGLE_LABEL, ENCODER_NAME, encoder, segments=False)
-        self.bert.unpad = False
-        self.dropout = Dropout(HEAD_DROPOUTS["qa_dropout"])
-        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
-        logits = self.qa_outputs(self.dropout(layout.to_grid(states)))
-        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+        super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
 
 
 class DistilBertForMultipleChoice(_DistilBertClassifier):

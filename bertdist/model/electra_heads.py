@@ -28,12 +28,12 @@ from bertdist.config import ModelConfig
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    SpanPredictor,
     TaskModel,
     TaskOutput,
     TokenTagger,
     classification_loss,
     multiple_choice,
-    span_loss,
 )
 from bertdist.model.ops import Dropout
 
@@ -93,26 +93,9 @@ class ElectraForTokenClassification(TokenTagger):
         super().__init__(cfg, num_labels, "electra", ElectraModel)
 
 
-class ElectraForQuestionAnswering(_ElectraTaskModel):
+class ElectraForQuestionAnswering(SpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        # The start/end softmax runs over every slot of the row, padding included, as in transformers: the padded
-        # slots' states are part of the loss, so this encoder always runs padded (as BERT's).
-        super().__init__(cfg, num_labels=2)
-        self.electra.unpad = False
-        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        states, layout = self.electra.encode(input_ids, token_type_ids, attention_mask)
-        logits = self.qa_outputs(layout.to_grid(states))  # no dropout here, as in transformers
-        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+        super().__init__(cfg, "electra", ElectraModel)
 
 
 class ElectraForMultipleChoice(_ElectraTaskModel):

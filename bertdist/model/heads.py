@@ -16,8 +16,8 @@ key, and a model fine-tuned with `transformers` loads here. Token tagging and QA
 The losses and the multiple-choice reshaping are functions here that ModernBERT's task models
 (bertdist.model.modernbert_heads) share: only the encoder and what sits between it and the classifier differ.
 The families on BERT's layers (ELECTRA's bertdist.model.electra_heads, DistilBERT's
-bertdist.model.distilbert_heads) also share `TaskModel` (the encoder under its checkpoints' name, the first tokens)
-and `TokenTagger` (their token classification).
+bertdist.model.distilbert_heads, ALBERT's bertdist.model.albert_heads) also share `TaskModel` (the encoder under its
+checkpoints' name, the first tokens), `TokenTagger` (their token classification) and `SpanPredictor` (their QA).
 """
 
 from __future__ import annotations
@@ -172,6 +172,39 @@ class TokenTagger(TaskModel):
         states, layout = self.encode(input_ids, token_type_ids, attention_mask)
         logits = layout.to_grid(self.classifier(self.dropout(states)))  # real tokens only; padding slots are zeros
         return TaskOutput(tagging_loss(logits, labels), logits)
+
+
+class SpanPredictor(TaskModel):
+    """Extractive QA as the families on BERT's layers do it (ELECTRA's, ALBERT's, DistilBERT's): Linear(H, 2) start
+    and end logits at every slot of the row, after a dropout of `dropout_p` (DistilBERT's; none elsewhere, as in
+    transformers). The start/end softmax runs over every slot, padding included, as in Google's run_squad and
+    transformers: the padded slots' states are part of the loss, so the encoder always runs padded."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        encoder_name: str,
+        new_encoder: Callable[[ModelConfig], nn.Module],
+        segments: bool = True,
+        dropout_p: float = 0.0,
+    ):
+        super().__init__(cfg, 2, SINGLE_LABEL, encoder_name, new_encoder, segments)
+        getattr(self, encoder_name).unpad = False
+        self.dropout = Dropout(dropout_p)
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(self.dropout(layout.to_grid(states)))
+        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
 
 
 class _TaskModel(TaskModel):
