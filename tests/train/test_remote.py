@@ -204,6 +204,7 @@ from bertdist.train.trainer import Trainer
 original = Trainer._save
 def save(self, step, *args):
     if step == {runs.STEPS}:  # the store goes away before the last checkpoint's upload
+        self.uploader.wait()  # after the one before it landed (on a loaded machine it can still be uploading)
         storage.use_endpoint(f"http://127.0.0.1:{{free_tcp_port()}}")
     original(self, step, *args)
 Trainer._save = save
