@@ -7,15 +7,18 @@
    fp16, bertdist unpadded and padded against `transformers` in the same run: sequences/s and MFU
    (`benchmarks/model_step.py`);
 then a one-screen report, also written as JSON (`--json`, default runs/gpu-check.json). Without a GPU it says
-so in one line and exits 0. Exit code 1 when a check failed.
+so in one line and exits 0. Exit code 1 when a check failed. On a GPU machine that has torch and DeepSpeed but
+not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR` wrote
+on another machine.
 
-    python benchmarks/gpu_check.py [--json FILE] [--skip-tests]
+    python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,17 +32,24 @@ TIMINGS = [  # (length, batch, predictions per sequence, mean fraction of real t
     (512, 32, 80, 0.5),
 ]
 TEST_TIMEOUT_S = 300
+GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py"]
+"""The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
+of the packages the rest of the suite imports (Ray, MLflow, moto)."""
 
 
-def run_tests() -> dict:
+def run_tests(prepared: str | None) -> dict:
     start = time.perf_counter()
+    env = {**os.environ, "DS_ACCELERATOR": "cuda"}  # the suite's conftest defaults DeepSpeed to the CPU
+    if prepared:
+        env["BERTDIST_TEST_PREPARED"] = str(Path(prepared).resolve())
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+            [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS],
             cwd=HERE.parent,
             capture_output=True,
             text=True,
             timeout=TEST_TIMEOUT_S,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return {"ok": False, "summary": f"timed out after {TEST_TIMEOUT_S} s"}
@@ -57,6 +67,9 @@ def check_fused_adam() -> dict:
     try:
         from deepspeed.ops.adam import FusedAdam
 
+        from bertdist.train.extensions import prepare
+
+        prepare()  # as a run does: where ops are built, and an arch list DeepSpeed can read
         weight = torch.nn.Parameter(torch.randn(1024, device="cuda"))
         optimizer = FusedAdam([weight], lr=1e-3, adam_w_mode=True)
         weight.grad = torch.randn_like(weight)
@@ -113,6 +126,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default="runs/gpu-check.json")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-timings", action="store_true")
+    parser.add_argument("--prepared", help="a directory `python -m tests.prepared` wrote (for a machine without Ray)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check")
@@ -122,9 +137,9 @@ def main() -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
     }
-    report["tests"] = {"ok": True, "summary": "skipped"} if args.skip_tests else run_tests()
+    report["tests"] = {"ok": True, "summary": "skipped"} if args.skip_tests else run_tests(args.prepared)
     report["fused_adam"] = check_fused_adam()
-    report["timings"] = time_models()
+    report["timings"] = [] if args.skip_timings else time_models()
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")
     print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")

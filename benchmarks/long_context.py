@@ -1,18 +1,20 @@
 """Long context: tokens/s and peak memory of ModernBERT-mini at 512 to 8,192 tokens, bertdist against transformers.
 
 The same tokens per batch at every length (`--tokens`, 8,192: 16 rows of 512 ... 1 row of 8,192), full rows, 15%
-of the tokens predicted; one step = forward + backward + AdamW, fp32. Each (model, length) runs in a process of its
-own for its peak resident memory (ru_maxrss), and the two models are timed in turns in one process, so that the
-machine's load hits both alike. bertdist's local layers
-attend within their window (`bertdist.model.ops.local_attention`); `transformers.ModernBertForMaskedLM` (sdpa, its
-sparse prediction on) masks a full grid. Printed: per length, each model's tokens/s and peak memory, bertdist's cost
-per token relative to its cost at the shortest length (goal: <= 2x at 8,192), and the speedup (goal: >= 2x at 8,192).
-`--checkpointed` adds bertdist with `model.activation_checkpointing` (each layer recomputed in the backward pass):
-the memory a long row needs against the time it costs.
+of the tokens predicted; one step = forward + backward + AdamW, fp32 on CPU, bf16 weights on a GPU (`--device
+cuda`). Each (model, length) runs in a process of its own for its peak memory (CPU: resident, ru_maxrss; GPU: the
+allocator's peak), and the two models are timed in turns in one process, so that the machine's load hits both
+alike. bertdist's local layers attend within their window (`bertdist.model.ops.local_attention`);
+`transformers.ModernBertForMaskedLM` (sdpa, its sparse prediction on) masks a full grid. Printed: per length, each
+model's tokens/s and peak memory, bertdist's cost per token relative to its cost at the shortest length (goal: <= 2x
+at 8,192), and the speedup (goal: >= 2x at 8,192). `--checkpointed` adds bertdist with
+`model.activation_checkpointing` (each layer recomputed in the backward pass): the memory a long row needs against
+the time it costs.
 
     python benchmarks/long_context.py                        # about five minutes on 2 CPU cores
     python benchmarks/long_context.py --lengths 512,2048 --steps 2
     python benchmarks/long_context.py --lengths 8192 --checkpointed
+    python benchmarks/long_context.py --device cuda --tokens 65536   # a GPU: 8 rows of 8,192
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ LENGTHS = (512, 1024, 2048, 4096, 8192)
 CHECKPOINTED = "bertdist-checkpointed"
 
 
-def step_function(model_name: str, length: int, tokens: int, size: str):
+def step_function(model_name: str, length: int, tokens: int, size: str, device: str):
     """A closure doing one forward + backward + AdamW step of `model_name` on a full batch of `length`."""
     import dataclasses
 
@@ -62,6 +64,8 @@ def step_function(model_name: str, length: int, tokens: int, size: str):
         model = transformers.ModernBertForMaskedLM(hf).train()
         dense = torch.full_like(ids, IGNORE_INDEX).scatter_(1, positions, labels)
         batch = dict(input_ids=ids, attention_mask=mask, labels=dense)
+    model.to(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    batch = {k: v.to(device) for k, v in batch.items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step() -> None:
@@ -72,20 +76,25 @@ def step_function(model_name: str, length: int, tokens: int, size: str):
     return step, rows
 
 
-def timed_pair(length: int, tokens: int, steps: int, size: str, models: tuple[str, ...]) -> dict:
+def timed_pair(length: int, tokens: int, steps: int, size: str, models: tuple[str, ...], device: str) -> dict:
     """The models' median step times at `length`, timed in turns (load hits all alike)."""
     import torch
     from common import interleaved_medians
 
-    functions = {name: step_function(name, length, tokens, size)[0] for name in models}
-    return interleaved_medians(functions, torch.device("cpu"), repeats=steps, warmup=1)
+    functions = {name: step_function(name, length, tokens, size, device)[0] for name in models}
+    return interleaved_medians(functions, torch.device(device), repeats=steps, warmup=1)
 
 
-def peak_memory(model_name: str, length: int, tokens: int, size: str) -> float:
-    """GB of peak resident memory of a process that builds one model and runs two steps."""
-    step, _ = step_function(model_name, length, tokens, size)
+def peak_memory(model_name: str, length: int, tokens: int, size: str, device: str) -> float:
+    """GB of peak memory of a process that builds one model and runs two steps: resident on CPU, the CUDA
+    allocator's on a GPU."""
+    import torch
+
+    step, _ = step_function(model_name, length, tokens, size, device)
     step()
     step()
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
@@ -95,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=8192, help="tokens per batch at every length")
     p.add_argument("--steps", type=int, default=3, help="timed steps per run (median reported)")
     p.add_argument("--size", default="modernbert-mini")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--checkpointed", action="store_true", help="also bertdist with activation checkpointing")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)  # a child process
@@ -103,17 +113,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.child:
         what, length = args.child[0], int(args.child[1])
         value = (
-            timed_pair(length, args.tokens, args.steps, args.size, models)
+            timed_pair(length, args.tokens, args.steps, args.size, models, args.device)
             if what == "time"
-            else peak_memory(what, length, args.tokens, args.size)
+            else peak_memory(what, length, args.tokens, args.size, args.device)
         )
         print(json.dumps(value))
         return {}
-    results: dict = {"size": args.size, "tokens_per_batch": args.tokens, "runs": []}
-    print(
-        f"{args.size}, {args.tokens} tokens per batch, fwd+bwd+AdamW fp32, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}"
-    )
+    results: dict = {"size": args.size, "device": args.device, "tokens_per_batch": args.tokens, "runs": []}
+    where = f"bf16 on {_gpu_name()}" if args.device == "cuda" else f"fp32 on {os.cpu_count()} CPUs"
+    print(f"{args.size}, {args.tokens} tokens per batch, fwd+bwd+AdamW {where}, load {os.getloadavg()[0]:.1f}")
     print(
         f"{'length':>7} {'bertdist tok/s':>15} {'GB':>6} {'transformers tok/s':>19} {'GB':>6} "
         f"{'speedup':>8} {'cost/token':>11}" + (f" {'checkpointed tok/s':>19} {'GB':>6}" if args.checkpointed else "")
@@ -166,15 +174,23 @@ def _child(args: argparse.Namespace, what: str, length: int):
             str(args.steps),
             "--size",
             args.size,
+            "--device",
+            args.device,
             *(["--checkpointed"] if args.checkpointed else []),
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        env={**os.environ, "DS_ACCELERATOR": args.device},
     )
     if done.returncode != 0:
         raise SystemExit(f"{what} at {length}: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 """The source checkout: configs/, launch/ and cluster/ are read from here."""
 TEST_VOCAB_SIZE = 1024
 TEST_SEQ_LENGTH = 32
+PREPARED = os.environ.get("BERTDIST_TEST_PREPARED")
+"""A directory that `python -m tests.prepared DIR` wrote: `tiny_vocab` and `tiny_shards` read it instead of making
+them, on a machine that cannot prepare (a GPU machine with torch and DeepSpeed but no Ray: `make gpu-check`)."""
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
@@ -112,11 +115,9 @@ def two_hosts(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> str:
     """A directory of 4 English-like .txt files (one sentence per line, blank line between documents)."""
-    from bertdist.data.synthetic import write_corpus
+    from tests.prepared import write_tiny_corpus
 
-    directory = tmp_path_factory.mktemp("tiny_corpus")
-    write_corpus(str(directory), num_files=4, documents_per_file=40, seed=7)
-    return str(directory)
+    return write_tiny_corpus(tmp_path_factory.mktemp("tiny_corpus"))
 
 
 @pytest.fixture(scope="session")
@@ -133,11 +134,11 @@ def tiny_documents(tiny_corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vocab(tiny_corpus, tmp_path_factory) -> str:
     """vocab.txt of TEST_VOCAB_SIZE WordPiece tokens trained on `tiny_corpus` (uncased)."""
-    from bertdist.data.readers import expand_inputs, iter_texts
-    from bertdist.data.vocab import train_vocab
+    from tests.prepared import write_tiny_vocab
 
-    out = tmp_path_factory.mktemp("tiny_vocab")
-    return train_vocab(iter_texts(expand_inputs([tiny_corpus])), str(out), vocab_size=TEST_VOCAB_SIZE)
+    if PREPARED:
+        return str(Path(PREPARED) / "vocab.txt")
+    return write_tiny_vocab(tiny_corpus, tmp_path_factory.mktemp("tiny_vocab"))
 
 
 @pytest.fixture(scope="session")
@@ -203,11 +204,14 @@ def tiny_prepare_options(corpus: str, vocab: str, output: str, **overrides):
 
 
 @pytest.fixture(scope="session")
-def tiny_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
+def tiny_shards(tiny_corpus, tiny_vocab, request, tmp_path_factory) -> str:
     """A prepared shard directory (max_seq_length TEST_SEQ_LENGTH, ~8 shards) made by
     `bertdist.data.pipeline.driver`."""
     from bertdist.data.pipeline.driver import prepare
 
+    if PREPARED:
+        return str(Path(PREPARED) / "train")
+    request.getfixturevalue("ray_local")
     out = str(tmp_path_factory.mktemp("tiny_shards") / "train")
     prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out))
     return out

@@ -95,3 +95,20 @@ def test_every_import_of_bertdist_names_something_that_exists():
                     except ImportError:
                         missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}.{alias.name}")
     assert not missing, "\n".join(missing)
+
+
+def test_gpu_check_runs_every_file_of_gpu_marked_tests():
+    """`make gpu-check` collects only the files it names (a GPU machine may lack Ray and MLflow): a new
+    GPU-marked test file must be named there, or the check would pass without it."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check import GPU_TESTS
+
+    marked = {
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "tests").rglob("test_*.py"))
+        if re.search(r"pytest\.mark\.gpu\b", path.read_text())
+    }
+    assert marked == set(GPU_TESTS)

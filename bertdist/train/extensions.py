@@ -61,6 +61,7 @@ def prepare(say: Callable[[str], None] | None = None) -> Path | None:
     under it is left to wait on: a stale one is removed (said in one line), a live one waited for with a line
     and a timeout. Returns the directory; None without DeepSpeed."""
     say = say or _stderr
+    plain_arch_list()
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         directory = installation_directory()
         if directory is None:
@@ -70,6 +71,18 @@ def prepare(say: Callable[[str], None] | None = None) -> Path | None:
     for lock in sorted(root.glob("*/lock")):
         clear_lock(lock, say)
     return root
+
+
+def plain_arch_list() -> None:
+    """Drop the architecture-specific suffix of TORCH_CUDA_ARCH_LIST's entries ('9.0a' -> '9.0', '10.0f+PTX' ->
+    '10.0+PTX'). DeepSpeed 0.19's JIT builder reads each entry as numbers and fails on a suffix (`int('0a')`), so
+    FusedAdam was not built on an H200 whose environment names Hopper '9.0a' (November 2026). Code built for the
+    plain architecture runs on the same GPU; only kernels that use the suffixed features (Hopper's wgmma) need
+    it, and the ops DeepSpeed builds for bertdist use none."""
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if value:
+        entries = [re.sub(r"^(\d+\.\d+)[a-z]", r"\1", e) for e in re.split(r"[;\s]+", value)]
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(dict.fromkeys(entries))
 
 
 def build() -> None:

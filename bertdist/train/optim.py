@@ -105,6 +105,9 @@ def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
         try:
             from deepspeed.ops.adam import FusedAdam
 
+            from bertdist.train.extensions import plain_arch_list
+
+            plain_arch_list()
             return FusedAdam(groups, adam_w_mode=True, **kwargs)
         except Exception as e:  # the JIT build can fail in many ways (no nvcc, ABI mismatch, no GPU)
             if optim.fused == "on":

@@ -110,3 +110,14 @@ def test_the_holders_of_a_file_are_the_processes_that_have_it_open(tmp_path):
     assert extensions.holders_of(path) == []
     with path.open():
         assert extensions.holders_of(path) == [os.getpid()]
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [("9.0a", "9.0"), ("8.0 9.0a;10.0f+PTX", "8.0;9.0;10.0+PTX"), ("9.0;9.0a", "9.0"), ("7.5;8.6+PTX", "7.5;8.6+PTX")],
+)
+def test_the_arch_list_deepspeed_builds_from_has_no_architecture_suffix(monkeypatch, given, want):
+    """DeepSpeed's JIT builder fails on '9.0a' (int('0a')): FusedAdam did not build on an H200 that named it."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", given)
+    extensions.plain_arch_list()
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == want
