@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--masked-positions", type=int, default=20, help="MLM predictions per sequence")
+    p.add_argument("--vocab-size", type=int, help="the size's vocabulary unless given (the fast recipes: 8192)")
     p.add_argument(
         "--fill",
         type=float,
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         p.error(str(e))
     torch.manual_seed(0)
-    cfg = ModelConfig.from_size(args.size)
+    cfg = ModelConfig.from_size(args.size, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
     batch = make_batch(cfg, args.batch_size, args.seq_length, args.masked_positions, device, args.fill)
 
     def bertdist_step(**changes) -> callable:
