@@ -19,36 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import HF_KEY, objective, objective_from_hf
-from bertdist.errors import write_error
 from bertdist.model.albert import AlbertForPreTraining, layer_groups
 from bertdist.model.hf import (
+    BERT_CONFIG_KEYS,
     CONFIG_FILE,
-    SAFETENSORS_FILE,
     CheckpointFormatError,
     check_weights,
-    chmod_like_new_files,
     read_weights,
+    write_model_files,
     write_tokenizer_files,
 )
 
-_CONFIG_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "hidden_dropout_prob": "hidden_dropout_prob",
-    "attention_dropout_prob": "attention_probs_dropout_prob",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-    "embedding_size": "embedding_size",
-}
+_CONFIG_KEYS = {**BERT_CONFIG_KEYS, "embedding_size": "embedding_size"}
 """ModelConfig field -> AlbertConfig key."""
 _ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 """transformers' names of GELU's tanh approximation, ALBERT's activation (the first is what its configs say)."""
@@ -176,12 +161,7 @@ def write_directory(
             ["input_ids", "token_type_ids", "attention_mask"],
         )
         config.update(pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
-    try:
-        save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
-    except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
-        raise write_error(directory / SAFETENSORS_FILE, e) from None
-    chmod_like_new_files(directory / SAFETENSORS_FILE)
-    (directory / CONFIG_FILE).write_text(json.dumps({**config, **config_updates}, indent=2) + "\n")
+    write_model_files(directory, hf_state_dict(model.state_dict()), {**config, **config_updates})
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> AlbertForPreTraining:

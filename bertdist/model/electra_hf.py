@@ -27,38 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import HF_KEY
-from bertdist.errors import write_error
 from bertdist.model.electra import ElectraForPreTraining
 from bertdist.model.hf import (
+    BERT_CONFIG_KEYS,
     CONFIG_FILE,
-    SAFETENSORS_FILE,
     CheckpointFormatError,
     check_weights,
-    chmod_like_new_files,
     read_weights,
+    write_model_files,
     write_tokenizer_files,
 )
 
 GENERATOR_DIRNAME = "generator"
 """The generator's subdirectory of an export."""
-_CONFIG_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "hidden_dropout_prob": "hidden_dropout_prob",
-    "attention_dropout_prob": "attention_probs_dropout_prob",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-    "embedding_size": "embedding_size",
-}
+_CONFIG_KEYS = {**BERT_CONFIG_KEYS, "embedding_size": "embedding_size"}
 """ModelConfig field -> ElectraConfig key."""
 _DEFAULTS = {"embedding_size": 128, "intermediate_size": 1024}
 """transformers' ElectraConfig defaults (ELECTRA-Small's) for what a config.json leaves out and changes shapes."""
@@ -282,12 +267,7 @@ def _write_model(
         config["pad_token_id"] = write_tokenizer_files(
             Path(vocab_file), directory, model_max_length, _MODEL_INPUTS
         ).pad_id
-    try:
-        save_file(tensors, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
-    except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
-        raise write_error(directory / SAFETENSORS_FILE, e) from None
-    chmod_like_new_files(directory / SAFETENSORS_FILE)
-    (directory / CONFIG_FILE).write_text(json.dumps({**config, **config_updates}, indent=2) + "\n")
+    write_model_files(directory, tensors, {**config, **config_updates})
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> ElectraForPreTraining:

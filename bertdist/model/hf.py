@@ -48,8 +48,9 @@ SPAN_BOUNDARY_PREFIX = "span_boundary."
 # What a checkpoint may lack: the heads that BertModel / BertForMaskedLM do not have (which start fresh).
 _OPTIONAL_PREFIXES = ("bert.pooler.", "cls.", SPAN_BOUNDARY_PREFIX)
 
-# ModelConfig field <- config.json key, for the fields both describe.
-_CONFIG_KEYS = {
+# ModelConfig field <- config.json key, for the fields both describe (ALBERT's and ELECTRA's configs use BERT's
+# names, and add the factorised embedding's width).
+BERT_CONFIG_KEYS = {
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "num_layers": "num_hidden_layers",
@@ -86,7 +87,7 @@ class CheckpointFormatError(UserError, ValueError):
 def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
     """The config.json `transformers` writes for `BertForPreTraining` with these dimensions (`BertForMaskedLM` for
     a model without next-sentence prediction)."""
-    hf = {hf_key: getattr(cfg, field) for field, hf_key in _CONFIG_KEYS.items()}
+    hf = {hf_key: getattr(cfg, field) for field, hf_key in BERT_CONFIG_KEYS.items()}
     hf["intermediate_size"] = cfg.ffn_size()
     hf.update(
         architectures=["BertForPreTraining" if objective(cfg).sentence_task else "BertForMaskedLM"],
@@ -115,7 +116,7 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
             problems.append(f"{required} is missing or not an integer")
     if problems:
         raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
-    values = {field: hf[hf_key] for field, hf_key in _CONFIG_KEYS.items() if hf_key in hf}
+    values = {field: hf[hf_key] for field, hf_key in BERT_CONFIG_KEYS.items() if hf_key in hf}
     dims = (values["num_layers"], values["hidden_size"], values["num_attention_heads"])
     # `size` only names a preset; every dimension is set explicitly, so a non-preset shape is represented exactly.
     size = next((name for name, d in MODEL_SIZES.items() if tuple(d.values()) == dims), "base")

@@ -17,17 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from bertdist.config import ModelConfig
 from bertdist.data.tokenizer import TextTokenizer
-from bertdist.errors import write_error
 from bertdist.model.hf import (
     CONFIG_FILE,
-    SAFETENSORS_FILE,
     CheckpointFormatError,
-    chmod_like_new_files,
     read_weights,
+    write_model_files,
     write_tokenizer_files,
 )
 from bertdist.model.modernbert import ModernBertForMaskedLM
@@ -170,13 +167,9 @@ def write_directory(
         token_ids = dict(
             pad_token_id=tokenizer.pad_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep
         )
-    try:
-        save_file(hf_state_dict(model.state_dict()), str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
-    except Exception as e:  # safetensors' Rust error for a full disk is not an OSError
-        raise write_error(directory / SAFETENSORS_FILE, e) from None
-    chmod_like_new_files(directory / SAFETENSORS_FILE)
-    config = {**config_to_hf(model.config, token_ids), **config_updates}
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_model_files(
+        directory, hf_state_dict(model.state_dict()), {**config_to_hf(model.config, token_ids), **config_updates}
+    )
 
 
 def _write_fast_tokenizer(tokenizer: TextTokenizer, directory: Path) -> None:
