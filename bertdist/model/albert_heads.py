@@ -6,7 +6,7 @@ The encoder is bertdist's ALBERT (bertdist.model.albert.AlbertModel: embeddings 
 shared layers), under `albert` as in the pretraining model, so that an export's or a checkpoint's weights start a
 task model as they are (bertdist.model.albert_hf renames nothing). The task models are BERT's with ALBERT's encoder
 and transformers' `classifier_dropout_prob` before the classifier (`CLASSIFIER_DROPOUT_PROB`); they share BERT's
-losses, multiple-choice reshaping, `TaskModel` and `TokenTagger` (bertdist.model.heads):
+losses, multiple-choice reshaping and task-model bases (bertdist.model.heads):
 - `AlbertForSequenceClassification`: the pooler (tanh(Linear(H, H)) of the first token), dropout, classifier
   Linear(H, labels); single-label (cross-entropy) or regression (MSE);
 - `AlbertForTokenClassification`: no pooler; dropout and a Linear on every position; -100 marks positions without
@@ -29,12 +29,11 @@ from bertdist.config import ModelConfig
 from bertdist.model.albert import AlbertModel
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    ChoiceScorer,
+    SequenceClassifier,
     SpanPredictor,
     TaskModel,
-    TaskOutput,
     TokenTagger,
-    classification_loss,
-    multiple_choice,
 )
 from bertdist.model.ops import Dropout
 
@@ -53,12 +52,12 @@ def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
 
 
 class _AlbertClassifier(TaskModel):
-    """The encoder with its pooler, dropout and the classifier to `outputs` on each row's pooled first token."""
+    """The encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
 
-    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, outputs, problem_type, ENCODER_NAME, AlbertModel)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, AlbertModel)
         self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)
-        self.classifier = nn.Linear(cfg.hidden_size, outputs)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
 
     def classify(
@@ -68,20 +67,8 @@ class _AlbertClassifier(TaskModel):
         return self.classifier(self.dropout(pooled))
 
 
-class AlbertForSequenceClassification(_AlbertClassifier):
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type)
-        self.problem_type = problem_type
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        logits = self.classify(input_ids, token_type_ids, attention_mask)
-        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+class AlbertForSequenceClassification(_AlbertClassifier, SequenceClassifier):
+    """The pooled first token, dropout, Linear(H, labels)."""
 
 
 class AlbertForTokenClassification(TokenTagger):
@@ -95,21 +82,9 @@ class AlbertForQuestionAnswering(SpanPredictor):
         super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
 
 
-class AlbertForMultipleChoice(_AlbertClassifier):
+class AlbertForMultipleChoice(_AlbertClassifier, ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, 1)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
-        return multiple_choice(
-            self.classify, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
-        )
 
 
 TASK_MODELS = {

@@ -6,7 +6,7 @@ The encoder is bertdist's BERT without segment embeddings or pooler (`encoder`),
 pretraining model (bertdist.model.distilbert), so that a checkpoint's weights start a task model as they are;
 bertdist.model.distilbert_hf renames them to transformers' `distilbert.transformer...` on the way out and back.
 Token types are taken (the fine-tuning runner's batches carry them) and never reach the encoder. Next to BERT's
-task models (bertdist.model.heads, whose losses, multiple-choice reshaping, `TaskModel` and `TokenTagger` these
+task models (bertdist.model.heads, whose losses, multiple-choice reshaping and task-model bases these
 share):
 - `DistilBertForSequenceClassification`: on the first token, pre_classifier Linear(H, H), ReLU, dropout,
   classifier Linear(H, labels); single-label (cross-entropy) or regression (MSE);
@@ -32,12 +32,11 @@ from bertdist.model.bert import BertModel
 from bertdist.model.distilbert_hf import HEAD_DROPOUTS
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    ChoiceScorer,
+    SequenceClassifier,
     SpanPredictor,
     TaskModel,
-    TaskOutput,
     TokenTagger,
-    classification_loss,
-    multiple_choice,
 )
 from bertdist.model.ops import Dropout
 
@@ -51,34 +50,25 @@ def encoder(cfg: ModelConfig) -> BertModel:
 
 
 class _DistilBertClassifier(TaskModel):
-    """The encoder and the head on each row's first token: pre_classifier, ReLU, dropout, classifier to `outputs`."""
+    """The encoder and the head on each row's first token: pre_classifier, ReLU, dropout, classifier to
+    `num_labels`."""
 
-    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, outputs, problem_type, ENCODER_NAME, encoder, segments=False)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder, segments=False)
         self.pre_classifier = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = Dropout(HEAD_DROPOUTS["seq_classif_dropout"])
-        self.classifier = nn.Linear(cfg.hidden_size, outputs)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
 
-    def classify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        first = self.first_tokens(input_ids, None, attention_mask)
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        first = self.first_tokens(input_ids, token_type_ids, attention_mask)  # the token types stop at `encode`
         return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
 
 
-class DistilBertForSequenceClassification(_DistilBertClassifier):
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type)
-        self.problem_type = problem_type
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        logits = self.classify(input_ids, attention_mask)
-        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+class DistilBertForSequenceClassification(_DistilBertClassifier, SequenceClassifier):
+    """The first token through pre_classifier, ReLU, dropout and classifier Linear(H, labels)."""
 
 
 class DistilBertForTokenClassification(TokenTagger):
@@ -91,19 +81,9 @@ class DistilBertForQuestionAnswering(SpanPredictor):
         super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
 
 
-class DistilBertForMultipleChoice(_DistilBertClassifier):
+class DistilBertForMultipleChoice(_DistilBertClassifier, ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, 1)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
-        return multiple_choice(self.classify, labels, input_ids=input_ids, attention_mask=attention_mask)
 
 
 TASK_MODELS = {

@@ -4,7 +4,7 @@ bertdist.model.hf_heads writes checkpoints the Auto classes load and reads their
 
 The encoder is the discriminator's (bertdist.model.electra.ElectraModel: embeddings of width E, their projection,
 BERT's layers), which is what ELECTRA fine-tunes; the generator is left behind. What differs from BERT's task
-models (bertdist.model.heads, whose losses, multiple-choice reshaping, `TaskModel` and `TokenTagger` these share):
+models (bertdist.model.heads, whose losses, multiple-choice reshaping and task-model bases these share):
 no pooler.
 - `ElectraForSequenceClassification`: `classifier` (ElectraClassificationHead) on the first token: dropout,
   dense(H, H), GELU (where BERT's pooler has tanh: the ELECTRA authors' choice), dropout, out_proj(H, labels).
@@ -28,12 +28,11 @@ from bertdist.config import ModelConfig
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import (
     SINGLE_LABEL,
+    ChoiceScorer,
+    SequenceClassifier,
     SpanPredictor,
     TaskModel,
-    TaskOutput,
     TokenTagger,
-    classification_loss,
-    multiple_choice,
 )
 from bertdist.model.ops import Dropout
 
@@ -70,22 +69,16 @@ class _ElectraTaskModel(TaskModel):
         super().__init__(cfg, num_labels, problem_type, "electra", ElectraModel)
 
 
-class ElectraForSequenceClassification(_ElectraTaskModel):
+class ElectraForSequenceClassification(_ElectraTaskModel, SequenceClassifier):
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
         super().__init__(cfg, num_labels, problem_type)
-        self.problem_type = problem_type
         self.classifier = ElectraClassificationHead(cfg, num_labels)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        logits = self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
-        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
 
 
 class ElectraForTokenClassification(TokenTagger):
@@ -98,28 +91,17 @@ class ElectraForQuestionAnswering(SpanPredictor):
         super().__init__(cfg, "electra", ElectraModel)
 
 
-class ElectraForMultipleChoice(_ElectraTaskModel):
+class ElectraForMultipleChoice(_ElectraTaskModel, ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, num_labels=1)
         self.sequence_summary = ElectraSequenceSummary(cfg)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
-
-        def score(**rows: torch.Tensor | None) -> torch.Tensor:
-            return self.classifier(self.sequence_summary(self.first_tokens(**rows)))
-
-        return multiple_choice(
-            score, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
-        )
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.classifier(self.sequence_summary(self.first_tokens(input_ids, token_type_ids, attention_mask)))
 
 
 TASK_MODELS = {

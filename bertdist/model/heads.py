@@ -17,7 +17,8 @@ The losses and the multiple-choice reshaping are functions here that ModernBERT'
 (bertdist.model.modernbert_heads) share: only the encoder and what sits between it and the classifier differ.
 The families on BERT's layers (ELECTRA's bertdist.model.electra_heads, DistilBERT's
 bertdist.model.distilbert_heads, ALBERT's bertdist.model.albert_heads) also share `TaskModel` (the encoder under its
-checkpoints' name, the first tokens), `TokenTagger` (their token classification) and `SpanPredictor` (their QA).
+checkpoints' name, the first tokens), `TokenTagger` (their token classification), `SpanPredictor` (their QA), and
+`SequenceClassifier` and `ChoiceScorer` (sequence classification and multiple choice on a family's `classify`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class TaskModel(nn.Module):
     ):
         super().__init__()
         check_task(cfg, num_labels, problem_type)
-        self.config, self.num_labels = cfg, num_labels
+        self.config, self.num_labels, self.problem_type = cfg, num_labels, problem_type
         self.encoder_name, self.segments = encoder_name, segments
         setattr(self, encoder_name, new_encoder(cfg))
 
@@ -207,6 +208,40 @@ class SpanPredictor(TaskModel):
         return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
 
 
+class SequenceClassifier(TaskModel):
+    """Sequence classification on `classify(input_ids, token_type_ids, attention_mask)`, each row's logits: the
+    family's head on its first token, which a base listed before this one defines (`class
+    XForSequenceClassification(_XClassifier, SequenceClassifier)`), as its multiple choice reads it too
+    (`ChoiceScorer`). The loss is the one of `problem_type`: cross-entropy or, for regression, MSE."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        logits = self.classify(input_ids, token_type_ids, attention_mask)
+        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+
+
+class ChoiceScorer(TaskModel):
+    """Multiple choice on `classify` (see `SequenceClassifier`) with one output: each choice's score, a softmax over
+    each question's choices."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
+        return multiple_choice(
+            self.classify, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
+
+
 class _TaskModel(TaskModel):
     """BERT's encoder (with its pooler unless `add_pooling_layer` says otherwise) and the classifier's dropout."""
 
@@ -219,23 +254,22 @@ class _TaskModel(TaskModel):
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
 
-class BertForSequenceClassification(_TaskModel):
+class _BertClassifier(_TaskModel):
+    """The encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
+
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
         super().__init__(cfg, num_labels, problem_type)
-        self.problem_type = problem_type
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        pooled = self.bert.pooled_output(input_ids, token_type_ids, attention_mask)
-        logits = self.classifier(self.dropout(pooled))
-        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.classifier(self.dropout(self.bert.pooled_output(input_ids, token_type_ids, attention_mask)))
+
+
+class BertForSequenceClassification(_BertClassifier, SequenceClassifier):
+    """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
 
 
 class BertForTokenClassification(_TaskModel):
@@ -282,27 +316,9 @@ class BertForQuestionAnswering(_TaskModel):
         return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
 
 
-class BertForMultipleChoice(_TaskModel):
+class BertForMultipleChoice(_BertClassifier, ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, num_labels=1)
-        self.classifier = nn.Linear(cfg.hidden_size, 1)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
-
-        def score(**rows: torch.Tensor | None) -> torch.Tensor:
-            return self.classifier(self.dropout(self.bert.pooled_output(**rows)))
-
-        return multiple_choice(
-            score, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
-        )
 
 
 TASK_MODELS = {

@@ -22,10 +22,10 @@ TOLERANCE = 1e-5
 VOCAB = 120
 
 
-def reference(groups: int = 1, model_class: str = "AlbertForPreTraining", **settings):
+def reference(groups: int = 1, model_class: str = "AlbertForPreTraining", vocab_size: int = VOCAB, **settings):
     """A small transformers ALBERT (E 16 < H 64, 3 layers in `groups` groups) on random weights."""
     config = transformers.AlbertConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         embedding_size=16,
         hidden_size=64,
         num_hidden_layers=3,
