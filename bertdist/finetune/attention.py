@@ -103,7 +103,7 @@ def attention_maps(o: AttentionOptions) -> AttentionMaps:
     if not hasattr(encoder.model, "attention_probabilities"):  # an encoder family added without the method
         raise UserError(
             f"--model: {encoder.source.description} is a {encoder.source.model_cfg.arch} model, whose attention "
-            "probabilities bertdist cannot read yet (it draws BERT's and ModernBERT's)"
+            "probabilities bertdist cannot read yet (it draws those of BERT, ALBERT, ELECTRA, DistilBERT, ModernBERT)"
         )
     encoded = encoder.encode([Example(o.text, o.pair, "", "--text")])
     with torch.no_grad():

@@ -148,6 +148,15 @@ class AlbertTransformer(nn.Module):
                 states.append(layer(states[-1], layout, last_at))
         return states if keep_all else states[-1]
 
+    def attention_probabilities(self, x: torch.Tensor, layout: TokenLayout) -> list[torch.Tensor]:
+        """Every layer's attention probabilities from the embeddings x, (batch, heads, seq, seq) each on a padded
+        layout: a shared layer's once per depth it is applied at, as `transformers`' attentions. Inference only."""
+        x, probabilities = self.embedding_hidden_mapping_in(x), []
+        for layer in self.layers():
+            probabilities.append(layer.attention.probabilities(x, layout))
+            x = layer(x, layout)
+        return probabilities
+
 
 class AlbertPooler(nn.Linear):
     """tanh(Linear(H, H)) of the final [CLS] state; a Linear itself, as the reference's `albert.pooler`."""
@@ -204,6 +213,17 @@ class AlbertModel(nn.Module):
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
         states = self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, keep_all=True)
         return [layout.to_grid(s) for s in states]
+
+    def attention_probabilities(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """As `BertModel.attention_probabilities` (`bertdist attention`): every layer's, (batch, heads, seq, seq),
+        on the padded grid whatever `model.unpad` says. Inference only."""
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
+        return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
 
 
 class AlbertMLMHead(nn.Module):

@@ -1,6 +1,7 @@
-"""`bertdist attention`: the attention probabilities of bertdist's BERT and ModernBERT equal transformers' eager
-`attentions` on the same weights (padding, segments, RoPE and the sliding window included); the command draws
-them into a PNG grid and an offline page, which Chromium shows head by head; bad input is one line, exit 2."""
+"""`bertdist attention`: the attention probabilities of bertdist's BERT, ALBERT and ModernBERT equal transformers'
+eager `attentions` on the same weights (padding, segments, a shared layer, RoPE and the sliding window included);
+the command draws them into a PNG grid and an offline page, which Chromium shows head by head; bad input is one
+line, exit 2."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def reference(arch: str) -> "transformers.PreTrainedModel":
             num_hidden_layers=2, intermediate_size=128, max_position_embeddings=64, **common
         )
         return transformers.BertForMaskedLM(config).eval()
+    if arch == "albert":  # one layer applied twice, under a 32-wide factorised embedding
+        config = transformers.AlbertConfig(
+            num_hidden_layers=2, intermediate_size=128, max_position_embeddings=64, embedding_size=32, **common
+        )
+        return transformers.AlbertForMaskedLM(config).eval()
     config = transformers.ModernBertConfig(
         num_hidden_layers=3,
         intermediate_size=96,
@@ -55,10 +61,14 @@ def reference(arch: str) -> "transformers.PreTrainedModel":
 
 
 def encoder(hf: "transformers.PreTrainedModel") -> torch.nn.Module:
-    return hf.bert if hasattr(hf, "bert") else hf.model
+    return getattr(hf, hf.base_model_prefix)
 
 
-@pytest.fixture(scope="module", params=["bert", "modernbert"])
+def has_segments(hf: "transformers.PreTrainedModel") -> bool:
+    return hf.config.model_type in ("bert", "albert")
+
+
+@pytest.fixture(scope="module", params=["bert", "albert", "modernbert"])
 def saved(request, tmp_path_factory, tiny_vocab):
     """(transformers model, its saved directory with the tiny vocab.txt), one per family."""
     hf = reference(request.param)
@@ -81,7 +91,7 @@ def test_attention_probabilities_equal_transformers(saved):
     mask[1, 21:] = 0  # padding within the window's reach of a real token (transformers' padding rows differ past it)
     ids[mask == 0] = 0
     inputs = {"input_ids": ids, "attention_mask": mask}
-    if cfg.arch == "bert":
+    if has_segments(hf):
         inputs["token_type_ids"] = (torch.arange(24) >= 12).long().expand(2, -1)
     with torch.no_grad():
         want = encoder(hf)(**inputs, output_attentions=True).attentions
@@ -110,7 +120,7 @@ def drawn(saved, tmp_path_factory):
     vocab = (directory / "vocab.txt").read_text().splitlines()
     ids = torch.tensor([[vocab.index(token) for token in data["tokens"]]])
     inputs = {"input_ids": ids}
-    if hasattr(hf, "bert"):
+    if has_segments(hf):
         inputs["token_type_ids"] = (torch.arange(ids.shape[1]) > data["tokens"].index("[SEP]")).long()[None]
     with torch.no_grad():
         want = torch.cat(encoder(hf)(**inputs, output_attentions=True).attentions).numpy()  # (layers, heads, n, n)
@@ -276,15 +286,18 @@ def test_a_model_bertdist_cannot_run_is_named_in_one_line(tmp_path, tiny_vocab, 
 
 def test_an_encoder_without_attention_probabilities_is_named_in_one_line(saved, tmp_path, monkeypatch, capsys):
     """A family added to bertdist.model.hf_heads.FAMILIES before its encoder can return its probabilities."""
+    from bertdist.model.albert import AlbertModel
     from bertdist.model.bert import BertModel
     from bertdist.model.modernbert import ModernBertModel
 
     hf, directory = saved
-    monkeypatch.delattr(BertModel if hasattr(hf, "bert") else ModernBertModel, "attention_probabilities")
+    family = hf.config.model_type
+    encoders = {"bert": BertModel, "albert": AlbertModel, "modernbert": ModernBertModel}
+    monkeypatch.delattr(encoders[family], "attention_probabilities")
     assert run("--model", str(directory), "--text", TEXT, "--output", str(tmp_path / "out")) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert err.startswith("bertdist attention: --model: ") and "attention probabilities" in err and err.count("\n") == 1
-    assert f"{'bert' if hasattr(hf, 'bert') else 'modernbert'} model" in err
+    assert f"{family} model" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -153,9 +153,6 @@ def test_the_bare_encoder_starts_from_a_checkpoint_and_its_hidden_states_are_tra
     checks.assert_hidden_states_equal(got, want, inputs["attention_mask"].bool(), 4)
 
 
-@pytest.mark.skipif(
-    not hasattr(AlbertModel, "attention_probabilities"), reason="AlbertModel has no attention_probabilities yet"
-)
 @pytest.mark.parametrize("groups", [1, 3], ids=["shared", "unshared"])
 def test_the_encoders_attention_probabilities_are_transformers(groups):
     """What `bertdist attention` draws: every layer's, a shared layer's once per application."""
