@@ -55,8 +55,13 @@ PRETRAINING_ARCHITECTURES = {
     "BertForPreTraining": "bert",
     "BertForMaskedLM": "bert",
     "ModernBertForMaskedLM": "modernbert",
+    "AlbertForPreTraining": "albert",
+    "AlbertForMaskedLM": "albert",
+    "DistilBertForMaskedLM": "distilbert",
 }
-"""config.json's architecture of a pretraining export -> model.arch (bertdist.model.registry loads it)."""
+"""config.json's architecture of a pretraining export -> model.arch (bertdist.model.registry loads it); the graph
+returns the MLM logits. ELECTRA's export is its discriminator, whose pretraining output is no MLM: its task
+models export, its pretraining export does not."""
 _MLM = "MaskedLM"
 OUTPUTS = {
     _MLM: {"logits": ("batch", "sequence", "vocab")},

@@ -1,7 +1,7 @@
-"""ONNX graphs of bertdist's models (bertdist.model.onnx): for a pretraining export of each architecture and a
-fine-tuned model of every task (BERT, ModernBERT and ELECTRA), onnxruntime computes what PyTorch computes (1e-4) at
-two batch sizes and lengths (the axes are dynamic, padded rows and rows without padding alike); the model card's
-program runs; an architecture bertdist does not export is refused in one line."""
+"""ONNX graphs of bertdist's models (bertdist.model.onnx): for a pretraining export of each architecture with an MLM
+head and a fine-tuned model of every task (BERT, ModernBERT, ELECTRA, ALBERT, DistilBERT), onnxruntime computes
+what PyTorch computes (1e-4) at two batch sizes and lengths (the axes are dynamic, padded rows and rows without
+padding alike); the model card's program runs; an architecture bertdist does not export is refused in one line."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from bertdist.cli import main
-from bertdist.model import hf, modernbert_hf
+from bertdist.model import albert_hf, distilbert_hf, hf, modernbert_hf
+from bertdist.model.albert import AlbertForPreTraining
 from bertdist.model.bert import BertForPreTraining
+from bertdist.model.distilbert import DistilBertForMaskedLM
 from bertdist.model.hf_heads import build_task_model, save_task_model
 from bertdist.model.modernbert import ModernBertForMaskedLM
 from bertdist.model.onnx import MODEL_CARD_FILE, ONNX_FILE, OnnxExportError, load, write_onnx
@@ -42,7 +44,21 @@ def _electra():  # embeddings narrower than the discriminator: its projection is
     return tiny_model_config(arch="electra", objective="rtd", embedding_size=32, generator_hidden_size=32)
 
 
-TASK_FAMILIES = {"bert": (_bert, "Bert"), "modernbert": (_modernbert, "ModernBert"), "electra": (_electra, "Electra")}
+def _albert():  # 32-wide embeddings projected to the tiny width, one layer applied at every depth
+    return tiny_model_config(arch="albert", objective="mlm+sop", embedding_size=32, share_layers="all")
+
+
+def _distilbert():  # no segments: its graph takes no token_type_ids
+    return tiny_model_config(arch="distilbert", objective="mlm")
+
+
+TASK_FAMILIES = {
+    "bert": (_bert, "Bert"),
+    "modernbert": (_modernbert, "ModernBert"),
+    "electra": (_electra, "Electra"),
+    "albert": (_albert, "Albert"),
+    "distilbert": (_distilbert, "DistilBert"),
+}
 
 
 def _write(directory, case: str, vocab: str | None = None):
@@ -57,6 +73,12 @@ def _write(directory, case: str, vocab: str | None = None):
     elif case == "modernbert-pretraining":
         model = ModernBertForMaskedLM(_modernbert())
         modernbert_hf.write_directory(model, directory, vocab, {})
+    elif case == "albert-pretraining":
+        model = AlbertForPreTraining(_albert())
+        albert_hf.write_directory(model, directory, vocab, {})
+    elif case == "distilbert-pretraining":
+        model = DistilBertForMaskedLM(_distilbert())
+        distilbert_hf.write_directory(model, directory, vocab, {})
     elif case.endswith("embedding"):  # finetune.task=embedding's export: a sentence-transformers directory
         cfg = _bert() if case.startswith("bert") else _modernbert()
         model = SentenceEmbedder(cfg, "mean" if case.startswith("bert") else "cls")
@@ -77,6 +99,8 @@ CASES = [
     "bert-pretraining",
     "bert-mlm",
     "modernbert-pretraining",
+    "albert-pretraining",
+    "distilbert-pretraining",
     *(
         f"{arch}-{head}"
         for arch in TASK_FAMILIES
@@ -117,7 +141,7 @@ def test_onnxruntime_computes_what_pytorch_computes_at_any_batch_size_and_length
     write_onnx(tmp_path)
     session = ort.InferenceSession(str(tmp_path / ONNX_FILE))
     names = tuple(i.name for i in session.get_inputs())
-    segments = {"token_type_ids"} if case.startswith(("bert", "electra")) else set()
+    segments = {"token_type_ids"} if case.startswith(("bert", "electra", "albert")) else set()
     assert set(names) == {"input_ids", "attention_mask"} | segments
     for seed, shape in enumerate(SHAPES):
         shape = (shape[0], CHOICES[seed], shape[1]) if case.endswith("MultipleChoice") else shape
