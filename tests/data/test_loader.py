@@ -100,9 +100,19 @@ def small_transfers(monkeypatch):
 
 
 def test_workers_do_not_change_the_batches_and_epochs_reshuffle(tiny_shards, tiny_vocab, small_transfers):
-    plain = _take(_loader(tiny_shards, tiny_vocab, rank=1, world_size=2), 6)
-    workers = _take(_loader(tiny_shards, tiny_vocab, rank=1, world_size=2, num_workers=2), 6)
-    for a, b in zip(plain, workers):
+    """Over two epochs and into a third: the workers (kept across epochs, taking the chunks of every epoch in
+    turn) give the batches one process gives; a state saved at an epoch's last batch resumes into the next."""
+    kw = dict(rank=1, world_size=2)
+    n = _loader(tiny_shards, tiny_vocab, **kw).batches_per_epoch
+    plain = _take(_loader(tiny_shards, tiny_vocab, **kw), 2 * n + 3)
+    workers = _take(_loader(tiny_shards, tiny_vocab, **kw, num_workers=3), 2 * n + 3)
+    for a, b in zip(plain, workers, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in KEYS)
+    first = _loader(tiny_shards, tiny_vocab, **kw, num_workers=2)
+    _take(first, n)
+    resumed = _loader(tiny_shards, tiny_vocab, **kw, num_workers=2)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for a, b in zip(plain[n : n + 5], _take(resumed, 5), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in KEYS)
     loader = _loader(tiny_shards, tiny_vocab)
     n = loader.batches_per_epoch
