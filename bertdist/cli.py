@@ -37,7 +37,7 @@ from bertdist.config import (
     load_config,
     validate,
 )
-from bertdist.config.schema import ARCHITECTURES
+from bertdist.config.model import ARCHITECTURES
 from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS

@@ -3,7 +3,8 @@
     from bertdist.config import load_config, validate
     cfg = load_config("configs/bert-base.yaml", ["train.global_batch_size=64"])
 
-    schema      the dataclasses (one per section), the single schema
+    schema      the dataclasses (one per section), the single schema; its model section is `model`, its
+                fine-tuning sections `finetune`
     presets     the named model sizes
     choices     the enumerations (Literal fields): their values, read from the schema, and their one check
     loading     defaults < YAML < overrides, layered into a Config
@@ -12,12 +13,13 @@
 The names below are the package's public surface.
 """
 
+from bertdist.config.errors import ConfigError
 from bertdist.config.loading import dump_yaml, flatten, load_config
+from bertdist.config.model import ModelConfig
+from bertdist.config.presets import MODEL_SIZES
 from bertdist.config.schema import (
-    MODEL_SIZES,
     CheckpointConfig,
     Config,
-    ConfigError,
     DataConfig,
     DistillConfig,
     DownstreamConfig,
@@ -25,7 +27,6 @@ from bertdist.config.schema import (
     FinetuneConfig,
     LaunchConfig,
     MaskingConfig,
-    ModelConfig,
     OptimConfig,
     PhaseConfig,
     TrackingConfig,

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from bertdist.config.schema import Config, ConfigError
+from bertdist.config.errors import ConfigError
+from bertdist.config.schema import Config
 from bertdist.config.validation import validate
 
 

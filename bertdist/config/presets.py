@@ -1,7 +1,7 @@
 """The named model sizes (`model.size`), each with the architecture (`model.arch`) it belongs to.
 
-Kept beside the schema (`bertdist.config.schema`, which re-exports them) as data: a new size is a line here, a new
-architecture a name in the schema's `model.arch` plus its presets.
+Kept beside the schema (`bertdist.config.model`; the package exports them) as data: a new size is a line here, a
+new architecture a name in the schema's `model.arch` plus its presets.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Every section is its own dataclass so that each component receives only the part it needs
 (`build_model(cfg.model)`), and derived quantities (gradient accumulation, total steps) are
 functions rather than fields that could disagree. Each field is documented where it is declared; those
-docstrings are the reference for the YAML files in configs/.
+docstrings are the reference for the YAML files in configs/. The model section (`ModelConfig`) and the fine-tuning
+sections have modules of their own (`bertdist.config.model`, `bertdist.config.finetune`), which every stage
+imports without the rest.
 
 How files and overrides are layered onto these defaults is `bertdist.config.loading`; which combinations
 are impossible is `bertdist.config.validation`. This module reads and starts nothing.
@@ -13,128 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from bertdist.config.choices import choices
-from bertdist.config.errors import ConfigError
 from bertdist.config.finetune import DownstreamConfig, FinetuneConfig
-from bertdist.config.presets import MODEL_SIZES
-
-
-@dataclass
-class ModelConfig:
-    """The encoder's architecture. `size` picks a named preset; any other key given alongside it wins."""
-
-    PRESET_FIELD: ClassVar[str] = "size"
-
-    size: str = "base"
-    """Named size: tiny, mini, small, medium, base or large (BERT: layers, hidden size, heads); modernbert-tiny,
-    -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary); albert-mini, -base, -large
-    (ALBERT: also its embedding width, sharing, dropout and vocabulary); electra-mini, -small, -base, -large (ELECTRA:
-    also its embedding width and generator); distilbert-mini, -base (DistilBERT students: half the layers of
-    BERT-mini and BERT-Base)."""
-    arch: Literal["bert", "modernbert", "albert", "electra", "distilbert"] = "bert"
-    """bert (the 2018 architecture, the default), modernbert (RoPE, GeGLU, pre-norm, alternating global and
-    local attention: bertdist.model.modernbert), albert (factorized embeddings, layers sharing parameters, a
-    sentence-order head: bertdist.model.albert), electra (a small MLM generator and the discriminator that
-    detects its replacements: bertdist.model.electra) or distilbert (BERT's layers without segment embeddings or
-    pooler, the student of a distillation: bertdist.model.distilbert). One registry: bertdist.model.registry."""
-    num_layers: int = 12
-    hidden_size: int = 768
-    num_attention_heads: int = 12
-    intermediate_size: int = 0
-    """Feed-forward width; 0 means 4 x hidden_size as in BERT."""
-    vocab_size: int = 30522
-    """Rows of the word embedding; must be at least the number of tokens of the tokenizer data.vocab_file."""
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout_prob: float = 0.1
-    attention_dropout_prob: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    objective: Literal["mlm+nsp", "mlm", "mlm+sop", "rtd", "span", "distill"] = "mlm+nsp"
-    """What pretraining trains (bertdist.config.objectives): mlm+nsp, masked LM and next-sentence prediction on
-    `prepare --objective nsp` pairs (the paper); mlm, masked LM only (RoBERTa: no pooler, no sentence head; any
-    shards, `--objective mlm` text is made for it; exported as *ForMaskedLM); mlm+sop, masked LM and ALBERT's
-    sentence-order prediction on `--objective sop` pairs; rtd, ELECTRA's replaced-token detection (arch: electra, any
-    shards); span, SpanBERT's masked LM + span-boundary objective (arch: bert, span masking at load time); distill,
-    DistilBERT's distillation from a teacher (arch: distilbert, the `distill` section)."""
-    activation_checkpointing: bool = False
-    """Recompute each encoder layer in the backward pass: less memory, about a third more compute."""
-    unpad: bool = True
-    """Run the encoder on the real tokens only, not on padding (`bertdist.model.layout`); the same outputs, and
-    faster wherever a batch has padding (measured in benchmarks/packing.py)."""
-    compile: bool = False
-    """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
-    # ModernBERT only (arch: modernbert); the others refuse them set away from these defaults (ARCH_ONLY_FIELDS).
-    global_attn_every_n_layers: int = 3
-    """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""
-    local_attention: int = 128
-    """The local layers' sliding window, in tokens: a token sees keys at most half of this away (< 2 x the longest
-    max_seq_length)."""
-    global_rope_theta: float = 160000.0
-    local_rope_theta: float = 10000.0
-    bias: bool = False
-    """Biases in the linear layers and LayerNorms (ModernBERT has none; the decoder keeps its own either way)."""
-    # ALBERT and ELECTRA only; the others refuse it set away from its default.
-    embedding_size: int = 0
-    """Width E of the token, position and segment embeddings, projected to hidden_size by one E x H matrix
-    (ALBERT's factorization: V x E + E x H parameters instead of V x H; the paper's E is 128; at most hidden_size.
-    ELECTRA: the width its generator and discriminator share, 128 for ELECTRA-Small). 0: hidden_size (no
-    factorization), so that the default suits every hidden size."""
-    # ALBERT only (arch: albert); the others refuse it set away from its default.
-    share_layers: Literal["all", "attention", "ffn", "none"] = "all"
-    """What the layers share: all (ALBERT: one layer applied num_layers times), attention or ffn (that sublayer
-    only, each layer keeping its own other one), none (num_layers distinct layers). transformers' ALBERT holds all
-    and none only: the other two train, and `bertdist export` refuses them."""
-
-    # ELECTRA only (arch: electra); the others refuse them set away from these defaults.
-    generator_hidden_size: int = 0
-    """The generator's width (0: hidden_size / 4); at most hidden_size. The paper finds 1/4 to 1/2 of the
-    discriminator's best (arXiv 2003.10555, section 3.2)."""
-    generator_num_attention_heads: int = 0
-    """0: num_attention_heads / 4 (at least 1)."""
-    generator_intermediate_size: int = 0
-    """0: 4 x the generator's width."""
-    generator_num_layers: int = 0
-    """0: num_layers, as the paper's generators."""
-    rtd_weight: float = 50.0
-    """lambda: loss = generator MLM + lambda x replaced-token detection (the paper's 50)."""
-
-    @classmethod
-    def from_size(cls, size: str, **overrides: Any) -> "ModelConfig":
-        return cls(size=size, **{**cls.preset(size), **overrides})
-
-    @staticmethod
-    def preset(size: Any) -> dict[str, int]:
-        """The fields that `size` sets; the loader applies them before the keys given beside `size`."""
-        if not isinstance(size, str) or size not in MODEL_SIZES:
-            raise ConfigError([f"model.size: unknown size {size!r}; choose one of {', '.join(MODEL_SIZES)}"])
-        return MODEL_SIZES[size]
-
-    def ffn_size(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
-
-    def embedding_width(self) -> int:
-        """E: ALBERT's and ELECTRA's embedding width (model.embedding_size, 0 meaning hidden_size)."""
-        return self.embedding_size or self.hidden_size
-
-    def generator_config(self) -> "ModelConfig":
-        """ELECTRA's generator encoder: `generator_*` (0: a quarter of the discriminator's width and heads, 4x its
-        width of feed-forward, the discriminator's depth), the embeddings' width E shared."""
-        hidden = self.generator_hidden_size or self.hidden_size // 4
-        return dataclasses.replace(
-            self,
-            hidden_size=hidden,
-            embedding_size=self.embedding_width(),
-            num_attention_heads=self.generator_num_attention_heads or max(1, self.num_attention_heads // 4),
-            intermediate_size=self.generator_intermediate_size or 4 * hidden,
-            num_layers=self.generator_num_layers or self.num_layers,
-        )
-
-
-ARCHITECTURES: tuple[str, ...] = choices(ModelConfig, "arch")
-"""model.arch: the names bertdist.model.registry maps to model classes."""
+from bertdist.config.model import ModelConfig
 
 
 @dataclass

@@ -14,6 +14,7 @@ The modules are small on purpose, each one concern:
     shards     the on-disk format (WebDataset tar shards) and the manifest
     streaming  shards read from object storage: block cache, prefetch
     batching   samples -> padded or packed batches
+    epochs     an epoch's global order of samples, and the stretch of it a set of ranks consumes
     loader     the training DataLoader: shuffled, sharded across ranks, resumable
     inspect    `bertdist inspect`: what a shard directory holds, its masking statistics
     commands   the `vocab`, `prepare` and `inspect` subcommands (their flags and what they run)

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 import os
 import weakref
-from collections import OrderedDict
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -38,105 +36,17 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from bertdist import storage
 from bertdist.config.schema import MaskingConfig
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
+from bertdist.data.epochs import EpochLayout, Masker, Segment
 from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
 from bertdist.data.samples import Samples
-from bertdist.data.shards import read_block, read_manifest, shard_blocks
-from bertdist.data.streaming import BlockStream, StreamSettings
+from bertdist.data.shards import read_manifest
+from bertdist.data.streaming import StreamSettings
 from bertdist.data.tokenizer import open_tokenizer, tokenizer_file
 from bertdist.errors import DataError
 
 STATE_VERSION = 1
 BATCHES_TRANSFER_SAMPLES = 1024
 """About how many samples a DataLoader worker sends per transfer (whole batches)."""
-
-
-class _Masker(NamedTuple):
-    rules: MaskingConfig
-    vocab: VocabInfo
-    span_bounds: bool
-    """The batches carry `masked_lm_span_bounds` (bertdist.data.batching)."""
-
-
-class _Layout:
-    """Which sample sits at a global position of an epoch, and reading it (cached per process)."""
-
-    def __init__(
-        self, shard_dir: str, manifest: dict, seed: int, window: int, masker: _Masker | None, streaming: StreamSettings
-    ):
-        self.shard_dir, self.seed, self.window, self.masker = shard_dir, seed, window, masker
-        per_block = manifest["options"]["samples_per_block"]
-        self.blocks: list[tuple[str, int, int]] = []  # (shard file, block index, samples)
-        for shard in manifest["shards"]:
-            n = shard["num_samples"]
-            for b in range(math.ceil(n / per_block)):
-                self.blocks.append((shard["name"], b, min(per_block, n - b * per_block)))
-        self.first_sample = np.cumsum([0] + [b[2] for b in self.blocks])
-        """Of each block, the index of its first sample in manifest order: a sample's identity for its masks."""
-        self.num_samples = int(self.first_sample[-1])
-        self._epoch = -1
-        self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._decoded: OrderedDict[int, tuple[Samples, np.ndarray, np.ndarray]] = OrderedDict()
-        self._locations = shard_blocks(shard_dir, manifest)  # checks every shard against the manifest
-        self._cache_blocks = 2 * (window // max(per_block, 1) + 2)
-        self.stream: BlockStream | None = None
-        self.prefetch_samples = streaming.prefetch_samples
-        if storage.is_url(shard_dir):
-            if not all("blocks" in shard for shard in manifest["shards"]):
-                raise DataError(
-                    f"{shard_dir}: the manifest lists no blocks (prepared by bertdist < 0.2), which streaming "
-                    "from a store needs; prepare the data again, or train from a local copy"
-                )
-            index = [(shard["name"], *block) for shard in manifest["shards"] for block in shard["blocks"]]
-            self.stream = BlockStream(shard_dir, index, streaming)
-
-    def prefetch(self, epoch: int, positions: np.ndarray) -> None:
-        """Start fetching the blocks of the samples at these positions (streamed shards only)."""
-        if self.stream is not None:
-            self.stream.schedule(self.locate(epoch, positions)[0].tolist())
-
-    def _set_epoch(self, epoch: int) -> None:
-        if epoch == self._epoch:
-            return
-        self._epoch = epoch
-        self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
-        counts = np.array([self.blocks[b][2] for b in self._order], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)])
-        self._windows.clear()
-
-    def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(block id, row in block) of the samples at the given global positions of `epoch`."""
-        self._set_epoch(epoch)
-        window = positions // self.window
-        source = np.empty_like(positions)
-        for k in np.unique(window).tolist():
-            here = window == k
-            source[here] = k * self.window + self._window_permutation(k)[positions[here] - k * self.window]
-        slot = np.searchsorted(self._starts, source, side="right") - 1
-        return self._order[slot], source - self._starts[slot]
-
-    def _window_permutation(self, k: int) -> np.ndarray:
-        if k not in self._windows:
-            size = min(self.window, self.num_samples - k * self.window)
-            self._windows[k] = np.random.default_rng([self.seed, self._epoch, k, 1]).permutation(size)
-            while len(self._windows) > 4:
-                self._windows.popitem(last=False)
-        return self._windows[k]
-
-    def block(self, block_id: int) -> tuple[Samples, np.ndarray, np.ndarray]:
-        """A decoded block with its token and mask offsets."""
-        if block_id in self._decoded:
-            self._decoded.move_to_end(block_id)
-            return self._decoded[block_id]
-        name, index, _ = self.blocks[block_id]
-        offset, size, count = self._locations[name][index]
-        path = storage.join(self.shard_dir, name)
-        data = self.stream.read(block_id) if self.stream is not None else None
-        samples = read_block(path, (offset, size), count, data)
-        entry = (samples, samples.token_offsets(), samples.mask_offsets())
-        self._decoded[block_id] = entry
-        while len(self._decoded) > self._cache_blocks:
-            self._decoded.popitem(last=False)
-        return entry
 
 
 def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
@@ -177,7 +87,7 @@ def _worker_message(error: DataError) -> str:
     return text.rsplit(marker, 1)[1].strip() if "Original Traceback" in text and marker in text else text
 
 
-def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length: int, packing: bool):
+def _collate(layout: EpochLayout, epoch: int, positions: np.ndarray, max_seq_length: int, packing: bool):
     """The batch of the samples at `positions` (`bertdist.data.batching`)."""
     blocks, rows = layout.locate(epoch, positions)
     if layout.masker is not None:
@@ -199,7 +109,7 @@ def _collate(layout: _Layout, epoch: int, positions: np.ndarray, max_seq_length:
 
 
 def _collate_masking(
-    layout: _Layout, epoch: int, blocks: np.ndarray, rows: np.ndarray, max_seq_length: int, packing: bool
+    layout: EpochLayout, epoch: int, blocks: np.ndarray, rows: np.ndarray, max_seq_length: int, packing: bool
 ):
     """The batch of unmasked samples, masked now: the masks depend on (seed, epoch, sample) only."""
     parts = []
@@ -229,62 +139,13 @@ def _collate_masking(
     return collate(picked_from(masked), max_seq_length, packing)
 
 
-class _Segment:
-    """A stretch of an epoch consumed by a fixed set of ranks: the unconsumed positions at its start."""
-
-    def __init__(self, world_size: int, micro_batch_size: int, intervals: list[list[int]], batches_done: int = 0):
-        self.world_size, self.micro_batch_size = world_size, micro_batch_size
-        self.intervals, self.batches_done = intervals, batches_done
-        self.size = sum(b - a for a, b in intervals)
-
-    def rank_start(self, rank: int) -> int:
-        return rank * self.size // self.world_size
-
-    def batches_per_rank(self) -> int:
-        return (self.size // self.world_size) // self.micro_batch_size
-
-    def global_positions(self, virtual: np.ndarray) -> np.ndarray:
-        starts = np.array([a for a, _ in self.intervals], dtype=np.int64)
-        lengths = np.array([b - a for a, b in self.intervals], dtype=np.int64)
-        cum = np.concatenate([[0], np.cumsum(lengths)])
-        which = np.searchsorted(cum, virtual, side="right") - 1
-        return starts[which] + virtual - cum[which]
-
-    def batch_positions(self, rank: int, batch: int) -> np.ndarray:
-        first = self.rank_start(rank) + batch * self.micro_batch_size
-        return self.global_positions(np.arange(first, first + self.micro_batch_size, dtype=np.int64))
-
-    def remaining(self) -> list[list[int]]:
-        """Unconsumed positions after `batches_done` batches on every rank, as sorted intervals."""
-        consumed = []
-        for r in range(self.world_size):
-            lo = self.rank_start(r)
-            consumed.append((lo, lo + self.batches_done * self.micro_batch_size))
-        left, cursor = [], 0
-        for lo, hi in consumed + [(self.size, self.size)]:
-            if lo > cursor:
-                left.extend(_virtual_to_intervals(self, cursor, lo))
-            cursor = max(cursor, hi)
-        return left
-
-
-def _virtual_to_intervals(segment: _Segment, lo: int, hi: int) -> list[list[int]]:
-    out, cum = [], 0
-    for a, b in segment.intervals:
-        s, e = max(lo, cum), min(hi, cum + b - a)
-        if s < e:
-            out.append([a + s - cum, a + e - cum])
-        cum += b - a
-    return out
-
-
 class _BatchStream(IterableDataset):
     """A rank's batches from an epoch segment on, epoch after epoch, in chunks of `chunk` consecutive batches of
     one segment in one buffer; worker w of W makes chunks w, w+W, ... counted across the epochs, the order in
     which the DataLoader takes them. One stream serves the whole run: a DataLoader started again at each epoch
     forked a new worker each time, a pause of 2-4 s per epoch in training (November 2026)."""
 
-    def __init__(self, loader: "PretrainingLoader", segment: _Segment, chunk: int):
+    def __init__(self, loader: "PretrainingLoader", segment: Segment, chunk: int):
         self.layout, self.epoch, self.segment, self.chunk = loader._layout, loader.epoch, segment, chunk
         self.rank, self.max_seq_length, self.packing = loader.rank, loader.max_seq_length, loader.packing
 
@@ -299,9 +160,9 @@ class _BatchStream(IterableDataset):
             counted += len(starts)
             yield from self._chunks(epoch, segment, mine, end)
             everything = [[0, self.layout.num_samples]]  # the next epoch, as `PretrainingLoader._fresh_segment`
-            epoch, segment = epoch + 1, _Segment(segment.world_size, segment.micro_batch_size, everything)
+            epoch, segment = epoch + 1, Segment(segment.world_size, segment.micro_batch_size, everything)
 
-    def _chunks(self, epoch: int, segment: _Segment, starts: range, end: int):
+    def _chunks(self, epoch: int, segment: Segment, starts: range, end: int):
         ahead = max(1, -(-self.layout.prefetch_samples // (self.chunk * segment.micro_batch_size)))
         self._prefetch(epoch, segment, starts[:ahead], end)
         for k, start in enumerate(starts):
@@ -314,7 +175,7 @@ class _BatchStream(IterableDataset):
             ]
             yield (parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])), [p[1] for p in parts]
 
-    def _prefetch(self, epoch: int, segment: _Segment, chunk_starts: range, end: int) -> None:
+    def _prefetch(self, epoch: int, segment: Segment, chunk_starts: range, end: int) -> None:
         """Ask for the blocks of these chunks ahead of need (streamed shards only)."""
         if self.layout.stream is None:
             return
@@ -373,14 +234,14 @@ class PretrainingLoader:
         """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
         masker = None
         if options.get("masking", "static") == "dynamic":
-            masker = _Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)), span_bounds)
+            masker = Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)), span_bounds)
         if span_bounds and (masker is None or not masking.span_masking):
             raise DataError(
                 f"{shard_dir}: span boundaries come from span masking at load time: set data.masking.span_masking "
                 "and use shards prepared with --masking dynamic"
                 + ("" if masker else f" (these were prepared with --masking {options.get('masking', 'static')})")
             )
-        self._layout = _Layout(shard_dir, manifest, seed, shuffle_buffer_size, masker, streaming)
+        self._layout = EpochLayout(shard_dir, manifest, seed, shuffle_buffer_size, masker, streaming)
         if self._layout.num_samples // world_size < micro_batch_size:
             raise DataError(
                 f"{shard_dir}: {self._layout.num_samples} samples cannot give each of {world_size} ranks "
@@ -389,8 +250,8 @@ class PretrainingLoader:
         self._epoch = 0
         self._segment = self._fresh_segment()
 
-    def _fresh_segment(self) -> _Segment:
-        return _Segment(self.world_size, self.micro_batch_size, [[0, self._layout.num_samples]])
+    def _fresh_segment(self) -> Segment:
+        return Segment(self.world_size, self.micro_batch_size, [[0, self._layout.num_samples]])
 
     @property
     def epoch(self) -> int:
@@ -467,8 +328,8 @@ class PretrainingLoader:
         if wrong:
             raise DataError(f"{self.shard_dir}: loader state belongs to other data or settings: {', '.join(wrong)}")
         self._epoch = int(state["epoch"])
-        saved = _Segment(state["world_size"], state["micro_batch_size"], state["intervals"], state["batches_done"])
+        saved = Segment(state["world_size"], state["micro_batch_size"], state["intervals"], state["batches_done"])
         if saved.world_size == self.world_size and saved.micro_batch_size == self.micro_batch_size:
             self._segment = saved
         else:  # new ranks share what the old ranks left of this epoch
-            self._segment = _Segment(self.world_size, self.micro_batch_size, saved.remaining())
+            self._segment = Segment(self.world_size, self.micro_batch_size, saved.remaining())

@@ -40,7 +40,7 @@ def _run_finetune(args: argparse.Namespace) -> int:
 
 def add_embed(sub: argparse._SubParsersAction) -> None:
     from bertdist.config.choices import choices
-    from bertdist.config.schema import FinetuneConfig
+    from bertdist.config.finetune import FinetuneConfig
     from bertdist.finetune.embed import EmbedOptions
 
     d = EmbedOptions(model="", input="", output_dir="")

@@ -37,7 +37,7 @@ import numpy as np
 
 from bertdist import ownership, storage
 from bertdist.config.choices import choices
-from bertdist.config.schema import FinetuneConfig
+from bertdist.config.finetune import FinetuneConfig
 from bertdist.data import DataError
 from bertdist.errors import UserError
 

@@ -24,7 +24,7 @@ classifies every token of the result as original or replaced.
   token (the paper's lambda is 50). Both parts are logged (`loss/train_mlm`, `loss/train_rtd`, the RTD loss
   unweighted), with the generator's MLM accuracy and the discriminator's token accuracy (`rtd_accuracy`).
 
-Layers, attention, padding, unpadding and packing are BERT's (`bertdist.model.bert`, `TokenLayout`). This module
+Layers, attention, padding, unpadding and packing are BERT's (`bertdist.model.bert_layers`, `TokenLayout`). This module
 imports torch and the config schema only; it never imports its adapter.
 """
 
@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
-from bertdist.model.bert import BertEmbeddings, BertEncoder, BertLayer, check_heads_divide, init_weights
+from bertdist.model.bert import check_heads_divide, init_weights
+from bertdist.model.bert_layers import BertEmbeddings, BertEncoder, BertLayer
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import VocabCrossEntropy, tied_logits
 from bertdist.model.outputs import PreTrainingOutput, Scored

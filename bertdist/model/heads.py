@@ -15,9 +15,9 @@ key, and a model fine-tuned with `transformers` loads here. Token tagging and QA
 
 The losses and the multiple-choice reshaping are functions here that ModernBERT's task models
 (bertdist.model.modernbert_heads) share: only the encoder and what sits between it and the classifier differ.
-The families on BERT's layers (ELECTRA's bertdist.model.electra_heads, DistilBERT's
-bertdist.model.distilbert_heads, ALBERT's bertdist.model.albert_heads) also share `TaskModel` (the encoder under its
-checkpoints' name, the first tokens), `TokenTagger` (their token classification), `SpanPredictor` (their QA), and
+BERT's task models here and those of the families on BERT's layers (ELECTRA's bertdist.model.electra_heads,
+DistilBERT's bertdist.model.distilbert_heads, ALBERT's bertdist.model.albert_heads) share `TaskModel` (the encoder
+under its checkpoints' name, the first tokens), `TokenTagger` (token classification), `SpanPredictor` (QA), and
 `SequenceClassifier` and `ChoiceScorer` (sequence classification and multiple choice on a family's `classify`).
 """
 
@@ -147,8 +147,8 @@ class TaskModel(nn.Module):
 
 
 class TokenTagger(TaskModel):
-    """Token classification as ELECTRA's and DistilBERT's: dropout and Linear(H, labels) at every real token;
-    -100 marks positions without a label. (BERT's classifies the grid `BertModel.forward` returns.)"""
+    """Token classification as BERT's, ELECTRA's and DistilBERT's: dropout and Linear(H, labels) at every real
+    token (padding slots' logits are zeros); -100 marks positions without a label."""
 
     def __init__(
         self,
@@ -176,9 +176,9 @@ class TokenTagger(TaskModel):
 
 
 class SpanPredictor(TaskModel):
-    """Extractive QA as the families on BERT's layers do it (ELECTRA's, ALBERT's, DistilBERT's): Linear(H, 2) start
-    and end logits at every slot of the row, after a dropout of `dropout_p` (DistilBERT's; none elsewhere, as in
-    transformers). The start/end softmax runs over every slot, padding included, as in Google's run_squad and
+    """Extractive QA as the families on BERT's layers do it (BERT's, ELECTRA's, ALBERT's, DistilBERT's): Linear(H, 2)
+    start and end logits at every slot of the row, after a dropout of `dropout_p` (DistilBERT's; none elsewhere, as
+    in transformers). The start/end softmax runs over every slot, padding included, as in Google's run_squad and
     transformers: the padded slots' states are part of the loss, so the encoder always runs padded."""
 
     def __init__(
@@ -242,23 +242,12 @@ class ChoiceScorer(TaskModel):
         )
 
 
-class _TaskModel(TaskModel):
-    """BERT's encoder (with its pooler unless `add_pooling_layer` says otherwise) and the classifier's dropout."""
-
-    add_pooling_layer = True
+class _BertClassifier(TaskModel):
+    """BERT's encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(
-            cfg, num_labels, problem_type, "bert", lambda c: BertModel(c, add_pooling_layer=self.add_pooling_layer)
-        )
+        super().__init__(cfg, num_labels, problem_type, "bert", BertModel)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
-
-
-class _BertClassifier(_TaskModel):
-    """The encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
-
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
 
@@ -272,48 +261,18 @@ class BertForSequenceClassification(_BertClassifier, SequenceClassifier):
     """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
 
 
-class BertForTokenClassification(_TaskModel):
-    add_pooling_layer = False
+class BertForTokenClassification(TokenTagger):
+    """No pooler; dropout and Linear(H, labels) at every real token."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        sequence, _ = self.bert(input_ids, token_type_ids, attention_mask)
-        logits = self.classifier(self.dropout(sequence))
-        return TaskOutput(tagging_loss(logits, labels), logits)
+        super().__init__(cfg, num_labels, "bert", lambda c: BertModel(c, add_pooling_layer=False))
 
 
-class BertForQuestionAnswering(_TaskModel):
-    add_pooling_layer = False
+class BertForQuestionAnswering(SpanPredictor):
+    """No pooler; Linear(H, 2) at every slot for the start and end logits, no dropout there (as transformers)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, num_labels=2)
-        # The start/end softmax runs over every slot of the row, padding included, as in Google's run_squad and
-        # transformers: the padded slots' states are part of the loss, so this encoder always runs padded.
-        self.bert.unpad = False
-        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        sequence, _ = self.bert(input_ids, token_type_ids, attention_mask)
-        logits = self.qa_outputs(sequence)  # no dropout here, as in transformers
-        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+        super().__init__(cfg, "bert", lambda c: BertModel(c, add_pooling_layer=False))
 
 
 class BertForMultipleChoice(_BertClassifier, ChoiceScorer):

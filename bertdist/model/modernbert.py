@@ -44,37 +44,11 @@ from bertdist.model.ops import (
     tied_logits,
 )
 from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.rotary import Rotary
 
 
 def is_global(cfg: ModelConfig, layer: int) -> bool:
     return layer % cfg.global_attn_every_n_layers == 0
-
-
-class Rotary:
-    """cos and sin of every token's position in the space in use, for one theta: computed once per forward pass
-    and shared by the layers of that kind (fp32 angles, as the reference)."""
-
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
-        self.cos, self.sin = cos, sin  # (..., 1, head_dim)
-
-    @staticmethod
-    def of(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> "Rotary":
-        inv_freq = 1.0 / (
-            theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-        )
-        angles = positions[..., None].float() * inv_freq  # (..., head_dim / 2)
-        angles = torch.cat((angles, angles), dim=-1)
-        return Rotary(angles.cos()[..., None, :].to(dtype), angles.sin()[..., None, :].to(dtype))
-
-    def at(self, layout: TokenLayout, positions: torch.Tensor) -> "Rotary":
-        """The rotation of the tokens at `positions` (samples, k) of each sample (`TokenLayout.gather`)."""
-        return Rotary(*(layout.gather(t.flatten(-2), positions)[..., None, :] for t in (self.cos, self.sin)))
-
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., heads, head_dim) rotated by each token's position."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x.float() * self.cos + rotated.float() * self.sin).to(x.dtype)
 
 
 def _norm(cfg: ModelConfig) -> nn.LayerNorm:
@@ -138,10 +112,8 @@ class ModernBertAttention(nn.Module):
         w, b = self.Wqkv.weight, self.Wqkv.bias
         q = F.linear(layout.gather(x, at), w[:hidden], None if b is None else b[:hidden])
         kv = F.linear(x, w[hidden:], None if b is None else b[hidden:])
-        shape = (self.num_heads, hidden // self.num_heads)
-        q = rotary.at(layout, at).apply(q.unflatten(-1, shape)).flatten(-2)
-        kv = torch.cat([rotary.apply(kv[..., :hidden].unflatten(-1, shape)).flatten(-2), kv[..., hidden:]], dim=-1)
-        dropout_p, scale = self.dropout_p if self.training else 0.0, shape[1] ** -0.5
+        q, kv = rotary.at(layout, at).apply(q, hidden), rotary.apply(kv, hidden)  # keys rotated, values as they are
+        dropout_p, scale = self.dropout_p if self.training else 0.0, (hidden // self.num_heads) ** -0.5
 
         def attend(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
             if self.window:
@@ -166,11 +138,7 @@ class ModernBertAttention(nn.Module):
 
     def _qkv(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """The fused (..., 3 x hidden) projection, queries and keys rotated by each token's position."""
-        hidden = x.shape[-1]
-        qkv = self.Wqkv(x)
-        shape = (*qkv.shape[:-1], self.num_heads, hidden // self.num_heads)
-        q, k = rotary.apply(qkv[..., :hidden].view(shape)), rotary.apply(qkv[..., hidden : 2 * hidden].view(shape))
-        return torch.cat([q.flatten(-2), k.flatten(-2), qkv[..., 2 * hidden :]], dim=-1)
+        return rotary.apply(self.Wqkv(x), 2 * x.shape[-1])
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         dropout_p, scale = self.dropout_p if self.training else 0.0, (q.shape[-1] // self.num_heads) ** -0.5
@@ -306,7 +274,7 @@ class ModernBertModel(nn.Module):
         x = self.embeddings(ids)
         head_dim = cfg.hidden_size // cfg.num_attention_heads
         rotary = {
-            kind: Rotary.of(positions, head_dim, theta, x.dtype)
+            kind: Rotary.of(positions, head_dim, theta)
             for kind, theta in (("global", cfg.global_rope_theta), ("local", cfg.local_rope_theta))
         }
         return x, layout, [rotary["global" if is_global(cfg, i) else "local"] for i in range(cfg.num_layers)]

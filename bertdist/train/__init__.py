@@ -1,6 +1,7 @@
 """Pretraining with DeepSpeed, and what surrounds a run: checkpoints, the plan, export.
 
 trainer      Trainer: builds every component in __init__, runs the loop in train()
+starting     the engine from fresh weights, a released model or a checkpoint, and the restore
 deepspeed    the DeepSpeed config dict from our config; the engine
 optim        AdamW parameter groups and the learning-rate schedule
 lamb         LAMB (per-tensor trust ratio), for the large-batch recipes

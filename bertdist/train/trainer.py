@@ -44,16 +44,15 @@ from bertdist.errors import (
 )
 from bertdist.model import registry
 from bertdist.model.flops import PeakFlops
-from bertdist.model.registry import build_model, load_pretrained
 from bertdist.tracking.base import Tracker
 from bertdist.train import (
     checkpoint,
     distributed,
     metrics,
     remote,
-    reshard,
     rng,
     run_tracking,
+    starting,
     stopping,
     timeline,
 )
@@ -64,7 +63,6 @@ from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.loaders import phase_loader
 from bertdist.train.optim import (
-    build_optimizer,
     scheduled_learning_rate,
     set_learning_rate,
 )
@@ -72,8 +70,6 @@ from bertdist.train.restart_event import RestartEvent
 from bertdist.train.watchdog import StallWatchdog
 
 if TYPE_CHECKING:  # the types of the engine and the loaders, without importing DeepSpeed's engine module for them
-    from deepspeed import DeepSpeedEngine
-
     from bertdist.data.loader import PretrainingLoader
 
 
@@ -178,9 +174,12 @@ class Trainer(contextlib.ExitStack):
         self.grad_norm = float("nan")
         self._start_process_group()
         self.device = torch.device(self.device_type, env.local_rank if self.device_type == "cuda" else None)
-        self.engine = self._build_engine()
+        self.engine = starting.build_engine(cfg, env, self.device, self.start_step, self.resume_from, self.resharding)
         if self.resume_from is not None:
-            self._restore()
+            state = starting.restore(
+                self.engine, self.loaders, cfg, env, self.resume_from, self.start_step, self.resharding
+            )
+            self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
         self.peak_flops = PeakFlops(self.device_type, cfg.train.precision)
         self.tracker = self._build_tracker()
         self.node_monitor = self.enter_context(self._build_node_monitor())
@@ -215,43 +214,6 @@ class Trainer(contextlib.ExitStack):
             collective_timeout_s=t.collective_timeout_s,
         )
         self.callback(distributed.destroy_process_group)
-
-    def _build_engine(self) -> DeepSpeedEngine:
-        cfg = self.cfg
-        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-        if cfg.checkpoint.init_from_pretrained and self.resume_from is None:
-            model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
-        else:
-            model = build_model(cfg.model)
-        if cfg.model.objective == "distill":
-            from bertdist.train.distill import attach_teacher
-
-            fresh = self.resume_from is None and not cfg.checkpoint.init_from_pretrained
-            attach_teacher(cfg, model, self.device, fresh)
-        _, phase = cfg.phase_at(self.start_step)
-        optimizer = build_optimizer(model, cfg.optim, self.device_type)
-        universal = self.resharding and reshard.has_partitions(self.resume_from)
-        return ds.initialize(
-            model, optimizer, ds.deepspeed_config(cfg, phase, self.env.world_size, load_universal=universal)
-        )
-
-    def _restore(self) -> None:
-        state = checkpoint.load(self.engine, self.resume_from, self.env.world_size)
-        self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
-        # Every rank's loader state describes the same epoch segment; new ranks continue it from rank 0's.
-        mine = state.loader_states[0 if self.resharding else self.env.rank]
-        phase_index, _ = self.cfg.phase_at(self.start_step)
-        if mine["phase"] == phase_index:  # a checkpoint at a phase's last step continues with a fresh loader
-            self.loaders[phase_index].load_state_dict(mine["loader"])
-        print(f"[rank {self.env.rank}] resumed from {self.resume_from} at step {state.step}", flush=True)
-        if self.resharding and self.env.is_main:
-            print(
-                f"the checkpoint was written by {state.world_size} rank(s) and this run has {self.env.world_size}: the "
-                "weights and optimizer state continue exactly and the epoch continues without repeating or skipping a "
-                "sample; which rank reads which sample, and the dropout streams, differ from a run that kept "
-                f"{state.world_size} rank(s)",
-                flush=True,
-            )
 
     def _build_tracker(self) -> Tracker:
         return run_tracking.open_tracker(

@@ -12,7 +12,7 @@ import pytest
 
 from bertdist.cli import main
 from bertdist.config import ConfigError, ModelConfig, load_config, validate
-from bertdist.config.schema import ARCHITECTURES
+from bertdist.config.model import ARCHITECTURES
 from bertdist.config.validation import ARCH_ONLY_FIELDS
 from bertdist.errors import USAGE_EXIT_CODE
 from tests.conftest import REPO
@@ -233,7 +233,7 @@ def test_an_export_names_its_architecture_by_model_type_as_validation_reads_it()
 def test_the_fields_of_one_architecture_are_the_schemas(arch, comment):
     """The schema marks an architecture's own fields with a comment (`# ALBERT only (arch: albert)`) above them, up
     to the next such comment or the methods; validation's table names the same fields."""
-    source = (REPO / "bertdist" / "config" / "schema.py").read_text()
+    source = (REPO / "bertdist" / "config" / "model.py").read_text()
     start = source.index(f"{comment} (arch: {arch})")
     end = min(i for i in (source.find("    # ", start + 1), source.index("@classmethod", start)) if i > 0)
     declared = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertdist.data.loader import _Segment
+from bertdist.data.epochs import Segment
 from bertdist.data.shards import read_manifest
 from bertdist.train.checkpoint import consolidated_state_dict
 from bertdist.train.distributed import free_tcp_port
@@ -165,7 +165,7 @@ def _check_samples(records: list[dict], shards: str) -> dict[int, int]:
     for step in range(1, STEPS + 1):
         p = final[step]
         assert p["epoch"] == 0
-        segment = _Segment(p["world_size"], p["micro_batch_size"], p["intervals"], p["batches_done"])
+        segment = Segment(p["world_size"], p["micro_batch_size"], p["intervals"], p["batches_done"])
         left = {i for a, b in segment.remaining() for i in range(a, b)}
         now = set(range(num_samples)) - left
         assert consumed < now and len(now - consumed) == GLOBAL_BATCH, (step, len(now - consumed), p)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bertdist.config import ModelConfig
-from bertdist.config.schema import ARCHITECTURES
+from bertdist.config.model import ARCHITECTURES
 from bertdist.model import flops, registry
 
 

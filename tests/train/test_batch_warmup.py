@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from bertdist.data.loader import _Segment
+from bertdist.data.epochs import Segment
 from bertdist.model.registry import checkpoint_model_config
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
 from bertdist.train.listing import _phase_note
@@ -109,6 +109,6 @@ def test_a_run_killed_mid_ramp_after_a_context_extension_resumes_bit_identically
     state = read_train_state(tmp_path / "one-rank" / "out" / "checkpoints" / FINAL)
     assert state.world_size == 1 and state.sequences_seen == sum(BATCHES)
     loader = state.loader_states[0]["loader"]
-    segment = _Segment(loader["world_size"], loader["micro_batch_size"], loader["intervals"], loader["batches_done"])
+    segment = Segment(loader["world_size"], loader["micro_batch_size"], loader["intervals"], loader["batches_done"])
     left = segment.remaining()
     assert loader["num_samples"] - sum(b - a for a, b in left) == sum(BATCHES[3:])  # none read twice or skipped

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertdist.data.loader import _Segment
+from bertdist.data.epochs import Segment
 from bertdist.safe_load import weights_only_loading
 from bertdist.train import reshard
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
@@ -70,7 +70,7 @@ def test_a_run_continues_on_another_number_of_ranks(base, tiny_shards, tiny_voca
     state = read_train_state(out / "checkpoints" / f"step_{runs.STEPS:08d}")
     assert state.world_size == after and state.sequences_seen == runs.STEPS * GLOBAL_BATCH
     loader = state.loader_states[0]["loader"]
-    left = _Segment(
+    left = Segment(
         loader["world_size"], loader["micro_batch_size"], loader["intervals"], loader["batches_done"]
     ).remaining()
     consumed = loader["num_samples"] - sum(b - a for a, b in left)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 
 from bertdist.config.choices import choice_problems
-from bertdist.config.schema import Config, ConfigError, FinetuneConfig
+from bertdist.config.errors import ConfigError
+from bertdist.config.finetune import FinetuneConfig
+from bertdist.config.schema import Config
 from bertdist.config.validation.train import local_only_problems
 
 EXTRA_DEV_TASKS = ("classification", "regression")

@@ -7,8 +7,9 @@ import dataclasses
 import json
 from pathlib import Path
 
+from bertdist.config.model import ARCHITECTURES, ModelConfig
 from bertdist.config.objectives import OBJECTIVES
-from bertdist.config.schema import ARCHITECTURES, ModelConfig, PhaseConfig
+from bertdist.config.schema import PhaseConfig
 
 ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "type_vocab_size": ("bert", "albert", "electra"),

@@ -15,15 +15,10 @@ from typing import Any
 from bertdist import storage
 from bertdist.config.batch_warmup import phases_in_ramp
 from bertdist.config.choices import choice_problems, choices
+from bertdist.config.errors import ConfigError
+from bertdist.config.model import ARCHITECTURES
 from bertdist.config.objectives import OBJECTIVES
-from bertdist.config.schema import (
-    ARCHITECTURES,
-    CheckpointConfig,
-    Config,
-    ConfigError,
-    LaunchConfig,
-    TrainConfig,
-)
+from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, TrainConfig
 from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.model import architecture_problems, pretrained_arch_problem
 from bertdist.credentials import credentials_problem

@@ -1,0 +1,77 @@
+"""Where a pretraining run starts: its DeepSpeed engine built from fresh weights, from a released model
+(`checkpoint.init_from_pretrained`) or for a checkpoint to be restored into, and that restore.
+
+Apart from the loop (`bertdist.train.trainer`) because this is where the sources of a run's weights meet (a fresh
+init, an HF directory, a distillation teacher, a checkpoint written by another number of ranks) and where the
+order matters: the weights are drawn before the optimizer is built, and a resume restores the loader of the phase
+it stopped in only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from bertdist.config import Config
+from bertdist.model.registry import build_model, load_pretrained
+from bertdist.train import checkpoint, reshard
+from bertdist.train import deepspeed as ds
+from bertdist.train.distributed import DistributedEnv
+from bertdist.train.optim import build_optimizer
+
+if TYPE_CHECKING:  # the types of the engine and the loaders, without importing DeepSpeed's engine module for them
+    from deepspeed import DeepSpeedEngine
+
+    from bertdist.data.loader import PretrainingLoader
+
+
+def build_engine(
+    cfg: Config, env: DistributedEnv, device: torch.device, start_step: int, resume_from: Path | None, resharding: bool
+) -> DeepSpeedEngine:
+    """The model (fresh, or `init_from_pretrained`'s unless a checkpoint will overwrite it), a distillation
+    teacher beside it, the optimizer, and the engine at the batch shape of the phase `start_step` is in."""
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    if cfg.checkpoint.init_from_pretrained and resume_from is None:
+        model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
+    else:
+        model = build_model(cfg.model)
+    if cfg.model.objective == "distill":
+        from bertdist.train.distill import attach_teacher
+
+        fresh = resume_from is None and not cfg.checkpoint.init_from_pretrained
+        attach_teacher(cfg, model, device, fresh)
+    _, phase = cfg.phase_at(start_step)
+    optimizer = build_optimizer(model, cfg.optim, device.type)
+    universal = resharding and reshard.has_partitions(resume_from)
+    return ds.initialize(model, optimizer, ds.deepspeed_config(cfg, phase, env.world_size, load_universal=universal))
+
+
+def restore(
+    engine: DeepSpeedEngine,
+    loaders: list[PretrainingLoader],
+    cfg: Config,
+    env: DistributedEnv,
+    resume_from: Path,
+    start_step: int,
+    resharding: bool,
+) -> checkpoint.TrainState:
+    """Load the checkpoint's weights and optimizer state into `engine` and its loader state into the loader of
+    the phase it stopped in; returns its train state."""
+    state = checkpoint.load(engine, resume_from, env.world_size)
+    # Every rank's loader state describes the same epoch segment; new ranks continue it from rank 0's.
+    mine = state.loader_states[0 if resharding else env.rank]
+    phase_index, _ = cfg.phase_at(start_step)
+    if mine["phase"] == phase_index:  # a checkpoint at a phase's last step continues with a fresh loader
+        loaders[phase_index].load_state_dict(mine["loader"])
+    print(f"[rank {env.rank}] resumed from {resume_from} at step {state.step}", flush=True)
+    if resharding and env.is_main:
+        print(
+            f"the checkpoint was written by {state.world_size} rank(s) and this run has {env.world_size}: the "
+            "weights and optimizer state continue exactly and the epoch continues without repeating or skipping a "
+            "sample; which rank reads which sample, and the dropout streams, differ from a run that kept "
+            f"{state.world_size} rank(s)",
+            flush=True,
+        )
+    return state
