@@ -4,6 +4,7 @@ registry        model.arch -> the model class and its Hugging Face adapter; buil
 bert            BertForPreTraining with Hugging Face's module and parameter names (torch only)
 bert_layers     BERT's embeddings, attention, feed-forward and layer stack (ALBERT and ELECTRA reuse them)
 modernbert      ModernBertForMaskedLM: RoPE, GeGLU, pre-norm, global and sliding-window layers (torch only)
+rotary          RoPE as one autograd function over the fused QKV projection (ModernBERT)
 albert          AlbertForPreTraining: factorized embeddings, layers sharing parameters, sentence order (torch only)
 layout          padded, unpadded and packed batches: where each sample's tokens are, attention per sample
 ops             faster operators: CPU dropout, attention over heads, tied logits, the MLM cross-entropy

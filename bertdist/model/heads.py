@@ -147,8 +147,9 @@ class TaskModel(nn.Module):
 
 
 class TokenTagger(TaskModel):
-    """Token classification as BERT's, ELECTRA's and DistilBERT's: dropout and Linear(H, labels) at every real
-    token (padding slots' logits are zeros); -100 marks positions without a label."""
+    """Token classification as BERT's, ELECTRA's and DistilBERT's: dropout and Linear(H, labels) at every token the
+    encoder computes (the real ones when it runs unpadded, the padding slots' logits then zeros); -100 marks
+    positions without a label."""
 
     def __init__(
         self,
@@ -262,7 +263,7 @@ class BertForSequenceClassification(_BertClassifier, SequenceClassifier):
 
 
 class BertForTokenClassification(TokenTagger):
-    """No pooler; dropout and Linear(H, labels) at every real token."""
+    """No pooler; dropout and Linear(H, labels) at every token (`TokenTagger`)."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int):
         super().__init__(cfg, num_labels, "bert", lambda c: BertModel(c, add_pooling_layer=False))

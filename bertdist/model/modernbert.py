@@ -200,7 +200,7 @@ class ModernBertEncoderLayer(nn.Module):
     ) -> torch.Tensor:
         """(tokens or batch x seq, hidden) -> the same, or with `at` (samples, k) only the outputs at those
         positions of each sample, (samples, k, hidden): attention reads every token's keys and values, the rest
-        runs on those k tokens alone (BERT's last layer does the same: bertdist.model.bert)."""
+        runs on those k tokens alone (BERT's last layer does the same: bertdist.model.bert_layers)."""
         residual = x if at is None else layout.gather(x, at)
         x = residual + self.attn(self.attn_norm(x), layout, rotary, at)
         return x + self.mlp(self.mlp_norm(x))

@@ -2,7 +2,8 @@
 
 `Dropout` (and `dropout`, the same as a function) draws fewer random numbers on CPU; `VocabCrossEntropy` is the
 MLM loss over the (predictions x vocabulary) logits, the largest tensor of a step, with one exponential per logit.
-Both are plain torch and are used by `bertdist.model.bert`; their exactness against torch's versions is tested.
+Both are plain torch and are used by BERT's layers and model (`bertdist.model.bert_layers`, `bert`) and the
+families built on them; their exactness against torch's versions is tested.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch.autograd.function import once_differentiable
 
 if TYPE_CHECKING:  # the layout only gathers the angles of a few positions (`Rotary.at`)
     from bertdist.model.layout import TokenLayout
@@ -43,7 +44,9 @@ class Rotary:
     def apply(self, x: torch.Tensor, width: int) -> torch.Tensor:
         """x (..., channels) with its first `width` channels (whole heads) rotated by each token's position and
         the rest as they are: `width` = 2 x hidden of a fused QKV projection rotates q and k and keeps v."""
-        if torch.onnx.is_in_onnx_export():  # the exporter traces tensor ops, not an autograd function's writes
+        # The ONNX exporter traces tensor ops, and torch.compile refuses the function's `out=` writes into views
+        # (a graph break per layer): both get the same math as tensor ops, which compile fuses anyway.
+        if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
             a, b = x[..., :width].unflatten(-1, (-1, 2, self.cos.shape[-1])).unbind(-2)
             rotated = torch.stack((a * self.cos - b * self.sin, b * self.cos + a * self.sin), -2).flatten(-3)
             return torch.cat([rotated.to(x.dtype), x[..., width:]], -1)
@@ -58,6 +61,7 @@ class _Rotate(torch.autograd.Function):
         return _rotated(x, cos, sin, width)
 
     @staticmethod
+    @once_differentiable  # the backward writes into views: a second derivative is refused in one clear error
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         cos, sin = ctx.saved_tensors
         # A rotation's transpose is its inverse.
@@ -65,8 +69,9 @@ class _Rotate(torch.autograd.Function):
 
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, width: int) -> torch.Tensor:
-    """Of each head of the first `width` channels, halves (a, b) -> (a cos - b sin, b cos + a sin), computed in
-    the angles' fp32 and written in x's dtype; the other channels copied."""
+    """Of each head of the first `width` channels, halves (a, b) -> (a cos - b sin, b cos + a sin) with fp32 angles,
+    the other channels copied. In bf16 or fp16 each of the two steps rounds to x's dtype, as the reference's
+    arithmetic in that dtype does (tests/model/test_rotary.py holds the error to the textbook expression's)."""
     half = cos.shape[-1]
     out = torch.empty_like(x)
     a, b = x[..., :width].unflatten(-1, (-1, 2, half)).unbind(-2)  # (..., heads, half) each

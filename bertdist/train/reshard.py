@@ -9,7 +9,7 @@ What depends on the world size, and how each part crosses a change from N to M r
   it is deleted after loading: the original stays the checkpoint of record. ZeRO-0 keeps the whole
   optimizer in one file and needs no conversion.
 - **The data position**: every rank's loader state describes the same epoch segment, which the new ranks
-  share without repeating or skipping a sample (bertdist.data.loader).
+  share without repeating or skipping a sample (bertdist.data.epochs).
 - **Batches**: `train.global_batch_size` is unchanged; gradient accumulation absorbs the new world size.
 
 Bit-identical across the change: the weights and optimizer state at the moment of the switch, and the set

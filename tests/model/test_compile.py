@@ -1,7 +1,7 @@
 """`model.compile`: the model under `torch.compile` (inductor, dynamic shapes) computes what the eager model does.
 
 The trainer applies it through DeepSpeed's `engine.compile` (bertdist.train.deepspeed.initialize); the speed
-it buys on CPU is measured in benchmarks/compile_step.py. One compilation takes most of a minute here.
+it buys on CPU is measured by `benchmarks/model_step.py --compile`. One compilation takes most of a minute here.
 """
 
 from __future__ import annotations
