@@ -121,6 +121,11 @@ class Segment:
         self.intervals, self.batches_done = intervals, batches_done
         self.size = sum(b - a for a, b in intervals)
 
+    @classmethod
+    def whole_epoch(cls, world_size: int, micro_batch_size: int, num_samples: int) -> "Segment":
+        """An epoch from its start: every position unconsumed."""
+        return cls(world_size, micro_batch_size, [[0, num_samples]])
+
     def rank_start(self, rank: int) -> int:
         return rank * self.size // self.world_size
 

@@ -159,8 +159,8 @@ class _BatchStream(IterableDataset):
             mine = starts[(worker - counted) % workers :: workers]
             counted += len(starts)
             yield from self._chunks(epoch, segment, mine, end)
-            everything = [[0, self.layout.num_samples]]  # the next epoch, as `PretrainingLoader._fresh_segment`
-            epoch, segment = epoch + 1, Segment(segment.world_size, segment.micro_batch_size, everything)
+            epoch = epoch + 1
+            segment = Segment.whole_epoch(segment.world_size, segment.micro_batch_size, self.layout.num_samples)
 
     def _chunks(self, epoch: int, segment: Segment, starts: range, end: int):
         ahead = max(1, -(-self.layout.prefetch_samples // (self.chunk * segment.micro_batch_size)))
@@ -251,7 +251,7 @@ class PretrainingLoader:
         self._segment = self._fresh_segment()
 
     def _fresh_segment(self) -> Segment:
-        return Segment(self.world_size, self.micro_batch_size, [[0, self._layout.num_samples]])
+        return Segment.whole_epoch(self.world_size, self.micro_batch_size, self._layout.num_samples)
 
     @property
     def epoch(self) -> int:
