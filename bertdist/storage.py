@@ -30,7 +30,9 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, TypeVar
 
@@ -357,7 +359,10 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def partial_name(path: str | os.PathLike) -> str:
-    return f"{os.fspath(path)}{PARTIAL_MARKER}{os.getpid()}"
+    """A temporary name beside `path`, private to this one write: the process id, the thread and a fresh token.
+    Two threads of one process (a lease heartbeat and a checkpoint publisher) write in the same second; a name
+    shared by them lets one upload or rename the other's bytes."""
+    return f"{os.fspath(path)}{PARTIAL_MARKER}{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:12]}"
 
 
 def is_partial(path: str | os.PathLike) -> bool:

@@ -273,3 +273,64 @@ def test_webdataset_reads_bertdist_shards_straight_from_the_store(s3, s3_shards,
             samples += len(block["lengths"])
     manifest = storage.read_json(storage.join(s3_shards, "manifest.json"))
     assert samples == manifest["totals"]["samples"]
+
+
+def write_concurrently(paths: list[str], rounds: int) -> list[str]:
+    """Each of len(paths) threads writes `rounds` JSON records to its path and reads each back at once; returns
+    what went wrong (a record read back that another thread wrote, or a write that raised)."""
+    problems: list[str] = []
+    start = threading.Barrier(len(paths))
+
+    def writer(index: int, path: str) -> None:
+        start.wait()
+        for round_index in range(rounds):
+            record = {"writer": index, "round": round_index, "padding": "x" * (index * 997)}
+            try:
+                storage.write_json(path, record)
+                back = storage.read_json(path)
+            except Exception as error:  # noqa: BLE001 - the test reports every failure it saw
+                problems.append(f"writer {index} round {round_index}: {error!r}")
+                continue
+            if back["writer"] != index or back["round"] != round_index:
+                problems.append(f"writer {index} round {round_index} read back {back['writer']}/{back['round']}")
+
+    threads = [threading.Thread(target=writer, args=(i, p)) for i, p in enumerate(paths)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    return problems
+
+
+def test_threads_writing_to_one_bucket_at_once_each_read_back_their_own_bytes(s3):
+    """A lease heartbeat and a checkpoint publisher write in the same second. Every write's staging file is its
+    own: a staging name shared by the process made a fifth of these writes upload another thread's bytes."""
+    bucket = s3.bucket("concurrent-writes")
+    assert write_concurrently([storage.join(bucket, f"key-{i}.json") for i in range(3)], rounds=25) == []
+
+
+def test_threads_writing_one_local_file_at_once_leave_one_whole_record(tmp_path):
+    """Several threads replacing one local file: every write completes (none finds its staging file renamed away
+    by another) and the file holds one whole record, never a mix."""
+    path = str(tmp_path / "state.json")
+
+    problems: list[str] = []
+    start = threading.Barrier(4)
+
+    def writer(index: int) -> None:
+        start.wait()
+        for round_index in range(50):
+            try:
+                storage.write_json(path, {"writer": index, "round": round_index, "padding": "y" * (index * 4099)})
+            except Exception as error:  # noqa: BLE001
+                problems.append(repr(error))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert problems == []
+    record = json.loads(Path(path).read_text())
+    assert record["padding"] == "y" * (record["writer"] * 4099)
+    assert not [p for p in tmp_path.iterdir() if storage.is_partial(p)]

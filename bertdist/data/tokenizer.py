@@ -174,6 +174,11 @@ def _from_json(file: str) -> TextTokenizer:
         backend = Tokenizer.from_str(text)
     except Exception as e:  # noqa: BLE001  tokenizers raises a bare Exception for a spec it rejects
         raise DataError(f"{file}: not a Hugging Face tokenizer.json ({first_line(e)})") from None
+    # A released tokenizer.json may carry its own padding and truncation (sentence-transformers' MiniLM pads every
+    # text to 128 [PAD]s): bertdist cuts and pads sequences itself, after adding [CLS] and [SEP], so a text's ids
+    # must be the text's alone. Left on, the pads became tokens of the text and the [SEP] fell off the end.
+    backend.no_padding()
+    backend.no_truncation()
     vocab = backend.get_vocab(with_added_tokens=True)
     tokens = [""] * (max(vocab.values()) + 1)
     for token, i in vocab.items():

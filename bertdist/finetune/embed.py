@@ -14,9 +14,11 @@ within 0.3 F1 of fine-tuning. Choices (`features`):
 `level=sequence` writes one vector per row: by `pooling`, the [CLS] position (`cls`) or the mean over the row's
 tokens (`mean`, [CLS] and [SEP] included, as sentence-transformers' mean pooling), or the pooler; the default is
 the model's own pooling when it is a sentence-transformers directory (`finetune.task=embedding` writes one), else
-`cls`. So a fine-tuned sentence encoder gives here what `SentenceTransformer(DIR).encode` gives. `level=token` one per
-WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so the user can align
-words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for token level
+`cls`. So a sentence-transformers directory, bertdist's or a released one, gives here what
+`SentenceTransformer(DIR).encode` gives: its pooling, its Normalize module when it has one, texts cut at its
+max_seq_length (a module bertdist does not compute, such as Dense, is refused rather than left out).
+`level=token` one per WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so
+the user can align words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for token level
 `tokens-NNNNN.npy` (ids) and `offsets-NNNNN.npy` (row r's vectors are [offsets[r], offsets[r + 1]) of its
 shard), plus `index.json` naming the model, the choices, the dimension and every shard. Shards are
 written atomically and the index last, so a directory with an index is complete. Rows keep the input's
@@ -61,7 +63,8 @@ class EmbedOptions:
     pooling: str = ""
     """Sequence level: cls or mean; empty: the model's (a sentence-transformers directory's Pooling), else cls."""
     max_seq_length: int = 0
-    """0: 128, or the model's positions where it has fewer; longer rows are cut."""
+    """0: a sentence-transformers directory's own max_seq_length, else 128; never more than the model's positions.
+    Longer rows are cut."""
     batch_size: int = 64
     shard_rows: int = 10_000
     dtype: str = "float32"
@@ -107,11 +110,11 @@ def check(o: EmbedOptions) -> None:
 
 def embed(o: EmbedOptions) -> dict[str, Any]:
     """Write the features of every input row; returns the index."""
-    from bertdist.model.sentence import read_pooling
-
     check(o)
-    o = dataclasses.replace(o, pooling=o.pooling or (o.level == "sequence" and read_pooling(o.model)) or "cls")
     encoder = open_encoder(o.model, o.max_seq_length)
+    own = encoder.sentence if o.level == "sequence" and o.features == "last" and not o.pooling else None
+    o = dataclasses.replace(o, pooling=o.pooling or (own.pooling if own else "cls"))
+    normalize = bool(own and own.normalize)  # the directory's own vectors, as SentenceTransformer.encode gives them
     if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
         raise UserError(
             f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, ELECTRA, DistilBERT, "
@@ -120,7 +123,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
         if ownership.contents(out):
             raise UserError(f"--output: {out} is not empty")
-        return _embed(o, encoder, out)
+        return _embed(o, encoder, out, normalize)
 
 
 @dataclass
@@ -135,6 +138,9 @@ class Encoder:
     """The batch fields the family reads (ModernBERT reads no segments)."""
     cased: bool
     pad_id: int
+    sentence: Any = None
+    """bertdist.model.sentence.SentencePipeline of a sentence-transformers directory (its pooling, normalisation and
+    length), else None."""
 
     def encode(self, rows: list[Any]) -> Any:
         """bertdist.finetune.features.Sequences of `rows` (Examples), cut to max_seq_length."""
@@ -151,12 +157,14 @@ class Encoder:
 
 def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> Encoder:
     """The encoder of `model` (a run, checkpoint, export or Hugging Face directory), in eval mode on the GPU when
-    there is one; `max_seq_length` 0: `default_length`, or the model's positions where it has fewer."""
+    there is one; `max_seq_length` 0: a sentence-transformers directory's own length (its vectors are of texts cut
+    there), else `default_length`; never more than the model's positions."""
     import torch
 
     from bertdist.config import Config, FinetuneConfig
     from bertdist.finetune.source import cased_vocabulary, pad_id, resolve
     from bertdist.model.hf_heads import FAMILIES, pretrained_encoder
+    from bertdist.model.sentence import read_sentence_pipeline
 
     source = resolve(Config(finetune=FinetuneConfig(init_from=model)))
     assert source.state is not None  # init_from is not empty
@@ -167,8 +175,10 @@ def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> 
     network.eval()
     network.to(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     inputs = FAMILIES[source.model_cfg.arch].inputs
-    length = max_seq_length or min(default_length, positions)
-    return Encoder(source, network, length, inputs, cased_vocabulary(source.vocab_file), pad_id(source.vocab_file))
+    sentence = read_sentence_pipeline(model) if Path(model).is_dir() else None
+    length = max_seq_length or min((sentence and sentence.max_seq_length) or default_length, positions)
+    cased, pad = cased_vocabulary(source.vocab_file), pad_id(source.vocab_file)
+    return Encoder(source, network, length, inputs, cased, pad, sentence)
 
 
 def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_size: int) -> np.ndarray:
@@ -191,7 +201,7 @@ def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_siz
     return out
 
 
-def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
+def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dict[str, Any]:
     import torch
 
     from bertdist.storage import write_json
@@ -208,7 +218,8 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
             outputs: dict[int, np.ndarray] = {}
             for start in range(0, len(by_length), o.batch_size):
                 batch_rows = by_length[start : start + o.batch_size]
-                vectors = _features(encoder.model, encoder.batch(encoded, batch_rows), o).float().cpu().numpy()
+                batch = encoder.batch(encoded, batch_rows)
+                vectors = _features(encoder.model, batch, o, normalize).float().cpu().numpy()
                 outputs.update(zip(batch_rows.tolist(), encoded.trim(vectors, batch_rows, o.level == "token")))
             in_order = [outputs[r] for r in shard_rows.tolist()]
             parts = in_order if o.level == "token" else [np.stack(in_order)]
@@ -222,6 +233,7 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
         "features": o.features,
         "level": o.level,
         "pooling": o.pooling if o.level == "sequence" and o.features != "pooled" else None,
+        "normalized": normalize,
         "dimension": dimension,
         "dtype": o.dtype,
         "max_seq_length": encoder.max_seq_length,
@@ -234,8 +246,8 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path) -> dict[str, Any]:
     return index
 
 
-def _features(encoder: Any, batch: dict[str, Any], o: EmbedOptions) -> Any:
-    """(batch, seq, dim) for token level, (batch, dim) for sequence level."""
+def _features(encoder: Any, batch: dict[str, Any], o: EmbedOptions, normalize: bool) -> Any:
+    """(batch, seq, dim) for token level, (batch, dim) for sequence level (of unit length where `normalize`)."""
     import torch
 
     features = o.features
@@ -253,7 +265,10 @@ def _features(encoder: Any, batch: dict[str, Any], o: EmbedOptions) -> Any:
         if not -len(states) <= layer < len(states):
             raise UserError(f"--features {features}: the model has layers 0..{len(states) - 1} (0: the embeddings)")
         chosen = states[layer]
-    return chosen if o.level == "token" else _pooled(chosen, batch["attention_mask"], o.pooling)
+    if o.level == "token":
+        return chosen
+    pooled = _pooled(chosen, batch["attention_mask"], o.pooling)
+    return torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled
 
 
 def _pooled(states: Any, attention_mask: Any, pooling: str) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,15 +100,6 @@ def save_sentence_transformer(
     _write_json(directory / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}})
 
 
-def read_pooling(directory: str | os.PathLike) -> str | None:
-    """The pooling of a sentence-transformers directory (mean or cls), or None where `directory` is not one."""
-    path = Path(directory) / "1_Pooling" / "config.json"
-    if not path.is_file():
-        return None
-    config = json.loads(path.read_text())
-    return "cls" if config.get("pooling_mode_cls_token") else "mean"
-
-
 def read_sentence_embedder(directory: str | os.PathLike, unpad: bool = True) -> SentenceEmbedder:
     """The sentence encoder of a sentence-transformers directory of a family bertdist reads (its Transformer
     module at the root, then Pooling), in bertdist's form. `unpad` False: padded, as a traced graph needs."""
@@ -124,6 +116,98 @@ def read_sentence_embedder(directory: str | os.PathLike, unpad: bool = True) -> 
     model = SentenceEmbedder(dataclasses.replace(cfg, unpad=unpad), pooling)
     load_encoder(model, state, source)
     return model
+
+
+@dataclass(frozen=True)
+class SentencePipeline:
+    """What a sentence-transformers directory computes after its encoder, as far as bertdist reproduces it."""
+
+    pooling: str
+    """mean or cls."""
+    normalize: bool
+    """A Normalize module follows the pooling: the vectors are of unit length."""
+    max_seq_length: int | None
+    """sentence_bert_config.json's: the length texts are cut to (None: not set)."""
+
+
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
+
+
+def read_sentence_pipeline(directory: str | os.PathLike) -> SentencePipeline | None:
+    """The pipeline of a sentence-transformers directory, or None where `directory` is not one. A module or a
+    pooling mode bertdist does not compute (Dense, max pooling, ...) is a CheckpointFormatError naming it:
+    vectors without it would not be the model's."""
+    directory = Path(directory)
+    modules = _read_json(directory / "modules.json")
+    if modules is None:
+        pooling_dir = "1_Pooling"  # an older directory without modules.json
+        normalize = False
+    else:
+        if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+            raise CheckpointFormatError(f"{directory / 'modules.json'}: not a list of modules")
+        kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        unknown = [kind for kind in kinds if kind not in _KNOWN_MODULES]
+        if unknown:
+            raise CheckpointFormatError(
+                f"{directory / 'modules.json'}: module {unknown[0]} is not supported yet (bertdist computes "
+                "Transformer, Pooling and Normalize); its vectors would not be the model's"
+            )
+        paths = [str(m.get("path", "")) for m, kind in zip(modules, kinds) if kind == "Pooling"]
+        pooling_dir, normalize = (paths[0] if paths else ""), "Normalize" in kinds
+    config = _read_json(directory / pooling_dir / "config.json") if pooling_dir else None
+    if config is None:
+        return None
+    pooling = _pooling_mode(config)
+    if pooling not in ("mean", "cls"):
+        raise CheckpointFormatError(
+            f"{directory / pooling_dir / 'config.json'}: pooling {pooling or 'none'} is not supported yet "
+            "(bertdist pools by mean or cls)"
+        )
+    return SentencePipeline(pooling, normalize, _read_max_seq_length(directory))
+
+
+def _pooling_mode(config: Any) -> str:
+    """mean, cls, or what else the Pooling config names: sentence-transformers 5 writes `pooling_mode: "mean"`,
+    earlier versions (and bertdist's own directories) one `pooling_mode_<mode>_token(s)` flag per mode."""
+    if not isinstance(config, dict):
+        return ""
+    mode = config.get("pooling_mode")
+    if mode is not None:
+        modes = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list) else [repr(mode)]
+    else:
+        modes = [k[len("pooling_mode_") :] for k, on in config.items() if k.startswith("pooling_mode_") and on is True]
+    names = [{"cls_token": "cls", "mean_tokens": "mean"}.get(str(m), str(m)) for m in modes]
+    return "+".join(names)
+
+
+def read_pooling(directory: str | os.PathLike) -> str | None:
+    """The pooling of a sentence-transformers directory (mean or cls), or None where `directory` is not one."""
+    pipeline = read_sentence_pipeline(directory)
+    return pipeline.pooling if pipeline else None
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointFormatError(f"{path}: unreadable ({e})") from None
+
+
+def _read_max_seq_length(directory: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length; sentence-transformers 6 writes none there and cuts at the
+    tokenizer's model_max_length (tokenizer_config.json) instead. None where neither sets one (transformers
+    writes a huge number for "no limit")."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        config = _read_json(directory / name)
+        length = config.get(key) if isinstance(config, dict) else None
+        if length is None:
+            continue
+        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+            raise CheckpointFormatError(f"{directory / name}: {key} must be a positive integer, got {length!r}")
+        return length if length < 1 << 30 else None
+    return None
 
 
 def _write_json(path: Path, value: Any) -> None:

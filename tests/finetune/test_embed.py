@@ -210,3 +210,79 @@ def test_modernbert_features_equal_transformers_hidden_states(tmp_path, tiny_voc
         ]
     )
     assert code == USAGE_EXIT_CODE and "has no pooler weights (ModernBERT" in capsys.readouterr().err
+
+
+def _released_sentence_encoder(directory, vocab, normalize: bool):
+    """A sentence-transformers BERT as someone else makes one, not through bertdist: heads of 32 dimensions (not
+    the tiny model's), layer-norm eps 1e-7, and a tokenizer.json that pads every text to 64 and cuts at 64 itself,
+    as sentence-transformers' MiniLM's does (128 there); texts cut at 48 tokens (sentence_bert_config.json)."""
+    from sentence_transformers import SentenceTransformer, models
+
+    torch.manual_seed(3)
+    config = transformers.BertConfig(
+        vocab_size=len(open(vocab).read().splitlines()),
+        hidden_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=160,
+        layer_norm_eps=1e-7,
+        max_position_embeddings=64,
+    )
+    bare = directory / "bare"
+    transformers.BertModel(config).save_pretrained(bare)
+    tokenizer = transformers.BertTokenizerFast(vocab, do_lower_case=True)
+    tokenizer.save_pretrained(bare)
+    spec = json.loads((bare / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 64, "strategy": "LongestFirst", "stride": 0}
+    spec["padding"] = {
+        "strategy": {"Fixed": 64},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "[PAD]",
+    }
+    (bare / "tokenizer.json").write_text(json.dumps(spec))
+    modules = [models.Transformer(str(bare), max_seq_length=48), models.Pooling(96, pooling_mode="mean")]
+    released = directory / ("normalized" if normalize else "released")
+    SentenceTransformer(modules=modules + ([models.Normalize()] if normalize else []), device="cpu").save(str(released))
+    return released
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_released_sentence_encoder_gives_its_own_vectors_and_tokens(normalize, tmp_path, tiny_vocab):
+    """`bertdist embed` on a sentence-transformers BERT that bertdist did not write gives what
+    `SentenceTransformer.encode` gives (1e-5), and token rows are the tokenizer's own ids, [SEP] last: the
+    tokenizer.json's padding made its [PAD]s tokens of every text, and the pooled vectors differed by more than 1."""
+    from sentence_transformers import SentenceTransformer
+
+    released = _released_sentence_encoder(tmp_path, tiny_vocab, normalize)
+    texts = TEXTS + [" ".join(["the module copies files and returns"] * 12)]  # over 48 tokens: cut there
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    expected = SentenceTransformer(str(released), device="cpu").encode(texts, convert_to_numpy=True)
+    out = tmp_path / "vectors"
+    assert main(["embed", "--model", str(released), "--input", str(tmp_path / "texts.txt"), "--output", str(out)]) == 0
+    index, got = _load(out, "features")
+    assert index["pooling"] == "mean" and index["max_seq_length"] == 48 and index["normalized"] is normalize
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+    tokens_out = tmp_path / "tokens"
+    arguments = ["embed", "--model", str(released), "--input", str(tmp_path / "texts.txt"), "--output"]
+    assert main([*arguments, str(tokens_out), "--level", "token"]) == 0
+    index, _ = _load(tokens_out, "features")
+    shard = index["shards"][0]
+    tokens, offsets = (np.load(tokens_out / shard[k]) for k in ("tokens", "offsets"))
+    reference = transformers.AutoTokenizer.from_pretrained(released)(texts[:-1])["input_ids"]
+    assert [tokens[offsets[r] : offsets[r + 1]].tolist() for r in range(len(texts) - 1)] == reference
+
+
+def test_a_sentence_encoder_with_a_module_bertdist_does_not_compute_is_refused(tmp_path, tiny_vocab, capsys):
+    released = _released_sentence_encoder(tmp_path, tiny_vocab, normalize=False)
+    modules = json.loads((released / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (released / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    arguments = ["embed", "--model", str(released), "--input", str(tmp_path / "texts.txt")]
+    assert main([*arguments, "--output", str(tmp_path / "out")]) == USAGE_EXIT_CODE
+    assert "module Dense is not supported yet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
