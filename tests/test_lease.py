@@ -55,3 +55,21 @@ def test_a_restart_in_place_takes_its_own_lease_at_once(s3, tmp_path):
     again.acquire()
     assert time.monotonic() - t0 < 10
     again.release()
+
+
+def test_the_lease_stays_this_runs_while_checkpoints_are_published_beside_its_heartbeat(s3, tmp_path):
+    """A run's heartbeat and its checkpoint publisher write to one prefix in the same seconds. Every write stages
+    privately, so the lease never receives a marker's bytes (a run once concluded that its lease was taken and
+    stopped itself after 2.75 minutes) and `latest` never receives the lease record."""
+    uri = storage.join(s3.bucket("leases-busy"), "run")
+    held = StoreLease(uri, str(tmp_path / "run"), 4.0)  # the shortest timeout: a heartbeat every second
+    held.acquire()
+    deadline, step = time.monotonic() + 15, 0
+    while time.monotonic() < deadline:
+        step += 1
+        storage.write_json(storage.join(uri, f"step_{step:08d}", "train_state.json"), {"step": step})
+        storage.write_text(storage.join(uri, "latest"), f"step_{step:08d}\n")
+        assert storage.read_text(storage.join(uri, "latest")) == f"step_{step:08d}\n"
+        held.check()
+    assert storage.read_json(storage.join(uri, LEASE_NAME))["token"] == held.record["token"]
+    held.release()
