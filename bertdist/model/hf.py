@@ -33,6 +33,7 @@ from bertdist.config.objectives import HF_KEY, objective, objective_from_hf
 from bertdist.data.tokenizer import BERT_SPECIAL_TOKENS, TextTokenizer, open_tokenizer, write_fast_tokenizer_files
 from bertdist.errors import UserError, first_line, write_error
 from bertdist.model.bert import BertForPreTraining
+from bertdist.model.hf_limits import config_problems, undescribed_modules
 
 SAFETENSORS_FILE = "model.safetensors"
 PYTORCH_FILE = "pytorch_model.bin"
@@ -138,6 +139,9 @@ def read_config(
         raise CheckpointFormatError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(hf, dict):
         raise CheckpointFormatError(f"{path}: expected a JSON object")
+    problems = config_problems(hf)
+    if problems:
+        raise CheckpointFormatError(f"{path}: " + "; ".join(problems))
     return parse(hf, str(path))
 
 
@@ -205,8 +209,10 @@ def check_weights(
         for k, v in expected.items()
         if k in state and state[k].shape != v.shape
     ]
-    if required or wrong:
-        raise CheckpointFormatError(f"{source}: " + "; ".join([*(f"missing {k}" for k in required[:5]), *wrong[:5]]))
+    beyond = undescribed_modules(expected, state)
+    if required or wrong or beyond:
+        problems = [*(f"missing {k}" for k in required[:5]), *wrong[:5], *beyond]
+        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
     if missing:
         warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start fresh", stacklevel=3)
     if unexpected := sorted(set(state) - set(expected)):
@@ -275,26 +281,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
 
     model = BertForPreTraining(cfg)
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    required = [k for k in missing if not k.startswith(_OPTIONAL_PREFIXES)]
-    if required:
-        raise CheckpointFormatError(f"{source}: missing BERT weights: {', '.join(required)}")
-    wrong_shapes = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if wrong_shapes:
-        raise CheckpointFormatError(f"{source}: shapes disagree with {CONFIG_FILE}: {'; '.join(wrong_shapes)}")
-    if missing:
-        warnings.warn(
-            f"{source}: no weights for {', '.join(missing)}; they start from BERT's initialisation", stacklevel=2
-        )
-    if unexpected:
-        warnings.warn(
-            f"{source}: ignoring weights BERT pretraining does not use: {', '.join(unexpected)}", stacklevel=2
-        )
+    check_weights(expected, state, source, _OPTIONAL_PREFIXES, "BERT")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     return model
 

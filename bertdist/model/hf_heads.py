@@ -44,6 +44,7 @@ from bertdist.model.bert import BertModel
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_weights
+from bertdist.model.hf_limits import config_problems, weight_problems
 from bertdist.model.modernbert import ModernBertModel
 from bertdist.model.registry import HF_MODEL_TYPES
 
@@ -246,7 +247,15 @@ def read_pretrained(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str
     directory = Path(directory)
     _, cfg = model_config(directory)
     tensors, source = read_weights(directory)
-    return cfg, family_of(cfg.arch).state_from_hf(tensors, source), source
+    family = family_of(cfg.arch)
+    state = family.state_from_hf(tensors, source)
+    # Before any model is built from config.json: a config that disagrees with its weights (fewer layers, another
+    # width) is refused here, not allocated and then silently left with some of its weights unused.
+    prefix = (f"{family.encoder_name}.",)
+    problems = weight_problems(lambda: _encoder_holder(cfg), state, prefix, family.optional)
+    if problems:
+        raise CheckpointFormatError(f"{source} (with {directory / CONFIG_FILE}): " + "; ".join(problems))
+    return cfg, state, source
 
 
 def task_model_from_pretrained(
@@ -281,12 +290,18 @@ def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
 
 def pretrained_encoder(cfg: ModelConfig, state: dict[str, Any], source: str) -> torch.nn.Module:
     """The bare encoder of `cfg`'s family with the pretrained weights of `state` (`encode`, `hidden_states`)."""
+    holder = _encoder_holder(cfg)
+    load_encoder(holder, state, source)
+    return getattr(holder, family_of(cfg.arch).encoder_name)
+
+
+def _encoder_holder(cfg: ModelConfig) -> torch.nn.Module:
+    """The bare encoder of `cfg`'s family under the task models' name, which pretrained state dicts use."""
     family = family_of(cfg.arch)
-    holder = torch.nn.Module()  # the encoder under the task models' name, which `state` uses
+    holder = torch.nn.Module()
     holder.config = cfg
     setattr(holder, family.encoder_name, family.encoder(cfg))
-    load_encoder(holder, state, source)
-    return getattr(holder, family.encoder_name)
+    return holder
 
 
 def model_config(directory: str | os.PathLike) -> tuple[dict[str, Any], ModelConfig]:
@@ -307,6 +322,9 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], str]:
         raise CheckpointFormatError(f"{path}: unreadable ({e})") from None
     if not isinstance(raw, dict):
         raise CheckpointFormatError(f"{path}: expected a JSON object")
+    problems = config_problems(raw)
+    if problems:
+        raise CheckpointFormatError(f"{path}: " + "; ".join(problems))
     model_type = raw.get("model_type", "bert")
     if model_type not in HF_MODEL_TYPES:
         raise CheckpointFormatError(

@@ -74,6 +74,9 @@ class TrainState:
     version: int = field(default=TRAIN_STATE_VERSION)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Size and sha256 of every DeepSpeed file of the checkpoint (bertdist.train.integrity); {} before 0.2."""
+    input_models: dict[str, str] = field(default_factory=dict)
+    """Config field -> digest of each model the run learns from and does not checkpoint (a distillation teacher):
+    bertdist.train.run_identity. {} in checkpoints written before it was recorded."""
 
 
 def _state_checksum(raw: dict[str, Any]) -> str:

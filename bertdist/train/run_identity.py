@@ -1,13 +1,24 @@
-"""Whether a checkpoint is this run's: the settings that make a run, against those that may change on resume.
+"""Whether a checkpoint is this run's: the settings that make a run, against those that may change on resume,
+and the models outside the checkpoint that the run learns from.
 
 A resume (local or from `checkpoint.uri`) continues the run that wrote the checkpoint; one whose settings differ
-outside RESUMABLE_FIELDS is another run, which bertdist.train.remote refuses to adopt naming the fields.
+outside RESUMABLE_FIELDS is another run, which bertdist.train.remote refuses to adopt naming the fields. A model
+the run reads beside its data and does not checkpoint (a distillation teacher) is named by a path, and the files
+at that path can be replaced between a kill and the resume: its digest goes into every checkpoint
+(`input_models`), and a resume whose model's digest differs is refused (`changed_input_models`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 from typing import Any
+
+from bertdist.config import Config
+from bertdist.storage import file_sha256
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 RESUMABLE_FIELDS = (
     "train.output_dir",
@@ -61,3 +72,36 @@ def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
     walk(saved, current, "", "")
     return differ
+
+
+def input_models(cfg: Config) -> dict[str, str]:
+    """Field -> digest of each model directory the run learns from without checkpointing it: sha256 over its
+    config.json and weight files (names and contents). Empty for a run that reads none."""
+    return {"distill.teacher": model_digest(cfg.distill.teacher)} if cfg.distill.teacher else {}
+
+
+def model_digest(directory: str) -> str:
+    """sha256 of a Hugging Face model directory's config.json and weight files (names and contents)."""
+    root = Path(directory)
+    files = [root / "config.json"] + sorted(p for p in root.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def changed_input_models(saved: dict[str, str], current: dict[str, str], cfg: Config) -> list[str]:
+    """One line per input model whose digest differs from the checkpoint's (a checkpoint from before digests
+    were recorded has none, and nothing is compared)."""
+    return [
+        f"{field}: {_value(cfg, field)} is not the model this run learned from before it stopped (its files' "
+        f"digest was {saved[field][:12]}, now {current.get(field, 'none')[:12]}); put that model back, or start "
+        "a new run in another train.output_dir"
+        for field in sorted(saved)
+        if saved[field] != current.get(field)
+    ]
+
+
+def _value(cfg: Config, field: str) -> Any:
+    section, name = field.split(".")
+    return getattr(getattr(cfg, section), name)

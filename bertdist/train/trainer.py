@@ -51,6 +51,7 @@ from bertdist.train import (
     metrics,
     remote,
     rng,
+    run_identity,
     run_tracking,
     starting,
     stopping,
@@ -158,6 +159,11 @@ class Trainer(contextlib.ExitStack):
             cfg.checkpoint, cfg.train.output_dir, cfg.to_dict(), mark_damaged=env.is_main
         )
         self.resumed = checkpoint.read_train_state(self.resume_from) if self.resume_from else None
+        self.input_models = run_identity.input_models(cfg)
+        if self.resumed is not None:
+            problems = run_identity.changed_input_models(self.resumed.input_models, self.input_models, cfg)
+            if problems:
+                raise UserError(f"bertdist train: resuming from {self.resume_from}: " + "; ".join(problems))
         self.resharding = self.resumed is not None and self.resumed.world_size != env.world_size
         self.loaders = [self._loader(phase, phase.train_dir, cfg.data.loader_workers) for phase in cfg.data.phases]
         for phase in cfg.data.phases:  # construct once so that a bad eval set fails now, not at the first eval
@@ -386,6 +392,7 @@ class Trainer(contextlib.ExitStack):
             config=self.cfg.to_dict(),
             tracking_run_id=self.tracker.run_id,
             elapsed_seconds=self.elapsed_before + time.monotonic() - self.started,
+            input_models=self.input_models,
         )
         local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
         self.watchdog.progress(step)

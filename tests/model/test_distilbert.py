@@ -196,7 +196,7 @@ def test_what_bertdist_or_transformers_cannot_build_is_refused_naming_the_file(t
         ({"activation": "relu"}, "activation is 'relu'"),
         ({"sinusoidal_pos_embds": True}, "sinusoidal_pos_embds is true"),
         ({"model_type": "bert"}, "model_type is 'bert'"),
-        ({"dim": None}, "dim is missing"),
+        ({"dim": None}, "dim: must be an integer from 1 to 65536, got None"),
     ]:
         path.write_text(json.dumps({**good, **change}))
         with pytest.raises(CheckpointFormatError, match=rf"^{re.escape(str(path))}: .*{named}"):

@@ -227,7 +227,7 @@ def test_missing_files_and_weights_are_named(tmp_path):
     state = _model().state_dict()
     del state["bert.encoder.layer.1.output.dense.weight"]
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointFormatError, match="missing BERT weights: bert.encoder.layer.1.output.dense.weight"):
+    with pytest.raises(CheckpointFormatError, match="missing bert.encoder.layer.1.output.dense.weight"):
         load_pretrained(tmp_path)
 
 

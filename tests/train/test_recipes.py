@@ -10,6 +10,8 @@ with shared layers on sentence-order pairs, exported as `AlbertForPreTraining` a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -166,6 +168,36 @@ def test_distilbert_learns_from_its_teacher_resumes_bit_identically_exports_and_
     assert main(["finetune", *_overrides(train, dev, tmp_path / "ft", f"finetune.init_from={tmp_path / 'hf'}")]) == 0
     classifier = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "model")
     assert type(classifier).__name__ == "DistilBertForSequenceClassification"
+    _a_replaced_teacher_is_refused_on_resume(reference, tmp_path)
+
+
+def _a_replaced_teacher_is_refused_on_resume(reference: runs.Scenario, tmp_path) -> None:
+    """The teacher is in no checkpoint, only its path: replaced between a kill and the resume (same path, other
+    weights), the resumed run would distil from another model and exit 0. Every checkpoint records the teacher's
+    digest, and a resume whose teacher differs stops before anything starts, in one line naming both."""
+    import shutil
+
+    import yaml
+
+    cfg = yaml.safe_load(reference.config.read_text())
+    teacher = Path(cfg["distill"]["teacher"])
+    cfg["train"]["output_dir"] = str(tmp_path / "distill-run")
+    cfg["data"]["phases"][0]["steps"] = runs.STEPS + 4
+    shutil.copytree(reference.out, tmp_path / "distill-run")
+    config = tmp_path / "resume.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    weights = teacher / "model.safetensors"
+    original = weights.read_bytes()
+    replaced = bytearray(original)
+    replaced[-1] ^= 1  # one bit of one weight
+    try:
+        weights.write_bytes(bytes(replaced))
+        ranks = runs.start_ranks(config, "replaced-teacher", "--resume", "auto", world_size=1)
+        assert ranks.wait() == [2], ranks.output(0)[-3000:]
+    finally:
+        weights.write_bytes(original)  # the session's teacher, as the other distillation runs read it
+    lines = [line for line in ranks.output(0).splitlines() if "is not the model this run learned from" in line]
+    assert len(lines) == 1 and f"distill.teacher: {teacher}" in lines[0] and "digest was" in lines[0], lines
 
 
 def test_albert_trains_sentence_order_resumes_bit_identically_exports_and_fine_tunes(
