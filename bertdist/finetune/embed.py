@@ -150,6 +150,19 @@ class Encoder:
             rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length
         )
 
+    def finite(self, vectors: Any, rows: np.ndarray) -> Any:
+        """`vectors`, or a UserError naming the model when any is NaN or infinite: damaged weights or an overflow,
+        which scored or written as features would pass for results (a NaN retriever ranks in corpus order)."""
+        import torch
+
+        if bool(torch.isfinite(vectors).all()):
+            return vectors
+        bad = int(rows[int((~torch.isfinite(vectors)).flatten(1).any(dim=1).nonzero()[0])])
+        raise UserError(
+            f"{self.source.description}: the model's outputs are not finite (NaN or infinite), the first for text "
+            f"{bad + 1} of the input; its weights are damaged or it overflows: nothing was written or scored"
+        )
+
     def batch(self, encoded: Any, rows: np.ndarray) -> dict[str, Any]:
         device = next(self.model.parameters()).device
         return {k: v.to(device) for k, v in encoded.batch(rows, self.pad_id).items() if k in self.inputs}
@@ -196,7 +209,7 @@ def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_siz
             rows = by_length[start : start + batch_size]
             batch = encoder.batch(encoded, rows)
             states = encoder.model.hidden_states(**batch)[-1].float()  # (batch, seq, hidden)
-            vectors = _pooled(states, batch["attention_mask"], pooling)
+            vectors = encoder.finite(_pooled(states, batch["attention_mask"], pooling), rows)
             out[rows] = torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
     return out
 
@@ -219,7 +232,8 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dic
             for start in range(0, len(by_length), o.batch_size):
                 batch_rows = by_length[start : start + o.batch_size]
                 batch = encoder.batch(encoded, batch_rows)
-                vectors = _features(encoder.model, batch, o, normalize).float().cpu().numpy()
+                vectors = encoder.finite(_features(encoder.model, batch, o, normalize), batch_rows)
+                vectors = vectors.float().cpu().numpy()
                 outputs.update(zip(batch_rows.tolist(), encoded.trim(vectors, batch_rows, o.level == "token")))
             in_order = [outputs[r] for r in shard_rows.tolist()]
             parts = in_order if o.level == "token" else [np.stack(in_order)]

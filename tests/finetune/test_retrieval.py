@@ -292,3 +292,23 @@ def test_skip_counts_and_names_every_skipped_line(collection, random_model, tmp_
         and "2 line(s) skipped" in capsys.readouterr().out
     )
     assert all(f"d{line - 1}" not in docs for docs in _trec(out / "run.trec").values())
+
+
+def test_a_model_whose_outputs_are_nan_is_an_error_not_a_score(collection, random_model, tmp_path, capsys):
+    """A NaN retriever ranks the corpus in its order: it scored nDCG@10 34.1 and exit 0. Non-finite vectors are
+    one line naming the model; `embed` writes none of them either."""
+    from safetensors.torch import load_file, save_file
+
+    weights = random_model / "model.safetensors"
+    state = load_file(weights)
+    state["bert.encoder.layer.1.output.LayerNorm.weight"][3] = float("nan")
+    save_file(state, weights)
+    arguments = ["--model", str(random_model), "--batch-size", "16"]
+    retrieval = ["evaluate", "--suite", "retrieval", "--data-dir", str(collection), "--output", str(tmp_path / "r")]
+    assert main([*retrieval, *arguments]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "outputs are not finite" in err[0] and str(random_model) in err[0], err
+    (tmp_path / "texts.txt").write_text("birds sing at dawn .\n")
+    embed = ["embed", "--input", str(tmp_path / "texts.txt"), "--output", str(tmp_path / "e"), *arguments]
+    assert main(embed) == 2
+    assert "outputs are not finite" in capsys.readouterr().err and not (tmp_path / "e").exists()
