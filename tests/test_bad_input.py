@@ -581,6 +581,30 @@ def test_numbers_written_the_way_people_write_them_are_numbers(tmp_path):
     assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.eps) == (1e-4, 100, 1e-8)
 
 
+def test_an_override_is_read_by_its_fields_type_not_as_yaml(capsys):
+    """Read as YAML, `runs/x #2` lost its tail (and the "new" run resumed runs/x), `0x10` became '16', `yes`
+    became 'on', and a value YAML cannot parse printed a traceback."""
+    cfg = load_config(
+        None,
+        [
+            "train.output_dir=runs/x #2",
+            "tracking.run_name=0x10",
+            "launch.job_name=yes",
+            "optim.lr=3e-4",
+            "train.seed=7",
+        ],
+    )
+    assert (cfg.train.output_dir, cfg.tracking.run_name, cfg.launch.job_name) == ("runs/x #2", "0x10", "yes")
+    assert (cfg.optim.lr, cfg.train.seed) == (3e-4, 7)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.seed=0x10", "train.deepspeed={a: ["])
+    assert "train.seed: expected int, got str '0x10'" in str(err.value)
+    assert "override 'train.deepspeed={a: [': the value is not valid YAML" in str(err.value)
+    assert main(["train", "--config", "bert-tiny", "--dry-run", "train.deepspeed={a: ["]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "not valid YAML" in err
+
+
 def test_overrides_may_follow_flags(capsys):
     assert (
         main(

@@ -103,8 +103,8 @@ def _apply_override(raw: dict[str, Any], item: str, defaults: dict[str, Any]) ->
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise ValueError(f"override {item!r}: expected key.sub=value")
-    value = yaml.safe_load(text) if text.strip() else ""
     parts = key.split(".")
+    value = _override_value(item, text, _field_type(Config, parts))
     node: Any = raw
     default: Any = defaults
     for i, part in enumerate(parts):
@@ -125,6 +125,37 @@ def _apply_override(raw: dict[str, Any], item: str, defaults: dict[str, Any]) ->
         elif isinstance(node, dict) and node.get(part) is None:
             node[part] = [{} for _ in default] if isinstance(default, list) else {}
         node = node[part]
+
+
+def _override_value(item: str, text: str, hint: Any) -> Any:
+    """The value of an override, read by its schema field's type. A string field takes the text as written:
+    read as YAML, `runs/x #2` lost its comment-like tail (and the "new" run resumed the old one), `0x10` became
+    16 and `yes` became on. Numbers and switches are read as numbers and booleans; lists and sections as YAML."""
+    if hint is str or typing.get_origin(hint) is typing.Literal:
+        return text
+    if hint in (int, float):
+        return text.strip()  # _coerce reads a number from it, or names the field and the text
+    if hint is bool:
+        return {"true": True, "false": False}.get(text.strip().lower(), text)
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as e:
+        reason = " ".join(str(e).split())
+        raise ValueError(f"override {item!r}: the value is not valid YAML ({reason})") from None
+
+
+def _field_type(cls: Any, parts: list[str]) -> Any:
+    """The schema's type of the field `parts` names (None where the path leaves the schema: the unknown key is
+    reported by _build, and the value is read as YAML)."""
+    hint: Any = cls
+    for part in parts:
+        if dataclasses.is_dataclass(hint):
+            hint = typing.get_type_hints(hint).get(part)
+        elif typing.get_origin(hint) is list and part.isdigit():
+            hint = typing.get_args(hint)[0]
+        else:
+            return None
+    return hint
 
 
 def _child(default: Any, part: Any) -> Any:
