@@ -238,6 +238,19 @@ def test_damaged_checkpoints_fail_export_and_resume_naming_the_file(damage, read
         assert "newest complete checkpoint there is" in err and "step_00000004" in err  # the one beside it
 
 
+@pytest.mark.parametrize("damage", CHECKPOINT_DAMAGES, ids=lambda f: f.__name__)
+def test_bertdist_checkpoints_names_every_damage_a_resume_would_meet(damage, tmp_path, capsys):
+    """`latest` naming a checkpoint that is not there stopped every resume while the listing showed nothing wrong."""
+    run = _fake_run(tmp_path)
+    named = damage(run)
+    assert main(["checkpoints", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert (named if damage is not edited_train_state else "unreadable train state") in out, out
+    if damage is latest_names_a_missing_checkpoint:
+        assert "latest names step_00000099, and there is no such checkpoint" in out
+        assert "the newest intact one is step_00000004" in out
+
+
 class _Payload:
     """Unpickling this creates a file: the stand-in for the code a tampered checkpoint would run."""
 

@@ -94,6 +94,12 @@ def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:
 
 def _table(rows: list[tuple[str, TrainState | None, str]], marked: str | None, marker_problem: str) -> tuple[str, bool]:
     """rows: (tag, verified state or None, the damage found: '' when the checkpoint is incomplete)."""
+    if marked is not None and marked not in {tag for tag, _, _ in rows}:
+        complete = [tag for tag, state, _ in rows if state is not None]
+        marker_problem = (
+            f"{LATEST_FILENAME} names {marked}, and there is no such checkpoint: --resume auto refuses to start"
+            + (f"; the newest intact one is {complete[-1]}" if complete else "")
+        )
     lines, damaged = [_HEADER], bool(marker_problem)
     for tag, state, problem in rows:
         notes = ["latest"] if tag == marked else []
