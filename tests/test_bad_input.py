@@ -353,7 +353,16 @@ def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_p
     (output / "notes.txt").write_text("mine")
     assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab]) == USAGE_EXIT_CODE
     assert "not empty" in capsys.readouterr().err and (output / "notes.txt").read_text() == "mine"
+    # --overwrite replaces an earlier export, never the user's other files (it deleted notes.txt)
+    assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "replaces an earlier export only" in err and "notes.txt" in err, err
+    assert sorted(p.name for p in output.iterdir()) == ["notes.txt"] and (output / "notes.txt").read_text() == "mine"
+    (output / "notes.txt").unlink()
+    assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab]) == 0
+    (output / "model.safetensors").write_bytes(b"an older export's weights")
     assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab, "--overwrite"]) == 0
+    assert (output / "model.safetensors").stat().st_size > 1000
     assert sorted(p.name for p in output.iterdir()) == [
         "config.json",
         "model.safetensors",
@@ -361,6 +370,30 @@ def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_p
         "tokenizer_config.json",
         "vocab.txt",
     ]
+
+
+def test_export_of_a_directory_with_a_link_leading_out_of_it_copies_nothing(tmp_path, capsys, tiny_vocab):
+    """A Hugging Face directory is copied as it is: a link to a file outside it (a credentials file) was followed,
+    copied into the export and uploaded with it. Refused in one line naming the link; a link inside is fine."""
+    import torch
+
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+    from tests.conftest import tiny_model_config
+
+    model = tmp_path / "model"
+    save_pretrained(BertForPreTraining(tiny_model_config()), model, tiny_vocab)
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = hunter2\n")
+    (model / "vocab-copy.txt").symlink_to(model / "vocab.txt")  # inside: copied as a file
+    assert main(["export", str(model), "--output", str(tmp_path / "inside")]) == 0
+    assert (tmp_path / "inside" / "vocab-copy.txt").read_text() == (model / "vocab.txt").read_text()
+    (model / "notes").mkdir()
+    (model / "notes" / "readme.txt").symlink_to(secret)
+    assert main(["export", str(model), "--output", str(tmp_path / "out")]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "readme.txt: a symbolic link to" in err[0] and "outside" in err[0], err
+    assert not (tmp_path / "out").exists()
 
 
 def _files(directory: Path) -> dict[str, int]:

@@ -150,6 +150,7 @@ def export_directory(
             from bertdist.model.onnx import write_onnx
 
             write_onnx(staging)
+        _refuse_replacing_other_files(output, old, {p.name for p in staging.iterdir()})
         for path in old:
             ownership.remove(path)
         for path in sorted(
@@ -161,6 +162,19 @@ def export_directory(
         run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
         log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output)
     return output
+
+
+def _refuse_replacing_other_files(output: Path, old: list[Path], export_names: set[str]) -> None:
+    """`--overwrite` of a local directory replaces an earlier export, nothing else (as a prefix in a store): a
+    directory holding any file an export does not write (notes, data, another tool's output) is refused before
+    anything is deleted."""
+    others = [path for path in old if path.name not in export_names]
+    if others:
+        raise checkpoint.CheckpointError(
+            f"--output {output}: --overwrite replaces an earlier export only, and this directory holds "
+            f"{len(others)} other file(s) ({others[0].name}{', ...' if len(others) > 1 else ''}); nothing was "
+            "deleted, choose a new directory"
+        )
 
 
 def _write_pretraining_model(
@@ -212,7 +226,22 @@ def _copy_model(model: Path, staging: Path, vocab_file: str | None) -> None:
             f"--vocab: {model} is a Hugging Face directory, exported with its own tokenizer; "
             "--vocab applies to training checkpoints"
         )
+    _refuse_links_out_of(model)
     shutil.copytree(model, staging, copy_function=shutil.copyfile)
+
+
+def _refuse_links_out_of(model: Path) -> None:
+    """A symbolic link in the model directory whose target lies outside it is refused, naming it: copying what it
+    points at would put a file from elsewhere (a credentials file, say) into the export and its upload."""
+    root = model.resolve()
+    for path in sorted(model.rglob("*")):
+        if path.is_symlink():
+            target = path.resolve()
+            if target != root and root not in target.parents:
+                raise checkpoint.CheckpointError(
+                    f"{path}: a symbolic link to {target}, outside {model}; bertdist export copies nothing from "
+                    "outside the model directory (copy the file in, or remove the link)"
+                )
 
 
 def _refuse_output_over_input(output: Path, given_path: str) -> None:

@@ -41,13 +41,14 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, b
     else:
         marker_problem = ""
     rows = []
-    for step_dir in step_dirs(root):
+    found = step_dirs(root)
+    for step_dir in found:
         try:
             rows.append((step_dir.name, verify_files(step_dir, mode), ""))
         except CheckpointError as e:
             if step_dir.is_dir():  # else pruned by its run while listed
                 rows.append((step_dir.name, None, str(e).split(": ", 1)[-1] if is_complete(step_dir) else ""))
-    return _table(rows, marked, marker_problem)
+    return _table(rows, marked, marker_problem, {d.name for d in found})
 
 
 def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:
@@ -89,12 +90,15 @@ def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:
             rows.append((tag, state, ""))
         except CheckpointError as e:
             rows.append((tag, None, str(e).split(": ", 1)[-1] or "damaged"))
-    return _table(rows, marked, marker_problem)
+    return _table(rows, marked, marker_problem, set(names))
 
 
-def _table(rows: list[tuple[str, TrainState | None, str]], marked: str | None, marker_problem: str) -> tuple[str, bool]:
-    """rows: (tag, verified state or None, the damage found: '' when the checkpoint is incomplete)."""
-    if marked is not None and marked not in {tag for tag, _, _ in rows}:
+def _table(
+    rows: list[tuple[str, TrainState | None, str]], marked: str | None, marker_problem: str, present: set[str]
+) -> tuple[str, bool]:
+    """rows: (tag, verified state or None, the damage found: '' when the checkpoint is incomplete); `present`:
+    the checkpoint names there when the listing began (a run prunes old ones while it is listed)."""
+    if marked is not None and marked not in present:
         complete = [tag for tag, state, _ in rows if state is not None]
         marker_problem = (
             f"{LATEST_FILENAME} names {marked}, and there is no such checkpoint: --resume auto refuses to start"
