@@ -375,7 +375,6 @@ def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_p
 def test_export_of_a_directory_with_a_link_leading_out_of_it_copies_nothing(tmp_path, capsys, tiny_vocab):
     """A Hugging Face directory is copied as it is: a link to a file outside it (a credentials file) was followed,
     copied into the export and uploaded with it. Refused in one line naming the link; a link inside is fine."""
-    import torch
 
     from bertdist.model.bert import BertForPreTraining
     from bertdist.model.hf import save_pretrained

@@ -2,9 +2,10 @@
 
 A `Record` is one call of the tracker (metrics, params, tags, an artifact, a text, or the terminate
 marker), queued by the training thread and sent by the delivery thread with `send`. The `Spool` is the
-write-ahead file {run_dir}/mlflow-unsent-{run_id}.jsonl: every record is appended when it is queued, and
-the file is emptied whenever the queue is. A job killed with records still queued (SIGKILL, OOM, node
-loss) leaves them there, and the attempt that resumes the run sends them first.
+write-ahead file {run_dir}/mlflow-unsent-{run_id}.jsonl (mlflow-unsent-pending.jsonl until the store has given
+the run its id): every record is appended when it is queued, and the file is emptied whenever the queue is. A
+job killed with records still queued (SIGKILL, OOM, node loss), or one whose store never answered, leaves them
+there, and the next attempt of the run sends them first.
 """
 
 from __future__ import annotations
@@ -112,8 +113,11 @@ class Spool:
     """The write-ahead file of one run (and node: nodes may share the run directory)."""
 
     def __init__(self, run_dir: Path, run_id: str | None, node_rank: int):
+        """`run_id` None: the pending spool of a tracker whose store has not yet created (or found) its run. A
+        store unreachable for a whole job leaves its records there, and the next attempt in this run directory
+        sends them to its run first."""
         node = f"-node{node_rank}" if node_rank else ""
-        self.path = run_dir / f"mlflow-unsent-{run_id}{node}.jsonl"
+        self.path = run_dir / f"mlflow-unsent-{run_id or 'pending'}{node}.jsonl"
         self._file: IO[str] | None = None
 
     def take_left(self) -> list[Record]:

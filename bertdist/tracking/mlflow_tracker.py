@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from bertdist.config import Config, TrackingConfig, dump_yaml
+from bertdist.credentials import redacted
 from bertdist.tracking import store, system
 from bertdist.tracking.base import Tracker
 from bertdist.tracking.delivery import (
@@ -104,6 +105,8 @@ class MLflowTracker(Tracker):
     ):
         super().__init__(run_id)  # provisional: replaced if the store does not know this run
         self.tracking_uri = store.resolve_tracking_uri(cfg.tracking_uri, run_dir)
+        self.shown_uri = redacted(self.tracking_uri)
+        """The store as messages name it: a user:password@ in MLFLOW_TRACKING_URI is never printed."""
         self._cfg = cfg
         self._run_dir = Path(run_dir)
         self._resume_run_id = run_id
@@ -129,6 +132,9 @@ class MLflowTracker(Tracker):
         self._started = threading.Event()
         self._stop_sampling = threading.Event()
         self._spool: Spool | None = None
+        self._run_known = False
+        """The store created or found the run: its records are spooled under its id, no longer as pending."""
+        self._open_pending_spool()
 
         # MLflow's packages import each other circularly: importing them here, before the delivery thread
         # exists, keeps that thread and the training thread from importing them at the same time.
@@ -141,7 +147,7 @@ class MLflowTracker(Tracker):
         if run_id is None and not self._started.wait(startup_wait_s):
             self._warn(
                 "startup",
-                f"MLflow run not started within {startup_wait_s:.0f} s at {self.tracking_uri}; training continues "
+                f"MLflow run not started within {startup_wait_s:.0f} s at {self.shown_uri}; training continues "
                 "and tracking catches up when the store answers",
             )
 
@@ -221,11 +227,15 @@ class MLflowTracker(Tracker):
         with self._cond:
             left = sum(len(r.items) for r in self._queue if r.kind != "terminate")
         if left or self._dropped_metrics:
-            spool = Spool(self._run_dir, self._run_id, self._node_rank)
-            kept = f"; they are kept in {spool.path} and sent when this run resumes" if spool.holds_records() else ""
+            spool = Spool(self._run_dir, self._run_id if self._run_known else None, self._node_rank)
+            kept = (
+                f"; they are kept in {spool.path} and sent first by the next attempt in {self._run_dir}"
+                if spool.holds_records()
+                else ""
+            )
             self._warn(
                 "close",
-                f"MLflow tracking closed before {self.tracking_uri} took everything: {left} queued items "
+                f"MLflow tracking closed before {self.shown_uri} took everything: {left} queued items "
                 f"undelivered, {self._dropped_metrics} metric values dropped from the full buffer{kept}",
             )
 
@@ -332,17 +342,31 @@ class MLflowTracker(Tracker):
             if self._spool is not None and all(r.kind == "terminate" for r in self._queue):
                 self._spool.clear()
 
+    def _open_pending_spool(self) -> None:
+        """Before the store answers: queue what an earlier attempt left in the pending spool (its store never
+        gave it a run), then spool every record from now on, so that an outage of the whole job loses none."""
+        spool = Spool(self._run_dir, None, self._node_rank)
+        self._queue_left(spool.take_left())
+        spool.open(self._queue)
+        self._spool = spool
+
     def _open_spool(self) -> None:
-        """Queue what a killed attempt left unsent (oldest first), then spool everything queued so far."""
+        """The run is known: queue what a killed attempt of it left unsent (oldest first), move everything queued
+        so far into the run's spool, and remove the pending one."""
         spool = Spool(self._run_dir, self._run_id, self._node_rank)
         left = spool.take_left()
         with self._cond:
-            for record in reversed(left):
-                self._queue.appendleft(record)
-                if record.kind == "metrics":
-                    self._buffered_metrics += len(record.items)
+            self._queue_left(left)
             spool.open(self._queue)
-            self._spool = spool
+            pending, self._spool, self._run_known = self._spool, spool, True
+            if pending is not None:
+                pending.close(delivered_everything=True)  # its records are in the run's spool now
+
+    def _queue_left(self, left: list[Record]) -> None:
+        for record in reversed(left):
+            self._queue.appendleft(record)
+            if record.kind == "metrics":
+                self._buffered_metrics += len(record.items)
 
     def _close_spool(self, delivered_everything: bool) -> None:
         with self._cond:
@@ -365,7 +389,7 @@ class MLflowTracker(Tracker):
                     raise
                 self._warn(
                     "resume",
-                    f"MLflow run {self._resume_run_id} of the checkpoint is not in {self.tracking_uri} "
+                    f"MLflow run {self._resume_run_id} of the checkpoint is not in {self.shown_uri} "
                     f"({e.error_code}); starting a new run",
                 )
             else:
@@ -425,7 +449,7 @@ class MLflowTracker(Tracker):
                 if self._outage_since is None:
                     self._outage_since = time.monotonic()
                     print(
-                        f"bertdist: WARNING MLflow tracking store {self.tracking_uri} is unavailable "
+                        f"bertdist: WARNING MLflow tracking store {self.shown_uri} is unavailable "
                         f"({store.short_error(e)}); "
                         "training continues, metrics are buffered and retried",
                         file=sys.stderr,
@@ -440,7 +464,7 @@ class MLflowTracker(Tracker):
                 continue
             if self._outage_since is not None:
                 print(
-                    f"bertdist: MLflow tracking store {self.tracking_uri} is back after "
+                    f"bertdist: MLflow tracking store {self.shown_uri} is back after "
                     f"{time.monotonic() - self._outage_since:.0f} s; delivering buffered metrics",
                     file=sys.stderr,
                     flush=True,

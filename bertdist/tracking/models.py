@@ -21,6 +21,7 @@ from typing import Iterator
 
 from bertdist import chatter
 from bertdist.config import TrackingConfig
+from bertdist.credentials import redacted
 from bertdist.tracking import store
 
 MODEL_NAME = "model"
@@ -60,7 +61,7 @@ def log_export(
         client.set_tag(run_id, EXPORT_TAG, str(Path(export_dir).resolve()))
     except Exception as e:
         warnings.warn(
-            f"bertdist: export not logged to MLflow run {run_id} at {uri}: {store.short_error(e)}",
+            f"bertdist: export not logged to MLflow run {run_id} at {redacted(uri)}: {store.short_error(e)}",
             RuntimeWarning,
             stacklevel=2,
         )

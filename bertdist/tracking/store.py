@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from bertdist.credentials import redacted
+
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
@@ -155,6 +157,7 @@ def is_transient(error: BaseException) -> bool:
 
 
 def short_error(error: BaseException) -> str:
-    """The first line of an error, at most 200 characters: enough for a one-line warning."""
+    """The first line of an error, at most 200 characters: enough for a one-line warning (a URL's user and password
+    hidden: a client's error may quote the URL it was given)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text[:200]
+    return redacted(text)[:200]

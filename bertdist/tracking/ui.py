@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bertdist import chatter
+from bertdist.credentials import redacted
 from bertdist.errors import UserError
 from bertdist.tracking.store import (
     ARTIFACTS_DIRNAME,
@@ -98,7 +99,7 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
     """Run the dashboard until interrupted; returns the exit code for the command line."""
     store, artifacts_dir = store_for(run_dir, tracking_uri)
     if store.startswith(("http://", "https://")):
-        print(f"{store} is a tracking server with its own dashboard: open {store}", flush=True)
+        print(f"{redacted(store)} is a tracking server with its own dashboard: open {redacted(store)}", flush=True)
         return 0
     host = check_host(host)
     if not 1 <= port <= 65535:
@@ -138,7 +139,7 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
         try:
             url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
             wait_until_serving(url, server, STARTUP_TIMEOUT_S, log)
-            print(f"MLflow dashboard for {store}: {url}  (Ctrl-C to stop)", flush=True)
+            print(f"MLflow dashboard for {redacted(store)}: {url}  (Ctrl-C to stop)", flush=True)
             for line in dashboard_links(store, url):
                 print(f"  {line}", flush=True)
             return server.wait()
