@@ -129,13 +129,15 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
     ]
     if artifacts_dir:
         command += ["--artifacts-destination", artifacts_dir]
-    # Own process group: stopping `bertdist ui` (Ctrl-C, SIGTERM) stops the server's workers with it.
+    # Its own process group, led by a guard (bertdist.tracking.server_guard): stopping `bertdist ui` (Ctrl-C,
+    # SIGTERM, SIGHUP) stops the server's workers with it, and so does killing it (SIGKILL), through the guard.
+    guarded = [sys.executable, "-m", "bertdist.tracking.server_guard", str(os.getpid()), "--", *command]
     with tempfile.TemporaryFile("w+", prefix="bertdist-ui-") as log:
         output = None if chatter.verbose() else log
         server = subprocess.Popen(
-            command, start_new_session=True, env=server_environment(), stdout=output, stderr=output
+            guarded, start_new_session=True, env=server_environment(), stdout=output, stderr=output
         )
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        previous = {s: signal.signal(s, _exit_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
             url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
             wait_until_serving(url, server, STARTUP_TIMEOUT_S, log)
@@ -146,7 +148,8 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
         except KeyboardInterrupt:
             return 0
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             _stop(server)
 
 
@@ -231,7 +234,8 @@ def wait_until_serving(url: str, server: subprocess.Popen, timeout_s: float, log
     raise UIError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s")
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM, or SIGHUP (its terminal or ssh session closed): a clean stop, the server with it."""
     raise SystemExit(0)
 
 

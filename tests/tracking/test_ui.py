@@ -128,6 +128,33 @@ def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
     ]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP], ids=["killed", "hung-up"])
+def test_ui_killed_or_hung_up_leaves_no_server_serving(run_dir, signum):
+    """SIGKILL runs no code in `bertdist ui`, and SIGHUP (a closed terminal or ssh session) ended it without its
+    cleanup: `mlflow server` and its worker went on serving, orphaned. Now the server's group goes with it."""
+    directory, _ = run_dir
+    port = free_tcp_port()
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        read_until(ui.stdout, "MLflow dashboard", timeout_s=180)
+        served_by = psutil.Process(ui.pid).children(recursive=True)
+        assert len(served_by) >= 2  # the guard, the server (and its worker)
+        ui.send_signal(signum)
+        ui.wait(timeout=60)
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+    gone, alive = psutil.wait_procs(served_by, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing serves there any more
+
+
 def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
     assert main(["ui", "--run-dir", str(tmp_path / "run"), "--port", str(free_tcp_port())]) == 2
     err = capsys.readouterr().err
