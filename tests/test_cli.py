@@ -73,7 +73,9 @@ def test_every_config_dry_runs(config: Path, tmp_path: Path):
         (teacher / "config.json").write_text(json.dumps({**hf, "max_position_embeddings": m.max_position_embeddings}))
         (teacher / "vocab.txt").write_text(vocab.read_text())
         overrides.append(f"distill.teacher={teacher}")
-    out = bertdist("train", "--config", str(config), "--dry-run", *overrides)
+    # From a directory of the test's own: the configs' relative paths (runs/demo/...) must not reach the user's runs,
+    # which `make demo` fills with shards this made-up vocabulary does not match.
+    out = bertdist("train", "--config", str(config), "--dry-run", *overrides, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "# plan" in out.stdout and "world size:" in out.stdout and "training FLOPs" in out.stdout
     assert "gradient accumulation" in out.stdout
