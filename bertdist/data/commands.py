@@ -4,6 +4,7 @@ run), as bertdist.finetune.commands and bertdist.launch.commands hold theirs; `b
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from bertdist.config import ModelConfig
@@ -11,7 +12,7 @@ from bertdist.config.choices import choices
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.tokenizer import TOKENIZER_MODELS
-from bertdist.errors import USAGE_EXIT_CODE
+from bertdist.errors import USAGE_EXIT_CODE, DataError
 from bertdist.flags import from_args
 
 
@@ -54,7 +55,11 @@ def _run_vocab(args: argparse.Namespace) -> int:
     if args.vocab_size < smallest:
         print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    path = train(iter_texts(expand_inputs(args.input)), args.output, args.vocab_size, cased=args.cased)
+    texts = iter_texts(expand_inputs(args.input))
+    first = next((text for text in texts if text.strip()), None)
+    if first is None:  # a vocabulary of the special tokens alone would pass for one; prepare refuses this input too
+        raise DataError(f"{' '.join(args.input)}: contains no text (an empty file, or a dump of redirects only)")
+    path = train(itertools.chain([first], texts), args.output, args.vocab_size, cased=args.cased)
     print(f"wrote {path}")
     return 0
 

@@ -55,3 +55,23 @@ def test_fast_encoder_is_exact_when_its_cache_overflows(tiny_corpus, tmp_path, m
         ids, lengths = encoder.encode(sentences)
         assert [a.tolist() for a in np.split(ids, np.cumsum(lengths)[:-1])] == expected
         assert len(encoder._cache) <= 7
+
+
+@pytest.mark.parametrize("model", ["wordpiece", "bpe"])
+def test_a_corpus_without_text_is_refused_before_a_vocabulary_is_written(tmp_path, capsys, model):
+    """An XML dump of one redirect gave a vocabulary of the five special tokens and exit 0, where `prepare`
+    refuses the same input."""
+    from bertdist.cli import main
+
+    dump = tmp_path / "redirect.xml"
+    dump.write_text(
+        '<mediawiki><page><title>A</title><ns>0</ns><redirect title="B" /><revision><text>#REDIRECT [[B]]'
+        "</text></revision></page></mediawiki>\n"
+    )
+    (tmp_path / "blank.txt").write_text("\n   \n")
+    for given in (dump, tmp_path / "blank.txt"):
+        arguments = ["vocab", "--input", str(given), "--output", str(tmp_path / "v"), "--model", model]
+        assert main([*arguments, "--vocab-size", "300"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{given}: contains no text" in err[0], err
+        assert not (tmp_path / "v").exists()
