@@ -58,6 +58,8 @@ class AttentionMaps:
     """(layers, heads, queries, keys) float32; each query's row sums to 1."""
     statistics: list[Statistic]
     """Of every head, (layers, heads) each: the page's table."""
+    tokens_cut: int = 0
+    """Tokens of the text (and pair) beyond the length drawn: said on the console, never dropped silently."""
 
 
 def check(o: AttentionOptions) -> None:
@@ -109,13 +111,16 @@ def attention_maps(o: AttentionOptions) -> AttentionMaps:
     with torch.no_grad():
         layers = encoder.model.attention_probabilities(**encoder.batch(encoded, np.arange(1)))
     probabilities = torch.stack(layers, dim=1)[0].float().cpu().numpy()  # (layers, heads, seq, seq)
-    tokenizer = open_tokenizer(encoder.source.vocab_file)
+    tokenizer = open_tokenizer(encoder.source.vocab_file, encoder.cased)
     ids = encoded.ids[0]
+    texts = [o.text] + ([o.pair] if o.pair is not None else [])
+    whole = sum(len(e.ids) for e in tokenizer.encode_batch(texts)) + len(texts) + 1  # with [CLS] and each [SEP]
     return AttentionMaps(
         encoder.source.description,
         [tokenizer.tokens[i] for i in ids],
         probabilities,
         head_statistics(probabilities, ids, tokenizer.cls_id, tokenizer.sep_id),
+        tokens_cut=whole - len(ids),
     )
 
 

@@ -150,8 +150,14 @@ def _run_attention(args: argparse.Namespace) -> int:
     maps = attention(from_args(AttentionOptions, args))
     layers, heads, tokens, _ = maps.probabilities.shape
     out = Path(args.output_dir)
+    cut = (
+        f" (the text is {tokens + maps.tokens_cut} tokens: the last {maps.tokens_cut} were cut at the length "
+        "drawn; --max-seq-length sets it)"
+        if maps.tokens_cut
+        else ""
+    )
     print(
-        f"bertdist attention: {tokens} tokens, {layers} layers x {heads} heads; wrote {out / PNG_NAME} and "
+        f"bertdist attention: {tokens} tokens{cut}, {layers} layers x {heads} heads; wrote {out / PNG_NAME} and "
         f"{out / HTML_NAME}"
     )
     return 0

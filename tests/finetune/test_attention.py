@@ -159,6 +159,24 @@ def test_the_command_writes_the_grid_and_the_page_of_the_models_attention(drawn,
     assert (pixels < 200).mean() > 0.02 and len(np.unique(pixels)) > 50
 
 
+def test_a_text_longer_than_the_length_drawn_is_said_to_be_cut(saved, tmp_path, capsys):
+    """A long text was cut to the model's length without a word: the console says how long it was and how many
+    tokens were cut."""
+    _, directory = saved
+    assert run("--model", str(directory), "--text", TEXT, "--output", str(tmp_path / "whole")) == 0
+    assert "were cut" not in capsys.readouterr().out
+    out = tmp_path / "cut"
+    assert run("--model", str(directory), "--text", TEXT, "--max-seq-length", "6", "--output", str(out)) == 0
+    printed = capsys.readouterr().out
+    drawn = json.loads(re.search(r'id="attention-data">(.*?)</script>', (out / "attention.html").read_text(), re.S)[1])[
+        "tokens"
+    ]
+    whole = json.loads(
+        re.search(r'id="attention-data">(.*?)</script>', (tmp_path / "whole" / "attention.html").read_text(), re.S)[1]
+    )["tokens"]
+    assert len(drawn) == 6 and f"the text is {len(whole)} tokens: the last {len(whole) - 6} were cut" in printed
+
+
 def test_the_page_shows_the_chosen_heads_attention_in_chromium(drawn, tmp_path):
     from PIL import Image
 
