@@ -83,8 +83,10 @@ def test_modernberts_ramp_has_six_sizes_over_50b_tokens():
         ({"start": 0}, 2, "train.batch_warmup_start: the ramp's first global batch (sequences) is needed"),
         ({"tokens": 0}, 2, "train.batch_warmup_start: applies only with train.batch_warmup_tokens"),
         ({"tokens": -1}, 2, "train.batch_warmup_tokens, train.batch_warmup_start: must be >= 0"),
+        # 8 steps of 8 x 32 tokens: the ramp never reaches 24 (the plan said nothing)
+        ({"tokens": 100_000}, 2, "train.batch_warmup_tokens: 100,000 is more than the 2,048 tokens the run trains"),
     ],
-    ids=["world-size", "start-not-below-full", "no-start", "start-without-tokens", "negative"],
+    ids=["world-size", "start-not-below-full", "no-start", "start-without-tokens", "negative", "longer-than-run"],
 )
 def test_a_ramp_that_cannot_be_formed_is_refused_naming_the_field(overrides, world, expected):
     with pytest.raises(ConfigError) as e:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist import storage
-from bertdist.config.batch_warmup import phases_in_ramp
+from bertdist.config.batch_warmup import batch_schedule, phases_in_ramp
 from bertdist.config.choices import choice_problems, choices
 from bertdist.config.errors import ConfigError
 from bertdist.config.model import ARCHITECTURES
@@ -184,6 +184,16 @@ def batch_warmup_problems(cfg: Config, world: int) -> list[str]:
                 f"train.batch_warmup_start: {t.batch_warmup_start} (the ramp's sizes are its multiples) is "
                 f"not divisible by data.phases.{i}.micro_batch_size x world size = {micro} x {world}"
             )
+    schedule = batch_schedule(cfg)
+    last = schedule[-1] if schedule else None
+    if last is not None and last.global_batch_size < cfg.global_batch_size(phases[last.phase]):
+        run_tokens = sum(s.steps * s.global_batch_size * phases[s.phase].max_seq_length for s in schedule)
+        found.append(
+            f"train.batch_warmup_tokens: {t.batch_warmup_tokens:,} is more than the {run_tokens:,} tokens the run "
+            f"trains (at full length), so its batch never reaches data.phases.{last.phase}'s global batch "
+            f"({cfg.global_batch_size(phases[last.phase]):,}; the last steps train {last.global_batch_size:,}); "
+            "shorten the ramp or lengthen the run"
+        )
     return found
 
 
