@@ -286,3 +286,12 @@ def test_a_sentence_encoder_with_a_module_bertdist_does_not_compute_is_refused(t
     assert main([*arguments, "--output", str(tmp_path / "out")]) == USAGE_EXIT_CODE
     assert "module Dense is not supported yet" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_embedding_many_rows_shows_its_progress(pretrained, tmp_path, capsys):
+    """100,000 lines ran 28 minutes printing nothing: the rows done, their rate and the time left are shown."""
+    out = tmp_path / "progress"
+    arguments = ["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt"), "--output", str(out)]
+    assert main([*arguments, "--batch-size", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "embed: 100%" in err and f"{len(TEXTS)}/{len(TEXTS)}" in err and "rows/s" in err, err
