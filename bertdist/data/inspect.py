@@ -77,16 +77,35 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
     peak = max(int(counts.max()), 1)
     for lo, hi, c in zip(edges[:-1], np.append(edges[1:-1], max_len), counts):
         out.append(f"  {lo:>5}-{hi:<5} {c:>10,} {'#' * int(40 * c / peak)}")
-    out += [
-        f"masking: {stats['masked_fraction']:.2%} of tokens (rule: {rules.masked_lm_prob:.0%}, at most "
-        f"{prediction_cap(rules, max_len)} per sample; mean {stats['masked_per_sample'].mean():.2f}); "
-        f"{stats['mask_token_fraction']:.1%} [MASK], {stats['unchanged_fraction']:.1%} unchanged (rule: "
-        f"{rules.mask_token_fraction:.0%} / ~{1 - rules.mask_token_fraction - rules.random_token_fraction:.0%}+)",
-        f"next sentence: {stats['not_next_fraction']:.1%} NotNext (single-sentence chunks are always NotNext)",
-    ]
+    if opts.get("masking") == "dynamic":  # the shards hold text; "0.00% masked" read as a broken prepare
+        out.append(
+            f"masking: at load time (masking dynamic): the shards hold no masks; the loader masks "
+            f"{rules.masked_lm_prob:.0%} of tokens, at most {prediction_cap(rules, max_len)} per sample, afresh "
+            "every epoch"
+        )
+    else:
+        out.append(
+            f"masking: {stats['masked_fraction']:.2%} of tokens (rule: {rules.masked_lm_prob:.0%}, at most "
+            f"{prediction_cap(rules, max_len)} per sample; mean {stats['masked_per_sample'].mean():.2f}); "
+            f"{stats['mask_token_fraction']:.1%} [MASK], {stats['unchanged_fraction']:.1%} unchanged (rule: "
+            f"{rules.mask_token_fraction:.0%} / ~{1 - rules.mask_token_fraction - rules.random_token_fraction:.0%}+)"
+        )
+    objective = opts.get("objective", "nsp")
+    out.append(
+        {
+            "nsp": f"next sentence: {stats['not_next_fraction']:.1%} NotNext (single-sentence chunks are always "
+            "NotNext)",
+            "sop": f"sentence order: {stats['not_next_fraction']:.1%} swapped",
+            "mlm": "sentence task: none (objective mlm: contiguous text, no pairs)",
+        }[objective]
+    )
     if examples:
         out.append(_examples(shard_dir, manifest, examples, vocab_file or manifest.get("vocab_file")))
     return "\n".join(out)
+
+
+_EXAMPLE_LABELS = {"nsp": ("IsNext", "NotNext"), "sop": ("in order", "swapped"), "mlm": None}
+"""How an example's sentence label reads, by objective: (label 0, label 1), or none."""
 
 
 def _examples(shard_dir: str, manifest: dict, count: int, vocab_file: str | None) -> str:
@@ -99,12 +118,17 @@ def _examples(shard_dir: str, manifest: dict, count: int, vocab_file: str | None
     if file_sha256(vocab_file) != manifest["vocab_sha256"]:
         raise DataError(f"{vocab_file}: not the vocab these shards were made with (sha256 differs)")
     tokens = open_tokenizer(vocab_file).tokens
-    lines = ["examples (tokens as stored; masked positions shown as [MASK]/token(original)):"]
+    dynamic = manifest["options"].get("masking") == "dynamic"
+    lines = [
+        "examples (tokens as stored; "
+        + ("unmasked: the loader masks them)" if dynamic else "masked positions shown as [MASK]/token(original)):")
+    ]
     for n, sample in zip(range(count), iter_samples(shard_dir)):
         ids = sample["input_ids"].tolist()
         words = [tokens[i] for i in ids]
         for pos, label in zip(sample["masked_lm_positions"].tolist(), sample["masked_lm_ids"].tolist()):
             words[pos] = f"{words[pos]}({tokens[label]})"
-        label = "NotNext" if sample["next_sentence_label"] else "IsNext"
-        lines.append(f"  [{n}] {label}, {len(ids)} tokens: {' '.join(words)}")
+        names = _EXAMPLE_LABELS[manifest["options"].get("objective", "nsp")]
+        label = f"{names[int(sample['next_sentence_label'])]}, " if names else ""
+        lines.append(f"  [{n}] {label}{len(ids)} tokens: {' '.join(words)}")
     return "\n".join(lines)

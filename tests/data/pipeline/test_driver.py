@@ -199,6 +199,17 @@ def test_vocab_and_inspect_commands(tiny_corpus, tiny_shards, tmp_path, capsys):
     assert "checksums OK" in out and "NotNext" in out and "[CLS]" in out and "histogram" in out
 
 
+def test_inspect_of_shards_masked_at_load_time_says_so(mlm_shards, sop_shards, capsys):
+    """MLM-only shards said "0.00% of tokens" masked and labelled every example IsNext."""
+    assert main(["inspect", mlm_shards, "--examples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "masking: at load time (masking dynamic): the shards hold no masks" in out and "0.00%" not in out
+    assert "sentence task: none (objective mlm" in out and "IsNext" not in out and "NotNext" not in out
+    assert main(["inspect", sop_shards, "--examples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "sentence order:" in out and "swapped" in out and "IsNext" not in out
+
+
 def test_a_local_ray_listens_on_loopback_only(ray_local):
     """The local Ray that `prepare` starts (and the tests share) must not be reachable from the network:
     every listening socket of its GCS, raylet, agents and workers is on 127.0.0.1."""
