@@ -2,8 +2,9 @@
 
 Without calibration the time per step is an estimate: the training FLOPs of a step on one rank over the peak
 FLOP/s of the device (this machine's GPU if it is in the datasheet table, else an assumed A100) at an assumed
-MFU; the printout says which, and on a machine without a GPU also what this CPU would take (its matmul peak
-measured in a fraction of a second), since a run started here would train on it. With `--calibrate` it is
+MFU; the printout says which. On a machine without a GPU a local launch trains on this CPU, so its matmul peak
+(measured in a fraction of a second) is the headline and the A100 a note; a cluster launch keeps the A100 and
+says what this CPU would take. With `--calibrate` it is
 measured: the real trainer runs a few steps of every phase on this machine's device, one rank, at the configured
 micro batch and length and at the gradient accumulation of the requested world size, on the configured shards, and
 saves a checkpoint and runs an evaluation, each timed, in a process of its own whose whole wall time also gives
@@ -160,11 +161,22 @@ def estimate(cfg: Config) -> Forecast:
     note = ""
     if not _cuda():  # planned here for a GPU cluster, or about to run on this CPU: both are said
         cpu_peak = measure_matmul_flops_per_second()
-        cpu_hours = sum(n * f for n, f in zip(full_batch_steps(cfg), step_flops)) / (cpu_peak * ASSUMED_MFU) / 3600
-        note = (
-            f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s measured "
-            f"here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at the same MFU"
-        )
+        gpu_hours = sum(n * f for n, f in zip(full_batch_steps(cfg), step_flops)) / (peak * ASSUMED_MFU) / 3600
+        cpu_hours = gpu_hours * peak / cpu_peak
+        if cfg.launch.backend == "local":  # a local launch trains on this CPU: that is the headline
+            source = (
+                f"estimated, not measured: the training FLOPs of a step over this machine's CPU, a matmul peak of "
+                f"{cpu_peak / 1e9:.3g} GFLOP/s measured here (fp32), at an assumed MFU of {ASSUMED_MFU:.0%}; "
+                "--calibrate measures it"
+            )
+            note = f"on one {name} the steps would take {duration(gpu_hours * 3600)} ({gpu_hours:.4g} h)"
+            peak = cpu_peak
+        else:
+            note = (
+                f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s measured "
+                f"here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at the same "
+                "MFU"
+            )
     return Forecast(
         source, [f / (peak * ASSUMED_MFU) for f in step_flops], [0.0] * len(step_flops), sequences, note=note
     )
