@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from typing import Any
 
 from bertdist.config import ModelConfig
@@ -143,10 +142,10 @@ class PeakFlops:
 
     A GPU in GPU_PEAK_FLOPS has its datasheet peak. Elsewhere (a CPU, an unknown GPU, $BERTDIST_PEAK_FLOPS) the
     peak is a measurement, a lower bound of the true one. Training faster than the peak proves the peak wrong
-    (measured under load, a datasheet number below what runs, as fp32 matmuls on TF32 tensor cores): that
-    interval's MFU is unknown, reported as 1.0, never as 130%, with a warning once naming $BERTDIST_PEAK_FLOPS. A
-    measured peak then becomes training's rate, the better lower bound, so that later intervals read low rather
-    than impossibly high on a busy machine.
+    (measured under load, a datasheet number below what runs, as fp32 matmuls on TF32 tensor cores): from then on
+    MFU is unknown, reported as 1.0 ("MFU ?"), never as 130%, and `notice` says once why, naming
+    $BERTDIST_PEAK_FLOPS. A measured peak is not replaced by training's rate: every later interval then read
+    99-100%, which looked like a real figure, between the 21% before it and the "?" of the interval that exceeded it.
     """
 
     def __init__(self, device_type: str, precision: str) -> None:
@@ -158,22 +157,22 @@ class PeakFlops:
             and device_type == "cuda"
             and peak_flops_per_second(torch.cuda.get_device_name(), precision) is not None
         )
-        self.warned = False
+        self.exceeded = False
+        self.notice = ""
+        """One line for the console, set when the peak is first exceeded; the caller prints it and clears it."""
 
     def mfu(self, achieved_flops_per_second: float) -> float:
-        """The fraction of the peak reached, below 1.0; 1.0 when the peak was reached or exceeded (unknown)."""
-        if achieved_flops_per_second < self.value:
+        """The fraction of the peak reached, below 1.0; 1.0 (unknown) once a rate reached or exceeded the peak, or
+        for a datasheet peak, in each interval that does."""
+        if achieved_flops_per_second < self.value and not (self.exceeded and not self.from_datasheet):
             return achieved_flops_per_second / self.value
-        if not self.warned:
-            self.warned = True
+        if not self.exceeded:
+            self.exceeded = True
             source = "its datasheet peak" if self.from_datasheet else "the peak measured at start"
-            warnings.warn(
-                f"MFU unknown: training ran at {achieved_flops_per_second:.3g} FLOP/s per rank, above "
-                f"{source} ({self.value:.3g}); set {PEAK_FLOPS_ENV} to this device's peak FLOP/s",
-                stacklevel=2,
+            self.notice = (
+                f"MFU unknown: training ran at {achieved_flops_per_second:.3g} FLOP/s per rank, above {source} "
+                f"({self.value:.3g}); set {PEAK_FLOPS_ENV} to this device's peak FLOP/s"
             )
-        if not self.from_datasheet:
-            self.value = achieved_flops_per_second
         return 1.0
 
 

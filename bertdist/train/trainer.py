@@ -334,6 +334,9 @@ class Trainer(contextlib.ExitStack):
             metrics.PEAK_MEMORY: self._peak_memory_gb(),
         }
         self.tracker.log_metrics(values, step=step)
+        if self.peak_flops.notice:  # on the console with the step lines, once, not as a raw Python warning
+            self.console.line(self.peak_flops.notice)
+            self.peak_flops.notice = ""
         self._log_downstream(self.downstream.finished())
         eta_s = interval.seconds() / interval.steps * (total_steps - step)
         self.console.train(step, total_steps, values, eta_s, self.loaders[self.cfg.phase_at(step - 1)[0]].state_dict())
