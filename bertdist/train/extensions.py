@@ -8,6 +8,7 @@ each other's op on each switch (~90 s: the sources are at another path), and a b
 is installed in (where it cannot write: a folder of that installation's own in the user's cache) unless
 TORCH_EXTENSIONS_DIR is set, and clears or waits out every lock there before DeepSpeed meets it.
 
+One `ninja` builds them all: the environment's own, put first on PATH (two versions rebuild each other's work).
 What is left to torch: deciding what to build and when, and ranks racing for a lock after `prepare()`; if the
 rank that won dies mid-build, its launcher stops the ranks that wait on it. Built at install time by
 `python -m bertdist.train.extensions` (scripts/install.sh, on a machine without CUDA), so that no run or test
@@ -62,6 +63,7 @@ def prepare(say: Callable[[str], None] | None = None) -> Path | None:
     and a timeout. Returns the directory; None without DeepSpeed."""
     say = say or _stderr
     plain_arch_list()
+    own_ninja_first()
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         directory = installation_directory()
         if directory is None:
@@ -83,6 +85,17 @@ def plain_arch_list() -> None:
     if value:
         entries = [re.sub(r"^(\d+\.\d+)[a-z]", r"\1", e) for e in re.split(r"[;\s]+", value)]
         os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(dict.fromkeys(entries))
+
+
+def own_ninja_first() -> None:
+    """Put this environment's scripts directory first on PATH when it holds a `ninja` (pip's, which DeepSpeed
+    requires), so that every build finds the same one. torch's builder runs the first `ninja` on PATH: the install
+    (PATH without the virtual environment) built with the system's 1.11, a run started from `.venv/bin` found
+    pip's 1.13, whose newer build log made it rebuild the op from scratch, ~3 minutes in silence on 2 cores."""
+    scripts = sysconfig.get_path("scripts")
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if scripts and os.access(os.path.join(scripts, "ninja"), os.X_OK) and path[:1] != [scripts]:
+        os.environ["PATH"] = os.pathsep.join([scripts, *(p for p in path if p != scripts)])
 
 
 def build() -> None:

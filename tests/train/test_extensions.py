@@ -121,3 +121,19 @@ def test_the_arch_list_deepspeed_builds_from_has_no_architecture_suffix(monkeypa
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", given)
     extensions.plain_arch_list()
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == want
+
+
+def test_every_build_finds_the_environments_own_ninja_first(monkeypatch):
+    """The install built with the system's ninja (PATH without the virtual environment) and a run started from
+    .venv/bin with pip's: its newer build log made torch rebuild the op (~3 minutes, silently). prepare() puts the
+    environment's scripts directory, which holds pip's ninja, first."""
+    import shutil
+    import sysconfig
+
+    scripts = sysconfig.get_path("scripts")
+    if not os.access(os.path.join(scripts, "ninja"), os.X_OK):
+        pytest.skip("this environment has no ninja of its own")
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", scripts]))
+    extensions.prepare()
+    assert shutil.which("ninja") == os.path.join(scripts, "ninja")
+    assert os.environ["PATH"].split(os.pathsep).count(scripts) == 1
