@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bertdist.config import Config, ConfigError, flatten
+from bertdist.config import Config, ConfigError, FinetuneConfig, flatten
 from bertdist.config.validation import data_problems, source_problems, validate_finetune
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune import task as tasks
@@ -44,6 +44,12 @@ from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 from bertdist.model.hf_heads import task_architecture
 from bertdist.storage import write_json
 from bertdist.train import checkpoint, rng, stopping
+from bertdist.train.console import duration
+
+PROGRESS_EVERY_S = 30.0
+"""A line of progress within an epoch at most this often: an epoch of a large task runs for minutes."""
+SMALL_MODEL_HIDDEN = 256
+"""Up to this hidden size (BERT-Tiny, -Mini, -Small) the default learning rate is said to be too low."""
 
 
 def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
@@ -206,6 +212,12 @@ class Finetuning:
             f"{self.total_steps} steps of {ft.batch_size} on {self.env.world_size} rank(s), "
             f"from {self.source.description}"
         )
+        hidden = self.source.model_cfg.hidden_size
+        if ft.lr == FinetuneConfig.lr and hidden <= SMALL_MODEL_HIDDEN:
+            say(
+                f"note: finetune.lr {ft.lr:g} is the paper's rate for BERT-Base; a model of hidden size {hidden} "
+                "barely moves at it: small BERTs fine-tune at 1e-4 to 3e-4 (Turc et al. 2019; the demo uses 2e-4)"
+            )
         if self.resume_from is not None:
             say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
             if self.best is not None and self.best[1] == self.start_epoch:  # its export may have been cut off
@@ -215,10 +227,19 @@ class Finetuning:
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         for epoch in range(self.start_epoch, epochs):
             order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
-            losses = []
+            losses, epoch_started = [], time.perf_counter()
+            said = epoch_started
             for s in range(self.steps_per_epoch):
                 if step == self.total_steps:
                     break
+                if s and time.perf_counter() - said >= PROGRESS_EVERY_S:  # a long epoch is not minutes of silence
+                    said = time.perf_counter()
+                    rate = s / (said - epoch_started)
+                    left = min(self.steps_per_epoch, self.total_steps - step + s) - s
+                    say(
+                        f"epoch {epoch + 1}/{epochs}: step {s}/{self.steps_per_epoch}, train loss "
+                        f"{np.mean(losses[-50:]):.4f}, {rate:.2f} steps/s, epoch done in {duration(left / rate)}"
+                    )
                 set_learning_rate(
                     engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps)
                 )

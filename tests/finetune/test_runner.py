@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,25 @@ def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loa
         and run.data.tags["bertdist.kind"] == "finetune"
     )
     assert "dev/accuracy" in run.data.metrics and run.data.params["finetune.lr"] == "0.0001"
+
+
+def test_a_small_model_at_the_default_rate_is_told_and_a_long_epoch_shows_its_progress(
+    tmp_path, tiny_corpus, tiny_vocab, capsys, monkeypatch
+):
+    """The default rate (2e-5, the paper's for BERT-Base) barely trains the small models the demo and docs use,
+    and a long epoch ran for minutes without a line: both are said."""
+    from bertdist.finetune import runner
+    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.hf import save_pretrained
+
+    monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.0)  # a line at every step after the first
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    overrides = [o for o in _overrides(train, dev, tmp_path / "run") if not o.startswith("finetune.lr=")]
+    assert main(["finetune", *overrides, f"finetune.init_from={tmp_path / 'pretrained'}", "finetune.epochs=1"]) == 0
+    printed = capsys.readouterr().out
+    assert "note: finetune.lr 2e-05 is the paper's rate for BERT-Base; a model of hidden size 64" in printed
+    assert re.search(r"epoch 1/1: step 1/\d+, train loss [\d.]+, [\d.]+ steps/s, epoch done in ", printed), printed
 
 
 def _modernbert_export(directory: Path, vocab: str) -> Path:
