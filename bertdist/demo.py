@@ -225,6 +225,10 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
     return 0
 
 
+FINETUNE_PREFIX = "bertdist finetune: "
+"""How `bertdist finetune` starts its own lines (bertdist.finetune.runner)."""
+
+
 def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]) -> str | int:
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
@@ -263,7 +267,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
     accuracy = {}
     for name, start in starts.items():
         run_dir = task / name.replace(" ", "_")
-        result = subprocess.run(
+        proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -275,17 +279,25 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
                 f"tracking.run_name=demo-adjacency-{name.replace(' ', '-')}",
                 f"launch.master_port={free_tcp_port()}",
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            check=False,
+            errors="replace",
             env=env,
         )
-        log.write(result.stdout + result.stderr)
-        log.flush()
-        if result.returncode != 0:
-            print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)
-            return result.returncode
-        best = result.stdout.split("best dev epoch", 1)[1]
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:  # everything to the log; each epoch (and a long one's progress) to the console
+            lines.append(line)
+            log.write(line)
+            log.flush()
+            if line.startswith(f"{FINETUNE_PREFIX}epoch "):
+                print(f"    {name}: {line.removeprefix(FINETUNE_PREFIX).strip()}", flush=True)
+        output = "".join(lines)
+        if proc.wait() != 0:
+            print(output[-4000:], file=sys.stderr)
+            return proc.returncode
+        best = output.split("best dev epoch", 1)[1]
         accuracy[name] = float(best.split("accuracy ", 1)[1].split(",")[0])
         print(f"  {name}: dev accuracy {accuracy[name]:.3f} ({run_dir / 'model'})", flush=True)
     return (
