@@ -102,7 +102,9 @@ def demo(venv, workdir) -> Path:
     for chatter in ("[INFO]", "Processing zero checkpoint", "Token authentication", "UserWarning", "\x1b[", "\n\n\n"):
         assert chatter not in console, f"{chatter!r} on the demo's console:\n{console[-3000:]}"
     assert "Processing zero checkpoint" in (workdir / "runs" / "demo" / "demo.log").read_text()
-    assert "    pretrained: epoch 1/" in done.stdout and "    random init: epoch 1/" in done.stdout  # not minutes silent
+    assert (
+        "    pretrained: epoch 1/" in done.stdout and "    random init: epoch 1/" in done.stdout
+    )  # not minutes silent
     dashboard = (
         next(line for line in done.stdout.splitlines() if "dashboard: " in line)
         .split("dashboard: ")[1]

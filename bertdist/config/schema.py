@@ -54,6 +54,13 @@ class PhaseConfig:
     local_rope_theta: float = 0.0
     """ModernBERT: this phase's RoPE thetas (0: model.*_rope_theta), as a context-extension phase raises the
     global one."""
+    masked_lm_prob: float = 0.0
+    """This phase's masking rate (0: data.masking.masked_lm_prob), as mmBERT lowers it 30% -> 15% -> 5% by phase.
+    Shards prepared with --masking dynamic only: static shards carry their masks, and refuse it."""
+    mask_token_fraction: float = -1.0
+    random_token_fraction: float = -1.0
+    """This phase's 80/10/10 split: the shares of the predicted positions shown as [MASK] and as a random token
+    (negative: data.masking's)."""
 
 
 @dataclass(frozen=True)
@@ -318,6 +325,15 @@ class Config:
     def first_step(self, index: int) -> int:
         """The first optimizer step of phase `index`."""
         return sum(p.steps for p in self.data.phases[:index])
+
+    def masking(self, phase: PhaseConfig) -> MaskingConfig:
+        """The masking rules of `phase`: data.masking with the phase's own rate and split where it sets them."""
+        own = {
+            "masked_lm_prob": phase.masked_lm_prob if phase.masked_lm_prob else None,
+            "mask_token_fraction": phase.mask_token_fraction if phase.mask_token_fraction >= 0 else None,
+            "random_token_fraction": phase.random_token_fraction if phase.random_token_fraction >= 0 else None,
+        }
+        return dataclasses.replace(self.data.masking, **{k: v for k, v in own.items() if v is not None})
 
     def phase_at(self, step: int) -> tuple[int, PhaseConfig]:
         """The phase (index, config) that optimizer step `step` (0-based) belongs to."""

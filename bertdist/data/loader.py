@@ -232,8 +232,10 @@ class PretrainingLoader:
         options = manifest["options"]
         self.objective = options.get("objective", "nsp")
         """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
+        self.masking_mode = options.get("masking", "static")
+        """static (the masks are in the shards) or dynamic (masked here, by `masking`)."""
         masker = None
-        if options.get("masking", "static") == "dynamic":
+        if self.masking_mode == "dynamic":
             masker = Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)), span_bounds)
         if span_bounds and (masker is None or not masking.span_masking):
             raise DataError(

@@ -84,8 +84,11 @@ def total_parameters(model: ModelConfig) -> int:
 
 
 def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
-    """BERT's per-sequence prediction budget: 20 at length 128, 80 at 512."""
-    return max(1, round(seq_length * masked_lm_prob)) if seq_length < 128 else int(20 * seq_length / 128)
+    """BERT's per-sequence prediction budget: 20 at length 128, 80 at 512; at another rate (a phase's own, as
+    mmBERT's 30% -> 5%), that share of the sequence."""
+    if seq_length < 128 or masked_lm_prob != 0.15:
+        return max(1, round(seq_length * masked_lm_prob))
+    return int(20 * seq_length / 128)
 
 
 # Dense peak FLOP/s per GPU (no sparsity) by a substring of torch.cuda.get_device_name(), most specific

@@ -151,7 +151,10 @@ def estimate(cfg: Config) -> Forecast:
     world = cfg.launch.world_size()
     sequences = [cfg.global_batch_size(p) / world for p in cfg.data.phases]
     step_flops = [
-        n * train_flops_per_sequence(cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length))
+        n
+        * train_flops_per_sequence(
+            cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length, cfg.masking(p).masked_lm_prob)
+        )
         for p, n in zip(cfg.data.phases, sequences)
     ]
     source = (

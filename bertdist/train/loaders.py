@@ -42,10 +42,20 @@ def phase_loader(
         shuffle_buffer_size=cfg.data.shuffle_buffer_size,
         packing=cfg.data.packing,
         pin_memory=pin_memory,
-        masking=cfg.data.masking,
+        masking=cfg.masking(phase),
         streaming=streaming,
         span_bounds=OBJECTIVES[cfg.model.objective].span_boundaries,
     )
+    own_masking = cfg.masking(phase) != cfg.data.masking
+    if own_masking and loader.masking_mode != "dynamic":
+        index = next(i for i, p in enumerate(cfg.data.phases) if p is phase)
+        raise ConfigError(
+            [
+                f"data.phases.{index}: its own masking rate or split needs shards masked at load time, and "
+                f"{shard_dir} was prepared with --masking {loader.masking_mode}: its masks are in the shards; prepare "
+                "them with --masking dynamic, or leave the phase's masking to data.masking"
+            ]
+        )
     wanted = OBJECTIVES[cfg.model.objective]
     if loader.objective not in wanted.samples:
         raise ConfigError(

@@ -44,7 +44,9 @@ def describe_plan(cfg: Config, world_size: int) -> str:
     first = 0
     for i, (ph, sequences) in enumerate(zip(cfg.data.phases, phase_sequences(cfg))):
         tokens = sequences * ph.max_seq_length
-        flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, masked_positions_for(ph.max_seq_length))
+        mk = cfg.masking(ph)
+        predictions = masked_positions_for(ph.max_seq_length, mk.masked_lm_prob)
+        flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, predictions)
         total_tokens += tokens
         total_flops += flops
         lines.append(
@@ -54,6 +56,12 @@ def describe_plan(cfg: Config, world_size: int) -> str:
             + (
                 f"lr {ph.lr:g} with {_after_warmup(cfg, ph.warmup_steps, ph.steps, ph.decay_fraction)}, "
                 if ph.lr
+                else ""
+            )
+            + (
+                f"masking {mk.masked_lm_prob:.0%} ({mk.mask_token_fraction:.0%} [MASK], {mk.random_token_fraction:.0%} "
+                "random), "
+                if mk != cfg.data.masking
                 else ""
             )
             + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"

@@ -44,3 +44,44 @@ def test_the_objective_trains_only_on_samples_it_can_use(tmp_path, tiny_shards, 
     assert main(["train", "--config", str(config), "--dry-run", "model.next_sentence_prediction=false"]) == 2
     err = capsys.readouterr().err
     assert "model.next_sentence_prediction: renamed: use model.objective (true: mlm+nsp, false: mlm)" in err, err
+
+
+def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(
+    tmp_path, mlm_shards, tiny_shards, tiny_vocab, capsys
+):
+    """mmBERT lowers the masking rate by phase (30% -> 15% -> 5%): a phase's loader masks at its rate and split
+    (within 2 points over a few thousand tokens), the plan says so, and shards whose masks were made at prepare
+    time refuse a phase rate in one line naming the phase."""
+    import numpy as np
+
+    from bertdist.config import load_config
+    from bertdist.train.loaders import phase_loader
+
+    config = runs.write_config(tmp_path, mlm_shards, tiny_vocab, 0, recipe="fast")
+    cfg = load_config(config, ["data.phases.0.masked_lm_prob=0.4", "data.phases.0.mask_token_fraction=1.0"])
+    cfg.data.phases.append(load_config(config).data.phases[0])  # a second phase at data.masking's 15%
+    cfg.data.phases[1].masked_lm_prob = 0.05
+    for phase, rate in zip(cfg.data.phases, (0.4, 0.05)):
+        loader = phase_loader(cfg, phase, mlm_shards, workers=0)
+        batches = [b for _, b in zip(range(12), loader)]
+        predicted = sum(int((b["masked_lm_ids"] != -100).sum()) for b in batches)
+        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+        assert abs(predicted / tokens - rate) < 0.02, (predicted / tokens, rate)
+        if rate == 0.4:  # all [MASK]: the phase's split, not data.masking's 80/10/10
+            shown = np.concatenate(
+                [
+                    b["input_ids"].gather(1, b["masked_lm_positions"])[b["masked_lm_ids"] != -100].numpy()
+                    for b in batches
+                ]
+            )
+            assert (shown == loader._layout.masker.vocab.mask_id).all()
+    assert main(["train", "--config", str(config), "--dry-run", "data.phases.0.masked_lm_prob=0.3"]) == 0
+    assert "masking 30% (80% [MASK], 10% random)" in capsys.readouterr().out
+
+    static = runs.write_config(tmp_path / "static", tiny_shards, tiny_vocab, 0, recipe="fast")
+    assert main(["train", "--config", str(static), "--dry-run", "data.phases.0.masked_lm_prob=0.3"]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "data.phases.0: its own masking rate or split needs shards masked at load time" in err
+    assert "Traceback" not in err and tiny_shards in err
+    assert main(["train", "--config", str(config), "--dry-run", "data.phases.0.masked_lm_prob=1.5"]) == USAGE_EXIT_CODE
+    assert "data.phases.0.masked_lm_prob: must be in (0, 1)" in capsys.readouterr().err

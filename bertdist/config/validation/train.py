@@ -289,6 +289,17 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             f"data.masking: mask_token_fraction and random_token_fraction must be >= 0 with a sum <= 1, got "
             f"{mk.mask_token_fraction} and {mk.random_token_fraction}"
         )
+    for i, ph in enumerate(d.phases):
+        own = cfg.masking(ph)
+        if ph.masked_lm_prob and not 0.0 < ph.masked_lm_prob < 1.0:
+            p.append(f"data.phases.{i}.masked_lm_prob: must be in (0, 1) (0: data.masking's), got {ph.masked_lm_prob}")
+        if (ph.mask_token_fraction >= 0 or ph.random_token_fraction >= 0) and not (
+            own.mask_token_fraction + own.random_token_fraction <= 1
+        ):
+            p.append(
+                f"data.phases.{i}: mask_token_fraction and random_token_fraction must sum to <= 1, got "
+                f"{own.mask_token_fraction} and {own.random_token_fraction}"
+            )
     if d.loader_workers < 0:
         p.append(f"data.loader_workers: must be >= 0, got {d.loader_workers}")
 
