@@ -1,0 +1,39 @@
+"""bertdist.demo's downstream comparison: the two fine-tunings differ only in where their weights come from, and
+the result says what it can show. (The whole demo runs from the wheel in tests/test_packaging.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertdist.config import load_config
+from bertdist.demo import DEMO_CONFIGS, downstream_line, downstream_starts
+
+
+@pytest.mark.parametrize("arch", sorted(DEMO_CONFIGS))
+def test_both_starts_fine_tune_alike_but_for_their_weights(arch, tmp_path):
+    """A ModernBERT export fine-tuned at BERT's default dropout (0.1) and its random twin at the preset's (0.0)."""
+    cfg = load_config(DEMO_CONFIGS[arch], [f"train.output_dir={tmp_path / 'train'}"])
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"bertdist_run_id": "abc"}))
+    starts = downstream_starts(tmp_path / "task", tmp_path / "model", cfg)
+    pretrained, random_init = (set(starts[name]) for name in ("pretrained", "random init"))
+    assert pretrained - random_init == {f"finetune.init_from={tmp_path / 'model'}"}
+    assert {o.split("=")[0] for o in random_init - pretrained} == {
+        "finetune.vocab_file",
+        "model.size",
+        "model.vocab_size",
+    }
+    assert f"model.hidden_dropout_prob={cfg.model.hidden_dropout_prob}" in pretrained
+    assert f"model.attention_dropout_prob={cfg.model.attention_dropout_prob}" in pretrained
+    assert "tracking.parent_run_id=abc" in pretrained
+
+
+def test_an_mlm_only_demo_says_why_sentence_adjacency_cannot_show_its_gain():
+    """`bertdist demo --arch modernbert` printed 0.526 against 0.525 as if pretraining had bought nothing."""
+    bert, modernbert = (load_config(DEMO_CONFIGS[arch]) for arch in ("bert", "modernbert"))
+    assert "not expected to beat" not in downstream_line(bert, 0.643, 0.551)
+    line = downstream_line(modernbert, 0.526, 0.525)
+    assert "0.526 fine-tuned from the pretrained model vs 0.525" in line
+    assert "sentence adjacency rehearses next-sentence prediction, which mlm pretraining does not train" in line
