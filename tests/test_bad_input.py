@@ -361,6 +361,8 @@ def test_export_refuses_a_non_empty_output_and_replaces_it_only_when_asked(tmp_p
     (output / "notes.txt").unlink()
     assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab]) == 0
     (output / "model.safetensors").write_bytes(b"an older export's weights")
+    (output / "model.onnx").write_bytes(b"an older export's graph")  # its --format onnx files are an export's too
+    (output / ".export.partial-1-2-3").mkdir()  # and so is a killed export's staging folder
     assert main(["export", str(run), "--output", str(output), "--vocab", tiny_vocab, "--overwrite"]) == 0
     assert (output / "model.safetensors").stat().st_size > 1000
     assert sorted(p.name for p in output.iterdir()) == [
@@ -393,6 +395,17 @@ def test_export_of_a_directory_with_a_link_leading_out_of_it_copies_nothing(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "readme.txt: a symbolic link to" in err[0] and "outside" in err[0], err
     assert not (tmp_path / "out").exists()
+
+    # A Hugging Face cache snapshot links every file to its repository's blobs/: those are the model's own.
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for file in (model / "config.json", model / "model.safetensors", model / "vocab.txt"):
+        (repo / "blobs" / file.name).write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", file.name))
+    assert main(["export", str(snapshot), "--output", str(tmp_path / "from-cache")]) == 0
+    assert (tmp_path / "from-cache" / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
 
 
 def _files(directory: Path) -> dict[str, int]:
@@ -641,6 +654,7 @@ def test_an_override_is_read_by_its_fields_type_not_as_yaml(capsys):
     )
     assert (cfg.train.output_dir, cfg.tracking.run_name, cfg.launch.job_name) == ("runs/x #2", "0x10", "yes")
     assert (cfg.optim.lr, cfg.train.seed) == (3e-4, 7)
+    assert load_config(None, ["train.seed=12345678901234567891"]).train.seed == 12345678901234567891  # no float
     with pytest.raises(ConfigError) as err:
         load_config(None, ["train.seed=0x10", "train.deepspeed={a: ["])
     assert "train.seed: expected int, got str '0x10'" in str(err.value)

@@ -210,8 +210,9 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 def _number(value: Any) -> Any:
     """PyYAML follows YAML 1.1, which reads `1e-3` and `5e4` (no dot) as strings; users mean numbers."""
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        number = float(value)
-        return int(number) if number.is_integer() and not any(c in value for c in ".eE") else number
+        if not any(c in value for c in ".eE"):
+            return int(value)  # exactly: through a float, a seed of 20 digits lost its last ones
+        return float(value)
     return value
 
 

@@ -167,7 +167,9 @@ class Finetuning:
 
         ft = self.cfg.finetune
         name = self.cfg.tracking.run_name or f"finetune-{ft.task}-{time.strftime('%Y%m%d-%H%M')}"
-        tracker = build_tracker(self.cfg.tracking, ft.output_dir, self.env.rank, run_id=run_id, run_name=name)
+        tracker = build_tracker(
+            self.cfg.tracking, ft.output_dir, self.env.rank, run_id, name, continues=self.resume_from is not None
+        )
         shared = {
             "finetune": self.cfg.to_dict()["finetune"],
             "optim": self.cfg.to_dict()["optim"],

@@ -2,16 +2,17 @@
 
 A `Record` is one call of the tracker (metrics, params, tags, an artifact, a text, or the terminate
 marker), queued by the training thread and sent by the delivery thread with `send`. The `Spool` is the
-write-ahead file {run_dir}/mlflow-unsent-{run_id}.jsonl (mlflow-unsent-pending.jsonl until the store has given
-the run its id): every record is appended when it is queued, and the file is emptied whenever the queue is. A
-job killed with records still queued (SIGKILL, OOM, node loss), or one whose store never answered, leaves them
-there, and the next attempt of the run sends them first.
+write-ahead file {run_dir}/mlflow-unsent-{run_id}.jsonl (mlflow-unsent-pending-{attempt}.jsonl until the store has
+given the run its id): every record is appended when it is queued, and the file is emptied whenever the queue is.
+A job killed with records still queued (SIGKILL, OOM, node loss), or one whose store never answered, leaves them
+there, and the attempt that continues the run sends them first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterable
 
@@ -112,13 +113,27 @@ class RunContents:
 class Spool:
     """The write-ahead file of one run (and node: nodes may share the run directory)."""
 
-    def __init__(self, run_dir: Path, run_id: str | None, node_rank: int):
-        """`run_id` None: the pending spool of a tracker whose store has not yet created (or found) its run. A
-        store unreachable for a whole job leaves its records there, and the next attempt in this run directory
-        sends them to its run first."""
-        node = f"-node{node_rank}" if node_rank else ""
-        self.path = run_dir / f"mlflow-unsent-{run_id or 'pending'}{node}.jsonl"
+    def __init__(self, path: Path):
+        self.path = path
         self._file: IO[str] | None = None
+
+    @staticmethod
+    def of_run(run_dir: Path, run_id: str | None, node_rank: int) -> Spool:
+        """The spool of MLflow run `run_id` (and node) in `run_dir`."""
+        return Spool(run_dir / f"mlflow-unsent-{run_id}{_node(node_rank)}.jsonl")
+
+    @staticmethod
+    def pending(run_dir: Path, node_rank: int) -> Spool:
+        """A new pending spool: one tracker's, until its store creates or finds its run. A store unreachable for a
+        whole job leaves its records there; the attempt that continues the run sends them to its run first."""
+        return Spool(run_dir / f"mlflow-unsent-pending-{uuid.uuid4().hex[:12]}{_node(node_rank)}.jsonl")
+
+    @staticmethod
+    def pending_spools(run_dir: Path, node_rank: int) -> list[Spool]:
+        """The pending spools earlier attempts left in `run_dir` (for this node), oldest first."""
+        found = run_dir.glob(f"mlflow-unsent-pending-*{_node(node_rank)}.jsonl")
+        mine = [p for p in found if node_rank or "-node" not in p.name]  # node 0's names carry no node
+        return [Spool(p) for p in sorted(mine, key=lambda p: p.stat().st_mtime)]
 
     def take_left(self) -> list[Record]:
         """What a killed attempt left unsent, oldest first (a line the kill cut short is skipped)."""
@@ -160,6 +175,10 @@ class Spool:
 
     def holds_records(self) -> bool:
         return self.path.is_file() and self.path.stat().st_size > 0
+
+
+def _node(node_rank: int) -> str:
+    return f"-node{node_rank}" if node_rank else ""
 
 
 def encode(record: Record) -> str:

@@ -57,16 +57,23 @@ CHECKPOINT_TAG = "bertdist.checkpoint.latest"
 
 
 def build_tracker(
-    cfg: TrackingConfig, run_dir: str, rank: int, run_id: str | None = None, run_name: str = ""
+    cfg: TrackingConfig,
+    run_dir: str,
+    rank: int,
+    run_id: str | None = None,
+    run_name: str = "",
+    continues: bool = False,
 ) -> Tracker:
     """The tracker for this process: an MLflow one on global rank 0 (if enabled), a no-op elsewhere.
 
     `run_id` is the MLflow run of the checkpoint being resumed; the same run is continued. `run_name`
-    names a new run (default: tracking.run_name, else MLflow's random name).
+    names a new run (default: tracking.run_name, else MLflow's random name). `continues`: this attempt continues
+    a run from its checkpoint, so the records earlier attempts could not send (their store never gave them a run)
+    are this run's and are sent first; a fresh run leaves them.
     """
     if rank != 0 or not cfg.enabled:
         return Tracker(run_id)
-    return MLflowTracker(cfg, run_dir, run_id=run_id, run_name=run_name)
+    return MLflowTracker(cfg, run_dir, run_id=run_id, run_name=run_name, adopt_pending=continues)
 
 
 def build_node_monitor(cfg: TrackingConfig, run_dir: str, run_id: str | None, node_rank: int) -> Tracker:
@@ -102,6 +109,7 @@ class MLflowTracker(Tracker):
         max_buffered_metrics: int = 200_000,
         max_retry_interval_s: float = 10.0,
         system_metrics_interval_s: float = 10.0,
+        adopt_pending: bool = False,
     ):
         super().__init__(run_id)  # provisional: replaced if the store does not know this run
         self.tracking_uri = store.resolve_tracking_uri(cfg.tracking_uri, run_dir)
@@ -134,7 +142,9 @@ class MLflowTracker(Tracker):
         self._spool: Spool | None = None
         self._run_known = False
         """The store created or found the run: its records are spooled under its id, no longer as pending."""
-        self._open_pending_spool()
+        self._pending = Spool.pending(self._run_dir, node_rank)
+        """This tracker's spool until the store creates or finds its run."""
+        self._open_pending_spool(adopt_pending)
 
         # MLflow's packages import each other circularly: importing them here, before the delivery thread
         # exists, keeps that thread and the training thread from importing them at the same time.
@@ -227,9 +237,9 @@ class MLflowTracker(Tracker):
         with self._cond:
             left = sum(len(r.items) for r in self._queue if r.kind != "terminate")
         if left or self._dropped_metrics:
-            spool = Spool(self._run_dir, self._run_id if self._run_known else None, self._node_rank)
+            spool = Spool.of_run(self._run_dir, self._run_id, self._node_rank) if self._run_known else self._pending
             kept = (
-                f"; they are kept in {spool.path} and sent first by the next attempt in {self._run_dir}"
+                f"; they are kept in {spool.path} and sent first by the attempt that continues this run"
                 if spool.holds_records()
                 else ""
             )
@@ -342,18 +352,23 @@ class MLflowTracker(Tracker):
             if self._spool is not None and all(r.kind == "terminate" for r in self._queue):
                 self._spool.clear()
 
-    def _open_pending_spool(self) -> None:
-        """Before the store answers: queue what an earlier attempt left in the pending spool (its store never
-        gave it a run), then spool every record from now on, so that an outage of the whole job loses none."""
-        spool = Spool(self._run_dir, None, self._node_rank)
-        self._queue_left(spool.take_left())
-        spool.open(self._queue)
-        self._spool = spool
+    def _open_pending_spool(self, adopt: bool) -> None:
+        """Before the store answers: spool every record from now on in a pending spool of this tracker's own, so
+        that an outage of the whole job loses none. With `adopt` (an attempt that continues the run), first queue
+        what earlier attempts left in theirs (their store never gave them a run), and remove those files once
+        their records are in this one."""
+        earlier = Spool.pending_spools(self._run_dir, self._node_rank) if adopt else []
+        for left in earlier:
+            self._queue_left(left.take_left())
+        self._pending.open(self._queue)
+        for left in earlier:
+            left.path.unlink(missing_ok=True)
+        self._spool = self._pending
 
     def _open_spool(self) -> None:
         """The run is known: queue what a killed attempt of it left unsent (oldest first), move everything queued
         so far into the run's spool, and remove the pending one."""
-        spool = Spool(self._run_dir, self._run_id, self._node_rank)
+        spool = Spool.of_run(self._run_dir, self._run_id, self._node_rank)
         left = spool.take_left()
         with self._cond:
             self._queue_left(left)
@@ -363,6 +378,7 @@ class MLflowTracker(Tracker):
                 pending.close(delivered_everything=True)  # its records are in the run's spool now
 
     def _queue_left(self, left: list[Record]) -> None:
+        """Put `left` (oldest first) before everything queued so far."""
         for record in reversed(left):
             self._queue.appendleft(record)
             if record.kind == "metrics":

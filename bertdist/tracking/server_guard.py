@@ -32,12 +32,20 @@ def main(argv: list[str]) -> int:
     parent = int(argv[0])
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)  # a group of its own: stopping it must never reach the caller's
+    # Blocked until the server exists and the handlers are in place: a signal in between (the parent dying while
+    # the server starts) would end this guard with the default action and leave the server orphaned.
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     _die_with_parent()
     if os.getppid() != parent:  # gone before the parent-death signal was armed
         return 0
-    server = subprocess.Popen(argv[2:])  # in this guard's process group (`bertdist ui` made it a new one)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    server = subprocess.Popen(  # in this guard's process group (`bertdist ui` made it a new one)
+        argv[2:],
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, stops),  # its own mask: none blocked
+    )
+    for signum in stops:
         signal.signal(signum, lambda *_: _stop_group(server))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     while server.poll() is None:
         if os.getppid() != parent:
             _stop_group(server)
@@ -49,8 +57,11 @@ def _die_with_parent() -> None:
     """Ask Linux to send this process SIGTERM when its parent dies (elsewhere the parent check alone serves)."""
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # a libc without prctl (musl builds differ): the parent check serves
+        pass
 
 
 def _stop_group(server: subprocess.Popen) -> None:

@@ -164,11 +164,17 @@ def export_directory(
     return output
 
 
+EXPORT_EXTRAS = ("model.onnx", "README.md", "generator")
+"""What an earlier export may hold beyond this one's files: its ONNX graph and README (`--format onnx`), an ELECTRA's
+generator/."""
+
+
 def _refuse_replacing_other_files(output: Path, old: list[Path], export_names: set[str]) -> None:
     """`--overwrite` of a local directory replaces an earlier export, nothing else (as a prefix in a store): a
     directory holding any file an export does not write (notes, data, another tool's output) is refused before
-    anything is deleted."""
-    others = [path for path in old if path.name not in export_names]
+    anything is deleted. An earlier export's ONNX files and a killed export's staging folder are an export's."""
+    known = export_names | set(EXPORT_EXTRAS)
+    others = [path for path in old if path.name not in known and PARTIAL_MARKER not in path.name]
     if others:
         raise checkpoint.CheckpointError(
             f"--output {output}: --overwrite replaces an earlier export only, and this directory holds "
@@ -232,12 +238,17 @@ def _copy_model(model: Path, staging: Path, vocab_file: str | None) -> None:
 
 def _refuse_links_out_of(model: Path) -> None:
     """A symbolic link in the model directory whose target lies outside it is refused, naming it: copying what it
-    points at would put a file from elsewhere (a credentials file, say) into the export and its upload."""
+    points at would put a file from elsewhere (a credentials file, say) into the export and its upload. A Hugging
+    Face cache snapshot (`.../snapshots/<revision>/`) links every file to its repository's `blobs/`: those
+    targets are the model's own."""
     root = model.resolve()
+    allowed = [root]
+    if model.parent.name == "snapshots":
+        allowed.append((model.parent.parent / "blobs").resolve())
     for path in sorted(model.rglob("*")):
         if path.is_symlink():
             target = path.resolve()
-            if target != root and root not in target.parents:
+            if not any(target == a or a in target.parents for a in allowed):
                 raise checkpoint.CheckpointError(
                     f"{path}: a symbolic link to {target}, outside {model}; bertdist export copies nothing from "
                     "outside the model directory (copy the file in, or remove the link)"

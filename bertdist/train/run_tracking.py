@@ -33,6 +33,7 @@ def open_tracker(
         env.rank,
         run_id=resumed.tracking_run_id if resumed else None,
         run_name=cfg.tracking.run_name or default_run_name(cfg),
+        continues=resumed is not None,
     )
     tracker.log_run_start(cfg, env.world_size, env.nodes)
     marked = checkpoint.latest(checkpoint.checkpoints_dir(output_dir)) if cfg.checkpoint.resume == "auto" else None

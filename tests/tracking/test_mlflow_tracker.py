@@ -297,9 +297,9 @@ def test_another_node_adds_its_system_metrics_to_rank_zeros_run(mlflow_server, t
 
 def test_a_store_unreachable_for_the_whole_job_loses_no_record(mlflow_server, tmp_path, monkeypatch, capfd):
     """The run never got an id, so its records had no spool: 193 ended "undelivered" and nothing was written.
-    They are spooled as pending from the first record, the warning says where, and the next attempt in the run
-    directory (its store reachable) sends them to its run first. The store's URL is given with a password in
-    MLFLOW_TRACKING_URI, which no message prints."""
+    They are spooled as pending from the first record, the warning says where, and the attempt that continues the
+    run (its store reachable) sends them to its run first; a fresh run in the directory leaves them. The store's URL
+    is given with a password in MLFLOW_TRACKING_URI, which no message prints."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:s3cret@127.0.0.1:9")
     cfg = TrackingConfig(experiment_name="unit-never-reached", log_system_metrics=False)
     with warnings.catch_warnings(record=True) as caught:
@@ -310,13 +310,16 @@ def test_a_store_unreachable_for_the_whole_job_loses_no_record(mlflow_server, tm
         tracker.log_params({"seed": 7})
         tracker.close()
     said = " ".join(str(w.message) for w in caught) + capfd.readouterr().err
-    pending = tmp_path / "mlflow-unsent-pending.jsonl"
+    (pending,) = tmp_path.glob("mlflow-unsent-pending-*.jsonl")
     assert "41 queued items undelivered" in said and f"kept in {pending}" in said, said
     assert "s3cret" not in said and "alice" not in said and "http://***@127.0.0.1:9" in said, said
     assert len(pending.read_text().splitlines()) == 41
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    again = MLflowTracker(tracking_config(mlflow_server, "unit-never-reached"), str(tmp_path))
+    fresh = MLflowTracker(tracking_config(mlflow_server, "unit-never-reached"), str(tmp_path))  # another run
+    fresh.close()
+    assert mlflow_server.history(fresh.run_id, "loss") == [] and pending.is_file()
+    again = MLflowTracker(tracking_config(mlflow_server, "unit-never-reached"), str(tmp_path), adopt_pending=True)
     again.log_metrics({"loss": 41.0}, step=41)
     again.close()
     assert mlflow_server.history(again.run_id, "loss") == [(s, float(s)) for s in range(1, 42)]

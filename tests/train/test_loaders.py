@@ -85,3 +85,6 @@ def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(
     assert "Traceback" not in err and tiny_shards in err
     assert main(["train", "--config", str(config), "--dry-run", "data.phases.0.masked_lm_prob=1.5"]) == USAGE_EXIT_CODE
     assert "data.phases.0.masked_lm_prob: must be in (0, 1)" in capsys.readouterr().err
+    capped = ["data.phases.0.masked_lm_prob=0.4", "data.masking.max_predictions_per_seq=5"]  # 0.4 x 32 = 13 > 5
+    assert main(["train", "--config", str(config), "--dry-run", *capped]) == USAGE_EXIT_CODE
+    assert "above data.masking.max_predictions_per_seq=5, which would cut the rate" in capsys.readouterr().err

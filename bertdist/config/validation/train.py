@@ -8,6 +8,7 @@ path works, heads that divide the hidden size) are functions here that they call
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,14 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         own = cfg.masking(ph)
         if ph.masked_lm_prob and not 0.0 < ph.masked_lm_prob < 1.0:
             p.append(f"data.phases.{i}.masked_lm_prob: must be in (0, 1) (0: data.masking's), got {ph.masked_lm_prob}")
+        cap = d.masking.max_predictions_per_seq
+        if ph.masked_lm_prob and cap and math.ceil(ph.masked_lm_prob * ph.max_seq_length) > cap:
+            p.append(
+                f"data.phases.{i}.masked_lm_prob: {ph.masked_lm_prob} of {ph.max_seq_length} tokens is up to "
+                f"{math.ceil(ph.masked_lm_prob * ph.max_seq_length)} predictions a sample, above "
+                f"data.masking.max_predictions_per_seq={cap}, which would cut the rate; raise it, or set it to 0 "
+                "(from each phase's rate)"
+            )
         if (ph.mask_token_fraction >= 0 or ph.random_token_fraction >= 0) and not (
             own.mask_token_fraction + own.random_token_fraction <= 1
         ):
