@@ -39,9 +39,10 @@ from bertdist.train import integrity, rng
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
 TRAIN_STATE_FILENAME = "train_state.json"
-TRAIN_STATE_VERSION = 2
-"""2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without one."""
-READABLE_STATE_VERSIONS = (1, 2)
+TRAIN_STATE_VERSION = 3
+"""3: `input_models` recorded (a release that reads 2 says which version it met rather than failing on the key).
+2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without one."""
+READABLE_STATE_VERSIONS = (1, 2, 3)
 STATE_CHECKSUM_KEY = "sha256"
 DAMAGED_FILENAME = "DAMAGED"
 DAMAGED_PREFIX = "damaged-"
