@@ -20,7 +20,6 @@ with it on what they share.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 from pathlib import Path
@@ -36,6 +35,7 @@ from bertdist.model.hf import (
     CONFIG_FILE,
     CheckpointFormatError,
     check_weights,
+    read_config_json,
     read_weights,
     write_model_files,
     write_tokenizer_files,
@@ -281,7 +281,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     weight or a shape that disagrees is a CheckpointFormatError naming its file."""
     directory = Path(directory)
     path, generator_dir = directory / CONFIG_FILE, directory / GENERATOR_DIRNAME
-    hf = _read_config(path)
+    hf = read_config_json(path, "ELECTRA")
     if "ElectraForMaskedLM" in (hf.get("architectures") or []):
         raise CheckpointFormatError(
             f"{path}: an ElectraForMaskedLM, a generator alone; ELECTRA pretraining starts from a discriminator "
@@ -290,7 +290,9 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     cfg = config_from_hf(hf, str(path))
     has_generator = (generator_dir / CONFIG_FILE).is_file()
     if has_generator:
-        cfg = with_generator(cfg, _read_config(generator_dir / CONFIG_FILE), str(generator_dir / CONFIG_FILE))
+        cfg = with_generator(
+            cfg, read_config_json(generator_dir / CONFIG_FILE, "ELECTRA"), str(generator_dir / CONFIG_FILE)
+        )
     if model_cfg is not None:
         ours, theirs = _arch(model_cfg, has_generator), _arch(cfg, has_generator)
         differ = [f"model.{f}={ours[f]!r} but {theirs[f]!r} in the checkpoint" for f in ours if ours[f] != theirs[f]]
@@ -333,13 +335,3 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
         )
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     return model
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        hf = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointFormatError(f"{path}: unreadable ({e})") from None
-    if not isinstance(hf, dict):
-        raise CheckpointFormatError(f"{path}: expected a JSON object")
-    return hf

@@ -129,20 +129,27 @@ def read_config(
     directory: Path, parse: Callable[[dict, str], ModelConfig] = config_from_hf, family: str = "BERT"
 ) -> ModelConfig:
     """The ModelConfig of `directory`'s config.json, read by `parse` (an adapter's `config_from_hf`; BERT's by
-    default); CheckpointFormatError naming the file when it is missing, not JSON or not an object."""
+    default); CheckpointFormatError naming the file when it is missing, not JSON or not an object, or when a
+    size or rate in it is of the wrong type or out of range (bertdist.model.hf_limits)."""
     path = directory / CONFIG_FILE
+    return parse(read_config_json(path, family), str(path))
+
+
+def read_config_json(path: Path, family: str = "BERT") -> dict[str, Any]:
+    """A config.json as a dict, its sizes and rates checked (bertdist.model.hf_limits); CheckpointFormatError
+    naming the file and every field otherwise."""
     try:
         hf = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointFormatError(f"{path}: not found; a Hugging Face {family} directory has a config.json") from None
-    except json.JSONDecodeError as e:
+    except (OSError, ValueError) as e:
         raise CheckpointFormatError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(hf, dict):
         raise CheckpointFormatError(f"{path}: expected a JSON object")
     problems = config_problems(hf)
     if problems:
         raise CheckpointFormatError(f"{path}: " + "; ".join(problems))
-    return parse(hf, str(path))
+    return hf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ the family, with or without the pretraining heads): the encoder's weights are lo
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +42,8 @@ from bertdist.model.albert import AlbertModel
 from bertdist.model.bert import BertModel
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
-from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_weights
-from bertdist.model.hf_limits import config_problems, weight_problems
+from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_config_json, read_weights
+from bertdist.model.hf_limits import weight_problems
 from bertdist.model.modernbert import ModernBertModel
 from bertdist.model.registry import HF_MODEL_TYPES
 
@@ -314,17 +313,7 @@ def model_config(directory: str | os.PathLike) -> tuple[dict[str, Any], ModelCon
 def _read_config(directory: Path) -> tuple[dict[str, Any], str]:
     """config.json and the model.arch its model_type names (BERT when it names none, as old checkpoints)."""
     path = directory / CONFIG_FILE
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointFormatError(f"{path}: not found; a Hugging Face model directory has a config.json") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointFormatError(f"{path}: unreadable ({e})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointFormatError(f"{path}: expected a JSON object")
-    problems = config_problems(raw)
-    if problems:
-        raise CheckpointFormatError(f"{path}: " + "; ".join(problems))
+    raw = read_config_json(path, "model")
     model_type = raw.get("model_type", "bert")
     if model_type not in HF_MODEL_TYPES:
         raise CheckpointFormatError(

@@ -11,7 +11,6 @@ in the keys every transformers release since 4.48 reads (`global_attn_every_n_la
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from bertdist.data.tokenizer import TextTokenizer
 from bertdist.model.hf import (
     CONFIG_FILE,
     CheckpointFormatError,
+    check_weights,
+    read_config,
     read_weights,
     write_model_files,
     write_tokenizer_files,
@@ -202,11 +203,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     given, must have the checkpoint's architecture (every field that differs is named); its other settings
     (dropout, unpadding, activation checkpointing) are used."""
     directory = Path(directory)
-    try:
-        hf = json.loads((directory / CONFIG_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointFormatError(f"{directory / CONFIG_FILE}: unreadable ({e})") from None
-    cfg = config_from_hf(hf, str(directory / CONFIG_FILE))
+    cfg = read_config(directory, config_from_hf, "ModernBERT")
     if model_cfg is not None:
         differ = [
             f"model.{f}={getattr(model_cfg, f)!r} but {getattr(cfg, f)!r} in the checkpoint"
@@ -222,13 +219,6 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     tensors, source = read_weights(directory)
     state = from_hf_state_dict(tensors)
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or wrong:
-        raise CheckpointFormatError(f"{source}: " + "; ".join([*(f"missing {k}" for k in missing[:5]), *wrong[:5]]))
+    check_weights(expected, state, source, (), "ModernBERT")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)
     return model
