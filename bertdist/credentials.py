@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@]*@", re.IGNORECASE)
-"""The `user:password@` of a URL (anywhere in a text): what `redacted` hides and `credentials_problem` refuses."""
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s]*@", re.IGNORECASE)
+"""The `user:password@` of a URL (anywhere in a text), up to the last `@` before the path (a password may hold an
+unencoded `@`): what `redacted` hides and `credentials_problem` refuses."""
 
 
 def redacted(text: str) -> str:

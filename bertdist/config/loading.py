@@ -133,8 +133,14 @@ def _override_value(item: str, text: str, hint: Any) -> Any:
     16 and `yes` became on. Numbers and switches are read as numbers and booleans; lists and sections as YAML."""
     if hint is str or typing.get_origin(hint) is typing.Literal:
         return text
-    if hint in (int, float):
-        return text.strip()  # _coerce reads a number from it, or names the field and the text
+    if hint is int:
+        return text.strip()  # _coerce reads the integer from it exactly, or names the field and the text
+    if hint is float:
+        number = _YAML_SPECIAL_FLOATS.get(text.strip().lower(), text.strip())
+        try:
+            return float(number)  # 3e-4, 1e2 and nan/inf alike (the validator refuses what is not finite)
+        except ValueError:
+            return text
     if hint is bool:
         return {"true": True, "false": False}.get(text.strip().lower(), text)
     try:
@@ -142,6 +148,10 @@ def _override_value(item: str, text: str, hint: Any) -> Any:
     except yaml.YAMLError as e:
         reason = " ".join(str(e).split())
         raise ValueError(f"override {item!r}: the value is not valid YAML ({reason})") from None
+
+
+_YAML_SPECIAL_FLOATS = {".nan": "nan", ".inf": "inf", "+.inf": "inf", "-.inf": "-inf"}
+"""YAML's spellings of the floats Python spells nan and inf."""
 
 
 def _field_type(cls: Any, parts: list[str]) -> Any:

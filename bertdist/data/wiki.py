@@ -70,11 +70,12 @@ def wikitext_to_text(wikitext: str) -> str:
             _remove(code, link)
     text = code.strip_code(normalize=True, collapse=True)
     lines = (_SPACES.sub(" ", line).strip() for line in text.split("\n"))
-    return "\n".join(line for line in lines if line and not line.startswith(_MARKUP_LINE_STARTS))
+    return "\n".join(line for line in lines if line and not _MARKUP_LINE.match(line))
 
 
-_MARKUP_LINE_STARTS = ("{{", "}}", "{|", "|", "!")
-"""How the lines of unpaired templates and tables start (a parameter `| name = value`, a row `|-`, a header `!`)."""
+_MARKUP_LINE = re.compile(r"\{\{|\}\}|\{\||\||!(\s|$|[^\n]*\|)")
+"""How the lines of unpaired templates and tables start: `{{`, `}}`, `{|`, a parameter or cell `| ...`, a header
+`! ...` or `!scope="col" | ...` (not a sentence that starts with "!", as "!Kung")."""
 
 
 def _remove(code: mwparserfromhell.wikicode.Wikicode, node: object) -> None:

@@ -46,6 +46,8 @@ from bertdist.errors import UserError
 
 POOLINGS = choices(FinetuneConfig, "pooling")
 """mean (of a layer over each row's tokens) or cls (its first token's state)."""
+PROGRESS_EVERY_S = 30.0
+"""A line of progress in a log this often, and none before a run has taken this long."""
 FEATURES = re.compile(r"last|layer:-?\d+|last4-concat|last4-sum|pooled")
 LEVELS = ("sequence", "token")
 
@@ -114,6 +116,8 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     check(o)
     encoder = open_encoder(o.model, o.max_seq_length)
     own = encoder.sentence if o.level == "sequence" and o.features == "last" and not o.pooling else None
+    if own is not None:
+        own.own_vectors()  # the directory's own vectors are asked for: every module of its pipeline must be computed
     o = dataclasses.replace(o, pooling=o.pooling or (own.pooling if own else "cls"))
     normalize = bool(own and own.normalize)  # the directory's own vectors, as SentenceTransformer.encode gives them
     if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
@@ -151,17 +155,16 @@ class Encoder:
             rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length
         )
 
-    def finite(self, vectors: Any, rows: np.ndarray) -> Any:
+    def finite(self, vectors: Any) -> Any:
         """`vectors`, or a UserError naming the model when any is NaN or infinite: damaged weights or an overflow,
         which scored or written as features would pass for results (a NaN retriever ranks in corpus order)."""
         import torch
 
         if bool(torch.isfinite(vectors).all()):
             return vectors
-        bad = int(rows[int((~torch.isfinite(vectors)).flatten(1).any(dim=1).nonzero()[0])])
         raise UserError(
-            f"{self.source.description}: the model's outputs are not finite (NaN or infinite), the first for text "
-            f"{bad + 1} of the input; its weights are damaged or it overflows: nothing was written or scored"
+            f"{self.source.description}: the model's outputs are not finite (NaN or infinite); its weights are "
+            "damaged or it overflows: nothing was written or scored"
         )
 
     def batch(self, encoded: Any, rows: np.ndarray) -> dict[str, Any]:
@@ -210,7 +213,7 @@ def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_siz
             rows = by_length[start : start + batch_size]
             batch = encoder.batch(encoded, rows)
             states = encoder.model.hidden_states(**batch)[-1].float()  # (batch, seq, hidden)
-            vectors = encoder.finite(_pooled(states, batch["attention_mask"], pooling), rows)
+            vectors = encoder.finite(_pooled(states, batch["attention_mask"], pooling))
             out[rows] = torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
     return out
 
@@ -225,16 +228,16 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dic
     encoded = encoder.encode(rows)
     shards, dimension = [], 0
     # Rows done, their rate and the time left: 100,000 lines ran 28 minutes printing nothing. Redrawn on a
-    # terminal, a line every 30 s in a log.
+    # terminal, a line every 30 s in a log; nothing for a run shorter than that (its output is its one line).
     interactive = sys.stderr.isatty()
     progress = tqdm(
         total=len(encoded),
         desc="embed",
         unit="rows",
         file=sys.stderr,
-        mininterval=0.5 if interactive else 30.0,
+        mininterval=0.5 if interactive else PROGRESS_EVERY_S,
+        delay=PROGRESS_EVERY_S,
         dynamic_ncols=interactive,
-        disable=len(encoded) < o.batch_size,  # one batch: nothing to wait for
     )
     with torch.no_grad(), progress:
         for first in range(0, len(encoded), o.shard_rows):
@@ -246,7 +249,7 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dic
             for start in range(0, len(by_length), o.batch_size):
                 batch_rows = by_length[start : start + o.batch_size]
                 batch = encoder.batch(encoded, batch_rows)
-                vectors = encoder.finite(_features(encoder.model, batch, o, normalize), batch_rows)
+                vectors = encoder.finite(_features(encoder.model, batch, o, normalize))
                 vectors = vectors.float().cpu().numpy()
                 outputs.update(zip(batch_rows.tolist(), encoded.trim(vectors, batch_rows, o.level == "token")))
                 progress.update(len(batch_rows))

@@ -128,6 +128,15 @@ class SentencePipeline:
     """A Normalize module follows the pooling: the vectors are of unit length."""
     max_seq_length: int | None
     """sentence_bert_config.json's: the length texts are cut to (None: not set)."""
+    unsupported: str = ""
+    """Why bertdist cannot compute this directory's own vectors (a Dense module, max pooling), or "". Asked only
+    where those vectors are wanted (`embed` with the directory's pooling, an ONNX sentence encoder): the length
+    and the encoder's layers serve `attention`, token features and retrieval all the same."""
+
+    def own_vectors(self) -> None:
+        """CheckpointFormatError when bertdist cannot compute this directory's own vectors."""
+        if self.unsupported:
+            raise CheckpointFormatError(self.unsupported)
 
 
 _KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
@@ -135,10 +144,11 @@ _KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 def read_sentence_pipeline(directory: str | os.PathLike) -> SentencePipeline | None:
     """The pipeline of a sentence-transformers directory, or None where `directory` is not one. A module or a
-    pooling mode bertdist does not compute (Dense, max pooling, ...) is a CheckpointFormatError naming it:
-    vectors without it would not be the model's."""
+    pooling mode bertdist does not compute (Dense, max pooling, ...) is named in `unsupported`: vectors without
+    it would not be the model's."""
     directory = Path(directory)
     modules = _read_json(directory / "modules.json")
+    unsupported = ""
     if modules is None:
         pooling_dir = "1_Pooling"  # an older directory without modules.json
         normalize = False
@@ -148,7 +158,7 @@ def read_sentence_pipeline(directory: str | os.PathLike) -> SentencePipeline | N
         kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
         unknown = [kind for kind in kinds if kind not in _KNOWN_MODULES]
         if unknown:
-            raise CheckpointFormatError(
+            unsupported = (
                 f"{directory / 'modules.json'}: module {unknown[0]} is not supported yet (bertdist computes "
                 "Transformer, Pooling and Normalize); its vectors would not be the model's"
             )
@@ -158,12 +168,12 @@ def read_sentence_pipeline(directory: str | os.PathLike) -> SentencePipeline | N
     if config is None:
         return None
     pooling = _pooling_mode(config)
-    if pooling not in ("mean", "cls"):
-        raise CheckpointFormatError(
+    if pooling not in ("mean", "cls") and not unsupported:
+        unsupported = (
             f"{directory / pooling_dir / 'config.json'}: pooling {pooling or 'none'} is not supported yet "
             "(bertdist pools by mean or cls)"
         )
-    return SentencePipeline(pooling, normalize, _read_max_seq_length(directory))
+    return SentencePipeline(pooling, normalize, _read_max_seq_length(directory), unsupported)
 
 
 def _pooling_mode(config: Any) -> str:
@@ -183,7 +193,10 @@ def _pooling_mode(config: Any) -> str:
 def read_pooling(directory: str | os.PathLike) -> str | None:
     """The pooling of a sentence-transformers directory (mean or cls), or None where `directory` is not one."""
     pipeline = read_sentence_pipeline(directory)
-    return pipeline.pooling if pipeline else None
+    if pipeline is None:
+        return None
+    pipeline.own_vectors()
+    return pipeline.pooling
 
 
 def _read_json(path: Path) -> Any:

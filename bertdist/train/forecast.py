@@ -163,22 +163,23 @@ def estimate(cfg: Config) -> Forecast:
     )
     note = ""
     if not _cuda():  # planned here for a GPU cluster, or about to run on this CPU: both are said
-        cpu_peak = measure_matmul_flops_per_second()
+        # The node's ranks share this CPU: each trains at its share of the matmul peak measured here.
+        cpu_peak = measure_matmul_flops_per_second() / max(1, cfg.launch.gpus_per_node)
         gpu_hours = sum(n * f for n, f in zip(full_batch_steps(cfg), step_flops)) / (peak * ASSUMED_MFU) / 3600
         cpu_hours = gpu_hours * peak / cpu_peak
         if cfg.launch.backend == "local":  # a local launch trains on this CPU: that is the headline
             source = (
-                f"estimated, not measured: the training FLOPs of a step over this machine's CPU, a matmul peak of "
-                f"{cpu_peak / 1e9:.3g} GFLOP/s measured here (fp32), at an assumed MFU of {ASSUMED_MFU:.0%}; "
-                "--calibrate measures it"
+                f"estimated, not measured: the training FLOPs of a rank's step over its share of this machine's "
+                f"CPU, a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s a rank measured here (fp32, "
+                f"{cfg.launch.gpus_per_node} rank(s)), at an assumed MFU of {ASSUMED_MFU:.0%}; --calibrate measures it"
             )
             note = f"on one {name} the steps would take {duration(gpu_hours * 3600)} ({gpu_hours:.4g} h)"
             peak = cpu_peak
         else:
             note = (
-                f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s measured "
-                f"here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at the same "
-                "MFU"
+                f"no GPU on this machine: its CPU ranks (a matmul peak of {cpu_peak / 1e9:.3g} GFLOP/s a rank "
+                f"measured here, fp32) would take {duration(cpu_hours * 3600)} ({cpu_hours:.4g} h) for the steps at "
+                "the same MFU"
             )
     return Forecast(
         source, [f / (peak * ASSUMED_MFU) for f in step_flops], [0.0] * len(step_flops), sequences, note=note

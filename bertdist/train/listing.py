@@ -48,7 +48,9 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, b
         except CheckpointError as e:
             if step_dir.is_dir():  # else pruned by its run while listed
                 rows.append((step_dir.name, None, str(e).split(": ", 1)[-1] if is_complete(step_dir) else ""))
-    return _table(rows, marked, marker_problem, {d.name for d in found})
+    # A checkpoint published after the directories were listed (latest moved on to it) is there too.
+    present = {d.name for d in found} | ({marked} if marked and (root / marked).is_dir() else set())
+    return _table(rows, marked, marker_problem, present)
 
 
 def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:

@@ -286,10 +286,17 @@ def test_a_sentence_encoder_with_a_module_bertdist_does_not_compute_is_refused(t
     assert main([*arguments, "--output", str(tmp_path / "out")]) == USAGE_EXIT_CODE
     assert "module Dense is not supported yet" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    # What the Dense module does not touch is still the model's: token features, another pooling
+    assert main([*arguments, "--output", str(tmp_path / "tokens"), "--level", "token"]) == 0
+    assert main([*arguments, "--output", str(tmp_path / "cls"), "--pooling", "cls"]) == 0
 
 
-def test_embedding_many_rows_shows_its_progress(pretrained, tmp_path, capsys):
-    """100,000 lines ran 28 minutes printing nothing: the rows done, their rate and the time left are shown."""
+def test_embedding_many_rows_shows_its_progress(pretrained, tmp_path, capsys, monkeypatch):
+    """100,000 lines ran 28 minutes printing nothing: the rows done, their rate and the time left are shown, once
+    a run has taken PROGRESS_EVERY_S (here 0)."""
+    from bertdist.finetune import embed
+
+    monkeypatch.setattr(embed, "PROGRESS_EVERY_S", 0.0)
     out = tmp_path / "progress"
     arguments = ["embed", "--model", str(pretrained), "--input", str(tmp_path / "texts.txt"), "--output", str(out)]
     assert main([*arguments, "--batch-size", "2"]) == 0

@@ -40,7 +40,7 @@ def test_a_dry_run_submission_estimates_time_cost_and_the_cost_of_a_failure(caps
     assert "estimated, not measured" in out and "A100 (assumed)" in out and "assumed MFU of 40%" in out, out
     if not torch.cuda.is_available():  # what a run started here, on this CPU, would take is said too
         assert re.search(
-            r"^no GPU on this machine: its CPU ranks \(a matmul peak of [\d.]+ GFLOP/s measured here", out, re.M
+            r"^no GPU on this machine: its CPU ranks \(a matmul peak of [\d.]+ GFLOP/s a rank measured here", out, re.M
         ), out
     hours = float(re.findall(r"^forecast_hours: ([\d.e+-]+)", out, re.M)[-1])
     cost = float(re.search(r"per node-hour = ([\d,.]+)", out).group(1).replace(",", ""))
@@ -59,7 +59,8 @@ def test_a_local_dry_run_on_a_machine_without_a_gpu_forecasts_this_cpu(capsys, t
     assert main(["train", "--config", "bert-tiny", "--dry-run", f"data.vocab_file={REPO / 'README.md'}"]) == 0
     out = capsys.readouterr().out
     headline = next(line for line in out.splitlines() if line.startswith("# forecast"))
-    assert "this machine's CPU, a matmul peak of" in headline and "A100" not in headline, headline
+    assert "its share of this machine's CPU, a matmul peak of" in headline and "A100" not in headline, headline
+    assert "GFLOP/s a rank measured here (fp32, 2 rank(s))" in headline  # bert-tiny's two ranks share the CPU
     assert re.search(r"^on one A100 \(assumed\) the steps would take", out, re.M), out
 
 
