@@ -966,3 +966,17 @@ def test_a_url_with_credentials_is_refused_redacted_and_written_nowhere(tmp_path
     assert [p for p in written if PLANTED_SECRET.encode() in p.read_bytes()] == []
     with pytest.raises(storage.StorageError, match=r"s3://\*\*\*@bucket/run: a URL with credentials"):
         storage.exists(url)  # any other way in
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://alice:s3cret@mlflow.example:5000/x", "http://***@mlflow.example:5000/x"),
+        ("https://bob:p@ss@host/path@v1", "https://***@host/path@v1"),  # an unencoded @ in the password
+        ("postgresql://u:pw@db/mlflow and s3://k:v@bucket/key", "postgresql://***@db/mlflow and s3://***@bucket/key"),
+    ],
+)
+def test_a_urls_user_and_password_are_hidden_up_to_the_host(url, shown):
+    from bertdist.credentials import redacted
+
+    assert redacted(url) == shown
