@@ -39,12 +39,15 @@ class SentenceEmbedder(nn.Module):
     """`forward(input_ids, attention_mask, token_type_ids) -> TaskOutput(None, vectors)`: (rows, [group,] hidden)
     vectors for (rows, [group,] seq) inputs; a group is a query with its passages (contrastive training)."""
 
-    def __init__(self, cfg: ModelConfig, pooling: str = "mean"):
+    def __init__(self, cfg: ModelConfig, pooling: str = "mean", normalize: bool = False):
+        """`normalize`: unit-length vectors, as a released directory whose pipeline ends in Normalize gives them
+        (read back by `read_sentence_embedder`; bertdist's own training leaves them unnormalised)."""
         super().__init__()
         if pooling not in ("mean", "cls"):  # finetune.pooling
             raise ValueError(f"pooling must be mean or cls, got {pooling!r}")
         family = FAMILIES[cfg.arch]
         self.config, self.pooling, self.inputs, self.encoder_name = cfg, pooling, family.inputs, family.encoder_name
+        self.normalize = normalize
         setattr(self, family.encoder_name, family.encoder(cfg))  # the name the family's checkpoints use
         self.apply(lambda module: family.init_weights(module, cfg))  # a random start; pretrained weights overwrite
 
@@ -62,6 +65,8 @@ class SentenceEmbedder(nn.Module):
         flat = {k: v.reshape(-1, length) for k, v in given.items() if k in self.inputs and v is not None}
         states, layout = getattr(self, self.encoder_name).encode(**flat)
         vectors = pool(states, layout, flat.get("attention_mask"), self.pooling)
+        if self.normalize:
+            vectors = nn.functional.normalize(vectors, dim=-1)
         return TaskOutput(None, vectors.reshape(*input_ids.shape[:-1], vectors.shape[-1]))
 
 
@@ -107,13 +112,12 @@ def read_sentence_embedder(directory: str | os.PathLike, unpad: bool = True) -> 
 
     from bertdist.model.hf_heads import load_encoder, read_pretrained
 
-    pooling = read_pooling(directory)
-    if pooling is None:
-        raise CheckpointFormatError(
-            f"{Path(directory) / '1_Pooling' / 'config.json'}: not found: not a sentence encoder"
-        )
+    pipeline = read_sentence_pipeline(directory)
+    if pipeline is None:
+        raise CheckpointFormatError(f"{directory}: no sentence-transformers Pooling module: not a sentence encoder")
+    pipeline.own_vectors()
     cfg, state, source = read_pretrained(directory)
-    model = SentenceEmbedder(dataclasses.replace(cfg, unpad=unpad), pooling)
+    model = SentenceEmbedder(dataclasses.replace(cfg, unpad=unpad), pipeline.pooling, pipeline.normalize)
     load_encoder(model, state, source)
     return model
 

@@ -275,6 +275,19 @@ def test_a_released_sentence_encoder_gives_its_own_vectors_and_tokens(normalize,
     reference = transformers.AutoTokenizer.from_pretrained(released)(texts[:-1])["input_ids"]
     assert [tokens[offsets[r] : offsets[r + 1]].tolist() for r in range(len(texts) - 1)] == reference
 
+    # Its ONNX graph (bertdist export --format onnx) computes the same vectors, Normalize included
+    ort = pytest.importorskip("onnxruntime")
+    import shutil
+
+    from bertdist.model.onnx import ONNX_FILE, write_onnx
+
+    shutil.copytree(released, tmp_path / "onnx")
+    write_onnx(tmp_path / "onnx")
+    session = ort.InferenceSession(str(tmp_path / "onnx" / ONNX_FILE))
+    batch = transformers.AutoTokenizer.from_pretrained(released)(texts[:-1], padding=True, return_tensors="np")
+    (got,) = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})
+    np.testing.assert_allclose(got, expected[:-1], atol=1e-4, rtol=1e-4)
+
 
 def test_a_sentence_encoder_with_a_module_bertdist_does_not_compute_is_refused(tmp_path, tiny_vocab, capsys):
     released = _released_sentence_encoder(tmp_path, tiny_vocab, normalize=False)
