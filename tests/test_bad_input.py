@@ -654,6 +654,8 @@ def test_an_override_is_read_by_its_fields_type_not_as_yaml(capsys):
     )
     assert (cfg.train.output_dir, cfg.tracking.run_name, cfg.launch.job_name) == ("runs/x #2", "0x10", "yes")
     assert (cfg.optim.lr, cfg.train.seed) == (3e-4, 7)
+    quoted = load_config(None, ['train.output_dir="runs/y #3"', "tracking.run_name='a b'", 'launch.job_name="x'])
+    assert (quoted.train.output_dir, quoted.tracking.run_name, quoted.launch.job_name) == ("runs/y #3", "a b", '"x')
     assert load_config(None, ["train.seed=12345678901234567891"]).train.seed == 12345678901234567891  # no float
     with pytest.raises(ConfigError) as err:
         load_config(None, ["train.seed=0x10", "train.deepspeed={a: ["])

@@ -132,7 +132,7 @@ def _override_value(item: str, text: str, hint: Any) -> Any:
     read as YAML, `runs/x #2` lost its comment-like tail (and the "new" run resumed the old one), `0x10` became
     16 and `yes` became on. Numbers and switches are read as numbers and booleans; lists and sections as YAML."""
     if hint is str or typing.get_origin(hint) is typing.Literal:
-        return text
+        return _unquoted(text)
     if hint is int:
         return text.strip()  # _coerce reads the integer from it exactly, or names the field and the text
     if hint is float:
@@ -148,6 +148,19 @@ def _override_value(item: str, text: str, hint: Any) -> Any:
     except yaml.YAMLError as e:
         reason = " ".join(str(e).split())
         raise ValueError(f"override {item!r}: the value is not valid YAML ({reason})") from None
+
+
+def _unquoted(text: str) -> str:
+    """A string field's text: as written, or the string inside quotes when it is quoted whole (as shells and
+    `bertdist evaluate`'s own runs quote a value holding `#` or spaces: `"runs/x #2"`)."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+        if isinstance(value, str):
+            return value
+    return text
 
 
 _YAML_SPECIAL_FLOATS = {".nan": "nan", ".inf": "inf", "+.inf": "inf", "-.inf": "-inf"}
