@@ -190,7 +190,7 @@ def _write(output: str, results: dict[str, Any], run: dict[str, dict[str, float]
 
 def _log(o: RetrievalOptions, base: Any, results: dict[str, Any], out: Path) -> None:
     """One MLflow run, as the other suites' parent run (no children: nothing is fine-tuned)."""
-    from bertdist.tracking.mlflow_tracker import build_tracker
+    from bertdist.tracking.build import build_tracker
 
     name = Path(o.data_dir.rstrip("/")).name or "retrieval"
     tracker = build_tracker(base.tracking, o.output, 0, run_name=f"retrieval-{name}-{time.strftime('%Y%m%d-%H%M')}")

@@ -163,7 +163,7 @@ class Finetuning:
         return state.tracking_run_id
 
     def _tracker(self, run_id: str | None) -> Any:
-        from bertdist.tracking.mlflow_tracker import build_tracker
+        from bertdist.tracking.build import build_tracker
 
         ft = self.cfg.finetune
         name = self.cfg.tracking.run_name or f"finetune-{ft.task}-{time.strftime('%Y%m%d-%H%M')}"

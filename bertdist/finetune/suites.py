@@ -141,7 +141,7 @@ def evaluate(
 ) -> int:
     """Fine-tune `model` `seeds` times on every task of the suite found in `data_dir` at every rate of `lrs`;
     print the scorecard, write it to results.json and results.md in `output_dir`, and log it."""
-    from bertdist.tracking.mlflow_tracker import build_tracker
+    from bertdist.tracking.build import build_tracker
     from bertdist.train import stopping
     from bertdist.train.distributed import read_env
 

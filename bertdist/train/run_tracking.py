@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from bertdist.config import Config
 from bertdist.tracking.base import Tracker
-from bertdist.tracking.mlflow_tracker import build_node_monitor, build_tracker
+from bertdist.tracking.build import build_node_monitor, build_tracker
 from bertdist.tracking.params import default_run_name
 from bertdist.train import checkpoint, timeline
 from bertdist.train.distributed import DistributedEnv

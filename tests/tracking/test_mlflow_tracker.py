@@ -13,11 +13,8 @@ import pytest
 
 from bertdist.config import Config, TrackingConfig
 from bertdist.tracking.base import Tracker
-from bertdist.tracking.mlflow_tracker import (
-    MLflowTracker,
-    build_node_monitor,
-    build_tracker,
-)
+from bertdist.tracking.build import build_node_monitor, build_tracker
+from bertdist.tracking.mlflow_tracker import MLflowTracker
 from bertdist.tracking.store import (
     EXPERIMENT_KIND_TAG,
     STORE_FILENAME,
@@ -237,7 +234,7 @@ def test_the_buffer_is_bounded_during_an_outage(tmp_path):
 KILLED_ATTEMPT = """
 import os, signal, sys
 from bertdist.config import TrackingConfig
-from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.build import build_tracker
 cfg = TrackingConfig(tracking_uri=sys.argv[1], experiment_name="unit-killed", log_system_metrics=False)
 tracker = build_tracker(cfg, sys.argv[2], rank=0)
 print(tracker.run_id, flush=True)

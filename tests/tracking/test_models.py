@@ -9,7 +9,7 @@ import pytest
 from bertdist.config import TrackingConfig
 from bertdist.model.bert import BertForPreTraining
 from bertdist.model.hf import save_pretrained
-from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.build import build_tracker
 from bertdist.tracking.models import EXPORT_TAG, MODEL_NAME, log_export
 from tests.conftest import tiny_model_config
 

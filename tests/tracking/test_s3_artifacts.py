@@ -9,7 +9,7 @@ from bertdist import storage
 from bertdist.config import TrackingConfig
 from bertdist.model.bert import BertForPreTraining
 from bertdist.model.hf import save_pretrained
-from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.build import build_tracker
 from bertdist.tracking.models import log_export
 from tests.conftest import tiny_model_config
 from tests.mlflow_server import MlflowServer

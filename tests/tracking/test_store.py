@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bertdist.config import TrackingConfig
-from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.build import build_tracker
 from bertdist.tracking.store import (
     is_transient,
     local_store_uri,
@@ -76,7 +76,7 @@ def test_a_locked_sqlite_store_is_a_transient_error():
 WRITER = """
 import sys, time
 from bertdist.config import TrackingConfig
-from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.build import build_tracker
 start_at = float(sys.argv[2])
 time.sleep(max(0.0, start_at - time.time()))  # both writers open the new store at the same moment
 tracker = build_tracker(TrackingConfig(experiment_name="shared", log_system_metrics=False), sys.argv[1], rank=0)

@@ -16,7 +16,7 @@ import pytest
 
 from bertdist.cli import main
 from bertdist.config import TrackingConfig
-from bertdist.tracking.mlflow_tracker import build_tracker
+from bertdist.tracking.build import build_tracker
 from bertdist.tracking.store import (
     ARTIFACTS_DIRNAME,
     STORE_FILENAME,
