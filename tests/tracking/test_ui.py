@@ -52,12 +52,7 @@ def test_the_printed_link_opens_the_latest_runs_charts(run_dir):
     if reason:
         pytest.skip(reason)
     directory, _ = run_dir
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(free_tcp_port())],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    ui = start_ui(directory, free_tcp_port())
     try:
         link = read_until(ui.stdout, "latest run", timeout_s=180).split(": ", 1)[1].strip()
         text = browser.render(link, "document.querySelectorAll('.main-svg').length >= 1", "document.body.innerText")
@@ -68,6 +63,16 @@ def test_the_printed_link_opens_the_latest_runs_charts(run_dir):
     assert lines[lines.index("dashboard-run") - 1] == "Runs"  # the run's page, in the training view
     sections = [lines[i - 1] for i, line in enumerate(lines) if re.fullmatch(r"\(\d+\)", line)]
     assert sections == ["Model metrics"] and "loss" in lines, lines  # its charts (a metric without a slash's section)
+
+
+def start_ui(directory, port: int) -> subprocess.Popen:
+    """`bertdist ui` of the run directory on `port`, its console readable line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def read_until(stream, marker: str, timeout_s: float) -> str:
@@ -86,12 +91,7 @@ def read_until(stream, marker: str, timeout_s: float) -> str:
 def test_ui_serves_the_run_on_loopback_and_stops_with_its_server(run_dir):
     directory, run_id = run_dir
     port = free_tcp_port()
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    ui = start_ui(directory, port)
     try:
         line = read_until(ui.stdout, "MLflow dashboard", timeout_s=180)
         url = f"http://127.0.0.1:{port}"
@@ -134,12 +134,7 @@ def test_ui_killed_or_hung_up_leaves_no_server_serving(run_dir, signum):
     cleanup: `mlflow server` and its worker went on serving, orphaned. Now the server's group goes with it."""
     directory, _ = run_dir
     port = free_tcp_port()
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "bertdist", "ui", "--run-dir", str(directory), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    ui = start_ui(directory, port)
     try:
         read_until(ui.stdout, "MLflow dashboard", timeout_s=180)
         served_by = psutil.Process(ui.pid).children(recursive=True)
