@@ -33,7 +33,7 @@ from bertdist.config.objectives import HF_KEY, objective, objective_from_hf
 from bertdist.data.tokenizer import BERT_SPECIAL_TOKENS, TextTokenizer, open_tokenizer, write_fast_tokenizer_files
 from bertdist.errors import UserError, first_line, write_error
 from bertdist.model.bert import BertForPreTraining
-from bertdist.model.hf_limits import config_problems, undescribed_modules
+from bertdist.model.hf_limits import config_problems, state_problems
 
 SAFETENSORS_FILE = "model.safetensors"
 PYTORCH_FILE = "pytorch_model.bin"
@@ -209,17 +209,10 @@ def check_weights(
     """CheckpointFormatError naming `source` for a weight `state` lacks (but `optional`'s, named in a warning:
     they start fresh) or whose shape disagrees; a warning naming what it has that `family`'s pretraining model
     does not use."""
-    missing = sorted(set(expected) - set(state))
-    required = [k for k in missing if not k.startswith(optional)]
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    beyond = undescribed_modules(expected, state)
-    if required or wrong or beyond:
-        problems = [*(f"missing {k}" for k in required[:5]), *wrong[:5], *beyond]
+    problems = state_problems({k: v.shape for k, v in expected.items()}, state, optional)
+    if problems:
         raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
+    missing = sorted(set(expected) - set(state))
     if missing:
         warnings.warn(f"{source}: no weights for {', '.join(missing)}; they start fresh", stacklevel=3)
     if unexpected := sorted(set(state) - set(expected)):

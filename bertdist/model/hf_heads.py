@@ -43,7 +43,7 @@ from bertdist.model.bert import BertModel
 from bertdist.model.electra import ElectraModel
 from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_config_json, read_weights
-from bertdist.model.hf_limits import weight_problems
+from bertdist.model.hf_limits import state_problems, weight_problems
 from bertdist.model.modernbert import ModernBertModel
 from bertdist.model.registry import HF_MODEL_TYPES
 
@@ -274,16 +274,9 @@ def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
     `model` is a task model, or a module holding a bare encoder under the same name (`pretrained_encoder`)."""
     family = family_of(model.config.arch)
     wanted = {k: v for k, v in model.state_dict().items() if k.startswith(family.pretrained)}
-    missing = sorted(k for k in wanted if k not in state and not k.startswith(family.optional))
-    if missing:
-        raise CheckpointFormatError(f"{source}: missing {model.config.arch} encoder weights: {', '.join(missing[:5])}")
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in wanted.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if wrong:
-        raise CheckpointFormatError(f"{source}: shapes disagree with the model: {'; '.join(wrong[:3])}")
+    problems = state_problems({k: v.shape for k, v in wanted.items()}, state, family.optional, family.pretrained)
+    if problems:
+        raise CheckpointFormatError(f"{source}: the {model.config.arch} encoder: " + "; ".join(problems))
     model.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
 
 

@@ -74,22 +74,27 @@ def weight_problems(
     build: Callable[[], torch.nn.Module], state: dict[str, torch.Tensor], prefixes: tuple[str, ...], optional: tuple
 ) -> list[str]:
     """How the model `build` makes (on the meta device: nothing allocated) disagrees with the weights `state`,
-    under `prefixes` (the part of the model the weights must fill): weights it needs that are missing (but the
-    `optional` ones), shapes that differ, and numbered modules (layers, groups) the weights hold beyond the
-    model's, which would be dropped without a word."""
+    under `prefixes` (the part of the model the weights must fill): `state_problems`."""
     with torch.device("meta"):
         model = build()
     wanted = {k: v.shape for k, v in model.state_dict().items() if k.startswith(prefixes)}
+    return state_problems(wanted, state, optional, prefixes)
+
+
+def state_problems(
+    wanted: dict[str, Any], state: dict[str, torch.Tensor], optional: tuple = (), prefixes: tuple[str, ...] = ("",)
+) -> list[str]:
+    """Every way the weights `state` fail to fill a model whose parameters are `wanted` (name -> shape), the one
+    check of every loader: weights it needs that are missing (but the `optional` ones), shapes that differ, and
+    numbered modules (layers, groups) under `prefixes` beyond the model's, which would be dropped without a word."""
     missing = sorted(k for k in wanted if k not in state and not k.startswith(optional))
     wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(s)}" for k, s in wanted.items() if k in state and state[k].shape != s
+        f"{k} {tuple(state[k].shape)} != {tuple(s)}"
+        for k, s in wanted.items()
+        if k in state and tuple(state[k].shape) != tuple(s)
     ]
-    problems = []
-    if missing:
-        problems.append(f"missing weights: {', '.join(missing[:5])}")
-    if wrong:
-        problems.append(f"shapes disagree with config.json: {'; '.join(wrong[:3])}")
-    return problems + undescribed_modules(wanted, state, prefixes)
+    shapes = [f"shapes disagree with config.json: {'; '.join(wrong[:3])}"] if wrong else []
+    return [*(f"missing {k}" for k in missing[:5]), *shapes, *undescribed_modules(wanted, state, prefixes)]
 
 
 def undescribed_modules(wanted: Any, state: dict[str, torch.Tensor], prefixes: tuple[str, ...] = ("",)) -> list[str]:
