@@ -30,6 +30,7 @@ def phase_loader(
 
     st = cfg.storage
     streaming = StreamSettings(st.cache_dir, st.cache_mb << 20, st.prefetch_samples, st.fetch_threads)
+    masking = cfg.masking(phase)
     loader = PretrainingLoader(
         shard_dir=shard_dir,
         vocab_file=cfg.data.vocab_file,
@@ -42,12 +43,11 @@ def phase_loader(
         shuffle_buffer_size=cfg.data.shuffle_buffer_size,
         packing=cfg.data.packing,
         pin_memory=pin_memory,
-        masking=cfg.masking(phase),
+        masking=masking,
         streaming=streaming,
         span_bounds=OBJECTIVES[cfg.model.objective].span_boundaries,
     )
-    own_masking = cfg.masking(phase) != cfg.data.masking
-    if own_masking and loader.masking_mode != "dynamic":
+    if masking != cfg.data.masking and loader.masking_mode != "dynamic":
         index = next(i for i, p in enumerate(cfg.data.phases) if p is phase)
         raise ConfigError(
             [
