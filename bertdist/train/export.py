@@ -73,7 +73,8 @@ def export(
         if existing:
             model = Path(staging, "model")
             exported = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()}
-            _refuse_replacing_other_objects(output, existing, exported)
+            # a prefix is whatever shares it, up to a whole bucket: only an earlier export's objects are replaced
+            _refuse_replacing_others(output, [url[len(output) + 1 :] for url in existing], exported, "prefix")
             for url in existing:
                 storage.remove(url)
         storage.upload_directory(Path(staging, "model"), output, last=CONFIG_FILE)
@@ -89,20 +90,6 @@ def _refuse_url_over_input(output: str, given: str) -> None:
     if output == source or source.startswith(output + "/") or output.startswith(source + "/"):
         raise checkpoint.CheckpointError(
             f"--output {output}: holds or is inside {source}, which it would export; choose a prefix outside it"
-        )
-
-
-def _refuse_replacing_other_objects(output: str, existing: list[str], export_names: set[str]) -> None:
-    """`--overwrite` of a prefix replaces an earlier export, nothing else: a prefix that holds any other object
-    (checkpoints, shards, another run's files, the rest of a bucket) is refused before anything is deleted.
-    Locally a directory is one thing to replace; a prefix is whatever shares it, up to a whole bucket."""
-    prefix = output + "/"
-    others = [url for url in existing if url[len(prefix) :] not in export_names]
-    if others:
-        raise checkpoint.CheckpointError(
-            f"--output {output}: --overwrite replaces an earlier export only, and this prefix holds {len(others)} "
-            f"other object(s) ({others[0]}{', ...' if len(others) > 1 else ''}); "
-            "nothing was deleted, choose a new prefix"
         )
 
 
@@ -150,7 +137,7 @@ def export_directory(
             from bertdist.model.onnx import write_onnx
 
             write_onnx(staging)
-        _refuse_replacing_other_files(output, old, {p.name for p in staging.iterdir()})
+        _refuse_replacing_others(output, [p.name for p in old], {p.name for p in staging.iterdir()}, "directory")
         for path in old:
             ownership.remove(path)
         for path in sorted(
@@ -169,17 +156,17 @@ EXPORT_EXTRAS = ("model.onnx", "README.md", "generator")
 generator/."""
 
 
-def _refuse_replacing_other_files(output: Path, old: list[Path], export_names: set[str]) -> None:
-    """`--overwrite` of a local directory replaces an earlier export, nothing else (as a prefix in a store): a
-    directory holding any file an export does not write (notes, data, another tool's output) is refused before
-    anything is deleted. An earlier export's ONNX files and a killed export's staging folder are an export's."""
-    known = export_names | set(EXPORT_EXTRAS)
-    others = [path for path in old if path.name not in known and PARTIAL_MARKER not in path.name]
+def _refuse_replacing_others(output: str | Path, names: list[str], export_names: set[str], kind: str) -> None:
+    """`--overwrite` replaces an earlier export, nothing else: a directory or prefix holding anything an export
+    does not write (checkpoints, shards, notes, another tool's output) is refused before anything is deleted.
+    `names` and `export_names` are relative paths; an earlier export's ONNX files and a killed export's staging
+    are an export's."""
+    known = {name.split("/")[0] for name in export_names} | set(EXPORT_EXTRAS)
+    others = [name for name in names if name.split("/")[0] not in known and PARTIAL_MARKER not in name]
     if others:
         raise checkpoint.CheckpointError(
-            f"--output {output}: --overwrite replaces an earlier export only, and this directory holds "
-            f"{len(others)} other file(s) ({others[0].name}{', ...' if len(others) > 1 else ''}); nothing was "
-            "deleted, choose a new directory"
+            f"--output {output}: --overwrite replaces an earlier export only, and this {kind} holds {len(others)} "
+            f"other file(s) ({others[0]}{', ...' if len(others) > 1 else ''}); nothing was deleted, choose a new {kind}"
         )
 
 
