@@ -35,6 +35,10 @@ BUILD_TIMEOUT_S = 900.0
 """How long a build may hold its lock: ten times the CPU op's build on 2 busy cores. Past it, a build on this
 host is reported as stuck, and an unheld lock on a shared filesystem as stale."""
 POLL_S = 1.0
+UNHELD_S = 1.0
+"""How long a lock must stay unheld before it is called stale. torch's builder closes its lock file and then
+removes it: a lock seen in that gap is a finished build's, and removing it would make the builder's own
+`os.remove` fail (seen: a 'stale' lock reported while a live build finished, November 2026)."""
 NETWORK_FILESYSTEMS = (
     "nfs",
     "cifs",
@@ -125,18 +129,23 @@ def installation_directory() -> Path | None:
 
 
 def clear_lock(lock: Path, say: Callable[[str], None]) -> None:
-    """Return once `lock` is gone: removed when no process holds it open (torch's builder keeps its lock file
-    open until it removes it), waited for while one does. Decided under an flock of the build directory, so
-    that of two ranks finding the same stale lock, the second cannot remove the one the first's build made."""
-    told = False
+    """Return once `lock` is gone: removed when no process has held it open for UNHELD_S (torch's builder keeps
+    its lock file open until it removes it), waited for while one does. Decided under an flock of the build
+    directory, so that of two ranks finding the same stale lock, the second cannot remove the one the first's
+    build made; the same file (inode) must be the one seen unheld throughout."""
+    told, unheld = False, None  # unheld: (inode, monotonic time) of the first look that found no holder
     while True:
         with _exclusive(lock.parent):
             try:
-                age_s = time.time() - lock.stat().st_mtime
+                seen = lock.stat()
             except FileNotFoundError:
                 return
+            age_s = time.time() - seen.st_mtime
             holders = holders_of(lock)
-            if not holders and (_host_local(lock.parent) or age_s >= BUILD_TIMEOUT_S):
+            removable = not holders and (_host_local(lock.parent) or age_s >= BUILD_TIMEOUT_S)
+            if not removable or unheld is None or unheld[0] != seen.st_ino:
+                unheld = (seen.st_ino, time.monotonic()) if removable else None
+            elif time.monotonic() - unheld[1] >= UNHELD_S:
                 lock.unlink(missing_ok=True)
                 say(
                     f"bertdist: removed the stale build lock {lock} ({age_s:.0f} s old, held by no process: a build of "
@@ -144,12 +153,12 @@ def clear_lock(lock: Path, say: Callable[[str], None]) -> None:
                 )
                 return
         pids = ", ".join(map(str, holders))
-        if age_s >= BUILD_TIMEOUT_S:
+        if holders and age_s >= BUILD_TIMEOUT_S:
             raise ExtensionBuildError(
                 f"the build of {lock.parent.name} by process {pids} has held {lock} for {age_s:.0f} s; "
                 "if it is stuck, stop it and run again"
             )
-        if not told:
+        if not told and not removable:
             say(
                 f"bertdist: waiting for process {pids} to finish building {lock.parent.name} "
                 f"({lock}, {age_s:.0f} s old; given up at {BUILD_TIMEOUT_S:.0f} s)"

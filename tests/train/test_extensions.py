@@ -21,6 +21,7 @@ fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL)
 print("holding", flush=True)
 time.sleep(float(sys.argv[2]))
 os.close(fd)
+time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0)
 os.remove(sys.argv[1])
 """
 
@@ -30,6 +31,7 @@ def lock(tmp_path, monkeypatch) -> Path:
     """The lock path of an op's build directory under a TORCH_EXTENSIONS_DIR of the test's own."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(extensions, "POLL_S", 0.05)
+    monkeypatch.setattr(extensions, "UNHELD_S", 0.5)
     (tmp_path / "deepspeed_shm_comm").mkdir()
     return tmp_path / "deepspeed_shm_comm" / "lock"
 
@@ -72,6 +74,19 @@ def test_a_build_in_progress_is_waited_for_not_broken(lock):
     extensions.prepare(said.append)
     assert builder.wait(timeout=10) == 0 and time.monotonic() - started > 0.5
     assert len(said) == 1 and f"process {builder.pid}" in said[0] and str(lock) in said[0], said
+
+
+def test_a_lock_its_builder_has_closed_but_not_yet_removed_is_left_to_the_builder(lock):
+    """torch's builder closes its lock, then removes it: a lock seen unheld in that gap (widened here to 0.2 s)
+    is not stale, and taking it would fail the builder's own removal (seen in CI as a false 'stale' line)."""
+    builder = subprocess.Popen(
+        [sys.executable, "-c", BUILDER, str(lock), "0.3", "0.2"], stdout=subprocess.PIPE, text=True
+    )
+    assert builder.stdout.readline() == "holding\n"
+    said = []
+    extensions.prepare(said.append)
+    assert builder.wait(timeout=10) == 0
+    assert len(said) == 1 and "stale" not in said[0] and f"process {builder.pid}" in said[0], said
 
 
 def test_a_build_holding_its_lock_too_long_stops_the_run_in_one_line(lock):
