@@ -13,8 +13,9 @@ one corpus give different vocabularies. Shards are prepared from it here (prepar
 
 Bit identity is a property of one set of CPU kernels: the reference records the torch version, the CPU
 capability and the CPU's model it ran with, and on any other the weights are not compared and the metrics are
-compared at 1e-4. The capability alone did not name the kernels: a reference made on an Intel AVX512 machine
-differed in every weight on an AMD EPYC that torch also calls AVX512 (oneDNN picks its code by vendor too).
+compared at 1e-4. The capability alone did not name the kernels: the first reference, made on an earlier
+session's machine that torch called AVX512, differed in every weight on the AMD EPYC that CI runs on, which torch
+calls AVX512 too (oneDNN picks its code by more than the capability).
 """
 
 from __future__ import annotations
