@@ -339,8 +339,8 @@ def main() -> None:
         start = Path(args.model) if args.model else directory / "start"
         if not args.model:
             from bertdist.config import ModelConfig
-            from bertdist.model.bert import BertForPreTraining
-            from bertdist.model.hf import save_pretrained
+            from bertdist.model.bert.hf import save_pretrained
+            from bertdist.model.bert.model import BertForPreTraining
 
             torch.manual_seed(0)
             save_pretrained(BertForPreTraining(ModelConfig.from_size(args.size, vocab_size=8192)), start, vocab)

@@ -177,8 +177,8 @@ def main() -> None:
         directory = Path(tmp)
         train_docs, dev_docs, vocab = corpus(directory)
         from bertdist.config import ModelConfig
-        from bertdist.model.bert import BertForPreTraining
-        from bertdist.model.hf import save_pretrained
+        from bertdist.model.bert.hf import save_pretrained
+        from bertdist.model.bert.model import BertForPreTraining
 
         start = Path(args.model) if args.model else directory / "start"
         if not args.model:

@@ -36,8 +36,8 @@ from common import device_name, use_all_cores  # benchmarks/ is on sys.path when
 from bertdist.config import load_config
 from bertdist.config.validation import validate_finetune
 from bertdist.finetune.runner import Finetuning
+from bertdist.model.bert.hf import config_to_hf
 from bertdist.model.flops import peak_flops_for, train_flops_per_sequence
-from bertdist.model.hf import config_to_hf
 from bertdist.train.distributed import destroy_process_group, free_tcp_port, read_env
 
 WORDS = 4000

@@ -27,7 +27,7 @@ from bertdist.config import ModelConfig
 from bertdist.data.batching import batch_of
 from bertdist.data.samples import Samples
 from bertdist.data.shards import iter_directory_blocks
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 
 PHASES = {512: (80, 8), 128: (20, 32)}  # length: (max predictions per sequence, micro batch size)
 VARIANTS = {

@@ -21,7 +21,7 @@ from common import interleaved_medians, use_all_cores  # benchmarks/ is on sys.p
 from model_step import make_batch
 
 from bertdist.config import MODEL_SIZES, ModelConfig, load_config
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.train import deepspeed as engine
 from bertdist.train import distributed
 from bertdist.train.optim import build_optimizer

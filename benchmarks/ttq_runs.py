@@ -287,11 +287,11 @@ def trainer_spec(name: str, directory: Path, prep: dict, steps: int, every: int,
     cfg = base_config(name)
     tokens = read_vocab(str(prep["vocab"]))
     if kind_of(name).arch == "bert":
-        from bertdist.model.hf import config_to_hf
+        from bertdist.model.bert.hf import config_to_hf
 
         hf_config = config_to_hf(cfg.model, pad_token_id=tokens.index("[PAD]"))
     else:
-        from bertdist.model.modernbert_hf import config_to_hf
+        from bertdist.model.modernbert.hf import config_to_hf
 
         cls, sep = tokens.index("[CLS]"), tokens.index("[SEP]")
         ids = dict(pad_token_id=tokens.index("[PAD]"), cls_token_id=cls, bos_token_id=cls, sep_token_id=sep)

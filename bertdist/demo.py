@@ -43,8 +43,10 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from bertdist import chatter
+from bertdist.model.registry import FAMILIES, spec
 
-DEMO_CONFIGS = {"bert": "bert-tiny.yaml", "modernbert": "modernbert-tiny.yaml"}
+DEMO_CONFIGS = {arch: spec(arch).demo_config for arch in FAMILIES if spec(arch).demo_config}
+"""model.arch -> the configs/ file its demo runs (each family's spec names its own, or none)."""
 """The shipped config the demo trains, by model.arch."""
 DEMO_OUTPUT = "runs/demo"
 DEMO_RANKS = 2

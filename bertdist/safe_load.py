@@ -10,7 +10,7 @@ needs any other global is refused with a CheckpointError naming the file and the
 Patching `torch.load` for the duration of a load (rather than swapping DeepSpeed's checkpoint engine)
 covers every path DeepSpeed reads through, including those that call `torch.load` directly. Loads run
 on the main thread of a training or export process, so the patch is not observed by anything else. In the
-package root, not train/: the model's Hugging Face reader (bertdist.model.hf) loads `.bin` files through it too.
+package root, not train/: the model's Hugging Face reader (bertdist.model.bert.hf) loads `.bin` files through it too.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def _fake_run(tmp_path: Path, zero_stage: int = 0) -> Path:
     import torch
 
     from bertdist.config import load_config as load
-    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     out = tmp_path / "run"
@@ -378,8 +378,8 @@ def test_export_of_a_directory_with_a_link_leading_out_of_it_copies_nothing(tmp_
     """A Hugging Face directory is copied as it is: a link to a file outside it (a credentials file) was followed,
     copied into the export and uploaded with it. Refused in one line naming the link; a link inside is fine."""
 
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     model = tmp_path / "model"
@@ -493,8 +493,8 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
 
 @pytest.mark.parametrize("command", ["export", "embed"])
 def test_a_full_disk_is_one_line_and_leaves_no_partial_output(command, tiny_disk, tmp_path, capsys, tiny_vocab):
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     output = tiny_disk / "out"
@@ -533,8 +533,8 @@ def test_a_vocabulary_that_does_not_fit_the_model_is_refused_before_anything_tra
     tmp_path, capsys, tiny_vocab, tiny_shards
 ):
     from bertdist.config import validate
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     model = tmp_path / "model"
@@ -573,8 +573,8 @@ def test_a_damaged_or_pickled_model_given_to_finetune_is_one_line_without_unsafe
 ):
     import torch
 
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     model = tmp_path / "model"

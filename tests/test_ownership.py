@@ -118,8 +118,8 @@ def _prepare(directory, tiny_corpus, tiny_vocab):
 
 @pytest.mark.parametrize("command", ["prepare", "embed", "export", "finetune"])
 def test_every_writing_command_refuses_an_owned_output(command, held, tmp_path, tiny_corpus, tiny_vocab, capsys):
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     directory, pid = held

@@ -175,8 +175,8 @@ def teacher_directory(base: Path, vocab: str) -> Path:
     if not (directory / "config.json").exists():
         import torch
 
-        from bertdist.model.bert import BertForPreTraining
-        from bertdist.model.hf import save_pretrained
+        from bertdist.model.bert.hf import save_pretrained
+        from bertdist.model.bert.model import BertForPreTraining
 
         torch.manual_seed(0)
         save_pretrained(BertForPreTraining(tiny_model_config(objective="mlm")), directory, vocab)

@@ -29,10 +29,10 @@ class ModelConfig:
     BERT-mini and BERT-Base)."""
     arch: Literal["bert", "modernbert", "albert", "electra", "distilbert"] = "bert"
     """bert (the 2018 architecture, the default), modernbert (RoPE, GeGLU, pre-norm, alternating global and
-    local attention: bertdist.model.modernbert), albert (factorized embeddings, layers sharing parameters, a
-    sentence-order head: bertdist.model.albert), electra (a small MLM generator and the discriminator that
-    detects its replacements: bertdist.model.electra) or distilbert (BERT's layers without segment embeddings or
-    pooler, the student of a distillation: bertdist.model.distilbert). One registry: bertdist.model.registry."""
+    local attention: bertdist.model.modernbert.model), albert (factorized embeddings, layers sharing parameters, a
+    sentence-order head: bertdist.model.albert.model), electra (a small MLM generator and the discriminator that
+    detects its replacements: bertdist.model.electra.model) or distilbert (BERT's layers without segment embeddings or
+    pooler, the student of a distillation: bertdist.model.distilbert.model). One registry: bertdist.model.registry."""
     num_layers: int = 12
     hidden_size: int = 768
     num_attention_heads: int = 12

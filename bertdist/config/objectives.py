@@ -17,8 +17,8 @@ bertdist.model.outputs, bertdist.train.metrics). An architecture's pretraining m
 
 A new objective is its name in the schema's `model.objective` Literal and a row here; one with its own heads or
 loss adds them in the model of the architectures it names (ELECTRA's generator and discriminator are
-bertdist.model.electra; SpanBERT's span-boundary head is bertdist.model.bert_heads, which BERT's pretraining model
-adds when `span_boundaries` says so; distillation's teacher and loss are bertdist.model.distilbert, the teacher's
+bertdist.model.electra.model; SpanBERT's span-boundary head is bertdist.model.bert.heads, which BERT's pretraining model
+adds when `span_boundaries` says so; distillation's teacher and loss are bertdist.model.distilbert.model, the teacher's
 loading bertdist.train.distill) and says so in docs/model.md. This module is data: it imports nothing heavy.
 
 SpanBERT's head predicts each token of a masked span from the two tokens just outside the span and its place in it,

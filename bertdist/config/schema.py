@@ -299,6 +299,20 @@ def phase_index(phase_steps: list[int], step: int) -> tuple[int, int]:
     return len(phase_steps) - 1, end
 
 
+def phase_model_config(model_cfg: ModelConfig, phase: PhaseConfig) -> ModelConfig:
+    """The model's settings in `phase`: its RoPE thetas where the phase sets them (a context-extension phase)."""
+    thetas = {k: getattr(phase, k) for k in ("global_rope_theta", "local_rope_theta") if getattr(phase, k)}
+    return dataclasses.replace(model_cfg, **thetas) if thetas else model_cfg
+
+
+def checkpoint_model_config(run_config: dict[str, Any], step: int) -> ModelConfig:
+    """The model of a checkpoint after `step` steps of the run whose resolved config is `run_config`: the run's
+    model in the phase of its last step (what an export or a fine-tuning must build)."""
+    phases = [PhaseConfig(**p) for p in run_config["data"]["phases"]]
+    index, _ = phase_index([p.steps for p in phases], step - 1)
+    return phase_model_config(ModelConfig(**run_config["model"]), phases[index])
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -180,7 +180,7 @@ def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> 
 
     from bertdist.config import Config, FinetuneConfig
     from bertdist.finetune.source import cased_vocabulary, pad_id, resolve
-    from bertdist.model.hf_heads import FAMILIES, pretrained_encoder
+    from bertdist.model.hf_heads import family_of, pretrained_encoder
     from bertdist.model.sentence import read_sentence_pipeline
 
     source = resolve(Config(finetune=FinetuneConfig(init_from=model)))
@@ -191,7 +191,7 @@ def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> 
     network = pretrained_encoder(source.model_cfg, source.state, source.description)
     network.eval()
     network.to(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    inputs = FAMILIES[source.model_cfg.arch].inputs
+    inputs = family_of(source.model_cfg.arch).inputs
     sentence = read_sentence_pipeline(model) if Path(model).is_dir() else None
     length = max_seq_length or min((sentence and sentence.max_seq_length) or default_length, positions)
     cased, pad = cased_vocabulary(source.vocab_file), pad_id(source.vocab_file)

@@ -20,6 +20,7 @@ from typing import Any
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, ModelConfig
+from bertdist.config.schema import checkpoint_model_config
 from bertdist.data.tokenizer import (
     TOKENIZER_JSON,
     VOCAB_TXT,
@@ -27,7 +28,6 @@ from bertdist.data.tokenizer import (
     tokenizer_file,
     vocab_mismatch,
 )
-from bertdist.model.registry import checkpoint_model_config
 
 
 @dataclass

@@ -31,8 +31,8 @@ from bertdist.config import FinetuneConfig
 from bertdist.finetune import choice, contrastive, data, metrics, squad, tagging
 from bertdist.finetune.features import Sequences
 from bertdist.model import hf_heads
-from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.sentence import SENTENCE_EMBEDDING
+from bertdist.model.task_heads import REGRESSION, SINGLE_LABEL
 
 CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, EMBEDDING = (
     "classification",

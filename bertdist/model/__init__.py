@@ -1,20 +1,22 @@
-"""The models: encoders in plain PyTorch and what is computed about them.
+"""The models: encoder families in plain PyTorch, one folder each, and what every family shares.
 
-registry        model.arch -> the model class and its Hugging Face adapter; build_model(cfg.model)
-bert            BertForPreTraining with Hugging Face's module and parameter names (torch only)
-bert_layers     BERT's embeddings, attention, feed-forward and layer stack (ALBERT and ELECTRA reuse them)
-modernbert      ModernBertForMaskedLM: RoPE, GeGLU, pre-norm, global and sliding-window layers (torch only)
+registry        the one table of families (model.arch -> bertdist.model.<arch>'s spec); build_model(cfg.model)
+spec            FamilySpec: what the rest of bertdist asks of a family (torch-free; names its modules)
+bert/           BERT: model, layers (which ALBERT, ELECTRA and DistilBERT reuse), pretraining heads, hf, tasks
+modernbert/     ModernBERT: RoPE, GeGLU, pre-norm, global and sliding-window layers; hf, tasks
+albert/         ALBERT: factorized embeddings, shared layers, sentence order; hf, tasks
+electra/        ELECTRA: generator and discriminator; hf (two directories), tasks
+distilbert/     DistilBERT: BERT's layer, half the depth, no segments; hf, tasks
 rotary          RoPE as one autograd function over the fused QKV projection (ModernBERT)
-albert          AlbertForPreTraining: factorized embeddings, layers sharing parameters, sentence order (torch only)
 layout          padded, unpadded and packed batches: where each sample's tokens are, attention per sample
 ops             faster operators: CPU dropout, attention over heads, tied logits, the MLM cross-entropy
 outputs         what a pretraining model returns: logits, the loss, its named parts and scored heads
-hf              BERT to and from the Hugging Face format (the model never imports it)
-modernbert_hf   ModernBERT to and from the Hugging Face format
-albert_hf       ALBERT to and from the Hugging Face format
-modernbert_heads ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}
-hf_heads        fine-tuning heads in the Hugging Face format
-heads           fine-tuning heads (classification, tagging, QA, multiple choice)
+hf_io           Hugging Face directories: config.json and weights read and checked, files written
+hf_limits       the sizes and shapes a config.json or a checkpoint may have, checked before anything is built
+hf_heads        fine-tuned models in the Hugging Face format, any family (its spec's `tasks()`)
+task_heads      what every family's task models share: losses, TaskModel and its kinds, TaskFamily
+sentence        sentence-transformers directories: pooling, normalisation, the length texts are cut at
+onnx            ONNX export of a pretraining, task or sentence model
 flops           training FLOPs as the model class counts them (each layer and head: `forward_flops`),
                 parameters by architecture, and the peak FLOP/s MFU is measured against
 """

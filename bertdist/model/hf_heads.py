@@ -1,7 +1,7 @@
 """Fine-tuned models in the Hugging Face format: what `transformers`' Auto classes load, both ways, for each
-encoder family (BERT: bertdist.model.heads; ModernBERT: bertdist.model.modernbert_heads; ALBERT:
-bertdist.model.albert_heads; ELECTRA's discriminator: bertdist.model.electra_heads; DistilBERT:
-bertdist.model.distilbert_heads).
+encoder family (BERT: bertdist.model.bert.tasks; ModernBERT: bertdist.model.modernbert.tasks; ALBERT:
+bertdist.model.albert.tasks; ELECTRA's discriminator: bertdist.model.electra.tasks; DistilBERT:
+bertdist.model.distilbert.tasks).
 
 A task model is named by its `transformers` class, `{family prefix}For{head}` (`BertForSequenceClassification`,
 `ModernBertForMultipleChoice`, ...): `task_architecture(arch, head)` makes the name, and the name picks the class.
@@ -17,35 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from bertdist.config import ModelConfig
-from bertdist.model import (
-    albert_heads,
-    albert_hf,
-    bert,
-    distilbert_heads,
-    distilbert_hf,
-    electra_heads,
-    electra_hf,
-    heads,
-    hf,
-    modernbert,
-    modernbert_heads,
-    modernbert_hf,
-)
-from bertdist.model.albert import AlbertModel
-from bertdist.model.bert import BertModel
-from bertdist.model.electra import ElectraModel
-from bertdist.model.heads import REGRESSION, SINGLE_LABEL
-from bertdist.model.hf import CONFIG_FILE, CheckpointFormatError, read_config_json, read_weights
+from bertdist.model import registry
+from bertdist.model.hf_io import CONFIG_FILE, CheckpointFormatError, read_config_json, read_weights
 from bertdist.model.hf_limits import state_problems, weight_problems
-from bertdist.model.modernbert import ModernBertModel
-from bertdist.model.registry import HF_MODEL_TYPES
+from bertdist.model.task_heads import REGRESSION, SINGLE_LABEL, TaskFamily
 
 SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "SequenceClassification", "TokenClassification"
 QUESTION_ANSWERING, MULTIPLE_CHOICE = "QuestionAnswering", "MultipleChoice"
@@ -53,116 +34,9 @@ HEADS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING, MULT
 """The heads: what follows `For` in a task model's name, and `AutoModelFor` in its Auto class's."""
 
 
-@dataclass(frozen=True)
-class Family:
-    """What a task model of one encoder family needs from the Hugging Face format."""
-
-    prefix: str
-    """Of its class names: `{prefix}For{head}`."""
-    task_models: dict[str, Any]
-    config_from_hf: Callable[[dict, str], ModelConfig]
-    state_from_hf: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]]
-    """A checkpoint's tensors -> bertdist names (the file read, for errors)."""
-    write_directory: Callable[..., None]
-    encoder_name: str
-    """The encoder's attribute in a task model."""
-    encoder: Callable[[ModelConfig], torch.nn.Module]
-    """The bare encoder (BERT's with its pooler), for features."""
-    pretrained: tuple[str, ...]
-    """Prefixes of the weights a task model takes from a pretrained checkpoint: the encoder, and for ModernBERT
-    `head` (the MLM head's transform, which `transformers`' task models start from too)."""
-    optional: tuple[str, ...]
-    """Of those, what a pretrained checkpoint may lack (BERT's and ALBERT's pooler; ModernBERT's head)."""
-    inputs: tuple[str, ...]
-    """What its encoder reads of a batch (ModernBERT and DistilBERT have no segments)."""
-    init_weights: Callable[[torch.nn.Module, ModelConfig], None]
-    """The family's initialisation of one module (`module.apply`), for an encoder that starts at random."""
-
-
-def _bert_init(module: torch.nn.Module, cfg: ModelConfig) -> None:
-    """BERT's initialisation, which ALBERT, ELECTRA and DistilBERT keep."""
-    bert.init_weights(module, cfg.initializer_range)
-
-
-FAMILIES = {
-    "bert": Family(
-        "Bert",
-        heads.TASK_MODELS,
-        hf.config_from_hf,
-        hf.from_hf_state_dict,
-        hf.write_directory,
-        "bert",
-        lambda cfg: BertModel(cfg, add_pooling_layer=True),
-        pretrained=("bert.",),
-        optional=("bert.pooler.",),
-        inputs=("input_ids", "token_type_ids", "attention_mask"),
-        init_weights=_bert_init,
-    ),
-    "modernbert": Family(
-        "ModernBert",
-        modernbert_heads.TASK_MODELS,
-        modernbert_hf.config_from_hf,
-        lambda tensors, source: modernbert_hf.from_hf_state_dict(tensors),
-        modernbert_hf.write_directory,
-        "model",
-        ModernBertModel,
-        pretrained=("model.", "head."),
-        optional=("head.",),
-        inputs=("input_ids", "attention_mask"),
-        init_weights=modernbert.init_weights,
-    ),
-    "electra": Family(
-        "Electra",
-        electra_heads.TASK_MODELS,
-        electra_hf.config_from_hf,
-        electra_hf.from_hf_state_dict,
-        electra_hf.write_directory,
-        "electra",
-        ElectraModel,  # the discriminator's: a pretraining checkpoint's generator is left behind
-        pretrained=("electra.",),
-        optional=(),
-        inputs=("input_ids", "token_type_ids", "attention_mask"),
-        init_weights=_bert_init,
-    ),
-    "distilbert": Family(
-        "DistilBert",
-        distilbert_heads.TASK_MODELS,
-        distilbert_hf.config_from_hf,
-        distilbert_hf.from_hf_state_dict,
-        distilbert_hf.write_directory,
-        distilbert_heads.ENCODER_NAME,  # bertdist's names: distilbert_hf renames them to transformers' `distilbert.`
-        distilbert_heads.encoder,
-        pretrained=(f"{distilbert_heads.ENCODER_NAME}.",),
-        optional=(),
-        inputs=("input_ids", "attention_mask"),
-        init_weights=_bert_init,
-    ),
-    "albert": Family(
-        "Albert",
-        albert_heads.TASK_MODELS,
-        albert_hf.config_from_hf,
-        albert_hf.from_hf_state_dict,
-        albert_hf.write_directory,
-        albert_heads.ENCODER_NAME,
-        AlbertModel,  # with its pooler, as BERT's
-        pretrained=(f"{albert_heads.ENCODER_NAME}.",),
-        optional=(f"{albert_heads.ENCODER_NAME}.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
-        inputs=("input_ids", "token_type_ids", "attention_mask"),
-        init_weights=_bert_init,
-    ),
-}
-"""model.arch -> its task models and their Hugging Face format."""
-
-
-def family_of(arch: str) -> Family:
-    """FAMILIES[arch], or for an architecture without task models a CheckpointFormatError saying so."""
-    if arch not in FAMILIES:
-        *others, last = FAMILIES
-        raise CheckpointFormatError(
-            f"model.arch {arch}: fine-tuning, embedding and ONNX export take {', '.join(others)} and {last} models; "
-            f"{arch} has no task models yet (its pretraining export loads in transformers)"
-        )
-    return FAMILIES[arch]
+def family_of(arch: str) -> TaskFamily:
+    """The task models of the family `arch` and what they need of the Hugging Face format."""
+    return registry.spec(arch).tasks()
 
 
 def task_architecture(arch: str, head: str) -> str:
@@ -308,11 +182,12 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], str]:
     path = directory / CONFIG_FILE
     raw = read_config_json(path, "model")
     model_type = raw.get("model_type", "bert")
-    if model_type not in HF_MODEL_TYPES:
+    arch = registry.arch_of_model_type(model_type)
+    if arch is None:
         raise CheckpointFormatError(
-            f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(HF_MODEL_TYPES)})"
+            f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(registry.model_types())})"
         )
-    return raw, HF_MODEL_TYPES[model_type]
+    return raw, arch
 
 
 def _labels(raw: dict[str, Any], directory: Path) -> list[str]:

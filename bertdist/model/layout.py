@@ -108,7 +108,7 @@ class TokenLayout:
         `attend(q, kv, mask)` is the padded-space attention, (batch, seq, hidden) queries and (batch, seq,
         2 hidden) keys and values -> (batch, seq, hidden), and `dropout_p` the attention dropout it will apply
         (the variable-length kernel has none). `attend` runs once per length bucket, so it must call no module:
-        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert`). `windowed`: `attend`
+        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert.model`). `windowed`: `attend`
         masks a sliding window on the grids it gets (ModernBERT's local layers), which the fused kernel cannot."""
         hidden = qkv.shape[-1] // 3
         # `split`, not slices: a slice's backward writes its gradient into a zeroed tensor of the whole projection's

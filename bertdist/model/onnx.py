@@ -33,35 +33,24 @@ import torch
 from torch import nn
 
 from bertdist.errors import UserError
-from bertdist.model.hf import CONFIG_FILE
+from bertdist.model import registry
 from bertdist.model.hf_heads import (
-    FAMILIES,
     MULTIPLE_CHOICE,
     QUESTION_ANSWERING,
     SEQUENCE_CLASSIFICATION,
     TOKEN_CLASSIFICATION,
+    family_of,
     load_task_model,
     model_config,
 )
+from bertdist.model.hf_io import CONFIG_FILE
 from bertdist.model.outputs import PreTrainingOutput
-from bertdist.model.registry import load_pretrained
 from bertdist.model.sentence import SENTENCE_EMBEDDING, read_pooling, read_sentence_embedder
 
 ONNX_FILE = "model.onnx"
 MODEL_CARD_FILE = "README.md"
 OPSET = 17
 """The first opset with LayerNormalization as one operator; onnxruntime runs it from 1.14 on."""
-PRETRAINING_ARCHITECTURES = {
-    "BertForPreTraining": "bert",
-    "BertForMaskedLM": "bert",
-    "ModernBertForMaskedLM": "modernbert",
-    "AlbertForPreTraining": "albert",
-    "AlbertForMaskedLM": "albert",
-    "DistilBertForMaskedLM": "distilbert",
-}
-"""config.json's architecture of a pretraining export -> model.arch (bertdist.model.registry loads it); the graph
-returns the MLM logits. ELECTRA's export is its discriminator, whose pretraining output is no MLM: its task
-models export, its pretraining export does not."""
 _MLM = "MaskedLM"
 OUTPUTS = {
     _MLM: {"logits": ("batch", "sequence", "vocab")},
@@ -97,9 +86,9 @@ class Graph:
 
 def supported_architectures() -> list[str]:
     return [
-        *PRETRAINING_ARCHITECTURES,
-        *(name for family in FAMILIES.values() for name in family.task_models),
-        *(f"{family.prefix}Model with a sentence-transformers Pooling" for family in FAMILIES.values()),
+        *(name for arch in registry.FAMILIES for name in registry.spec(arch).onnx_pretraining),
+        *(name for arch in registry.FAMILIES for name in family_of(arch).task_models),
+        *(f"{family_of(arch).prefix}Model with a sentence-transformers Pooling" for arch in registry.FAMILIES),
     ]
 
 
@@ -109,18 +98,19 @@ def load(directory: str | os.PathLike) -> tuple[nn.Module, Graph]:
     raw, cfg = model_config(directory)
     architecture = (raw.get("architectures") or [""])[0]
     cfg = dataclasses.replace(cfg, unpad=False)
-    if PRETRAINING_ARCHITECTURES.get(architecture) == cfg.arch:
-        model, head = load_pretrained(directory, cfg), _MLM
-    elif architecture in FAMILIES[cfg.arch].task_models:
+    family = family_of(cfg.arch)
+    if architecture in registry.spec(cfg.arch).onnx_pretraining:
+        model, head = registry.load_pretrained(directory, cfg), _MLM
+    elif architecture in family.task_models:
         (model, _), head = load_task_model(directory, unpad=False), architecture.split("For", 1)[1]
-    elif architecture == f"{FAMILIES[cfg.arch].prefix}Model" and read_pooling(directory):
+    elif architecture == f"{family.prefix}Model" and read_pooling(directory):
         model, head = read_sentence_embedder(directory, unpad=False), SENTENCE_EMBEDDING
     else:
         raise OnnxExportError(
             f"{directory / CONFIG_FILE}: ONNX export takes {', '.join(supported_architectures())}; "
             f"this is {architecture or 'a model naming no architecture'}"
         )
-    return model.eval(), Graph(architecture, head, FAMILIES[cfg.arch].inputs)
+    return model.eval(), Graph(architecture, head, family.inputs)
 
 
 class _Traced(nn.Module):

@@ -2,7 +2,7 @@
 
 `Dropout` (and `dropout`, the same as a function) draws fewer random numbers on CPU; `VocabCrossEntropy` is the
 MLM loss over the (predictions x vocabulary) logits, the largest tensor of a step, with one exponential per logit.
-Both are plain torch and are used by BERT's layers and model (`bertdist.model.bert_layers`, `bert`) and the
+Both are plain torch and are used by BERT's layers and model (`bertdist.model.bert.layers`, `bert`) and the
 families built on them; their exactness against torch's versions is tested.
 """
 
@@ -39,7 +39,7 @@ class Dropout(nn.Module):
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """`Dropout`'s training-time function, for code that must not call a module: attention applies it once per
-    length bucket, and a module called a data-dependent number of times breaks ZeRO-3 (`bertdist.model.bert`)."""
+    length bucket, and a module called a data-dependent number of times breaks ZeRO-3 (`bertdist.model.bert.model`)."""
     if p == 0:
         return x
     if x.device.type != "cpu":
@@ -54,7 +54,7 @@ def multi_head_attention(
     projection, or their own tensors) -> (batch, queries, hidden); `attn_mask` True where a query may attend.
 
     A function, not a module: it runs once per length bucket on the unpadded CPU path, and every batch must make
-    the same module calls (the ZeRO-3 rule, bertdist.model.bert)."""
+    the same module calls (the ZeRO-3 rule, bertdist.model.bert.model)."""
     batch, queries, hidden = q.shape
     q, k, v = split_heads(q, kv, num_heads)
     if dropout_p > 0 and q.device.type == "cpu":
@@ -107,7 +107,7 @@ def local_attention(
     -> (batch, seq, hidden). The queries are cut into blocks of LOCAL_BLOCK; a block's keys are the block and
     `half` slots on each side, so a query's work is (block + 2 half) keys instead of the sequence: at 1,024 tokens
     and ModernBERT's window of 128 a sixth, at 8,192 a 43rd. Masking a full attention grid (`window_mask`) gives
-    the same outputs at every query with a key (tests/model/test_modernbert.py); a query left with none
+    the same outputs at every query with a key (tests/model/modernbert/test_model.py); a query left with none
     (padding) attends to its whole block, to stay finite, and reaches no loss. A function, not a module (the
     ZeRO-3 rule of `multi_head_attention`)."""
     batch, length, hidden = q.shape

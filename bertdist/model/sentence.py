@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from bertdist.config import ModelConfig
-from bertdist.model.heads import TaskOutput
-from bertdist.model.hf import CheckpointFormatError
-from bertdist.model.hf_heads import FAMILIES
-from bertdist.model.modernbert_heads import pool
+from bertdist.model.hf_heads import family_of
+from bertdist.model.hf_io import CheckpointFormatError
+from bertdist.model.modernbert.tasks import pool
+from bertdist.model.task_heads import TaskOutput
 
 SENTENCE_EMBEDDING = "SentenceEmbedding"
 """A fine-tuning task's head (bertdist.finetune.task): this module's model, not a `transformers` task class."""
@@ -45,7 +45,7 @@ class SentenceEmbedder(nn.Module):
         super().__init__()
         if pooling not in ("mean", "cls"):  # finetune.pooling
             raise ValueError(f"pooling must be mean or cls, got {pooling!r}")
-        family = FAMILIES[cfg.arch]
+        family = family_of(cfg.arch)
         self.config, self.pooling, self.inputs, self.encoder_name = cfg, pooling, family.inputs, family.encoder_name
         self.normalize = normalize
         setattr(self, family.encoder_name, family.encoder(cfg))  # the name the family's checkpoints use
@@ -79,7 +79,7 @@ def save_sentence_transformer(
 ) -> None:
     """Write `directory` for `sentence_transformers.SentenceTransformer(directory)` (offline) and for bertdist."""
     directory = Path(directory)
-    family = FAMILIES[model.config.arch]
+    family = family_of(model.config.arch)
     family.write_directory(
         model, directory, vocab_file, {"architectures": [f"{family.prefix}Model"], **(extra_config or {})}
     )

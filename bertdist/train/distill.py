@@ -1,5 +1,5 @@
 """The teacher of a distillation run (`model.objective: distill`): loaded on every rank beside the student,
-copied into a fresh student's layers, and attached to it (bertdist.model.distilbert computes the loss).
+copied into a fresh student's layers, and attached to it (bertdist.model.distilbert.model computes the loss).
 
 Every rank loads the same frozen teacher from `distill.teacher` (validated before the run starts: a Hugging Face
 BERT of the student's width and vocabulary). It is loaded again on resume: it is no part of a checkpoint, and
@@ -12,7 +12,7 @@ import torch
 
 from bertdist.config import Config
 from bertdist.config.validation.distill import student_layers
-from bertdist.model.distilbert import DistilBertForMaskedLM, Distillation
+from bertdist.model.distilbert.model import DistilBertForMaskedLM, Distillation
 from bertdist.model.registry import load_pretrained
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -22,7 +22,7 @@ from typing import Any
 from bertdist import ownership, storage
 from bertdist.config import TrackingConfig
 from bertdist.data.tokenizer import tokenizer_file, vocab_mismatch
-from bertdist.model.hf import CONFIG_FILE
+from bertdist.model.hf_io import CONFIG_FILE
 from bertdist.storage import PARTIAL_MARKER
 from bertdist.train import checkpoint
 
@@ -174,7 +174,8 @@ def _write_pretraining_model(
     source: Path, state: checkpoint.TrainState, weights: dict[str, Any], staging: Path, vocab_file: str | None
 ) -> None:
     """The pretraining model of a checkpoint, with its vocabulary, as a Hugging Face directory at `staging`."""
-    from bertdist.model.registry import build_model, checkpoint_model_config, hf_adapter
+    from bertdist.config.schema import checkpoint_model_config
+    from bertdist.model.registry import build_model, hf_adapter
 
     model = build_model(checkpoint_model_config(state.config, state.step))  # the last phase's RoPE thetas
     try:

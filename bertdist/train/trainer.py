@@ -34,6 +34,7 @@ import torch.distributed as dist
 from bertdist import storage
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
 from bertdist.config.batch_warmup import global_batch_at
+from bertdist.config.schema import phase_model_config
 from bertdist.errors import (
     FAILED_EXIT_CODE,
     OK_EXIT_CODE,
@@ -248,7 +249,7 @@ class Trainer(contextlib.ExitStack):
             index, phase = cfg.phase_at(step)
             if index != phase_index:
                 phase_index = index
-                registry.enter_phase(engine.module, registry.phase_model_config(cfg.model, phase))
+                registry.enter_phase(engine.module, phase_model_config(cfg.model, phase))
                 batches = iter(self.loaders[index])
             ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
             lr = scheduled_learning_rate(cfg, step)

@@ -12,8 +12,7 @@ import pytest
 
 from bertdist.cli import main
 from bertdist.config import ConfigError, ModelConfig, load_config, validate
-from bertdist.config.model import ARCHITECTURES
-from bertdist.config.validation import ARCH_ONLY_FIELDS
+from bertdist.config.validation import family_fields
 from bertdist.errors import USAGE_EXIT_CODE
 from tests.conftest import REPO
 
@@ -159,7 +158,9 @@ CASES = [
 @pytest.fixture
 def run(tmp_path: Path) -> dict[str, str]:
     """A vocabulary, an output directory, and the config.json of an export of each architecture."""
-    from bertdist.model import albert_hf, hf, modernbert_hf
+    from bertdist.model.albert import hf as albert_hf
+    from bertdist.model.bert import hf
+    from bertdist.model.modernbert import hf as modernbert_hf
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\na\n")
@@ -221,18 +222,10 @@ def test_what_the_architecture_uses_is_accepted(config, overrides, run):
     validate(load_config(args[1], args[2:]))
 
 
-def test_an_export_names_its_architecture_by_model_type_as_validation_reads_it():
-    """Validation cannot import the registry (bertdist.model imports bertdist.config): it reads an
-    architecture's Hugging Face model_type as its name, so the registry's table must stay that."""
-    from bertdist.model import registry
-
-    assert registry.HF_MODEL_TYPES == {arch: arch for arch in ARCHITECTURES}
-
-
 @pytest.mark.parametrize("arch, comment", [("modernbert", "# ModernBERT only"), ("albert", "# ALBERT only")])
 def test_the_fields_of_one_architecture_are_the_schemas(arch, comment):
     """The schema marks an architecture's own fields with a comment (`# ALBERT only (arch: albert)`) above them, up
-    to the next such comment or the methods; validation's table names the same fields."""
+    to the next such comment or the methods; the families' specs name the same fields."""
     source = (REPO / "bertdist" / "config" / "model.py").read_text()
     start = source.index(f"{comment} (arch: {arch})")
     end = min(i for i in (source.find("    # ", start + 1), source.index("@classmethod", start)) if i > 0)
@@ -241,15 +234,15 @@ def test_the_fields_of_one_architecture_are_the_schemas(arch, comment):
         for node in ast.parse(source[start:end].replace("\n    ", "\n")).body
         if isinstance(node, ast.AnnAssign)
     }
-    assert declared == {name for name, archs in ARCH_ONLY_FIELDS.items() if archs == (arch,)}
-    assert set(ARCH_ONLY_FIELDS) <= {f.name for f in dataclasses.fields(ModelConfig)}
+    assert declared == {name for name, archs in family_fields().items() if archs == (arch,)}
+    assert set(family_fields()) <= {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_read():
     """validate_finetune needs only the config; the two rules that need the model's positions or the training rows
     are beside it, and say which field to change."""
     from bertdist.config.validation import data_problems, source_problems, validate_finetune
-    from bertdist.model.bert import check_heads_divide
+    from bertdist.model.bert.model import check_heads_divide
 
     cfg = load_config(
         None,

@@ -304,9 +304,9 @@ def test_a_model_bertdist_cannot_run_is_named_in_one_line(tmp_path, tiny_vocab, 
 
 def test_an_encoder_without_attention_probabilities_is_named_in_one_line(saved, tmp_path, monkeypatch, capsys):
     """A family added to bertdist.model.hf_heads.FAMILIES before its encoder can return its probabilities."""
-    from bertdist.model.albert import AlbertModel
-    from bertdist.model.bert import BertModel
-    from bertdist.model.modernbert import ModernBertModel
+    from bertdist.model.albert.model import AlbertModel
+    from bertdist.model.bert.model import BertModel
+    from bertdist.model.modernbert.model import ModernBertModel
 
     hf, directory = saved
     family = hf.config.model_type

@@ -78,14 +78,14 @@ def pairs(tiny_documents, tmp_path_factory) -> tuple[Path, Path]:
 
 def _pretrained(directory: Path, vocab: str, arch: str) -> Path:
     from bertdist.config import ModelConfig
-    from bertdist.model.hf import save_pretrained
-    from bertdist.model.modernbert_hf import write_directory
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.modernbert.hf import write_directory
     from bertdist.model.registry import build_model
     from tests.conftest import TEST_VOCAB_SIZE
 
     torch.manual_seed(0)
     if arch == "bert":
-        from bertdist.model.bert import BertForPreTraining
+        from bertdist.model.bert.model import BertForPreTraining
 
         save_pretrained(BertForPreTraining(tiny_model_config()), directory, vocab)
     else:

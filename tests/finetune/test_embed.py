@@ -28,8 +28,8 @@ TEXTS = [
 
 @pytest.fixture
 def pretrained(tmp_path, tiny_vocab):
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     torch.manual_seed(0)
     # Four layers: "the last four" are then not the embeddings' output.

@@ -95,8 +95,8 @@ def collection(tmp_path, tiny_documents) -> Path:
 
 @pytest.fixture
 def random_model(tmp_path, tiny_vocab) -> Path:
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "model", tiny_vocab)

@@ -61,8 +61,8 @@ def _overrides(train: str, dev: str, out: Path, *extra: str) -> list[str]:
 def test_finetune_from_a_hugging_face_directory_exports_a_model_transformers_loads(
     tmp_path, tiny_corpus, tiny_vocab, capsys
 ):
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
@@ -113,8 +113,8 @@ def test_a_small_model_at_the_default_rate_is_told_and_a_long_epoch_shows_its_pr
     """The default rate (2e-5, the paper's for BERT-Base) barely trains the small models the demo and docs use,
     and a long epoch ran for minutes without a line: both are said."""
     from bertdist.finetune import runner
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.0)  # a line at every step after the first
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
@@ -128,7 +128,7 @@ def test_a_small_model_at_the_default_rate_is_told_and_a_long_epoch_shows_its_pr
 
 def _modernbert_export(directory: Path, vocab: str) -> Path:
     from bertdist.config import ModelConfig
-    from bertdist.model.modernbert_hf import write_directory
+    from bertdist.model.modernbert.hf import write_directory
     from bertdist.model.registry import build_model
     from tests.conftest import TEST_VOCAB_SIZE
 
@@ -320,8 +320,8 @@ TASKS = {  # task: (maker, file suffix, settings, Auto class)
 @pytest.mark.parametrize("task", TASKS)
 def test_every_task_trains_and_exports_for_its_auto_class(task, family, tmp_path, tiny_documents, tiny_vocab, capsys):
     from bertdist.finetune import corpus_tasks
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     maker, suffix, settings, auto = TASKS[task]
     files = [tmp_path / f"{name}.{suffix}" for name in ("train", "dev")]
@@ -358,8 +358,8 @@ def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path
     the pretraining checkpoint's, tested in tests/train; `test_two_deepspeed_ranks_...` classifies at ZeRO 1;
     tests/finetune/test_contrastive.py checks the gathered gradient and the export against sentence-transformers."""
     from bertdist.finetune.corpus_tasks import query_passages
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from bertdist.train.checkpoint import consolidated_state_dict, latest
 
     torch.manual_seed(0)

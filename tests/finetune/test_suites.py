@@ -55,8 +55,8 @@ def _glue(root: Path, corpus: str) -> Path:
 
 @pytest.fixture
 def pretrained(tmp_path, tiny_vocab) -> Path:
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)

@@ -264,7 +264,7 @@ def test_a_host_that_loses_its_network_is_dropped_and_taken_back_when_it_answers
         jumps,
     )
 
-    from bertdist.model.bert import BertForPreTraining
+    from bertdist.model.bert.model import BertForPreTraining
     from tests.conftest import tiny_model_config
 
     model = BertForPreTraining(tiny_model_config())

@@ -13,8 +13,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from bertdist.model.heads import REGRESSION, SINGLE_LABEL
 from bertdist.model.hf_heads import build_task_model, load_task_model, save_task_model, task_model_from_pretrained
+from bertdist.model.task_heads import REGRESSION, SINGLE_LABEL
 
 transformers = pytest.importorskip("transformers")
 BATCH, SEQ, CHOICES = 3, 24, 4

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bertdist.data.batching import batch_of
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.layout import TokenLayout, varlen_attn
 from tests.conftest import tiny_model_config
 from tests.model.test_layout import SEQ, random_samples

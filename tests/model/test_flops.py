@@ -9,18 +9,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bertdist.config import ModelConfig
 from bertdist.model import flops
-from bertdist.model.bert import BertForPreTraining, BertLayer, BertPooler
-from bertdist.model.bert_heads import BertPreTrainingHeads
+from bertdist.model.bert.heads import BertPreTrainingHeads
+from bertdist.model.bert.model import BertForPreTraining, BertLayer, BertPooler
 from bertdist.model.flops import (
     PeakFlops,
     forward_flops_per_sequence,
     train_flops_of_batch,
 )
-from bertdist.model.modernbert import (
-    ModernBertEncoderLayer,
-    ModernBertForMaskedLM,
-    ModernBertPredictionHead,
-)
+from bertdist.model.modernbert.model import ModernBertEncoderLayer, ModernBertForMaskedLM, ModernBertPredictionHead
 from bertdist.train.console import Console
 from bertdist.train.metrics import MFU, Interval
 from tests.conftest import tiny_model_config

@@ -20,8 +20,8 @@ from tests.conftest import tiny_model_config
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, tiny_vocab):
     """A 4-layer export, a text file, a classification task and a BEIR-format collection to point commands at."""
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
 
     root = tmp_path_factory.mktemp("limits")
     torch.manual_seed(0)

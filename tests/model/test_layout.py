@@ -1,6 +1,6 @@
 """Padded, unpadded and packed batches give every sample the same outputs, losses and gradients (fp32, dropout off).
 
-The padded encoder is the reference (it matches `transformers`, tests/model/test_bert.py). Packed batches hold
+The padded encoder is the reference (it matches `transformers`, tests/model/bert/test_model.py). Packed batches hold
 the samples in another order (`pack_rows`), so outputs are compared sample by sample through that order.
 """
 
@@ -12,8 +12,8 @@ import torch
 
 from bertdist.data.batching import batch_of, pack_rows
 from bertdist.data.samples import Samples
-from bertdist.model.bert import BertForPreTraining
-from bertdist.model.heads import BertForSequenceClassification, BertForTokenClassification
+from bertdist.model.bert.model import BertForPreTraining
+from bertdist.model.bert.tasks import BertForSequenceClassification, BertForTokenClassification
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import IGNORE_INDEX
 from tests.conftest import tiny_model_config
@@ -141,7 +141,7 @@ def test_unpadded_training_with_dropout_runs_and_a_full_batch_stays_on_the_plain
 @pytest.mark.parametrize("head", ["at_masked_positions", "every_position"])
 @pytest.mark.parametrize("variant", ["padded", *VARIANTS])
 def test_every_batch_calls_the_same_modules_in_the_same_order(variant, head, monkeypatch):
-    """The ZeRO-3 rule of `bertdist.model.bert`: whatever the lengths in a batch (all full, all short, a mix over
+    """The ZeRO-3 rule of `bertdist.model.bert.model`: whatever the lengths in a batch (all full, all short, a mix over
     several attention buckets), a training forward calls the same modules, as often and in the same order.
     Forward only: ZeRO-3's backward trace follows from the forward's module calls."""
     monkeypatch.setattr("bertdist.model.layout.ATTENTION_BUCKET_TOKENS", 8)

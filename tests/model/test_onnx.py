@@ -14,12 +14,15 @@ import pytest
 import torch
 
 from bertdist.cli import main
-from bertdist.model import albert_hf, distilbert_hf, hf, modernbert_hf
-from bertdist.model.albert import AlbertForPreTraining
-from bertdist.model.bert import BertForPreTraining
-from bertdist.model.distilbert import DistilBertForMaskedLM
+from bertdist.model.albert import hf as albert_hf
+from bertdist.model.albert.model import AlbertForPreTraining
+from bertdist.model.bert import hf
+from bertdist.model.bert.model import BertForPreTraining
+from bertdist.model.distilbert import hf as distilbert_hf
+from bertdist.model.distilbert.model import DistilBertForMaskedLM
 from bertdist.model.hf_heads import build_task_model, save_task_model
-from bertdist.model.modernbert import ModernBertForMaskedLM
+from bertdist.model.modernbert import hf as modernbert_hf
+from bertdist.model.modernbert.model import ModernBertForMaskedLM
 from bertdist.model.onnx import MODEL_CARD_FILE, ONNX_FILE, OnnxExportError, load, write_onnx
 from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
 from tests.conftest import tiny_model_config

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.ops import IGNORE_INDEX, Dropout, VocabCrossEntropy
 from tests.conftest import tiny_model_config
-from tests.model.test_bert import make_batch
+from tests.model.bert.test_model import make_batch
 
 
 def test_mlm_loss_gradient_matches_cross_entropy():

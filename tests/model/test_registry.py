@@ -7,12 +7,34 @@ import pytest
 
 from bertdist.config import ModelConfig
 from bertdist.config.model import ARCHITECTURES
+from bertdist.config.schema import checkpoint_model_config, phase_model_config
 from bertdist.model import flops, registry
 
 
-def test_every_architecture_has_a_model_and_an_adapter():
-    assert tuple(registry.MODEL_CLASSES) == ARCHITECTURES == tuple(registry.HF_ADAPTERS)
-    assert set(registry.HF_MODEL_TYPES.values()) == set(ARCHITECTURES)
+def test_every_family_is_a_folder_with_a_model_an_adapter_and_task_models():
+    """The registry's names are the schema's, each a folder whose spec names its own; the spec's names resolve."""
+    assert registry.FAMILIES == ARCHITECTURES
+    for arch in registry.FAMILIES:
+        spec = registry.spec(arch)
+        assert spec.arch == arch and registry.arch_of_model_type(spec.model_type) == arch
+        assert callable(spec.model_class().forward_flops)
+        assert callable(spec.adapter().load_pretrained) and callable(spec.adapter().write_directory)
+        assert all(name.startswith(spec.tasks().prefix) for name in spec.tasks().task_models)
+    with pytest.raises(ValueError, match="roberta"):
+        registry.spec("roberta")
+
+
+def test_reading_the_registry_and_validating_a_config_import_no_torch():
+    """Specs are torch-free and config-free: config validation asks them before anything heavy is imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from bertdist.config import load_config, validate; from bertdist.model import registry; "
+        "validate(load_config(None, ['model.arch=electra', 'model.size=electra-mini']), check_files=False); "
+        "[registry.spec(a) for a in registry.FAMILIES]; print('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 @pytest.mark.parametrize(
@@ -41,9 +63,9 @@ def test_a_phase_sets_the_rope_thetas_the_model_then_rotates_by_and_the_export_c
 
     base = ModelConfig.from_size("modernbert-tiny", vocab_size=64, max_position_embeddings=256)
     extended = PhaseConfig(steps=5, global_rope_theta=320_000.0)
-    cfg = registry.phase_model_config(base, extended)
+    cfg = phase_model_config(base, extended)
     assert (cfg.global_rope_theta, cfg.local_rope_theta) == (320_000.0, base.local_rope_theta)
-    assert registry.phase_model_config(base, PhaseConfig()) is base
+    assert phase_model_config(base, PhaseConfig()) is base
 
     torch.manual_seed(0)
     model = registry.build_model(base).eval()
@@ -60,9 +82,9 @@ def test_a_phase_sets_the_rope_thetas_the_model_then_rotates_by_and_the_export_c
         "model": dataclasses.asdict(base),
         "data": {"phases": [dataclasses.asdict(PhaseConfig(steps=10)), dataclasses.asdict(extended)]},
     }
-    assert registry.checkpoint_model_config(run, 10).global_rope_theta == base.global_rope_theta  # closes phase 0
-    assert registry.checkpoint_model_config(run, 11).global_rope_theta == 320_000.0
-    assert registry.checkpoint_model_config(run, 15).global_rope_theta == 320_000.0
+    assert checkpoint_model_config(run, 10).global_rope_theta == base.global_rope_theta  # closes phase 0
+    assert checkpoint_model_config(run, 11).global_rope_theta == 320_000.0
+    assert checkpoint_model_config(run, 15).global_rope_theta == 320_000.0
 
 
 def test_a_phase_theta_is_refused_where_nothing_rotates():

@@ -7,8 +7,8 @@ import pytest
 
 from bertdist import storage
 from bertdist.config import TrackingConfig
-from bertdist.model.bert import BertForPreTraining
-from bertdist.model.hf import save_pretrained
+from bertdist.model.bert.hf import save_pretrained
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.tracking.build import build_tracker
 from bertdist.tracking.models import log_export
 from tests.conftest import tiny_model_config

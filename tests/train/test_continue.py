@@ -12,7 +12,7 @@ import torch
 
 from bertdist.cli import main
 from bertdist.config import ModelConfig
-from bertdist.model import modernbert_hf
+from bertdist.model.modernbert import hf as modernbert_hf
 from bertdist.train.distributed import free_tcp_port
 from tests.training_runs import read_metrics
 

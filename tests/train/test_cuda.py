@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bertdist.config import OptimConfig
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.flops import peak_flops_for
 from bertdist.train import rng
 from bertdist.train.checkpoint import consolidated_state_dict

@@ -1,4 +1,4 @@
-"""Distillation (bertdist.train.distill, bertdist.model.distilbert): the student starts from the teacher's layers
+"""Distillation (bertdist.train.distill, bertdist.model.distilbert.model): the student starts from the teacher's layers
 (a student of every teacher layer then computes what the teacher computes: no distillation loss left), the loss is
 the weighted sum of its parts, and a run whose teacher cannot teach its student is refused before it starts, one
 line naming the field."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bertdist.config import Config, ConfigError, DistillConfig, validate
-from bertdist.model.bert import BertForPreTraining
-from bertdist.model.hf import save_pretrained
+from bertdist.model.bert.hf import save_pretrained
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.registry import build_model
 from bertdist.train.distill import attach_teacher
 from tests.conftest import tiny_model_config

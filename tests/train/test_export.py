@@ -10,7 +10,7 @@ import torch
 
 from bertdist.cli import main
 from bertdist.config import ModelConfig
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.train.checkpoint import (
     CheckpointError,
     consolidated_state_dict,

@@ -32,7 +32,7 @@ import bertdist.train.deepspeed as ds
 ds.device_problems = lambda cfg, device_type: []  # the test's one change to the code path: fp16 allowed on CPU
 from deepspeed.accelerator import get_accelerator
 get_accelerator().is_fp16_supported = lambda: True  # and DeepSpeed's own refusal, on CPUs without oneDNN fp16
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 forward, calls = BertForPreTraining.forward, [0]
 def injecting(self, *args, **kwargs):
     out = forward(self, *args, **kwargs)

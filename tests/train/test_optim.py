@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bertdist.config import Config, load_config
-from bertdist.model.bert import BertForPreTraining
+from bertdist.model.bert.model import BertForPreTraining
 from bertdist.train.optim import build_optimizer, learning_rate, param_groups
 from tests.conftest import tiny_model_config
 

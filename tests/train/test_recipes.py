@@ -83,7 +83,7 @@ def test_modernbert_trains_under_zero3_resumes_bit_identically_and_exports(base,
     assert main(["export", str(reference.out), "--output", str(tmp_path / "hf")]) == 0
     model, info = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert type(model).__name__ == "ModernBertForMaskedLM" and {k: v for k, v in info.items() if v} == {}, info
-    from bertdist.model.modernbert_hf import load_pretrained
+    from bertdist.model.modernbert.hf import load_pretrained
 
     ours = load_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(5, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -111,7 +111,7 @@ def test_electra_trains_under_zero3_resumes_bit_identically_and_exports_both_mod
     ):
         model, info = getattr(transformers, name).from_pretrained(directory, output_loading_info=True)
         assert {k: v for k, v in info.items() if v} == {}, (name, info)
-    from bertdist.model.electra_hf import load_pretrained
+    from bertdist.model.electra.hf import load_pretrained
 
     ours = load_pretrained(tmp_path / "hf").eval()
     theirs = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf").eval()

@@ -193,8 +193,8 @@ def test_a_run_started_with_nohup_by_a_script_trains_on_after_the_script_ends(tm
 def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_in_one_line(
     signum, tmp_path, tiny_corpus, tiny_vocab
 ):
-    from bertdist.model.bert import BertForPreTraining
-    from bertdist.model.hf import save_pretrained
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
     from bertdist.tracking.store import client, local_store_uri
     from tests.conftest import tiny_model_config
     from tests.finetune.test_runner import _task

@@ -6,12 +6,12 @@
     validate_prepare(opts)                   prepare (PrepareOptions, problems named by flag): prepare
 
 A rule two commands share is one function that both call (`local_only_problems`, `heads_divide_problem`, which
-the model's own guard bertdist.model.bert.check_heads_divide raises too). `bertdist embed` checks its few flags
+the model's own guard bertdist.model.bert.model.check_heads_divide raises too). `bertdist embed` checks its few flags
 beside its options (bertdist.finetune.embed.check).
 """
 
 from bertdist.config.validation.finetune import data_problems, source_problems, validate_finetune
-from bertdist.config.validation.model import ARCH_ONLY_FIELDS, heads_divide_problem
+from bertdist.config.validation.model import family_fields, heads_divide_problem
 from bertdist.config.validation.prepare import validate_prepare
 from bertdist.config.validation.train import (
     BACKENDS,
@@ -23,7 +23,7 @@ from bertdist.config.validation.train import (
 )
 
 __all__ = [
-    "ARCH_ONLY_FIELDS",
+    "family_fields",
     "BACKENDS",
     "PRECISIONS",
     "VERIFY_MODES",

@@ -10,29 +10,24 @@ from pathlib import Path
 from bertdist.config.model import ARCHITECTURES, ModelConfig
 from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import PhaseConfig
+from bertdist.model import registry
 
-ARCH_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
-    "type_vocab_size": ("bert", "albert", "electra"),
-    "global_attn_every_n_layers": ("modernbert",),
-    "local_attention": ("modernbert",),
-    "global_rope_theta": ("modernbert",),
-    "local_rope_theta": ("modernbert",),
-    "bias": ("modernbert",),
-    "embedding_size": ("albert", "electra"),
-    "share_layers": ("albert",),
-    "generator_hidden_size": ("electra",),
-    "generator_num_attention_heads": ("electra",),
-    "generator_intermediate_size": ("electra",),
-    "generator_num_layers": ("electra",),
-    "rtd_weight": ("electra",),
-}
-"""model fields that only these architectures read: set away from its default under another `model.arch`, the
-field would be ignored without a word. (`objective` has its own check: ModernBERT has no sentence head.)"""
+
+def family_fields() -> dict[str, tuple[str, ...]]:
+    """model fields that only some families read (each family's spec, `own_fields`) -> those families: set away
+    from its default under another `model.arch`, the field would be ignored without a word. (`objective` has its
+    own check: ModernBERT has no sentence head.) The registry and the specs import no config, so validation may
+    ask them."""
+    owners: dict[str, tuple[str, ...]] = {}
+    for arch in registry.FAMILIES:
+        for name in registry.spec(arch).own_fields:
+            owners[name] = (*owners.get(name, ()), arch)
+    return owners
 
 
 def heads_divide_problem(m: ModelConfig) -> str:
     """Why the attention heads cannot split `model.hidden_size` ('' when they can). The one copy of the rule:
-    `validate` reports it as a field problem, and bertdist.model.bert.check_heads_divide raises it when a model is
+    `validate` reports it as a field problem, and bertdist.model.bert.model.check_heads_divide raises it when a model is
     built from a ModelConfig that never went through validation (a test's, a checkpoint's)."""
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         return (
@@ -49,7 +44,7 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
     if m.arch not in ARCHITECTURES:  # reported by choice_problems; nothing else about it can be judged
         return found
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    for name, archs in ARCH_ONLY_FIELDS.items():
+    for name, archs in family_fields().items():
         if m.arch not in archs and getattr(m, name) != defaults[name]:
             found.append(
                 f"model.{name}: {getattr(m, name)!r} applies only to model.arch {' or '.join(archs)}, and "
@@ -120,8 +115,8 @@ def architecture_problems(m: ModelConfig, phases: list[PhaseConfig]) -> list[str
 
 def pretrained_arch_problem(directory: str, arch: str) -> str:
     """Why the Hugging Face directory `directory` cannot start a run of `model.arch` `arch` ('' when it can); read
-    from its config.json's model_type, which for each architecture is its name (bertdist.model.registry
-    HF_MODEL_TYPES), BERT when it names none (old checkpoints)."""
+    from its config.json's model_type (each family's spec names its own), BERT when it names none (old
+    checkpoints)."""
     path = Path(directory) / "config.json"
     try:
         model_type = json.loads(path.read_text()).get("model_type", "bert")
@@ -130,15 +125,16 @@ def pretrained_arch_problem(directory: str, arch: str) -> str:
             f"checkpoint.init_from_pretrained: {path} is unreadable ({e}); "
             "a Hugging Face model directory has a config.json"
         )
-    if model_type not in ARCHITECTURES:
+    family = registry.arch_of_model_type(model_type)
+    if family is None:
         return (
             f"checkpoint.init_from_pretrained: {directory} holds a {model_type!r} model (config.json model_type), "
-            f"not one bertdist reads ({', '.join(ARCHITECTURES)})"
+            f"not one bertdist reads ({', '.join(registry.model_types())})"
         )
-    if model_type != arch:
+    if family != arch:
         return (
             f"checkpoint.init_from_pretrained: {directory} holds a {model_type} model (config.json model_type), and "
-            f"model.arch is {arch!r}; set model.arch: {model_type}"
+            f"model.arch is {arch!r}; set model.arch: {family}"
         )
     return ""
 

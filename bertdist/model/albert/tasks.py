@@ -1,0 +1,112 @@
+"""ALBERT's fine-tuning models in plain PyTorch, as `transformers.AlbertFor*` compute them, with their module and
+parameter names (`albert.*`, `albert.pooler`, `classifier`, `qa_outputs`), so that bertdist.model.hf_heads writes
+checkpoints the Auto classes load and reads theirs.
+
+The encoder is bertdist's ALBERT (bertdist.model.albert.model.AlbertModel: embeddings of width E, their projection, the
+shared layers), under `albert` as in the pretraining model, so that an export's or a checkpoint's weights start a
+task model as they are (bertdist.model.albert.hf renames nothing). The task models are BERT's with ALBERT's encoder
+and transformers' `classifier_dropout_prob` before the classifier (`CLASSIFIER_DROPOUT_PROB`); they share BERT's
+losses, multiple-choice reshaping and task-model bases (bertdist.model.bert.tasks):
+- `AlbertForSequenceClassification`: the pooler (tanh(Linear(H, H)) of the first token), dropout, classifier
+  Linear(H, labels); single-label (cross-entropy) or regression (MSE);
+- `AlbertForTokenClassification`: no pooler; dropout and a Linear on every position; -100 marks positions without
+  a label;
+- `AlbertForQuestionAnswering`: no pooler; Linear(H, 2) on every position (start and end), no dropout; padded
+  encoder;
+- `AlbertForMultipleChoice`: each choice's pooled first token, dropout, Linear(H, 1).
+
+The first token is computed alone in the last layer (as BERT's `pooled_output`): slot 0 of each row, what
+transformers reads. Initialisation is BERT's, as transformers' AlbertPreTrainedModel.
+tests/model/albert/test_tasks.py compares logits and losses with `transformers` on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.albert import hf
+from bertdist.model.albert.model import AlbertModel
+from bertdist.model.ops import Dropout
+from bertdist.model.task_heads import (
+    SINGLE_LABEL,
+    ChoiceScorer,
+    SequenceClassifier,
+    SpanPredictor,
+    TaskFamily,
+    TaskModel,
+    TokenTagger,
+    bert_init,
+)
+
+ENCODER_NAME = "albert"
+"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
+CLASSIFIER_DROPOUT_PROB = 0.1
+"""The dropout before the classifier of sequence classification, token classification and multiple choice:
+AlbertConfig's `classifier_dropout_prob` default, which bertdist.model.albert.hf writes in config.json (ModelConfig
+has no field for it), so that transformers fine-tunes an export as bertdist does. Not the hidden dropout, which
+ALBERT's presets turn off."""
+
+
+def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
+    """The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
+    return AlbertModel(cfg, add_pooling_layer=False)
+
+
+class _AlbertClassifier(TaskModel):
+    """The encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, AlbertModel)
+        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        self.init_weights()
+
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        pooled = self.albert.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
+        return self.classifier(self.dropout(pooled))
+
+
+class AlbertForSequenceClassification(_AlbertClassifier, SequenceClassifier):
+    """The pooled first token, dropout, Linear(H, labels)."""
+
+
+class AlbertForTokenClassification(TokenTagger):
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler)
+        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)  # transformers' ALBERT tagger: the classifier's, not hidden
+
+
+class AlbertForQuestionAnswering(SpanPredictor):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
+
+
+class AlbertForMultipleChoice(_AlbertClassifier, ChoiceScorer):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 1)
+
+
+TASK_MODELS = {
+    "AlbertForSequenceClassification": AlbertForSequenceClassification,
+    "AlbertForTokenClassification": AlbertForTokenClassification,
+    "AlbertForQuestionAnswering": AlbertForQuestionAnswering,
+    "AlbertForMultipleChoice": AlbertForMultipleChoice,
+}
+
+FAMILY = TaskFamily(
+    "Albert",
+    TASK_MODELS,
+    hf.config_from_hf,
+    hf.from_hf_state_dict,
+    hf.write_directory,
+    ENCODER_NAME,
+    AlbertModel,  # with its pooler, as BERT's
+    pretrained=(f"{ENCODER_NAME}.",),
+    optional=(f"{ENCODER_NAME}.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
+    inputs=("input_ids", "token_type_ids", "attention_mask"),
+    init_weights=bert_init,
+)

@@ -1,0 +1,287 @@
+"""BERT for pretraining in plain PyTorch: the same math and parameter names as Hugging Face's `BertForPreTraining`.
+
+Module and parameter names follow `transformers` (`bert.encoder.layer.0.attention.self.query.weight`, ...), as
+mosaicml's BERT does, so a checkpoint maps to the Hugging Face format through a short table (`bertdist.model.bert.hf`)
+and parity tests compare tensor by tensor. What differs is only how the work is done, for speed:
+
+- query, key and value stay three parameters (the names users' tooling expects) but are applied as one matmul;
+- attention goes through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU), with no mask
+  at all when the batch has no padding;
+- with `model.unpad` the encoder runs on the real tokens only, and packed rows (several samples per row) are
+  understood (`bertdist.model.layout`);
+- heads that read a few positions (the MLM predictions and [CLS] in pretraining, [CLS] in classification and
+  multiple choice) get the last layer computed there only, from every token's keys and values
+  (`BertModel.encode`'s `at`, as MosaicBERT does): at BERT-mini's 4 layers that is a fifth of the encoder;
+- the MLM head gathers the masked positions first and projects only those onto the vocabulary, which removes most
+  of the head's FLOPs (20 of 128 positions at BERT's length 128), vocabulary-major (faster GEMMs on CPU; see
+  `BertLMPredictionHead`);
+- on CPU, dropout draws a quarter of the random numbers torch's does, and the MLM loss exponentiates each
+  logit once, forward and backward together (both in `bertdist.model.ops`);
+- optional activation checkpointing per encoder layer.
+
+Every batch makes the same module calls, whatever its lengths (the ZeRO-3 rule). ZeRO-3 gathers a module's
+parameters from every rank when the module is called (and again in its backward), records the order in which the
+first steps call modules, with parameters or without, checks that the ranks' records agree, and prefetches in that
+order afterwards. A call that one rank's batch makes and another's does not leaves a rank waiting in a collective
+the other never joins, or fails that check ("disagreement on list length"): attention dropout applied as a module
+once per length bucket did both at length 512. So everything that depends on the batch (padded, unpadded or
+packed, how many length buckets, how many predictions) is tensor code that calls no module (`TokenLayout`,
+`BertSelfAttention._attend`, `ops.dropout`), and each module is called once per forward pass.
+tests/model/test_layout.py checks the sequence of calls; tests/train/test_deepspeed.py trains ZeRO-3 on two ranks.
+
+This module imports torch and the config schema only: no DeepSpeed, Ray, MLflow or `transformers`. Loading and
+saving in the Hugging Face format is an adapter beside it, `bertdist.model.bert.hf`, which this module never imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.config.objectives import objective
+from bertdist.config.validation import heads_divide_problem
+from bertdist.model.bert.heads import BertLMPredictionHead, BertPreTrainingHeads, SpanBoundaryHead
+from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
+from bertdist.model.layout import TokenLayout
+from bertdist.model.ops import (
+    VocabCrossEntropy,
+)
+from bertdist.model.outputs import PreTrainingOutput, Scored
+
+
+class BertPooler(nn.Module):
+    """tanh(Linear(H, H)) of the final [CLS] state: the sentence-pair representation NSP classifies."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig) -> int:
+        """Per sample: one [CLS] state."""
+        return 2 * cfg.hidden_size * cfg.hidden_size
+
+    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        """(samples, hidden) [CLS] states -> (samples, hidden)."""
+        return torch.tanh(self.dense(first_tokens))
+
+
+class BertModel(nn.Module):
+    """The encoder: `forward(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)`.
+
+    Without the pooler (token tagging and QA read every position, as in `transformers`, whose checkpoints of
+    those tasks have no pooler weights), `pooled_output` is None.
+    """
+
+    def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True, segments: bool = True):
+        super().__init__()
+        self.unpad = cfg.unpad
+        self.embeddings = BertEmbeddings(cfg, segments)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg) if add_pooling_layer else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(batch, seq, hidden) states (zeros at padding when unpadded) and the (samples, hidden) pooled output."""
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        return layout.to_grid(states), self.pool(states, layout)
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """The final states and the layout, for heads that read a few positions and need no grid.
+
+        Without `at` the states are in the layout's space ((tokens, hidden) when unpadded). With `at`, (samples,
+        k) positions counted from each sample's [CLS] (a classifier's [CLS], the MLM predictions), they are
+        (samples, k, hidden) and the last layer computes only those k tokens (from every token's keys and
+        values), as MosaicBERT does: nothing else of that layer reaches a loss. That is 10/12 of the last
+        layer's matmuls saved (a fifth of BERT-mini's encoder, 1/15 of BERT-Base's) with the same outputs."""
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
+        return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, at), layout
+
+    def pool(self, states: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
+        return None if self.pooler is None else self.pooler(layout.first_tokens(states))
+
+    def pooled_output(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(rows, hidden): the pooler's output for every row of one sample (what classifiers read), with the
+        last layer computed at [CLS] only."""
+        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
+        states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
+        return self.pooler(states[:, 0])
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """The embeddings' output and every layer's, num_layers + 1 tensors (`transformers`' hidden_states):
+        the features of the paper's feature-based approach. Inference only: no activation checkpointing."""
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
+        states = self.encoder.every_state(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
+        return [layout.to_grid(s) for s in states]
+
+    def attention_probabilities(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Every layer's attention probabilities, (batch, heads, seq, seq) each (`transformers`' `attentions`),
+        computed on the padded grid whatever `model.unpad` says (a picture wants every query's row). Inference
+        only: in training mode the layers would apply dropout that these weights do not show."""
+        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
+        return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
+
+
+def check_heads_divide(cfg: ModelConfig) -> None:
+    """The model's own guard, for a ModelConfig that never went through validation (a test's, a checkpoint's):
+    the config rule itself, which `bertdist.config.validate` reports as a field problem."""
+    if problem := heads_divide_problem(cfg):
+        raise ValueError(problem)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation (for `Module.apply`): matrices from N(0, std), biases 0, LayerNorm scale 1."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, BertLMPredictionHead):
+        nn.init.zeros_(module.bias)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with its two pretraining heads: masked language model (tied decoder) and the sentence classifier,
+    trained for next-sentence or sentence-order prediction (`model.objective` mlm+nsp or mlm+sop: its loss and
+    accuracy are logged under `nsp` or `sop`).
+
+    With `model.objective: mlm` (MLM-only pretraining, as RoBERTa), there is neither the sentence head nor the
+    pooler it trains: the parameters are those of `transformers.BertForMaskedLM`, whose class loads the export
+    with no missing or unexpected key. With `span` (SpanBERT), the span-boundary head trains beside the MLM head
+    (`span_boundary`, loss `sbo`) and the export leaves it out: a `BertForMaskedLM` too."""
+
+    SEGMENTS = True
+    """Segment (token type) embeddings: DistilBERT's subclass has none (bertdist.model.distilbert.model)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        check_heads_divide(cfg)
+        self.config = cfg
+        self.sentence_task = objective(cfg).sentence_task
+        self.bert = BertModel(cfg, add_pooling_layer=self.sentence_task is not None, segments=self.SEGMENTS)
+        self.cls = BertPreTrainingHeads(cfg)
+        self.span_boundary = SpanBoundaryHead(cfg) if objective(cfg).span_boundaries else None
+        self.apply(lambda module: init_weights(module, cfg.initializer_range))
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
+        """Forward FLOPs of one sequence of `seq_length` tokens (a number or a tensor) with `masked_positions`
+        predictions, as `forward` with `masked_lm_positions` runs it: the last layer at [CLS] and the predictions
+        only (from every token's keys and values), the pooler and the heads there. Embedding lookups, norms and
+        activations are not counted (bertdist.model.flops)."""
+        nsp = objective(cfg).sentence_task is not None
+        spans = objective(cfg).span_boundaries  # the last layer also at both bounds of each prediction's span
+        full_layers = (cfg.num_layers - 1) * BertLayer.forward_flops(cfg, seq_length, seq_length)
+        last_layer = BertLayer.forward_flops(cfg, seq_length, masked_positions * (3 if spans else 1) + nsp)
+        heads = BertPreTrainingHeads.forward_flops(cfg, masked_positions) + (
+            BertPooler.forward_flops(cfg) if nsp else 0
+        )
+        span_head = SpanBoundaryHead.forward_flops(cfg, masked_positions) if spans else 0
+        return 1.0 * (full_layers + last_layer + heads + span_head)
+
+    def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
+        """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""
+        decoder = self.bert.embeddings.word_embeddings.weight
+        return [(self.cls.predictions, decoder)] + ([(self.span_boundary, decoder)] if self.span_boundary else [])
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_ids: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        masked_lm_span_bounds: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """Logits and losses for a batch.
+
+        With `masked_lm_positions` (batch, predictions), the MLM head runs only there and `masked_lm_ids` has the
+        same shape; without it, the head runs on every position and `masked_lm_ids` is (batch, seq) like
+        Hugging Face's `labels`. Label -100 marks slots without a prediction. `masked_lm_span_bounds` (batch,
+        predictions, 2): the positions just outside each prediction's span, which the span-boundary head reads
+        (objective `span`; its training needs them).
+        """
+        nsp = self.cls.seq_relationship is not None
+        spans = self.span_boundary is not None and masked_lm_span_bounds is not None
+        if (
+            self.span_boundary is not None
+            and masked_lm_ids is not None
+            and not (spans and masked_lm_positions is not None)
+        ):
+            raise ValueError("model.objective span trains on masked_lm_positions and masked_lm_span_bounds")
+        if masked_lm_positions is not None:
+            # The last layer runs only at each sample's [CLS] (NSP), its predictions (MLM) and their spans' bounds.
+            at = masked_lm_positions
+            if nsp:
+                at = torch.cat([at.new_zeros(len(at), 1), at], 1)
+            if spans:
+                at = torch.cat([at, masked_lm_span_bounds[..., 0], masked_lm_span_bounds[..., 1]], 1)
+            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=at)
+            pooled_output, predicted = (self.bert.pooler(states[:, 0]), states[:, 1:]) if nsp else (None, states)
+            if spans:
+                predicted, left, right = predicted.split(masked_lm_positions.shape[1], dim=1)
+        else:
+            states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
+            pooled_output, predicted = self.bert.pool(states, layout), layout.to_grid(states)
+        decoder = self.bert.embeddings.word_embeddings.weight
+        mlm_logits = self.cls.predictions(predicted, decoder)
+        nsp_logits = self.cls.seq_relationship(pooled_output) if nsp else None
+        if spans:
+            offset = (masked_lm_positions - masked_lm_span_bounds[..., 0] - 1).clamp(min=0)  # padding slots: 0
+            sbo_logits = self.span_boundary(left, right, offset, decoder)
+
+        mlm_loss = nsp_loss = sbo_loss = loss = None
+        if masked_lm_ids is not None:
+            mlm_loss = VocabCrossEntropy.apply(mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1))
+            if spans:
+                sbo_loss = VocabCrossEntropy.apply(
+                    sbo_logits.reshape(-1, sbo_logits.shape[-1]), masked_lm_ids.reshape(-1)
+                )
+        if next_sentence_label is not None and nsp:
+            nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1))
+        if mlm_loss is not None and not nsp:
+            loss = mlm_loss if sbo_loss is None else mlm_loss + sbo_loss
+        elif mlm_loss is not None and nsp_loss is not None:
+            loss = mlm_loss + nsp_loss
+        named = (("mlm", mlm_loss), (self.sentence_task, nsp_loss), ("sbo", sbo_loss))
+        components = {name: v for name, v in named if v is not None}
+        scored = {}
+        if masked_lm_ids is not None:
+            scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
+        if nsp_loss is not None:
+            scored[self.sentence_task] = Scored(nsp_logits, next_sentence_label.reshape(-1))
+        if sbo_loss is not None:
+            scored["sbo"] = Scored(sbo_logits, masked_lm_ids)
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, components, scored)

@@ -1,0 +1,111 @@
+"""DistilBERT's fine-tuning models in plain PyTorch, as `transformers.DistilBertFor*` compute them, with their head
+names (`pre_classifier`, `classifier`, `qa_outputs`), so that bertdist.model.hf_heads writes checkpoints the Auto
+classes load and reads theirs.
+
+The encoder is bertdist's BERT without segment embeddings or pooler (`encoder`), under `bert` as in the
+pretraining model (bertdist.model.distilbert.model), so that a checkpoint's weights start a task model as they are;
+bertdist.model.distilbert.hf renames them to transformers' `distilbert.transformer...` on the way out and back.
+Token types are taken (the fine-tuning runner's batches carry them) and never reach the encoder. Next to BERT's
+task models (bertdist.model.bert.tasks, whose losses, multiple-choice reshaping and task-model bases these
+share):
+- `DistilBertForSequenceClassification`: on the first token, pre_classifier Linear(H, H), ReLU, dropout,
+  classifier Linear(H, labels); single-label (cross-entropy) or regression (MSE);
+- `DistilBertForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a
+  label;
+- `DistilBertForQuestionAnswering`: dropout, then Linear(H, 2) on every position (start and end); padded encoder;
+- `DistilBertForMultipleChoice`: each choice's first token through the classification head, to one score.
+
+The heads' dropouts are transformers' defaults (distilbert_hf.HEAD_DROPOUTS), written in config.json. The first
+token is computed alone in the last layer (as BERT's `pooled_output`): slot 0 of each row, what transformers reads.
+Initialisation is BERT's, as transformers' DistilBertPreTrainedModel. tests/model/distilbert/test_tasks.py compares
+logits and losses with `transformers` on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.bert.model import BertModel
+from bertdist.model.distilbert import hf
+from bertdist.model.distilbert.hf import HEAD_DROPOUTS
+from bertdist.model.ops import Dropout
+from bertdist.model.task_heads import (
+    SINGLE_LABEL,
+    ChoiceScorer,
+    SequenceClassifier,
+    SpanPredictor,
+    TaskFamily,
+    TaskModel,
+    TokenTagger,
+    bert_init,
+)
+
+ENCODER_NAME = "bert"
+"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
+
+
+def encoder(cfg: ModelConfig) -> BertModel:
+    """DistilBERT's encoder: BERT's layers, no segment embeddings, no pooler."""
+    return BertModel(cfg, add_pooling_layer=False, segments=False)
+
+
+class _DistilBertClassifier(TaskModel):
+    """The encoder and the head on each row's first token: pre_classifier, ReLU, dropout, classifier to
+    `num_labels`."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder, segments=False)
+        self.pre_classifier = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = Dropout(HEAD_DROPOUTS["seq_classif_dropout"])
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        self.init_weights()
+
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        first = self.first_tokens(input_ids, token_type_ids, attention_mask)  # the token types stop at `encode`
+        return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
+
+
+class DistilBertForSequenceClassification(_DistilBertClassifier, SequenceClassifier):
+    """The first token through pre_classifier, ReLU, dropout and classifier Linear(H, labels)."""
+
+
+class DistilBertForTokenClassification(TokenTagger):
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
+
+
+class DistilBertForQuestionAnswering(SpanPredictor):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
+
+
+class DistilBertForMultipleChoice(_DistilBertClassifier, ChoiceScorer):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 1)
+
+
+TASK_MODELS = {
+    "DistilBertForSequenceClassification": DistilBertForSequenceClassification,
+    "DistilBertForTokenClassification": DistilBertForTokenClassification,
+    "DistilBertForQuestionAnswering": DistilBertForQuestionAnswering,
+    "DistilBertForMultipleChoice": DistilBertForMultipleChoice,
+}
+
+FAMILY = TaskFamily(
+    "DistilBert",
+    TASK_MODELS,
+    hf.config_from_hf,
+    hf.from_hf_state_dict,
+    hf.write_directory,
+    ENCODER_NAME,  # bertdist's names: the adapter renames them to transformers' `distilbert.`
+    encoder,
+    pretrained=(f"{ENCODER_NAME}.",),
+    optional=(),
+    inputs=("input_ids", "attention_mask"),
+    init_weights=bert_init,
+)

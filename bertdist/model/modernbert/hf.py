@@ -1,0 +1,224 @@
+"""ModernBERT in and out of the Hugging Face format (`transformers.ModernBertForMaskedLM`), beside the model,
+which never imports it (as bertdist.model.bert.hf is for BERT).
+
+bertdist's module names are the reference's, so the weights map one to one but for the decoder: its bias is
+`head.decoder_bias` here (the head computes the decoder, with the token embedding passed in rather than held)
+and `decoder.bias` there; `decoder.weight` is tied in both and not written. config.json carries the architecture
+in the keys every transformers release since 4.48 reads (`global_attn_every_n_layers`, `global_rope_theta`,
+`local_rope_theta`; 5.x turns them into `layer_types` and `rope_parameters`, and those are read back too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertdist.config import ModelConfig
+from bertdist.data.tokenizer import TextTokenizer
+from bertdist.model.hf_io import (
+    CONFIG_FILE,
+    CheckpointFormatError,
+    check_weights,
+    read_config,
+    read_weights,
+    write_model_files,
+    write_tokenizer_files,
+)
+from bertdist.model.modernbert.model import ModernBertForMaskedLM
+
+_DECODER_BIAS = ("head.decoder_bias", "decoder.bias")
+_TIED = "decoder.weight"
+_CONFIG_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "max_position_embeddings": "max_position_embeddings",
+    "initializer_range": "initializer_range",
+    "layer_norm_eps": "norm_eps",
+    "local_attention": "local_attention",
+    "attention_dropout_prob": "attention_dropout",
+    "hidden_dropout_prob": "mlp_dropout",
+}
+"""ModelConfig field -> ModernBertConfig key."""
+_MODEL_INPUTS = ["input_ids", "attention_mask"]
+"""What ModernBertModel.forward takes: no token_type_ids, which a tokenizer must then not return."""
+
+
+def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> dict:
+    """The config.json of a `ModernBertForMaskedLM` with these dimensions."""
+    hf: dict[str, Any] = {key: getattr(cfg, field) for field, key in _CONFIG_KEYS.items()}
+    hf.update(
+        architectures=["ModernBertForMaskedLM"],
+        model_type="modernbert",
+        intermediate_size=cfg.ffn_size(),
+        hidden_activation="gelu",
+        classifier_activation="gelu",
+        embedding_dropout=cfg.hidden_dropout_prob,
+        global_attn_every_n_layers=cfg.global_attn_every_n_layers,
+        global_rope_theta=cfg.global_rope_theta,
+        local_rope_theta=cfg.local_rope_theta,
+        norm_bias=cfg.bias,
+        attention_bias=cfg.bias,
+        mlp_bias=cfg.bias,
+        classifier_bias=cfg.bias,
+        decoder_bias=True,
+        tie_word_embeddings=True,
+        dtype="float32",
+        **(token_ids or {}),
+    )
+    return dict(sorted(hf.items()))
+
+
+def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
+    """A ModelConfig from a ModernBERT config.json (either transformers generation's keys)."""
+    problems = []
+    if hf.get("model_type") != "modernbert":
+        problems.append(f"model_type is {hf.get('model_type')!r}, not 'modernbert'")
+    for key in ("hidden_activation", "classifier_activation"):
+        if hf.get(key, "gelu") != "gelu":
+            problems.append(f"{key} is {hf[key]!r}; bertdist's ModernBERT uses exact (erf) 'gelu'")
+    biases = {
+        hf.get(k, d)
+        for k, d in (("norm_bias", False), ("attention_bias", False), ("mlp_bias", False), ("classifier_bias", False))
+    }
+    if len(biases) > 1:
+        problems.append(
+            "norm_bias, attention_bias, mlp_bias and classifier_bias differ; bertdist's model.bias sets them together"
+        )
+    if not hf.get("decoder_bias", True):
+        problems.append("decoder_bias is false; bertdist's decoder has a bias")
+    every_n, global_theta, local_theta = _layer_pattern(hf)
+    if every_n is None:
+        problems.append(
+            "layer_types is not 'full_attention' every n-th layer from layer 0 and 'sliding_attention' between"
+        )
+    for required in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        if not isinstance(hf.get(required), int):
+            problems.append(f"{required} is missing or not an integer")
+    if problems:
+        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
+    values = {field: hf[key] for field, key in _CONFIG_KEYS.items() if key in hf}
+    return ModelConfig(
+        size="modernbert-base",
+        arch="modernbert",
+        objective="mlm",
+        intermediate_size=hf["intermediate_size"],
+        bias=biases.pop(),
+        global_attn_every_n_layers=every_n,
+        global_rope_theta=global_theta,
+        local_rope_theta=local_theta,
+        **{
+            "layer_norm_eps": 1e-5,
+            "hidden_dropout_prob": 0.0,
+            "attention_dropout_prob": 0.0,
+            "local_attention": 128,
+            "max_position_embeddings": 8192,
+            **values,
+        },
+    )
+
+
+def _layer_pattern(hf: dict) -> tuple[int | None, float, float]:
+    """(global_attn_every_n_layers, global theta, local theta) from either generation of config.json."""
+    rope = hf.get("rope_parameters") or {}
+    global_theta = float(hf.get("global_rope_theta", rope.get("full_attention", {}).get("rope_theta", 160000.0)))
+    local_theta = float(hf.get("local_rope_theta", rope.get("sliding_attention", {}).get("rope_theta", 10000.0)))
+    types = hf.get("layer_types")
+    if not types:
+        return int(hf.get("global_attn_every_n_layers", 3)), global_theta, local_theta
+    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    every_n = full[1] - full[0] if len(full) > 1 else len(types)
+    pattern = ["full_attention" if i % every_n == 0 else "sliding_attention" for i in range(len(types))]
+    return (every_n if full and full[0] == 0 and pattern == list(types) else None), global_theta, local_theta
+
+
+def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """bertdist ModernBertForMaskedLM parameters -> the tensors `transformers` saves (the tied decoder left out)."""
+    ours, theirs = _DECODER_BIAS
+    return {(theirs if k == ours else k): v.detach().contiguous() for k, v in state_dict.items()}
+
+
+def from_hf_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    ours, theirs = _DECODER_BIAS
+    return {(ours if k == theirs else k): v for k, v in tensors.items() if k != _TIED}
+
+
+def write_directory(
+    model: ModernBertForMaskedLM,
+    directory: str | os.PathLike,
+    vocab_file: str | os.PathLike | None,
+    config_updates: dict[str, Any],
+) -> None:
+    """model.safetensors and config.json for `ModernBertForMaskedLM`, and the tokenizer files of `vocab_file`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    token_ids: dict[str, int] = {}
+    if vocab_file is not None:
+        tokenizer = write_tokenizer_files(
+            Path(vocab_file), directory, model.config.max_position_embeddings, _MODEL_INPUTS
+        )
+        if tokenizer.is_wordpiece_vocab:
+            _write_fast_tokenizer(tokenizer, directory)
+        cls, sep = tokenizer.cls_id, tokenizer.sep_id
+        token_ids = dict(
+            pad_token_id=tokenizer.pad_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep
+        )
+    write_model_files(
+        directory, hf_state_dict(model.state_dict()), {**config_to_hf(model.config, token_ids), **config_updates}
+    )
+
+
+def _write_fast_tokenizer(tokenizer: TextTokenizer, directory: Path) -> None:
+    """tokenizer.json for a WordPiece vocab.txt: `AutoTokenizer` of a ModernBERT directory knows only the fast
+    (Rust) tokenizer class and cannot build one from vocab.txt alone (a run's tokenizer.json is copied as is)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    lower = not tokenizer.cased
+    tokenizer = BertWordPieceTokenizer(str(directory / "vocab.txt"), lowercase=lower, strip_accents=lower)
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+_ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "bias",
+    "global_attn_every_n_layers",
+    "local_attention",
+    "global_rope_theta",
+    "local_rope_theta",
+)
+
+
+def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> ModernBertForMaskedLM:
+    """A ModernBertForMaskedLM with the weights of the Hugging Face checkpoint in `directory`; every weight the
+    model has must be there with its shape (CheckpointFormatError naming them otherwise). `model_cfg`, when
+    given, must have the checkpoint's architecture (every field that differs is named); its other settings
+    (dropout, unpadding, activation checkpointing) are used."""
+    directory = Path(directory)
+    cfg = read_config(directory, config_from_hf, "ModernBERT")
+    if model_cfg is not None:
+        differ = [
+            f"model.{f}={getattr(model_cfg, f)!r} but {getattr(cfg, f)!r} in the checkpoint"
+            for f in _ARCHITECTURE_FIELDS
+            if (model_cfg.ffn_size() if f == "intermediate_size" else getattr(model_cfg, f)) != getattr(cfg, f)
+        ]
+        if differ:
+            raise CheckpointFormatError(
+                f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ)
+            )
+        cfg = dataclasses.replace(model_cfg, intermediate_size=cfg.intermediate_size)
+    model = ModernBertForMaskedLM(cfg)
+    tensors, source = read_weights(directory)
+    state = from_hf_state_dict(tensors)
+    expected = model.state_dict()
+    check_weights(expected, state, source, (), "ModernBERT")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)
+    return model

@@ -1,0 +1,49 @@
+"""What the rest of bertdist asks of an encoder family: one `FamilySpec`, kept in the family's folder.
+
+A family is a folder `bertdist/model/<arch>/`: `model.py` (the pretraining model and the bare encoder, plain
+PyTorch), `hf.py` (its Hugging Face adapter: `config_from_hf`, `from_hf_state_dict`, `write_directory`,
+`load_pretrained`), `tasks.py` (its fine-tuning models and their `TaskFamily`), and `__init__.py`, which holds its
+`SPEC`. The spec is torch-free and names the rest by module, so that reading it (the registry, config validation,
+the forecast) imports no model; `module()` imports what is asked for.
+
+Code outside the folder asks the spec (or the objects it names) instead of branching on `model.arch`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    arch: str
+    """`model.arch`, and the folder's name."""
+    model_type: str
+    """config.json's `model_type` of the family's Hugging Face directories."""
+    pretraining_class: str
+    """The pretraining model's class in the folder's `model` module (built from a ModelConfig)."""
+    own_fields: tuple[str, ...] = ()
+    """ModelConfig fields only this family reads: set away from their defaults on another family, refused."""
+    onnx_pretraining: tuple[str, ...] = ()
+    """config.json architectures of its pretraining exports that ONNX export takes (the graph returns the MLM
+    logits); ELECTRA's export is its discriminator, whose output is no MLM, so it names none."""
+    demo_config: str | None = None
+    """The `configs/` file `bertdist demo --arch` runs for this family; None: no demo."""
+
+    def module(self, name: str) -> ModuleType:
+        """The folder's module `name` (model, hf, tasks), imported now."""
+        return importlib.import_module(f"bertdist.model.{self.arch}.{name}")
+
+    def model_class(self) -> Any:
+        return getattr(self.module("model"), self.pretraining_class)
+
+    def adapter(self) -> ModuleType:
+        """The Hugging Face adapter (`hf.py`)."""
+        return self.module("hf")
+
+    def tasks(self) -> Any:
+        """The family's `TaskFamily` (bertdist.model.task_heads): its task models and what they need of the format."""
+        return self.module("tasks").FAMILY

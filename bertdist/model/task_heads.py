@@ -1,0 +1,271 @@
+"""What every family's fine-tuning models share, in plain PyTorch: the task output, the losses of BERT's section 4,
+the multiple-choice reshaping, and the task-model kinds with `transformers`' module and parameter names.
+
+- Sequence classification: single-label (`problem_type` "single_label_classification", cross-entropy) or
+  "regression" (one output, MSE: STS-B).
+- Token classification (NER / tagging): label -100 marks positions without a label (padding, and the sub-tokens
+  after a word's first, the paper's choice).
+- Question answering: start and end logits at every position (the paper's S and E vectors); the loss is the mean
+  of the start and end cross-entropies, positions outside the sequence ignored.
+- Multiple choice: every (context, ending) pair is encoded as its own sequence, scored, and a softmax runs over the
+  choices.
+
+ModernBERT's task models (bertdist.model.modernbert.tasks) share the losses and the multiple-choice reshaping;
+BERT's (bertdist.model.bert.tasks) and those of the families on BERT's layers (ELECTRA, DistilBERT, ALBERT) share
+`TaskModel` (the encoder under its checkpoints' name, the first tokens), `TokenTagger` (token classification),
+`SpanPredictor` (QA), and `SequenceClassifier` and `ChoiceScorer` (sequence classification and multiple choice on a
+family's `classify`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.bert.model import check_heads_divide, init_weights
+from bertdist.model.layout import TokenLayout
+from bertdist.model.ops import IGNORE_INDEX, Dropout
+
+SINGLE_LABEL = "single_label_classification"
+REGRESSION = "regression"
+
+
+@dataclass
+class TaskOutput:
+    loss: torch.Tensor | None
+    """None when no labels were given."""
+    logits: torch.Tensor
+    """Classification: (batch, labels); regression: (batch, 1); tagging: (batch, seq, labels); multiple
+    choice: (batch, choices); QA: (batch, seq, 2), start then end."""
+
+
+def check_task(cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL) -> None:
+    check_heads_divide(cfg)
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+    if problem_type not in (SINGLE_LABEL, REGRESSION):
+        raise ValueError(f"problem_type must be {SINGLE_LABEL} or {REGRESSION}, got {problem_type!r}")
+    if problem_type == REGRESSION and num_labels != 1:
+        raise ValueError(f"regression has one output, got num_labels={num_labels}")
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor | None, problem_type: str) -> torch.Tensor | None:
+    """MSE on the one output (regression) or cross-entropy over the classes; None without labels."""
+    if labels is None:
+        return None
+    if problem_type == REGRESSION:
+        return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).reshape(-1))
+    return F.cross_entropy(logits, labels.reshape(-1))
+
+
+def tagging_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Cross-entropy per position; -100 marks positions without a label."""
+    if labels is None:
+        return None
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def span_loss(
+    logits: torch.Tensor, start_positions: torch.Tensor | None, end_positions: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The mean of the start and end cross-entropies over every slot of the row, logits (batch, seq, 2)."""
+    if start_positions is None or end_positions is None:
+        return None
+    # A position past the sequence (an answer cut off by the window) is ignored, as in transformers.
+    ignored = logits.shape[1]
+    start = start_positions.reshape(-1).clamp(0, ignored)
+    end = end_positions.reshape(-1).clamp(0, ignored)
+    return (
+        F.cross_entropy(logits[..., 0], start, ignore_index=ignored)
+        + F.cross_entropy(logits[..., 1], end, ignore_index=ignored)
+    ) / 2
+
+
+def multiple_choice(
+    score: Callable[..., torch.Tensor], labels: torch.Tensor | None, **inputs: torch.Tensor | None
+) -> TaskOutput:
+    """Every choice encoded as its own sequence: `inputs` (batch, choices, seq) are flattened to (batch x
+    choices, seq) rows, `score(**rows)` gives one number per row, and a softmax runs over each question's choices."""
+    batch, choices, seq = inputs["input_ids"].shape
+    rows = {name: None if t is None else t.reshape(batch * choices, seq) for name, t in inputs.items()}
+    logits = score(**rows).view(batch, choices)
+    return TaskOutput(None if labels is None else F.cross_entropy(logits, labels.reshape(-1)), logits)
+
+
+class TaskModel(nn.Module):
+    """A task model's encoder, built by `new_encoder` under `encoder_name` (the prefix of its family's weights:
+    `bert`, `electra`), and BERT's initialisation; subclasses add their head, call `init_weights` and implement
+    `forward`. The families on BERT's layers share it: BERT's task models here, ELECTRA's and DistilBERT's."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        problem_type: str,
+        encoder_name: str,
+        new_encoder: Callable[[ModelConfig], nn.Module],
+        segments: bool = True,
+    ):
+        super().__init__()
+        check_task(cfg, num_labels, problem_type)
+        self.config, self.num_labels, self.problem_type = cfg, num_labels, problem_type
+        self.encoder_name, self.segments = encoder_name, segments
+        setattr(self, encoder_name, new_encoder(cfg))
+
+    def init_weights(self) -> None:
+        self.apply(lambda module: init_weights(module, self.config.initializer_range))
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """The encoder's `encode` (`BertModel.encode`). Token types reach it only when the family has `segments`:
+        the fine-tuning runner's batches carry them, and DistilBERT's task models take them and drop them here."""
+        encoder = getattr(self, self.encoder_name)
+        return encoder.encode(input_ids, token_type_ids if self.segments else None, attention_mask, at=at)
+
+    def first_tokens(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(rows, hidden): each row's first token (slot 0, what transformers reads), which the last layer computes
+        alone, as BERT's `pooled_output` does."""
+        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
+        states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
+        return states[:, 0]
+
+
+class TokenTagger(TaskModel):
+    """Token classification as BERT's, ELECTRA's and DistilBERT's: dropout and Linear(H, labels) at every token the
+    encoder computes (the real ones when it runs unpadded, the padding slots' logits then zeros); -100 marks
+    positions without a label."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        encoder_name: str,
+        new_encoder: Callable[[ModelConfig], nn.Module],
+        segments: bool = True,
+    ):
+        super().__init__(cfg, num_labels, SINGLE_LABEL, encoder_name, new_encoder, segments)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        logits = layout.to_grid(self.classifier(self.dropout(states)))  # real tokens only; padding slots are zeros
+        return TaskOutput(tagging_loss(logits, labels), logits)
+
+
+class SpanPredictor(TaskModel):
+    """Extractive QA as the families on BERT's layers do it (BERT's, ELECTRA's, ALBERT's, DistilBERT's): Linear(H, 2)
+    start and end logits at every slot of the row, after a dropout of `dropout_p` (DistilBERT's; none elsewhere, as
+    in transformers). The start/end softmax runs over every slot, padding included, as in Google's run_squad and
+    transformers: the padded slots' states are part of the loss, so the encoder always runs padded."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        encoder_name: str,
+        new_encoder: Callable[[ModelConfig], nn.Module],
+        segments: bool = True,
+        dropout_p: float = 0.0,
+    ):
+        super().__init__(cfg, 2, SINGLE_LABEL, encoder_name, new_encoder, segments)
+        getattr(self, encoder_name).unpad = False
+        self.dropout = Dropout(dropout_p)
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(self.dropout(layout.to_grid(states)))
+        return TaskOutput(span_loss(logits, start_positions, end_positions), logits)
+
+
+class SequenceClassifier(TaskModel):
+    """Sequence classification on `classify(input_ids, token_type_ids, attention_mask)`, each row's logits: the
+    family's head on its first token, which a base listed before this one defines (`class
+    XForSequenceClassification(_XClassifier, SequenceClassifier)`), as its multiple choice reads it too
+    (`ChoiceScorer`). The loss is the one of `problem_type`: cross-entropy or, for regression, MSE."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        logits = self.classify(input_ids, token_type_ids, attention_mask)
+        return TaskOutput(classification_loss(logits, labels, self.problem_type), logits)
+
+
+class ChoiceScorer(TaskModel):
+    """Multiple choice on `classify` (see `SequenceClassifier`) with one output: each choice's score, a softmax over
+    each question's choices."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        """Inputs are (batch, choices, seq); each choice is encoded as its own sequence."""
+        return multiple_choice(
+            self.classify, labels, input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
+
+
+@dataclass(frozen=True)
+class TaskFamily:
+    """What a family's task models need of the Hugging Face format: its `tasks.py` holds one, `FAMILY`, which
+    the family's spec hands out (bertdist.model.spec `tasks()`) and bertdist.model.hf_heads reads."""
+
+    prefix: str
+    """Of its class names: `{prefix}For{head}`."""
+    task_models: dict[str, Any]
+    config_from_hf: Callable[[dict, str], ModelConfig]
+    state_from_hf: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]]
+    """A checkpoint's tensors -> bertdist names (the file read, for errors)."""
+    write_directory: Callable[..., None]
+    encoder_name: str
+    """The encoder's attribute in a task model."""
+    encoder: Callable[[ModelConfig], torch.nn.Module]
+    """The bare encoder (BERT's with its pooler), for features."""
+    pretrained: tuple[str, ...]
+    """Prefixes of the weights a task model takes from a pretrained checkpoint: the encoder, and for ModernBERT
+    `head` (the MLM head's transform, which `transformers`' task models start from too)."""
+    optional: tuple[str, ...]
+    """Of those, what a pretrained checkpoint may lack (BERT's and ALBERT's pooler; ModernBERT's head)."""
+    inputs: tuple[str, ...]
+    """What its encoder reads of a batch (ModernBERT and DistilBERT have no segments)."""
+    init_weights: Callable[[torch.nn.Module, ModelConfig], None]
+    """The family's initialisation of one module (`module.apply`), for an encoder that starts at random."""
+
+
+def bert_init(module: torch.nn.Module, cfg: ModelConfig) -> None:
+    """BERT's initialisation, which ALBERT, ELECTRA and DistilBERT keep."""
+    init_weights(module, cfg.initializer_range)
