@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
+from bertdist.config.schema import checkpoint_model_config
 from bertdist.data.epochs import Segment
-from bertdist.model.registry import checkpoint_model_config
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
 from bertdist.train.listing import _phase_note
 from tests import training_runs as runs
