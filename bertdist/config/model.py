@@ -60,7 +60,7 @@ class ModelConfig:
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
     """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
-    # ModernBERT only (arch: modernbert); the others refuse them set away from these defaults (ARCH_ONLY_FIELDS).
+    # ModernBERT only (arch: modernbert); the others refuse them set away from these defaults (the spec's own_fields).
     global_attn_every_n_layers: int = 3
     """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""
     local_attention: int = 128

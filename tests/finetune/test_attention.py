@@ -303,7 +303,7 @@ def test_a_model_bertdist_cannot_run_is_named_in_one_line(tmp_path, tiny_vocab, 
 
 
 def test_an_encoder_without_attention_probabilities_is_named_in_one_line(saved, tmp_path, monkeypatch, capsys):
-    """A family added to bertdist.model.hf_heads.FAMILIES before its encoder can return its probabilities."""
+    """A family added to the registry before its encoder can return its probabilities."""
     from bertdist.model.albert.model import AlbertModel
     from bertdist.model.bert.model import BertModel
     from bertdist.model.modernbert.model import ModernBertModel
