@@ -37,7 +37,7 @@ from bertdist.config import (
     load_config,
     validate,
 )
-from bertdist.config.model import ARCHITECTURES
+from bertdist.config.model import ARCHITECTURES, ModelConfig
 from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
@@ -242,8 +242,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--arch",
         choices=ARCHITECTURES,
-        default="bert",
-        help="the encoder: bert (configs/bert-tiny.yaml) or modernbert (configs/modernbert-tiny.yaml)",
+        default=ModelConfig.arch,
+        help="the encoder family (those with a demo config: bert, configs/bert-tiny.yaml, and modernbert, "
+        "configs/modernbert-tiny.yaml)",
     )
     p.set_defaults(func=_run_demo, interrupted="finished stages are kept: `bertdist demo` continues from them")
 
@@ -255,7 +256,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
         return USAGE_EXIT_CODE
     # Each architecture its own directory: the stages skip what exists, and ModernBERT needs MLM-only shards.
-    output = args.output or (DEMO_OUTPUT if args.arch == "bert" else f"{DEMO_OUTPUT}-{args.arch}")
+    output = args.output or (DEMO_OUTPUT if args.arch == ModelConfig.arch else f"{DEMO_OUTPUT}-{args.arch}")
     return run_demo(output, ranks=args.ranks, steps=args.steps, arch=args.arch)
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from bertdist import chatter
+from bertdist.config.model import ModelConfig
 from bertdist.model.registry import FAMILIES, spec
 
 DEMO_CONFIGS = {arch: spec(arch).demo_config for arch in FAMILIES if spec(arch).demo_config}
@@ -119,7 +120,9 @@ def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
     return train_file, eval_file, written
 
 
-def run_demo(output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0, arch: str = "bert") -> int:
+def run_demo(
+    output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0, arch: str = ModelConfig.arch
+) -> int:
     """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
     if arch not in DEMO_CONFIGS:
         from bertdist.errors import UserError
@@ -203,7 +206,7 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
                 f"{totals['documents']:,} documents in {report.seconds:.0f} s ({target})"
             )
 
-    name = cfg.model.size if cfg.model.arch != "bert" else f"{cfg.model.size} BERT"
+    name = cfg.model.size if cfg.model.arch in cfg.model.size else f"{cfg.model.size} {cfg.model.arch.upper()}"
     _stage(f"train: {name}, {ranks} CPU ranks of DeepSpeed, {cfg.total_steps()} steps")
     code = _launch_training(config, ranks, overrides, log)
     if code != 0:

@@ -15,11 +15,12 @@ samples carry and the name its loss and accuracy are logged under (`loss/train_n
 bertdist.model.outputs, bertdist.train.metrics). An architecture's pretraining model reads the table through
 `objective(cfg)`; the trainer's loader refuses shards whose samples the objective cannot use, naming both.
 
-A new objective is its name in the schema's `model.objective` Literal and a row here; one with its own heads or
-loss adds them in the model of the architectures it names (ELECTRA's generator and discriminator are
-bertdist.model.electra.model; SpanBERT's span-boundary head is bertdist.model.bert.heads, which BERT's pretraining model
-adds when `span_boundaries` says so; distillation's teacher and loss are bertdist.model.distilbert.model, the teacher's
-loading bertdist.train.distill) and says so in docs/model.md. This module is data: it imports nothing heavy.
+A new objective is its name in the schema's `model.objective` Literal and a row here, and its name in the
+`objectives` of each family's spec that trains it; one with its own heads or loss adds them in those families' models
+(ELECTRA's generator and discriminator are bertdist.model.electra.model; SpanBERT's span-boundary head is
+bertdist.model.bert.heads, which BERT's pretraining model adds when `span_boundaries` says so; distillation's teacher
+and loss are bertdist.model.distilbert.model, the teacher's loading bertdist.train.distill) and says so in
+docs/model.md. This module is data: it imports nothing heavy.
 
 SpanBERT's head predicts each token of a masked span from the two tokens just outside the span and its place in it,
 so its batches carry each prediction's span bounds (bertdist.data.batching), which only load-time span masking
@@ -40,21 +41,17 @@ class Objective:
     samples: tuple[str, ...]
     """The kinds of prepared samples (`bertdist prepare --objective`) it trains on."""
     summary: str
-    architectures: tuple[str, ...] = ("bert", "modernbert", "albert")
-    """The `model.arch`s whose models train it (ModernBERT: those without a sentence task)."""
     span_boundaries: bool = False
     """SpanBERT's span-boundary head: batches carry each prediction's span bounds (span masking at load time)."""
 
 
 OBJECTIVES = {
     "mlm+nsp": Objective("nsp", ("nsp",), "masked LM + next-sentence prediction (BERT)"),
-    "mlm": Objective(
-        None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)", ("bert", "modernbert", "albert", "distilbert")
-    ),
+    "mlm": Objective(None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)"),
     "mlm+sop": Objective("sop", ("sop",), "masked LM + sentence-order prediction (ALBERT)"),
-    "rtd": Objective(None, ("mlm", "nsp", "sop"), "replaced-token detection (ELECTRA)", ("electra",)),
-    "span": Objective(None, ("mlm", "nsp", "sop"), "masked LM + span boundaries (SpanBERT)", ("bert",), True),
-    "distill": Objective(None, ("mlm", "nsp", "sop"), "distillation from a teacher (DistilBERT)", ("distilbert",)),
+    "rtd": Objective(None, ("mlm", "nsp", "sop"), "replaced-token detection (ELECTRA)"),
+    "span": Objective(None, ("mlm", "nsp", "sop"), "masked LM + span boundaries (SpanBERT)", span_boundaries=True),
+    "distill": Objective(None, ("mlm", "nsp", "sop"), "distillation from a teacher (DistilBERT)"),
 }
 """model.objective -> what it trains (the keys are the schema's Literal, in its order)."""
 

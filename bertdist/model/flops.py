@@ -7,17 +7,15 @@ counts of itself from the config (a sliding-window layer its window, BERT's last
 a new architecture needs no change here. Multiply-adds count as 2 FLOPs and a training step as 3x the forward
 (forward + 2x backward), the usual convention for model FLOP utilisation (Chowdhery et al., 2022). Only the
 model's own math is counted: activation recomputation, padding, norms and optimizer work are not, so MFU is
-comparable across implementations.
+comparable across implementations. Parameters are counted on the model itself, built on the meta device.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
 from bertdist.config import ModelConfig
-from bertdist.config.objectives import objective
 from bertdist.model import registry
 
 
@@ -41,46 +39,26 @@ def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, masked_p
     return samples * train_flops_per_sequence(model, mean_length, masked_positions)
 
 
-def non_embedding_parameters(model: ModelConfig) -> int:
-    h, f = model.hidden_size, model.ffn_size()
-    if model.arch == "albert":  # the E x H projection, and each distinct attention and feed-forward once
-        attention, ffn = 4 * h * h + 4 * h + 2 * h, 2 * h * f + f + h + 2 * h  # each with its LayerNorm
-        attentions = 1 if model.share_layers in ("all", "attention") else model.num_layers
-        ffns = 1 if model.share_layers in ("all", "ffn") else model.num_layers
-        return model.embedding_width() * h + h + attentions * attention + ffns * ffn
-    if model.arch == "modernbert":  # QKV, output, GeGLU in and out, two norms (layer 0: one); biases with model.bias
-        norms = (2 * model.num_layers - 1 + 1) * h * (2 if model.bias else 1)
-        biases = model.num_layers * (3 * h + h + 2 * f + h) if model.bias else 0
-        return model.num_layers * (4 * h * h + 3 * h * f) + norms + biases
-    if model.arch == "electra":  # the discriminator's layers and the generator's, each with its projection from E
-        gen, e = model.generator_config(), model.embedding_width()
-        stacks = [dataclasses.replace(c, arch="bert") for c in (model, gen)]
-        projections = sum(e * c.hidden_size + c.hidden_size for c in stacks if c.hidden_size != e)
-        return sum(non_embedding_parameters(c) for c in stacks) + projections
-    per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attention, FFN, two LayerNorms
-    return model.num_layers * per_layer
+def parameter_counts(model: ModelConfig) -> tuple[int, int]:
+    """(every parameter, those outside the embedding tables) of the pretraining model `model` describes, counted
+    on the model itself built on the meta device: no memory and no initialisation, and no family's count written
+    a second time beside its model (tied weights count once, as `parameters()` yields them once)."""
+    import torch
+
+    with torch.device("meta"):
+        built = registry.model_class(model.arch)(model)
+    tables = {id(p) for m in built.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    counts = [(p.numel(), id(p) in tables) for p in built.parameters()]
+    return sum(n for n, _ in counts), sum(n for n, table in counts if not table)
 
 
 def total_parameters(model: ModelConfig) -> int:
-    h = model.hidden_size
-    if model.arch == "modernbert":  # tied embeddings and their norm; head dense and norm; decoder bias
-        per_norm = h * (2 if model.bias else 1)
-        head = h * h + (h if model.bias else 0) + per_norm
-        return model.vocab_size * h + per_norm + non_embedding_parameters(model) + head + model.vocab_size
-    e = model.embedding_width() if model.arch in ("albert", "electra") else h  # embeddings (ALBERT: MLM head) E wide
-    segments = 0 if model.arch == "distilbert" else model.type_vocab_size  # DistilBERT has no segment embeddings
-    embeddings = (model.vocab_size + model.max_position_embeddings + segments) * e + 2 * e
-    if model.arch == "electra":  # discriminator head; generator head: transform to E, LayerNorm, decoder bias
-        heads = h * h + h + h + 1 + model.generator_config().hidden_size * e + e + 2 * e + model.vocab_size
-        return embeddings + non_embedding_parameters(model) + heads
-    sentence_head = objective(model).sentence_task is not None
-    pooler = h * h + h if sentence_head else 0
-    # SpanBERT's boundary head: its position embeddings, two layers with their LayerNorms, its decoder bias
-    span_head = model.max_position_embeddings * h + 4 * h * h + 6 * h + model.vocab_size
-    span_head = span_head if objective(model).span_boundaries else 0
-    mlm_head = h * e + e + 2 * e + model.vocab_size  # transform, LayerNorm, decoder bias (weight is tied)
-    nsp_head = 2 * h + 2 if sentence_head else 0
-    return embeddings + non_embedding_parameters(model) + pooler + mlm_head + nsp_head + span_head
+    return parameter_counts(model)[0]
+
+
+def non_embedding_parameters(model: ModelConfig) -> int:
+    """Every parameter outside the embedding tables (Kaplan et al., 2020's N)."""
+    return parameter_counts(model)[1]
 
 
 def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:

@@ -181,11 +181,11 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], str]:
     """config.json and the model.arch its model_type names (BERT when it names none, as old checkpoints)."""
     path = directory / CONFIG_FILE
     raw = read_config_json(path, "model")
-    model_type = raw.get("model_type", "bert")
-    arch = registry.arch_of_model_type(model_type)
+    arch = registry.arch_of_config(raw)
     if arch is None:
         raise CheckpointFormatError(
-            f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(registry.model_types())})"
+            f"{path}: model_type {raw.get('model_type')!r} is not one bertdist reads "
+            f"({', '.join(registry.model_types())})"
         )
     return raw, arch
 

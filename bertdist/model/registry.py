@@ -36,6 +36,12 @@ def arch_of_model_type(model_type: str) -> str | None:
     return next((arch for arch in FAMILIES if spec(arch).model_type == model_type), None)
 
 
+def arch_of_config(config_json: dict[str, Any]) -> str | None:
+    """The family of a parsed config.json, by its model_type; the first family's (BERT) when it names none, as old
+    BERT checkpoints do. None for a model_type no family reads."""
+    return arch_of_model_type(config_json.get("model_type", spec(FAMILIES[0]).model_type))
+
+
 def model_types() -> list[str]:
     return [spec(arch).model_type for arch in FAMILIES]
 
@@ -69,8 +75,8 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     from bertdist.model.hf_io import read_config_json
 
     path = Path(directory) / "config.json"
-    model_type = read_config_json(path, "model").get("model_type", "bert")
-    arch = arch_of_model_type(model_type)
+    config_json = read_config_json(path, "model")
+    arch, model_type = arch_of_config(config_json), config_json.get("model_type")
     if arch is None:
         raise UserError(f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(model_types())})")
     if model_cfg is not None and model_cfg.arch != arch:

@@ -11,10 +11,11 @@ Code outside the folder asks the spec (or the objects it names) instead of branc
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,19 @@ class FamilySpec:
     onnx_pretraining: tuple[str, ...] = ()
     """config.json architectures of its pretraining exports that ONNX export takes (the graph returns the MLM
     logits); ELECTRA's export is its discriminator, whose output is no MLM, so it names none."""
+    objectives: tuple[str, ...] = ("mlm",)
+    """The `model.objective`s its pretraining model trains (validation refuses the others, naming who trains them)."""
+    rules: bool = False
+    """Whether the folder has a `rules` module: the family's own config checks, `problems(model_cfg, phases)`,
+    torch-free (ModernBERT's window, ALBERT's embedding width, ELECTRA's generator)."""
+    presets: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """`model.size` -> its settings (with `arch` for every family but BERT, the default)."""
     demo_config: str | None = None
     """The `configs/` file `bertdist demo --arch` runs for this family; None: no demo."""
+
+    def config_problems(self, model_cfg: Any, phases: list[Any]) -> list[str]:
+        """What the family's own rules find wrong with a config (none without a `rules` module)."""
+        return self.module("rules").problems(model_cfg, phases) if self.rules else []
 
     def module(self, name: str) -> ModuleType:
         """The folder's module `name` (model, hf, tasks), imported now."""

@@ -72,7 +72,8 @@ CASES = [
         "rtd-on-bert",
         "bert-tiny",
         ["model.objective=rtd"],
-        "model.objective: 'rtd' (replaced-token detection (ELECTRA)) is trained by model.arch electra, not bert",
+        "model.objective: 'rtd' (replaced-token detection (ELECTRA)) is trained by model.arch electra, not bert, "
+        "which trains mlm+nsp or mlm or mlm+sop or span",
     ),
     (
         "electra-without-rtd",
@@ -105,7 +106,8 @@ CASES = [
         "nsp-on-modernbert",
         "modernbert-tiny",
         ["model.objective=mlm+nsp"],
-        "model.objective: 'mlm+nsp': ModernBERT has no sentence head",
+        "model.objective: 'mlm+nsp' (masked LM + next-sentence prediction (BERT)) is trained by model.arch bert or "
+        "albert, not modernbert, which trains mlm",
     ),
     (
         "modernbert-weights-for-bert",
