@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from bertdist import chatter, storage
+from bertdist import chatter, object_store
 from bertdist.chatter import VERBOSE_ENV
 from bertdist.config import (
     VERIFY_MODES,
@@ -97,7 +97,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
         world_size = int(os.environ.get("WORLD_SIZE", cfg.launch.world_size()))
         validate(cfg, world_size=world_size)
-        storage.use_endpoint(cfg.storage.endpoint_url)
+        object_store.use_endpoint(cfg.storage.endpoint_url)
         shards = check_shards(cfg, world_size)  # as the run does first: the shards' vocabulary, objective, manifest
         print("# resolved configuration")
         print(dump_yaml(cfg))

@@ -209,7 +209,7 @@ class PretrainingLoader:
         shards with static masks keep theirs. `span_bounds`: batches carry each prediction's span boundaries
         (SpanBERT's objective), which needs span masking here, at load time. `streaming`:
         the cache and read-ahead for a `shard_dir` that is an object-store URL (whose endpoint is the process's:
-        `bertdist.storage.use_endpoint`)."""
+        `bertdist.object_store.use_endpoint`)."""
         manifest = read_manifest(shard_dir)
         if not os.path.exists(vocab_file):
             raise DataError(f"{vocab_file}: vocabulary file not found")

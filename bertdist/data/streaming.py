@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
-from bertdist import storage
+from bertdist import object_store, storage
 from bertdist.data.shards import block_digest
 from bertdist.errors import DataError, write_error
 
@@ -117,7 +117,7 @@ class BlockStream:
         for attempt in range(2):
             try:
                 data = storage.read_bytes(url, offset, offset + size)
-            except storage.StoreUnavailableError:
+            except object_store.StoreUnavailableError:
                 raise  # the store down, not bad data: the run is requeued (bertdist.train.trainer)
             except storage.StorageError as e:
                 raise DataError(str(e)) from None

@@ -4,21 +4,20 @@
 Everything that builds a pretraining model calls `build_model(cfg.model)`; everything that reads or writes the
 Hugging Face format asks `spec(arch).adapter()`, and fine-tuning `spec(arch).tasks()`. Adding a family is its
 folder, its name here and in the schema's `model.arch` Literal (tests/model/test_registry.py holds the two equal).
-Specs are torch-free and name their modules, so reading this table costs no torch import.
+Specs are torch-free and name their modules, so reading this table costs no torch import; and the registry
+imports no config (model configs are `Any` here), since the schema reads the families' presets through it.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bertdist.errors import UserError
 from bertdist.model.spec import FamilySpec
-
-if TYPE_CHECKING:  # the registry imports no config at run time: config validation asks it
-    from bertdist.config import ModelConfig
 
 FAMILIES = ("bert", "modernbert", "albert", "electra", "distilbert")
 """model.arch of every family, in the order users meet them."""
@@ -50,12 +49,12 @@ def model_class(arch: str) -> Any:
     return spec(arch).model_class()
 
 
-def build_model(cfg: ModelConfig) -> Any:
+def build_model(cfg: Any) -> Any:
     """The pretraining model of `cfg.arch`, freshly initialised."""
     return model_class(cfg.arch)(cfg)
 
 
-def enter_phase(model: Any, model_cfg: ModelConfig) -> None:
+def enter_phase(model: Any, model_cfg: Any) -> None:
     """Give a built model the settings of a new phase (bertdist.config.schema `phase_model_config`): only its
     RoPE thetas may change."""
     if (model.config.global_rope_theta, model.config.local_rope_theta) != (
@@ -69,18 +68,19 @@ def hf_adapter(arch: str) -> Any:
     return spec(arch).adapter()
 
 
-def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> Any:
+def load_pretrained(directory: str | os.PathLike, model_cfg: Any | None = None) -> Any:
     """The pretraining model of a Hugging Face directory, by its config.json's model_type (BERT when it names
     none, as old checkpoints); `model_cfg` must be of the same architecture (see each adapter)."""
-    from bertdist.model.hf_io import read_config_json
-
     path = Path(directory) / "config.json"
-    config_json = read_config_json(path, "model")
-    arch, model_type = arch_of_config(config_json), config_json.get("model_type")
+    try:  # read again, with every check, by the family's adapter
+        config_json = json.loads(path.read_text())
+        arch, model_type = arch_of_config(config_json), config_json.get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise UserError(f"{path}: unreadable ({e})") from None
     if arch is None:
         raise UserError(f"{path}: model_type {model_type!r} is not one bertdist reads ({', '.join(model_types())})")
     if model_cfg is not None and model_cfg.arch != arch:
         raise UserError(
-            f"{path}: a {model_type} checkpoint, and model.arch is {model_cfg.arch!r}; set model.arch: {arch}"
+            f"{path}: a {model_type or arch} checkpoint, and model.arch is {model_cfg.arch!r}; set model.arch: {arch}"
         )
     return hf_adapter(arch).load_pretrained(directory, model_cfg)

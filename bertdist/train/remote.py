@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from bertdist import storage
+from bertdist import object_store, storage
 from bertdist.config import CheckpointConfig, Config
 from bertdist.lease import StoreLease
 from bertdist.train import integrity
@@ -175,7 +175,7 @@ def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
     is incomplete or damaged. Ranks of one node download once: the others wait on a lock, then find it."""
     source, target = storage.join(uri, tag), local_root / tag
     local_root.mkdir(parents=True, exist_ok=True)
-    with _NodeLock(local_root / ".download.lock", timeout_s=storage.RETRY_SECONDS * 10):
+    with _NodeLock(local_root / ".download.lock", timeout_s=object_store.RETRY_SECONDS * 10):
         state_url = storage.join(source, TRAIN_STATE_FILENAME)
         if not storage.exists(state_url):
             raise CheckpointError(f"{source}: not a complete checkpoint (no {TRAIN_STATE_FILENAME} in the store)")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 import torch.distributed as dist
 
-from bertdist import storage
+from bertdist import object_store
 from bertdist.config import Config, ConfigError, PhaseConfig, validate
 from bertdist.config.batch_warmup import global_batch_at
 from bertdist.config.schema import phase_model_config
@@ -88,7 +88,7 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
         if note := distributed.unlaunched_note(env, cfg.launch.nodes * cfg.launch.gpus_per_node):
             print(note, file=sys.stderr, flush=True)
         trainer = Trainer(cfg, env, restart)
-    except storage.StoreUnavailableError as e:
+    except object_store.StoreUnavailableError as e:
         print(f"bertdist train: {e}{_REQUEUED}", file=sys.stderr)
         return REQUEUE_EXIT_CODE
     except (UserError, OSError) as e:
@@ -99,7 +99,9 @@ def train(cfg: Config, restart: RestartEvent | None = None) -> int:
             return trainer.train()
         except checkpoint.CheckpointSaveError as e:  # not the input's fault: no usage exit code
             return trainer.stop_with(str(e), FAILED_EXIT_CODE)
-        except storage.StoreUnavailableError as e:  # the store down (a final upload, a preemption): try again later
+        except (
+            object_store.StoreUnavailableError
+        ) as e:  # the store down (a final upload, a preemption): try again later
             return trainer.stop_with(f"{e}{_REQUEUED}", REQUEUE_EXIT_CODE)
         except (UserError, OSError) as e:
             return trainer.stop_with(one_line(e), USAGE_EXIT_CODE)
@@ -139,7 +141,7 @@ class Trainer(contextlib.ExitStack):
             raise ConfigError(problems)
         self.cfg, self.env, self.restart = cfg, env, restart
         self.output_dir = Path(cfg.train.output_dir)
-        storage.use_endpoint(cfg.storage.endpoint_url)
+        object_store.use_endpoint(cfg.storage.endpoint_url)
         ck = cfg.checkpoint
         with contextlib.ExitStack() as built:  # whatever was taken or built is released if a later step fails
             built.push(self)

@@ -198,14 +198,14 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
 STORE_GONE_AT_THE_FINAL_CHECKPOINT = f"""
 import os, sys
 os.environ["BERTDIST_STORAGE_RETRY_SECONDS"] = "3"
-from bertdist import storage
+from bertdist import object_store, storage
 from bertdist.train.distributed import free_tcp_port
 from bertdist.train.trainer import Trainer
 original = Trainer._save
 def save(self, step, *args):
     if step == {runs.STEPS}:  # the store goes away before the last checkpoint's upload
         self.uploader.wait()  # after the one before it landed (on a loaded machine it can still be uploading)
-        storage.use_endpoint(f"http://127.0.0.1:{{free_tcp_port()}}")
+        object_store.use_endpoint(f"http://127.0.0.1:{{free_tcp_port()}}")
     original(self, step, *args)
 Trainer._save = save
 from bertdist.cli import main

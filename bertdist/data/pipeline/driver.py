@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bertdist import chatter, ownership, storage
+from bertdist import chatter, object_store, ownership, storage
 from bertdist.config.validation import validate_prepare
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.pipeline.stages import load_piece, make_group, read_unit, write_one_shard
@@ -67,7 +67,7 @@ class PrepareReport:
 def prepare(opts: PrepareOptions) -> PrepareReport:
     """Run (or resume) the whole pipeline; returns the manifest written to OUTPUT/manifest.json."""
     t_start = time.perf_counter()
-    storage.use_endpoint(opts.endpoint_url)
+    object_store.use_endpoint(opts.endpoint_url)
     validate_prepare(opts)  # before Ray starts: a bad value must not fail inside a task
     from bertdist.data.tokenizer import open_tokenizer
 
@@ -102,7 +102,9 @@ def _run(
     t_start: float,
 ) -> PrepareReport:
     ray, ray_start_seconds = _start_ray(opts)
-    run = _TaskRunner(ray, opts.workers, opts.progress, storage.endpoint())  # use_endpoint(opts.endpoint_url) set it
+    run = _TaskRunner(
+        ray, opts.workers, opts.progress, object_store.endpoint()
+    )  # use_endpoint(opts.endpoint_url) set it
 
     units = plan_units(files, opts.unit_bytes)
     unit_results = run(
@@ -284,7 +286,7 @@ def _with_worker_facts(endpoint_url: str, fn: Callable, *args: Any) -> dict[str,
 
     import ray
 
-    storage.use_endpoint(endpoint_url)
+    object_store.use_endpoint(endpoint_url)
     result = fn(*args)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return dict(result, peak_rss_mb=rss_mb, node=ray.util.get_node_ip_address())

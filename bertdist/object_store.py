@@ -1,0 +1,180 @@
+"""Object stores behind URLs (`s3://`, `gs://`, ...): one fsspec filesystem per protocol and process, the
+S3-compatible endpoint, and the retry policy every call on a URL goes through. bertdist.storage is the only
+caller: it tells paths from URLs and sends the URLs here.
+
+Credentials come from where the AWS SDK looks (environment, ~/.aws config and profile, instance role); an
+S3-compatible endpoint from `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, which `use_endpoint` sets from the
+config. Neither is ever written to a log, an MLflow param or a job script: only URLs are.
+
+Object stores fail transiently (throttling with 503 SlowDown, connections reset, a server restarting): every
+call goes through `retrying`, which retries those with exponential backoff for up to `RETRY_SECONDS` and then
+raises a `StoreUnavailableError` naming the object and the last error (not bad input: a run stops to be
+requeued). Errors a retry cannot fix (no such bucket or key, access denied, no credentials) fail at once, in one
+line, as a `StorageError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import time
+from typing import Any, Callable, TypeVar
+
+from bertdist import credentials
+from bertdist.errors import UserError
+
+RETRY_SECONDS = float(os.environ.get("BERTDIST_STORAGE_RETRY_SECONDS", "120"))
+"""How long transient object-store errors are retried before giving up (a server restart takes seconds)."""
+T = TypeVar("T")
+
+
+class StorageError(UserError):
+    """An object store refused or kept failing; the message names the URL and the store's error."""
+
+
+class StoreUnavailableError(StorageError):
+    """The store kept failing transiently (down, throttling, unreachable) for the whole retry time: not bad
+    input, and a later attempt may succeed. A run ends to be requeued, not as a usage error."""
+
+
+def endpoint() -> str:
+    """The S3-compatible endpoint this process uses ('' for AWS itself)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+
+
+def use_endpoint(endpoint_url: str) -> None:
+    """Send S3 requests of this process and its children to an S3-compatible store (MinIO, Ceph, R2...)."""
+    if endpoint_url:
+        os.environ["AWS_ENDPOINT_URL_S3"] = endpoint_url
+        _FILESYSTEMS.clear()
+
+
+_FILESYSTEMS: dict[tuple[str, int, str], Any] = {}
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """(fsspec filesystem, path within it), one filesystem per protocol and process (s3fs's event loop and
+    connections do not survive a fork: a DataLoader worker opens its own)."""
+    import fsspec
+
+    problem = credentials.credentials_problem(url, "URL")
+    if problem:
+        raise StorageError(problem)
+    protocol = url.split("://", 1)[0].lower()
+    key = (protocol, os.getpid(), endpoint())
+    if key not in _FILESYSTEMS:
+        # No listings cache: a run and its readers change a prefix under each other (`latest`, the lease), and an
+        # exists() answered from an earlier listing would be stale.
+        options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if protocol in ("s3", "s3a"):
+            options.update(config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}})
+        _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
+    return _FILESYSTEMS[key], url.split("://", 1)[1]
+
+
+# ---- the retry policy --------------------------------------------------------------------------------------
+
+
+def _transient(error: BaseException) -> bool:
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    kind = type(error).__name__
+    if kind in ("NoCredentialsError", "PartialCredentialsError", "NoRegionError", "ParamValidationError"):
+        return False
+    if isinstance(error, (ConnectionError, TimeoutError)) or "Timeout" in kind or "Connect" in kind:
+        return True
+    if isinstance(error, OSError):  # s3fs: SlowDown/503/ServiceUnavailable -> EBUSY; others keep their errno
+        return error.errno in (
+            errno.EBUSY,
+            errno.EAGAIN,
+            errno.ECONNRESET,
+            errno.ECONNREFUSED,
+            errno.ETIMEDOUT,
+            errno.EPIPE,
+            None,
+        )
+    return kind in (
+        "EndpointConnectionError",
+        "ReadTimeoutError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "IncompleteRead",
+        "ResponseStreamingError",
+        "ClientOSError",
+    )
+
+
+def _explain(url: str, error: BaseException) -> str:
+    kind = type(error).__name__
+    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else kind
+    if kind in ("NoCredentialsError", "PartialCredentialsError"):
+        return (
+            f"{url}: no credentials for the object store (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+        )
+    if isinstance(error, FileNotFoundError):
+        return f"{url}: {'no such bucket' if 'bucket' in text.lower() else 'no such object'} ({text})"
+    if isinstance(error, PermissionError):
+        return f"{url}: access denied ({text})"
+    return f"{url}: {kind}: {text}"
+
+
+def retrying(url: str, call: Callable[[], T], seconds: float | None = None) -> T:
+    """`call()`, retried on transient errors with exponential backoff (0.5 s doubling to 8 s, with jitter)
+    for up to `seconds`; then, or at once for a permanent error, a StorageError naming `url`."""
+    deadline = time.monotonic() + (RETRY_SECONDS if seconds is None else seconds)
+    delay = 0.5
+    while True:
+        try:
+            return call()
+        except StorageError:
+            raise
+        except Exception as e:  # noqa: BLE001  the store's library raises many kinds; each is classified
+            if not _transient(e):
+                raise StorageError(_explain(url, e)) from None
+            if time.monotonic() + delay > deadline:
+                waited = RETRY_SECONDS if seconds is None else seconds
+                raise StoreUnavailableError(
+                    f"{_explain(url, e)} (still failing after {waited:.0f} s of retries)"
+                ) from None
+            time.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 8.0)
+
+
+def call(url: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    fs, path = filesystem(url)
+    return retrying(url, lambda: getattr(fs, method)(path, *args, **kwargs))
+
+
+def info(url: str) -> dict | None:
+    """The object's (or prefix's) entry, None when there is no such key. Not fsspec's exists()/isfile(), which
+    answer False for every error: missing credentials, an unreachable endpoint and a missing bucket would all
+    read as "no such file" (and a refused connection would not be retried)."""
+    fs, inside = filesystem(url)
+
+    def call() -> dict | None:
+        try:
+            return fs.info(inside)
+        except FileNotFoundError as e:
+            if "bucket" in str(e).lower():
+                raise
+            return None
+
+    return retrying(url, call)
+
+
+def entries(url: str) -> dict[str, dict]:
+    """{name: fsspec entry} directly under a URL prefix; {} for a prefix with nothing under it, an error for
+    a bucket that does not exist."""
+    fs, inside = filesystem(url)
+
+    def listing() -> dict[str, dict]:
+        try:
+            entries = fs.ls(inside.rstrip("/"), detail=True, refresh=True)
+        except FileNotFoundError as e:
+            if "bucket" in str(e).lower():
+                raise
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries}
+
+    return retrying(url, listing)
