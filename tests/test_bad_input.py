@@ -25,9 +25,9 @@ from bertdist.config import ConfigError, load_config
 from bertdist.data import DataError, iter_samples
 from bertdist.data.loader import PretrainingLoader
 from bertdist.errors import USAGE_EXIT_CODE
-from bertdist.train import checkpoint
-from bertdist.train.checkpoint import CheckpointError, TrainState
+from bertdist.train import checkpoint, train_state
 from bertdist.train.distributed import free_tcp_port
+from bertdist.train.train_state import CheckpointError, TrainState
 from bertdist.train.trainer import train
 from tests import training_runs
 from tests.conftest import REPO, TEST_SEQ_LENGTH
@@ -277,7 +277,7 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(
     marker = tmp_path / "payload-ran"
     torch.save({**torch.load(states, weights_only=True), "client_state": _Payload(marker)}, states)
     raw = json.loads((target / checkpoint.TRAIN_STATE_FILENAME).read_text())
-    del raw[checkpoint.STATE_CHECKSUM_KEY]
+    del raw[train_state.STATE_CHECKSUM_KEY]
     raw["files"] = describe_own_files(target, rank=0, exclude={checkpoint.TRAIN_STATE_FILENAME})
     cfg = load_config(
         training_runs.write_config(tmp_path / "cfg", tiny_shards, tiny_vocab, zero_stage=0),
@@ -289,7 +289,7 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(
     )
     raw["config"] = cfg.to_dict()  # the attacker's checkpoint claims to be this run's
     (target / checkpoint.TRAIN_STATE_FILENAME).write_text(
-        json.dumps({**raw, "sha256": checkpoint._state_checksum(raw)})
+        json.dumps({**raw, "sha256": train_state._state_checksum(raw)})
     )
 
     if reader == "export":

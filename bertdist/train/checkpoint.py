@@ -11,84 +11,33 @@ Layout under `{train.output_dir}/checkpoints/`:
                                    never loaded, never counted toward keep_last, left for inspection
 
 A checkpoint directory without train_state.json is incomplete (a crash while saving) and is never
-loaded; `latest` keeps pointing at the previous one. The train state is JSON rather than DeepSpeed's
-pickled client state so that it can be read without torch and holds nothing executable. This module
+loaded; `latest` keeps pointing at the previous one. The train state's format is bertdist.train.train_state. This module
 also consolidates any ZeRO stage into one plain state dict, which export needs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import re
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bertdist import chatter
-from bertdist.config.objectives import upgrade_model_section
 from bertdist.errors import UserError, first_line, one_line
 from bertdist.safe_load import weights_only_loading
 from bertdist.storage import is_partial, partial_name, write_text
 from bertdist.train import integrity, rng
+from bertdist.train.train_state import CheckpointError, TrainState, parse_train_state, state_json
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 LATEST_FILENAME = "latest"
 TRAIN_STATE_FILENAME = "train_state.json"
-TRAIN_STATE_VERSION = 3
-"""3: `input_models` recorded (a release that reads 2 says which version it met rather than failing on the key).
-2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without one."""
-READABLE_STATE_VERSIONS = (1, 2, 3)
-STATE_CHECKSUM_KEY = "sha256"
 DAMAGED_FILENAME = "DAMAGED"
 DAMAGED_PREFIX = "damaged-"
 """A damaged checkpoint whose step is saved again is moved aside to `damaged-step_N`, not deleted."""
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is missing, incomplete, or does not fit the run that wants to load it."""
-
-
-@dataclass
-class TrainState:
-    """What DeepSpeed's files do not hold: where the run is and how to continue it bit for bit."""
-
-    step: int
-    """Optimizer steps completed."""
-    tokens_seen: int
-    """Non-padding tokens consumed by training, over all ranks."""
-    sequences_seen: int
-    world_size: int
-    loader_states: list[dict[str, Any]]
-    """PretrainingLoader.state_dict() of every rank, indexed by rank."""
-    rng_states: list[dict[str, Any]]
-    """rng.capture_rng_state() of every rank, indexed by rank."""
-    config: dict[str, Any]
-    """The resolved Config.to_dict() of the run that wrote the checkpoint."""
-    tracking_run_id: str | None = None
-    elapsed_seconds: float = 0.0
-    """Wall time the run's training processes have run up to this checkpoint, over every launch."""
-    version: int = field(default=TRAIN_STATE_VERSION)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Size and sha256 of every DeepSpeed file of the checkpoint (bertdist.train.integrity); {} before 0.2."""
-    input_models: dict[str, str] = field(default_factory=dict)
-    """Config field -> digest of each model the run learns from and does not checkpoint (a distillation teacher):
-    bertdist.train.run_identity. {} in checkpoints written before it was recorded."""
-
-
-def _state_checksum(raw: dict[str, Any]) -> str:
-    """sha256 of the state's canonical JSON: a flipped digit in `step` must not pass as another step."""
-    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
-
-
-def state_json(state: TrainState) -> str:
-    """The text of train_state.json for `state`, with its checksum."""
-    raw = asdict(state)
-    return json.dumps({**raw, STATE_CHECKSUM_KEY: _state_checksum(raw)})
 
 
 def tag_for(step: int) -> str:
@@ -111,28 +60,6 @@ def read_train_state(checkpoint_dir: str | os.PathLike) -> TrainState:
         return parse_train_state(path.read_bytes(), str(path))
     except CheckpointError as e:
         raise CheckpointError(f"{e}{_beside(Path(checkpoint_dir).parent)}") from None
-
-
-def parse_train_state(data: bytes, where: str) -> TrainState:
-    """The train state in `data` (the bytes of train_state.json, from disk or a store), checked."""
-    try:
-        raw = json.loads(data)
-        if raw.get("version") not in READABLE_STATE_VERSIONS:
-            raise CheckpointError(
-                f"{where}: train state version {raw.get('version')}, this bertdist reads "
-                f"{', '.join(map(str, READABLE_STATE_VERSIONS))}"
-            )
-        recorded = raw.pop(STATE_CHECKSUM_KEY, None)
-        if recorded is None and raw["version"] >= 2:  # deleting the key must not switch the check off
-            raise ValueError(f"its {STATE_CHECKSUM_KEY} is missing (edited or damaged)")
-        if recorded is not None and recorded != _state_checksum(raw):
-            raise ValueError("its checksum does not match its content (edited or damaged)")
-        state = TrainState(**raw)
-        if "model" in state.config:  # written before a rename of a model setting: read as this version names it
-            state.config["model"] = upgrade_model_section(state.config["model"])
-    except (ValueError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{where}: unreadable train state ({e})") from None
-    return state
 
 
 def resolve_resume(

@@ -11,16 +11,14 @@ from bertdist.train.checkpoint import (
     CHECKPOINTS_DIRNAME,
     LATEST_FILENAME,
     TRAIN_STATE_FILENAME,
-    CheckpointError,
-    TrainState,
     checkpoints_dir,
     is_complete,
     marker_tag,
-    parse_train_state,
     read_marker,
     step_dirs,
     verify_files,
 )
+from bertdist.train.train_state import CheckpointError, TrainState, parse_train_state
 
 _HEADER = f"{'checkpoint':<16} {'state':<10} {'files':>6} {'GB':>8}  notes"
 

@@ -38,19 +38,17 @@ from bertdist.train.checkpoint import (
     DAMAGED_FILENAME,
     LATEST_FILENAME,
     TRAIN_STATE_FILENAME,
-    CheckpointError,
-    TrainState,
     checkpoints_dir,
     complete_checkpoints,
     first_intact,
     marker_tag,
-    parse_train_state,
     read_train_state,
     refuse_foreign_checkpoints,
     resolve_resume,
     verify_files,
 )
 from bertdist.train.run_identity import foreign_fields
+from bertdist.train.train_state import CheckpointError, TrainState, parse_train_state
 
 UPLOADS = ".uploads"
 WAIT_POLL_SECONDS = 0.5

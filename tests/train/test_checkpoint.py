@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bertdist.train import checkpoint, rng
-from bertdist.train.checkpoint import CheckpointError, TrainState
+from bertdist.train.train_state import CheckpointError, TrainState
 from tests import training_runs as runs
 
 

@@ -11,12 +11,9 @@ import torch
 from bertdist.cli import main
 from bertdist.config import ModelConfig
 from bertdist.model.bert.model import BertForPreTraining
-from bertdist.train.checkpoint import (
-    CheckpointError,
-    consolidated_state_dict,
-    read_train_state,
-)
+from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
 from bertdist.train.export import find_checkpoint
+from bertdist.train.train_state import CheckpointError
 from tests import training_runs as runs
 
 pytestmark = pytest.mark.slow

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bertdist.train.checkpoint import TrainState
 from bertdist.train.listing import _phase_note
+from bertdist.train.train_state import TrainState
 
 
 def _state(step: int) -> TrainState:
