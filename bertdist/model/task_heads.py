@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
-from bertdist.model.bert.model import check_heads_divide, init_weights
+from bertdist.model.initialisation import check_heads_divide, normal_init
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import IGNORE_INDEX, Dropout
 
@@ -118,7 +118,7 @@ class TaskModel(nn.Module):
         setattr(self, encoder_name, new_encoder(cfg))
 
     def init_weights(self) -> None:
-        self.apply(lambda module: init_weights(module, self.config.initializer_range))
+        self.apply(lambda module: normal_init(module, self.config.initializer_range))
 
     def encode(
         self,
@@ -268,4 +268,4 @@ class TaskFamily:
 
 def bert_init(module: torch.nn.Module, cfg: ModelConfig) -> None:
     """BERT's initialisation, which ALBERT, ELECTRA and DistilBERT keep."""
-    init_weights(module, cfg.initializer_range)
+    normal_init(module, cfg.initializer_range)

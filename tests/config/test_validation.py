@@ -244,7 +244,7 @@ def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_r
     """validate_finetune needs only the config; the two rules that need the model's positions or the training rows
     are beside it, and say which field to change."""
     from bertdist.config.validation import data_problems, source_problems, validate_finetune
-    from bertdist.model.bert.model import check_heads_divide
+    from bertdist.model.initialisation import check_heads_divide
 
     cfg = load_config(
         None,

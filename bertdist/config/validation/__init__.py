@@ -6,8 +6,8 @@
     validate_prepare(opts)                   prepare (PrepareOptions, problems named by flag): prepare
 
 A rule two commands share is one function that both call (`local_only_problems`, `heads_divide_problem`, which
-the model's own guard bertdist.model.bert.model.check_heads_divide raises too). `bertdist embed` checks its few flags
-beside its options (bertdist.finetune.embed.check).
+the model's own guard bertdist.model.initialisation.check_heads_divide raises too). `bertdist embed` checks its few
+flags beside its options (bertdist.finetune.embed.check).
 """
 
 from bertdist.config.validation.finetune import data_problems, source_problems, validate_finetune

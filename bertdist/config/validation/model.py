@@ -27,8 +27,8 @@ def family_fields() -> dict[str, tuple[str, ...]]:
 
 def heads_divide_problem(m: ModelConfig) -> str:
     """Why the attention heads cannot split `model.hidden_size` ('' when they can). The one copy of the rule:
-    `validate` reports it as a field problem, and bertdist.model.bert.model.check_heads_divide raises it when a model is
-    built from a ModelConfig that never went through validation (a test's, a checkpoint's)."""
+    `validate` reports it as a field problem, and bertdist.model.initialisation.check_heads_divide raises it when a
+    model is built from a ModelConfig that never went through validation (a test's, a checkpoint's)."""
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         return (
             f"model.hidden_size: {m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"

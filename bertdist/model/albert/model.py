@@ -36,7 +36,8 @@ from torch.utils.checkpoint import checkpoint
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
 from bertdist.model.bert.layers import BertEmbeddings, BertLayer, BertSelfAttention
-from bertdist.model.bert.model import BertPooler, check_heads_divide, init_weights
+from bertdist.model.bert.model import BertPooler, init_weights
+from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import Dropout, VocabCrossEntropy, tied_logits
 from bertdist.model.outputs import PreTrainingOutput, Scored

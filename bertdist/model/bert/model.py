@@ -43,9 +43,9 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
-from bertdist.config.validation import heads_divide_problem
 from bertdist.model.bert.heads import BertLMPredictionHead, BertPreTrainingHeads, SpanBoundaryHead
 from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
+from bertdist.model.initialisation import check_heads_divide, normal_init
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import (
     VocabCrossEntropy,
@@ -151,23 +151,10 @@ class BertModel(nn.Module):
         return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
 
 
-def check_heads_divide(cfg: ModelConfig) -> None:
-    """The model's own guard, for a ModelConfig that never went through validation (a test's, a checkpoint's):
-    the config rule itself, which `bertdist.config.validate` reports as a field problem."""
-    if problem := heads_divide_problem(cfg):
-        raise ValueError(problem)
-
-
 def init_weights(module: nn.Module, std: float) -> None:
-    """BERT's initialisation (for `Module.apply`): matrices from N(0, std), biases 0, LayerNorm scale 1."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=std)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-    elif isinstance(module, BertLMPredictionHead):
+    """BERT's initialisation (for `Module.apply`): `normal_init`, and the MLM head's own bias 0."""
+    normal_init(module, std)
+    if isinstance(module, BertLMPredictionHead):
         nn.init.zeros_(module.bias)
 
 

@@ -39,7 +39,8 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
-from bertdist.model.bert.model import check_heads_divide, init_weights
+from bertdist.model.bert.model import init_weights
+from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import VocabCrossEntropy, tied_logits
 from bertdist.model.outputs import PreTrainingOutput, Scored
