@@ -32,6 +32,9 @@ class FamilySpec:
     logits); ELECTRA's export is its discriminator, whose output is no MLM, so it names none."""
     demo_config: str | None = None
     """The `configs/` file `bertdist demo --arch` runs for this family; None: no demo."""
+    other_model_types: tuple[str, ...] = ()
+    """Other config.json `model_type`s the family's adapter reads (RoBERTa's: XLM-R's `xlm-roberta`, the same
+    architecture under another name); `model_type` stays the one its exports are by default."""
 
     def module(self, name: str) -> ModuleType:
         """The folder's module `name` (model, hf, tasks), imported now."""
