@@ -49,7 +49,10 @@ class Objective:
 OBJECTIVES = {
     "mlm+nsp": Objective("nsp", ("nsp",), "masked LM + next-sentence prediction (BERT)"),
     "mlm": Objective(
-        None, ("mlm", "nsp", "sop"), "masked LM only (RoBERTa)", ("bert", "modernbert", "albert", "distilbert")
+        None,
+        ("mlm", "nsp", "sop"),
+        "masked LM only (RoBERTa)",
+        ("bert", "modernbert", "albert", "distilbert", "roberta"),
     ),
     "mlm+sop": Objective("sop", ("sop",), "masked LM + sentence-order prediction (ALBERT)"),
     "rtd": Objective(None, ("mlm", "nsp", "sop"), "replaced-token detection (ELECTRA)", ("electra",)),

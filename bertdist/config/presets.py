@@ -35,6 +35,16 @@ vocabulary and dropout (Appendix A)."""
 _DISTILBERT = dict(arch="distilbert", objective="distill")
 """DistilBERT (arXiv 1910.01108, section 3): BERT's layer at the teacher's width, half its depth, no segment
 embeddings or pooler, trained by distillation."""
+_ROBERTA = dict(
+    arch="roberta",
+    objective="mlm",  # no sentence head (arXiv 1907.11692, section 4.2)
+    vocab_size=50265,  # GPT-2's byte-level BPE with RoBERTa's four special tokens (section 4.4)
+    pad_token_id=1,  # <s> <pad> </s> <unk> at 0-3: positions start at 2
+    max_position_embeddings=514,  # 512 tokens past the padding index
+    type_vocab_size=1,
+    layer_norm_eps=1e-5,
+)
+"""RoBERTa's settings shared by every size (the released roberta-base config.json); XLM-R changes the vocabulary."""
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=2),
     "mini": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
@@ -112,6 +122,11 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     # DistilBERT: half the teacher's layers at its width (6 of BERT-Base's 12, section 3); mini: 2 of BERT-mini's 4.
     "distilbert-mini": dict(_DISTILBERT, num_layers=2, hidden_size=256, num_attention_heads=4),
     "distilbert-base": dict(_DISTILBERT, num_layers=6, hidden_size=768, num_attention_heads=12),
+    # RoBERTa (arXiv 1907.11692): BERT-Base's shape; mini is BERT-mini's, for CPU runs. XLM-R Base (arXiv
+    # 1911.02116): the same, over a 250,002-token SentencePiece vocabulary; its exports are XLMRobertaForMaskedLM.
+    "roberta-mini": dict(_ROBERTA, num_layers=4, hidden_size=256, num_attention_heads=4),
+    "roberta-base": dict(_ROBERTA, num_layers=12, hidden_size=768, num_attention_heads=12),
+    "xlm-roberta-base": dict(_ROBERTA, num_layers=12, hidden_size=768, num_attention_heads=12, vocab_size=250002),
     "electra-large": dict(
         _ELECTRA,
         num_layers=24,

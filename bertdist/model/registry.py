@@ -20,7 +20,7 @@ from bertdist.model.spec import FamilySpec
 if TYPE_CHECKING:  # the registry imports no config at run time: config validation asks it
     from bertdist.config import ModelConfig
 
-FAMILIES = ("bert", "modernbert", "albert", "electra", "distilbert")
+FAMILIES = ("bert", "modernbert", "albert", "electra", "distilbert", "roberta")
 """model.arch of every family, in the order users meet them."""
 
 
@@ -32,8 +32,11 @@ def spec(arch: str) -> FamilySpec:
 
 
 def arch_of_model_type(model_type: str) -> str | None:
-    """The family whose Hugging Face directories have this config.json `model_type`; None for none of them."""
-    return next((arch for arch in FAMILIES if spec(arch).model_type == model_type), None)
+    """The family whose Hugging Face directories have this config.json `model_type` (its spec's own or one of its
+    `other_model_types`: RoBERTa reads XLM-R's); None for none of them."""
+    return next(
+        (arch for arch in FAMILIES if model_type in (spec(arch).model_type, *spec(arch).other_model_types)), None
+    )
 
 
 def model_types() -> list[str]:

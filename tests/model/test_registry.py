@@ -19,9 +19,11 @@ def test_every_family_is_a_folder_with_a_model_an_adapter_and_task_models():
         assert spec.arch == arch and registry.arch_of_model_type(spec.model_type) == arch
         assert callable(spec.model_class().forward_flops)
         assert callable(spec.adapter().load_pretrained) and callable(spec.adapter().write_directory)
-        assert all(name.startswith(spec.tasks().prefix) for name in spec.tasks().task_models)
-    with pytest.raises(ValueError, match="roberta"):
-        registry.spec("roberta")
+        # `{prefix}For{head}`, or under another name of the same family (RoBERTa's XLMRobertaFor...)
+        assert all(name.split("For")[0].endswith(spec.tasks().prefix) for name in spec.tasks().task_models)
+    assert registry.arch_of_model_type("xlm-roberta") == "roberta"  # a family's other model_types
+    with pytest.raises(ValueError, match="deberta"):
+        registry.spec("deberta")
 
 
 def test_reading_the_registry_and_validating_a_config_import_no_torch():
@@ -38,7 +40,7 @@ def test_reading_the_registry_and_validating_a_config_import_no_torch():
 
 
 @pytest.mark.parametrize(
-    "size", ["tiny", "modernbert-tiny", "modernbert-mini", "albert-mini", "distilbert-mini", "span"]
+    "size", ["tiny", "modernbert-tiny", "modernbert-mini", "albert-mini", "distilbert-mini", "roberta-mini", "span"]
 )
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_counted_parameters_are_the_models(size, bias):
