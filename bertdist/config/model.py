@@ -26,13 +26,16 @@ class ModelConfig:
     -mini, -base, -large (ModernBERT: also its window, norms, dropout and vocabulary); albert-mini, -base, -large
     (ALBERT: also its embedding width, sharing, dropout and vocabulary); electra-mini, -small, -base, -large (ELECTRA:
     also its embedding width and generator); distilbert-mini, -base (DistilBERT students: half the layers of
-    BERT-mini and BERT-Base)."""
-    arch: Literal["bert", "modernbert", "albert", "electra", "distilbert"] = "bert"
+    BERT-mini and BERT-Base); roberta-mini, -base and xlm-roberta-base (RoBERTa and XLM-R: also their vocabulary,
+positions past the padding index, one segment, LayerNorm eps)."""
+    arch: Literal["bert", "modernbert", "albert", "electra", "distilbert", "roberta"] = "bert"
     """bert (the 2018 architecture, the default), modernbert (RoPE, GeGLU, pre-norm, alternating global and
     local attention: bertdist.model.modernbert.model), albert (factorized embeddings, layers sharing parameters, a
     sentence-order head: bertdist.model.albert.model), electra (a small MLM generator and the discriminator that
     detects its replacements: bertdist.model.electra.model) or distilbert (BERT's layers without segment embeddings or
-    pooler, the student of a distillation: bertdist.model.distilbert.model). One registry: bertdist.model.registry."""
+    pooler, the student of a distillation: bertdist.model.distilbert.model) or roberta (BERT's layers, positions
+counted from past the padding index, masked LM only: bertdist.model.roberta.model; XLM-R too). One registry:
+bertdist.model.registry."""
     num_layers: int = 12
     hidden_size: int = 768
     num_attention_heads: int = 12
@@ -94,6 +97,14 @@ class ModelConfig:
     """0: num_layers, as the paper's generators."""
     rtd_weight: float = 50.0
     """lambda: loss = generator MLM + lambda x replaced-token detection (the paper's 50)."""
+
+    # RoBERTa only (arch: roberta); the others refuse it set away from its default.
+    pad_token_id: int = 0
+    """The padding token's id, which RoBERTa's positions are counted past: a sample's tokens sit at positions
+    pad_token_id + 1, + 2, ... (transformers' and fairseq's rule), so a sample holds at most max_position_embeddings
+    - pad_token_id - 1 tokens (512 of RoBERTa's 514). RoBERTa's and XLM-R's tokenizers have <pad> at 1, their
+    presets' value; it must be the pad id of the tokenizer the model is exported with. The default is BERT's [PAD]
+    id, which the other families write in config.json from their tokenizer and never read from here."""
 
     @classmethod
     def from_size(cls, size: str, **overrides: Any) -> "ModelConfig":

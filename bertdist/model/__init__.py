@@ -2,11 +2,12 @@
 
 registry        the one table of families (model.arch -> bertdist.model.<arch>'s spec); build_model(cfg.model)
 spec            FamilySpec: what the rest of bertdist asks of a family (torch-free; names its modules)
-bert/           BERT: model, layers (which ALBERT, ELECTRA and DistilBERT reuse), pretraining heads, hf, tasks
+bert/           BERT: model, layers (which ALBERT, ELECTRA, DistilBERT and RoBERTa reuse), pretraining heads, hf, tasks
 modernbert/     ModernBERT: RoPE, GeGLU, pre-norm, global and sliding-window layers; hf, tasks
 albert/         ALBERT: factorized embeddings, shared layers, sentence order; hf, tasks
 electra/        ELECTRA: generator and discriminator; hf (two directories), tasks
 distilbert/     DistilBERT: BERT's layer, half the depth, no segments; hf, tasks
+roberta/        RoBERTa and XLM-R: BERT's layers, positions past the padding index, masked LM only; hf, tasks
 rotary          RoPE as one autograd function over the fused QKV projection (ModernBERT)
 layout          padded, unpadded and packed batches: where each sample's tokens are, attention per sample
 ops             faster operators: CPU dropout, attention over heads, tied logits, the MLM cross-entropy

@@ -54,6 +54,7 @@ _ARCHITECTURE_FIELDS = (
     "max_position_embeddings",
     "type_vocab_size",
     "layer_norm_eps",
+    "pad_token_id",  # RoBERTa's positions start past it; the other families keep the default on both sides
 )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from bertdist.errors import UserError
 from bertdist.model.spec import FamilySpec
 
-FAMILIES = ("bert", "modernbert", "albert", "electra", "distilbert")
+FAMILIES = ("bert", "modernbert", "albert", "electra", "distilbert", "roberta")
 """model.arch of every family, in the order users meet them."""
 
 
@@ -31,8 +31,11 @@ def spec(arch: str) -> FamilySpec:
 
 
 def arch_of_model_type(model_type: str) -> str | None:
-    """The family whose Hugging Face directories have this config.json `model_type`; None for none of them."""
-    return next((arch for arch in FAMILIES if spec(arch).model_type == model_type), None)
+    """The family whose Hugging Face directories have this config.json `model_type` (its spec's own or one of its
+    `other_model_types`: RoBERTa reads XLM-R's); None for none of them."""
+    return next(
+        (arch for arch in FAMILIES if model_type in (spec(arch).model_type, *spec(arch).other_model_types)), None
+    )
 
 
 def arch_of_config(config_json: dict[str, Any]) -> str | None:
@@ -42,7 +45,7 @@ def arch_of_config(config_json: dict[str, Any]) -> str | None:
 
 
 def model_types() -> list[str]:
-    return [spec(arch).model_type for arch in FAMILIES]
+    return [t for arch in FAMILIES for t in (spec(arch).model_type, *spec(arch).other_model_types)]
 
 
 def model_class(arch: str) -> Any:

@@ -40,6 +40,9 @@ class FamilySpec:
     """`model.size` -> its settings (with `arch` for every family but BERT, the default)."""
     demo_config: str | None = None
     """The `configs/` file `bertdist demo --arch` runs for this family; None: no demo."""
+    other_model_types: tuple[str, ...] = ()
+    """Other config.json `model_type`s the family's adapter reads (RoBERTa's: XLM-R's `xlm-roberta`, the same
+    architecture under another name); `model_type` stays the one its exports are by default."""
 
     def config_problems(self, model_cfg: Any, phases: list[Any]) -> list[str]:
         """What the family's own rules find wrong with a config (none without a `rules` module)."""

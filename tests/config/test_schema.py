@@ -64,6 +64,8 @@ def test_model_size_preset_then_explicit_keys(tmp_path):
         ("electra-base", (12, 768, 12)),
         ("electra-large", (24, 1024, 16)),
         ("distilbert-base", (6, 768, 12)),
+        ("roberta-base", (12, 768, 12)),
+        ("xlm-roberta-base", (12, 768, 12)),
     ],
 )
 def test_named_sizes(size, lha):
@@ -89,6 +91,9 @@ def test_named_sizes(size, lha):
         "electra-large",
         "distilbert-mini",
         "distilbert-base",
+        "roberta-mini",
+        "roberta-base",
+        "xlm-roberta-base",
     }
     if size.startswith("modernbert"):  # the published shapes (transformers' ModernBertConfig)
         assert (m.arch, m.ffn_size(), m.vocab_size, m.local_attention, m.global_attn_every_n_layers) == (
@@ -124,6 +129,15 @@ def test_named_sizes(size, lha):
             m.num_layers,
             m.embedding_width(),
         )
+    if "roberta" in size:  # the released roberta-base / xlm-roberta-base config.json: 512 tokens past <pad> at 1
+        assert (m.arch, m.objective, m.pad_token_id, m.max_position_embeddings, m.type_vocab_size) == (
+            "roberta",
+            "mlm",
+            1,
+            514,
+            1,
+        )
+        assert (m.vocab_size, m.layer_norm_eps) == (250002 if size.startswith("xlm") else 50265, 1e-5)
 
 
 def test_unknown_key_wrong_type_and_indivisible_batch_are_all_reported_at_once(tmp_path):

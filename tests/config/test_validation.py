@@ -30,7 +30,8 @@ CASES = [
         "token-types-on-modernbert",
         "modernbert-tiny",
         ["model.type_vocab_size=4"],
-        "model.type_vocab_size: 4 applies only to model.arch bert or albert or electra, and model.arch: modernbert",
+        "model.type_vocab_size: 4 applies only to model.arch bert or albert or electra or roberta, and model.arch: "
+        "modernbert",
     ),
     (
         "sharing-on-bert",
@@ -80,7 +81,7 @@ CASES = [
         "electra-mini",
         ["model.objective=mlm"],
         "model.objective: 'mlm' (masked LM only (RoBERTa)) is trained by model.arch bert or modernbert or albert or "
-        "distilbert, not electra, which trains rtd",
+        "distilbert or roberta, not electra, which trains rtd",
     ),
     (
         "span-on-modernbert",

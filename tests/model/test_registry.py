@@ -19,9 +19,11 @@ def test_every_family_is_a_folder_with_a_model_an_adapter_and_task_models():
         assert spec.arch == arch and registry.arch_of_model_type(spec.model_type) == arch
         assert callable(spec.model_class().forward_flops)
         assert callable(spec.adapter().load_pretrained) and callable(spec.adapter().write_directory)
-        assert all(name.startswith(spec.tasks().prefix) for name in spec.tasks().task_models)
-    with pytest.raises(ValueError, match="roberta"):
-        registry.spec("roberta")
+        # `{prefix}For{head}`, or under another name of the same family (RoBERTa's XLMRobertaFor...)
+        assert all(name.split("For")[0].endswith(spec.tasks().prefix) for name in spec.tasks().task_models)
+    assert registry.arch_of_model_type("xlm-roberta") == "roberta"  # a family's other model_types
+    with pytest.raises(ValueError, match="deberta"):
+        registry.spec("deberta")
 
 
 def test_reading_the_registry_and_validating_a_config_import_no_torch():
@@ -47,6 +49,8 @@ def test_reading_the_registry_and_validating_a_config_import_no_torch():
         ("albert-base", 11.8),  # ALBERT's paper, Table 1: 12M
         ("electra-small", 14.2),  # ELECTRA's paper, Table 8: 14M (generator and discriminator)
         ("distilbert-base", 67.0),  # DistilBERT's paper: 66M
+        ("roberta-base", 124.7),  # transformers' RobertaForMaskedLM at roberta-base's config (RoBERTa: 125M)
+        ("xlm-roberta-base", 278.3),  # XLMRobertaForMaskedLM at xlm-roberta-base's config (XLM-R: 270M)
     ],
 )
 def test_the_counted_parameters_are_the_published_ones(size, published_millions):
@@ -55,7 +59,9 @@ def test_the_counted_parameters_are_the_published_ones(size, published_millions)
     assert round(total / 1e6, 1) == published_millions and 0 < outside_tables < total
 
 
-@pytest.mark.parametrize("size", ["tiny", "modernbert-tiny", "albert-mini", "distilbert-mini", "electra-mini", "span"])
+@pytest.mark.parametrize(
+    "size", ["tiny", "modernbert-tiny", "albert-mini", "distilbert-mini", "electra-mini", "roberta-mini", "span"]
+)
 def test_the_counted_parameters_are_the_built_models(size):
     cfg = ModelConfig.from_size("tiny", objective="span") if size == "span" else ModelConfig.from_size(size)
     model = registry.build_model(cfg)

@@ -109,7 +109,13 @@ class BertModel(nn.Module):
         values), as MosaicBERT does: nothing else of that layer reaches a loss. That is 10/12 of the last
         layer's matmuls saved (a fifth of BERT-mini's encoder, 1/15 of BERT-Base's) with the same outputs."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, at), layout
+        return self.encoder(self.embed(layout, input_ids, token_type_ids), layout, at), layout
+
+    def embed(self, layout: TokenLayout, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """The embeddings of the layout's tokens, at the positions it gives: the one place every path (`encode`,
+        `hidden_states`, `attention_probabilities`) embeds, so that RoBERTa's positions, offset past its padding
+        index, are one override (bertdist.model.roberta.model)."""
+        return self.embeddings(*layout.inputs(input_ids, token_type_ids))
 
     def pool(self, states: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
         return None if self.pooler is None else self.pooler(layout.first_tokens(states))
@@ -135,7 +141,7 @@ class BertModel(nn.Module):
         """The embeddings' output and every layer's, num_layers + 1 tensors (`transformers`' hidden_states):
         the features of the paper's feature-based approach. Inference only: no activation checkpointing."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        states = self.encoder.every_state(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
+        states = self.encoder.every_state(self.embed(layout, input_ids, token_type_ids), layout)
         return [layout.to_grid(s) for s in states]
 
     def attention_probabilities(
@@ -148,7 +154,7 @@ class BertModel(nn.Module):
         computed on the padded grid whatever `model.unpad` says (a picture wants every query's row). Inference
         only: in training mode the layers would apply dropout that these weights do not show."""
         layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
-        return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
+        return self.encoder.attention_probabilities(self.embed(layout, input_ids, token_type_ids), layout)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

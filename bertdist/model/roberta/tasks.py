@@ -1,0 +1,125 @@
+"""RoBERTa's fine-tuning models in plain PyTorch, as `transformers.RobertaFor*` compute them, with their names, so
+that bertdist.model.hf_heads writes checkpoints the Auto classes load and reads theirs (XLM-R's `XLMRobertaFor*`
+too: the same classes, keys and math under XLM-R's names).
+
+- `RobertaForSequenceClassification`: no pooler; on the first token (<s>), `classifier.dense` Linear(H, H), tanh,
+  `classifier.out_proj` Linear(H, labels), with dropout before each; single-label (cross-entropy) or regression (MSE);
+- `RobertaForTokenClassification`: no pooler; dropout and `classifier` Linear(H, labels) on every position;
+- `RobertaForQuestionAnswering`: no pooler; `qa_outputs` Linear(H, 2) on every position (start and end), the encoder
+  padded (`SpanPredictor`);
+- `RobertaForMultipleChoice`: with the pooler (BERT's, tanh(Linear(H, H)) of the first token), dropout and
+  `classifier` Linear(H, 1) per choice.
+
+The encoder is bertdist.model.roberta.model's `RobertaModel` under `roberta`, as in the pretraining model, so a
+pretrained checkpoint's weights start a task model as they are. RoBERTa has one segment: the fine-tuning runner's
+token types are taken and never reach the encoder, as RoBERTa's tokenizers return none. The first token is computed
+alone in the last layer (`TaskModel.first_tokens`). The dropouts are the hidden dropout (transformers' when
+`classifier_dropout` is unset; bertdist.model.hf_heads writes it equal). tests/model/roberta/test_tasks.py compares
+logits and losses with `transformers` on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bertdist.config import ModelConfig
+from bertdist.model.ops import Dropout
+from bertdist.model.roberta import hf
+from bertdist.model.roberta.model import RobertaModel, init_weights
+from bertdist.model.task_heads import (
+    SINGLE_LABEL,
+    ChoiceScorer,
+    SequenceClassifier,
+    SpanPredictor,
+    TaskFamily,
+    TokenTagger,
+)
+
+ENCODER_NAME = "roberta"
+"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
+
+
+def encoder_without_pooler(cfg: ModelConfig) -> RobertaModel:
+    """The encoder of every head but multiple choice: transformers builds theirs without pooler."""
+    return RobertaModel(cfg, add_pooling_layer=False)
+
+
+class RobertaClassificationHead(nn.Module):
+    """On the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.out_proj = nn.Linear(cfg.hidden_size, num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(first)))))
+
+
+class RobertaForSequenceClassification(SequenceClassifier):
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder_without_pooler, segments=False)
+        self.classifier = RobertaClassificationHead(cfg, num_labels)
+        self.init_weights()
+
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
+
+
+class RobertaForTokenClassification(TokenTagger):
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, segments=False)
+
+
+class RobertaForQuestionAnswering(SpanPredictor):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler, segments=False)
+
+
+class RobertaForMultipleChoice(ChoiceScorer):
+    """Each choice's pooled first token, dropout, Linear(H, 1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, 1, SINGLE_LABEL, ENCODER_NAME, RobertaModel, segments=False)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, 1)
+        self.init_weights()
+
+    def classify(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        pooled = self.roberta.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
+        return self.classifier(self.dropout(pooled))
+
+
+_HEADS = (
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
+    RobertaForQuestionAnswering,
+    RobertaForMultipleChoice,
+)
+TASK_MODELS = {
+    f"{prefix}For{model.__name__.split('For', 1)[1]}": model
+    for prefix in hf.CLASS_PREFIXES.values()
+    for model in _HEADS
+}
+"""transformers' class names, RoBERTa's and XLM-R's, -> the model (an XLM-R export renames it: bertdist.model.roberta.hf
+`write_directory`)."""
+
+FAMILY = TaskFamily(
+    "Roberta",
+    TASK_MODELS,
+    hf.config_from_hf,
+    hf.from_hf_state_dict,
+    hf.write_directory,
+    ENCODER_NAME,
+    RobertaModel,  # with its pooler, as BERT's
+    pretrained=(f"{ENCODER_NAME}.",),
+    optional=(f"{ENCODER_NAME}.pooler.",),  # a RobertaForMaskedLM export has none
+    inputs=("input_ids", "attention_mask"),
+    init_weights=init_weights,
+)
