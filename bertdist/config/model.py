@@ -27,15 +27,15 @@ class ModelConfig:
     (ALBERT: also its embedding width, sharing, dropout and vocabulary); electra-mini, -small, -base, -large (ELECTRA:
     also its embedding width and generator); distilbert-mini, -base (DistilBERT students: half the layers of
     BERT-mini and BERT-Base); roberta-mini, -base and xlm-roberta-base (RoBERTa and XLM-R: also their vocabulary,
-positions past the padding index, one segment, LayerNorm eps)."""
+    positions past the padding index, one segment, LayerNorm eps)."""
     arch: Literal["bert", "modernbert", "albert", "electra", "distilbert", "roberta"] = "bert"
     """bert (the 2018 architecture, the default), modernbert (RoPE, GeGLU, pre-norm, alternating global and
     local attention: bertdist.model.modernbert.model), albert (factorized embeddings, layers sharing parameters, a
     sentence-order head: bertdist.model.albert.model), electra (a small MLM generator and the discriminator that
     detects its replacements: bertdist.model.electra.model) or distilbert (BERT's layers without segment embeddings or
     pooler, the student of a distillation: bertdist.model.distilbert.model) or roberta (BERT's layers, positions
-counted from past the padding index, masked LM only: bertdist.model.roberta.model; XLM-R too). One registry:
-bertdist.model.registry."""
+    counted from past the padding index, masked LM only: bertdist.model.roberta.model; XLM-R too). One registry:
+    bertdist.model.registry."""
     num_layers: int = 12
     hidden_size: int = 768
     num_attention_heads: int = 12

@@ -17,6 +17,24 @@ from bertdist.errors import USAGE_EXIT_CODE
 from tests.conftest import REPO
 
 CASES = [
+    (
+        "roberta-longer-than-its-positions",
+        "bert-tiny",
+        ["model.size=roberta-mini", "model.vocab_size=30522", "model.max_position_embeddings=129"],
+        "data.phases.0.max_seq_length: 128 is longer than the 127 positions RoBERTa has past its padding index",
+    ),
+    (
+        "roberta-pad-outside-the-vocabulary",
+        "bert-tiny",
+        ["model.size=roberta-mini", "model.vocab_size=30522", "model.pad_token_id=40000"],
+        "model.pad_token_id: 40000 is not a token id (0..model.vocab_size=30522 - 1)",
+    ),
+    (
+        "pad-token-on-bert",
+        "bert-tiny",
+        ["model.pad_token_id=1"],
+        "model.pad_token_id: 1 applies only to model.arch roberta, and model.arch: bert ignores it",
+    ),
     ("unknown-arch", "modernbert-tiny", ["model.arch=gpt"], "model.arch: 'gpt' is not one of bert, modernbert"),
     (
         "window-on-bert",

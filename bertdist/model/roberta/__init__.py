@@ -34,6 +34,7 @@ SPEC = FamilySpec(
     pretraining_class="RobertaForMaskedLM",
     own_fields=("type_vocab_size", "pad_token_id"),
     objectives=("mlm",),
+    rules=True,
     onnx_pretraining=(),  # not yet traced and compared with onnxruntime for this family
     presets=PRESETS,
     demo_config=None,
