@@ -88,15 +88,19 @@ def device_problems(cfg: Config, device_type: str) -> list[str]:
     return problems
 
 
-def initialize(model: Any, optimizer: Any, ds_config: dict[str, Any]) -> DeepSpeedEngine:
-    """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up)."""
+def initialize(
+    model: Any, optimizer: Any, ds_config: dict[str, Any], shared: list[tuple[Any, Any]] = ()
+) -> DeepSpeedEngine:
+    """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up). `shared`: the
+    parameters a module uses that another owns (a pretraining model's `external_parameters()`), which ZeRO-3 must
+    gather there too."""
     with chatter.quiet():  # its CPU backend prints "DeepSpeed ... built successfully"
         import deepspeed
 
         if ds_config["zero_optimization"]["stage"] == 3:
             # A pretraining model's MLM decoder uses the embedding matrix inside another module's forward than its
-            # owner's; ZeRO-3 must know to gather it there too. Fine-tuning heads have no such sharing.
-            for module, parameter in getattr(model, "external_parameters", list)():
+            # owner's. Fine-tuning heads have no such sharing.
+            for module, parameter in shared:
                 deepspeed.zero.register_external_parameter(module, parameter)
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds_config, dist_init_required=False

@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # the types of the engine and the loaders, without importing 
 def build_engine(
     cfg: Config, env: DistributedEnv, device: torch.device, start_step: int, resume_from: Path | None, resharding: bool
 ) -> DeepSpeedEngine:
-    """The model (fresh, or `init_from_pretrained`'s unless a checkpoint will overwrite it), a distillation
-    teacher beside it, the optimizer, and the engine at the batch shape of the phase `start_step` is in."""
+    """The model (fresh, or `init_from_pretrained`'s unless a checkpoint will overwrite it: a
+    bertdist.model.protocol.PretrainingModel either way), a distillation teacher beside it, the optimizer, and the
+    engine at the batch shape of the phase `start_step` is in."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     if cfg.checkpoint.init_from_pretrained and resume_from is None:
         model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
@@ -45,7 +46,8 @@ def build_engine(
     _, phase = cfg.phase_at(start_step)
     optimizer = build_optimizer(model, cfg.optim, device.type)
     universal = resharding and reshard.has_partitions(resume_from)
-    return ds.initialize(model, optimizer, ds.deepspeed_config(cfg, phase, env.world_size, load_universal=universal))
+    config = ds.deepspeed_config(cfg, phase, env.world_size, load_universal=universal)
+    return ds.initialize(model, optimizer, config, model.external_parameters())
 
 
 def restore(
