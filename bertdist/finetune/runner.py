@@ -26,10 +26,8 @@ them: in evaluation a rank whose share of the dev rows ran out runs one more bat
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import sys
 import time
 from typing import Any, Callable
 
@@ -37,7 +35,7 @@ import numpy as np
 
 from bertdist.config import Config, ConfigError, FinetuneConfig, flatten
 from bertdist.config.validation import data_problems, source_problems, validate_finetune
-from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
+from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE
 from bertdist.finetune import task as tasks
 from bertdist.finetune.features import Sequences
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
@@ -45,6 +43,7 @@ from bertdist.model.hf_heads import task_architecture
 from bertdist.storage import write_json
 from bertdist.train import checkpoint, rng, stopping
 from bertdist.train.console import duration
+from bertdist.train.scaffold import Run, run_command
 
 PROGRESS_EVERY_S = 30.0
 """A line of progress within an epoch at most this often: an epoch of a large task runs for minutes."""
@@ -53,38 +52,35 @@ SMALL_MODEL_HIDDEN = 256
 
 
 def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
-    """Run one fine-tuning; `results` receives the best epoch's dev metrics (`dev/accuracy`, ...) on every rank."""
-    from bertdist.train.distributed import destroy_process_group, own_output, read_env
+    """Run one fine-tuning; `results` receives the best epoch's dev metrics (`dev/accuracy`, ...) on every rank.
+    The exit code is bertdist.train.scaffold's ladder, as pretraining's."""
+    return run_command("bertdist finetune", cfg.launch.master_port, lambda env: Finetuning(cfg, env, results))
 
-    with contextlib.ExitStack() as stack:
-        try:
-            env = read_env(default_port=cfg.launch.master_port)
-            validate_finetune(cfg, env.world_size)
+
+class Finetuning(Run):
+    """Every component of a fine-tuning, built in `__init__` (validation first, then the output directory, the
+    source, the task, the process group, the engine, a resumed checkpoint, the tracker); `run()` is its loop."""
+
+    command = "bertdist finetune"
+
+    def __init__(self, cfg: Config, env: Any, results: dict[str, float] | None = None) -> None:
+        super().__init__()
+        self.cfg, self.env, self.results, ft = cfg, env, results if results is not None else {}, cfg.finetune
+        validate_finetune(cfg, env.world_size)
+        with self.building():
             # Before reading the checkpoints another run on this directory could be writing.
-            own_output(stack, cfg.finetune.output_dir, env)
-            run = Finetuning(cfg, env)
-        except (UserError, OSError) as e:
-            destroy_process_group()  # if it was started before the failure
-            print(f"bertdist finetune: {one_line(e)}", file=sys.stderr)
-            return USAGE_EXIT_CODE
-        try:
-            return run.run(results if results is not None else {})
-        finally:
-            run.close()
+            from bertdist.train.distributed import own_output
 
+            own_output(self, ft.output_dir, env)
+            self._build()
 
-class Finetuning:
-    def __init__(self, cfg: Config, env: Any) -> None:
-        import torch
-
-        self.cfg, self.env, ft = cfg, env, cfg.finetune
+    def _build(self) -> None:
+        cfg, env, ft = self.cfg, self.env, self.cfg.finetune
         if cfg.checkpoint.resume == "none":  # its pruning would delete the checkpoints of whatever run is there
             checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
         self.source: Source = resolve(cfg)
         positions = self.source.model_cfg.max_position_embeddings
-        if problems := source_problems(
-            ft, positions
-        ):  # the rules that need the model's config, checked once it is read
+        if problems := source_problems(ft, positions):  # the rules that need the model's config, once it is read
             raise ConfigError(problems)
         self.task: tasks.Task = tasks.build(
             ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file)
@@ -97,16 +93,7 @@ class Finetuning:
         self.steps_per_epoch = len(self.train) // ft.batch_size
         self.total_steps = max(1, int(ft.epochs * self.steps_per_epoch))
         self.warmup_steps = int(ft.warmup_proportion * self.total_steps)
-
-        from bertdist.train.distributed import init_process_group
-
-        init_process_group(
-            env,
-            "nccl" if torch.cuda.is_available() else "gloo",
-            cfg.train.rendezvous_timeout_s,
-            cfg.train.collective_timeout_s,
-        )
-        self.device = torch.device("cuda", env.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = self.start_process_group(cfg.train)
         self.engine = self._engine()
         self.start_step, self.start_epoch, self.best, run_id = 0, 0, None, None
         self.resume_from = checkpoint.resolve_resume(ft.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
@@ -114,6 +101,7 @@ class Finetuning:
             run_id = self._resume(self.resume_from)
         self.tracker = self._tracker(run_id)
         self.stop = stopping.StopFlag(f"bertdist finetune: [rank {env.rank}]")
+        self.callback(self.stop.close)
 
     def _engine(self) -> Any:
         import torch
@@ -198,7 +186,7 @@ class Finetuning:
         return tracker
 
     # --- the loop ----------------------------------------------------------------------------------
-    def run(self, results: dict[str, float]) -> int:
+    def run(self) -> int:
         from bertdist.train.optim import learning_rate, set_learning_rate
 
         ft, engine, say = self.cfg.finetune, self.engine, self._say
@@ -224,8 +212,9 @@ class Finetuning:
             say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
             if self.best is not None and self.best[1] == self.start_epoch:  # its export may have been cut off
                 self._export(self.resume_from, self.best[2])
-        best = self.best
-        step, started = self.start_step, time.perf_counter()
+        best, results = self.best, self.results
+        step = self.step = self.start_step
+        started = time.perf_counter()
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         for epoch in range(self.start_epoch, epochs):
             order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
@@ -247,7 +236,7 @@ class Finetuning:
                 )
                 loss, stop = self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size])
                 losses.append(loss)
-                step += 1
+                step = self.step = step + 1
                 if stop:
                     return self._stopped(step, epoch)
             sets = {"dev": (self.dev, self.task.score), **self.task.extra_dev}
@@ -385,12 +374,6 @@ class Finetuning:
     def _say(self, line: str) -> None:
         if self.env.is_main:
             print(f"bertdist finetune: {line}", flush=True)
-
-    def close(self) -> None:
-        from bertdist.train.distributed import destroy_process_group
-
-        self.stop.close()
-        destroy_process_group()
 
 
 def _listed(scores: dict[str, float]) -> str:

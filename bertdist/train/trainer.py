@@ -11,7 +11,8 @@
 `Trainer.__init__` checks everything before the first collective (the config against the real world size,
 every phase's shards: manifest, vocab hash, sequence length) and then builds every component: the process
 group, the model, the optimizer and DeepSpeed engine, the restored checkpoint, the tracker, the console.
-`Trainer.train` only calls them, step after step (torchtitan's Trainer).
+`Trainer.run` only calls them, step after step (torchtitan's Trainer); bertdist.train.scaffold holds what
+every run does around its loop (the exit-code ladder, the process group), which fine-tuning shares.
 
 Exit codes (bertdist.errors): 0 done; REQUEUE_EXIT_CODE after a SIGTERM/SIGUSR1 stop with a checkpoint
 (requeue the job, it continues with `--resume auto`); 1 stopped on non-finite losses; 2 bad configuration
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
 import sys
 import time
 from pathlib import Path
@@ -39,9 +39,7 @@ from bertdist.errors import (
     FAILED_EXIT_CODE,
     OK_EXIT_CODE,
     REQUEUE_EXIT_CODE,
-    USAGE_EXIT_CODE,
     UserError,
-    one_line,
 )
 from bertdist.model import registry
 from bertdist.model.flops import PeakFlops
@@ -54,6 +52,7 @@ from bertdist.train import (
     rng,
     run_identity,
     run_tracking,
+    scaffold,
     starting,
     stopping,
     timeline,
@@ -61,7 +60,7 @@ from bertdist.train import (
 from bertdist.train import deepspeed as ds
 from bertdist.train.console import Console
 from bertdist.train.deepspeed import device_problems
-from bertdist.train.distributed import DistributedEnv, lost_peer, read_env
+from bertdist.train.distributed import DistributedEnv
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.loaders import phase_loader
 from bertdist.train.optim import (
@@ -76,49 +75,15 @@ if TYPE_CHECKING:  # the types of the engine and the loaders, without importing 
 
 
 def train(cfg: Config, restart: RestartEvent | None = None) -> int:
-    """Run (or continue) the training described by `cfg`; returns the process exit code. `restart`: the
-    elastic supervisor's relaunch that started this run (recorded in the MLflow run).
+    """Run (or continue) the training described by `cfg`; returns the process exit code (bertdist.train.scaffold's
+    ladder). `restart`: the elastic supervisor's relaunch that started this run (recorded in the MLflow run)."""
 
-    A problem with the input (config, data, checkpoint, launch environment, a path that cannot be written)
-    is one line and USAGE_EXIT_CODE, also when it is found mid-run (a damaged shard read at step 5,000):
-    the last checkpoint stays as it was.
-    """
-    try:
-        env = read_env(default_port=cfg.launch.master_port)
+    def start(env: DistributedEnv) -> Trainer:
         if note := distributed.unlaunched_note(env, cfg.launch.nodes * cfg.launch.gpus_per_node):
             print(note, file=sys.stderr, flush=True)
-        trainer = Trainer(cfg, env, restart)
-    except object_store.StoreUnavailableError as e:
-        print(f"bertdist train: {e}{_REQUEUED}", file=sys.stderr)
-        return REQUEUE_EXIT_CODE
-    except (UserError, OSError) as e:
-        print(f"bertdist train: {one_line(e)}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    with trainer:
-        try:
-            return trainer.train()
-        except checkpoint.CheckpointSaveError as e:  # not the input's fault: no usage exit code
-            return trainer.stop_with(str(e), FAILED_EXIT_CODE)
-        except (
-            object_store.StoreUnavailableError
-        ) as e:  # the store down (a final upload, a preemption): try again later
-            return trainer.stop_with(f"{e}{_REQUEUED}", REQUEUE_EXIT_CODE)
-        except (UserError, OSError) as e:
-            return trainer.stop_with(one_line(e), USAGE_EXIT_CODE)
-        except RuntimeError as e:
-            if not lost_peer(e):
-                raise
-            return trainer.stop_with(
-                f"lost contact with the other ranks during step {trainer.step + 1}: another rank stopped first "
-                f"(the one whose log ends without this line) ({one_line(e)[:200]})",
-                FAILED_EXIT_CODE,
-            )
+        return Trainer(cfg, env, restart)
 
-
-_REQUEUED = (
-    f"; the object store is unavailable, which is not a problem with the input: exiting {REQUEUE_EXIT_CODE} to be "
-    "requeued, and the job continues from the newest checkpoint `latest` names in the store (--resume auto)"
-)
+    return scaffold.run_command("bertdist train", cfg.launch.master_port, start)
 
 
 def due(step: int, every_steps: int, total_steps: int) -> bool:
@@ -127,8 +92,10 @@ def due(step: int, every_steps: int, total_steps: int) -> bool:
     return step % every_steps == 0 or step == total_steps
 
 
-class Trainer(contextlib.ExitStack):
-    """Every component of a run, built in `__init__`; `train()` runs the loop; leaving the `with` frees them."""
+class Trainer(scaffold.Run):
+    """Every component of a run, built in `__init__`; `run()` runs the loop; leaving the `with` frees them."""
+
+    command = "bertdist train"
 
     def __init__(self, cfg: Config, env: DistributedEnv, restart: RestartEvent | None = None):
         super().__init__()
@@ -143,8 +110,7 @@ class Trainer(contextlib.ExitStack):
         self.output_dir = Path(cfg.train.output_dir)
         object_store.use_endpoint(cfg.storage.endpoint_url)
         ck = cfg.checkpoint
-        with contextlib.ExitStack() as built:  # whatever was taken or built is released if a later step fails
-            built.push(self)
+        with self.building():
             # Before reading checkpoints that another run on this directory or URI could be writing.
             held = distributed.own_output(self, self.output_dir, env, ck.uri, ck.lease_timeout_s)
             self.uploader = (
@@ -154,7 +120,6 @@ class Trainer(contextlib.ExitStack):
             )
             self._check_resume_and_data()
             self._build_components()
-            built.pop_all()
 
     def _check_resume_and_data(self) -> None:
         cfg, env = self.cfg, self.env
@@ -181,8 +146,7 @@ class Trainer(contextlib.ExitStack):
         self.elapsed_before, self.started = (self.resumed.elapsed_seconds if self.resumed else 0.0), time.monotonic()
         self.tokens_seen = self.sequences_seen = 0
         self.grad_norm = float("nan")
-        self._start_process_group()
-        self.device = torch.device(self.device_type, env.local_rank if self.device_type == "cuda" else None)
+        self.device = self.start_process_group(cfg.train)
         self.engine = starting.build_engine(cfg, env, self.device, self.start_step, self.resume_from, self.resharding)
         if self.resume_from is not None:
             state = starting.restore(
@@ -212,18 +176,6 @@ class Trainer(contextlib.ExitStack):
             self.cfg, phase, shard_dir, workers, self.env.rank, self.env.world_size, self.device_type == "cuda"
         )
 
-    def _start_process_group(self) -> None:
-        if self.device_type == "cuda":
-            torch.cuda.set_device(self.env.local_rank)
-        t = self.cfg.train
-        distributed.init_process_group(
-            self.env,
-            backend="nccl" if self.device_type == "cuda" else "gloo",
-            rendezvous_timeout_s=t.rendezvous_timeout_s,
-            collective_timeout_s=t.collective_timeout_s,
-        )
-        self.callback(distributed.destroy_process_group)
-
     def _build_tracker(self) -> Tracker:
         return run_tracking.open_tracker(
             self.cfg, self.env, self.output_dir, self.resumed, self.resume_from, self.restart, self.start_step
@@ -233,7 +185,7 @@ class Trainer(contextlib.ExitStack):
         return run_tracking.node_monitor(self.cfg, self.env, self.output_dir, self.tracker)
 
     # --- the loop ----------------------------------------------------------------------------------
-    def train(self) -> int:
+    def run(self) -> int:
         cfg, engine = self.cfg, self.engine
         total_steps = cfg.total_steps()
         phase_index = -1
@@ -374,14 +326,6 @@ class Trainer(contextlib.ExitStack):
         self.console.eval(step, values)
 
     # --- checkpoints and stops ---------------------------------------------------------------------
-    def stop_with(self, reason: str, exit_code: int) -> int:
-        """The run cannot go on: say why in one line naming this rank and host, end the MLflow run as FAILED (KILLED
-        when it stops to be requeued)."""
-        print(f"bertdist train: [rank {self.env.rank} on {socket.gethostname()}] {reason}", file=sys.stderr, flush=True)
-        self.tracker.set_tags({"bertdist.stop_reason": reason[:500]})
-        self.tracker.close("KILLED" if exit_code == REQUEUE_EXIT_CODE else "FAILED")
-        return exit_code
-
     def _save(self, step: int, phase_index: int, nonfinite_streak: int) -> None:
         if nonfinite_streak:
             self.console.line(
