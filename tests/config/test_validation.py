@@ -20,7 +20,12 @@ CASES = [
     (
         "roberta-longer-than-its-positions",
         "bert-tiny",
-        ["model.size=roberta-mini", "model.vocab_size=30522", "model.max_position_embeddings=129"],
+        [
+            "model.size=roberta-mini",
+            "model.vocab_size=30522",
+            "model.max_position_embeddings=128",
+            "model.pad_token_id=0",
+        ],
         "data.phases.0.max_seq_length: 128 is longer than the 127 positions RoBERTa has past its padding index",
     ),
     (
@@ -28,6 +33,12 @@ CASES = [
         "bert-tiny",
         ["model.size=roberta-mini", "model.vocab_size=30522", "model.pad_token_id=40000"],
         "model.pad_token_id: 40000 is not a token id (0..model.vocab_size=30522 - 1)",
+    ),
+    (
+        "roberta-padding-another-than-its-tokenizer",
+        "bert-tiny",
+        ["model.size=roberta-mini", "model.vocab_size=30522", "model.max_position_embeddings=514"],
+        "model.pad_token_id: 1, and data.vocab_file=",
     ),
     (
         "pad-token-on-bert",

@@ -24,6 +24,8 @@ from bertdist.model.hf_heads import build_task_model, save_task_model
 from bertdist.model.modernbert import hf as modernbert_hf
 from bertdist.model.modernbert.model import ModernBertForMaskedLM
 from bertdist.model.onnx import MODEL_CARD_FILE, ONNX_FILE, OnnxExportError, load, write_onnx
+from bertdist.model.roberta import hf as roberta_hf
+from bertdist.model.roberta.model import RobertaForMaskedLM
 from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
 from tests.conftest import tiny_model_config
 
@@ -55,12 +57,17 @@ def _distilbert():  # no segments: its graph takes no token_type_ids
     return tiny_model_config(arch="distilbert", objective="mlm")
 
 
+def _roberta():  # RoBERTa's padding index 1: its positions start at 2, which the graph must compute
+    return tiny_model_config(arch="roberta", objective="mlm", type_vocab_size=1, pad_token_id=1)
+
+
 TASK_FAMILIES = {
     "bert": (_bert, "Bert"),
     "modernbert": (_modernbert, "ModernBert"),
     "electra": (_electra, "Electra"),
     "albert": (_albert, "Albert"),
     "distilbert": (_distilbert, "DistilBert"),
+    "roberta": (_roberta, "Roberta"),
 }
 
 
@@ -82,6 +89,9 @@ def _write(directory, case: str, vocab: str | None = None):
     elif case == "distilbert-pretraining":
         model = DistilBertForMaskedLM(_distilbert())
         distilbert_hf.write_directory(model, directory, vocab, {})
+    elif case == "roberta-pretraining":
+        model = RobertaForMaskedLM(_roberta())
+        roberta_hf.write_directory(model, directory, vocab, {})
     elif case.endswith("embedding"):  # finetune.task=embedding's export: a sentence-transformers directory
         cfg = _bert() if case.startswith("bert") else _modernbert()
         model = SentenceEmbedder(cfg, "mean" if case.startswith("bert") else "cls")
@@ -104,6 +114,7 @@ CASES = [
     "modernbert-pretraining",
     "albert-pretraining",
     "distilbert-pretraining",
+    "roberta-pretraining",
     *(
         f"{arch}-{head}"
         for arch in TASK_FAMILIES
