@@ -61,10 +61,13 @@ def test_configs_exist():
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_every_config_dry_runs(config: Path, tmp_path: Path):
     # Vocabularies are site data (made by `bertdist vocab`), so the test points every config at one.
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(100)]))
-    overrides = [f"data.vocab_file={vocab}"]
+    # Its [PAD] at the id the model pads with (RoBERTa's 1: its positions start past it).
     cfg = load_config(config)
+    tokens = ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(100)]
+    tokens.insert(cfg.model.pad_token_id, "[PAD]")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(tokens))
+    overrides = [f"data.vocab_file={vocab}"]
     if cfg.distill.teacher:  # a teacher is an export too: its config.json and tokenizer are what the plan reads
         m, teacher = cfg.model, tmp_path / "teacher"
         teacher.mkdir()
