@@ -17,6 +17,7 @@ from bertdist.model import flops, registry
 from bertdist.model.albert import hf as albert_hf
 from bertdist.model.albert.model import AlbertForPreTraining, AlbertLayer, AlbertMLMHead, AlbertSOPHead
 from bertdist.model.hf_io import CheckpointFormatError
+from tests.model.parity import nudge_norms_and_biases
 
 transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
@@ -38,10 +39,7 @@ def reference(groups: int = 1, model_class: str = "AlbertForPreTraining", vocab_
     )
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # biases and norms away from their initial values, so that a mix-up shows
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    nudge_norms_and_biases(model)
     return model
 
 

@@ -18,6 +18,7 @@ from bertdist.model.distilbert import hf as distilbert_hf
 from bertdist.model.distilbert.model import DistilBertForMaskedLM
 from bertdist.model.hf_io import CheckpointFormatError
 from tests.conftest import TEST_VOCAB_SIZE
+from tests.model.parity import no_key_problems, nudge_norms_and_biases
 
 transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
@@ -39,10 +40,7 @@ def reference(model_class: str = "DistilBertForMaskedLM", **settings) -> "transf
     )
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name.lower() or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    nudge_norms_and_biases(model)
     return model
 
 
@@ -59,10 +57,6 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.ones(2, 40, dtype=torch.long)
     mask[1, 23:] = 0
     return ids * mask, mask
-
-
-def no_key_problems(info: dict) -> bool:
-    return not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from bertdist.model.electra import hf as electra_hf
 from bertdist.model.electra import model as electra
 from bertdist.model.electra.model import ElectraForPreTraining
 from bertdist.model.hf_io import CheckpointFormatError
+from tests.model.parity import no_key_problems, nudge_norms_and_biases
 
 transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
@@ -51,10 +52,7 @@ def model_of(cfg: ModelConfig, seed: int = 0) -> ElectraForPreTraining:
     """A model on random weights, its biases and norms away from their initial values (so a mix-up shows)."""
     torch.manual_seed(seed)
     model = ElectraForPreTraining(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    nudge_norms_and_biases(model)
     return model
 
 
@@ -74,10 +72,6 @@ def vocab_file(tmp_path) -> str:
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(VOCAB - 5))]))
     return str(path)
-
-
-def no_key_problems(info: dict) -> bool:
-    return not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,11 +184,8 @@ def transformers_pair(directory, embedding_size: int = 32, **generator_settings)
     generator = transformers.ElectraForMaskedLM(
         transformers.ElectraConfig(**shared, **{**generator_config, **generator_settings})
     ).eval()
-    with torch.no_grad():
-        for name, p in [*discriminator.named_parameters(), *generator.named_parameters()]:
-            if "LayerNorm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-        generator.electra.embeddings.load_state_dict(discriminator.electra.embeddings.state_dict())
+    nudge_norms_and_biases(discriminator, generator)
+    generator.electra.embeddings.load_state_dict(discriminator.electra.embeddings.state_dict())  # shared, as ELECTRA
     discriminator.save_pretrained(directory)
     generator.save_pretrained(directory / "generator")
     return discriminator, generator

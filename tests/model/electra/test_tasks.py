@@ -20,6 +20,7 @@ from bertdist.model.hf_heads import (
 from tests.model import heads_checks as checks
 from tests.model.electra.test_model import VOCAB, model_of, tiny, vocab_file
 from tests.model.heads_checks import BATCH, SEQ
+from tests.model.parity import nudge_norms_and_biases
 
 transformers = pytest.importorskip("transformers")
 CASES = checks.cases("Electra")
@@ -42,10 +43,7 @@ def reference(model_class: str, **settings):
     )
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # biases and norms away from their initial values, so that a mix-up shows
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    nudge_norms_and_biases(model)
     return model
 
 

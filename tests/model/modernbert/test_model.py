@@ -11,6 +11,7 @@ import torch
 
 from bertdist.model.modernbert import hf as modernbert_hf
 from bertdist.model.modernbert.model import ModernBertForMaskedLM
+from tests.model.parity import nudge_norms_and_biases
 
 transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
@@ -44,10 +45,7 @@ def reference(
     )
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # biases and norms away from their initial values, so that a mix-up shows
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    nudge_norms_and_biases(model)
     return model
 
 
