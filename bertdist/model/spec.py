@@ -36,6 +36,9 @@ class FamilySpec:
     rules: bool = False
     """Whether the folder has a `rules` module: the family's own config checks, `problems(model_cfg, phases)`,
     torch-free (ModernBERT's window, ALBERT's embedding width, ELECTRA's generator)."""
+    reads_pad_token_id: bool = False
+    """Whether its model reads `model.pad_token_id` (RoBERTa: positions start past it), so that the run's tokenizer
+    must pad with it: its `rules` module's `tokenizer_problem(model_cfg, tokenizer, where)` says why not."""
     presets: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """`model.size` -> its settings (with `arch` for every family but BERT, the default)."""
     demo_config: str | None = None
@@ -47,6 +50,16 @@ class FamilySpec:
     def config_problems(self, model_cfg: Any, phases: list[Any]) -> list[str]:
         """What the family's own rules find wrong with a config (none without a `rules` module)."""
         return self.module("rules").problems(model_cfg, phases) if self.rules else []
+
+    def vocab_problems(self, model_cfg: Any, vocab_file: str) -> list[str]:
+        """What the family's rules find wrong with the run's tokenizer, read before training (none for a family
+        whose model does not read the pad id)."""
+        if not self.reads_pad_token_id:
+            return []
+        from bertdist.data.tokenizer import open_tokenizer
+
+        where = f"data.vocab_file={vocab_file}"
+        return [p for p in [self.module("rules").tokenizer_problem(model_cfg, open_tokenizer(vocab_file), where)] if p]
 
     def module(self, name: str) -> ModuleType:
         """The folder's module `name` (model, hf, tasks), imported now."""

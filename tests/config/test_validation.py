@@ -32,7 +32,7 @@ CASES = [
         "roberta-pad-outside-the-vocabulary",
         "bert-tiny",
         ["model.size=roberta-mini", "model.vocab_size=30522", "model.pad_token_id=40000"],
-        "model.pad_token_id: 40000 is not a token id (0..model.vocab_size=30522 - 1)",
+        "model.pad_token_id: 40000 is not a token id below model.vocab_size=30522 with positions past it",
     ),
     (
         "roberta-padding-another-than-its-tokenizer",

@@ -17,7 +17,7 @@ from bertdist import storage
 from bertdist.config.batch_warmup import batch_schedule, phases_in_ramp
 from bertdist.config.choices import choice_problems, choices
 from bertdist.config.errors import ConfigError
-from bertdist.config.model import ARCHITECTURES, ModelConfig
+from bertdist.config.model import ARCHITECTURES
 from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, TrainConfig
 from bertdist.config.validation.distill import distill_problems
@@ -421,9 +421,9 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
                 p.append(
                     f"model.vocab_size: {m.vocab_size} is smaller than the {n} tokens of data.vocab_file={d.vocab_file}"
                 )
-            if n and (problem := _pad_problem(m, d.vocab_file)):
-                p.append(problem)
-            elif n and cfg.checkpoint.init_from_pretrained:
+            if n and m.arch in ARCHITECTURES:
+                p += registry.spec(m.arch).vocab_problems(m, d.vocab_file)
+            if n and cfg.checkpoint.init_from_pretrained:
                 try:
                     problem = vocab_mismatch(d.vocab_file, m.vocab_size, cfg.checkpoint.init_from_pretrained)
                 except UserError as e:  # the pretrained model's tokenizer files, unreadable
@@ -439,21 +439,3 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(problem)
     if p:
         raise ConfigError(p)
-
-
-def _pad_problem(m: ModelConfig, vocab_file: str) -> str:
-    """For a family whose model reads `model.pad_token_id` (RoBERTa: its positions start past it), why the
-    tokenizer's pad id disagrees ('' when it agrees): found at the export otherwise, after the whole training."""
-    from bertdist.data.tokenizer import open_tokenizer
-
-    if m.arch not in ARCHITECTURES or "pad_token_id" not in registry.spec(m.arch).own_fields:
-        return ""
-    if not 0 <= m.pad_token_id < m.vocab_size:  # the family's rules say so
-        return ""
-    tokenizer = open_tokenizer(vocab_file)
-    if tokenizer.pad_id == m.pad_token_id:
-        return ""
-    return (
-        f"model.pad_token_id: {m.pad_token_id}, and data.vocab_file={vocab_file} pads with id {tokenizer.pad_id} "
-        f"({tokenizer.tokens[tokenizer.pad_id]}); set model.pad_token_id: {tokenizer.pad_id}"
-    )

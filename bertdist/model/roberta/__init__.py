@@ -35,6 +35,7 @@ SPEC = FamilySpec(
     own_fields=("type_vocab_size", "pad_token_id"),
     objectives=("mlm",),
     rules=True,
+    reads_pad_token_id=True,
     onnx_pretraining=("RobertaForMaskedLM", "XLMRobertaForMaskedLM"),
     presets=PRESETS,
     demo_config=None,

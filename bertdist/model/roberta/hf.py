@@ -45,6 +45,7 @@ from bertdist.model.hf_io import (
     write_tokenizer_files,
 )
 from bertdist.model.roberta.model import RobertaForMaskedLM
+from bertdist.model.roberta.rules import tokenizer_problem
 
 CLASS_PREFIXES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
 """config.json model_type -> the prefix of transformers' class names for it."""
@@ -186,12 +187,8 @@ def write_directory(
             tokenizer = open_tokenizer(vocab_file)
         except UserError as e:
             raise CheckpointFormatError(str(e)) from None
-        if tokenizer.pad_id != model.config.pad_token_id:
-            raise CheckpointFormatError(
-                f"model.pad_token_id: {model.config.pad_token_id}, and the tokenizer {vocab_file} pads with id "
-                f"{tokenizer.pad_id} ({tokenizer.tokens[tokenizer.pad_id]}); RoBERTa's positions start past the "
-                "padding index, so the two must be the same"
-            )
+        if problem := tokenizer_problem(model.config, tokenizer, f"the tokenizer {vocab_file}"):
+            raise CheckpointFormatError(problem)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:

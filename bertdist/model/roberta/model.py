@@ -27,22 +27,21 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.model.bert.heads import BertLMPredictionHead
-from bertdist.model.bert.model import BertForPreTraining, BertModel, check_heads_divide
+from bertdist.model.bert.model import BertForPreTraining, BertModel
 from bertdist.model.bert.model import init_weights as bert_init_weights
+from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.ops import VocabCrossEntropy, tied_logits
 from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.roberta.rules import pad_problem
 
 
 def check_roberta(cfg: ModelConfig) -> None:
     """The model's own guard (for a ModelConfig that never went through validation): the padding index must be a
     row of both embeddings, with at least one position past it, and the objective masked LM."""
     check_heads_divide(cfg)
-    if not 0 <= cfg.pad_token_id < min(cfg.vocab_size, cfg.max_position_embeddings - 1):
-        raise ValueError(
-            f"model.pad_token_id: {cfg.pad_token_id} must be a token id below model.vocab_size={cfg.vocab_size} with "
-            f"positions past it (model.max_position_embeddings={cfg.max_position_embeddings})"
-        )
+    if problem := pad_problem(cfg):
+        raise ValueError(problem)
     if cfg.objective != "mlm":
         raise ValueError(f"model.objective: {cfg.objective!r}; RoBERTa trains mlm (masked LM alone)")
 

@@ -21,6 +21,7 @@ from bertdist.model.hf_io import CheckpointFormatError
 from bertdist.model.roberta import hf as roberta_hf
 from bertdist.model.roberta.model import RobertaForMaskedLM
 from tests.conftest import TEST_VOCAB_SIZE
+from tests.model.parity import no_key_problems, nudge_norms_and_biases
 
 transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5
@@ -50,10 +51,7 @@ def reference(model_class: str = "RobertaForMaskedLM", **settings) -> "transform
     )
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name.lower() or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
+    nudge_norms_and_biases(model)
     return model
 
 
@@ -70,10 +68,6 @@ def batch(pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.ones(2, 40, dtype=torch.long)
     mask[1, 23:] = 0
     return ids.masked_fill(mask == 0, pad), mask
-
-
-def no_key_problems(info: dict) -> bool:
-    return not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +141,7 @@ def test_the_pretraining_model_trains_its_mlm_and_counts_its_flops_and_parameter
     assert out.loss > 0 and embeddings.word_embeddings.weight.grad is not None
     with pytest.raises(ValueError, match="model.objective: 'mlm\\+nsp'; RoBERTa trains mlm"):
         RobertaForMaskedLM(dataclasses.replace(cfg, objective="mlm+nsp"))
-    with pytest.raises(ValueError, match="model.pad_token_id: 65 must be a token id"):
+    with pytest.raises(ValueError, match="model.pad_token_id: 65 is not a token id below model.vocab_size=1024 with positions past it"):
         RobertaForMaskedLM(dataclasses.replace(cfg, pad_token_id=65))
 
 
