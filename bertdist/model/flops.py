@@ -56,11 +56,6 @@ def total_parameters(model: ModelConfig) -> int:
     return parameter_counts(model)[0]
 
 
-def non_embedding_parameters(model: ModelConfig) -> int:
-    """Every parameter outside the embedding tables (Kaplan et al., 2020's N)."""
-    return parameter_counts(model)[1]
-
-
 def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
     """BERT's per-sequence prediction budget: 20 at length 128, 80 at 512; at another rate (a phase's own, as
     mmBERT's 30% -> 5%), that share of the sequence."""

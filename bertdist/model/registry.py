@@ -33,9 +33,7 @@ def spec(arch: str) -> FamilySpec:
 def arch_of_model_type(model_type: str) -> str | None:
     """The family whose Hugging Face directories have this config.json `model_type` (its spec's own or one of its
     `other_model_types`: RoBERTa reads XLM-R's); None for none of them."""
-    return next(
-        (arch for arch in FAMILIES if model_type in (spec(arch).model_type, *spec(arch).other_model_types)), None
-    )
+    return next((arch for arch in FAMILIES if model_type in spec(arch).model_types), None)
 
 
 def arch_of_config(config_json: dict[str, Any]) -> str | None:
@@ -45,7 +43,7 @@ def arch_of_config(config_json: dict[str, Any]) -> str | None:
 
 
 def model_types() -> list[str]:
-    return [t for arch in FAMILIES for t in (spec(arch).model_type, *spec(arch).other_model_types)]
+    return [t for arch in FAMILIES for t in spec(arch).model_types]
 
 
 def model_class(arch: str) -> Any:

@@ -36,9 +36,6 @@ class FamilySpec:
     rules: bool = False
     """Whether the folder has a `rules` module: the family's own config checks, `problems(model_cfg, phases)`,
     torch-free (ModernBERT's window, ALBERT's embedding width, ELECTRA's generator)."""
-    reads_pad_token_id: bool = False
-    """Whether its model reads `model.pad_token_id` (RoBERTa: positions start past it), so that the run's tokenizer
-    must pad with it: its `rules` module's `tokenizer_problem(model_cfg, tokenizer, where)` says why not."""
     presets: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """`model.size` -> its settings (with `arch` for every family but BERT, the default)."""
     demo_config: str | None = None
@@ -51,15 +48,22 @@ class FamilySpec:
         """What the family's own rules find wrong with a config (none without a `rules` module)."""
         return self.module("rules").problems(model_cfg, phases) if self.rules else []
 
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        """Every config.json `model_type` its adapter reads."""
+        return (self.model_type, *self.other_model_types)
+
     def vocab_problems(self, model_cfg: Any, vocab_file: str) -> list[str]:
-        """What the family's rules find wrong with the run's tokenizer, read before training (none for a family
-        whose model does not read the pad id)."""
-        if not self.reads_pad_token_id:
+        """What the family's rules find wrong with the run's tokenizer, read before training. Only a family whose
+        model reads `model.pad_token_id` (RoBERTa: positions start past it) asks: its `rules` module's
+        `tokenizer_problem(model_cfg, tokenizer, where)`."""
+        if "pad_token_id" not in self.own_fields:
             return []
         from bertdist.data.tokenizer import open_tokenizer
 
-        where = f"data.vocab_file={vocab_file}"
-        return [p for p in [self.module("rules").tokenizer_problem(model_cfg, open_tokenizer(vocab_file), where)] if p]
+        tokenizer = open_tokenizer(vocab_file)
+        problem = self.module("rules").tokenizer_problem(model_cfg, tokenizer, f"data.vocab_file={vocab_file}")
+        return [problem] if problem else []
 
     def module(self, name: str) -> ModuleType:
         """The folder's module `name` (model, hf, tasks), imported now."""

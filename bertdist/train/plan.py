@@ -6,8 +6,7 @@ from bertdist.config import Config
 from bertdist.config.batch_warmup import batch_schedule, phase_sequences
 from bertdist.model.flops import (
     masked_positions_for,
-    non_embedding_parameters,
-    total_parameters,
+    parameter_counts,
     train_flops_per_sequence,
 )
 from bertdist.train.optim import decay_steps
@@ -16,9 +15,10 @@ from bertdist.train.optim import decay_steps
 def describe_plan(cfg: Config, world_size: int) -> str:
     """A human-readable plan: world size, accumulation, steps, sequences, tokens and FLOPs per phase."""
     m = cfg.model
+    total, outside_tables = parameter_counts(m)  # one model built on the meta device
     lines = [
         f"model: {m.size} (L={m.num_layers}, H={m.hidden_size}, A={m.num_attention_heads}), "
-        f"{total_parameters(m) / 1e6:.1f}M parameters ({non_embedding_parameters(m) / 1e6:.1f}M non-embedding)",
+        f"{total / 1e6:.1f}M parameters ({outside_tables / 1e6:.1f}M non-embedding)",
         f"world size: {world_size} ({cfg.launch.nodes} node(s) x {cfg.launch.gpus_per_node} rank(s)), "
         f"precision {cfg.train.precision}, ZeRO stage {cfg.train.zero_stage}",
         f"global batch: {cfg.train.global_batch_size} sequences unless a phase sets its own "

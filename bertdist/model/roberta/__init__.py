@@ -35,7 +35,6 @@ SPEC = FamilySpec(
     own_fields=("type_vocab_size", "pad_token_id"),
     objectives=("mlm",),
     rules=True,
-    reads_pad_token_id=True,
     onnx_pretraining=("RobertaForMaskedLM", "XLMRobertaForMaskedLM"),
     presets=PRESETS,
     demo_config=None,
