@@ -45,7 +45,7 @@ def phase_loader(
         pin_memory=pin_memory,
         masking=masking,
         streaming=streaming,
-        span_bounds=OBJECTIVES[cfg.model.objective].span_boundaries,
+        span_bounds="masked_lm_span_bounds" in OBJECTIVES[cfg.model.objective].fields,
     )
     if masking != cfg.data.masking and loader.masking_mode != "dynamic":
         index = next(i for i, p in enumerate(cfg.data.phases) if p is phase)

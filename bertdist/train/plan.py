@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bertdist.config import Config
 from bertdist.config.batch_warmup import batch_schedule, phase_sequences
+from bertdist.config.objectives import objective
 from bertdist.model.flops import (
     masked_positions_for,
     parameter_counts,
@@ -26,14 +27,7 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         f"{'packed several per row' if cfg.data.packing else 'one per row'}; "
         f"encoder {'unpadded' if m.unpad else 'padded'})",
     ]
-    if m.objective == "distill":
-        x = cfg.distill
-        layers = f"teacher layers {x.student_layers}" if x.student_layers else "every other teacher layer"
-        lines.append(
-            f"distillation: from the frozen teacher {x.teacher} (its forward runs on every rank and is not in the "
-            f"FLOPs below); the student starts from {layers}; loss {x.kd_weight:g} x soft targets at temperature "
-            f"{x.temperature:g} + {x.mlm_weight:g} x MLM + {x.cos_weight:g} x hidden-state cosine"
-        )
+    lines += objective(m).plan_lines(cfg)
     if cfg.train.batch_warmup_tokens:
         lines.append(
             f"batch warmup: from {cfg.train.batch_warmup_start:,} sequences to each phase's global batch over "

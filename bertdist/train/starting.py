@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bertdist.config import Config
+from bertdist.config.objectives import objective
 from bertdist.model.registry import build_model, load_pretrained
 from bertdist.train import checkpoint, reshard
 from bertdist.train import deepspeed as ds
@@ -38,11 +39,8 @@ def build_engine(
         model = load_pretrained(cfg.checkpoint.init_from_pretrained, cfg.model)
     else:
         model = build_model(cfg.model)
-    if cfg.model.objective == "distill":
-        from bertdist.train.distill import attach_teacher
-
-        fresh = resume_from is None and not cfg.checkpoint.init_from_pretrained
-        attach_teacher(cfg, model, device, fresh)
+    fresh = resume_from is None and not cfg.checkpoint.init_from_pretrained
+    objective(cfg.model).set_up(cfg, model, device, fresh)  # distillation's teacher, for one
     _, phase = cfg.phase_at(start_step)
     optimizer = build_optimizer(model, cfg.optim, device.type)
     universal = resharding and reshard.has_partitions(resume_from)

@@ -39,8 +39,11 @@ from bertdist.model.bert.layers import BertEmbeddings, BertLayer, BertSelfAttent
 from bertdist.model.bert.model import BertPooler, init_weights
 from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import Dropout, VocabCrossEntropy, tied_logits
-from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.objectives.compose import ComposedPretraining
+from bertdist.model.objectives.contract import Objective
+from bertdist.model.objectives.masked_lm import MaskedLM
+from bertdist.model.objectives.sentence import SentenceTask
+from bertdist.model.ops import Dropout, tied_logits
 
 SHARED_SUBLAYERS = {
     "all": (),  # one layer group: nothing to tie, the one layer is applied num_layers times
@@ -256,7 +259,7 @@ class AlbertSOPHead(nn.Module):
         return self.classifier(pooled_output)
 
 
-class AlbertForPreTraining(nn.Module):
+class AlbertForPreTraining(ComposedPretraining):
     """ALBERT with its pretraining heads: masked LM (decoder tied to the E-wide word embedding) and the sentence
     classifier (`sop_classifier`), trained for sentence order (`model.objective: mlm+sop`, ALBERT's) or next
     sentence (mlm+nsp), logged under that name. With `model.objective: mlm` there is neither the sentence head
@@ -289,43 +292,20 @@ class AlbertForPreTraining(nn.Module):
         """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""
         return [(self.predictions, self.albert.embeddings.word_embeddings.weight)]
 
-    def forward(
+    def encode(
         self,
         input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_lm_positions: torch.Tensor | None = None,
-        masked_lm_ids: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
-        """As `BertForPreTraining.forward`; `next_sentence_label` is the sentence head's label (sentence order: 0
-        in order, 1 swapped), and the output's `nsp_*` fields hold its logits and loss."""
-        sop = self.sop_classifier is not None
-        if masked_lm_positions is not None:
-            # The last layer runs only at each sample's [CLS] (SOP) and its predictions (MLM).
-            at = masked_lm_positions
-            if sop:
-                at = torch.cat([at.new_zeros(len(at), 1), at], 1)
-            states, _ = self.albert.encode(input_ids, token_type_ids, attention_mask, at=at)
-            first_tokens, predicted = (states[:, 0], states[:, 1:]) if sop else (None, states)
-        else:
-            states, layout = self.albert.encode(input_ids, token_type_ids, attention_mask)
-            first_tokens, predicted = layout.first_tokens(states), layout.to_grid(states)
-        mlm_logits = self.predictions(predicted, self.albert.embeddings.word_embeddings.weight)
-        sop_logits = self.sop_classifier(self.albert.pooler(first_tokens)) if sop else None
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        return self.albert.encode(input_ids, token_type_ids, attention_mask, at)
 
-        components, scored = {}, {}
-        if masked_lm_ids is not None:
-            flat = mlm_logits.reshape(-1, mlm_logits.shape[-1])
-            components["mlm"] = VocabCrossEntropy.apply(flat, masked_lm_ids.reshape(-1))
-            scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
-        task = self.sentence_task
-        if next_sentence_label is not None and sop:
-            components[task] = F.cross_entropy(sop_logits, next_sentence_label.reshape(-1))
-            scored[task] = Scored(sop_logits, next_sentence_label.reshape(-1))
-        loss = None
-        if "mlm" in components and (not sop or task in components):
-            loss = components["mlm"] + components[task] if sop else components["mlm"]
-        return PreTrainingOutput(
-            loss, components.get("mlm"), components.get(task), mlm_logits, sop_logits, components, scored
-        )
+    def classify_pair(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        """(samples, hidden) final [CLS] states -> (samples, 2): the pooler, then the sentence classifier."""
+        return self.sop_classifier(self.albert.pooler(first_tokens))
+
+    def objectives(self) -> list[Objective]:
+        """The sentence task first, then masked LM: as BERT's (bertdist.model.bert.model)."""
+        chosen: list[Objective] = [SentenceTask(self.sentence_task, self.classify_pair)] if self.sentence_task else []
+        return [*chosen, MaskedLM(self.predictions, self.albert.embeddings.word_embeddings)]

@@ -1,7 +1,7 @@
-"""BERT's pretraining heads: the masked-LM head (transform, then the decoder tied to the word embeddings), the
-sentence classifier on the pooled [CLS] (next-sentence or sentence-order prediction), and SpanBERT's span-boundary
-head. Names as `transformers`' `BertForPreTraining` (`cls.predictions.transform.dense.weight`, ...), except the
-span-boundary head, which no Hugging Face class has: an export leaves it out (bertdist.model.bert.hf)."""
+"""BERT's pretraining heads: the masked-LM head (transform, then the decoder tied to the word embeddings) and the
+sentence classifier on the pooled [CLS] (next-sentence or sentence-order prediction), under `transformers`'
+`BertForPreTraining` names (`cls.predictions.transform.dense.weight`, ...). SpanBERT's span-boundary head is its
+objective's own (bertdist.model.objectives.span_boundary)."""
 
 from __future__ import annotations
 
@@ -53,37 +53,3 @@ class BertPreTrainingHeads(nn.Module):
         """The MLM head at `predictions` positions and the sentence classifier at [CLS]."""
         nsp = 2 * cfg.hidden_size * 2 if objective(cfg).sentence_task else 0
         return BertLMPredictionHead.forward_flops(cfg, predictions) + nsp
-
-
-class SpanBoundaryHead(nn.Module):
-    """SpanBERT's span-boundary objective (Joshi et al. 2019, section 3.2): each token of a masked span is predicted
-    from the encoder's states at the two tokens just outside the span and an embedding of its place in the span,
-    through two GeLU + LayerNorm layers, onto the vocabulary by the tied word embeddings (with this head's own bias,
-    as SpanBERT's `pair_target_predictions`)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        h = cfg.hidden_size
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
-        """By the token's offset from its span's first token: a span never outgrows a sample."""
-        self.dense1 = nn.Linear(3 * h, h)
-        self.layer_norm1 = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
-        self.dense2 = nn.Linear(h, h)
-        self.layer_norm2 = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-
-    @staticmethod
-    def forward_flops(cfg: ModelConfig, predictions: int) -> int:
-        """The two layers and the vocabulary projection at `predictions` tokens."""
-        h = cfg.hidden_size
-        return 2 * predictions * (3 * h * h + h * h + h * cfg.vocab_size)
-
-    def forward(
-        self, left: torch.Tensor, right: torch.Tensor, offset: torch.Tensor, decoder_weight: torch.Tensor
-    ) -> torch.Tensor:
-        """left, right (..., hidden): the states outside each prediction's span; offset (...): its place in the
-        span (0 for the first token). Logits (..., vocab)."""
-        x = torch.cat([left, right, self.position_embeddings(offset)], dim=-1)
-        x = self.layer_norm1(F.gelu(self.dense1(x)))
-        x = self.layer_norm2(F.gelu(self.dense2(x)))
-        return tied_logits(x, decoder_weight, self.bias)

@@ -35,14 +35,15 @@ from bertdist.model.hf_io import (
     write_model_files,
     write_tokenizer_files,
 )
+from bertdist.model.objectives import span_boundary
 
 # Legacy name fragments -> current ones (TensorFlow-converted checkpoints name LayerNorm parameters gamma/beta).
 _RENAMES = ((".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".LayerNorm.bias"))
 # Keys that carry no information of their own: the tied decoder matrix, and a buffer of arange(max_positions).
 _TIED_OR_BUFFERS = {"cls.predictions.decoder.weight", "bert.embeddings.position_ids"}
 _DECODER_BIAS, _MLM_BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
-SPAN_BOUNDARY_PREFIX = "span_boundary."
-"""SpanBERT's span-boundary head (objective `span`): trained, never exported."""
+SPAN_BOUNDARY_PREFIX = f"{span_boundary.ATTRIBUTE}."
+"""SpanBERT's span-boundary head (objective `span`): trained, never exported (its objective is not `exported`)."""
 # What a checkpoint may lack: the heads that BertModel / BertForMaskedLM do not have (which start fresh).
 _OPTIONAL_PREFIXES = ("bert.pooler.", "cls.", SPAN_BOUNDARY_PREFIX)
 

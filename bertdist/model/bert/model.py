@@ -38,19 +38,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
-from bertdist.model.bert.heads import BertLMPredictionHead, BertPreTrainingHeads, SpanBoundaryHead
+from bertdist.model.bert.heads import BertLMPredictionHead, BertPreTrainingHeads
 from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
 from bertdist.model.initialisation import check_heads_divide, normal_init
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import (
-    VocabCrossEntropy,
-)
-from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.objectives.compose import ComposedPretraining
+from bertdist.model.objectives.contract import Objective
+from bertdist.model.objectives.masked_lm import MaskedLM
+from bertdist.model.objectives.sentence import SentenceTask
+from bertdist.model.objectives.span_boundary import SpanBoundary, SpanBoundaryHead
 
 
 class BertPooler(nn.Module):
@@ -164,10 +164,10 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
-class BertForPreTraining(nn.Module):
-    """BERT with its two pretraining heads: masked language model (tied decoder) and the sentence classifier,
+class BertForPreTraining(ComposedPretraining):
+    """BERT with its pretraining heads: masked language model (tied decoder) and the sentence classifier,
     trained for next-sentence or sentence-order prediction (`model.objective` mlm+nsp or mlm+sop: its loss and
-    accuracy are logged under `nsp` or `sop`).
+    accuracy are logged under `nsp` or `sop`), composed by bertdist.model.objectives.
 
     With `model.objective: mlm` (MLM-only pretraining, as RoBERTa), there is neither the sentence head nor the
     pooler it trains: the parameters are those of `transformers.BertForMaskedLM`, whose class loads the export
@@ -208,73 +208,23 @@ class BertForPreTraining(nn.Module):
         decoder = self.bert.embeddings.word_embeddings.weight
         return [(self.cls.predictions, decoder)] + ([(self.span_boundary, decoder)] if self.span_boundary else [])
 
-    def forward(
+    def encode(
         self,
         input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_lm_positions: torch.Tensor | None = None,
-        masked_lm_ids: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-        masked_lm_span_bounds: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
-        """Logits and losses for a batch.
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        return self.bert.encode(input_ids, token_type_ids, attention_mask, at)
 
-        With `masked_lm_positions` (batch, predictions), the MLM head runs only there and `masked_lm_ids` has the
-        same shape; without it, the head runs on every position and `masked_lm_ids` is (batch, seq) like
-        Hugging Face's `labels`. Label -100 marks slots without a prediction. `masked_lm_span_bounds` (batch,
-        predictions, 2): the positions just outside each prediction's span, which the span-boundary head reads
-        (objective `span`; its training needs them).
-        """
-        nsp = self.cls.seq_relationship is not None
-        spans = self.span_boundary is not None and masked_lm_span_bounds is not None
-        if (
-            self.span_boundary is not None
-            and masked_lm_ids is not None
-            and not (spans and masked_lm_positions is not None)
-        ):
-            raise ValueError("model.objective span trains on masked_lm_positions and masked_lm_span_bounds")
-        if masked_lm_positions is not None:
-            # The last layer runs only at each sample's [CLS] (NSP), its predictions (MLM) and their spans' bounds.
-            at = masked_lm_positions
-            if nsp:
-                at = torch.cat([at.new_zeros(len(at), 1), at], 1)
-            if spans:
-                at = torch.cat([at, masked_lm_span_bounds[..., 0], masked_lm_span_bounds[..., 1]], 1)
-            states, _ = self.bert.encode(input_ids, token_type_ids, attention_mask, at=at)
-            pooled_output, predicted = (self.bert.pooler(states[:, 0]), states[:, 1:]) if nsp else (None, states)
-            if spans:
-                predicted, left, right = predicted.split(masked_lm_positions.shape[1], dim=1)
-        else:
-            states, layout = self.bert.encode(input_ids, token_type_ids, attention_mask)
-            pooled_output, predicted = self.bert.pool(states, layout), layout.to_grid(states)
-        decoder = self.bert.embeddings.word_embeddings.weight
-        mlm_logits = self.cls.predictions(predicted, decoder)
-        nsp_logits = self.cls.seq_relationship(pooled_output) if nsp else None
-        if spans:
-            offset = (masked_lm_positions - masked_lm_span_bounds[..., 0] - 1).clamp(min=0)  # padding slots: 0
-            sbo_logits = self.span_boundary(left, right, offset, decoder)
+    def classify_pair(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        """(samples, hidden) final [CLS] states -> (samples, 2): the pooler, then the sentence classifier."""
+        return self.cls.seq_relationship(self.bert.pooler(first_tokens))
 
-        mlm_loss = nsp_loss = sbo_loss = loss = None
-        if masked_lm_ids is not None:
-            mlm_loss = VocabCrossEntropy.apply(mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1))
-            if spans:
-                sbo_loss = VocabCrossEntropy.apply(
-                    sbo_logits.reshape(-1, sbo_logits.shape[-1]), masked_lm_ids.reshape(-1)
-                )
-        if next_sentence_label is not None and nsp:
-            nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1))
-        if mlm_loss is not None and not nsp:
-            loss = mlm_loss if sbo_loss is None else mlm_loss + sbo_loss
-        elif mlm_loss is not None and nsp_loss is not None:
-            loss = mlm_loss + nsp_loss
-        named = (("mlm", mlm_loss), (self.sentence_task, nsp_loss), ("sbo", sbo_loss))
-        components = {name: v for name, v in named if v is not None}
-        scored = {}
-        if masked_lm_ids is not None:
-            scored["mlm"] = Scored(mlm_logits, masked_lm_ids)
-        if nsp_loss is not None:
-            scored[self.sentence_task] = Scored(nsp_logits, next_sentence_label.reshape(-1))
-        if sbo_loss is not None:
-            scored["sbo"] = Scored(sbo_logits, masked_lm_ids)
-        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, components, scored)
+    def objectives(self) -> list[Objective]:
+        words = self.bert.embeddings.word_embeddings
+        chosen: list[Objective] = [SentenceTask(self.sentence_task, self.classify_pair)] if self.sentence_task else []
+        chosen.append(MaskedLM(self.cls.predictions, words))
+        if self.span_boundary is not None:
+            chosen.append(SpanBoundary(self.span_boundary, words))
+        return chosen

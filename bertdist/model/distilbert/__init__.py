@@ -1,5 +1,5 @@
 """DistilBERT (Sanh et al., 2019, arXiv 1910.01108): BERT's layer at the teacher's width, half its depth, no segment
-embeddings or pooler, trained by distillation (bertdist.train.distill holds the teacher).
+embeddings or pooler, trained by distillation (bertdist.model.distilbert.teacher holds the teacher).
 
 model.py     DistilBertForMaskedLM (on BERT's layers)
 hf.py        to and from transformers' DistilBertForMaskedLM (its own names and config keys)

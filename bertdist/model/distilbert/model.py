@@ -4,8 +4,8 @@ distillation from a BERT teacher.
 The student is `BertForPreTraining` with no segment embeddings and the MLM head alone (the `transformers` class
 `DistilBertForMaskedLM` holds exactly those weights under other names: bertdist.model.distilbert.hf), so it runs
 with every layout and kernel BERT has. With `model.objective: distill` and a teacher attached (`attach_teacher`,
-done by the trainer: bertdist.train.distill) a training forward also runs the teacher, frozen and in eval mode, on
-the same batch, and the loss is (section 3 of the paper, weights from the `distill` section):
+before training: bertdist.model.distilbert.teacher) a training forward also runs the teacher, frozen and in eval
+mode, on the same batch, and the loss is (section 3 of the paper, weights from the `distill` section):
 
     kd_weight x T^2 x KL(teacher || student at temperature T) + mlm_weight x MLM + cos_weight x (1 - cosine)
 
@@ -23,6 +23,7 @@ layer (or the layers `distill.student_layers` names), as the paper's "one layer 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,11 @@ import torch.nn.functional as F
 from bertdist.config import ModelConfig
 from bertdist.model.bert.heads import BertLMPredictionHead
 from bertdist.model.bert.model import BertForPreTraining, BertLayer
-from bertdist.model.ops import IGNORE_INDEX, VocabCrossEntropy
-from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.objectives.compose import outcome
+from bertdist.model.objectives.contract import Part
+from bertdist.model.objectives.masked_lm import mlm_part
+from bertdist.model.ops import IGNORE_INDEX
+from bertdist.model.outputs import PreTrainingOutput
 
 
 @dataclass(frozen=True)
@@ -118,12 +122,14 @@ class DistilBertForMaskedLM(BertForPreTraining):
         student_soft = F.log_softmax(logits.reshape(-1, vocab)[predicted].float() / d.temperature, dim=-1)
         teacher_soft = F.log_softmax(teacher_logits.reshape(-1, vocab)[predicted].float() / d.temperature, dim=-1)
         kd = F.kl_div(student_soft, teacher_soft, reduction="batchmean", log_target=True) * d.temperature**2
-        mlm = VocabCrossEntropy.apply(logits.reshape(-1, vocab), labels)
         real = (attention_mask > 0) if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         similarity = F.cosine_similarity(
             layout.to_grid(states)[real].float(), teacher_layout.to_grid(teacher_states)[real].float(), dim=-1
         )
-        cos = (1.0 - similarity).mean()
-        loss = d.kd_weight * kd + d.mlm_weight * mlm + d.cos_weight * cos
-        components = {"kd": kd, "mlm": mlm, "cos": cos}
-        return PreTrainingOutput(loss, mlm, None, logits, None, components, {"mlm": Scored(logits, masked_lm_ids)})
+        return outcome(
+            [
+                Part("kd", None, kd, weight=d.kd_weight),
+                dataclasses.replace(mlm_part(logits, masked_lm_ids), weight=d.mlm_weight),
+                Part("cos", None, (1.0 - similarity).mean(), weight=d.cos_weight),
+            ]
+        )

@@ -42,8 +42,11 @@ from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
 from bertdist.model.bert.model import init_weights
 from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import VocabCrossEntropy, tied_logits
-from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.objectives.compose import outcome
+from bertdist.model.objectives.contract import Part
+from bertdist.model.objectives.masked_lm import mlm_part
+from bertdist.model.ops import tied_logits
+from bertdist.model.outputs import PreTrainingOutput
 
 EVAL_SEED = 0
 """The seed of the replacements drawn in evaluation mode."""
@@ -222,8 +225,10 @@ class ElectraForPreTraining(nn.Module):
         accepted and unused (ELECTRA has no sentence head; pair shards train it too)."""
         if masked_lm_positions is None or masked_lm_ids is None:
             raise ValueError("ELECTRA pretrains on masked batches: masked_lm_positions and masked_lm_ids")
-        mlm_logits = self.generator_logits(input_ids, token_type_ids, attention_mask, masked_lm_positions)
-        mlm_loss = VocabCrossEntropy.apply(mlm_logits.reshape(-1, mlm_logits.shape[-1]), masked_lm_ids.reshape(-1))
+        mlm = mlm_part(
+            self.generator_logits(input_ids, token_type_ids, attention_mask, masked_lm_positions), masked_lm_ids
+        )
+        mlm_logits = mlm.logits
 
         rows, seq = input_ids.shape
         layout = TokenLayout(attention_mask, rows, seq, input_ids.device, unpad=False)
@@ -241,14 +246,10 @@ class ElectraForPreTraining(nn.Module):
         rtd_logits = self.discriminator_logits(corrupted.view(rows, seq), token_type_ids, attention_mask)
         tokens = torch.ones_like(replaced) if attention_mask is None else attention_mask > 0
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits[tokens], replaced[tokens].to(rtd_logits.dtype))
-
+        # Scored as two classes, "original" at logit 0: the accuracy is that of the sign of the logit.
+        two_way = torch.stack([torch.zeros_like(rtd_logits), rtd_logits], -1)
         labels = torch.where(tokens, replaced.long(), -100)
-        scored = {
-            "mlm": Scored(mlm_logits, masked_lm_ids),
-            "rtd": Scored(torch.stack([torch.zeros_like(rtd_logits), rtd_logits], -1), labels),
-        }
-        loss = mlm_loss + self.config.rtd_weight * rtd_loss
-        return PreTrainingOutput(loss, mlm_loss, None, mlm_logits, None, {"mlm": mlm_loss, "rtd": rtd_loss}, scored)
+        return outcome([mlm, Part("rtd", two_way, rtd_loss, labels, weight=self.config.rtd_weight)])
 
 
 def _gumbel_argmax(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -33,9 +33,11 @@ from torch.utils.checkpoint import checkpoint
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
 from bertdist.model.layout import TokenLayout
+from bertdist.model.objectives.compose import ComposedPretraining
+from bertdist.model.objectives.contract import Objective
+from bertdist.model.objectives.masked_lm import MaskedLM
 from bertdist.model.ops import (
     Dropout,
-    VocabCrossEntropy,
     attention_probabilities,
     local_attention,
     local_attention_pays,
@@ -43,7 +45,6 @@ from bertdist.model.ops import (
     split_heads,
     tied_logits,
 )
-from bertdist.model.outputs import PreTrainingOutput, Scored
 from bertdist.model.rotary import Rotary
 
 
@@ -311,7 +312,7 @@ class ModernBertPredictionHead(ModernBertHeadTransform):
         return tied_logits(super().forward(x), decoder_weight, self.decoder_bias)
 
 
-class ModernBertForMaskedLM(nn.Module):
+class ModernBertForMaskedLM(ComposedPretraining):
     """ModernBERT with its MLM head, computed at the masked positions only when they are given (the reference's
     sparse prediction). It returns bertdist's `PreTrainingOutput` (no NSP), so the training loop is BERT's."""
 
@@ -347,25 +348,19 @@ class ModernBertForMaskedLM(nn.Module):
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""
         return [(self.head, self.model.embeddings.tok_embeddings.weight)]
 
-    def forward(
+    def encode(
         self,
         input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_lm_positions: torch.Tensor | None = None,
-        masked_lm_ids: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
-        """As `BertForPreTraining.forward` (token types are not used: ModernBERT has no segments)."""
-        # With positions, the last layer runs only at the predictions (as BERT's: the reference runs it everywhere
-        # and gathers after the final norm; the logits there are the same).
-        states, layout = self.model.encode(input_ids, attention_mask, at=masked_lm_positions)
-        predicted = states if masked_lm_positions is not None else layout.to_grid(states)
-        logits = self.head(predicted, self.model.embeddings.tok_embeddings.weight)
-        if masked_lm_ids is None:
-            return PreTrainingOutput(None, None, None, logits, None)
-        loss = VocabCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), masked_lm_ids.reshape(-1))
-        return PreTrainingOutput(loss, loss, None, logits, None, {"mlm": loss}, {"mlm": Scored(logits, masked_lm_ids)})
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """Token types are not read: ModernBERT has no segments. With `at`, the last layer runs there only (the
+        reference runs it everywhere and gathers after the final norm; the logits there are the same)."""
+        return self.model.encode(input_ids, attention_mask, at=at)
+
+    def objectives(self) -> list[Objective]:
+        return [MaskedLM(self.head, self.model.embeddings.tok_embeddings)]
 
 
 def init_weights(module: nn.Module, cfg: ModelConfig) -> None:

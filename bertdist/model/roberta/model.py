@@ -31,8 +31,10 @@ from bertdist.model.bert.model import BertForPreTraining, BertModel
 from bertdist.model.bert.model import init_weights as bert_init_weights
 from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
-from bertdist.model.ops import VocabCrossEntropy, tied_logits
-from bertdist.model.outputs import PreTrainingOutput, Scored
+from bertdist.model.objectives.compose import ComposedPretraining
+from bertdist.model.objectives.contract import Objective
+from bertdist.model.objectives.masked_lm import MaskedLM
+from bertdist.model.ops import tied_logits
 from bertdist.model.roberta.rules import pad_problem
 
 
@@ -107,7 +109,7 @@ class RobertaLMHead(nn.Module):
         return tied_logits(self.layer_norm(F.gelu(self.dense(x))), decoder_weight, self.bias)
 
 
-class RobertaForMaskedLM(nn.Module):
+class RobertaForMaskedLM(ComposedPretraining):
     """RoBERTa (or XLM-R) with its MLM head, computed at the masked positions only when they are given. It returns
     bertdist's `PreTrainingOutput` (no sentence head), so the training loop is BERT's."""
 
@@ -126,22 +128,15 @@ class RobertaForMaskedLM(nn.Module):
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""
         return [(self.lm_head, self.roberta.embeddings.word_embeddings.weight)]
 
-    def forward(
+    def encode(
         self,
         input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_lm_positions: torch.Tensor | None = None,
-        masked_lm_ids: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
-        """As `BertForPreTraining.forward` with objective mlm: with `masked_lm_positions` (samples, predictions)
-        the last layer and the head run there only and `masked_lm_ids` has their shape, else everywhere with
-        (batch, seq) labels. Token types are taken (a batch carries them) and not read; -100 marks no prediction."""
-        states, layout = self.roberta.encode(input_ids, None, attention_mask, at=masked_lm_positions)
-        predicted = states if masked_lm_positions is not None else layout.to_grid(states)
-        logits = self.lm_head(predicted, self.roberta.embeddings.word_embeddings.weight)
-        if masked_lm_ids is None:
-            return PreTrainingOutput(None, None, None, logits, None)
-        loss = VocabCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), masked_lm_ids.reshape(-1))
-        return PreTrainingOutput(loss, loss, None, logits, None, {"mlm": loss}, {"mlm": Scored(logits, masked_lm_ids)})
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """Token types are taken (a batch carries them) and not read: one segment."""
+        return self.roberta.encode(input_ids, None, attention_mask, at=at)
+
+    def objectives(self) -> list[Objective]:
+        return [MaskedLM(self.lm_head, self.roberta.embeddings.word_embeddings)]

@@ -1,7 +1,7 @@
-"""Distillation (bertdist.train.distill, bertdist.model.distilbert.model): the student starts from the teacher's layers
-(a student of every teacher layer then computes what the teacher computes: no distillation loss left), the loss is
-the weighted sum of its parts, and a run whose teacher cannot teach its student is refused before it starts, one
-line naming the field."""
+"""Distillation (bertdist.model.distilbert.teacher, bertdist.model.distilbert.model): the student starts from the
+teacher's layers (a student of every teacher layer then computes what the teacher computes: no distillation loss
+left), the loss is the weighted sum of its parts, and a run whose teacher cannot teach its student is refused before
+it starts, one line naming the field."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from bertdist.config import Config, ConfigError, DistillConfig, validate
 from bertdist.model.bert.hf import save_pretrained
 from bertdist.model.bert.model import BertForPreTraining
+from bertdist.model.distilbert.teacher import plan_lines, set_up
 from bertdist.model.registry import build_model
-from bertdist.train.distill import attach_teacher
 from tests.conftest import tiny_model_config
 
 
@@ -60,7 +60,7 @@ def test_a_student_of_every_teacher_layer_computes_the_teacher_and_has_nothing_l
     cfg = student_config(teacher_dir, tiny_vocab, num_layers=2)
     cfg.distill.student_layers = [0, 1]
     student = build_model(cfg.model)
-    attach_teacher(cfg, student, torch.device("cpu"), fresh=True)
+    set_up(cfg, student, torch.device("cpu"), fresh=True)
     student.eval()  # no dropout: the two agree exactly where the student copies the teacher
     with torch.no_grad():
         out = student(**batch(cfg.model.vocab_size))
@@ -76,7 +76,7 @@ def test_the_default_student_takes_every_other_layer_and_learns_the_weighted_sum
     cfg = student_config(teacher_dir, tiny_vocab, num_layers=1)
     cfg.distill.temperature, cfg.distill.kd_weight, cfg.distill.cos_weight = 3.0, 4.0, 0.5
     student = build_model(cfg.model)
-    attach_teacher(cfg, student, torch.device("cpu"), fresh=True)
+    set_up(cfg, student, torch.device("cpu"), fresh=True)
     teacher = student.distillation.teacher
     assert not any(p.requires_grad for p in teacher.parameters()) and not teacher.training
     layer = {k: v for k, v in teacher.bert.encoder.layer[0].state_dict().items()}
@@ -94,8 +94,10 @@ def test_the_default_student_takes_every_other_layer_and_learns_the_weighted_sum
     resumed = build_model(cfg.model)
     with torch.no_grad():
         resumed.bert.encoder.layer[0].output.dense.weight.copy_(fresh_layer)
-    attach_teacher(cfg, resumed, torch.device("cpu"), fresh=False)  # a resumed run keeps its own weights
+    set_up(cfg, resumed, torch.device("cpu"), fresh=False)  # a resumed run keeps its own weights
     assert torch.equal(resumed.bert.encoder.layer[0].output.dense.weight, fresh_layer)
+    (line,) = plan_lines(cfg)
+    assert "every other teacher layer; loss 4 x soft targets at temperature 3 + 2 x MLM + 0.5 x" in line
 
 
 @pytest.mark.parametrize(

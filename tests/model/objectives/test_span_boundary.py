@@ -1,4 +1,4 @@
-"""BERT's pretraining heads (bertdist.model.bert.heads), SpanBERT's span-boundary head in particular: it reads the
+"""SpanBERT's span-boundary objective (bertdist.model.objectives.span_boundary), trained by BERT: it reads the
 encoder's states at each prediction's span bounds, which the last layer computes there only; the loss is MLM + SBO;
 the export is a `BertForMaskedLM` without it, and continuing from that export starts the head afresh."""
 
