@@ -37,6 +37,7 @@ from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
 from bertdist.model.bert.layers import BertEmbeddings, BertLayer, BertSelfAttention
 from bertdist.model.bert.model import BertPooler, init_weights
+from bertdist.model.encoder import Encoder
 from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import ComposedPretraining
@@ -131,11 +132,15 @@ class AlbertTransformer(nn.Module):
             self.albert_layer_groups[i * groups // self.num_layers].albert_layers[0] for i in range(self.num_layers)
         ]
 
-    def forward(
-        self, x: torch.Tensor, layout: TokenLayout, at: torch.Tensor | None = None, keep_all: bool = False
-    ) -> torch.Tensor | list[torch.Tensor]:
-        """The last layer's states (everywhere, or with `at` only there), or with `keep_all` the projected
-        embeddings and every layer's output (`transformers`' hidden_states)."""
+    def forward(self, x: torch.Tensor, layout: TokenLayout, at: torch.Tensor | None = None) -> torch.Tensor:
+        """The last layer's states (everywhere, or with `at` only there)."""
+        return self._states(x, layout, at)[-1]
+
+    def every_state(self, x: torch.Tensor, layout: TokenLayout) -> list[torch.Tensor]:
+        """The projected embeddings and every layer's output (`transformers`' hidden_states). Inference only."""
+        return self._states(x, layout, None)
+
+    def _states(self, x: torch.Tensor, layout: TokenLayout, at: torch.Tensor | None) -> list[torch.Tensor]:
         states = [self.embedding_hidden_mapping_in(x)]
         layers = self.layers()
         for i, layer in enumerate(layers):
@@ -144,7 +149,7 @@ class AlbertTransformer(nn.Module):
                 states.append(checkpoint(layer, states[-1], layout, last_at, use_reentrant=False))
             else:
                 states.append(layer(states[-1], layout, last_at))
-        return states if keep_all else states[-1]
+        return states
 
     def attention_probabilities(self, x: torch.Tensor, layout: TokenLayout) -> list[torch.Tensor]:
         """Every layer's attention probabilities from the embeddings x, (batch, heads, seq, seq) each on a padded
@@ -165,9 +170,9 @@ class AlbertPooler(nn.Linear):
         return torch.tanh(super().forward(first_tokens))
 
 
-class AlbertModel(nn.Module):
-    """The encoder: `forward(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)`,
-    `encode(..., at)` for heads that read a few positions, as `BertModel`'s."""
+class AlbertModel(Encoder):
+    """The encoder: BERT's embeddings at width E, the shared layers (their first step the E -> H projection) and the
+    pooler; `forward`, `encode` and the rest are bertdist.model.encoder's."""
 
     def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -176,52 +181,6 @@ class AlbertModel(nn.Module):
         self.embeddings = BertEmbeddings(dataclasses.replace(cfg, hidden_size=cfg.embedding_width()))
         self.encoder = AlbertTransformer(cfg)
         self.pooler = AlbertPooler(cfg.hidden_size, cfg.hidden_size) if add_pooling_layer else None
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(batch, seq, hidden) states (zeros at padding when unpadded) and the (samples, hidden) pooled output."""
-        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
-        pooled = None if self.pooler is None else self.pooler(layout.first_tokens(states))
-        return layout.to_grid(states), pooled
-
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        at: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        """The final states in the layout's space, or with `at` (samples, k) only at those positions of each
-        sample, (samples, k, hidden), the last layer computed there only (`BertModel.encode`)."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        return self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, at), layout
-
-    def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """The projected embeddings and every layer's output, num_layers + 1 (batch, seq, hidden) grids, as
-        `transformers`' hidden_states. Inference only: no activation checkpointing."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        states = self.encoder(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout, keep_all=True)
-        return [layout.to_grid(s) for s in states]
-
-    def attention_probabilities(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """As `BertModel.attention_probabilities` (`bertdist attention`): every layer's, (batch, heads, seq, seq),
-        on the padded grid whatever `model.unpad` says. Inference only."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
-        return self.encoder.attention_probabilities(self.embeddings(*layout.inputs(input_ids, token_type_ids)), layout)
 
 
 class AlbertMLMHead(nn.Module):
@@ -265,6 +224,8 @@ class AlbertForPreTraining(ComposedPretraining):
     sentence (mlm+nsp), logged under that name. With `model.objective: mlm` there is neither the sentence head
     nor the pooler: the parameters of `transformers.AlbertForMaskedLM`."""
 
+    ENCODER = "albert"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         check_heads_divide(cfg)
@@ -291,15 +252,6 @@ class AlbertForPreTraining(ComposedPretraining):
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""
         return [(self.predictions, self.albert.embeddings.word_embeddings.weight)]
-
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        at: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        return self.albert.encode(input_ids, token_type_ids, attention_mask, at)
 
     def classify_pair(self, first_tokens: torch.Tensor) -> torch.Tensor:
         """(samples, hidden) final [CLS] states -> (samples, 2): the pooler, then the sentence classifier."""

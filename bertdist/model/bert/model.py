@@ -44,8 +44,8 @@ from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
 from bertdist.model.bert.heads import BertLMPredictionHead, BertPreTrainingHeads
 from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
+from bertdist.model.encoder import Encoder
 from bertdist.model.initialisation import check_heads_divide, normal_init
-from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import ComposedPretraining
 from bertdist.model.objectives.contract import Objective
 from bertdist.model.objectives.masked_lm import MaskedLM
@@ -70,12 +70,9 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(first_tokens))
 
 
-class BertModel(nn.Module):
-    """The encoder: `forward(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)`.
-
-    Without the pooler (token tagging and QA read every position, as in `transformers`, whose checkpoints of
-    those tasks have no pooler weights), `pooled_output` is None.
-    """
+class BertModel(Encoder):
+    """The encoder: BERT's embeddings, its layers and, for sentence-level heads, its pooler; `forward`, `encode`,
+    `pooled_output`, `hidden_states` and `attention_probabilities` are bertdist.model.encoder's."""
 
     def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True, segments: bool = True):
         super().__init__()
@@ -83,78 +80,6 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg, segments)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(batch, seq, hidden) states (zeros at padding when unpadded) and the (samples, hidden) pooled output."""
-        states, layout = self.encode(input_ids, token_type_ids, attention_mask)
-        return layout.to_grid(states), self.pool(states, layout)
-
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        at: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        """The final states and the layout, for heads that read a few positions and need no grid.
-
-        Without `at` the states are in the layout's space ((tokens, hidden) when unpadded). With `at`, (samples,
-        k) positions counted from each sample's [CLS] (a classifier's [CLS], the MLM predictions), they are
-        (samples, k, hidden) and the last layer computes only those k tokens (from every token's keys and
-        values), as MosaicBERT does: nothing else of that layer reaches a loss. That is 10/12 of the last
-        layer's matmuls saved (a fifth of BERT-mini's encoder, 1/15 of BERT-Base's) with the same outputs."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        return self.encoder(self.embed(layout, input_ids, token_type_ids), layout, at), layout
-
-    def embed(self, layout: TokenLayout, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        """The embeddings of the layout's tokens, at the positions it gives: the one place every path (`encode`,
-        `hidden_states`, `attention_probabilities`) embeds, so that RoBERTa's positions, offset past its padding
-        index, are one override (bertdist.model.roberta.model)."""
-        return self.embeddings(*layout.inputs(input_ids, token_type_ids))
-
-    def pool(self, states: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
-        return None if self.pooler is None else self.pooler(layout.first_tokens(states))
-
-    def pooled_output(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(rows, hidden): the pooler's output for every row of one sample (what classifiers read), with the
-        last layer computed at [CLS] only."""
-        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
-        states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
-        return self.pooler(states[:, 0])
-
-    def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """The embeddings' output and every layer's, num_layers + 1 tensors (`transformers`' hidden_states):
-        the features of the paper's feature-based approach. Inference only: no activation checkpointing."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        states = self.encoder.every_state(self.embed(layout, input_ids, token_type_ids), layout)
-        return [layout.to_grid(s) for s in states]
-
-    def attention_probabilities(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """Every layer's attention probabilities, (batch, heads, seq, seq) each (`transformers`' `attentions`),
-        computed on the padded grid whatever `model.unpad` says (a picture wants every query's row). Inference
-        only: in training mode the layers would apply dropout that these weights do not show."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
-        return self.encoder.attention_probabilities(self.embed(layout, input_ids, token_type_ids), layout)
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -174,6 +99,7 @@ class BertForPreTraining(ComposedPretraining):
     with no missing or unexpected key. With `span` (SpanBERT), the span-boundary head trains beside the MLM head
     (`span_boundary`, loss `sbo`) and the export leaves it out: a `BertForMaskedLM` too."""
 
+    ENCODER = "bert"
     SEGMENTS = True
     """Segment (token type) embeddings: DistilBERT's subclass has none (bertdist.model.distilbert.model)."""
 
@@ -207,15 +133,6 @@ class BertForPreTraining(ComposedPretraining):
         """(module, parameter) pairs where a module uses a parameter another owns (ZeRO-3 gathers it there)."""
         decoder = self.bert.embeddings.word_embeddings.weight
         return [(self.cls.predictions, decoder)] + ([(self.span_boundary, decoder)] if self.span_boundary else [])
-
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        at: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        return self.bert.encode(input_ids, token_type_ids, attention_mask, at)
 
     def classify_pair(self, first_tokens: torch.Tensor) -> torch.Tensor:
         """(samples, hidden) final [CLS] states -> (samples, 2): the pooler, then the sentence classifier."""

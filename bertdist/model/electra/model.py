@@ -40,6 +40,7 @@ from torch import nn
 from bertdist.config import ModelConfig
 from bertdist.model.bert.layers import BertEmbeddings, BertEncoder, BertLayer
 from bertdist.model.bert.model import init_weights
+from bertdist.model.encoder import Encoder
 from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import outcome
@@ -52,7 +53,7 @@ EVAL_SEED = 0
 """The seed of the replacements drawn in evaluation mode."""
 
 
-class ElectraModel(nn.Module):
+class ElectraModel(Encoder):
     """Embeddings of width E, their projection to the encoder's width (where E differs), BERT's encoder. The
     generator's holds no embeddings: it reads the discriminator's (`embeddings` in `encode`)."""
 
@@ -63,6 +64,7 @@ class ElectraModel(nn.Module):
         self.embeddings = BertEmbeddings(dataclasses.replace(cfg, hidden_size=width)) if add_embeddings else None
         self.embeddings_project = nn.Linear(width, cfg.hidden_size) if width != cfg.hidden_size else None
         self.encoder = BertEncoder(cfg)
+        self.pooler = None
 
     def encode(
         self,
@@ -86,30 +88,6 @@ class ElectraModel(nn.Module):
         """The encoder's input: the embeddings (`embeddings`, else its own), projected to its width where E differs."""
         x = (embeddings or self.embeddings)(*layout.inputs(input_ids, token_type_ids))
         return x if self.embeddings_project is None else self.embeddings_project(x)
-
-    def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """As `BertModel.hidden_states` (`bertdist embed`'s features): the encoder's input, projected, and every
-        layer's output, num_layers + 1 (batch, seq, hidden) tensors, as `transformers` returns them."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        return [
-            layout.to_grid(s) for s in self.encoder.every_state(self.embed(layout, input_ids, token_type_ids), layout)
-        ]
-
-    def attention_probabilities(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """As `BertModel.attention_probabilities` (`bertdist attention`): every layer's, (batch, heads, seq, seq),
-        on the padded grid. Inference only."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, unpad=False)
-        return self.encoder.attention_probabilities(self.embed(layout, input_ids, token_type_ids), layout)
 
 
 class ElectraDiscriminatorPredictions(nn.Module):

@@ -23,7 +23,12 @@ from bertdist.model.outputs import PreTrainingOutput, Scored
 
 
 class ComposedPretraining(nn.Module):
-    """A family's pretraining model: `encode` and `objectives` are the family's; `forward` is this."""
+    """A family's pretraining model: `objectives` is the family's, `encode` its encoder's; `forward` is this."""
+
+    ENCODER: str
+    """The attribute holding the bare encoder (its Hugging Face prefix: `bert`, `albert`, `roberta`), whose
+    `encode(input_ids, token_type_ids, attention_mask, at)` this calls; a family whose encoder reads other inputs
+    overrides `encode` instead (ModernBERT: no token types)."""
 
     def encode(
         self,
@@ -34,7 +39,7 @@ class ComposedPretraining(nn.Module):
     ) -> tuple[torch.Tensor, TokenLayout]:
         """The final states, (samples, k, hidden) at `at` (positions from each sample's first token) or every
         token's in the layout's space, and the layout."""
-        raise NotImplementedError
+        return getattr(self, self.ENCODER).encode(input_ids, token_type_ids, attention_mask, at)
 
     def objectives(self) -> list[Objective]:
         """What the model's config trains, each bound to the family's heads (made anew per call: they hold

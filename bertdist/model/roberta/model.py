@@ -111,7 +111,10 @@ class RobertaLMHead(nn.Module):
 
 class RobertaForMaskedLM(ComposedPretraining):
     """RoBERTa (or XLM-R) with its MLM head, computed at the masked positions only when they are given. It returns
-    bertdist's `PreTrainingOutput` (no sentence head), so the training loop is BERT's."""
+    bertdist's `PreTrainingOutput` (no sentence head), so the training loop is BERT's. Token types are taken (a
+    batch carries them) and not read (`RobertaModel.embed`)."""
+
+    ENCODER = "roberta"
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -127,16 +130,6 @@ class RobertaForMaskedLM(ComposedPretraining):
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""
         return [(self.lm_head, self.roberta.embeddings.word_embeddings.weight)]
-
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        at: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        """Token types are taken (a batch carries them) and not read: one segment."""
-        return self.roberta.encode(input_ids, None, attention_mask, at=at)
 
     def objectives(self) -> list[Objective]:
         return [MaskedLM(self.lm_head, self.roberta.embeddings.word_embeddings)]
