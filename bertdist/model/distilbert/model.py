@@ -34,7 +34,7 @@ from bertdist.config import ModelConfig
 from bertdist.model.bert.heads import BertLMPredictionHead
 from bertdist.model.bert.model import BertForPreTraining, BertLayer
 from bertdist.model.objectives.compose import outcome
-from bertdist.model.objectives.contract import Part
+from bertdist.model.objectives.contract import Labels, Part
 from bertdist.model.objectives.masked_lm import mlm_part
 from bertdist.model.ops import IGNORE_INDEX
 from bertdist.model.outputs import PreTrainingOutput
@@ -87,19 +87,18 @@ class DistilBertForMaskedLM(BertForPreTraining):
             layer.load_state_dict(teacher.bert.encoder.layer[index].state_dict())
         self.cls.predictions.load_state_dict(teacher.cls.predictions.state_dict())
 
-    def forward(
+    def losses(
         self,
         input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_lm_positions: torch.Tensor | None = None,
-        masked_lm_ids: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        labels: Labels,
     ) -> PreTrainingOutput:
-        """As `BertForPreTraining.forward` (token types are read by the teacher only); with objective `distill`
-        and labels, the distillation loss (module docstring), its parts logged as `kd`, `mlm` and `cos`."""
+        """BERT's masked LM (token types are read by the teacher only); with objective `distill` and labels, the
+        distillation loss (module docstring), its parts logged as `kd`, `mlm` and `cos`."""
+        masked_lm_positions, masked_lm_ids = labels.masked_lm_positions, labels.masked_lm_ids
         if self.config.objective != "distill" or masked_lm_ids is None:
-            return super().forward(input_ids, None, attention_mask, masked_lm_positions, masked_lm_ids)
+            return super().losses(input_ids, None, attention_mask, labels)
         if self.distillation is None or masked_lm_positions is None:
             raise ValueError(
                 "model.objective distill trains on masked_lm_positions against a teacher (distill.teacher), "

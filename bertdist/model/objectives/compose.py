@@ -64,6 +64,17 @@ class ComposedPretraining(nn.Module):
         same shape; without it, the MLM head runs on every position and `masked_lm_ids` is (batch, seq) like
         Hugging Face's `labels`. Label -100 marks slots without a prediction."""
         labels = Labels(masked_lm_positions, masked_lm_ids, next_sentence_label, masked_lm_span_bounds)
+        return self.losses(input_ids, token_type_ids, attention_mask, labels)
+
+    def losses(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        labels: Labels,
+    ) -> PreTrainingOutput:
+        """The objectives' parts, composed; a family whose objective runs a second encoder (ELECTRA's
+        discriminator, distillation's teacher) computes its parts here itself and ends in `outcome`."""
         return compose(self, self.objectives(), input_ids, token_type_ids, attention_mask, labels)
 
 
