@@ -87,7 +87,7 @@ def ray_local():
     """One local Ray for the whole session (starting Ray costs seconds); shut down only if we started it."""
     import ray
 
-    from bertdist.data.pipeline.driver import start_local_ray
+    from bertdist.data.pipeline.ray_tasks import start_local_ray
 
     started = not ray.is_initialized()
     if started:

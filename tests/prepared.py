@@ -28,7 +28,8 @@ def write_tiny_vocab(corpus: str, directory: Path) -> str:
 def main(directory: str) -> None:
     import ray
 
-    from bertdist.data.pipeline.driver import prepare, start_local_ray
+    from bertdist.data.pipeline.driver import prepare
+    from bertdist.data.pipeline.ray_tasks import start_local_ray
     from tests.conftest import tiny_prepare_options
 
     out = Path(directory)

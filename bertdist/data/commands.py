@@ -173,7 +173,8 @@ def prepare_options(args: argparse.Namespace) -> PrepareOptions:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from bertdist.data.pipeline.driver import prepare, summary_text
+    from bertdist.data.pipeline.driver import prepare
+    from bertdist.data.pipeline.report import summary_text
 
     print(summary_text(prepare(prepare_options(args))))
     return 0

@@ -4,8 +4,8 @@ See that script (github.com/google-research/bert) and Devlin et al. 2018, append
 exactly; the random numbers are not the reference's (it uses Python's `random`), the distributions are.
 
 Two differences of implementation, neither visible in the statistics:
-- Documents are processed in *groups* (a few MB of text each, formed by `bertdist.data.pipeline.driver`), and "a random
-  other document" for NotNext is drawn from the document's group, not from the whole corpus. That is what
+- Documents are processed in *groups* (a few MB of text each, formed by `bertdist.data.pipeline.planning`), and "a
+  random other document" for NotNext is drawn from the document's group, not from the whole corpus. That is what
   keeps a worker's memory independent of the corpus size. Groups are consecutive documents of the input;
   with groups of thousands of documents, the chance of drawing from the same topic stays small.
 - Each (group, pass) has its own seeded generators, so the output does not depend on which worker ran what.

@@ -1,6 +1,10 @@
 """The second stage of BERT: fine-tuning and judging a pretrained model on downstream tasks.
 
-runner        `bertdist finetune`: one task on the pretraining engine (DeepSpeed, any launcher), MLflow
+runner        `bertdist finetune`: one task on the pretraining engine (DeepSpeed, any launcher), its loop
+starting      the task model and its DeepSpeed engine; an interrupted run's epoch checkpoint restored
+evaluation    the dev sets scored after every epoch, a share per rank, the metrics on every rank
+best_model    the best epoch's model exported (Hugging Face directory, results.json) as soon as it is found
+run_tracking  the fine-tuning's MLflow run: its parameters and where it started
 task          what each finetune.task trains: head, encoded rows, dev metrics
 data          labelled rows from CSV/TSV/JSONL; classification and regression encoding
 tagging       CoNLL files, word labels on first sub-tokens, entity scores

@@ -9,39 +9,39 @@ embeddings (whose contrastive loss the task computes across ranks: bertdist.fine
 family (model.arch of the checkpoint) the task model's class (`BertFor...`, `ModernBertFor...`). Each epoch
 visits the training rows in a seeded order that every rank computes alike; a step's `finetune.batch_size`
 rows are split among the ranks and their micro batches. After every epoch all ranks score a share of the
-dev rows, rank 0 gathers the outputs and computes the task's metrics, logs them, and keeps the best epoch's
-model (by the task's headline metric), exported at the end as a Hugging Face directory the matching
-`AutoModelFor...` class loads (`{output_dir}/model`).
+dev rows (bertdist.finetune.evaluation), the task's metrics are computed from all of them, rank 0 logs them,
+and the best epoch's model (by the task's headline metric) is exported as a Hugging Face directory the matching
+`AutoModelFor...` class loads (`{output_dir}/model`: bertdist.finetune.best_model).
 
 MLflow records the run's parameters, the dev metrics per epoch, and where it started: tags
-`bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`.
+`bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`
+(bertdist.finetune.run_tracking).
 
 After every epoch a checkpoint (the pretraining format: weights, optimizer, RNG of every rank) lets the same
-command continue an interrupted run exactly; the best epoch's model is exported from that checkpoint as soon
-as it is found (the fp32 master weights, consolidated from any ZeRO stage).
+command continue an interrupted run exactly (bertdist.finetune.starting restores it); the best epoch's model is
+exported from that checkpoint as soon as it is found (the fp32 master weights, consolidated from any ZeRO stage).
 
-Under ZeRO-3 every forward pass gathers parameters with collectives, so every rank runs the same number of
-them: in evaluation a rank whose share of the dev rows ran out runs one more batch and drops its outputs.
+This module is the run's order: what it builds, in which order, and the loop over epochs and steps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from bertdist.config import Config, ConfigError, FinetuneConfig, flatten
+from bertdist.config import Config, ConfigError, FinetuneConfig
 from bertdist.config.validation import data_problems, source_problems, validate_finetune
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE
 from bertdist.finetune import task as tasks
-from bertdist.finetune.features import Sequences
+from bertdist.finetune.best_model import export_best
+from bertdist.finetune.evaluation import dev_scores
+from bertdist.finetune.run_tracking import open_tracker
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
-from bertdist.model.hf_heads import task_architecture
-from bertdist.storage import write_json
-from bertdist.train import checkpoint, rng, stopping
+from bertdist.finetune.starting import build_engine, resume
+from bertdist.train import checkpoint, stopping
 from bertdist.train.console import duration
 from bertdist.train.scaffold import Run, run_command
 
@@ -86,7 +86,6 @@ class Finetuning(Run):
             ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file)
         )
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
-        self.architecture = task_architecture(self.source.model_cfg.arch, self.task.head)
         self.pad_id = pad_id(self.source.vocab_file)
         if problems := data_problems(ft, len(self.train)):
             raise ConfigError(problems)
@@ -94,96 +93,14 @@ class Finetuning(Run):
         self.total_steps = max(1, int(ft.epochs * self.steps_per_epoch))
         self.warmup_steps = int(ft.warmup_proportion * self.total_steps)
         self.device = self.start_process_group(cfg.train)
-        self.engine = self._engine()
+        self.engine = build_engine(cfg, env, self.device.type, self.source, self.task)
         self.start_step, self.start_epoch, self.best, run_id = 0, 0, None, None
         self.resume_from = checkpoint.resolve_resume(ft.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
         if self.resume_from is not None:
-            run_id = self._resume(self.resume_from)
-        self.tracker = self._tracker(run_id)
+            self.start_step, self.start_epoch, self.best, run_id = resume(cfg, self.engine, self.resume_from, env)
+        self.tracker = open_tracker(cfg, env, self.source, self.task, run_id, continues=self.resume_from is not None)
         self.stop = stopping.StopFlag(f"bertdist finetune: [rank {env.rank}]")
         self.callback(self.stop.close)
-
-    def _engine(self) -> Any:
-        import torch
-
-        from bertdist.model.hf_heads import load_encoder
-        from bertdist.train import deepspeed as ds
-        from bertdist.train.optim import build_optimizer
-
-        cfg, ft = self.cfg, self.cfg.finetune
-        torch.manual_seed(cfg.train.seed)  # the same head on every rank
-        model = self._new_model()
-        if self.source.state is not None:
-            load_encoder(model, self.source.state, self.source.description)
-        optim = dataclasses.replace(cfg.optim, lr=ft.lr)
-        device_type = self.device.type
-        accumulation = ft.batch_size // (ft.micro_batch_size * self.env.world_size)
-        engine = ds.initialize(
-            model,
-            build_optimizer(model, optim, device_type),
-            ds.engine_config(cfg, ft.batch_size, ft.micro_batch_size, accumulation),
-        )
-        torch.manual_seed(cfg.train.seed + self.env.rank)  # dropout differs per rank
-        return engine
-
-    def _resume(self, path: Any) -> str | None:
-        """Continue from the epoch checkpoint at `path`: weights, optimizer, RNG, step and the best epoch so far."""
-        mine, saved = self.cfg.to_dict(), checkpoint.read_train_state(path).config
-        # train.seed picks the head's start, the dropout and the data order: another seed is another fine-tuning
-        ours = {**{f"finetune.{k}": v for k, v in mine["finetune"].items()}, "train.seed": mine["train"]["seed"]}
-        theirs = {
-            **{f"finetune.{k}": v for k, v in saved.get("finetune", {}).items()},
-            "train.seed": saved.get("train", {}).get("seed"),
-        }
-        differ = sorted(k for k in ours if ours[k] != theirs.get(k) and k != "finetune.output_dir")
-        if differ:
-            raise ConfigError(
-                [
-                    f"finetune.output_dir: {path} is a checkpoint of another fine-tuning ({differ[0]} differs); "
-                    "use another output_dir, or checkpoint.resume=none to start over"
-                ]
-            )
-        state = checkpoint.load(self.engine, path, self.env.world_size)
-        mine = state.loader_states[0]
-        self.start_step, self.start_epoch, self.best = state.step, mine["epoch"], tuple(mine["best"])
-        if state.world_size == self.env.world_size:  # else new dropout streams: the data order is seeded per epoch
-            rng.restore_rng_state(state.rng_states[self.env.rank])
-        return state.tracking_run_id
-
-    def _tracker(self, run_id: str | None) -> Any:
-        from bertdist.tracking.build import build_tracker
-
-        ft = self.cfg.finetune
-        name = self.cfg.tracking.run_name or f"finetune-{ft.task}-{time.strftime('%Y%m%d-%H%M')}"
-        tracker = build_tracker(
-            self.cfg.tracking, ft.output_dir, self.env.rank, run_id, name, continues=self.resume_from is not None
-        )
-        shared = {
-            "finetune": self.cfg.to_dict()["finetune"],
-            "optim": self.cfg.to_dict()["optim"],
-            "train": {k: getattr(self.cfg.train, k) for k in ("precision", "zero_stage", "seed")},
-        }
-        tracker.log_params(
-            {
-                **flatten(shared),
-                "world_size": self.env.world_size,
-                "train_rows": len(self.train),
-                "dev_rows": len(self.dev),
-                "skipped_rows": len(self.skipped),
-                "labels": ",".join(self.task.labels),
-            }
-        )
-        tracker.set_tags(
-            {
-                "bertdist.kind": "finetune",
-                "bertdist.init_from": ft.init_from or "random initialisation",
-                "bertdist.pretraining_run_id": self.source.pretraining_run_id or "",
-                "bertdist.pretraining_checkpoint": self.source.checkpoint or "",
-            }
-        )
-        if self.cfg.tracking.parent_run_id:
-            tracker.set_tags({"mlflow.parentRunId": self.cfg.tracking.parent_run_id})
-        return tracker
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -239,10 +156,7 @@ class Finetuning(Run):
                 step = self.step = step + 1
                 if stop:
                     return self._stopped(step, epoch)
-            sets = {"dev": (self.dev, self.task.score), **self.task.extra_dev}
-            scores = {
-                f"{name}/{k}": v for name, (rows, score) in sets.items() for k, v in self._evaluate(rows, score).items()
-            }
+            scores = dev_scores(self.engine, self.task, self.pad_id, ft.micro_batch_size, self.env, self.device)
             self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **scores}, step)
             headline = next(iter(scores.values()))  # the task's headline metric on dev_file
             say(
@@ -308,68 +222,10 @@ class Finetuning(Run):
         self.tracker.close("KILLED")
         return REQUEUE_EXIT_CODE
 
-    def _evaluate(self, dev: Sequences, score: Callable[[list[np.ndarray]], dict[str, float]]) -> dict[str, float]:
-        """Every rank scores a share of `dev`'s rows; every rank gets the metrics of all of them."""
-        import torch
-        import torch.distributed as dist
-
-        engine, ft = self.engine, self.cfg.finetune
-        engine.eval()
-        shares = np.array_split(np.arange(len(dev)), self.env.world_size)
-        mine, batches = (
-            shares[self.env.rank],
-            math.ceil(len(shares[0]) / ft.micro_batch_size),
-        )  # shares[0] is the largest
-        outputs: list[np.ndarray] = []
-        with torch.no_grad():
-            for b in range(batches):  # the same number of forward passes on every rank (ZeRO-3 gathers in them)
-                rows = mine[b * ft.micro_batch_size : (b + 1) * ft.micro_batch_size]
-                extra = len(rows) == 0  # this rank's share ran out: a batch of rank 0's rows, outputs dropped
-                rows = shares[0][: ft.micro_batch_size] if extra else rows
-                logits = engine(**{k: v.to(self.device) for k, v in dev.batch(rows, self.pad_id).items()}).logits
-                if not extra:
-                    outputs += dev.trim(logits.float().cpu().numpy(), rows, self.task.per_token)
-        gathered: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(gathered, outputs)  # every rank's share, in rank order: the dev rows in order
-        return score([o for share in gathered for o in share])
-
     def _export(self, saved: Any, scores: dict[str, float]) -> None:
-        """The model of a new best epoch from its checkpoint `saved`, written at once (an interrupted run keeps
-        it): a Hugging Face directory for the task's Auto class, and its metrics as results.json for the jobs
-        that started us."""
-        import torch
-
-        from bertdist.model.hf_heads import save_task_model
-        from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
-
+        """The model of a new best epoch, written by rank 0 at once (bertdist.finetune.best_model)."""
         if self.env.is_main:
-            ft = self.cfg.finetune
-            out = f"{ft.output_dir}/model"
-            with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout
-                model = self._new_model()
-            # The fp32 master weights, from every rank's partition: no collective, and right under bf16 and ZeRO-3.
-            model.load_state_dict(checkpoint.consolidated_state_dict(saved), strict=True)
-            provenance = {
-                "bertdist_init_from": ft.init_from,
-                "bertdist_pretraining_run_id": self.source.pretraining_run_id,
-            }
-            if isinstance(model, SentenceEmbedder):
-                length = ft.sequence_length(self.source.model_cfg.max_position_embeddings)
-                save_sentence_transformer(model, out, self.source.vocab_file, length, provenance)
-            else:
-                save_task_model(model, out, self.task.labels, self.source.vocab_file, provenance)
-            write_json(f"{self.cfg.finetune.output_dir}/results.json", scores, indent=1)
-            self.tracker.set_tags({"bertdist.model_dir": out})
-
-    def _new_model(self) -> Any:
-        """The task's model, freshly initialised: a `transformers`-named task model, or a sentence encoder."""
-        from bertdist.model.hf_heads import build_task_model
-        from bertdist.model.sentence import SENTENCE_EMBEDDING, SentenceEmbedder
-
-        cfg, task = self.source.model_cfg, self.task
-        if task.head == SENTENCE_EMBEDDING:
-            return SentenceEmbedder(cfg, self.cfg.finetune.pooling)
-        return build_task_model(self.architecture, cfg, task.labels, task.problem_type)
+            export_best(saved, scores, self.cfg.finetune, self.source, self.task, self.tracker)
 
     def _say(self, line: str) -> None:
         if self.env.is_main:

@@ -1,0 +1,110 @@
+"""OUTPUT as `bertdist prepare` keeps it: claimed for one command, resumable by that command alone, finished by
+its manifest.
+
+The fingerprint is what the output depends on (the inputs, the vocabulary, the output options); OUTPUT/.work holds
+it beside the stages' intermediate files, so the same command rerun after a kill resumes there and any other
+command is refused instead of mixing its data in. The manifest, written last, is the only file that makes the
+directory count as finished (`bertdist.data.shards.write_manifest`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from bertdist import ownership, storage
+from bertdist.data.pipeline.options import PrepareOptions
+from bertdist.data.readers import InputFile
+from bertdist.data.shards import FORMAT_VERSION, MANIFEST, SAMPLES_PER_BLOCK
+from bertdist.errors import DataError
+
+WORK_DIR = ".work"
+
+
+def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str) -> str:
+    """What the output depends on: the inputs (path, size, mtime or ETag), the vocab and the output options."""
+    described = dict(
+        files=[(f.path, f.size_bytes, storage.version(f.path)) for f in files],
+        vocab_sha256=vocab_hash,
+        options=_output_options(opts),
+        on_bad_input=opts.on_bad_input,
+    )
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def _output_options(opts: PrepareOptions) -> dict[str, Any]:
+    return dict(
+        dataclasses.asdict(opts.instances),
+        cased=opts.cased,
+        samples_per_shard=opts.samples_per_shard,
+        band_shards=opts.band_shards,
+        samples_per_block=SAMPLES_PER_BLOCK,
+        group_bytes=opts.group_bytes,
+    )
+
+
+def claim_output(output_dir: str, fingerprint: str) -> str:
+    """Create OUTPUT/.work, or reuse it if it belongs to the same command; refuse anything else."""
+    work_dir = storage.join(output_dir, WORK_DIR)
+    manifest_path = storage.join(output_dir, MANIFEST)
+    if storage.exists(manifest_path):
+        previous = storage.read_json(manifest_path).get("fingerprint")
+        raise DataError(
+            f"{output_dir}: already holds prepared data"
+            + (" from this same command" if previous == fingerprint else " made with other inputs or options")
+            + "; delete it or choose another --output"
+        )
+    stamp = storage.join(work_dir, "fingerprint")
+    if storage.exists(stamp):
+        if storage.read_text(stamp).strip() != fingerprint:
+            raise DataError(
+                f"{output_dir}: holds an unfinished run with other inputs or options; "
+                "delete it or rerun that exact command to resume"
+            )
+    elif [n for n in storage.listdir(output_dir) if n != ownership.LOCK_FILENAME]:
+        raise DataError(f"{output_dir}: exists and is not empty; choose an empty or new --output")
+    for sub in ("docs", "groups", "shards"):
+        storage.makedirs(storage.join(work_dir, sub))
+    storage.write_text(stamp, fingerprint + "\n")
+    return work_dir
+
+
+def build_manifest(
+    opts: PrepareOptions,
+    files: list[InputFile],
+    fingerprint: str,
+    vocab_size: int,
+    mask_id: int,
+    skipped: list[dict],
+    document_stats: dict[str, int],
+    group_results: list[dict],
+    shard_results: list[dict],
+) -> dict[str, Any]:
+    samples = sum(r["instances"] for r in group_results)
+    skipped_paths = {s["path"] for s in skipped}
+    used = [f for f in files if f.path not in skipped_paths]  # skipped files are listed, not counted as input
+    return dict(
+        format_version=FORMAT_VERSION,
+        fingerprint=fingerprint,
+        vocab_sha256=storage.file_sha256(opts.vocab_file),
+        vocab_file=storage.absolute(opts.vocab_file),
+        vocab_size=vocab_size,
+        mask_id=mask_id,
+        options=_output_options(opts),
+        inputs=[dict(path=f.path, bytes=f.size_bytes) for f in used],
+        skipped_inputs=[dict(s, bytes=f.size_bytes) for s in skipped for f in files if f.path == s["path"]],
+        totals=dict(
+            input_bytes=sum(f.size_bytes for f in used),
+            **document_stats,
+            samples=samples,
+            sample_tokens=sum(r["tokens"] for r in group_results),
+            masked_tokens=sum(r["masked"] for r in group_results),
+            not_next=sum(r["not_next"] for r in group_results),
+            shard_bytes=sum(r["bytes"] for r in shard_results),
+        ),
+        shards=[
+            {k: r[k] for k in ("name", "num_samples", "sha256", "bytes", "blocks") if k in r} for r in shard_results
+        ],
+    )
