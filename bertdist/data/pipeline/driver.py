@@ -41,6 +41,7 @@ from bertdist.data.shards import (
     FORMAT_VERSION,
     MANIFEST,
     SAMPLES_PER_BLOCK,
+    earlier_names,
     write_manifest,
 )
 from bertdist.errors import DataError, UserError
@@ -175,7 +176,7 @@ def _fingerprint(opts: PrepareOptions, files: list[InputFile], vocab_hash: str) 
     described = dict(
         files=[(f.path, f.size_bytes, storage.version(f.path)) for f in files],
         vocab_sha256=vocab_hash,
-        options=_output_options(opts),
+        options=earlier_names(_output_options(opts)),
         on_bad_input=opts.on_bad_input,
     )
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
