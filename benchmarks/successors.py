@@ -1,7 +1,7 @@
 """BERT's successors on one corpus at mini size, one budget each, judged downstream (ELECTRA's discriminator has no
 MLM accuracy to compare).
 
-Runs, all bertdist on the same shards (`bertdist prepare --objective mlm --masking dynamic`), vocabulary and budget
+Runs, all bertdist on the same shards (`bertdist prepare --samples mlm --masking dynamic`), vocabulary and budget
 (benchmarks/ttq_runs.py; the corpus and held-out set are benchmarks/time_to_quality.py's, `--corpus` or Python's
 documentation):
   bert-fast        configs/bert-mini-fast.yaml: the fast MLM recipe, the baseline and the teacher

@@ -96,7 +96,7 @@ def prepare_data(
     if not vocab.exists():
         train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(vocab.parent), vocab_size)
     prep: dict = {"corpus": corpus, "vocab": vocab, "identity": identity}
-    flags = {"mlm": ["--objective", "mlm", "--masking", "dynamic"], "paper": []}
+    flags = {"mlm": ["--samples", "mlm", "--masking", "dynamic"], "paper": []}
     for kind in sorted(kinds & set(flags)):
         shards = directory / f"shards-{kind}"
         start, made = time.perf_counter(), not (shards / "manifest.json").exists()

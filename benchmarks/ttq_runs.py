@@ -41,7 +41,7 @@ class RunKind:
     config: str
     """The shipped config (configs/) whose model and recipe the run uses."""
     data: str
-    """mlm (bertdist prepare --objective mlm --masking dynamic), paper (NSP pairs, static masks), or chunks (the
+    """mlm (bertdist prepare --samples mlm --masking dynamic), paper (NSP pairs, static masks), or chunks (the
     text grouped into full-length chunks as transformers' run_mlm.py does)."""
     overrides: tuple[str, ...] = field(default=())
     """Config overrides on top of the file (the paper recipe)."""

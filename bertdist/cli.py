@@ -98,7 +98,7 @@ def _run_train(args: argparse.Namespace) -> int:
         world_size = int(os.environ.get("WORLD_SIZE", cfg.launch.world_size()))
         validate(cfg, world_size=world_size)
         object_store.use_endpoint(cfg.storage.endpoint_url)
-        shards = check_shards(cfg, world_size)  # as the run does first: the shards' vocabulary, objective, manifest
+        shards = check_shards(cfg, world_size)  # as the run does first: the shards' vocabulary, samples, manifest
         print("# resolved configuration")
         print(dump_yaml(cfg))
         print("# plan")

@@ -162,7 +162,7 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
     config = config_file(DEMO_CONFIGS[arch])
     cfg = load_config(config, overrides)
     phase = cfg.data.phases[0]
-    samples = OBJECTIVES[cfg.model.objective].samples[0]  # what `prepare --objective` makes for it
+    samples = OBJECTIVES[cfg.model.objective].samples[0]  # what `prepare --samples` makes for it
 
     _stage("corpus: Python's own documentation (pydoc topics + standard-library docstrings)")
     corpus = out / "corpus"
@@ -183,11 +183,11 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
     if samples == "mlm":  # full-length text, masked by the loader every epoch: one pass of the corpus
         _stage("prepare: full-length text for masked-LM only, masked at load time, with local Ray")
         instances = InstanceOptions(
-            max_seq_length=phase.max_seq_length, dupe_factor=1, objective="mlm", masking="dynamic"
+            max_seq_length=phase.max_seq_length, dupe_factor=1, samples="mlm", masking="dynamic"
         )
     else:
         _stage(f"prepare: masked sentence pairs ({samples}) with local Ray")
-        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5, objective=samples)
+        instances = InstanceOptions(max_seq_length=phase.max_seq_length, dupe_factor=5, samples=samples)
     for split, target in (("train", phase.train_dir), ("eval", phase.eval_dir)):
         if not (Path(target) / "manifest.json").is_file():
             report = prepare(

@@ -5,6 +5,7 @@
 A flag whose value needs converting (another unit, a choice read as a switch) is passed by keyword, and the
 command that declares it lists it in its small table of exceptions, beside the fields deliberately left
 without a flag; `flag_dests` lets a test check both directions (every field a flag, every flag a field).
+A flag that was renamed stays declared as `Renamed`, which tells whoever gives it the new name.
 This module only maps values; the rules they must meet are bertdist.config.validation.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from typing import Any, TypeVar
+
+from bertdist.errors import USAGE_EXIT_CODE
 
 T = TypeVar("T")
 
@@ -24,6 +27,22 @@ def from_args(cls: type[T], args: argparse.Namespace, **converted: Any) -> T:
     return cls(**given, **converted)
 
 
+class Renamed(argparse.Action):
+    """A flag of an earlier bertdist, declared only to name what replaced it (`now`): given, with or without a
+    value, it ends the command with one line and exit 2, argparse's code for a bad flag, while the arguments are
+    read, so before a missing required flag is reported or anything runs. Without it the old flag would be
+    "unrecognized", or refused as a required flag missing, neither of which says what to write instead. Hidden
+    from --help; fills no field."""
+
+    def __init__(self, option_strings: list[str], dest: str, now: str):
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.now = now
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        instead = f"; use {self.now} {values}" if values is not None else ""
+        parser.exit(USAGE_EXIT_CODE, f"{parser.prog}: {option_string} is now {self.now}{instead}\n")
+
+
 def flag_dests(parser: argparse.ArgumentParser) -> set[str]:
-    """The dest of every flag and positional argument of `parser` (`--help` aside)."""
-    return {action.dest for action in parser._actions if not isinstance(action, argparse._HelpAction)}
+    """The dest of every flag and positional argument of `parser` (`--help` and renamed flags aside)."""
+    return {action.dest for action in parser._actions if not isinstance(action, (argparse._HelpAction, Renamed))}

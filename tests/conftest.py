@@ -238,7 +238,7 @@ def mlm_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
     from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp("mlm_shards") / "train")
-    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, objective="mlm", masking="dynamic", dupe_factor=1))
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, samples="mlm", masking="dynamic", dupe_factor=1))
     return out
 
 
@@ -248,7 +248,7 @@ def sop_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
     from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp("sop_shards") / "train")
-    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, objective="sop", dupe_factor=1))
+    prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, samples="sop", dupe_factor=1))
     return out
 
 

@@ -210,6 +210,23 @@ def test_prepare_flags_left_out_give_the_options_defaults():
     assert (opts.group_bytes, opts.progress) == (1 << 19, False)
 
 
+@pytest.mark.parametrize(
+    "given", [["--objective", "mlm"], ["--objective=mlm"], ["--objective"]], ids=["value", "equals", "no-value"]
+)
+def test_the_flag_prepare_called_objective_is_refused_in_one_line_naming_samples(given, tmp_path, capsys):
+    """`--objective` meant the training config's `model.objective` too: a command of an earlier version is told
+    the new name, with its value, before argparse asks for the required flags it lacks and before anything runs."""
+    from bertdist.cli import main
+
+    output = tmp_path / "shards"
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", *given, "--output", str(output)])
+    instead = "; use --samples mlm" if "mlm" in given[-1] else ""
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"bertdist prepare: --objective is now --samples{instead}\n"
+    assert not output.exists()
+
+
 def test_every_embed_option_has_a_flag_and_every_flag_an_option():
     import dataclasses
 

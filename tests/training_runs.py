@@ -74,7 +74,7 @@ RECIPES = {
     "distill": {"model": {"arch": "distilbert", "objective": "distill", "num_layers": 1}},
 }
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert",
-"electra", "span", "distill": prepared with --objective mlm --masking dynamic; "albert": --objective sop)."""
+"electra", "span", "distill": prepared with --samples mlm --masking dynamic; "albert": --samples sop)."""
 
 # Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
 # model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.

@@ -51,9 +51,9 @@ class ModelConfig:
     initializer_range: float = 0.02
     objective: Literal["mlm+nsp", "mlm", "mlm+sop", "rtd", "span", "distill"] = "mlm+nsp"
     """What pretraining trains (bertdist.config.objectives): mlm+nsp, masked LM and next-sentence prediction on
-    `prepare --objective nsp` pairs (the paper); mlm, masked LM only (RoBERTa: no pooler, no sentence head; any
-    shards, `--objective mlm` text is made for it; exported as *ForMaskedLM); mlm+sop, masked LM and ALBERT's
-    sentence-order prediction on `--objective sop` pairs; rtd, ELECTRA's replaced-token detection (arch: electra, any
+    `prepare --samples nsp` pairs (the paper); mlm, masked LM only (RoBERTa: no pooler, no sentence head; any
+    shards, `--samples mlm` text is made for it; exported as *ForMaskedLM); mlm+sop, masked LM and ALBERT's
+    sentence-order prediction on `--samples sop` pairs; rtd, ELECTRA's replaced-token detection (arch: electra, any
     shards); span, SpanBERT's masked LM + span-boundary objective (arch: bert, span masking at load time); distill,
     DistilBERT's distillation from a teacher (arch: distilbert, the `distill` section)."""
     activation_checkpointing: bool = False

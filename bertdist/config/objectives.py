@@ -1,6 +1,6 @@
 """The pretraining objectives, by `model.objective`: what each one trains, and on which prepared samples.
 
-| objective | what trains | samples (`bertdist prepare --objective`) | export |
+| objective | what trains | samples (`bertdist prepare --samples`) | export |
 | --- | --- | --- | --- |
 | `mlm+nsp` (the paper, default) | masked LM + next-sentence prediction on [CLS] | `nsp` pairs | `*ForPreTraining` |
 | `mlm` (RoBERTa) | masked LM alone: no pooler, no sentence head | any (`mlm` text is made for it) | `*ForMaskedLM` |

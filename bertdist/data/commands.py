@@ -13,7 +13,7 @@ from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.tokenizer import TOKENIZER_MODELS
 from bertdist.errors import USAGE_EXIT_CODE, DataError
-from bertdist.flags import from_args
+from bertdist.flags import Renamed, from_args
 
 
 def add_vocab(sub: argparse._SubParsersAction) -> None:
@@ -95,11 +95,13 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     i, o = InstanceOptions(), PrepareOptions(inputs=[], output_dir="", vocab_file="")
     p.add_argument("--max-seq-length", type=int, default=i.max_seq_length)
     p.add_argument(
-        "--objective",
-        choices=choices(InstanceOptions, "objective"),
-        default=i.objective,
-        help="nsp: BERT's sentence pairs (the paper); mlm: full-length contiguous text for MLM-only training",
+        "--samples",
+        choices=choices(InstanceOptions, "samples"),
+        default=i.samples,
+        help="nsp: BERT's sentence pairs (the paper); mlm: full-length contiguous text for MLM-only training; "
+        "sop: ALBERT's sentence-order pairs",
     )
+    p.add_argument("--objective", action=Renamed, now="--samples")
     p.add_argument(
         "--masking",
         choices=choices(InstanceOptions, "masking"),

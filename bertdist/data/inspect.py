@@ -90,14 +90,13 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
             f"{stats['mask_token_fraction']:.1%} [MASK], {stats['unchanged_fraction']:.1%} unchanged (rule: "
             f"{rules.mask_token_fraction:.0%} / ~{1 - rules.mask_token_fraction - rules.random_token_fraction:.0%}+)"
         )
-    objective = opts.get("objective", "nsp")
     out.append(
         {
             "nsp": f"next sentence: {stats['not_next_fraction']:.1%} NotNext (single-sentence chunks are always "
             "NotNext)",
             "sop": f"sentence order: {stats['not_next_fraction']:.1%} swapped",
-            "mlm": "sentence task: none (objective mlm: contiguous text, no pairs)",
-        }[objective]
+            "mlm": "sentence task: none (samples mlm: contiguous text, no pairs)",
+        }[opts["samples"]]
     )
     if examples:
         out.append(_examples(shard_dir, manifest, examples, vocab_file or manifest.get("vocab_file")))
@@ -105,7 +104,7 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
 
 
 _EXAMPLE_LABELS = {"nsp": ("IsNext", "NotNext"), "sop": ("in order", "swapped"), "mlm": None}
-"""How an example's sentence label reads, by objective: (label 0, label 1), or none."""
+"""How an example's sentence label reads, by the kind of samples: (label 0, label 1), or none."""
 
 
 def _examples(shard_dir: str, manifest: dict, count: int, vocab_file: str | None) -> str:
@@ -128,7 +127,7 @@ def _examples(shard_dir: str, manifest: dict, count: int, vocab_file: str | None
         words = [tokens[i] for i in ids]
         for pos, label in zip(sample["masked_lm_positions"].tolist(), sample["masked_lm_ids"].tolist()):
             words[pos] = f"{words[pos]}({tokens[label]})"
-        names = _EXAMPLE_LABELS[manifest["options"].get("objective", "nsp")]
+        names = _EXAMPLE_LABELS[manifest["options"]["samples"]]
         label = f"{names[int(sample['next_sentence_label'])]}, " if names else ""
         lines.append(f"  [{n}] {label}{len(ids)} tokens: {' '.join(words)}")
     return "\n".join(lines)

@@ -41,11 +41,13 @@ class InstanceOptions(MaskingConfig):
     dupe_factor: int = 5
     short_seq_prob: float = 0.1
     seed: int = 12345
-    objective: Literal["nsp", "mlm", "sop"] = "nsp"
-    """nsp: BERT's sentence pairs, half of them with a random second segment (the paper). mlm: contiguous
-    full sentences up to the maximum length, crossing document boundaries (RoBERTa's FULL-SENTENCES), for a
-    model trained without next-sentence prediction. sop: ALBERT's sentence-order pairs, two consecutive segments
-    of one document, swapped half the time (label 1: swapped)."""
+    samples: Literal["nsp", "mlm", "sop"] = "nsp"
+    """What the samples are (`--samples`; the training objectives that use each: bertdist.config.objectives).
+    nsp: BERT's sentence pairs, half of them with a random second segment (the paper). mlm: contiguous full
+    sentences up to the maximum length, crossing document boundaries (RoBERTa's FULL-SENTENCES), for a model
+    trained without next-sentence prediction. sop: ALBERT's sentence-order pairs, two consecutive segments of one
+    document, swapped half the time (label 1: swapped). Named `objective` before: manifests still holding that
+    name are read through bertdist.data.shards.upgrade_options."""
     masking: Literal["static", "dynamic"] = "static"
     """static: masks chosen here and written into the shards, `dupe_factor` passes each with its own (the
     paper). dynamic: no masks in the shards; the training loader masks every sample afresh each epoch
@@ -113,7 +115,7 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
     bisects the cumulative token offsets. Same chunks, same random draws in the same order; truncation is
     then vectorised.
 
-    Sentence order (`opts.objective == "sop"`, google-research/albert's `create_pretraining_data.py`): the same
+    Sentence order (`opts.samples == "sop"`, google-research/albert's `create_pretraining_data.py`): the same
     chunks and split; instead of a random next segment, half of the pairs swap A and B. As in ALBERT's script, a
     chunk of one sentence still takes B from a random document (labelled 1: not in order), as NSP does."""
     max_num_tokens = opts.max_seq_length - 3
@@ -122,7 +124,7 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
     num_docs = len(docs)
     random = rs.random  # local names: this loop runs once per instance
     short_seq_prob = opts.short_seq_prob
-    sentence_order = opts.objective == "sop"
+    sentence_order = opts.samples == "sop"
     rows: list[tuple[int, ...]] = []
     append = rows.append
     for d in range(num_docs):
@@ -257,7 +259,7 @@ def create_instances(docs: Documents, opts: InstanceOptions, vocab: VocabInfo, g
     for p in range(opts.dupe_factor):
         pair_rng = np.random.default_rng([opts.seed, *group_seed, p, 0])
         mask_rng = np.random.default_rng([opts.seed, *group_seed, p, 1])
-        if opts.objective == "mlm":
+        if opts.samples == "mlm":
             samples = full_sentences(docs, opts, vocab)
         else:
             samples = assemble(docs, make_pairs(docs, opts, RandomStream(pair_rng)), vocab)

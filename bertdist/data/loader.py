@@ -230,8 +230,9 @@ class PretrainingLoader:
         self.rank, self.world_size, self.seed, self.num_workers = rank, world_size, seed, num_workers
         self.packing, self.pin_memory = packing, pin_memory
         options = manifest["options"]
-        self.objective = options.get("objective", "nsp")
-        """nsp (sentence pairs, real next-sentence labels) or mlm (full sentences; no NSP labels to learn)."""
+        self.samples = options["samples"]
+        """What the shards were prepared as (`--samples`): nsp (sentence pairs, real next-sentence labels), sop
+        (sentence-order pairs) or mlm (full sentences; no sentence labels to learn)."""
         self.masking_mode = options.get("masking", "static")
         """static (the masks are in the shards) or dynamic (masked here, by `masking`)."""
         masker = None

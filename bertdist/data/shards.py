@@ -213,7 +213,30 @@ def write_manifest(shard_dir: str, manifest: dict) -> None:
     )
 
 
+RENAMED_OPTIONS = {"objective": "samples"}
+"""Options that earlier bertdist versions wrote into manifests under another name -> the name now. `prepare
+--objective` became `--samples`: the word meant the training config's `model.objective` too, another thing."""
+
+
+def upgrade_options(options: dict) -> dict:
+    """A manifest's options as this bertdist names them, so that a directory prepared by an earlier version loads
+    and inspects as before: renamed options (RENAMED_OPTIONS) under their names now, and `samples` in a manifest
+    older than the option (`nsp`, BERT's pairs, all that prepare made then)."""
+    upgraded = {RENAMED_OPTIONS.get(name, name): value for name, value in options.items()}
+    upgraded.setdefault("samples", "nsp")
+    return upgraded
+
+
+def earlier_names(options: dict) -> dict:
+    """`options` under the names they had when first written: what prepare's fingerprint hashes, so that an
+    option's new name neither leaves an unfinished run of an earlier version unresumable nor gives its finished
+    directory another fingerprint."""
+    earlier = {now: before for before, now in RENAMED_OPTIONS.items()}
+    return {earlier.get(name, name): value for name, value in options.items()}
+
+
 def read_manifest(shard_dir: str) -> dict:
+    """The manifest of `shard_dir`, checked, its options upgraded (upgrade_options)."""
     path = storage.join(shard_dir, MANIFEST)
     if not storage.is_file(path):
         raise DataError(f"{shard_dir}: no {MANIFEST}; not a directory written by `bertdist prepare` (or unfinished)")
@@ -238,6 +261,7 @@ def read_manifest(shard_dir: str) -> dict:
         raise DataError(f"{path}: its shards hold {listed} samples but totals.samples says {total} (edited manifest?)")
     if any("/" in s["name"] or s["name"].startswith(".") for s in manifest["shards"]):
         raise DataError(f"{path}: a shard name points outside the directory")
+    manifest["options"] = upgrade_options(manifest["options"])
     return manifest
 
 

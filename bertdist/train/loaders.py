@@ -57,12 +57,12 @@ def phase_loader(
             ]
         )
     wanted = OBJECTIVES[cfg.model.objective]
-    if loader.objective not in wanted.samples:
+    if loader.samples not in wanted.samples:
         raise ConfigError(
             [
                 f"model.objective: {cfg.model.objective} ({wanted.summary}) trains on samples of "
-                f"`bertdist prepare --objective {' or '.join(wanted.samples)}`, and {shard_dir} was prepared with "
-                f"--objective {loader.objective}; prepare its data, or set model.objective to match"
+                f"`bertdist prepare --samples {' or '.join(wanted.samples)}`, and {shard_dir} was prepared with "
+                f"--samples {loader.samples}; prepare its data, or set model.objective to match"
             ]
         )
     return loader
@@ -91,6 +91,6 @@ def check_shards(cfg: Config, world_size: int) -> list[str]:
                 "nsp": "sentence pairs (MLM + NSP)",
                 "sop": "sentence-order pairs (MLM + SOP)",
                 "mlm": "MLM-only text",
-            }.get(loader.objective, loader.objective)
+            }.get(loader.samples, loader.samples)
             lines.append(f"phase {i} {kind}: {shard_dir}: {made}, made with this vocabulary: checked")
     return lines

@@ -302,13 +302,13 @@ def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_r
 
 
 def test_sentence_pairs_longer_than_bert_positions_are_refused_before_anything_starts(tmp_path, tiny_vocab, capsys):
-    """Long context is full-length text (--objective mlm); sentence pairs stay at BERT's 512 and say so."""
+    """Long context is full-length text (--samples mlm); sentence pairs stay at BERT's 512 and say so."""
     from bertdist.cli import main
 
     base = ["prepare", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--vocab", tiny_vocab]
     assert main([*base, "--max-seq-length", "1024"]) == 2
     err = capsys.readouterr().err
-    assert "--max-seq-length: sentence pairs (--objective nsp) stay at <= 512 tokens" in err and "\n" == err[-1:]
+    assert "--max-seq-length: sentence pairs (--samples nsp) stay at <= 512 tokens" in err and "\n" == err[-1:]
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-    assert main([*base, "--max-seq-length", "1024", "--objective", "sop"]) == 2
-    assert "sentence pairs (--objective sop) stay at <= 512 tokens" in capsys.readouterr().err
+    assert main([*base, "--max-seq-length", "1024", "--samples", "sop"]) == 2
+    assert "sentence pairs (--samples sop) stay at <= 512 tokens" in capsys.readouterr().err

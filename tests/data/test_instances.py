@@ -81,9 +81,7 @@ def test_sentence_order_pairs_are_consecutive_segments_swapped_half_the_time():
     chunk of two or more sentences swapped; a one-sentence chunk takes B from another document, as ALBERT's
     script does (labelled 1)."""
     docs = _documents()
-    pairs = make_pairs(
-        docs, InstanceOptions(max_seq_length=64, objective="sop"), RandomStream(np.random.default_rng(1))
-    )
+    pairs = make_pairs(docs, InstanceOptions(max_seq_length=64, samples="sop"), RandomStream(np.random.default_rng(1)))
     random_b, labelled = pairs.random_document >= 0, pairs.is_random_next == 1
     assert (labelled[random_b]).all()
     swapped, in_order = labelled & ~random_b, ~labelled

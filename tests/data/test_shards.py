@@ -57,3 +57,15 @@ def test_a_block_is_a_plain_zip_with_checked_crcs(tiny_shards):
     corrupt[len(corrupt) // 3] ^= 0xFF  # inside input_ids, the first and by far the largest member
     with pytest.raises(DataError, match="block.npz: corrupt sample block"):
         decode_block(bytes(corrupt), "block.npz")
+
+
+def test_manifest_options_of_earlier_versions_read_under_their_names_now():
+    """`objective` was the kind of samples (now `samples`); a manifest older than either made BERT's pairs. The
+    fingerprint's names are the first ones, so renaming an option leaves it as it was."""
+    from bertdist.data.shards import earlier_names, upgrade_options
+
+    before = {"max_seq_length": 128, "objective": "sop", "masking": "static"}
+    assert upgrade_options(before) == {"max_seq_length": 128, "samples": "sop", "masking": "static"}
+    assert earlier_names(upgrade_options(before)) == before
+    assert upgrade_options({"max_seq_length": 128})["samples"] == "nsp"
+    assert upgrade_options({"samples": "mlm"}) == {"samples": "mlm"}

@@ -142,7 +142,7 @@ def high_id_shards(request, tiny_corpus, high_id_tokenizer, ray_local, tmp_path_
 
     out = str(tmp_path_factory.mktemp(f"high_id_{request.param}") / "train")
     prepare(
-        tiny_prepare_options(tiny_corpus, high_id_tokenizer, out, objective="mlm", masking=request.param, dupe_factor=1)
+        tiny_prepare_options(tiny_corpus, high_id_tokenizer, out, samples="mlm", masking=request.param, dupe_factor=1)
     )
     return request.param, out
 

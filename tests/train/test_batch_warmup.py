@@ -38,7 +38,7 @@ def long_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
     from bertdist.data.pipeline.driver import prepare
 
     out = str(tmp_path_factory.mktemp("long_shards") / "train")
-    options = dict(objective="mlm", masking="dynamic", dupe_factor=1, max_seq_length=LONG)
+    options = dict(samples="mlm", masking="dynamic", dupe_factor=1, max_seq_length=LONG)
     prepare(tiny_prepare_options(tiny_corpus, tiny_vocab, out, **options))
     return out
 

@@ -47,7 +47,7 @@ def test_a_released_modernbert_continues_on_new_text_with_its_own_tokenizer(
                 str(shards),
                 "--tokenizer",  # --vocab's other name, for a model's own tokenizer
                 str(released),
-                "--objective",
+                "--samples",
                 "mlm",
                 "--masking",
                 "dynamic",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 from bertdist.cli import main
+from bertdist.data.shards import MANIFEST
 from bertdist.errors import USAGE_EXIT_CODE
 from tests import training_runs as runs
 
@@ -37,13 +41,33 @@ def test_the_objective_trains_only_on_samples_it_can_use(tmp_path, tiny_shards, 
     assert (
         code == USAGE_EXIT_CODE
         and "model.objective: mlm+sop" in err
-        and "--objective sop" in err
-        and "--objective nsp" in err
+        and "--samples sop" in err
+        and "--samples nsp" in err
     ), err
     assert main(["train", "--config", str(config), "--dry-run", "model.objective=mlm"]) == 0
     assert main(["train", "--config", str(config), "--dry-run", "model.next_sentence_prediction=false"]) == 2
     err = capsys.readouterr().err
     assert "model.next_sentence_prediction: renamed: use model.objective (true: mlm+nsp, false: mlm)" in err, err
+
+
+def test_shards_prepared_when_samples_was_called_objective_are_read_as_before(tmp_path, mlm_shards, tiny_vocab, capsys):
+    """An earlier bertdist wrote the kind of samples as the manifest option `objective`
+    (bertdist.data.shards.upgrade_options): its MLM-only text stays MLM-only text for the loader, the run's check
+    and `bertdist inspect`, where read as the default it would pass for NSP pairs."""
+    old = tmp_path / "prepared-before"
+    shutil.copytree(mlm_shards, old)
+    manifest = json.loads((old / MANIFEST).read_text())
+    manifest["options"] = {"objective" if k == "samples" else k: v for k, v in manifest["options"].items()}
+    (old / MANIFEST).write_text(json.dumps(manifest))
+
+    config = runs.write_config(tmp_path, str(old), tiny_vocab, 0, recipe="fast")
+    assert main(["train", "--config", str(config), "--dry-run"]) == 0
+    assert f"phase 0 train: {old}: MLM-only text, made with this vocabulary: checked" in capsys.readouterr().out
+    assert main(["train", "--config", str(config), "--dry-run", "model.objective=mlm+nsp"]) == USAGE_EXIT_CODE
+    assert f"{old} was prepared with --samples mlm;" in capsys.readouterr().err
+    assert main(["inspect", str(old), "--examples", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "samples=mlm" in out and "sentence task: none (samples mlm" in out and "IsNext" not in out
 
 
 def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(

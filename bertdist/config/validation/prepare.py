@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 MAX_PAIR_LENGTH = 512
-"""The longest sentence-pair sample: BERT's learned positions, which the pairs objective trains."""
+"""The longest sentence-pair sample: BERT's learned positions, which pretraining on pairs trains."""
 
 
 def validate_prepare(opts: PrepareOptions) -> None:
@@ -31,9 +31,9 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ("--max-seq-length", not 8 <= i.max_seq_length <= 65535, "must be in [8, 65535]"),
             (
                 "--max-seq-length",
-                i.objective != "mlm" and i.max_seq_length > MAX_PAIR_LENGTH,
-                f"sentence pairs (--objective {i.objective}) stay at <= {MAX_PAIR_LENGTH} tokens, BERT's positions; "
-                "longer samples are --objective mlm (full-length text, up to ModernBERT's 8,192)",
+                i.samples != "mlm" and i.max_seq_length > MAX_PAIR_LENGTH,
+                f"sentence pairs (--samples {i.samples}) stay at <= {MAX_PAIR_LENGTH} tokens, BERT's positions; "
+                "longer samples are --samples mlm (full-length text, up to ModernBERT's 8,192)",
             ),
             ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
             ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
@@ -42,7 +42,7 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ("--max-predictions-per-seq", i.max_predictions_per_seq < 0, "must be >= 0 (0: from the rate)"),
             ("--short-seq-prob", not 0 <= i.short_seq_prob <= 1, "must be in [0, 1]"),
             ("--seed", not 0 <= i.seed < 2**63, "must be in [0, 2^63)"),
-            ("--objective", i.objective not in choices(type(i), "objective"), _one_of(type(i), "objective")),
+            ("--samples", i.samples not in choices(type(i), "samples"), _one_of(type(i), "samples")),
             ("--masking", i.masking not in choices(type(i), "masking"), _one_of(type(i), "masking")),
             ("--workers", opts.workers < 0, "must be >= 0"),
             ("--samples-per-shard", opts.samples_per_shard < 1, "must be at least 1"),

@@ -17,7 +17,7 @@ from typing import Any
 from bertdist import ownership, storage
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.readers import InputFile
-from bertdist.data.shards import FORMAT_VERSION, MANIFEST, SAMPLES_PER_BLOCK
+from bertdist.data.shards import FORMAT_VERSION, MANIFEST, SAMPLES_PER_BLOCK, earlier_names
 from bertdist.errors import DataError
 
 WORK_DIR = ".work"
@@ -28,7 +28,7 @@ def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str
     described = dict(
         files=[(f.path, f.size_bytes, storage.version(f.path)) for f in files],
         vocab_sha256=vocab_hash,
-        options=_output_options(opts),
+        options=earlier_names(_output_options(opts)),
         on_bad_input=opts.on_bad_input,
     )
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()

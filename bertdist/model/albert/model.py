@@ -13,7 +13,7 @@ What differs from BERT (bertdist.model.bert.model), whose building blocks this r
 - the activation is ALBERT's: GELU's tanh approximation (`gelu_new` in transformers' configs);
 - a sentence-order head (`sop_classifier`) where BERT has NSP: structurally the same 2-way classifier on the
   pooled [CLS], trained on what the shards' `next_sentence_label` says (sentence order with `prepare
-  --objective sop`); its loss and accuracy are logged as `sop`. No dropout there, as in ALBERT's own code.
+  --samples sop`); its loss and accuracy are logged as `sop`. No dropout there, as in ALBERT's own code.
 
 The rest is BERT's: the same post-LN layer (attention through `BertSelfAttention` and `TokenLayout`, so padded,
 unpadded and packed batches all work), the last layer computed only where a head reads, the MLM head at the

@@ -321,7 +321,7 @@ class ModernBertForMaskedLM(ComposedPretraining):
         if objective(cfg).sentence_task:
             raise ValueError(
                 f"model.objective: {cfg.objective!r}: ModernBERT has no sentence head; use mlm (MLM-only "
-                "pretraining, on shards prepared with --objective mlm)"
+                "pretraining, on shards prepared with --samples mlm)"
             )
         self.config = cfg
         self.model = ModernBertModel(cfg)

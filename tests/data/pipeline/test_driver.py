@@ -135,6 +135,19 @@ def test_killed_run_resumes_to_the_same_bytes(
     assert _shard_bytes(out) == reference
 
 
+def test_a_run_begun_while_samples_was_called_objective_resumes():
+    """A rerun resumes OUTPUT/.work only under the same fingerprint, a hash of the options by name; it hashes them
+    under their first names (bertdist.data.shards.earlier_names), so `--samples mlm` continues what `--objective
+    mlm` began. The value is the one bertdist computed for these options before the rename (commit 2dc990f); a new
+    option changes every fingerprint, and this value with it."""
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.options import PrepareOptions
+    from bertdist.data.pipeline.output_dir import fingerprint_of
+
+    opts = PrepareOptions(inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(samples="mlm"))
+    assert fingerprint_of(opts, [], "0" * 64) == "222b24beb60a091a97e7e3956e8668f04c9014d4ecf05d083cd6a4fb59ee56cb"
+
+
 def test_duplicates_are_dropped_and_counted(tiny_corpus, tiny_vocab, ray_local, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -204,7 +217,7 @@ def test_inspect_of_shards_masked_at_load_time_says_so(mlm_shards, sop_shards, c
     assert main(["inspect", mlm_shards, "--examples", "2"]) == 0
     out = capsys.readouterr().out
     assert "masking: at load time (masking dynamic): the shards hold no masks" in out and "0.00%" not in out
-    assert "sentence task: none (objective mlm" in out and "IsNext" not in out and "NotNext" not in out
+    assert "sentence task: none (samples mlm" in out and "IsNext" not in out and "NotNext" not in out
     assert main(["inspect", sop_shards, "--examples", "4"]) == 0
     out = capsys.readouterr().out
     assert "sentence order:" in out and "swapped" in out and "IsNext" not in out
