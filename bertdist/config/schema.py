@@ -184,6 +184,11 @@ class TrainConfig:
     stall_timeout_s: float = 600.0
     """Stop the job when this rank makes no progress (no micro batch, eval batch or checkpoint file) for this
     long, naming the rank that stalled; 0 turns the watchdog off. Must exceed the slowest checkpoint save."""
+    straggler_factor: float = 1.5
+    """Name a rank whose time outside collectives (data wait + forward) over a window is this many times the other
+    ranks' median, once, on the console and as an MLflow tag (bertdist.train.stragglers); 0 turns it off."""
+    straggler_window_steps: int = 20
+    """The steps each straggler comparison sums over (longer: steadier, named later)."""
     deepspeed: dict[str, Any] = field(default_factory=dict)
     """Extra DeepSpeed config keys merged over the generated ones (for experts)."""
 

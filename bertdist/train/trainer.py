@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ from bertdist.train import (
     scaffold,
     starting,
     stopping,
+    stragglers,
     timeline,
 )
 from bertdist.train import deepspeed as ds
@@ -163,6 +165,12 @@ class Trainer(scaffold.Run):
             env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s
         )
         self.callback(self.watchdog.close)
+        hosts: list[str] = [""] * env.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        t = cfg.train
+        self.stragglers = stragglers.StragglerWatch(
+            hosts, t.straggler_factor, t.straggler_window_steps, self.console.line, self.tracker.set_tags
+        )
         # Last, so that nothing done at start-up draws from the generators.
         if self.resumed is not None and not self.resharding:
             rng.restore_rng_state(self.resumed.rng_states[env.rank])
@@ -214,6 +222,7 @@ class Trainer(scaffold.Run):
                 self.watchdog.start()
                 timeline.log_recovered(self.tracker, self.console.line, self.restart, step)
             interval.add(sums)
+            self.stragglers.add(sums, step)
             loss = sums["loss"] / sums["micro_batches"]
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
             if nonfinite_streak >= cfg.train.max_nonfinite_steps:
@@ -246,17 +255,23 @@ class Trainer(scaffold.Run):
         engine = self.engine
         engine.train()
         acc = metrics.StepSums(self.device)
+        forward, waited_s = stragglers.ForwardClock(self.device_type), 0.0
         for _ in range(engine.gradient_accumulation_steps()):
             wait_start = time.perf_counter()
             batch = {k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
-            acc.add("data_wait_seconds", time.perf_counter() - wait_start)
+            waited_s += time.perf_counter() - wait_start
+            forward.start()
             out = engine(**batch)
+            forward.stop()
             engine.backward(out.loss)
             if engine.is_gradient_accumulation_boundary():
                 self.grad_norm = self._grad_norm_before_step()
             engine.step()
             self.watchdog.progress(self.step)
             metrics.accumulate(acc, out, batch, self.cfg.model)
+        acc.add("data_wait_seconds", waited_s)
+        env = self.env
+        stragglers.add_rank_times(acc, env.rank, env.world_size, waited_s + forward.total_seconds(), waited_s)
         acc.add("stop_requested", 1.0 if self.stop.signum else 0.0)
         sums = acc.all_reduce()
         self.tokens_seen += int(sums["tokens"])
@@ -287,6 +302,7 @@ class Trainer(scaffold.Run):
             "progress/sequences_seen": float(self.sequences_seen),
             **interval.throughput(self.env.world_size, self.peak_flops),
             metrics.PEAK_MEMORY: self._peak_memory_gb(),
+            **stragglers.rank_metrics(interval.totals, interval.steps, self.env.world_size),
         }
         self.tracker.log_metrics(values, step=step)
         if self.peak_flops.notice:  # on the console with the step lines, once, not as a raw Python warning

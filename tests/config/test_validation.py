@@ -48,6 +48,13 @@ CASES = [
     ),
     ("unknown-arch", "modernbert-tiny", ["model.arch=gpt"], "model.arch: 'gpt' is not one of bert, modernbert"),
     (
+        "straggler-factor-that-always-fires",
+        "bert-tiny",
+        ["train.straggler_factor=1.0"],
+        "train.straggler_factor: must be above 1 (a rank this many times slower than the others is named) or 0",
+    ),
+    ("straggler-window-of-no-steps", "bert-tiny", ["train.straggler_window_steps=0"], "train.straggler_window_steps"),
+    (
         "window-on-bert",
         "bert-tiny",
         ["model.local_attention=64"],

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from bertdist.config import load_config
 from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
@@ -245,6 +247,50 @@ def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continu
     want = consolidated_state_dict(reference.out / "checkpoints" / final)
     got = consolidated_state_dict(out / "checkpoints" / final)
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+@pytest.mark.slow
+def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_shards, tiny_vocab, tmp_path):
+    """Rank 1 is stopped half the time (SIGSTOP/SIGCONT every 10 ms, as a throttled host): every rank's step is
+    as slow, so the step time names no one; the time outside collectives does. Rank 0 names rank 1 and its host
+    once, within 20 steps, and the run finishes; each rank's times are metrics."""
+    import re
+    import signal
+    import socket
+    import threading
+    import time
+
+    config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1, straggler_window_steps=5)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["data"]["phases"][0]["steps"] = 30
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run" / "out"
+    ranks = runs.start_ranks(config, "slowed")
+    ranks.wait_for(lambda: (out / "metrics.jsonl").is_file() and runs.read_metrics(out), "the first step")
+    done = threading.Event()
+
+    def throttle(rank: subprocess.Popen) -> None:
+        while not done.is_set() and rank.poll() is None:
+            rank.send_signal(signal.SIGSTOP)
+            time.sleep(0.01)
+            rank.send_signal(signal.SIGCONT)
+            time.sleep(0.01)
+
+    slowing = threading.Thread(target=throttle, args=(ranks.procs[1],))
+    slowing.start()
+    try:
+        codes = ranks.wait()
+    finally:
+        done.set()
+        slowing.join()
+    log = ranks.output(0)
+    assert codes == [0, 0], log[-3000:]
+    named = re.findall(r"rank (\d) on (\S+) is slow: over steps (\d+)-(\d+)", log)
+    assert [(r, host) for r, host, _, _ in named] == [("1", socket.gethostname())], log[-3000:]
+    assert int(named[0][3]) <= 20 and "train.straggler_factor=1.5" in log
+    records = runs.read_metrics(out).values()
+    busy = [sum(r[f"ranks/r{rank:05d}_busy_seconds"] for r in records) for rank in (0, 1)]
+    assert busy[1] > busy[0] > 0, busy
 
 
 @pytest.fixture

@@ -230,6 +230,13 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             p.append(f"train.{name}: must be positive, got {getattr(t, name)}")
     if not t.stall_timeout_s >= 0:
         p.append(f"train.stall_timeout_s: must be >= 0 (0: no watchdog), got {t.stall_timeout_s}")
+    if not (t.straggler_factor == 0 or t.straggler_factor > 1):
+        p.append(
+            f"train.straggler_factor: must be above 1 (a rank this many times slower than the others is named) or "
+            f"0 (off), got {t.straggler_factor}"
+        )
+    if t.straggler_window_steps < 1:
+        p.append(f"train.straggler_window_steps: must be >= 1, got {t.straggler_window_steps}")
     if world <= 0:
         p.append(f"launch.nodes x launch.gpus_per_node: world size must be positive, got {world}")
 
