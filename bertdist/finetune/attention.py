@@ -102,11 +102,6 @@ def attention_maps(o: AttentionOptions) -> AttentionMaps:
     from bertdist.finetune.embed import open_encoder
 
     encoder = open_encoder(o.model, o.max_seq_length)
-    if not hasattr(encoder.model, "attention_probabilities"):  # an encoder family added without the method
-        raise UserError(
-            f"--model: {encoder.source.description} is a {encoder.source.model_cfg.arch} model, whose attention "
-            "probabilities bertdist cannot read yet (it draws those of BERT, ALBERT, ELECTRA, DistilBERT, ModernBERT)"
-        )
     encoded = encoder.encode([Example(o.text, o.pair, "", "--text")])
     with torch.no_grad():
         layers = encoder.model.attention_probabilities(**encoder.batch(encoded, np.arange(1)))

@@ -1,6 +1,6 @@
-"""What the trainer, export and the FLOPs count ask of a family's pretraining model: `PretrainingModel`, the
-written contract every family's pretraining class keeps (tests/model/test_registry.py checks each), in place of
-probing a model for what it might have.
+"""What the trainer, export and the FLOPs count ask of a family's pretraining model (`PretrainingModel`), and what
+features, embeddings and attention pictures ask of its bare encoder (`BareEncoder`): the written contracts every
+family keeps (tests/model/test_registry.py checks each), in place of probing a model for what it might have.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class PretrainingModel(Protocol):
         masked_lm_positions: Any = None,
         masked_lm_ids: Any = None,
         next_sentence_label: Any = None,
+        masked_lm_span_bounds: Any = None,
     ) -> PreTrainingOutput:
         """Logits, the loss and its named parts for one batch (bertdist.model.outputs); a family that does not read a
         field (ModernBERT's segments, DistilBERT's sentence label) accepts and ignores it."""
@@ -40,4 +41,19 @@ class PretrainingModel(Protocol):
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """(module, parameter) pairs where a module's forward uses a parameter another owns (a tied decoder): ZeRO-3
         gathers it there too. [] when there is none."""
+        ...
+
+
+@runtime_checkable
+class BareEncoder(Protocol):
+    """A family's encoder without heads (`TaskFamily.encoder`), called with the batch fields its family reads
+    (`TaskFamily.inputs`: ModernBERT and DistilBERT read no token types)."""
+
+    def hidden_states(self, input_ids: Any, *inputs: Any, **named: Any) -> list[Any]:
+        """The encoder's input and every layer's output, num_layers + 1 (batch, seq, hidden) tensors
+        (`bertdist embed`'s features)."""
+        ...
+
+    def attention_probabilities(self, input_ids: Any, *inputs: Any, **named: Any) -> list[Any]:
+        """Every layer's attention probabilities, (batch, heads, seq, seq) each (`bertdist attention`)."""
         ...

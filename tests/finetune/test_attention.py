@@ -302,23 +302,6 @@ def test_a_model_bertdist_cannot_run_is_named_in_one_line(tmp_path, tiny_vocab, 
     assert "is a file, not a directory" in capsys.readouterr().err
 
 
-def test_an_encoder_without_attention_probabilities_is_named_in_one_line(saved, tmp_path, monkeypatch, capsys):
-    """A family added to the registry before its encoder can return its probabilities."""
-    from bertdist.model.albert.model import AlbertModel
-    from bertdist.model.bert.model import BertModel
-    from bertdist.model.modernbert.model import ModernBertModel
-
-    hf, directory = saved
-    family = hf.config.model_type
-    encoders = {"bert": BertModel, "albert": AlbertModel, "modernbert": ModernBertModel}
-    monkeypatch.delattr(encoders[family], "attention_probabilities")
-    assert run("--model", str(directory), "--text", TEXT, "--output", str(tmp_path / "out")) == USAGE_EXIT_CODE
-    err = capsys.readouterr().err
-    assert err.startswith("bertdist attention: --model: ") and "attention probabilities" in err and err.count("\n") == 1
-    assert f"{family} model" in err
-    assert not (tmp_path / "out").exists()
-
-
 def test_every_attention_option_has_a_flag_and_every_flag_an_option():
     import dataclasses
 

@@ -29,11 +29,12 @@ def test_every_family_is_a_folder_with_a_model_an_adapter_and_task_models():
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_every_pretraining_class_keeps_the_written_protocol(arch):
     """What the trainer asks of a pretraining model (bertdist.model.protocol), with the forward's fields in its
-    order, on a model each family builds from its smallest preset."""
+    order, on a model each family builds from its smallest preset; and what features and pictures ask of its bare
+    encoder."""
     import inspect
 
     from bertdist.config import MODEL_SIZES
-    from bertdist.model.protocol import PretrainingModel
+    from bertdist.model.protocol import BareEncoder, PretrainingModel
 
     size = next(name for name, settings in MODEL_SIZES.items() if settings.get("arch", "bert") == arch)
     model = registry.build_model(ModelConfig.from_size(size))
@@ -42,6 +43,7 @@ def test_every_pretraining_class_keeps_the_written_protocol(arch):
     assert list(inspect.signature(model.forward).parameters)[: len(fields)] == fields
     for module, parameter in model.external_parameters():
         assert any(parameter is p for p in model.parameters()) and any(module is m for m in model.modules())
+    assert isinstance(registry.spec(arch).tasks().encoder(model.config), BareEncoder)
 
 
 def test_reading_the_registry_and_validating_a_config_import_no_torch():

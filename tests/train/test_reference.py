@@ -40,8 +40,9 @@ pytestmark = pytest.mark.slow
 
 REFERENCE = Path(__file__).parent / "reference" / "bert_zero1.json"
 NOT_COMPARED = ("throughput/", "memory/", "ranks/")
-"""Wall-clock rates and times, and peak memory: the only metrics that differ between two identical runs. Metrics added after
-the reference was made (memory/peak_gb, progress/sequences_seen) are not in it; every one it has is compared."""
+"""Wall-clock rates and times, and peak memory: the only metrics that differ between two identical runs. Metrics
+added after the reference was made (memory/peak_gb, progress/sequences_seen, ranks/) are not in it; every one it has
+is compared."""
 
 
 def _digest_shards(directory: str) -> str:
