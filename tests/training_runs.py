@@ -345,3 +345,29 @@ def _interrupted(
     codes["final"] = ranks.wait()
     notes["final"] = ranks.output(0)
     return Scenario(config, out, codes, notes)
+
+
+# Make one step bad on every rank: its loss is multiplied by NaN (so are its gradients and the weights it updates),
+# or (`judged`) its loss is judged bad though it is fine; once, at the step after `{steps_done}` steps.
+BAD_STEP = """
+import sys
+from bertdist.model.objectives.compose import ComposedPretraining
+from bertdist.train import rollback
+from bertdist.train.trainer import Trainer
+state = {{"now": False, "done": False}}
+forward, train_step, judge = ComposedPretraining.forward, Trainer._train_step, rollback.LossWatch.judge
+def poisoned(self, *args, **kwargs):
+    out = forward(self, *args, **kwargs)
+    if state["now"] and {poison}:
+        out.loss = out.loss * float("nan")
+    return out
+def step(self, batches):
+    state["now"] = self.step == {steps_done} and not state["done"]
+    state["done"] = state["done"] or state["now"]
+    return train_step(self, batches)
+def judged(self, loss):
+    return "judged bad by the test" if state["now"] and {judged} else judge(self, loss)
+ComposedPretraining.forward, Trainer._train_step, rollback.LossWatch.judge = poisoned, step, judged
+from bertdist.cli import main
+sys.exit(main(sys.argv[1:]))
+"""

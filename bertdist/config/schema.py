@@ -184,6 +184,16 @@ class TrainConfig:
     stall_timeout_s: float = 600.0
     """Stop the job when this rank makes no progress (no micro batch, eval batch or checkpoint file) for this
     long, naming the rank that stalled; 0 turns the watchdog off. Must exceed the slowest checkpoint save."""
+    on_bad_step: Literal["stop", "rollback"] = "stop"
+    """A non-finite loss (or a spike, with loss_spike_sigmas): stop: training goes on and stops after
+    max_nonfinite_steps non-finite steps in a row (a spike is only said); rollback: back to the last checkpoint, the
+    data read since skipped and recorded, and on (bertdist.train.rollback)."""
+    loss_spike_sigmas: float = 0.0
+    """A loss this many standard deviations above the mean of the last loss_spike_window_steps steps is a spike;
+    0: only non-finite losses are bad steps."""
+    loss_spike_window_steps: int = 100
+    max_rollbacks: int = 3
+    """Rollbacks in one run (one process); one more bad step stops it, saying so."""
     straggler_factor: float = 1.5
     """Name a rank whose time outside collectives (data wait + forward) over a window is this many times the other
     ranks' median, once, on the console and as an MLflow tag (bertdist.train.stragglers); 0 turns it off."""

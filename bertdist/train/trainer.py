@@ -51,6 +51,7 @@ from bertdist.train import (
     metrics,
     remote,
     rng,
+    rollback,
     run_identity,
     run_tracking,
     scaffold,
@@ -165,6 +166,8 @@ class Trainer(scaffold.Run):
             env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s
         )
         self.callback(self.watchdog.close)
+        self.loss_watch = rollback.LossWatch(cfg.train.loss_spike_sigmas, cfg.train.loss_spike_window_steps)
+        self.rollbacks = rollback.Rollbacks(cfg.train.max_rollbacks, self.output_dir, env.is_main)
         hosts: list[str] = [""] * env.world_size
         dist.all_gather_object(hosts, socket.gethostname())
         t = cfg.train
@@ -213,6 +216,10 @@ class Trainer(scaffold.Run):
                 phase_index = index
                 registry.enter_phase(engine.module, phase_model_config(cfg.model, phase))
                 batches = iter(self.loaders[index])
+                if self.rollbacks.pending:  # the data the rolled-back steps read is skipped, and recorded
+                    line = self.rollbacks.skip(batches, self.loaders[index])
+                    self.console.line(line)
+                    self.tracker.set_tags({f"bertdist.rollback.{self.rollbacks.done}": line})
             ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
             lr = scheduled_learning_rate(cfg, step)
             set_learning_rate(engine.optimizer.param_groups, lr)
@@ -224,6 +231,15 @@ class Trainer(scaffold.Run):
             interval.add(sums)
             self.stragglers.add(sums, step)
             loss = sums["loss"] / sums["micro_batches"]
+            bad = self.loss_watch.judge(loss)
+            if bad and cfg.train.on_bad_step == "rollback":
+                stopped = self._roll_back(step, bad, phase_index)
+                if stopped is not None:
+                    return stopped
+                step, phase_index, interval = self.step, -1, metrics.Interval()
+                continue
+            if bad and math.isfinite(loss):  # a spike, when bad steps do not roll back: said
+                self.console.line(f"step {step}: {bad}")
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
             if nonfinite_streak >= cfg.train.max_nonfinite_steps:
                 return self._stop_nonfinite(step, nonfinite_streak)
@@ -263,6 +279,7 @@ class Trainer(scaffold.Run):
             forward.start()
             out = engine(**batch)
             forward.stop()
+            self.rollbacks.micro_batches_since_save += 1
             engine.backward(out.loss)
             if engine.is_gradient_accumulation_boundary():
                 self.grad_norm = self._grad_norm_before_step()
@@ -366,6 +383,7 @@ class Trainer(scaffold.Run):
         if waited > 1:
             self.console.line(f"step {step}: waited {waited:.1f} s for the previous checkpoint's upload")
         path = checkpoint.save(self.engine, self.output_dir, state, local, self.cfg.checkpoint.keep_last)
+        self.rollbacks.micro_batches_since_save = 0
         self.watchdog.progress(step)
         if self.uploader:
             self.uploader.start(path)
@@ -390,6 +408,26 @@ class Trainer(scaffold.Run):
         )
         self.tracker.close("KILLED")
         return REQUEUE_EXIT_CODE
+
+    def _roll_back(self, step: int, reason: str, phase_index: int) -> int | None:
+        """Back to the last checkpoint (bertdist.train.rollback); the exit code when the run stops instead."""
+        latest = checkpoint.resolve_resume(self.output_dir, "auto")
+        saved = checkpoint.read_train_state(latest) if latest else None
+        same_phase = saved is not None and saved.loader_states[self.env.rank]["phase"] == phase_index
+        refusal = self.rollbacks.refusal(step, reason, saved and saved.step, same_phase)
+        if refusal:
+            self.console.line(refusal)
+            self.tracker.set_tags({"bertdist.stop_reason": "bad steps"})
+            self.tracker.close("FAILED")
+            return FAILED_EXIT_CODE
+        self.watchdog.progress(step)
+        state = starting.restore(self.engine, self.loaders, self.cfg, self.env, latest, saved.step, False)
+        rng.restore_rng_state(state.rng_states[self.env.rank])
+        self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
+        self.rollbacks.begin(step, reason, state.step)
+        self.step = state.step
+        self.watchdog.progress(step)
+        return None
 
     def _stop_nonfinite(self, step: int, streak: int) -> int:
         latest = checkpoint.resolve_resume(self.output_dir, "auto")

@@ -55,6 +55,14 @@ CASES = [
     ),
     ("straggler-window-of-no-steps", "bert-tiny", ["train.straggler_window_steps=0"], "train.straggler_window_steps"),
     (
+        "rollback-with-no-checkpoint-to-go-back-to",
+        "bert-tiny",
+        ["train.on_bad_step=rollback", "checkpoint.every_steps=100000"],
+        "train.on_bad_step: rollback goes back to a checkpoint, and checkpoint.every_steps=100000 saves none",
+    ),
+    ("negative-spike-threshold", "bert-tiny", ["train.loss_spike_sigmas=-1"], "train.loss_spike_sigmas: must be >= 0"),
+    ("unknown-bad-step-action", "bert-tiny", ["train.on_bad_step=retry"], "train.on_bad_step"),
+    (
         "window-on-bert",
         "bert-tiny",
         ["model.local_attention=64"],

@@ -293,6 +293,39 @@ def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_
     assert busy[1] > busy[0] > 0, busy
 
 
+@pytest.mark.slow
+def test_a_nan_step_rolls_back_skips_its_data_window_and_leaves_no_trace(tiny_shards, tiny_vocab, tmp_path):
+    """Step 6's loss (and so its gradients and the weights it updates) is NaN on every rank. The run rolls back to
+    the checkpoint of step 4, skips the 2 x 2 micro batches steps 5-6 read, records them, and finishes; its final
+    weights are those of a run whose step 6 was judged bad without any NaN (the same rollback, the same data
+    after it): the NaN left nothing behind."""
+    finals = []
+    for kind, poison, judged in (("nan", True, False), ("judged", False, True)):
+        config = runs.write_config(tmp_path / kind, tiny_shards, tiny_vocab, zero_stage=1, on_bad_step="rollback")
+        code = runs.BAD_STEP.format(steps_done=5, poison=poison, judged=judged)
+        ranks = runs.start_ranks(config, kind, python_code=code)
+        codes = ranks.wait()
+        log = ranks.output(0)
+        assert codes == [0, 0] and "done: 8 steps" in log, log[-3000:]
+        reason = "the loss is nan" if poison else "judged bad by the test"
+        assert (
+            f"step 6: {reason}: rolled back to the checkpoint of step 4 and skipped the 4 micro batches that steps "
+            "5-6 read (this rank's loader: epoch 0 batches 8-12); rollback 1 of train.max_rollbacks=3" in log
+        ), log[-3000:]
+        out = tmp_path / kind / "out"
+        (event,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        assert (event["event"], event["step"], event["rolled_back_to"], event["skipped_micro_batches"]) == (
+            "rollback",
+            6,
+            4,
+            4,
+        )
+        finals.append(consolidated_state_dict(out / "checkpoints" / f"step_{runs.STEPS:08d}"))
+    nan_run, judged_run = finals
+    assert all(torch.isfinite(v).all() for v in nan_run.values() if v.is_floating_point())
+    assert [k for k in judged_run if not torch.equal(nan_run[k], judged_run[k])] == []
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4.5 MB tmpfs: room for the first checkpoint of the test model (~3 MB) and not for the second."""

@@ -21,6 +21,7 @@ from bertdist.config.model import ARCHITECTURES
 from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, TrainConfig
 from bertdist.config.validation.distill import distill_problems
+from bertdist.config.validation.health import health_problems
 from bertdist.config.validation.model import architecture_problems, pretrained_arch_problem
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
@@ -228,15 +229,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     for name in ("rendezvous_timeout_s", "collective_timeout_s"):
         if not getattr(t, name) > 0:
             p.append(f"train.{name}: must be positive, got {getattr(t, name)}")
-    if not t.stall_timeout_s >= 0:
-        p.append(f"train.stall_timeout_s: must be >= 0 (0: no watchdog), got {t.stall_timeout_s}")
-    if not (t.straggler_factor == 0 or t.straggler_factor > 1):
-        p.append(
-            f"train.straggler_factor: must be above 1 (a rank this many times slower than the others is named) or "
-            f"0 (off), got {t.straggler_factor}"
-        )
-    if t.straggler_window_steps < 1:
-        p.append(f"train.straggler_window_steps: must be >= 1, got {t.straggler_window_steps}")
+    p.extend(health_problems(cfg))
     if world <= 0:
         p.append(f"launch.nodes x launch.gpus_per_node: world size must be positive, got {world}")
 
