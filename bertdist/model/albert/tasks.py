@@ -6,7 +6,7 @@ The encoder is bertdist's ALBERT (bertdist.model.albert.model.AlbertModel: embed
 shared layers), under `albert` as in the pretraining model, so that an export's or a checkpoint's weights start a
 task model as they are (bertdist.model.albert.hf renames nothing). The task models are BERT's with ALBERT's encoder
 and transformers' `classifier_dropout_prob` before the classifier (`CLASSIFIER_DROPOUT_PROB`); they share BERT's
-losses, multiple-choice reshaping and task-model bases (bertdist.model.bert.tasks):
+losses, multiple-choice reshaping, task-model kinds and heads (bertdist.model.task_heads):
 - `AlbertForSequenceClassification`: the pooler (tanh(Linear(H, H)) of the first token), dropout, classifier
   Linear(H, labels); single-label (cross-entropy) or regression (MSE);
 - `AlbertForTokenClassification`: no pooler; dropout and a Linear on every position; -100 marks positions without
@@ -22,22 +22,17 @@ tests/model/albert/test_tasks.py compares logits and losses with `transformers` 
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from bertdist.config import ModelConfig
 from bertdist.model.albert import hf
 from bertdist.model.albert.model import AlbertModel
-from bertdist.model.ops import Dropout
 from bertdist.model.task_heads import (
     SINGLE_LABEL,
+    BertClassifier,
+    BertSpanPredictor,
     ChoiceScorer,
     SequenceClassifier,
-    SpanPredictor,
     TaskFamily,
-    TaskModel,
     TokenTagger,
-    bert_init,
 )
 
 ENCODER_NAME = "albert"
@@ -54,40 +49,28 @@ def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
     return AlbertModel(cfg, add_pooling_layer=False)
 
 
-class _AlbertClassifier(TaskModel):
-    """The encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
-
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, AlbertModel)
-        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        pooled = self.albert.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
-        return self.classifier(self.dropout(pooled))
-
-
-class AlbertForSequenceClassification(_AlbertClassifier, SequenceClassifier):
+class AlbertForSequenceClassification(BertClassifier, SequenceClassifier):
     """The pooled first token, dropout, Linear(H, labels)."""
 
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, AlbertModel, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
-class AlbertForTokenClassification(TokenTagger):
+
+class AlbertForTokenClassification(BertClassifier, TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler)
-        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)  # transformers' ALBERT tagger: the classifier's, not hidden
+        super().__init__(
+            cfg, num_labels, SINGLE_LABEL, ENCODER_NAME, encoder_without_pooler, dropout_p=CLASSIFIER_DROPOUT_PROB
+        )
 
 
-class AlbertForQuestionAnswering(SpanPredictor):
+class AlbertForQuestionAnswering(BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
 
 
-class AlbertForMultipleChoice(_AlbertClassifier, ChoiceScorer):
+class AlbertForMultipleChoice(BertClassifier, ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1)
+        super().__init__(cfg, 1, SINGLE_LABEL, ENCODER_NAME, AlbertModel, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
 TASK_MODELS = {
@@ -108,5 +91,4 @@ FAMILY = TaskFamily(
     pretrained=(f"{ENCODER_NAME}.",),
     optional=(f"{ENCODER_NAME}.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
     inputs=("input_ids", "token_type_ids", "attention_mask"),
-    init_weights=bert_init,
 )

@@ -18,61 +18,49 @@ family's task models share (the losses, `TaskModel` and its kinds) is bertdist.m
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from bertdist.config import ModelConfig
 from bertdist.model.bert import hf
 from bertdist.model.bert.model import BertModel
-from bertdist.model.ops import Dropout
 from bertdist.model.task_heads import (
     SINGLE_LABEL,
+    BertClassifier,
+    BertSpanPredictor,
     ChoiceScorer,
     SequenceClassifier,
-    SpanPredictor,
     TaskFamily,
-    TaskModel,
     TokenTagger,
-    bert_init,
 )
 
 
-class _BertClassifier(TaskModel):
-    """BERT's encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
+def encoder_without_pooler(cfg: ModelConfig) -> BertModel:
+    """The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
+    return BertModel(cfg, add_pooling_layer=False)
+
+
+class BertForSequenceClassification(BertClassifier, SequenceClassifier):
+    """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
         super().__init__(cfg, num_labels, problem_type, "bert", BertModel)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return self.classifier(self.dropout(self.bert.pooled_output(input_ids, token_type_ids, attention_mask)))
 
 
-class BertForSequenceClassification(_BertClassifier, SequenceClassifier):
-    """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
-
-
-class BertForTokenClassification(TokenTagger):
-    """No pooler; dropout and Linear(H, labels) at every token (`TokenTagger`)."""
+class BertForTokenClassification(BertClassifier, TokenTagger):
+    """No pooler; dropout and Linear(H, labels) at every token."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, "bert", lambda c: BertModel(c, add_pooling_layer=False))
+        super().__init__(cfg, num_labels, SINGLE_LABEL, "bert", encoder_without_pooler)
 
 
-class BertForQuestionAnswering(SpanPredictor):
+class BertForQuestionAnswering(BertSpanPredictor):
     """No pooler; Linear(H, 2) at every slot for the start and end logits, no dropout there (as transformers)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, "bert", lambda c: BertModel(c, add_pooling_layer=False))
+        super().__init__(cfg, "bert", encoder_without_pooler)
 
 
-class BertForMultipleChoice(_BertClassifier, ChoiceScorer):
+class BertForMultipleChoice(BertClassifier, ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, num_labels=1)
+        super().__init__(cfg, 1, SINGLE_LABEL, "bert", BertModel)
 
 
 TASK_MODELS = {
@@ -89,9 +77,8 @@ FAMILY = TaskFamily(
     hf.from_hf_state_dict,
     hf.write_directory,
     "bert",
-    lambda cfg: BertModel(cfg, add_pooling_layer=True),
+    BertModel,  # with its pooler
     pretrained=("bert.",),
     optional=("bert.pooler.",),
     inputs=("input_ids", "token_type_ids", "attention_mask"),
-    init_weights=bert_init,
 )

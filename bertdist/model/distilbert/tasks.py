@@ -6,8 +6,8 @@ The encoder is bertdist's BERT without segment embeddings or pooler (`encoder`),
 pretraining model (bertdist.model.distilbert.model), so that a checkpoint's weights start a task model as they are;
 bertdist.model.distilbert.hf renames them to transformers' `distilbert.transformer...` on the way out and back.
 Token types are taken (the fine-tuning runner's batches carry them) and never reach the encoder. Next to BERT's
-task models (bertdist.model.bert.tasks, whose losses, multiple-choice reshaping and task-model bases these
-share):
+task models (bertdist.model.bert.tasks; the losses, multiple-choice reshaping, task-model kinds and BERT's
+tagging and QA heads are bertdist.model.task_heads'):
 - `DistilBertForSequenceClassification`: on the first token, pre_classifier Linear(H, H), ReLU, dropout,
   classifier Linear(H, labels); single-label (cross-entropy) or regression (MSE);
 - `DistilBertForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a
@@ -34,13 +34,13 @@ from bertdist.model.distilbert.hf import HEAD_DROPOUTS
 from bertdist.model.ops import Dropout
 from bertdist.model.task_heads import (
     SINGLE_LABEL,
+    BertClassifier,
+    BertSpanPredictor,
     ChoiceScorer,
     SequenceClassifier,
-    SpanPredictor,
     TaskFamily,
     TaskModel,
     TokenTagger,
-    bert_init,
 )
 
 ENCODER_NAME = "bert"
@@ -74,12 +74,12 @@ class DistilBertForSequenceClassification(_DistilBertClassifier, SequenceClassif
     """The first token through pre_classifier, ReLU, dropout and classifier Linear(H, labels)."""
 
 
-class DistilBertForTokenClassification(TokenTagger):
+class DistilBertForTokenClassification(BertClassifier, TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
+        super().__init__(cfg, num_labels, SINGLE_LABEL, ENCODER_NAME, encoder, segments=False)
 
 
-class DistilBertForQuestionAnswering(SpanPredictor):
+class DistilBertForQuestionAnswering(BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
 
@@ -107,5 +107,4 @@ FAMILY = TaskFamily(
     pretrained=(f"{ENCODER_NAME}.",),
     optional=(),
     inputs=("input_ids", "attention_mask"),
-    init_weights=bert_init,
 )

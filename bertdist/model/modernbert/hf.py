@@ -143,7 +143,9 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {(theirs if k == ours else k): v.detach().contiguous() for k, v in state_dict.items()}
 
 
-def from_hf_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(tensors: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
+    """A ModernBERT checkpoint's tensors -> bertdist names. `source` (the file read) is every adapter's argument,
+    for the refusals of those whose maps can fail; this one cannot."""
     ours, theirs = _DECODER_BIAS
     return {(ours if k == theirs else k): v for k, v in tensors.items() if k != _TIED}
 

@@ -21,17 +21,16 @@ logits and losses with `transformers` on the same weights.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from bertdist.config import ModelConfig
-from bertdist.model.ops import Dropout
 from bertdist.model.roberta import hf
 from bertdist.model.roberta.model import RobertaModel, init_weights
 from bertdist.model.task_heads import (
     SINGLE_LABEL,
+    BertClassifier,
+    BertSpanPredictor,
     ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
+    FirstTokenClassifier,
     TaskFamily,
     TokenTagger,
 )
@@ -45,55 +44,30 @@ def encoder_without_pooler(cfg: ModelConfig) -> RobertaModel:
     return RobertaModel(cfg, add_pooling_layer=False)
 
 
-class RobertaClassificationHead(nn.Module):
-    """On the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
+class RobertaForSequenceClassification(FirstTokenClassifier):
+    """`classifier` on the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.out_proj = nn.Linear(cfg.hidden_size, num_labels)
-
-    def forward(self, first: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(first)))))
-
-
-class RobertaForSequenceClassification(SequenceClassifier):
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder_without_pooler, segments=False)
-        self.classifier = RobertaClassificationHead(cfg, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
+        super().__init__(
+            cfg, num_labels, problem_type, ENCODER_NAME, encoder_without_pooler, torch.tanh, segments=False
+        )
 
 
-class RobertaForTokenClassification(TokenTagger):
+class RobertaForTokenClassification(BertClassifier, TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, segments=False)
+        super().__init__(cfg, num_labels, SINGLE_LABEL, ENCODER_NAME, encoder_without_pooler, segments=False)
 
 
-class RobertaForQuestionAnswering(SpanPredictor):
+class RobertaForQuestionAnswering(BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, ENCODER_NAME, encoder_without_pooler, segments=False)
 
 
-class RobertaForMultipleChoice(ChoiceScorer):
+class RobertaForMultipleChoice(BertClassifier, ChoiceScorer):
     """Each choice's pooled first token, dropout, Linear(H, 1)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, 1, SINGLE_LABEL, ENCODER_NAME, RobertaModel, segments=False)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, 1)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        pooled = self.roberta.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
-        return self.classifier(self.dropout(pooled))
 
 
 _HEADS = (
