@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
@@ -111,9 +112,9 @@ class TaskModel(nn.Module):
         self,
         cfg: ModelConfig,
         num_labels: int,
-        problem_type: str,
         encoder_name: str,
         new_encoder: Callable[[ModelConfig], nn.Module],
+        problem_type: str = SINGLE_LABEL,
         segments: bool = True,
     ):
         super().__init__()
@@ -234,13 +235,13 @@ class BertClassifier(TaskModel):
         self,
         cfg: ModelConfig,
         num_labels: int,
-        problem_type: str,
         encoder_name: str,
         new_encoder: Callable[[ModelConfig], nn.Module],
+        problem_type: str = SINGLE_LABEL,
         segments: bool = True,
         dropout_p: float | None = None,
     ):
-        super().__init__(cfg, num_labels, problem_type, encoder_name, new_encoder, segments)
+        super().__init__(cfg, num_labels, encoder_name, new_encoder, problem_type, segments)
         self.dropout = Dropout(cfg.hidden_dropout_prob if dropout_p is None else dropout_p)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
@@ -267,7 +268,7 @@ class BertSpanPredictor(SpanPredictor):
         segments: bool = True,
         dropout_p: float = 0.0,
     ):
-        super().__init__(cfg, 2, SINGLE_LABEL, encoder_name, new_encoder, segments)
+        super().__init__(cfg, 2, encoder_name, new_encoder, segments=segments)
         self.dropout = Dropout(dropout_p)
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
         self.init_weights()
@@ -298,13 +299,13 @@ class FirstTokenClassifier(SequenceClassifier):
         self,
         cfg: ModelConfig,
         num_labels: int,
-        problem_type: str,
         encoder_name: str,
         new_encoder: Callable[[ModelConfig], nn.Module],
         activation: Callable[[torch.Tensor], torch.Tensor],
+        problem_type: str = SINGLE_LABEL,
         segments: bool = True,
     ):
-        super().__init__(cfg, num_labels, problem_type, encoder_name, new_encoder, segments)
+        super().__init__(cfg, num_labels, encoder_name, new_encoder, problem_type, segments)
         self.classifier = ClassificationHead(cfg, num_labels, activation)
         self.init_weights()
 
@@ -319,6 +320,11 @@ def bert_init(module: torch.nn.Module, cfg: ModelConfig) -> None:
     normal_init(module, cfg.initializer_range)
 
 
+def by_name(*models: type) -> dict[str, type]:
+    """A family's task models by class name, the `architectures` entry of their config.json."""
+    return {model.__name__: model for model in models}
+
+
 @dataclass(frozen=True)
 class TaskFamily:
     """What a family's task models need of the Hugging Face format: its `tasks.py` holds one, `FAMILY`, which
@@ -327,10 +333,8 @@ class TaskFamily:
     prefix: str
     """Of its class names: `{prefix}For{head}`."""
     task_models: dict[str, Any]
-    config_from_hf: Callable[[dict, str], ModelConfig]
-    state_from_hf: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]]
-    """A checkpoint's tensors -> bertdist names (the file read, for errors)."""
-    write_directory: Callable[..., None]
+    adapter: ModuleType
+    """The family's Hugging Face adapter (its `hf.py`), which reads and writes the task models' directories too."""
     encoder_name: str
     """The encoder's attribute in a task model."""
     encoder: Callable[[ModelConfig], torch.nn.Module]
@@ -345,3 +349,16 @@ class TaskFamily:
     init_weights: Callable[[torch.nn.Module, ModelConfig], None] = bert_init
     """The family's initialisation of one module (`module.apply`), for an encoder that starts at random: BERT's
     but where the family has its own (ModernBERT, RoBERTa)."""
+
+    @property
+    def config_from_hf(self) -> Callable[[dict, str], ModelConfig]:
+        return self.adapter.config_from_hf
+
+    @property
+    def state_from_hf(self) -> Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]]:
+        """A checkpoint's tensors -> bertdist names (the file read, for errors)."""
+        return self.adapter.from_hf_state_dict
+
+    @property
+    def write_directory(self) -> Callable[..., None]:
+        return self.adapter.write_directory

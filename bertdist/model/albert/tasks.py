@@ -23,17 +23,9 @@ tests/model/albert/test_tasks.py compares logits and losses with `transformers` 
 from __future__ import annotations
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.albert import hf
 from bertdist.model.albert.model import AlbertModel
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    BertClassifier,
-    BertSpanPredictor,
-    ChoiceScorer,
-    SequenceClassifier,
-    TaskFamily,
-    TokenTagger,
-)
 
 ENCODER_NAME = "albert"
 """The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
@@ -49,43 +41,36 @@ def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
     return AlbertModel(cfg, add_pooling_layer=False)
 
 
-class AlbertForSequenceClassification(BertClassifier, SequenceClassifier):
+class AlbertForSequenceClassification(task_heads.BertClassifier, task_heads.SequenceClassifier):
     """The pooled first token, dropout, Linear(H, labels)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, AlbertModel, dropout_p=CLASSIFIER_DROPOUT_PROB)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, ENCODER_NAME, AlbertModel, problem_type, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
-class AlbertForTokenClassification(BertClassifier, TokenTagger):
+class AlbertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(
-            cfg, num_labels, SINGLE_LABEL, ENCODER_NAME, encoder_without_pooler, dropout_p=CLASSIFIER_DROPOUT_PROB
-        )
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
-class AlbertForQuestionAnswering(BertSpanPredictor):
+class AlbertForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
 
 
-class AlbertForMultipleChoice(BertClassifier, ChoiceScorer):
+class AlbertForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, SINGLE_LABEL, ENCODER_NAME, AlbertModel, dropout_p=CLASSIFIER_DROPOUT_PROB)
+        super().__init__(cfg, 1, ENCODER_NAME, AlbertModel, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
-TASK_MODELS = {
-    "AlbertForSequenceClassification": AlbertForSequenceClassification,
-    "AlbertForTokenClassification": AlbertForTokenClassification,
-    "AlbertForQuestionAnswering": AlbertForQuestionAnswering,
-    "AlbertForMultipleChoice": AlbertForMultipleChoice,
-}
+TASK_MODELS = task_heads.by_name(
+    AlbertForSequenceClassification, AlbertForTokenClassification, AlbertForQuestionAnswering, AlbertForMultipleChoice
+)
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "Albert",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
+    hf,
     ENCODER_NAME,
     AlbertModel,  # with its pooler, as BERT's
     pretrained=(f"{ENCODER_NAME}.",),

@@ -19,17 +19,9 @@ family's task models share (the losses, `TaskModel` and its kinds) is bertdist.m
 from __future__ import annotations
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.bert import hf
 from bertdist.model.bert.model import BertModel
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    BertClassifier,
-    BertSpanPredictor,
-    ChoiceScorer,
-    SequenceClassifier,
-    TaskFamily,
-    TokenTagger,
-)
 
 
 def encoder_without_pooler(cfg: ModelConfig) -> BertModel:
@@ -37,45 +29,40 @@ def encoder_without_pooler(cfg: ModelConfig) -> BertModel:
     return BertModel(cfg, add_pooling_layer=False)
 
 
-class BertForSequenceClassification(BertClassifier, SequenceClassifier):
+class BertForSequenceClassification(task_heads.BertClassifier, task_heads.SequenceClassifier):
     """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, "bert", BertModel)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, "bert", BertModel, problem_type)
 
 
-class BertForTokenClassification(BertClassifier, TokenTagger):
+class BertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     """No pooler; dropout and Linear(H, labels) at every token."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, SINGLE_LABEL, "bert", encoder_without_pooler)
+        super().__init__(cfg, num_labels, "bert", encoder_without_pooler)
 
 
-class BertForQuestionAnswering(BertSpanPredictor):
+class BertForQuestionAnswering(task_heads.BertSpanPredictor):
     """No pooler; Linear(H, 2) at every slot for the start and end logits, no dropout there (as transformers)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, "bert", encoder_without_pooler)
 
 
-class BertForMultipleChoice(BertClassifier, ChoiceScorer):
+class BertForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, SINGLE_LABEL, "bert", BertModel)
+        super().__init__(cfg, 1, "bert", BertModel)
 
 
-TASK_MODELS = {
-    "BertForSequenceClassification": BertForSequenceClassification,
-    "BertForTokenClassification": BertForTokenClassification,
-    "BertForQuestionAnswering": BertForQuestionAnswering,
-    "BertForMultipleChoice": BertForMultipleChoice,
-}
+TASK_MODELS = task_heads.by_name(
+    BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice
+)
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "Bert",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
+    hf,
     "bert",
     BertModel,  # with its pooler
     pretrained=("bert.",),

@@ -28,20 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.bert.model import BertModel
 from bertdist.model.distilbert import hf
 from bertdist.model.distilbert.hf import HEAD_DROPOUTS
 from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    BertClassifier,
-    BertSpanPredictor,
-    ChoiceScorer,
-    SequenceClassifier,
-    TaskFamily,
-    TaskModel,
-    TokenTagger,
-)
 
 ENCODER_NAME = "bert"
 """The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
@@ -52,12 +43,12 @@ def encoder(cfg: ModelConfig) -> BertModel:
     return BertModel(cfg, add_pooling_layer=False, segments=False)
 
 
-class _DistilBertClassifier(TaskModel):
+class _DistilBertClassifier(task_heads.TaskModel):
     """The encoder and the head on each row's first token: pre_classifier, ReLU, dropout, classifier to
     `num_labels`."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder, segments=False)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, problem_type, segments=False)
         self.pre_classifier = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = Dropout(HEAD_DROPOUTS["seq_classif_dropout"])
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
@@ -70,38 +61,36 @@ class _DistilBertClassifier(TaskModel):
         return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
 
 
-class DistilBertForSequenceClassification(_DistilBertClassifier, SequenceClassifier):
+class DistilBertForSequenceClassification(_DistilBertClassifier, task_heads.SequenceClassifier):
     """The first token through pre_classifier, ReLU, dropout and classifier Linear(H, labels)."""
 
 
-class DistilBertForTokenClassification(BertClassifier, TokenTagger):
+class DistilBertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, SINGLE_LABEL, ENCODER_NAME, encoder, segments=False)
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
 
 
-class DistilBertForQuestionAnswering(BertSpanPredictor):
+class DistilBertForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
 
 
-class DistilBertForMultipleChoice(_DistilBertClassifier, ChoiceScorer):
+class DistilBertForMultipleChoice(_DistilBertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, 1)
 
 
-TASK_MODELS = {
-    "DistilBertForSequenceClassification": DistilBertForSequenceClassification,
-    "DistilBertForTokenClassification": DistilBertForTokenClassification,
-    "DistilBertForQuestionAnswering": DistilBertForQuestionAnswering,
-    "DistilBertForMultipleChoice": DistilBertForMultipleChoice,
-}
+TASK_MODELS = task_heads.by_name(
+    DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
+    DistilBertForQuestionAnswering,
+    DistilBertForMultipleChoice,
+)
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "DistilBert",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
+    hf,
     ENCODER_NAME,  # bertdist's names: the adapter renames them to transformers' `distilbert.`
     encoder,
     pretrained=(f"{ENCODER_NAME}.",),

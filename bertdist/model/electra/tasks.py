@@ -25,18 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.electra import hf
 from bertdist.model.electra.model import ElectraModel
 from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    BertClassifier,
-    BertSpanPredictor,
-    ChoiceScorer,
-    FirstTokenClassifier,
-    TaskFamily,
-    TokenTagger,
-)
 
 
 class ElectraSequenceSummary(nn.Module):
@@ -51,26 +43,26 @@ class ElectraSequenceSummary(nn.Module):
         return self.last_dropout(F.gelu(self.summary(first)))
 
 
-class ElectraForSequenceClassification(FirstTokenClassifier):
+class ElectraForSequenceClassification(task_heads.FirstTokenClassifier):
     """`classifier` on the first token: dropout, dense(H, H), GELU, dropout, out_proj(H, labels)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, "electra", ElectraModel, F.gelu)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, "electra", ElectraModel, F.gelu, problem_type)
 
 
-class ElectraForTokenClassification(BertClassifier, TokenTagger):
+class ElectraForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, SINGLE_LABEL, "electra", ElectraModel)
+        super().__init__(cfg, num_labels, "electra", ElectraModel)
 
 
-class ElectraForQuestionAnswering(BertSpanPredictor):
+class ElectraForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, "electra", ElectraModel)
 
 
-class ElectraForMultipleChoice(ChoiceScorer):
+class ElectraForMultipleChoice(task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, SINGLE_LABEL, "electra", ElectraModel)
+        super().__init__(cfg, 1, "electra", ElectraModel)
         self.sequence_summary = ElectraSequenceSummary(cfg)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
         self.init_weights()
@@ -81,19 +73,17 @@ class ElectraForMultipleChoice(ChoiceScorer):
         return self.classifier(self.sequence_summary(self.first_tokens(input_ids, token_type_ids, attention_mask)))
 
 
-TASK_MODELS = {
-    "ElectraForSequenceClassification": ElectraForSequenceClassification,
-    "ElectraForTokenClassification": ElectraForTokenClassification,
-    "ElectraForQuestionAnswering": ElectraForQuestionAnswering,
-    "ElectraForMultipleChoice": ElectraForMultipleChoice,
-}
+TASK_MODELS = task_heads.by_name(
+    ElectraForSequenceClassification,
+    ElectraForTokenClassification,
+    ElectraForQuestionAnswering,
+    ElectraForMultipleChoice,
+)
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "Electra",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
+    hf,
     "electra",
     ElectraModel,  # the discriminator's: a pretraining checkpoint's generator is left behind
     pretrained=("electra.",),

@@ -26,19 +26,11 @@ import torch
 from torch import nn
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.layout import TokenLayout
 from bertdist.model.modernbert import hf
 from bertdist.model.modernbert.model import ModernBertHeadTransform, ModernBertModel, init_weights
 from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
-    TaskFamily,
-    TaskModel,
-    TokenTagger,
-)
 
 POOLINGS = ("cls", "mean")
 """classifier_pooling: the first token of each sample, or the mean of its real tokens."""
@@ -56,13 +48,13 @@ def pool(states: torch.Tensor, layout: TokenLayout, attention_mask: torch.Tensor
     return (grid * real[..., None]).sum(1) / real.sum(1, keepdim=True)
 
 
-class _ModernBertTaskModel(TaskModel):
+class _ModernBertTaskModel(task_heads.TaskModel):
     """The encoder and ModernBERT's head, `head`, dropout and a classifier of `outputs` outputs, which every task
     runs: at every token (`token_logits`) or on each row's vector by `classifier_pooling` (`classify`, which the
     sequence classifier and multiple choice read, and which they give a pooling)."""
 
-    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, outputs, problem_type, "model", ModernBertModel, segments=False)
+    def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, outputs, "model", ModernBertModel, problem_type, segments=False)
         self.head = ModernBertHeadTransform(cfg)
         self.drop = Dropout(cfg.hidden_dropout_prob)
         self.classifier = nn.Linear(cfg.hidden_size, outputs)
@@ -90,19 +82,23 @@ def _check_pooling(pooling: str) -> str:
     return pooling
 
 
-class ModernBertForSequenceClassification(_ModernBertTaskModel, SequenceClassifier):
+class ModernBertForSequenceClassification(_ModernBertTaskModel, task_heads.SequenceClassifier):
     def __init__(
-        self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL, classifier_pooling: str = "cls"
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        problem_type: str = task_heads.SINGLE_LABEL,
+        classifier_pooling: str = "cls",
     ):
         super().__init__(cfg, num_labels, problem_type)
         self.classifier_pooling = _check_pooling(classifier_pooling)
 
 
-class ModernBertForTokenClassification(_ModernBertTaskModel, TokenTagger):
+class ModernBertForTokenClassification(_ModernBertTaskModel, task_heads.TokenTagger):
     """The head at every token the encoder computes."""
 
 
-class ModernBertForQuestionAnswering(_ModernBertTaskModel, SpanPredictor):
+class ModernBertForQuestionAnswering(_ModernBertTaskModel, task_heads.SpanPredictor):
     """The head at every slot, two outputs; the encoder runs padded (`SpanPredictor`).
 
     A padded slot farther than local_attention / 2 from every real token has no key in a local layer: it attends to
@@ -113,25 +109,23 @@ class ModernBertForQuestionAnswering(_ModernBertTaskModel, SpanPredictor):
         super().__init__(cfg, 2)
 
 
-class ModernBertForMultipleChoice(_ModernBertTaskModel, ChoiceScorer):
+class ModernBertForMultipleChoice(_ModernBertTaskModel, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig, classifier_pooling: str = "cls"):
         super().__init__(cfg, 1)
         self.classifier_pooling = _check_pooling(classifier_pooling)
 
 
-TASK_MODELS = {
-    "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
-    "ModernBertForTokenClassification": ModernBertForTokenClassification,
-    "ModernBertForQuestionAnswering": ModernBertForQuestionAnswering,
-    "ModernBertForMultipleChoice": ModernBertForMultipleChoice,
-}
+TASK_MODELS = task_heads.by_name(
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertForQuestionAnswering,
+    ModernBertForMultipleChoice,
+)
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "ModernBert",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
+    hf,
     "model",
     ModernBertModel,
     pretrained=("model.", "head."),

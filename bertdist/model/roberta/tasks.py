@@ -23,17 +23,9 @@ from __future__ import annotations
 import torch
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.roberta import hf
 from bertdist.model.roberta.model import RobertaModel, init_weights
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    BertClassifier,
-    BertSpanPredictor,
-    ChoiceScorer,
-    FirstTokenClassifier,
-    TaskFamily,
-    TokenTagger,
-)
 
 ENCODER_NAME = "roberta"
 """The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
@@ -44,30 +36,30 @@ def encoder_without_pooler(cfg: ModelConfig) -> RobertaModel:
     return RobertaModel(cfg, add_pooling_layer=False)
 
 
-class RobertaForSequenceClassification(FirstTokenClassifier):
+class RobertaForSequenceClassification(task_heads.FirstTokenClassifier):
     """`classifier` on the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
         super().__init__(
-            cfg, num_labels, problem_type, ENCODER_NAME, encoder_without_pooler, torch.tanh, segments=False
+            cfg, num_labels, ENCODER_NAME, encoder_without_pooler, torch.tanh, problem_type, segments=False
         )
 
 
-class RobertaForTokenClassification(BertClassifier, TokenTagger):
+class RobertaForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, SINGLE_LABEL, ENCODER_NAME, encoder_without_pooler, segments=False)
+        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, segments=False)
 
 
-class RobertaForQuestionAnswering(BertSpanPredictor):
+class RobertaForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, ENCODER_NAME, encoder_without_pooler, segments=False)
 
 
-class RobertaForMultipleChoice(BertClassifier, ChoiceScorer):
+class RobertaForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     """Each choice's pooled first token, dropout, Linear(H, 1)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, SINGLE_LABEL, ENCODER_NAME, RobertaModel, segments=False)
+        super().__init__(cfg, 1, ENCODER_NAME, RobertaModel, segments=False)
 
 
 _HEADS = (
@@ -84,12 +76,10 @@ TASK_MODELS = {
 """transformers' class names, RoBERTa's and XLM-R's, -> the model (an XLM-R export renames it: bertdist.model.roberta.hf
 `write_directory`)."""
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "Roberta",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
+    hf,
     ENCODER_NAME,
     RobertaModel,  # with its pooler, as BERT's
     pretrained=(f"{ENCODER_NAME}.",),
