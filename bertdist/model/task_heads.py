@@ -99,29 +99,35 @@ def multiple_choice(
     return TaskOutput(None if labels is None else F.cross_entropy(logits, labels.reshape(-1)), logits)
 
 
+@dataclass(frozen=True)
+class Encoder:
+    """A family's encoder as its task models hold it."""
+
+    name: str
+    """Its attribute in a task model: the prefix of the family's weights (`bert`, `electra`), so that a pretraining
+    checkpoint's weights start a task model unrenamed."""
+    new: Callable[[ModelConfig], nn.Module]
+    """Builds it from the task model's config (with the pooler or without, as transformers' task model has it)."""
+    segments: bool = True
+    """Whether it reads token types. Those of DistilBERT, RoBERTa and ModernBERT do not: the fine-tuning runner's
+    batches carry token types, and `TaskModel.encode` drops them."""
+
+
 class TaskModel(nn.Module):
-    """A task model's encoder, built by `new_encoder` under `encoder_name` (the prefix of its family's weights:
-    `bert`, `electra`), and BERT's initialisation (a family with its own overrides `init_weights`). Subclasses add
-    their head, call `init_weights`, and take `forward` from one of the kinds below, which read the head through
-    `classify` (`SequenceClassifier`, `ChoiceScorer`) or `token_logits` (`TokenTagger`, `SpanPredictor`)."""
+    """A task model: the family's `Encoder`, built under its name, and BERT's initialisation (a family with its own
+    overrides `init_weights`). Subclasses add their head, call `init_weights`, and take `forward` from one of the
+    kinds below, which read the head through `classify` (`SequenceClassifier`, `ChoiceScorer`) or `token_logits`
+    (`TokenTagger`, `SpanPredictor`)."""
 
     padded = False
     """Whether the encoder always runs padded, whatever `model.unpad` says (`SpanPredictor`'s)."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        num_labels: int,
-        encoder_name: str,
-        new_encoder: Callable[[ModelConfig], nn.Module],
-        problem_type: str = SINGLE_LABEL,
-        segments: bool = True,
-    ):
+    def __init__(self, cfg: ModelConfig, num_labels: int, encoder: Encoder, problem_type: str = SINGLE_LABEL):
         super().__init__()
         check_task(cfg, num_labels, problem_type)
         self.config, self.num_labels, self.problem_type = cfg, num_labels, problem_type
-        self.encoder_name, self.segments = encoder_name, segments
-        setattr(self, encoder_name, new_encoder(dataclasses.replace(cfg, unpad=False) if self.padded else cfg))
+        self.encoder_name, self.segments = encoder.name, encoder.segments
+        setattr(self, encoder.name, encoder.new(dataclasses.replace(cfg, unpad=False) if self.padded else cfg))
 
     def init_weights(self) -> None:
         self.apply(lambda module: normal_init(module, self.config.initializer_range))
@@ -133,9 +139,8 @@ class TaskModel(nn.Module):
         attention_mask: torch.Tensor | None,
         at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TokenLayout]:
-        """The encoder's `encode` (`BertModel.encode`). Token types reach it only when the family has `segments`:
-        the fine-tuning runner's batches carry them, and the task models of the families without (DistilBERT,
-        RoBERTa, ModernBERT, whose encoder takes none) take them and drop them here."""
+        """The encoder's `encode` (`BertModel.encode`), with the token types when it reads them (`Encoder.segments`;
+        ModernBERT's takes no such argument)."""
         segments = {"token_type_ids": token_type_ids} if self.segments else {}
         return getattr(self, self.encoder_name).encode(input_ids, attention_mask=attention_mask, at=at, **segments)
 
@@ -235,13 +240,11 @@ class BertClassifier(TaskModel):
         self,
         cfg: ModelConfig,
         num_labels: int,
-        encoder_name: str,
-        new_encoder: Callable[[ModelConfig], nn.Module],
+        encoder: Encoder,
         problem_type: str = SINGLE_LABEL,
-        segments: bool = True,
         dropout_p: float | None = None,
     ):
-        super().__init__(cfg, num_labels, encoder_name, new_encoder, problem_type, segments)
+        super().__init__(cfg, num_labels, encoder, problem_type)
         self.dropout = Dropout(cfg.hidden_dropout_prob if dropout_p is None else dropout_p)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.init_weights()
@@ -260,15 +263,8 @@ class BertSpanPredictor(SpanPredictor):
     """BERT's QA head, which ALBERT, ELECTRA, DistilBERT and RoBERTa keep: `qa_outputs` Linear(H, 2) after a dropout
     of `dropout_p` (DistilBERT's; none elsewhere, as in transformers)."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        encoder_name: str,
-        new_encoder: Callable[[ModelConfig], nn.Module],
-        segments: bool = True,
-        dropout_p: float = 0.0,
-    ):
-        super().__init__(cfg, 2, encoder_name, new_encoder, segments=segments)
+    def __init__(self, cfg: ModelConfig, encoder: Encoder, dropout_p: float = 0.0):
+        super().__init__(cfg, 2, encoder)
         self.dropout = Dropout(dropout_p)
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
         self.init_weights()
@@ -299,13 +295,11 @@ class FirstTokenClassifier(SequenceClassifier):
         self,
         cfg: ModelConfig,
         num_labels: int,
-        encoder_name: str,
-        new_encoder: Callable[[ModelConfig], nn.Module],
+        encoder: Encoder,
         activation: Callable[[torch.Tensor], torch.Tensor],
         problem_type: str = SINGLE_LABEL,
-        segments: bool = True,
     ):
-        super().__init__(cfg, num_labels, encoder_name, new_encoder, problem_type, segments)
+        super().__init__(cfg, num_labels, encoder, problem_type)
         self.classifier = ClassificationHead(cfg, num_labels, activation)
         self.init_weights()
 
@@ -335,20 +329,41 @@ class TaskFamily:
     task_models: dict[str, Any]
     adapter: ModuleType
     """The family's Hugging Face adapter (its `hf.py`), which reads and writes the task models' directories too."""
-    encoder_name: str
-    """The encoder's attribute in a task model."""
-    encoder: Callable[[ModelConfig], torch.nn.Module]
-    """The bare encoder (BERT's with its pooler), for features."""
-    pretrained: tuple[str, ...]
-    """Prefixes of the weights a task model takes from a pretrained checkpoint: the encoder, and for ModernBERT
+    features: Encoder
+    """The bare encoder (BERT's with its pooler), for features, under the task models' name."""
+    optional: tuple[str, ...] = ()
+    """Of the weights a task model takes from a pretrained checkpoint (`pretrained`), what the checkpoint may lack
+    (BERT's, ALBERT's and RoBERTa's pooler; ModernBERT's head)."""
+    pretrained_heads: tuple[str, ...] = ()
+    """Prefixes of the weights a task model takes from a pretrained checkpoint besides its encoder's: ModernBERT's
     `head` (the MLM head's transform, which `transformers`' task models start from too)."""
-    optional: tuple[str, ...]
-    """Of those, what a pretrained checkpoint may lack (BERT's and ALBERT's pooler; ModernBERT's head)."""
-    inputs: tuple[str, ...]
-    """What its encoder reads of a batch (ModernBERT and DistilBERT have no segments)."""
     init_weights: Callable[[torch.nn.Module, ModelConfig], None] = bert_init
     """The family's initialisation of one module (`module.apply`), for an encoder that starts at random: BERT's
     but where the family has its own (ModernBERT, RoBERTa)."""
+
+    @property
+    def encoder_name(self) -> str:
+        """The encoder's attribute in a task model."""
+        return self.features.name
+
+    @property
+    def encoder(self) -> Callable[[ModelConfig], torch.nn.Module]:
+        return self.features.new
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """What its encoder reads of a batch."""
+        return (
+            ("input_ids", "token_type_ids", "attention_mask")
+            if self.features.segments
+            else ("input_ids", "attention_mask")
+        )
+
+    @property
+    def pretrained(self) -> tuple[str, ...]:
+        """Prefixes of the weights a task model takes from a pretrained checkpoint: the encoder's and
+        `pretrained_heads`."""
+        return (f"{self.encoder_name}.", *self.pretrained_heads)
 
     @property
     def config_from_hf(self) -> Callable[[dict, str], ModelConfig]:

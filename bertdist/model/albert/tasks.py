@@ -27,40 +27,37 @@ from bertdist.model import task_heads
 from bertdist.model.albert import hf
 from bertdist.model.albert.model import AlbertModel
 
-ENCODER_NAME = "albert"
-"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
 CLASSIFIER_DROPOUT_PROB = 0.1
 """The dropout before the classifier of sequence classification, token classification and multiple choice:
 AlbertConfig's `classifier_dropout_prob` default, which bertdist.model.albert.hf writes in config.json (ModelConfig
 has no field for it), so that transformers fine-tunes an export as bertdist does. Not the hidden dropout, which
 ALBERT's presets turn off."""
-
-
-def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
-    """The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
-    return AlbertModel(cfg, add_pooling_layer=False)
+ENCODER = task_heads.Encoder("albert", AlbertModel)
+"""With its pooler: sequence classification and multiple choice read it."""
+WITHOUT_POOLER = task_heads.Encoder("albert", lambda cfg: AlbertModel(cfg, add_pooling_layer=False))
+"""The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
 
 
 class AlbertForSequenceClassification(task_heads.BertClassifier, task_heads.SequenceClassifier):
     """The pooled first token, dropout, Linear(H, labels)."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
-        super().__init__(cfg, num_labels, ENCODER_NAME, AlbertModel, problem_type, dropout_p=CLASSIFIER_DROPOUT_PROB)
+        super().__init__(cfg, num_labels, ENCODER, problem_type, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
 class AlbertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, dropout_p=CLASSIFIER_DROPOUT_PROB)
+        super().__init__(cfg, num_labels, WITHOUT_POOLER, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
 class AlbertForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
+        super().__init__(cfg, WITHOUT_POOLER)
 
 
 class AlbertForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, ENCODER_NAME, AlbertModel, dropout_p=CLASSIFIER_DROPOUT_PROB)
+        super().__init__(cfg, 1, ENCODER, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
 TASK_MODELS = task_heads.by_name(
@@ -71,9 +68,6 @@ FAMILY = task_heads.TaskFamily(
     "Albert",
     TASK_MODELS,
     hf,
-    ENCODER_NAME,
-    AlbertModel,  # with its pooler, as BERT's
-    pretrained=(f"{ENCODER_NAME}.",),
-    optional=(f"{ENCODER_NAME}.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
-    inputs=("input_ids", "token_type_ids", "attention_mask"),
+    ENCODER,  # the pretraining model's name and weights, with its pooler (as BERT's)
+    optional=("albert.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
 )

@@ -23,49 +23,40 @@ from bertdist.model import task_heads
 from bertdist.model.bert import hf
 from bertdist.model.bert.model import BertModel
 
-
-def encoder_without_pooler(cfg: ModelConfig) -> BertModel:
-    """The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
-    return BertModel(cfg, add_pooling_layer=False)
+ENCODER = task_heads.Encoder("bert", BertModel)
+"""With its pooler: sequence classification and multiple choice read it."""
+WITHOUT_POOLER = task_heads.Encoder("bert", lambda cfg: BertModel(cfg, add_pooling_layer=False))
+"""The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
 
 
 class BertForSequenceClassification(task_heads.BertClassifier, task_heads.SequenceClassifier):
     """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
-        super().__init__(cfg, num_labels, "bert", BertModel, problem_type)
+        super().__init__(cfg, num_labels, ENCODER, problem_type)
 
 
 class BertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     """No pooler; dropout and Linear(H, labels) at every token."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, "bert", encoder_without_pooler)
+        super().__init__(cfg, num_labels, WITHOUT_POOLER)
 
 
 class BertForQuestionAnswering(task_heads.BertSpanPredictor):
     """No pooler; Linear(H, 2) at every slot for the start and end logits, no dropout there (as transformers)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, "bert", encoder_without_pooler)
+        super().__init__(cfg, WITHOUT_POOLER)
 
 
 class BertForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, "bert", BertModel)
+        super().__init__(cfg, 1, ENCODER)
 
 
 TASK_MODELS = task_heads.by_name(
     BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice
 )
 
-FAMILY = task_heads.TaskFamily(
-    "Bert",
-    TASK_MODELS,
-    hf,
-    "bert",
-    BertModel,  # with its pooler
-    pretrained=("bert.",),
-    optional=("bert.pooler.",),
-    inputs=("input_ids", "token_type_ids", "attention_mask"),
-)
+FAMILY = task_heads.TaskFamily("Bert", TASK_MODELS, hf, ENCODER, optional=("bert.pooler.",))

@@ -2,7 +2,7 @@
 names (`pre_classifier`, `classifier`, `qa_outputs`), so that bertdist.model.hf_heads writes checkpoints the Auto
 classes load and reads theirs.
 
-The encoder is bertdist's BERT without segment embeddings or pooler (`encoder`), under `bert` as in the
+The encoder is bertdist's BERT without segment embeddings or pooler (`ENCODER`), under `bert` as in the
 pretraining model (bertdist.model.distilbert.model), so that a checkpoint's weights start a task model as they are;
 bertdist.model.distilbert.hf renames them to transformers' `distilbert.transformer...` on the way out and back.
 Token types are taken (the fine-tuning runner's batches carry them) and never reach the encoder. Next to BERT's
@@ -34,13 +34,11 @@ from bertdist.model.distilbert import hf
 from bertdist.model.distilbert.hf import HEAD_DROPOUTS
 from bertdist.model.ops import Dropout
 
-ENCODER_NAME = "bert"
-"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
-
-
-def encoder(cfg: ModelConfig) -> BertModel:
-    """DistilBERT's encoder: BERT's layers, no segment embeddings, no pooler."""
-    return BertModel(cfg, add_pooling_layer=False, segments=False)
+ENCODER = task_heads.Encoder(
+    "bert", lambda cfg: BertModel(cfg, add_pooling_layer=False, segments=False), segments=False
+)
+"""DistilBERT's encoder: BERT's layers, no segment embeddings, no pooler; under the pretraining model's name, `bert`
+(bertdist's names: the adapter renames them to transformers' `distilbert.`)."""
 
 
 class _DistilBertClassifier(task_heads.TaskModel):
@@ -48,7 +46,7 @@ class _DistilBertClassifier(task_heads.TaskModel):
     `num_labels`."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, problem_type, segments=False)
+        super().__init__(cfg, num_labels, ENCODER, problem_type)
         self.pre_classifier = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = Dropout(HEAD_DROPOUTS["seq_classif_dropout"])
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
@@ -67,12 +65,12 @@ class DistilBertForSequenceClassification(_DistilBertClassifier, task_heads.Sequ
 
 class DistilBertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
+        super().__init__(cfg, num_labels, ENCODER)
 
 
 class DistilBertForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
+        super().__init__(cfg, ENCODER, dropout_p=HEAD_DROPOUTS["qa_dropout"])
 
 
 class DistilBertForMultipleChoice(_DistilBertClassifier, task_heads.ChoiceScorer):
@@ -87,13 +85,4 @@ TASK_MODELS = task_heads.by_name(
     DistilBertForMultipleChoice,
 )
 
-FAMILY = task_heads.TaskFamily(
-    "DistilBert",
-    TASK_MODELS,
-    hf,
-    ENCODER_NAME,  # bertdist's names: the adapter renames them to transformers' `distilbert.`
-    encoder,
-    pretrained=(f"{ENCODER_NAME}.",),
-    optional=(),
-    inputs=("input_ids", "attention_mask"),
-)
+FAMILY = task_heads.TaskFamily("DistilBert", TASK_MODELS, hf, ENCODER)

@@ -30,6 +30,9 @@ from bertdist.model.electra import hf
 from bertdist.model.electra.model import ElectraModel
 from bertdist.model.ops import Dropout
 
+ENCODER = task_heads.Encoder("electra", ElectraModel)
+"""The discriminator's, which is what ELECTRA fine-tunes: a pretraining checkpoint's generator is left behind."""
+
 
 class ElectraSequenceSummary(nn.Module):
     """A choice's vector: its first token through summary Linear(H, H), GELU and dropout."""
@@ -47,22 +50,22 @@ class ElectraForSequenceClassification(task_heads.FirstTokenClassifier):
     """`classifier` on the first token: dropout, dense(H, H), GELU, dropout, out_proj(H, labels)."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
-        super().__init__(cfg, num_labels, "electra", ElectraModel, F.gelu, problem_type)
+        super().__init__(cfg, num_labels, ENCODER, F.gelu, problem_type)
 
 
 class ElectraForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, "electra", ElectraModel)
+        super().__init__(cfg, num_labels, ENCODER)
 
 
 class ElectraForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, "electra", ElectraModel)
+        super().__init__(cfg, ENCODER)
 
 
 class ElectraForMultipleChoice(task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, "electra", ElectraModel)
+        super().__init__(cfg, 1, ENCODER)
         self.sequence_summary = ElectraSequenceSummary(cfg)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
         self.init_weights()
@@ -80,13 +83,4 @@ TASK_MODELS = task_heads.by_name(
     ElectraForMultipleChoice,
 )
 
-FAMILY = task_heads.TaskFamily(
-    "Electra",
-    TASK_MODELS,
-    hf,
-    "electra",
-    ElectraModel,  # the discriminator's: a pretraining checkpoint's generator is left behind
-    pretrained=("electra.",),
-    optional=(),
-    inputs=("input_ids", "token_type_ids", "attention_mask"),
-)
+FAMILY = task_heads.TaskFamily("Electra", TASK_MODELS, hf, ENCODER)

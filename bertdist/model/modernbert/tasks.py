@@ -34,6 +34,8 @@ from bertdist.model.ops import Dropout
 
 POOLINGS = ("cls", "mean")
 """classifier_pooling: the first token of each sample, or the mean of its real tokens."""
+ENCODER = task_heads.Encoder("model", ModernBertModel, segments=False)
+"""Under transformers' name, `model`, as in the pretraining model."""
 
 
 def pool(states: torch.Tensor, layout: TokenLayout, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
@@ -54,7 +56,7 @@ class _ModernBertTaskModel(task_heads.TaskModel):
     sequence classifier and multiple choice read, and which they give a pooling)."""
 
     def __init__(self, cfg: ModelConfig, outputs: int, problem_type: str = task_heads.SINGLE_LABEL):
-        super().__init__(cfg, outputs, "model", ModernBertModel, problem_type, segments=False)
+        super().__init__(cfg, outputs, ENCODER, problem_type)
         self.head = ModernBertHeadTransform(cfg)
         self.drop = Dropout(cfg.hidden_dropout_prob)
         self.classifier = nn.Linear(cfg.hidden_size, outputs)
@@ -126,10 +128,8 @@ FAMILY = task_heads.TaskFamily(
     "ModernBert",
     TASK_MODELS,
     hf,
-    "model",
-    ModernBertModel,
-    pretrained=("model.", "head."),
+    ENCODER,
     optional=("head.",),
-    inputs=("input_ids", "attention_mask"),
+    pretrained_heads=("head.",),
     init_weights=init_weights,
 )

@@ -27,39 +27,34 @@ from bertdist.model import task_heads
 from bertdist.model.roberta import hf
 from bertdist.model.roberta.model import RobertaModel, init_weights
 
-ENCODER_NAME = "roberta"
-"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
-
-
-def encoder_without_pooler(cfg: ModelConfig) -> RobertaModel:
-    """The encoder of every head but multiple choice: transformers builds theirs without pooler."""
-    return RobertaModel(cfg, add_pooling_layer=False)
+ENCODER = task_heads.Encoder("roberta", RobertaModel, segments=False)
+"""With its pooler (BERT's), which multiple choice reads; one segment, so no token types."""
+WITHOUT_POOLER = task_heads.Encoder("roberta", lambda cfg: RobertaModel(cfg, add_pooling_layer=False), segments=False)
+"""The encoder of every head but multiple choice: transformers builds theirs without pooler."""
 
 
 class RobertaForSequenceClassification(task_heads.FirstTokenClassifier):
     """`classifier` on the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
-        super().__init__(
-            cfg, num_labels, ENCODER_NAME, encoder_without_pooler, torch.tanh, problem_type, segments=False
-        )
+        super().__init__(cfg, num_labels, WITHOUT_POOLER, torch.tanh, problem_type)
 
 
 class RobertaForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, segments=False)
+        super().__init__(cfg, num_labels, WITHOUT_POOLER)
 
 
 class RobertaForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler, segments=False)
+        super().__init__(cfg, WITHOUT_POOLER)
 
 
 class RobertaForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     """Each choice's pooled first token, dropout, Linear(H, 1)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, ENCODER_NAME, RobertaModel, segments=False)
+        super().__init__(cfg, 1, ENCODER)
 
 
 _HEADS = (
@@ -80,10 +75,7 @@ FAMILY = task_heads.TaskFamily(
     "Roberta",
     TASK_MODELS,
     hf,
-    ENCODER_NAME,
-    RobertaModel,  # with its pooler, as BERT's
-    pretrained=(f"{ENCODER_NAME}.",),
-    optional=(f"{ENCODER_NAME}.pooler.",),  # a RobertaForMaskedLM export has none
-    inputs=("input_ids", "attention_mask"),
+    ENCODER,
+    optional=("roberta.pooler.",),  # a RobertaForMaskedLM export has none
     init_weights=init_weights,
 )
