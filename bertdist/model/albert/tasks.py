@@ -6,7 +6,7 @@ The encoder is bertdist's ALBERT (bertdist.model.albert.model.AlbertModel: embed
 shared layers), under `albert` as in the pretraining model, so that an export's or a checkpoint's weights start a
 task model as they are (bertdist.model.albert.hf renames nothing). The task models are BERT's with ALBERT's encoder
 and transformers' `classifier_dropout_prob` before the classifier (`CLASSIFIER_DROPOUT_PROB`); they share BERT's
-losses, multiple-choice reshaping and task-model bases (bertdist.model.bert.tasks):
+losses, multiple-choice reshaping, task-model kinds and heads (bertdist.model.task_heads):
 - `AlbertForSequenceClassification`: the pooler (tanh(Linear(H, H)) of the first token), dropout, classifier
   Linear(H, labels); single-label (cross-entropy) or regression (MSE);
 - `AlbertForTokenClassification`: no pooler; dropout and a Linear on every position; -100 marks positions without
@@ -22,91 +22,52 @@ tests/model/albert/test_tasks.py compares logits and losses with `transformers` 
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.albert import hf
 from bertdist.model.albert.model import AlbertModel
-from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
-    TaskFamily,
-    TaskModel,
-    TokenTagger,
-    bert_init,
-)
 
-ENCODER_NAME = "albert"
-"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
 CLASSIFIER_DROPOUT_PROB = 0.1
 """The dropout before the classifier of sequence classification, token classification and multiple choice:
 AlbertConfig's `classifier_dropout_prob` default, which bertdist.model.albert.hf writes in config.json (ModelConfig
 has no field for it), so that transformers fine-tunes an export as bertdist does. Not the hidden dropout, which
 ALBERT's presets turn off."""
+ENCODER = task_heads.Encoder("albert", AlbertModel)
+"""With its pooler: sequence classification and multiple choice read it."""
+WITHOUT_POOLER = task_heads.Encoder("albert", lambda cfg: AlbertModel(cfg, add_pooling_layer=False))
+"""The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
 
 
-def encoder_without_pooler(cfg: ModelConfig) -> AlbertModel:
-    """The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
-    return AlbertModel(cfg, add_pooling_layer=False)
-
-
-class _AlbertClassifier(TaskModel):
-    """The encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
-
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, AlbertModel)
-        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        pooled = self.albert.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
-        return self.classifier(self.dropout(pooled))
-
-
-class AlbertForSequenceClassification(_AlbertClassifier, SequenceClassifier):
+class AlbertForSequenceClassification(task_heads.BertClassifier, task_heads.SequenceClassifier):
     """The pooled first token, dropout, Linear(H, labels)."""
 
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, ENCODER, problem_type, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
-class AlbertForTokenClassification(TokenTagger):
+
+class AlbertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler)
-        self.dropout = Dropout(CLASSIFIER_DROPOUT_PROB)  # transformers' ALBERT tagger: the classifier's, not hidden
+        super().__init__(cfg, num_labels, WITHOUT_POOLER, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
-class AlbertForQuestionAnswering(SpanPredictor):
+class AlbertForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler)
+        super().__init__(cfg, WITHOUT_POOLER)
 
 
-class AlbertForMultipleChoice(_AlbertClassifier, ChoiceScorer):
+class AlbertForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1)
+        super().__init__(cfg, 1, ENCODER, dropout_p=CLASSIFIER_DROPOUT_PROB)
 
 
-TASK_MODELS = {
-    "AlbertForSequenceClassification": AlbertForSequenceClassification,
-    "AlbertForTokenClassification": AlbertForTokenClassification,
-    "AlbertForQuestionAnswering": AlbertForQuestionAnswering,
-    "AlbertForMultipleChoice": AlbertForMultipleChoice,
-}
+TASK_MODELS = task_heads.by_name(
+    AlbertForSequenceClassification, AlbertForTokenClassification, AlbertForQuestionAnswering, AlbertForMultipleChoice
+)
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "Albert",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
-    ENCODER_NAME,
-    AlbertModel,  # with its pooler, as BERT's
-    pretrained=(f"{ENCODER_NAME}.",),
-    optional=(f"{ENCODER_NAME}.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
-    inputs=("input_ids", "token_type_ids", "attention_mask"),
-    init_weights=bert_init,
+    hf,
+    ENCODER,  # the pretraining model's name and weights, with its pooler (as BERT's)
+    optional=("albert.pooler.",),  # an AlbertForMaskedLM export (objective mlm) has none
 )

@@ -18,80 +18,45 @@ family's task models share (the losses, `TaskModel` and its kinds) is bertdist.m
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.bert import hf
 from bertdist.model.bert.model import BertModel
-from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
-    TaskFamily,
-    TaskModel,
-    TokenTagger,
-    bert_init,
-)
+
+ENCODER = task_heads.Encoder("bert", BertModel)
+"""With its pooler: sequence classification and multiple choice read it."""
+WITHOUT_POOLER = task_heads.Encoder("bert", lambda cfg: BertModel(cfg, add_pooling_layer=False))
+"""The encoder of the heads that read every position (tagging, QA): transformers builds theirs without pooler."""
 
 
-class _BertClassifier(TaskModel):
-    """BERT's encoder with its pooler, dropout and the classifier to `num_labels` on each row's pooled first token."""
-
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, "bert", BertModel)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return self.classifier(self.dropout(self.bert.pooled_output(input_ids, token_type_ids, attention_mask)))
-
-
-class BertForSequenceClassification(_BertClassifier, SequenceClassifier):
+class BertForSequenceClassification(task_heads.BertClassifier, task_heads.SequenceClassifier):
     """Dropout and Linear(H, labels) on the pooled [CLS]; one text or a pair."""
 
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, ENCODER, problem_type)
 
-class BertForTokenClassification(TokenTagger):
-    """No pooler; dropout and Linear(H, labels) at every token (`TokenTagger`)."""
+
+class BertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
+    """No pooler; dropout and Linear(H, labels) at every token."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, "bert", lambda c: BertModel(c, add_pooling_layer=False))
+        super().__init__(cfg, num_labels, WITHOUT_POOLER)
 
 
-class BertForQuestionAnswering(SpanPredictor):
+class BertForQuestionAnswering(task_heads.BertSpanPredictor):
     """No pooler; Linear(H, 2) at every slot for the start and end logits, no dropout there (as transformers)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, "bert", lambda c: BertModel(c, add_pooling_layer=False))
+        super().__init__(cfg, WITHOUT_POOLER)
 
 
-class BertForMultipleChoice(_BertClassifier, ChoiceScorer):
+class BertForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, num_labels=1)
+        super().__init__(cfg, 1, ENCODER)
 
 
-TASK_MODELS = {
-    "BertForSequenceClassification": BertForSequenceClassification,
-    "BertForTokenClassification": BertForTokenClassification,
-    "BertForQuestionAnswering": BertForQuestionAnswering,
-    "BertForMultipleChoice": BertForMultipleChoice,
-}
-
-FAMILY = TaskFamily(
-    "Bert",
-    TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
-    "bert",
-    lambda cfg: BertModel(cfg, add_pooling_layer=True),
-    pretrained=("bert.",),
-    optional=("bert.pooler.",),
-    inputs=("input_ids", "token_type_ids", "attention_mask"),
-    init_weights=bert_init,
+TASK_MODELS = task_heads.by_name(
+    BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice
 )
+
+FAMILY = task_heads.TaskFamily("Bert", TASK_MODELS, hf, ENCODER, optional=("bert.pooler.",))

@@ -25,17 +25,8 @@ import torch
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import HF_KEY
+from bertdist.model import hf_io
 from bertdist.model.distilbert.model import DistilBertForMaskedLM
-from bertdist.model.hf_io import (
-    CONFIG_FILE,
-    CheckpointFormatError,
-    agreeing_config,
-    check_weights,
-    read_config,
-    read_weights,
-    write_model_files,
-    write_tokenizer_files,
-)
 
 LAYER_NORM_EPS = 1e-12
 """What transformers' DistilBERT hardcodes for every LayerNorm (its config has no key for it)."""
@@ -55,10 +46,8 @@ _CONFIG_KEYS = {
     "initializer_range": "initializer_range",
 }
 """ModelConfig field -> DistilBertConfig key."""
-_DEFAULTS = {"hidden_dim": 3072, "max_position_embeddings": 512}
-"""DistilBertConfig's defaults for the keys that change shapes and an old config.json may leave out."""
-_MODEL_INPUTS = ["input_ids", "attention_mask"]
-"""What DistilBertModel.forward takes: no token_type_ids, which a tokenizer must then not return."""
+_DEFAULTS = {"intermediate_size": 3072, "max_position_embeddings": 512}
+"""DistilBertConfig's defaults for the fields that change shapes and an old config.json may leave out."""
 _LAYERS = ("bert.encoder.layer.", "distilbert.transformer.layer.")
 """(bertdist, transformers): the prefix of the encoder's layers, whose modules are renamed too (`_LAYER_MODULES`)."""
 _PREFIXES = (
@@ -94,12 +83,13 @@ def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
     """The config.json of a `DistilBertForMaskedLM` with these dimensions; CheckpointFormatError for a LayerNorm
     eps transformers' DistilBERT cannot have."""
     if cfg.layer_norm_eps != LAYER_NORM_EPS:
-        raise CheckpointFormatError(
+        raise hf_io.CheckpointFormatError(
             f"model.layer_norm_eps: {cfg.layer_norm_eps} has no Hugging Face form (transformers' DistilBERT fixes "
             f"every LayerNorm's eps at {LAYER_NORM_EPS}); only {LAYER_NORM_EPS} exports"
         )
-    hf: dict[str, Any] = {key: getattr(cfg, field) for field, key in _CONFIG_KEYS.items()}
-    hf.update(
+    return hf_io.hf_config(
+        cfg,
+        _CONFIG_KEYS,
         architectures=["DistilBertForMaskedLM"],
         **{HF_KEY: cfg.objective},
         model_type="distilbert",
@@ -107,36 +97,24 @@ def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
         activation="gelu",
         sinusoidal_pos_embds=False,
         pad_token_id=pad_token_id,
-        tie_word_embeddings=True,
-        dtype="float32",
         **HEAD_DROPOUTS,
     )
-    return dict(sorted(hf.items()))
 
 
-def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
+def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     """A ModelConfig (arch distilbert, objective mlm: the objective that trained an export is only a record, and
     a read-back model is a masked LM) from a DistilBERT config.json, a pretraining or a task model's;
     CheckpointFormatError naming `source` and the field otherwise."""
-    problems = []
-    if hf.get("model_type") != "distilbert":
-        problems.append(f"model_type is {hf.get('model_type')!r}, not 'distilbert'")
-    if hf.get("activation", "gelu") != "gelu":
-        problems.append(f"activation is {hf['activation']!r}; bertdist's DistilBERT uses exact (erf) 'gelu'")
+    problems = hf_io.other_model_type(hf, "distilbert") + hf_io.not_gelu(hf, "DistilBERT", ("activation",))
     if hf.get("sinusoidal_pos_embds", False):
         problems.append("sinusoidal_pos_embds is true; bertdist's DistilBERT learns its positions")
-    for required in ("vocab_size", "dim", "n_layers", "n_heads"):
-        if not isinstance(hf.get(required), int):
-            problems.append(f"{required} is missing or not an integer")
-    if problems:
-        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
-    values = {field: hf.get(key, _DEFAULTS.get(key)) for field, key in _CONFIG_KEYS.items()}
+    hf_io.raise_problems(source, problems + hf_io.missing_sizes(hf, ("vocab_size", "dim", "n_layers", "n_heads")))
     return ModelConfig(
         size="distilbert-base",  # names a preset only: every dimension is set here
         arch="distilbert",
         objective="mlm",
         layer_norm_eps=LAYER_NORM_EPS,
-        **{field: value for field, value in values.items() if value is not None},
+        **hf_io.config_values(hf, _CONFIG_KEYS, _DEFAULTS),
     )
 
 
@@ -159,21 +137,15 @@ def _renamed(key: str, source: int) -> str:
 
 def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """bertdist's parameters (the pretraining model's or a task model's) -> what `transformers` saves for the
-    same class, as contiguous CPU copies (which safetensors writes whatever device or ZeRO view they came from)."""
-    return {_renamed(k, 0): t.detach().to("cpu", copy=True).contiguous() for k, t in state_dict.items()}
+    same class."""
+    return {_renamed(k, 0): t for k, t in state_dict.items()}
 
 
 def from_hf_state_dict(tensors: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
     """A DistilBERT checkpoint's tensors (`DistilBertForMaskedLM`, a task model, a bare `DistilBertModel`) ->
     bertdist names; a decoder that is not the word embedding is refused, naming `source`."""
-    if not any(k.startswith("distilbert.") for k in tensors):  # a bare DistilBertModel
-        tensors = {f"distilbert.{k}": v for k, v in tensors.items()}
-    decoder = tensors.get(_TIED)
-    if decoder is not None and not torch.equal(decoder, tensors.get(_WORDS, decoder.new_empty(0))):
-        raise CheckpointFormatError(
-            f"{source}: {_TIED} differs from {_WORDS}; DistilBERT ties them and so does bertdist"
-        )
-    return {_renamed(k, 1): v for k, v in tensors.items() if k != _TIED and k not in _BUFFERS}
+    state = {k: v for k, v in hf_io.under_prefix(tensors, "distilbert.").items() if k not in _BUFFERS}
+    return {_renamed(k, 1): v for k, v in hf_io.untied(state, _TIED, _WORDS, source, "DistilBERT").items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,13 +158,9 @@ def write_directory(
     """model.safetensors and config.json for `DistilBertForMaskedLM` (a task model: `config_updates` name its class
     and labels), and the tokenizer files of `vocab_file` (`bertdist.model.hf_io.write_tokenizer_files`, for inputs
     without token_type_ids). Refused before anything is written for an eps transformers cannot represent."""
-    config = config_to_hf(model.config)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if vocab_file is not None:
-        positions = model.config.max_position_embeddings
-        config["pad_token_id"] = write_tokenizer_files(Path(vocab_file), directory, positions, _MODEL_INPUTS).pad_id
-    write_model_files(directory, hf_state_dict(model.state_dict()), {**config, **config_updates})
+    config, positions = config_to_hf(model.config), model.config.max_position_embeddings
+    tensors = hf_state_dict(model.state_dict())
+    hf_io.write_export(directory, tensors, config, config_updates, vocab_file, positions, hf_io.NO_SEGMENT_INPUTS)
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> DistilBertForMaskedLM:
@@ -203,13 +171,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     `DistilBertModel` starts its MLM head fresh, named in a warning; weights DistilBERT pretraining does not use (a
     fine-tuned classifier) are named in a warning and ignored; any other missing weight or a shape that disagrees
     is a CheckpointFormatError naming its file."""
-    directory = Path(directory)
-    checkpoint_cfg = read_config(directory, config_from_hf, "DistilBERT")
-    cfg = checkpoint_cfg if model_cfg is None else agreeing_config(model_cfg, checkpoint_cfg, directory)
-    model = DistilBertForMaskedLM(cfg)
-    tensors, source = read_weights(directory)
-    state = from_hf_state_dict(tensors, source)
-    expected = model.state_dict()
-    check_weights(expected, state, source, _OPTIONAL_PREFIXES, "DistilBERT")
-    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
-    return model
+    cfg, state, source = hf_io.read_checkpoint(
+        Path(directory), model_cfg, config_from_hf, from_hf_state_dict, "DistilBERT"
+    )
+    return hf_io.load_weights(DistilBertForMaskedLM(cfg), state, source, _OPTIONAL_PREFIXES, "DistilBERT")

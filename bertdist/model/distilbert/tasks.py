@@ -2,12 +2,12 @@
 names (`pre_classifier`, `classifier`, `qa_outputs`), so that bertdist.model.hf_heads writes checkpoints the Auto
 classes load and reads theirs.
 
-The encoder is bertdist's BERT without segment embeddings or pooler (`encoder`), under `bert` as in the
+The encoder is bertdist's BERT without segment embeddings or pooler (`ENCODER`), under `bert` as in the
 pretraining model (bertdist.model.distilbert.model), so that a checkpoint's weights start a task model as they are;
 bertdist.model.distilbert.hf renames them to transformers' `distilbert.transformer...` on the way out and back.
 Token types are taken (the fine-tuning runner's batches carry them) and never reach the encoder. Next to BERT's
-task models (bertdist.model.bert.tasks, whose losses, multiple-choice reshaping and task-model bases these
-share):
+task models (bertdist.model.bert.tasks; the losses, multiple-choice reshaping, task-model kinds and BERT's
+tagging and QA heads are bertdist.model.task_heads'):
 - `DistilBertForSequenceClassification`: on the first token, pre_classifier Linear(H, H), ReLU, dropout,
   classifier Linear(H, labels); single-label (cross-entropy) or regression (MSE);
 - `DistilBertForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a
@@ -28,36 +28,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.bert.model import BertModel
 from bertdist.model.distilbert import hf
 from bertdist.model.distilbert.hf import HEAD_DROPOUTS
 from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
-    TaskFamily,
-    TaskModel,
-    TokenTagger,
-    bert_init,
+
+ENCODER = task_heads.Encoder(
+    "bert", lambda cfg: BertModel(cfg, add_pooling_layer=False, segments=False), segments=False
 )
-
-ENCODER_NAME = "bert"
-"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
-
-
-def encoder(cfg: ModelConfig) -> BertModel:
-    """DistilBERT's encoder: BERT's layers, no segment embeddings, no pooler."""
-    return BertModel(cfg, add_pooling_layer=False, segments=False)
+"""DistilBERT's encoder: BERT's layers, no segment embeddings, no pooler; under the pretraining model's name, `bert`
+(bertdist's names: the adapter renames them to transformers' `distilbert.`)."""
 
 
-class _DistilBertClassifier(TaskModel):
+class _DistilBertClassifier(task_heads.TaskModel):
     """The encoder and the head on each row's first token: pre_classifier, ReLU, dropout, classifier to
     `num_labels`."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder, segments=False)
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, ENCODER, problem_type)
         self.pre_classifier = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = Dropout(HEAD_DROPOUTS["seq_classif_dropout"])
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
@@ -70,42 +59,30 @@ class _DistilBertClassifier(TaskModel):
         return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
 
 
-class DistilBertForSequenceClassification(_DistilBertClassifier, SequenceClassifier):
+class DistilBertForSequenceClassification(_DistilBertClassifier, task_heads.SequenceClassifier):
     """The first token through pre_classifier, ReLU, dropout and classifier Linear(H, labels)."""
 
 
-class DistilBertForTokenClassification(TokenTagger):
+class DistilBertForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder, segments=False)
+        super().__init__(cfg, num_labels, ENCODER)
 
 
-class DistilBertForQuestionAnswering(SpanPredictor):
+class DistilBertForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, ENCODER_NAME, encoder, segments=False, dropout_p=HEAD_DROPOUTS["qa_dropout"])
+        super().__init__(cfg, ENCODER, dropout_p=HEAD_DROPOUTS["qa_dropout"])
 
 
-class DistilBertForMultipleChoice(_DistilBertClassifier, ChoiceScorer):
+class DistilBertForMultipleChoice(_DistilBertClassifier, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, 1)
 
 
-TASK_MODELS = {
-    "DistilBertForSequenceClassification": DistilBertForSequenceClassification,
-    "DistilBertForTokenClassification": DistilBertForTokenClassification,
-    "DistilBertForQuestionAnswering": DistilBertForQuestionAnswering,
-    "DistilBertForMultipleChoice": DistilBertForMultipleChoice,
-}
-
-FAMILY = TaskFamily(
-    "DistilBert",
-    TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
-    ENCODER_NAME,  # bertdist's names: the adapter renames them to transformers' `distilbert.`
-    encoder,
-    pretrained=(f"{ENCODER_NAME}.",),
-    optional=(),
-    inputs=("input_ids", "attention_mask"),
-    init_weights=bert_init,
+TASK_MODELS = task_heads.by_name(
+    DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
+    DistilBertForQuestionAnswering,
+    DistilBertForMultipleChoice,
 )
+
+FAMILY = task_heads.TaskFamily("DistilBert", TASK_MODELS, hf, ENCODER)

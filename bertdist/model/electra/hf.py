@@ -30,21 +30,12 @@ import torch
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import HF_KEY
+from bertdist.model import hf_io
 from bertdist.model.electra.model import ElectraForPreTraining
-from bertdist.model.hf_io import (
-    BERT_CONFIG_KEYS,
-    CONFIG_FILE,
-    CheckpointFormatError,
-    check_weights,
-    read_config_json,
-    read_weights,
-    write_model_files,
-    write_tokenizer_files,
-)
 
 GENERATOR_DIRNAME = "generator"
 """The generator's subdirectory of an export."""
-_CONFIG_KEYS = {**BERT_CONFIG_KEYS, "embedding_size": "embedding_size"}
+_CONFIG_KEYS = {**hf_io.BERT_CONFIG_KEYS, "embedding_size": "embedding_size"}
 """ModelConfig field -> ElectraConfig key."""
 _DEFAULTS = {"embedding_size": 128, "intermediate_size": 1024}
 """transformers' ElectraConfig defaults (ELECTRA-Small's) for what a config.json leaves out and changes shapes."""
@@ -59,7 +50,21 @@ builds (bertdist.model.electra.tasks.ElectraSequenceSummary); a config.json nami
 _SHARED = ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
 """What the generator's config.json must say as the discriminator's does: the embeddings they share (the same
 names in ModelConfig and config.json)."""
-_MODEL_INPUTS = ["input_ids", "token_type_ids", "attention_mask"]
+_ARCHITECTURE_FIELDS = (
+    *hf_io.SHAPE_FIELDS,
+    "embedding_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+)
+"""Fields that change the math or the shapes: a run's ModelConfig must agree with the checkpoint on these, and on
+the generator's (`_GENERATOR_FIELDS`) when the checkpoint has one."""
+_GENERATOR_FIELDS = (
+    "generator_hidden_size",
+    "generator_num_attention_heads",
+    "generator_intermediate_size",
+    "generator_num_layers",
+)
 _EMBEDDINGS, _WORDS = "electra.embeddings.", "electra.embeddings.word_embeddings.weight"
 _TIED = "generator_lm_head.weight"
 _BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_ids")
@@ -71,61 +76,52 @@ _OPTIONAL_PREFIXES = ("discriminator_predictions.",)
 # config.json
 
 
-def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> dict:
+def config_to_hf(cfg: ModelConfig) -> dict:
     """The config.json of the discriminator, an `ElectraForPreTraining` with these dimensions."""
-    return _hf_config(cfg, "ElectraForPreTraining", token_ids)
+    return _hf_config(cfg, "ElectraForPreTraining")
 
 
-def generator_config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> dict:
+def generator_config_to_hf(cfg: ModelConfig) -> dict:
     """The config.json of `cfg`'s generator, an `ElectraForMaskedLM` (`ModelConfig.generator_config`)."""
-    return _hf_config(cfg.generator_config(), "ElectraForMaskedLM", token_ids)
+    return _hf_config(cfg.generator_config(), "ElectraForMaskedLM")
 
 
-def _hf_config(cfg: ModelConfig, architecture: str, token_ids: dict[str, int] | None) -> dict:
-    hf: dict[str, Any] = {key: getattr(cfg, field) for field, key in _CONFIG_KEYS.items()}
-    hf.update(
-        architectures=[architecture],
+def _hf_config(cfg: ModelConfig, class_name: str) -> dict:
+    return hf_io.hf_config(
+        cfg,
+        _CONFIG_KEYS,
+        architectures=[class_name],
         **{HF_KEY: cfg.objective},
         model_type="electra",
         intermediate_size=cfg.ffn_size(),
         embedding_size=cfg.embedding_width(),
         hidden_act="gelu",
         summary_last_dropout=cfg.hidden_dropout_prob,  # ElectraForMultipleChoice's, bertdist's hidden dropout
-        tie_word_embeddings=True,
-        dtype="float32",
-        **(token_ids or {}),
     )
-    return dict(sorted(hf.items()))
 
 
-def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
+def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     """A ModelConfig (arch electra, objective rtd) from an ELECTRA config.json, the discriminator's or a task
     model's; its generator is `model.generator_*`'s default until `load_pretrained` reads generator/.
     CheckpointFormatError naming `source` and the field otherwise."""
-    problems = []
-    if hf.get("model_type") != "electra":
-        problems.append(f"model_type is {hf.get('model_type')!r}, not 'electra'")
-    if hf.get("hidden_act", "gelu") != "gelu":
-        problems.append(f"hidden_act is {hf['hidden_act']!r}; bertdist's ELECTRA uses exact (erf) 'gelu'")
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        problems.append(f"position_embedding_type is {hf['position_embedding_type']!r}; only 'absolute' is supported")
-    for required in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-        if not isinstance(hf.get(required), int):
-            problems.append(f"{required} is missing or not an integer")
+    problems = (
+        hf_io.other_model_type(hf, "electra")
+        + hf_io.not_gelu(hf, "ELECTRA")
+        + hf_io.not_absolute(hf)
+        + hf_io.missing_sizes(hf)
+    )
     if "ElectraForMultipleChoice" in (hf.get("architectures") or []):
         problems += [
             f"{key} is {hf[key]!r}; bertdist's ElectraForMultipleChoice summarises as transformers' default, {value!r}"
             for key, value in _SUMMARY.items()
             if hf.get(key, value) != value
         ]
-    if problems:
-        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
-    values = {field: hf.get(key, _DEFAULTS.get(field)) for field, key in _CONFIG_KEYS.items()}
+    hf_io.raise_problems(source, problems)
     return ModelConfig(
         size="electra-base",  # names a preset only: every dimension is set here
         arch="electra",
         objective="rtd",
-        **{field: value for field, value in values.items() if value is not None},
+        **hf_io.config_values(hf, _CONFIG_KEYS, _DEFAULTS),
     )
 
 
@@ -133,18 +129,14 @@ def with_generator(cfg: ModelConfig, hf: dict, source: str) -> ModelConfig:
     """`cfg` (the discriminator's) with the generator of its config.json `hf`: no wider than the discriminator,
     and with the vocabulary, embedding width, positions and segments they share."""
     gen = config_from_hf(hf, source)
-    problems = [
-        f"{f} is {_arch(gen)[f]!r}, the discriminator's {_arch(cfg)[f]!r}"
-        for f in _SHARED
-        if _arch(gen)[f] != _arch(cfg)[f]
-    ]
+    ours, theirs = hf_io.architecture(cfg, _SHARED), hf_io.architecture(gen, _SHARED)
+    problems = [f"{f} is {theirs[f]!r}, the discriminator's {ours[f]!r}" for f in _SHARED if theirs[f] != ours[f]]
     if gen.hidden_size > cfg.hidden_size:
         problems.append(
             f"hidden_size {gen.hidden_size} is wider than the discriminator's {cfg.hidden_size}; ELECTRA's generator "
             "is at most as wide"
         )
-    if problems:
-        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
+    hf_io.raise_problems(source, problems)
     return dataclasses.replace(
         cfg,
         generator_hidden_size=gen.hidden_size,
@@ -154,60 +146,27 @@ def with_generator(cfg: ModelConfig, hf: dict, source: str) -> ModelConfig:
     )
 
 
-def _arch(cfg: ModelConfig, generator: bool = False) -> dict[str, Any]:
-    """What changes the math or the shapes, as the model is built (0s resolved); with the generator's dimensions."""
-    arch = {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "intermediate_size": cfg.ffn_size(),
-        "embedding_size": cfg.embedding_width(),
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "type_vocab_size": cfg.type_vocab_size,
-        "layer_norm_eps": cfg.layer_norm_eps,
-    }
-    if generator:
-        gen = cfg.generator_config()
-        arch.update(
-            generator_hidden_size=gen.hidden_size,
-            generator_num_attention_heads=gen.num_attention_heads,
-            generator_intermediate_size=gen.ffn_size(),
-            generator_num_layers=gen.num_layers,
-        )
-    return arch
-
-
 # ---------------------------------------------------------------------------------------------
 # State dicts
 
 
 def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """bertdist's parameters -> what `transformers` saves for the discriminator (or a task model: the same
-    names), as contiguous CPU copies; the generator's are `generator_hf_state_dict`'s."""
-    return {k: _copy(t) for k, t in state_dict.items() if not k.startswith("generator.")}
+    names); the generator's are `generator_hf_state_dict`'s."""
+    return {k: t for k, t in state_dict.items() if not k.startswith("generator.")}
 
 
 def generator_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """bertdist's parameters -> what `transformers` saves for the generator's `ElectraForMaskedLM`: its own
     without the `generator.` prefix, and a copy of the embeddings it shares with the discriminator."""
-    tensors = {k: _copy(t) for k, t in state_dict.items() if k.startswith(_EMBEDDINGS)}
-    tensors.update(
-        {k.removeprefix("generator."): _copy(t) for k, t in state_dict.items() if k.startswith("generator.")}
-    )
+    tensors = {k: t for k, t in state_dict.items() if k.startswith(_EMBEDDINGS)}
+    tensors.update({k.removeprefix("generator."): t for k, t in state_dict.items() if k.startswith("generator.")})
     return tensors
-
-
-def _copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU copy, which safetensors writes whatever device or ZeRO-consolidation view it came from."""
-    return tensor.detach().to("cpu", copy=True).contiguous()
 
 
 def from_hf_state_dict(tensors: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
     """A discriminator's (or a task model's, or a bare `ElectraModel`'s) tensors -> bertdist names."""
-    if not any(k.startswith("electra.") for k in tensors):  # a bare ElectraModel
-        tensors = {f"electra.{k}": v for k, v in tensors.items()}
-    return {k: v for k, v in tensors.items() if k not in _BUFFERS}
+    return {k: v for k, v in hf_io.under_prefix(tensors, "electra.").items() if k not in _BUFFERS}
 
 
 def generator_from_hf_state_dict(
@@ -216,13 +175,10 @@ def generator_from_hf_state_dict(
     """An `ElectraForMaskedLM`'s tensors -> bertdist's `generator.*` names. Its embeddings must be `embeddings`
     (the discriminator's `electra.embeddings.*`, which bertdist's generator reads) and its decoder, where
     written, the word embedding; CheckpointFormatError naming `source` otherwise."""
-    state = from_hf_state_dict(tensors, source)
-    decoder = state.pop(_TIED, None)
-    if decoder is not None and not torch.equal(decoder, state.get(_WORDS, decoder.new_empty(0))):
-        raise CheckpointFormatError(f"{source}: {_TIED} differs from {_WORDS}; ELECTRA ties them and so does bertdist")
+    state = hf_io.untied(from_hf_state_dict(tensors, source), _TIED, _WORDS, source, "ELECTRA")
     differ = sorted(k for k, v in embeddings.items() if k not in state or not torch.equal(state[k], v))
     if differ:
-        raise CheckpointFormatError(
+        raise hf_io.CheckpointFormatError(
             f"{source}: the generator's embeddings differ from the discriminator's ({', '.join(differ)}); ELECTRA "
             "trains one embedding for both, so these two did not train together"
         )
@@ -242,33 +198,17 @@ def write_directory(
     `config_updates` name its class and labels) is the top directory alone. The top config.json is written last:
     a reader that finds it finds the generator too."""
     directory, state = Path(directory), model.state_dict()
+    positions = model.config.max_position_embeddings
     if getattr(model, "generator", None) is not None:
-        _write_model(
-            directory / GENERATOR_DIRNAME,
-            generator_hf_state_dict(state),
-            generator_config_to_hf(model.config),
-            vocab_file,
-            model.config.max_position_embeddings,
-            config_updates,
+        generator_dir, generator_config = directory / GENERATOR_DIRNAME, generator_config_to_hf(model.config)
+        tensors = generator_hf_state_dict(state)
+        hf_io.write_export(
+            generator_dir, tensors, generator_config, config_updates, vocab_file, positions, hf_io.SEGMENT_INPUTS
         )
-    config, positions = config_to_hf(model.config), model.config.max_position_embeddings
-    _write_model(directory, hf_state_dict(state), config, vocab_file, positions, config_updates)
-
-
-def _write_model(
-    directory: Path,
-    tensors: dict[str, torch.Tensor],
-    config: dict[str, Any],
-    vocab_file: str | os.PathLike | None,
-    model_max_length: int,
-    config_updates: dict[str, Any],
-) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    if vocab_file is not None:
-        config["pad_token_id"] = write_tokenizer_files(
-            Path(vocab_file), directory, model_max_length, _MODEL_INPUTS
-        ).pad_id
-    write_model_files(directory, tensors, {**config, **config_updates})
+    config = config_to_hf(model.config)
+    hf_io.write_export(
+        directory, hf_state_dict(state), config, config_updates, vocab_file, positions, hf_io.SEGMENT_INPUTS
+    )
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> ElectraForPreTraining:
@@ -281,33 +221,29 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     pretraining does not use (a fine-tuned classifier) are named in a warning and ignored; any other missing
     weight or a shape that disagrees is a CheckpointFormatError naming its file."""
     directory = Path(directory)
-    path, generator_dir = directory / CONFIG_FILE, directory / GENERATOR_DIRNAME
-    hf = read_config_json(path, "ELECTRA")
+    path, generator_dir = directory / hf_io.CONFIG_FILE, directory / GENERATOR_DIRNAME
+    hf = hf_io.read_config_json(path, "ELECTRA")
     if "ElectraForMaskedLM" in (hf.get("architectures") or []):
-        raise CheckpointFormatError(
+        raise hf_io.CheckpointFormatError(
             f"{path}: an ElectraForMaskedLM, a generator alone; ELECTRA pretraining starts from a discriminator "
             f"(ElectraForPreTraining), with its generator in {GENERATOR_DIRNAME}/ or without"
         )
     cfg = config_from_hf(hf, str(path))
-    has_generator = (generator_dir / CONFIG_FILE).is_file()
+    has_generator = (generator_dir / hf_io.CONFIG_FILE).is_file()
     if has_generator:
         cfg = with_generator(
-            cfg, read_config_json(generator_dir / CONFIG_FILE, "ELECTRA"), str(generator_dir / CONFIG_FILE)
+            cfg,
+            hf_io.read_config_json(generator_dir / hf_io.CONFIG_FILE, "ELECTRA"),
+            str(generator_dir / hf_io.CONFIG_FILE),
         )
     if model_cfg is not None:
-        ours, theirs = _arch(model_cfg, has_generator), _arch(cfg, has_generator)
-        differ = [f"model.{f}={ours[f]!r} but {theirs[f]!r} in the checkpoint" for f in ours if ours[f] != theirs[f]]
-        if differ:
-            raise CheckpointFormatError(f"{path}: architecture differs from the run's: " + "; ".join(differ))
-        generator = {f: v for f, v in theirs.items() if f.startswith("generator_")}
-        cfg = dataclasses.replace(
-            model_cfg, intermediate_size=cfg.ffn_size(), embedding_size=cfg.embedding_width(), **generator
-        )
+        fields = _ARCHITECTURE_FIELDS + (_GENERATOR_FIELDS if has_generator else ())
+        cfg = hf_io.agreeing_config(model_cfg, cfg, directory, fields)
     model = ElectraForPreTraining(cfg)
     expected = model.state_dict()
-    tensors, source = read_weights(directory)
+    tensors, source = hf_io.read_weights(directory)
     state = from_hf_state_dict(tensors, source)
-    check_weights(
+    hf_io.check_weights(
         {k: v for k, v in expected.items() if not k.startswith("generator.")},
         state,
         source,
@@ -315,10 +251,10 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
         "ELECTRA",
     )
     if has_generator:
-        tensors, generator_source = read_weights(generator_dir)
+        tensors, generator_source = hf_io.read_weights(generator_dir)
         embeddings = {k: v for k, v in state.items() if k.startswith(_EMBEDDINGS)}
         generator = generator_from_hf_state_dict(tensors, embeddings, generator_source)
-        check_weights(
+        hf_io.check_weights(
             {k: v for k, v in expected.items() if k.startswith("generator.")},
             generator,
             generator_source,

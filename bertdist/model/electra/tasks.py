@@ -4,9 +4,9 @@ bertdist.model.hf_heads writes checkpoints the Auto classes load and reads their
 
 The encoder is the discriminator's (bertdist.model.electra.model.ElectraModel: embeddings of width E, their projection,
 BERT's layers), which is what ELECTRA fine-tunes; the generator is left behind. What differs from BERT's task
-models (bertdist.model.bert.tasks, whose losses, multiple-choice reshaping and task-model bases these share):
-no pooler.
-- `ElectraForSequenceClassification`: `classifier` (ElectraClassificationHead) on the first token: dropout,
+models (bertdist.model.bert.tasks; the losses, multiple-choice reshaping, task-model kinds and heads are
+bertdist.model.task_heads'): no pooler.
+- `ElectraForSequenceClassification`: `classifier` (task_heads.ClassificationHead) on the first token: dropout,
   dense(H, H), GELU (where BERT's pooler has tanh: the ELECTRA authors' choice), dropout, out_proj(H, labels).
 - `ElectraForTokenClassification`: dropout and a Linear on every position; -100 marks positions without a label.
 - `ElectraForQuestionAnswering`: Linear(H, 2) on every position (start and end), no dropout; padded encoder.
@@ -25,32 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertdist.config import ModelConfig
+from bertdist.model import task_heads
 from bertdist.model.electra import hf
 from bertdist.model.electra.model import ElectraModel
 from bertdist.model.ops import Dropout
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
-    TaskFamily,
-    TaskModel,
-    TokenTagger,
-    bert_init,
-)
 
-
-class ElectraClassificationHead(nn.Module):
-    """On the first token: dropout, dense(H, H), GELU, dropout, out_proj(H, labels)."""
-
-    def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.out_proj = nn.Linear(cfg.hidden_size, num_labels)
-
-    def forward(self, first: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(F.gelu(self.dense(self.dropout(first)))))
+ENCODER = task_heads.Encoder("electra", ElectraModel)
+"""The discriminator's, which is what ELECTRA fine-tunes: a pretraining checkpoint's generator is left behind."""
 
 
 class ElectraSequenceSummary(nn.Module):
@@ -65,38 +46,26 @@ class ElectraSequenceSummary(nn.Module):
         return self.last_dropout(F.gelu(self.summary(first)))
 
 
-class _ElectraTaskModel(TaskModel):
-    """The discriminator's encoder; subclasses add their head, call `init_weights` and implement `forward`."""
+class ElectraForSequenceClassification(task_heads.FirstTokenClassifier):
+    """`classifier` on the first token: dropout, dense(H, H), GELU, dropout, out_proj(H, labels)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, "electra", ElectraModel)
-
-
-class ElectraForSequenceClassification(_ElectraTaskModel, SequenceClassifier):
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type)
-        self.classifier = ElectraClassificationHead(cfg, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, ENCODER, F.gelu, problem_type)
 
 
-class ElectraForTokenClassification(TokenTagger):
+class ElectraForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, "electra", ElectraModel)
+        super().__init__(cfg, num_labels, ENCODER)
 
 
-class ElectraForQuestionAnswering(SpanPredictor):
+class ElectraForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, "electra", ElectraModel)
+        super().__init__(cfg, ENCODER)
 
 
-class ElectraForMultipleChoice(_ElectraTaskModel, ChoiceScorer):
+class ElectraForMultipleChoice(task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, num_labels=1)
+        super().__init__(cfg, 1, ENCODER)
         self.sequence_summary = ElectraSequenceSummary(cfg)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
         self.init_weights()
@@ -107,23 +76,11 @@ class ElectraForMultipleChoice(_ElectraTaskModel, ChoiceScorer):
         return self.classifier(self.sequence_summary(self.first_tokens(input_ids, token_type_ids, attention_mask)))
 
 
-TASK_MODELS = {
-    "ElectraForSequenceClassification": ElectraForSequenceClassification,
-    "ElectraForTokenClassification": ElectraForTokenClassification,
-    "ElectraForQuestionAnswering": ElectraForQuestionAnswering,
-    "ElectraForMultipleChoice": ElectraForMultipleChoice,
-}
-
-FAMILY = TaskFamily(
-    "Electra",
-    TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
-    "electra",
-    ElectraModel,  # the discriminator's: a pretraining checkpoint's generator is left behind
-    pretrained=("electra.",),
-    optional=(),
-    inputs=("input_ids", "token_type_ids", "attention_mask"),
-    init_weights=bert_init,
+TASK_MODELS = task_heads.by_name(
+    ElectraForSequenceClassification,
+    ElectraForTokenClassification,
+    ElectraForQuestionAnswering,
+    ElectraForMultipleChoice,
 )
+
+FAMILY = task_heads.TaskFamily("Electra", TASK_MODELS, hf, ENCODER)

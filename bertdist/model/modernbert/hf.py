@@ -10,7 +10,6 @@ in the keys every transformers release since 4.48 reads (`global_attn_every_n_la
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -19,15 +18,7 @@ import torch
 
 from bertdist.config import ModelConfig
 from bertdist.data.tokenizer import TextTokenizer
-from bertdist.model.hf_io import (
-    CONFIG_FILE,
-    CheckpointFormatError,
-    check_weights,
-    read_config,
-    read_weights,
-    write_model_files,
-    write_tokenizer_files,
-)
+from bertdist.model import hf_io
 from bertdist.model.modernbert.model import ModernBertForMaskedLM
 
 _DECODER_BIAS = ("head.decoder_bias", "decoder.bias")
@@ -45,14 +36,22 @@ _CONFIG_KEYS = {
     "hidden_dropout_prob": "mlp_dropout",
 }
 """ModelConfig field -> ModernBertConfig key."""
-_MODEL_INPUTS = ["input_ids", "attention_mask"]
-"""What ModernBertModel.forward takes: no token_type_ids, which a tokenizer must then not return."""
+_ARCHITECTURE_FIELDS = (
+    *hf_io.SHAPE_FIELDS,
+    "bias",
+    "global_attn_every_n_layers",
+    "local_attention",
+    "global_rope_theta",
+    "local_rope_theta",
+)
+"""Fields that change the math or the shapes: a run's ModelConfig must agree with the checkpoint on these."""
 
 
 def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> dict:
     """The config.json of a `ModernBertForMaskedLM` with these dimensions."""
-    hf: dict[str, Any] = {key: getattr(cfg, field) for field, key in _CONFIG_KEYS.items()}
-    hf.update(
+    return hf_io.hf_config(
+        cfg,
+        _CONFIG_KEYS,
         architectures=["ModernBertForMaskedLM"],
         model_type="modernbert",
         intermediate_size=cfg.ffn_size(),
@@ -67,21 +66,14 @@ def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> d
         mlp_bias=cfg.bias,
         classifier_bias=cfg.bias,
         decoder_bias=True,
-        tie_word_embeddings=True,
-        dtype="float32",
         **(token_ids or {}),
     )
-    return dict(sorted(hf.items()))
 
 
-def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
+def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     """A ModelConfig from a ModernBERT config.json (either transformers generation's keys)."""
-    problems = []
-    if hf.get("model_type") != "modernbert":
-        problems.append(f"model_type is {hf.get('model_type')!r}, not 'modernbert'")
-    for key in ("hidden_activation", "classifier_activation"):
-        if hf.get(key, "gelu") != "gelu":
-            problems.append(f"{key} is {hf[key]!r}; bertdist's ModernBERT uses exact (erf) 'gelu'")
+    problems = hf_io.other_model_type(hf, "modernbert")
+    problems += hf_io.not_gelu(hf, "ModernBERT", ("hidden_activation", "classifier_activation"))
     biases = {
         hf.get(k, d)
         for k, d in (("norm_bias", False), ("attention_bias", False), ("mlp_bias", False), ("classifier_bias", False))
@@ -97,12 +89,9 @@ def config_from_hf(hf: dict, source: str = CONFIG_FILE) -> ModelConfig:
         problems.append(
             "layer_types is not 'full_attention' every n-th layer from layer 0 and 'sliding_attention' between"
         )
-    for required in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-        if not isinstance(hf.get(required), int):
-            problems.append(f"{required} is missing or not an integer")
-    if problems:
-        raise CheckpointFormatError(f"{source}: " + "; ".join(problems))
-    values = {field: hf[key] for field, key in _CONFIG_KEYS.items() if key in hf}
+    problems += hf_io.missing_sizes(hf, (*hf_io.BERT_SIZES, "intermediate_size"))
+    hf_io.raise_problems(source, problems)
+    values = hf_io.config_values(hf, _CONFIG_KEYS)
     return ModelConfig(
         size="modernbert-base",
         arch="modernbert",
@@ -140,10 +129,12 @@ def _layer_pattern(hf: dict) -> tuple[int | None, float, float]:
 def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """bertdist ModernBertForMaskedLM parameters -> the tensors `transformers` saves (the tied decoder left out)."""
     ours, theirs = _DECODER_BIAS
-    return {(theirs if k == ours else k): v.detach().contiguous() for k, v in state_dict.items()}
+    return {(theirs if k == ours else k): v for k, v in state_dict.items()}
 
 
-def from_hf_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(tensors: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
+    """A ModernBERT checkpoint's tensors -> bertdist names. `source` (the file read) is every adapter's argument,
+    for the refusals of those whose maps can fail; this one cannot."""
     ours, theirs = _DECODER_BIAS
     return {(ours if k == theirs else k): v for k, v in tensors.items() if k != _TIED}
 
@@ -159,8 +150,8 @@ def write_directory(
     directory.mkdir(parents=True, exist_ok=True)
     token_ids: dict[str, int] = {}
     if vocab_file is not None:
-        tokenizer = write_tokenizer_files(
-            Path(vocab_file), directory, model.config.max_position_embeddings, _MODEL_INPUTS
+        tokenizer = hf_io.write_tokenizer_files(
+            Path(vocab_file), directory, model.config.max_position_embeddings, hf_io.NO_SEGMENT_INPUTS
         )
         if tokenizer.is_wordpiece_vocab:
             _write_fast_tokenizer(tokenizer, directory)
@@ -168,7 +159,7 @@ def write_directory(
         token_ids = dict(
             pad_token_id=tokenizer.pad_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep
         )
-    write_model_files(
+    hf_io.write_model_files(
         directory, hf_state_dict(model.state_dict()), {**config_to_hf(model.config, token_ids), **config_updates}
     )
 
@@ -183,42 +174,12 @@ def _write_fast_tokenizer(tokenizer: TextTokenizer, directory: Path) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
-_ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "bias",
-    "global_attn_every_n_layers",
-    "local_attention",
-    "global_rope_theta",
-    "local_rope_theta",
-)
-
-
 def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None = None) -> ModernBertForMaskedLM:
     """A ModernBertForMaskedLM with the weights of the Hugging Face checkpoint in `directory`; every weight the
     model has must be there with its shape (CheckpointFormatError naming them otherwise). `model_cfg`, when
     given, must have the checkpoint's architecture (every field that differs is named); its other settings
     (dropout, unpadding, activation checkpointing) are used."""
-    directory = Path(directory)
-    cfg = read_config(directory, config_from_hf, "ModernBERT")
-    if model_cfg is not None:
-        differ = [
-            f"model.{f}={getattr(model_cfg, f)!r} but {getattr(cfg, f)!r} in the checkpoint"
-            for f in _ARCHITECTURE_FIELDS
-            if (model_cfg.ffn_size() if f == "intermediate_size" else getattr(model_cfg, f)) != getattr(cfg, f)
-        ]
-        if differ:
-            raise CheckpointFormatError(
-                f"{directory / CONFIG_FILE}: architecture differs from the run's: " + "; ".join(differ)
-            )
-        cfg = dataclasses.replace(model_cfg, intermediate_size=cfg.intermediate_size)
-    model = ModernBertForMaskedLM(cfg)
-    tensors, source = read_weights(directory)
-    state = from_hf_state_dict(tensors)
-    expected = model.state_dict()
-    check_weights(expected, state, source, (), "ModernBERT")
-    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)
-    return model
+    cfg, state, source = hf_io.read_checkpoint(
+        Path(directory), model_cfg, config_from_hf, from_hf_state_dict, "ModernBERT", _ARCHITECTURE_FIELDS
+    )
+    return hf_io.load_weights(ModernBertForMaskedLM(cfg), state, source, (), "ModernBERT")

@@ -21,79 +21,40 @@ logits and losses with `transformers` on the same weights.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from bertdist.config import ModelConfig
-from bertdist.model.ops import Dropout
+from bertdist.model import task_heads
 from bertdist.model.roberta import hf
 from bertdist.model.roberta.model import RobertaModel, init_weights
-from bertdist.model.task_heads import (
-    SINGLE_LABEL,
-    ChoiceScorer,
-    SequenceClassifier,
-    SpanPredictor,
-    TaskFamily,
-    TokenTagger,
-)
 
-ENCODER_NAME = "roberta"
-"""The encoder's attribute in a task model: the pretraining model's, whose weights then start it unrenamed."""
+ENCODER = task_heads.Encoder("roberta", RobertaModel, segments=False)
+"""With its pooler (BERT's), which multiple choice reads; one segment, so no token types."""
+WITHOUT_POOLER = task_heads.Encoder("roberta", lambda cfg: RobertaModel(cfg, add_pooling_layer=False), segments=False)
+"""The encoder of every head but multiple choice: transformers builds theirs without pooler."""
 
 
-def encoder_without_pooler(cfg: ModelConfig) -> RobertaModel:
-    """The encoder of every head but multiple choice: transformers builds theirs without pooler."""
-    return RobertaModel(cfg, add_pooling_layer=False)
+class RobertaForSequenceClassification(task_heads.FirstTokenClassifier):
+    """`classifier` on the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = task_heads.SINGLE_LABEL):
+        super().__init__(cfg, num_labels, WITHOUT_POOLER, torch.tanh, problem_type)
 
 
-class RobertaClassificationHead(nn.Module):
-    """On the first token: dropout, dense(H, H), tanh, dropout, out_proj(H, labels)."""
-
+class RobertaForTokenClassification(task_heads.BertClassifier, task_heads.TokenTagger):
     def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.out_proj = nn.Linear(cfg.hidden_size, num_labels)
-
-    def forward(self, first: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(first)))))
+        super().__init__(cfg, num_labels, WITHOUT_POOLER)
 
 
-class RobertaForSequenceClassification(SequenceClassifier):
-    def __init__(self, cfg: ModelConfig, num_labels: int, problem_type: str = SINGLE_LABEL):
-        super().__init__(cfg, num_labels, problem_type, ENCODER_NAME, encoder_without_pooler, segments=False)
-        self.classifier = RobertaClassificationHead(cfg, num_labels)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return self.classifier(self.first_tokens(input_ids, token_type_ids, attention_mask))
-
-
-class RobertaForTokenClassification(TokenTagger):
-    def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__(cfg, num_labels, ENCODER_NAME, encoder_without_pooler, segments=False)
-
-
-class RobertaForQuestionAnswering(SpanPredictor):
+class RobertaForQuestionAnswering(task_heads.BertSpanPredictor):
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, ENCODER_NAME, encoder_without_pooler, segments=False)
+        super().__init__(cfg, WITHOUT_POOLER)
 
 
-class RobertaForMultipleChoice(ChoiceScorer):
+class RobertaForMultipleChoice(task_heads.BertClassifier, task_heads.ChoiceScorer):
     """Each choice's pooled first token, dropout, Linear(H, 1)."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg, 1, SINGLE_LABEL, ENCODER_NAME, RobertaModel, segments=False)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, 1)
-        self.init_weights()
-
-    def classify(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        pooled = self.roberta.pooler(self.first_tokens(input_ids, token_type_ids, attention_mask))
-        return self.classifier(self.dropout(pooled))
+        super().__init__(cfg, 1, ENCODER)
 
 
 _HEADS = (
@@ -110,16 +71,11 @@ TASK_MODELS = {
 """transformers' class names, RoBERTa's and XLM-R's, -> the model (an XLM-R export renames it: bertdist.model.roberta.hf
 `write_directory`)."""
 
-FAMILY = TaskFamily(
+FAMILY = task_heads.TaskFamily(
     "Roberta",
     TASK_MODELS,
-    hf.config_from_hf,
-    hf.from_hf_state_dict,
-    hf.write_directory,
-    ENCODER_NAME,
-    RobertaModel,  # with its pooler, as BERT's
-    pretrained=(f"{ENCODER_NAME}.",),
-    optional=(f"{ENCODER_NAME}.pooler.",),  # a RobertaForMaskedLM export has none
-    inputs=("input_ids", "attention_mask"),
+    hf,
+    ENCODER,
+    optional=("roberta.pooler.",),  # a RobertaForMaskedLM export has none
     init_weights=init_weights,
 )
