@@ -34,7 +34,7 @@ from bertdist.config import ModelConfig
 from bertdist.model.bert.heads import BertLMPredictionHead
 from bertdist.model.bert.model import BertForPreTraining, BertLayer
 from bertdist.model.objectives.compose import outcome
-from bertdist.model.objectives.contract import Labels, Part
+from bertdist.model.objectives.contract import Batch, Part
 from bertdist.model.objectives.masked_lm import mlm_part
 from bertdist.model.ops import IGNORE_INDEX
 from bertdist.model.outputs import PreTrainingOutput
@@ -87,18 +87,13 @@ class DistilBertForMaskedLM(BertForPreTraining):
             layer.load_state_dict(teacher.bert.encoder.layer[index].state_dict())
         self.cls.predictions.load_state_dict(teacher.cls.predictions.state_dict())
 
-    def losses(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        labels: Labels,
-    ) -> PreTrainingOutput:
+    def losses(self, batch: Batch) -> PreTrainingOutput:
         """BERT's masked LM (token types are read by the teacher only); with objective `distill` and labels, the
         distillation loss (module docstring), its parts logged as `kd`, `mlm` and `cos`."""
-        masked_lm_positions, masked_lm_ids = labels.masked_lm_positions, labels.masked_lm_ids
+        input_ids, token_type_ids, attention_mask = batch.input_ids, batch.token_type_ids, batch.attention_mask
+        masked_lm_positions, masked_lm_ids = batch.masked_lm_positions, batch.masked_lm_ids
         if self.config.objective != "distill" or masked_lm_ids is None:
-            return super().losses(input_ids, None, attention_mask, labels)
+            return super().losses(dataclasses.replace(batch, token_type_ids=None))
         if self.distillation is None or masked_lm_positions is None:
             raise ValueError(
                 "model.objective distill trains on masked_lm_positions against a teacher (distill.teacher), "

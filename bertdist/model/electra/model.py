@@ -44,7 +44,7 @@ from bertdist.model.encoder import Encoder
 from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import ComposedPretraining, outcome
-from bertdist.model.objectives.contract import Labels, Part
+from bertdist.model.objectives.contract import Batch, Part
 from bertdist.model.objectives.masked_lm import mlm_part
 from bertdist.model.ops import tied_logits
 from bertdist.model.outputs import PreTrainingOutput
@@ -189,17 +189,12 @@ class ElectraForPreTraining(ComposedPretraining):
         states, layout = self.electra.encode(input_ids, token_type_ids, attention_mask)
         return self.discriminator_predictions(layout.to_grid(states))
 
-    def losses(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        labels: Labels,
-    ) -> PreTrainingOutput:
+    def losses(self, batch: Batch) -> PreTrainingOutput:
         """Generator MLM at `masked_lm_positions` (samples, predictions; labels `masked_lm_ids`, -100 for empty
         slots), samples there, and replaced-token detection over every real token. `next_sentence_label` is
         accepted and unused (ELECTRA has no sentence head; pair shards train it too)."""
-        masked_lm_positions, masked_lm_ids = labels.masked_lm_positions, labels.masked_lm_ids
+        input_ids, token_type_ids, attention_mask = batch.input_ids, batch.token_type_ids, batch.attention_mask
+        masked_lm_positions, masked_lm_ids = batch.masked_lm_positions, batch.masked_lm_ids
         if masked_lm_positions is None or masked_lm_ids is None:
             raise ValueError("ELECTRA pretrains on masked batches: masked_lm_positions and masked_lm_ids")
         mlm = mlm_part(

@@ -18,7 +18,7 @@ from torch import nn
 
 from bertdist.config.objectives import SENTENCE_TASKS
 from bertdist.model.layout import TokenLayout
-from bertdist.model.objectives.contract import Labels, Objective, Part
+from bertdist.model.objectives.contract import Batch, Objective, Part
 from bertdist.model.outputs import PreTrainingOutput, Scored
 
 
@@ -63,39 +63,35 @@ class ComposedPretraining(nn.Module):
         With `masked_lm_positions` (samples, predictions), the heads run only there and `masked_lm_ids` has the
         same shape; without it, the MLM head runs on every position and `masked_lm_ids` is (batch, seq) like
         Hugging Face's `labels`. Label -100 marks slots without a prediction."""
-        labels = Labels(masked_lm_positions, masked_lm_ids, next_sentence_label, masked_lm_span_bounds)
-        return self.losses(input_ids, token_type_ids, attention_mask, labels)
+        batch = Batch(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            masked_lm_positions,
+            masked_lm_ids,
+            next_sentence_label,
+            masked_lm_span_bounds,
+        )
+        return self.losses(batch)
 
-    def losses(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        labels: Labels,
-    ) -> PreTrainingOutput:
+    def losses(self, batch: Batch) -> PreTrainingOutput:
         """The objectives' parts, composed; a family whose objective runs a second encoder (ELECTRA's
         discriminator, distillation's teacher) computes its parts here itself and ends in `outcome`."""
-        return compose(self, self.objectives(), input_ids, token_type_ids, attention_mask, labels)
+        return compose(self, self.objectives(), batch)
 
 
-def compose(
-    model: ComposedPretraining,
-    objectives: list[Objective],
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    labels: Labels,
-) -> PreTrainingOutput:
+def compose(model: ComposedPretraining, objectives: list[Objective], batch: Batch) -> PreTrainingOutput:
     """Encode once, at the union of the objectives' queries when each has them, and collect their parts."""
-    queries = [o.queries(labels) for o in objectives]
+    queries = [o.queries(batch) for o in objectives]
+    inputs = batch.input_ids, batch.token_type_ids, batch.attention_mask
     if all(q is not None for q in queries):
         at = queries[0] if len(queries) == 1 else torch.cat(queries, 1)
-        states, _ = model.encode(input_ids, token_type_ids, attention_mask, at)
+        states, _ = model.encode(*inputs, at)
         views = states.split([q.shape[1] for q in queries], dim=1)
-        parts = [o.at_queries(view, labels) for o, view in zip(objectives, views)]
+        parts = [o.at_queries(view, batch) for o, view in zip(objectives, views)]
     else:
-        states, layout = model.encode(input_ids, token_type_ids, attention_mask, None)
-        parts = [o.everywhere(states, layout, labels) for o in objectives]
+        states, layout = model.encode(*inputs, None)
+        parts = [o.everywhere(states, layout, batch) for o in objectives]
     return outcome([p for p in parts if p is not None])
 
 

@@ -1,5 +1,5 @@
 """What an objective is to the model that composes it (bertdist.model.objectives): `Objective`, the batch it
-reads (`Labels`) and what it gives back (`Part`)."""
+reads (`Batch`) and what it gives back (`Part`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from bertdist.model.layout import TokenLayout
 
 
 @dataclass
-class Labels:
-    """A pretraining batch's fields beside the encoder's inputs (bertdist.data.batching), None when absent."""
+class Batch:
+    """A pretraining batch (bertdist.data.batching): the encoder's inputs, and the labels, None when absent."""
 
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
     masked_lm_positions: torch.Tensor | None = None
     """(samples, predictions): where the masked tokens are, counted from each sample's first token."""
     masked_lm_ids: torch.Tensor | None = None
@@ -47,20 +50,20 @@ class Objective(ABC):
 
     name: str
     fields: tuple[str, ...]
-    """The `Labels` fields it reads (bertdist.config.objectives.BATCH_FIELDS, which the loader reads too)."""
+    """The `Batch` fields it reads (bertdist.config.objectives.BATCH_FIELDS, which the loader reads too)."""
     exported: bool = True
     """Whether its head is part of the family's Hugging Face export (SpanBERT's boundary head is not)."""
 
     @abstractmethod
-    def queries(self, labels: Labels) -> torch.Tensor | None:
+    def queries(self, batch: Batch) -> torch.Tensor | None:
         """(samples, k): the positions, from each sample's first token, whose final states it reads, so that the
         last layer runs there only; None: it needs every position (the batch has no `masked_lm_positions`)."""
 
     @abstractmethod
-    def at_queries(self, states: torch.Tensor, labels: Labels) -> Part:
+    def at_queries(self, states: torch.Tensor, batch: Batch) -> Part:
         """Its part from the final states at its `queries`, (samples, k, hidden)."""
 
     @abstractmethod
-    def everywhere(self, states: torch.Tensor, layout: TokenLayout, labels: Labels) -> Part | None:
+    def everywhere(self, states: torch.Tensor, layout: TokenLayout, batch: Batch) -> Part | None:
         """Its part from every token's final states (in `layout`'s space); None when it has nothing to say
         without positions (and its labels were not given)."""

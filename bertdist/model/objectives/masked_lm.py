@@ -8,7 +8,7 @@ from torch import nn
 
 from bertdist.config.objectives import BATCH_FIELDS
 from bertdist.model.layout import TokenLayout
-from bertdist.model.objectives.contract import Labels, Objective, Part
+from bertdist.model.objectives.contract import Batch, Objective, Part
 from bertdist.model.ops import VocabCrossEntropy
 
 
@@ -30,12 +30,12 @@ class MaskedLM(Objective):
         at each call, where ZeRO-3 has gathered it)."""
         self.head, self.words = head, words
 
-    def queries(self, labels: Labels) -> torch.Tensor | None:
-        return labels.masked_lm_positions
+    def queries(self, batch: Batch) -> torch.Tensor | None:
+        return batch.masked_lm_positions
 
-    def at_queries(self, states: torch.Tensor, labels: Labels) -> Part:
-        return mlm_part(self.head(states, self.words.weight), labels.masked_lm_ids)
+    def at_queries(self, states: torch.Tensor, batch: Batch) -> Part:
+        return mlm_part(self.head(states, self.words.weight), batch.masked_lm_ids)
 
-    def everywhere(self, states: torch.Tensor, layout: TokenLayout, labels: Labels) -> Part:
+    def everywhere(self, states: torch.Tensor, layout: TokenLayout, batch: Batch) -> Part:
         """Every position's logits, (batch, seq, vocab), against (batch, seq) labels as Hugging Face's `labels`."""
-        return self.at_queries(layout.to_grid(states), labels)
+        return self.at_queries(layout.to_grid(states), batch)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from bertdist.config.objectives import BATCH_FIELDS, SENTENCE_TASKS
 from bertdist.model.layout import TokenLayout
-from bertdist.model.objectives.contract import Labels, Objective, Part
+from bertdist.model.objectives.contract import Batch, Objective, Part
 
 
 class SentenceTask(Objective):
@@ -22,19 +22,19 @@ class SentenceTask(Objective):
             raise ValueError(f"a sentence task is one of {', '.join(SENTENCE_TASKS)}, not {name!r}")
         self.name, self.fields, self.classify = name, BATCH_FIELDS[name], classify
 
-    def queries(self, labels: Labels) -> torch.Tensor | None:
+    def queries(self, batch: Batch) -> torch.Tensor | None:
         """Each sample's [CLS], one per row of `masked_lm_positions` (a packed row holds several samples)."""
-        positions = labels.masked_lm_positions
+        positions = batch.masked_lm_positions
         return None if positions is None else positions.new_zeros(len(positions), 1)
 
-    def at_queries(self, states: torch.Tensor, labels: Labels) -> Part:
-        return self._part(self.classify(states[:, 0]), labels)
+    def at_queries(self, states: torch.Tensor, batch: Batch) -> Part:
+        return self._part(self.classify(states[:, 0]), batch)
 
-    def everywhere(self, states: torch.Tensor, layout: TokenLayout, labels: Labels) -> Part:
-        return self._part(self.classify(layout.first_tokens(states)), labels)
+    def everywhere(self, states: torch.Tensor, layout: TokenLayout, batch: Batch) -> Part:
+        return self._part(self.classify(layout.first_tokens(states)), batch)
 
-    def _part(self, logits: torch.Tensor, labels: Labels) -> Part:
-        if labels.next_sentence_label is None:
+    def _part(self, logits: torch.Tensor, batch: Batch) -> Part:
+        if batch.next_sentence_label is None:
             return Part(self.name, logits)
-        label = labels.next_sentence_label.reshape(-1)
+        label = batch.next_sentence_label.reshape(-1)
         return Part(self.name, logits, F.cross_entropy(logits, label), label)

@@ -15,7 +15,7 @@ from torch import nn
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import BATCH_FIELDS
 from bertdist.model.layout import TokenLayout
-from bertdist.model.objectives.contract import Labels, Objective, Part
+from bertdist.model.objectives.contract import Batch, Objective, Part
 from bertdist.model.objectives.masked_lm import mlm_part
 from bertdist.model.ops import tied_logits
 
@@ -63,21 +63,21 @@ class SpanBoundary(Objective):
     def __init__(self, head: SpanBoundaryHead, words: nn.Embedding):
         self.head, self.words = head, words
 
-    def queries(self, labels: Labels) -> torch.Tensor | None:
+    def queries(self, batch: Batch) -> torch.Tensor | None:
         """Both bounds of each prediction's span: (samples, 2 x predictions), the left ones first."""
-        bounds = labels.masked_lm_span_bounds
-        if labels.masked_lm_positions is None or bounds is None:
-            if labels.masked_lm_ids is not None:
+        bounds = batch.masked_lm_span_bounds
+        if batch.masked_lm_positions is None or bounds is None:
+            if batch.masked_lm_ids is not None:
                 raise ValueError("model.objective span trains on masked_lm_positions and masked_lm_span_bounds")
             return None
         return torch.cat([bounds[..., 0], bounds[..., 1]], 1)
 
-    def at_queries(self, states: torch.Tensor, labels: Labels) -> Part:
+    def at_queries(self, states: torch.Tensor, batch: Batch) -> Part:
         left, right = states.chunk(2, dim=1)
-        offset = (labels.masked_lm_positions - labels.masked_lm_span_bounds[..., 0] - 1).clamp(min=0)  # padding: 0
+        offset = (batch.masked_lm_positions - batch.masked_lm_span_bounds[..., 0] - 1).clamp(min=0)  # padding: 0
         logits = self.head(left, right, offset, self.words.weight)
-        return mlm_part(logits, labels.masked_lm_ids, self.name)
+        return mlm_part(logits, batch.masked_lm_ids, self.name)
 
-    def everywhere(self, states: torch.Tensor, layout: TokenLayout, labels: Labels) -> None:
+    def everywhere(self, states: torch.Tensor, layout: TokenLayout, batch: Batch) -> None:
         """Nothing without the span bounds (training without them is refused by `queries`)."""
         return None
