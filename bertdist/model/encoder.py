@@ -57,18 +57,6 @@ class Encoder(nn.Module):
     def pool(self, states: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
         return None if self.pooler is None else self.pooler(layout.first_tokens(states))
 
-    def pooled_output(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(rows, hidden): the pooler's output for every row of one sample (what classifiers read), with the
-        last layer computed at [CLS] only."""
-        rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
-        states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
-        return self.pooler(states[:, 0])
-
     def hidden_states(
         self,
         input_ids: torch.Tensor,

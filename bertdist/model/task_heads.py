@@ -148,7 +148,7 @@ class TaskModel(nn.Module):
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """(rows, hidden): each row's first token (slot 0, what transformers reads), which the last layer computes
-        alone, as BERT's `pooled_output` does."""
+        alone."""
         rows = input_ids.reshape(-1, input_ids.shape[-1]).shape[0]
         states, _ = self.encode(input_ids, token_type_ids, attention_mask, at=input_ids.new_zeros(rows, 1))
         return states[:, 0]

@@ -72,7 +72,7 @@ class BertPooler(nn.Module):
 
 class BertModel(Encoder):
     """The encoder: BERT's embeddings, its layers and, for sentence-level heads, its pooler; `forward`, `encode`,
-    `pooled_output`, `hidden_states` and `attention_probabilities` are bertdist.model.encoder's."""
+    `hidden_states` and `attention_probabilities` are bertdist.model.encoder's."""
 
     def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True, segments: bool = True):
         super().__init__()

@@ -49,8 +49,8 @@ def check_roberta(cfg: ModelConfig) -> None:
 
 
 class RobertaModel(BertModel):
-    """BERT's encoder with RoBERTa's positions (module docstring); `forward`, `encode`, `pooled_output`,
-    `hidden_states` and `attention_probabilities` are BERT's. With `add_pooling_layer` (multiple choice, as
+    """BERT's encoder with RoBERTa's positions (module docstring); `forward`, `encode`, `hidden_states` and
+    `attention_probabilities` are bertdist.model.encoder's. With `add_pooling_layer` (multiple choice, as
     transformers' RobertaModel) the pooler is BERT's: tanh(Linear(H, H)) of the first token."""
 
     def __init__(self, cfg: ModelConfig, add_pooling_layer: bool = True):
