@@ -15,7 +15,7 @@ losses, multiple-choice reshaping, task-model kinds and heads (bertdist.model.ta
   encoder;
 - `AlbertForMultipleChoice`: each choice's pooled first token, dropout, Linear(H, 1).
 
-The first token is computed alone in the last layer (as a classifier's [CLS] always is): slot 0 of each row, what
+The first token is computed alone in the last layer: slot 0 of each row, what
 transformers reads. Initialisation is BERT's, as transformers' AlbertPreTrainedModel.
 tests/model/albert/test_tasks.py compares logits and losses with `transformers` on the same weights.
 """

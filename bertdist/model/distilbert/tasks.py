@@ -16,7 +16,7 @@ tagging and QA heads are bertdist.model.task_heads'):
 - `DistilBertForMultipleChoice`: each choice's first token through the classification head, to one score.
 
 The heads' dropouts are transformers' defaults (distilbert_hf.HEAD_DROPOUTS), written in config.json. The first
-token is computed alone in the last layer (as a classifier's [CLS] always is): slot 0 of each row, what transformers reads.
+token is computed alone in the last layer: slot 0 of each row, what transformers reads.
 Initialisation is BERT's, as transformers' DistilBertPreTrainedModel. tests/model/distilbert/test_tasks.py compares
 logits and losses with `transformers` on the same weights.
 """

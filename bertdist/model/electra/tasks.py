@@ -13,7 +13,7 @@ bertdist.model.task_heads'): no pooler.
 - `ElectraForMultipleChoice`: `sequence_summary` on each choice's first token (summary Linear(H, H), GELU,
   dropout: transformers' ElectraConfig defaults, the only form config.json may name), then Linear(H, 1).
 
-The first token is computed alone in the last layer (as a classifier's [CLS] always is): slot 0 of each row, what
+The first token is computed alone in the last layer: slot 0 of each row, what
 transformers reads. Initialisation is BERT's, as transformers' ElectraPreTrainedModel.
 tests/model/electra/test_tasks.py compares logits with `transformers` on the same weights.
 """
