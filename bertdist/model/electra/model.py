@@ -55,38 +55,26 @@ EVAL_SEED = 0
 
 class ElectraModel(Encoder):
     """Embeddings of width E, their projection to the encoder's width (where E differs), BERT's encoder. The
-    generator's holds no embeddings: it reads the discriminator's (`embeddings` in `encode`)."""
+    generator's holds no embeddings: it reads the discriminator's (`shared`)."""
 
-    def __init__(self, cfg: ModelConfig, add_embeddings: bool = True):
+    def __init__(self, cfg: ModelConfig, shared: BertEmbeddings | None = None):
         super().__init__()
         width = cfg.embedding_width()
         self.unpad = cfg.unpad
-        self.embeddings = BertEmbeddings(dataclasses.replace(cfg, hidden_size=width)) if add_embeddings else None
+        self.embeddings = BertEmbeddings(dataclasses.replace(cfg, hidden_size=width)) if shared is None else None
+        self.shared = () if shared is None else (shared,)
+        """The discriminator's embeddings, for the generator: in a tuple, so that they are not a submodule here
+        too (their weights are the discriminator's alone in the state dict, the optimizer and ZeRO's
+        partitions)."""
         self.embeddings_project = nn.Linear(width, cfg.hidden_size) if width != cfg.hidden_size else None
         self.encoder = BertEncoder(cfg)
         self.pooler = None
 
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        at: torch.Tensor | None = None,
-        embeddings: BertEmbeddings | None = None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        """As `BertModel.encode`: the final states in the layout's space, or with `at` at those positions only."""
-        layout = TokenLayout(attention_mask, *input_ids.shape, input_ids.device, self.unpad)
-        return self.encoder(self.embed(layout, input_ids, token_type_ids, embeddings), layout, at), layout
-
-    def embed(
-        self,
-        layout: TokenLayout,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        embeddings: BertEmbeddings | None = None,
-    ) -> torch.Tensor:
-        """The encoder's input: the embeddings (`embeddings`, else its own), projected to its width where E differs."""
-        x = (embeddings or self.embeddings)(*layout.inputs(input_ids, token_type_ids))
+    def embed(self, layout: TokenLayout, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """The encoder's input: the embeddings (its own, or the shared ones), projected to its width where E
+        differs."""
+        embeddings = self.embeddings if self.embeddings is not None else self.shared[0]
+        x = embeddings(*layout.inputs(input_ids, token_type_ids))
         return x if self.embeddings_project is None else self.embeddings_project(x)
 
 
@@ -128,9 +116,9 @@ class ElectraLMHead(nn.Module):
 class ElectraGenerator(nn.Module):
     """`ElectraForMaskedLM` without its embeddings (the discriminator's are shared)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shared: BertEmbeddings):
         super().__init__()
-        self.electra = ElectraModel(cfg, add_embeddings=False)
+        self.electra = ElectraModel(cfg, shared)
         self.generator_predictions = ElectraGeneratorPredictions(cfg)
         self.generator_lm_head = ElectraLMHead(cfg)
 
@@ -145,7 +133,7 @@ class ElectraForPreTraining(ComposedPretraining):
         self.config = cfg
         self.electra = ElectraModel(cfg)
         self.discriminator_predictions = ElectraDiscriminatorPredictions(cfg)
-        self.generator = ElectraGenerator(cfg.generator_config())
+        self.generator = ElectraGenerator(cfg.generator_config(), self.electra.embeddings)
         self.apply(lambda module: init_weights(module, cfg.initializer_range))
 
     @staticmethod
@@ -174,10 +162,10 @@ class ElectraForPreTraining(ComposedPretraining):
     ) -> torch.Tensor:
         """The generator's vocabulary logits: (samples, k, vocab) at `at`, else (batch, seq, vocab)."""
         generator = self.generator
-        embeddings = self.electra.embeddings
-        states, layout = generator.electra.encode(input_ids, token_type_ids, attention_mask, at, embeddings)
+        states, layout = generator.electra.encode(input_ids, token_type_ids, attention_mask, at)
         states = states if at is not None else layout.to_grid(states)
-        return generator.generator_lm_head(generator.generator_predictions(states), embeddings.word_embeddings.weight)
+        words = self.electra.embeddings.word_embeddings.weight
+        return generator.generator_lm_head(generator.generator_predictions(states), words)
 
     def discriminator_logits(
         self,
