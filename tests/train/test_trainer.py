@@ -16,6 +16,7 @@ import yaml
 from bertdist.config import load_config
 from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
 from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.listing import listing
 from bertdist.train.optim import learning_rate
 from bertdist.train.trainer import train
 from tests import training_runs as runs
@@ -320,6 +321,11 @@ def test_a_nan_step_rolls_back_skips_its_data_window_and_leaves_no_trace(tiny_sh
             4,
             4,
         )
+        listed, damaged = listing(out)
+        assert not damaged and listed.endswith(
+            f"rollback 1: at step 6 ({reason}) back to step 4, 4 micro batches skipped (rank 0's loader: epoch 0 "
+            "batches 8-12)"
+        ), listed
         finals.append(consolidated_state_dict(out / "checkpoints" / f"step_{runs.STEPS:08d}"))
     nan_run, judged_run = finals
     assert all(torch.isfinite(v).all() for v in nan_run.values() if v.is_floating_point())
