@@ -109,8 +109,8 @@ class Encoder:
     new: Callable[[ModelConfig], nn.Module]
     """Builds it from the task model's config (with the pooler or without, as transformers' task model has it)."""
     segments: bool = True
-    """Whether it reads token types. Those of DistilBERT, RoBERTa and ModernBERT do not: the fine-tuning runner's
-    batches carry token types, and `TaskModel.encode` drops them."""
+    """Whether it reads token types. Those of DistilBERT, RoBERTa and ModernBERT do not (they take them and read
+    none): the batch fields a family's exports and features name (`TaskFamily.inputs`) leave them out."""
 
 
 class TaskModel(nn.Module):
@@ -126,7 +126,7 @@ class TaskModel(nn.Module):
         super().__init__()
         check_task(cfg, num_labels, problem_type)
         self.config, self.num_labels, self.problem_type = cfg, num_labels, problem_type
-        self.encoder_name, self.segments = encoder.name, encoder.segments
+        self.encoder_name = encoder.name
         setattr(self, encoder.name, encoder.new(dataclasses.replace(cfg, unpad=False) if self.padded else cfg))
 
     def init_weights(self) -> None:
@@ -139,10 +139,9 @@ class TaskModel(nn.Module):
         attention_mask: torch.Tensor | None,
         at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TokenLayout]:
-        """The encoder's `encode` (`BertModel.encode`), with the token types when it reads them (`Encoder.segments`;
-        ModernBERT's takes no such argument)."""
-        segments = {"token_type_ids": token_type_ids} if self.segments else {}
-        return getattr(self, self.encoder_name).encode(input_ids, attention_mask=attention_mask, at=at, **segments)
+        """The encoder's `encode` (bertdist.model.encoder; one without segments takes the token types and reads
+        none)."""
+        return getattr(self, self.encoder_name).encode(input_ids, token_type_ids, attention_mask, at)
 
     def first_tokens(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, attention_mask: torch.Tensor | None

@@ -218,10 +218,16 @@ class ModernBertModel(nn.Module):
         self.final_norm = _norm(cfg)
 
     def encode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, at: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TokenLayout]:
         """The final states in the layout's space ((tokens, hidden) when unpadded) and the layout; with `at`
-        (samples, k), the last layer runs at those positions of each sample only: (samples, k, hidden)."""
+        (samples, k), the last layer runs at those positions of each sample only: (samples, k, hidden). Token
+        types are taken and not read (ModernBERT has no segments), so every family's encoder is called alike
+        (bertdist.model.encoder)."""
         states, layout = self._run(input_ids, attention_mask, at=at)
         return states[-1], layout
 
@@ -316,6 +322,8 @@ class ModernBertForMaskedLM(ComposedPretraining):
     """ModernBERT with its MLM head, computed at the masked positions only when they are given (the reference's
     sparse prediction). It returns bertdist's `PreTrainingOutput` (no NSP), so the training loop is BERT's."""
 
+    ENCODER = "model"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if objective(cfg).sentence_task:
@@ -347,17 +355,6 @@ class ModernBertForMaskedLM(ComposedPretraining):
     def external_parameters(self) -> list[tuple[nn.Module, nn.Parameter]]:
         """The tied decoder: the head's forward uses the embeddings' matrix (ZeRO-3 gathers it there too)."""
         return [(self.head, self.model.embeddings.tok_embeddings.weight)]
-
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        at: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, TokenLayout]:
-        """Token types are not read: ModernBERT has no segments. With `at`, the last layer runs there only (the
-        reference runs it everywhere and gathers after the final norm; the logits there are the same)."""
-        return self.model.encode(input_ids, attention_mask, at=at)
 
     def objectives(self) -> list[Objective]:
         return [MaskedLM(self.head, self.model.embeddings.tok_embeddings)]

@@ -26,9 +26,9 @@ class ComposedPretraining(nn.Module):
     """A family's pretraining model: `objectives` is the family's, `encode` its encoder's; `forward` is this."""
 
     ENCODER: str
-    """The attribute holding the bare encoder (its Hugging Face prefix: `bert`, `albert`, `roberta`), whose
-    `encode(input_ids, token_type_ids, attention_mask, at)` this calls; a family whose encoder reads other inputs
-    overrides `encode` instead (ModernBERT: no token types)."""
+    """The attribute holding the bare encoder (its Hugging Face prefix: `bert`, `albert`, `roberta`, `model`),
+    whose `encode(input_ids, token_type_ids, attention_mask, at)` this calls (an encoder without segments takes the
+    token types and reads none)."""
 
     def encode(
         self,
