@@ -82,7 +82,7 @@ class Rollbacks:
         """The weights are back at `checkpoint_step`; the loader is to skip what the steps since then read."""
         self.done += 1
         self.pending_skip = self.micro_batches_since_save
-        self.pending = dict(step=step, reason=reason, rolled_back_to=checkpoint_step, skipped_micro_batches=0)
+        self.pending = dict(step=step, reason=reason, rolled_back_to=checkpoint_step)
 
     def skip(self, batches: Any, loader: Any) -> str:
         """Skip the pending micro batches of `batches` (the restored loader's); the record's line."""

@@ -110,9 +110,8 @@ class StragglerWatch:
         self.steps += 1
         if self.steps < self.window_steps:
             return
-        for r in self.slow_ranks():
+        for r, others in self.slow_ranks():
             self.named.add(r)
-            others = statistics.median(self.busy[:r] + self.busy[r + 1 :])
             line = (
                 f"rank {r} on {self.hosts[r]} is slow: over steps {step - self.steps + 1}-{step} it spent "
                 f"{self.busy[r] / self.steps:.3f} s a step outside collectives ({self.wait[r] / self.steps:.3f} s "
@@ -123,10 +122,11 @@ class StragglerWatch:
             self.tag({f"bertdist.straggler.rank{r}": line})
         self.busy, self.wait, self.steps = [0.0] * len(self.hosts), [0.0] * len(self.hosts), 0
 
-    def slow_ranks(self) -> list[int]:
+    def slow_ranks(self) -> list[tuple[int, float]]:
+        """(rank, the other ranks' median busy time) of each rank not yet named that is slower by the factor."""
         slow = []
         for r, busy in enumerate(self.busy):
             others = statistics.median(self.busy[:r] + self.busy[r + 1 :])
             if r not in self.named and others > 0 and busy > self.factor * others:
-                slow.append(r)
+                slow.append((r, others))
         return slow
