@@ -76,17 +76,19 @@ RECIPES = {
 """Config sections merged over a run's config, by name; the shards must suit the recipe ("fast", "modernbert",
 "electra", "span", "distill": prepared with --samples mlm --masking dynamic; "albert": --samples sop)."""
 
-# Crash a rank in the middle of saving the checkpoint of step STEPS: after DeepSpeed has written the
-# model states and before the ZeRO optimizer partitions, then exit as abruptly as a killed process.
+# Crash every rank in the middle of the background write of the checkpoint of step STEPS (the run's scenario
+# writes in the background): a part of its first file written, then exit as abruptly as a killed process.
 CRASH_DURING_SAVE = f"""
 import os, sys
-from deepspeed.runtime.engine import DeepSpeedEngine
-original = DeepSpeedEngine._save_zero_checkpoint
-def crash(self, save_path, tag):
-    if tag == "step_{STEPS:08d}":
+from bertdist.train import background_save
+original = background_save.write_durably
+def crash(state, path):
+    if "step_{STEPS:08d}" in path:
+        with open(path, "wb") as partial:
+            partial.write(b"the first bytes")
         os._exit(9)
-    return original(self, save_path, tag)
-DeepSpeedEngine._save_zero_checkpoint = crash
+    return original(state, path)
+background_save.write_durably = crash
 from bertdist.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -109,9 +111,9 @@ from bertdist.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 KILL_AFTER_FIRST_CHECKPOINT = SIGNAL_AFTER.format(
-    function="save", condition=f"args[2].step == {CHECKPOINT_EVERY}", signum="SIGKILL"
+    function="complete_save", condition=f"args[0].state.step == {CHECKPOINT_EVERY}", signum="SIGKILL"
 )
-"""SIGKILL once every rank has returned from saving step CHECKPOINT_EVERY (`latest` names it)."""
+"""SIGKILL once every rank has completed the checkpoint of step CHECKPOINT_EVERY (`latest` names it)."""
 TERMINATE_AFTER_RESUME = SIGNAL_AFTER.format(function="load", condition="True", signum="SIGTERM")
 """SIGTERM once the checkpoint is loaded: the stop handler is in place, the next step runs and the run stops."""
 
@@ -123,6 +125,7 @@ def write_config(
     zero_stage: int,
     precision: str = "fp32",
     recipe: str = "paper",
+    checkpoint_write: str = "sync",
     **train: object,
 ) -> Path:
     changes = RECIPES[recipe]
@@ -156,7 +159,7 @@ def write_config(
             "eval_batches": 2,
             **train,
         },
-        "checkpoint": {"every_steps": CHECKPOINT_EVERY, "keep_last": 2},
+        "checkpoint": {"every_steps": CHECKPOINT_EVERY, "keep_last": 2, "write": checkpoint_write},
         "tracking": {"enabled": False},
         "launch": {"nodes": 1, "gpus_per_node": WORLD_SIZE},
     }
@@ -314,7 +317,8 @@ def interrupted(
     precision: str = "fp32",
     recipe: str = "paper",
 ) -> Scenario:
-    """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end."""
+    """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end.
+    `crash_during_save`: the run writes its checkpoints in the background, and the crash is in that write."""
     return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision, recipe)
 
 
@@ -323,7 +327,8 @@ def _interrupted(
     base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str, recipe: str
 ) -> Scenario:
     directory = _directory(base, zero_stage, precision, "interrupted", recipe)
-    config = write_config(directory, shards, vocab, zero_stage, precision, recipe)
+    write = "background" if crash_during_save else "sync"
+    config = write_config(directory, shards, vocab, zero_stage, precision, recipe, checkpoint_write=write)
     out = directory / "out"
     codes, notes = {}, {}
 

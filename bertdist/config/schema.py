@@ -211,6 +211,11 @@ class CheckpointConfig:
     """auto: continue from the latest complete checkpoint if any; none: start fresh; or a path."""
     init_from_pretrained: str = ""
     """A Hugging Face BERT, ModernBERT or ALBERT directory to start from (continued pretraining)."""
+    write: Literal["sync", "background"] = "sync"
+    """sync: training waits while the files are written; background: the step that saves copies the state to host
+    memory (one more copy of this rank's share while it is written) and a thread writes it while training goes
+    on; the checkpoint is complete (and `latest` moves) when every rank's write is done
+    (bertdist.train.background_save)."""
     verify: Literal["sha256", "size"] = "sha256"
     """Before loading a checkpoint, check its files against the record made at save: sha256 (every byte) or size."""
     uri: str = ""

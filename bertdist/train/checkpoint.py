@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,6 +31,7 @@ from bertdist.errors import UserError, first_line, one_line
 from bertdist.safe_load import weights_only_loading
 from bertdist.storage import is_partial, partial_name, write_text
 from bertdist.train import integrity, rng
+from bertdist.train.background_save import SnapshotEngine
 from bertdist.train.train_state import CheckpointError, TrainState, parse_train_state, state_json
 
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -219,11 +221,31 @@ def refuse_foreign_checkpoints(output_dir: str | os.PathLike, field: str = "trai
 def save(
     engine: Any, output_dir: str | os.PathLike, state: TrainState, local_loader_state: dict[str, Any], keep_last: int
 ) -> Path:
-    """Save a checkpoint for `state.step`; every rank must call this.
+    """Save a checkpoint for `state.step` and return once it is complete; every rank must call this."""
+    pending = begin_save(engine, output_dir, state, local_loader_state)
+    return complete_save(pending, keep_last)
 
-    The per-rank parts (loader position, RNG) are gathered to rank 0, which writes train_state.json
-    and then moves `latest` only after every rank has returned from writing its DeepSpeed files.
-    """
+
+@dataclass
+class PendingSave:
+    """A checkpoint whose files are being written; complete_save declares it complete."""
+
+    target: Path
+    state: TrainState
+    snapshots: SnapshotEngine | None
+    """The background writer of this rank's files; None: they were written before begin_save returned."""
+
+
+def begin_save(
+    engine: Any,
+    output_dir: str | os.PathLike,
+    state: TrainState,
+    local_loader_state: dict[str, Any],
+    snapshots: SnapshotEngine | None = None,
+) -> PendingSave:
+    """Start the checkpoint of `state.step` (every rank): the per-rank parts (loader position, RNG) gathered to
+    rank 0, DeepSpeed's files written, or with `snapshots` copied to host memory and written by its thread
+    (bertdist.train.background_save; one per run, as it keeps its host buffers from save to save)."""
     import torch.distributed as dist
 
     root = checkpoints_dir(output_dir)
@@ -240,21 +262,60 @@ def save(
     elif dist.get_rank() == 0 and target.exists():
         shutil.rmtree(target)  # left by a save that crashed before completing
     dist.barrier()
-    with _write_failure_stops_the_run(target):
+    with _write_failure_stops_the_run(target), _writing_with(engine, snapshots):
         engine.save_checkpoint(str(root), tag=tag, save_latest=False)
-    # Every rank's files are written once all ranks pass this barrier; only then is the checkpoint
-    # declared complete.
-    dist.barrier()
-    own: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(own, integrity.describe_own_files(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME}))
-    state.files = {name: facts for files in own for name, facts in files.items()}
+    if snapshots is not None:
+        snapshots.start(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME})
+    return PendingSave(target, state, snapshots)
+
+
+def complete_save(pending: PendingSave, keep_last: int) -> Path:
+    """Declare `pending` complete once every rank's files are written (every rank calls this): rank 0 records
+    their sizes and hashes in train_state.json, then moves `latest`, then prunes."""
+    import torch.distributed as dist
+
+    target, state = pending.target, pending.state
+    if pending.snapshots is not None:
+        own: dict[str, Any] | str = _joined(pending.snapshots, target)
+    else:
+        own = integrity.describe_own_files(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME})
+    # Every rank's files are written once all ranks get here; only then is the checkpoint declared complete.
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, own)
+    failed = [f"rank {rank}: {facts}" for rank, facts in enumerate(every) if isinstance(facts, str)]
+    if failed:
+        raise CheckpointSaveError("; ".join(failed))
+    state.files = {name: facts for files in every for name, facts in files.items()}
     if dist.get_rank() == 0:
         with _write_failure_stops_the_run(target):
             write_text(target / TRAIN_STATE_FILENAME, state_json(state))
-            write_text(root / LATEST_FILENAME, tag)
-        prune(root, keep_last)
+            write_text(target.parent / LATEST_FILENAME, target.name)
+        prune(target.parent, keep_last)
     dist.barrier()
     return target
+
+
+def _joined(snapshots: SnapshotEngine, target: Path) -> dict[str, Any] | str:
+    """This rank's file facts, or the one line its background write failed with: every rank must reach the
+    gather that follows, so that all of them stop on one rank's failure instead of waiting for it."""
+    try:
+        with _write_failure_stops_the_run(target):
+            return snapshots.join()
+    except CheckpointSaveError as e:
+        return str(e)
+
+
+@contextlib.contextmanager
+def _writing_with(engine: Any, snapshots: SnapshotEngine | None) -> Iterator[None]:
+    """DeepSpeed's checkpoint engine replaced by `snapshots` for one save (none: unchanged)."""
+    if snapshots is None:
+        yield
+        return
+    engine.checkpoint_engine = snapshots
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = snapshots.inner
 
 
 class CheckpointSaveError(CheckpointError):

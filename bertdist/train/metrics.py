@@ -43,9 +43,10 @@ class StepSums:
     """Named sums of a step (or an evaluation), kept on the device without a host sync and all-reduced once.
 
     Besides the fixed names (`loss`, `micro_batches`, `tokens`, `slots`, `sequences`, `flops`,
-    `data_wait_seconds`, `stop_requested`) it holds what the model's output reports: `loss:NAME` for each
-    loss component, `correct:NAME` and `count:NAME` for each scored head. Every rank runs the same model on
-    the same number of micro batches, so every rank holds the same names; they are reduced in sorted order.
+    `data_wait_seconds`, `stop_requested`, `checkpoint_writing`) it holds what the model's output reports:
+    `loss:NAME` for each loss component, `correct:NAME` and `count:NAME` for each scored head. Every rank runs
+    the same model on the same number of micro batches, so every rank holds the same names; they are reduced in
+    sorted order.
     """
 
     def __init__(self, device: Any) -> None:

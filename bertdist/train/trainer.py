@@ -54,6 +54,7 @@ from bertdist.train import (
     rollback,
     run_identity,
     run_tracking,
+    saving,
     scaffold,
     starting,
     stopping,
@@ -166,6 +167,16 @@ class Trainer(scaffold.Run):
             env.rank, env.world_size, env.master_addr, env.master_port, cfg.train.stall_timeout_s
         )
         self.callback(self.watchdog.close)
+        self.saver = saving.Saver(
+            self.engine,
+            cfg.checkpoint,
+            self.output_dir,
+            self.uploader,
+            self.watchdog,
+            self.console.line,
+            self.tracker,
+            self.downstream,
+        )
         self.loss_watch = rollback.LossWatch(cfg.train.loss_spike_sigmas, cfg.train.loss_spike_window_steps)
         self.rollbacks = rollback.Rollbacks(cfg.train.max_rollbacks, self.output_dir, env.is_main)
         hosts: list[str] = [""] * env.world_size
@@ -250,8 +261,11 @@ class Trainer(scaffold.Run):
                 self._evaluate(step, phase)
             if sums["stop_requested"] > 0:
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
+            if self.saver.pending and not sums["checkpoint_writing"]:  # every rank's background write is done
+                self.saver.complete()
             if due(step, cfg.checkpoint.every_steps, total_steps):
                 self._save(step, phase_index, nonfinite_streak)
+        self.saver.finish()
         if self.uploader:
             self.uploader.wait()
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
@@ -290,6 +304,7 @@ class Trainer(scaffold.Run):
         env = self.env
         stragglers.add_rank_times(acc, env.rank, env.world_size, waited_s + forward.total_seconds(), waited_s)
         acc.add("stop_requested", 1.0 if self.stop.signum else 0.0)
+        acc.add("checkpoint_writing", 1.0 if self.saver.writing() else 0.0)
         sums = acc.all_reduce()
         self.tokens_seen += int(sums["tokens"])
         self.sequences_seen += int(sums["sequences"])
@@ -377,21 +392,8 @@ class Trainer(scaffold.Run):
             elapsed_seconds=self.elapsed_before + time.monotonic() - self.started,
             input_models=self.input_models,
         )
-        local = {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()}
-        self.watchdog.progress(step)
-        waited = self.uploader.wait() if self.uploader else 0.0
-        if waited > 1:
-            self.console.line(f"step {step}: waited {waited:.1f} s for the previous checkpoint's upload")
-        path = checkpoint.save(self.engine, self.output_dir, state, local, self.cfg.checkpoint.keep_last)
+        self.saver.begin(state, {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()})
         self.rollbacks.micro_batches_since_save = 0
-        self.watchdog.progress(step)
-        if self.uploader:
-            self.uploader.start(path)
-        self.console.line(
-            f"step {step}: checkpoint {path}" + (f", uploading to {self.cfg.checkpoint.uri}" if self.uploader else "")
-        )
-        self.tracker.log_checkpoint(path, step)
-        self.downstream.after_checkpoint(path, step)
 
     def _log_downstream(self, results: dict[int, dict[str, float]]) -> None:
         for step, values in results.items():  # at the step of the checkpoint that was evaluated
@@ -399,6 +401,7 @@ class Trainer(scaffold.Run):
 
     def _stop_preempted(self, step: int, nonfinite_streak: int, phase_index: int) -> int:
         self._save(step, phase_index, nonfinite_streak)
+        self.saver.finish()
         if self.uploader:  # the job may end now
             self.uploader.wait()
         why = self.stop.reason or "another rank was signalled"
@@ -411,6 +414,7 @@ class Trainer(scaffold.Run):
 
     def _roll_back(self, step: int, reason: str, phase_index: int) -> int | None:
         """Back to the last checkpoint (bertdist.train.rollback); the exit code when the run stops instead."""
+        self.saver.finish()  # a save still being written is of a good step: the newest one to go back to
         latest = checkpoint.resolve_resume(self.output_dir, "auto")
         saved = checkpoint.read_train_state(latest) if latest else None
         same_phase = saved is not None and saved.loader_states[self.env.rank]["phase"] == phase_index
@@ -430,6 +434,7 @@ class Trainer(scaffold.Run):
         return None
 
     def _stop_nonfinite(self, step: int, streak: int) -> int:
+        self.saver.finish()
         latest = checkpoint.resolve_resume(self.output_dir, "auto")
         message = (
             f"stopping at step {step}: the loss was non-finite for {streak} consecutive steps "

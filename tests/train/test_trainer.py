@@ -355,11 +355,19 @@ def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(
 ):
     """The second checkpoint does not fit: the run stops (exit 1) with a line naming the checkpoint, the free
     space and the intact one; `latest` still names step 4; once there is room, `--resume auto` ends with the
-    weights of an uninterrupted run."""
+    weights of an uninterrupted run. The run writes in the background, so the failure happens on the writing
+    threads and is said where the loop completes the save, on every rank."""
     import subprocess
 
     reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
-    config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1, output_dir=str(small_disk))
+    config = runs.write_config(
+        tmp_path / "run",
+        tiny_shards,
+        tiny_vocab,
+        zero_stage=1,
+        checkpoint_write="background",
+        output_dir=str(small_disk),
+    )
     ranks = runs.start_ranks(config, "full")
     codes = ranks.wait()
     logs = ranks.output(0) + ranks.output(1)
