@@ -353,7 +353,9 @@ def _interrupted(
 
 
 # Make one step bad on every rank: its loss is multiplied by NaN (so are its gradients and the weights it updates),
-# or (`judged`) its loss is judged bad though it is fine; once, at the step after `{steps_done}` steps.
+# or (`judged`) its loss is judged bad though it is fine; at the step that reads the micro batches from loader position
+# `{batches_done}` on: once, or (`always`) every time it reads them (a replay of the step does, the data after a skip
+# does not).
 BAD_STEP = """
 import sys
 from bertdist.model.objectives.compose import ComposedPretraining
@@ -367,11 +369,12 @@ def poisoned(self, *args, **kwargs):
         out.loss = out.loss * float("nan")
     return out
 def step(self, batches):
-    state["now"] = self.step == {steps_done} and not state["done"]
+    at = self.loaders[0].state_dict()["batches_done"] == {batches_done}
+    state["now"] = at and ({always} or not state["done"])
     state["done"] = state["done"] or state["now"]
     return train_step(self, batches)
-def judged(self, loss):
-    return "judged bad by the test" if state["now"] and {judged} else judge(self, loss)
+def judged(self, loss, learn=True):
+    return "judged bad by the test" if state["now"] and {judged} else judge(self, loss, learn)
 ComposedPretraining.forward, Trainer._train_step, rollback.LossWatch.judge = poisoned, step, judged
 from bertdist.cli import main
 sys.exit(main(sys.argv[1:]))

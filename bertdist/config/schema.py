@@ -193,7 +193,15 @@ class TrainConfig:
     0: only non-finite losses are bad steps."""
     loss_spike_window_steps: int = 100
     max_rollbacks: int = 3
-    """Rollbacks in one run (one process); one more bad step stops it, saying so."""
+    """Bad steps rolled back in one run (counted across resumes; a replayed one counts once); one more stops it,
+    saying so."""
+    replay_bad_steps: bool = True
+    """With on_bad_step: rollback, a bad step is first replayed from the checkpoint (same data, same random
+    streams): good now, the fault was transient and nothing is skipped; bad again, the data is named (shard and
+    sample of every rank's batch) and skipped."""
+    rollback_lr_factor: float = 1.0
+    """After the k-th rollback that skips data, the scheduled learning rate is multiplied by this**k for the rest
+    of the run (kept across resumes; logged as optimizer/lr_scale); 1: unchanged."""
     straggler_factor: float = 1.5
     """Name a rank whose time outside collectives (data wait + forward) over a window is this many times the other
     ranks' median, once, on the console and as an MLflow tag (bertdist.train.stragglers); 0 turns it off."""

@@ -38,7 +38,7 @@ class EpochLayout:
         self, shard_dir: str, manifest: dict, seed: int, window: int, masker: Masker | None, streaming: StreamSettings
     ):
         self.shard_dir, self.seed, self.window, self.masker = shard_dir, seed, window, masker
-        per_block = manifest["options"]["samples_per_block"]
+        per_block = self.samples_per_block = manifest["options"]["samples_per_block"]
         self.blocks: list[tuple[str, int, int]] = []  # (shard file, block index, samples)
         for shard in manifest["shards"]:
             n = shard["num_samples"]
@@ -87,6 +87,15 @@ class EpochLayout:
             source[here] = k * self.window + self._window_permutation(k)[positions[here] - k * self.window]
         slot = np.searchsorted(self._starts, source, side="right") - 1
         return self._order[slot], source - self._starts[slot]
+
+    def sample_names(self, epoch: int, positions: np.ndarray) -> list[tuple[str, int]]:
+        """(shard file, the sample's index in that file) of the samples at these positions of `epoch`: how a person
+        finds a sample (`bertdist inspect` reads the same files)."""
+        blocks, rows = self.locate(epoch, positions)
+        return [
+            (self.blocks[b][0], self.blocks[b][1] * self.samples_per_block + row)
+            for b, row in zip(blocks.tolist(), rows.tolist())
+        ]
 
     def _window_permutation(self, k: int) -> np.ndarray:
         if k not in self._windows:

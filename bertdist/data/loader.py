@@ -306,6 +306,21 @@ class PretrainingLoader:
             if shutdown is not None:
                 shutdown()
 
+    def samples_at(self, position: dict[str, Any], batches: int) -> list[tuple[str, int]]:
+        """(shard file, index in it) of every sample of the `batches` batches this rank reads from `position` (its
+        state_dict() then) on, across an epoch's end as iterating does: what a bad step's batch held."""
+        epoch = int(position["epoch"])
+        segment = Segment(
+            position["world_size"], position["micro_batch_size"], position["intervals"], position["batches_done"]
+        )
+        named = []
+        for _ in range(batches):
+            if segment.batches_done >= segment.batches_per_rank():
+                epoch, segment = epoch + 1, self._fresh_segment()
+            named += self._layout.sample_names(epoch, segment.batch_positions(self.rank, segment.batches_done))
+            segment.batches_done += 1
+        return named
+
     def state_dict(self) -> dict[str, Any]:
         s = self._segment
         return dict(

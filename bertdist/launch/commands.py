@@ -140,14 +140,15 @@ def add_status(sub: argparse._SubParsersAction) -> None:
 
 def _run_status(args: argparse.Namespace) -> int:
     from bertdist.launch.job import JobRecord, list_jobs
-    from bertdist.launch.status import job_status
+    from bertdist.launch.status import job_status, run_event_lines
 
     if args.job_id is None:
         for record in list_jobs(args.jobs_dir):
             print(f"{record.job_id}\t{record.backend}\t{record.job}\t{record.name}\t{record.submitted_at}")
         return 0
-    status = job_status(JobRecord.load(args.job_id, args.jobs_dir))
-    print(f"{status.state}\t{status.detail}")
+    record = JobRecord.load(args.job_id, args.jobs_dir)
+    status = job_status(record)
+    print("\n".join([f"{status.state}\t{status.detail}", *run_event_lines(record)]))
     return 0 if status.state in ("pending", "running", "succeeded") else 1
 
 

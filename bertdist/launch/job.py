@@ -125,6 +125,8 @@ class JobRecord:
     address: str = ""
     state_file: str = ""
     """The elastic supervisor's state (hosts, world size, restarts), when this machine can read it."""
+    output_dir: str = ""
+    """A training job's train.output_dir as its config gives it: where `bertdist status` reads the run's events."""
 
     def save(self, jobs_dir: str | Path) -> Path:
         path = Path(jobs_dir) / f"{self.job_id}.json"

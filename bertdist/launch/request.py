@@ -206,6 +206,7 @@ def submit(job: PlannedJob) -> JobRecord:
         log_file=job.log_file,
         address=job.address,
         state_file=job.state_file,
+        output_dir=job.config.train.output_dir if job.config else "",
     )
     backends.get(job.backend).start(job, record)
     record.save(job.jobs_dir)

@@ -1,14 +1,14 @@
 """`bertdist checkpoints DIR_OR_URL`: every checkpoint of a run, local or in a store, and whether it is intact; for a
-local run, its rollbacks too (OUTPUT/events.jsonl)."""
+local run, its rollbacks and replays too (bertdist.train.run_events)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from bertdist import storage
 from bertdist.config.schema import phase_index
+from bertdist.train import run_events
 from bertdist.train.checkpoint import (
     CHECKPOINTS_DIRNAME,
     LATEST_FILENAME,
@@ -51,7 +51,7 @@ def listing(output_dir: str | os.PathLike, mode: str = "sha256") -> tuple[str, b
     # A checkpoint published after the directories were listed (latest moved on to it) is there too.
     present = {d.name for d in found} | ({marked} if marked and (root / marked).is_dir() else set())
     text, damaged = _table(rows, marked, marker_problem, present)
-    return text + _rollbacks(root.parent / "events.jsonl"), damaged
+    return "\n".join([text, *run_events.lines(root.parent)]), damaged
 
 
 def _listing_in_store(uri: str, mode: str) -> tuple[str, bool]:
@@ -123,27 +123,6 @@ def _table(
     if marker_problem:
         lines.append(marker_problem)
     return "\n".join(lines), damaged
-
-
-def _rollbacks(events: Path) -> str:
-    """The run's rollbacks (bertdist.train.rollback), a line each: which steps were discarded and what data was
-    skipped; '' for a run that had none."""
-    if not events.is_file():
-        return ""
-    lines = []
-    for line in events.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:  # a line cut short by a kill while it was written
-            continue
-        if e.get("event") == "rollback":
-            lines.append(
-                f"rollback {e['rollback']}: at step {e['step']} ({e['reason']}) back to step {e['rolled_back_to']}, "
-                f"{e['skipped_micro_batches']} micro batches skipped (rank 0's loader: epoch "
-                f"{e['loader_before']['epoch']} batches {e['loader_before']['batches_done']}-"
-                f"{e['loader_after']['batches_done']})"
-            )
-    return "".join("\n" + line for line in lines)
 
 
 def _phase_note(state: TrainState) -> str:

@@ -17,10 +17,11 @@ from typing import Any
 from bertdist.config.objectives import upgrade_model_section
 from bertdist.errors import UserError
 
-TRAIN_STATE_VERSION = 3
-"""3: `input_models` recorded (a release that reads 2 says which version it met rather than failing on the key).
-2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without one."""
-READABLE_STATE_VERSIONS = (1, 2, 3)
+TRAIN_STATE_VERSION = 4
+"""4: `rollbacks` and `lr_scale` recorded. 3: `input_models` recorded (a release that reads 2 says which version it
+met rather than failing on the key). 2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without
+one."""
+READABLE_STATE_VERSIONS = (1, 2, 3, 4)
 STATE_CHECKSUM_KEY = "sha256"
 
 
@@ -53,6 +54,10 @@ class TrainState:
     input_models: dict[str, str] = field(default_factory=dict)
     """Config field -> digest of each model the run learns from and does not checkpoint (a distillation teacher):
     bertdist.train.run_identity. {} in checkpoints written before it was recorded."""
+    rollbacks: int = 0
+    """Bad steps rolled back so far in the run (bertdist.train.rollback; train.max_rollbacks caps them)."""
+    lr_scale: float = 1.0
+    """What the scheduled learning rate is multiplied by: train.rollback_lr_factor per rollback that skipped data."""
 
 
 def _state_checksum(raw: dict[str, Any]) -> str:

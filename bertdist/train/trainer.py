@@ -178,7 +178,9 @@ class Trainer(scaffold.Run):
             self.downstream,
         )
         self.loss_watch = rollback.LossWatch(cfg.train.loss_spike_sigmas, cfg.train.loss_spike_window_steps)
-        self.rollbacks = rollback.Rollbacks(cfg.train.max_rollbacks, self.output_dir, env.is_main)
+        self.rollbacks = rollback.Rollbacks(
+            cfg.train, self.output_dir, env.is_main, self.resumed, self.console.line, self.tracker.set_tags
+        )
         hosts: list[str] = [""] * env.world_size
         dist.all_gather_object(hosts, socket.gethostname())
         t = cfg.train
@@ -227,13 +229,11 @@ class Trainer(scaffold.Run):
                 phase_index = index
                 registry.enter_phase(engine.module, phase_model_config(cfg.model, phase))
                 batches = iter(self.loaders[index])
-                if self.rollbacks.pending:  # the data the rolled-back steps read is skipped, and recorded
-                    line = self.rollbacks.skip(batches, self.loaders[index])
-                    self.console.line(line)
-                    self.tracker.set_tags({f"bertdist.rollback.{self.rollbacks.done}": line})
+                self.rollbacks.skip(batches, self.loaders[index])  # what a rollback skips, recorded
             ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
-            lr = scheduled_learning_rate(cfg, step)
+            lr = scheduled_learning_rate(cfg, step) * self.rollbacks.lr_scale
             set_learning_rate(engine.optimizer.param_groups, lr)
+            self.rollbacks.position = self.loaders[index].state_dict()
             sums = self._train_step(batches)
             step = self.step = step + 1
             if step == self.start_step + 1:  # start-up (JIT builds, first collectives) is not a stall
@@ -242,13 +242,14 @@ class Trainer(scaffold.Run):
             interval.add(sums)
             self.stragglers.add(sums, step)
             loss = sums["loss"] / sums["micro_batches"]
-            bad = self.loss_watch.judge(loss)
+            bad = self.loss_watch.judge(loss, learn=self.rollbacks.learns(step))
             if bad and cfg.train.on_bad_step == "rollback":
-                stopped = self._roll_back(step, bad, phase_index)
+                stopped = self._roll_back(step, bad, phase_index, loss)
                 if stopped is not None:
                     return stopped
                 step, phase_index, interval = self.step, -1, metrics.Interval()
                 continue
+            self.rollbacks.replayed(step, loss)
             if bad and math.isfinite(loss):  # a spike, when bad steps do not roll back: said
                 self.console.line(f"step {step}: {bad}")
             nonfinite_streak = 0 if math.isfinite(loss) else nonfinite_streak + 1
@@ -327,6 +328,7 @@ class Trainer(scaffold.Run):
         values = {
             **metrics.quality(interval.totals, "train"),
             "optimizer/learning_rate": lr,
+            "optimizer/lr_scale": self.rollbacks.lr_scale,
             "optimizer/grad_norm": float(self.grad_norm if grad_norm is None else grad_norm),
             "optimizer/loss_scale": ds.loss_scale(self.engine),
             "optimizer/skipped_steps": float(self.engine.skipped_steps),
@@ -391,6 +393,8 @@ class Trainer(scaffold.Run):
             tracking_run_id=self.tracker.run_id,
             elapsed_seconds=self.elapsed_before + time.monotonic() - self.started,
             input_models=self.input_models,
+            rollbacks=self.rollbacks.done,
+            lr_scale=self.rollbacks.lr_scale,
         )
         self.saver.begin(state, {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()})
         self.rollbacks.micro_batches_since_save = 0
@@ -412,9 +416,11 @@ class Trainer(scaffold.Run):
         self.tracker.close("KILLED")
         return REQUEUE_EXIT_CODE
 
-    def _roll_back(self, step: int, reason: str, phase_index: int) -> int | None:
+    def _roll_back(self, step: int, reason: str, phase_index: int, loss: float) -> int | None:
         """Back to the last checkpoint (bertdist.train.rollback); the exit code when the run stops instead."""
         self.saver.finish()  # a save still being written is of a good step: the newest one to go back to
+        accumulation, world_size = self.engine.gradient_accumulation_steps(), self.env.world_size
+        batch = self.rollbacks.name_batch(self.loaders[phase_index], accumulation, world_size)
         latest = checkpoint.resolve_resume(self.output_dir, "auto")
         saved = checkpoint.read_train_state(latest) if latest else None
         same_phase = saved is not None and saved.loader_states[self.env.rank]["phase"] == phase_index
@@ -428,7 +434,7 @@ class Trainer(scaffold.Run):
         state = starting.restore(self.engine, self.loaders, self.cfg, self.env, latest, saved.step, False)
         rng.restore_rng_state(state.rng_states[self.env.rank])
         self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
-        self.rollbacks.begin(step, reason, state.step)
+        self.rollbacks.begin(step, reason, state.step, loss, batch)
         self.step = state.step
         self.watchdog.progress(step)
         return None

@@ -61,6 +61,12 @@ CASES = [
         "train.on_bad_step: rollback goes back to a checkpoint, and checkpoint.every_steps=100000 saves none",
     ),
     ("negative-spike-threshold", "bert-tiny", ["train.loss_spike_sigmas=-1"], "train.loss_spike_sigmas: must be >= 0"),
+    (
+        "rollback-lr-factor-that-raises-the-rate",
+        "bert-tiny",
+        ["train.rollback_lr_factor=1.5"],
+        "train.rollback_lr_factor: must be in (0, 1] (1: unchanged), got 1.5",
+    ),
     ("unknown-bad-step-action", "bert-tiny", ["train.on_bad_step=retry"], "train.on_bad_step"),
     (
         "window-on-bert",

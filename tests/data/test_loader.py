@@ -210,3 +210,26 @@ def test_a_process_with_an_abandoned_loader_exits(tiny_shards, tiny_vocab):
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "read" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_position_names_the_shard_and_sample_of_every_sample_it_reads(tiny_shards, tiny_vocab):
+    """What a bad step's batch held (bertdist.train.rollback): from a saved position, across an epoch's end, each
+    named (shard file, index) holds the tokens the batch has in that row."""
+    from bertdist.data.shards import iter_directory_blocks
+
+    tokens, counts = {}, {}
+    for path, block in iter_directory_blocks(tiny_shards):
+        name, offsets = os.path.basename(path), block.token_offsets()
+        for row in range(len(block)):
+            tokens[(name, counts.get(name, 0) + row)] = block.input_ids[offsets[row] : offsets[row + 1]].tolist()
+        counts[name] = counts.get(name, 0) + len(block)
+    loader = _loader(tiny_shards, tiny_vocab, rank=1, world_size=2)
+    batches = iter(loader)
+    for _ in range(loader.batches_per_epoch - 1):
+        next(batches)
+    position = loader.state_dict()
+    named = loader.samples_at(position, 3)
+    read = [next(batches) for _ in range(3)]
+    assert loader.epoch == 1 and len(named) == 3 * 8
+    held = [row[: int(mask.sum())].tolist() for b in read for row, mask in zip(b["input_ids"], b["attention_mask"])]
+    assert [tokens[sample] for sample in named] == held

@@ -257,6 +257,66 @@ def test_status_and_logs_of_unknown_or_hostile_job_ids(tmp_path, capsys):
     assert "job id: '../../etc/passwd' is not allowed" in capsys.readouterr().err
 
 
+def test_status_prints_the_runs_rollbacks_and_replays_after_its_state(tmp_path, capsys, monkeypatch):
+    """A training job's record keeps its train.output_dir; `bertdist status JOB` reads the run's events there
+    (bertdist.train.run_events) and prints a line for each after the state line."""
+    from bertdist.launch import local
+    from bertdist.launch.request import submit
+    from bertdist.train import run_events
+
+    def start(job, record):  # a job that has ended well, started by nothing
+        record.exit_code_file = str(tmp_path / "exit_code")
+        Path(record.exit_code_file).write_text("0")
+
+    monkeypatch.setattr(local, "start", start)
+    out, jobs = tmp_path / "out", tmp_path / "jobs"
+    request = SubmitRequest(
+        backend="local", config=str(TINY_CONFIG), overrides=[f"train.output_dir={out}"], jobs_dir=str(jobs)
+    )
+    record = submit(plan(request))
+    assert main(["status", record.job_id, "--jobs-dir", str(jobs)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == []  # no events yet: the state line alone
+    out.mkdir()
+    run_events.append(
+        out,
+        dict(
+            event="replay",
+            step=6,
+            reason="the loss is nan",
+            rolled_back_to=4,
+            loss=float("nan"),
+            loss_now=7.25,
+            verdict="transient",
+            rollback=1,
+        ),
+    )
+    run_events.append(
+        out,
+        dict(
+            event="rollback",
+            step=9,
+            reason="the loss is nan",
+            rolled_back_to=8,
+            verdict="data",
+            batch=[[["shard_00002.bin", 5]], [["shard_00000.bin", 11]]],
+            skipped_micro_batches=2,
+            loader_before={"epoch": 0, "batches_done": 16},
+            loader_after={"epoch": 0, "batches_done": 18},
+            rollback=2,
+            lr_scale=0.5,
+        ),
+    )
+    assert main(["status", record.job_id, "--jobs-dir", str(jobs)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"succeeded\tprocess group {record.pid} exited with 0",
+        "replay 1: at step 6 (the loss is nan) replayed from step 4: the loss is now 7.2500: a transient fault, "
+        "nothing skipped",
+        "rollback 2: at step 9 (the loss is nan) back to step 8, 2 micro batches skipped (rank 0's loader: epoch 0 "
+        "batches 16-18); replayed and bad again, the data: 2 samples: shard_00002.bin 5; shard_00000.bin 11; "
+        "learning rate scale 0.5",
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The slow pieces overlap: the SLURM job (module fixture) trains, is preempted and waits to be requeued
 # while the Ray head starts and runs `prepare`; each test then checks its own half.

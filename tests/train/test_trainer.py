@@ -5,6 +5,7 @@ bad configs and shards."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -295,41 +296,96 @@ def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_
 
 
 @pytest.mark.slow
-def test_a_nan_step_rolls_back_skips_its_data_window_and_leaves_no_trace(tiny_shards, tiny_vocab, tmp_path):
-    """Step 6's loss (and so its gradients and the weights it updates) is NaN on every rank. The run rolls back to
-    the checkpoint of step 4, skips the 2 x 2 micro batches steps 5-6 read, records them, and finishes; its final
-    weights are those of a run whose step 6 was judged bad without any NaN (the same rollback, the same data
-    after it): the NaN left nothing behind."""
-    finals = []
-    for kind, poison, judged in (("nan", True, False), ("judged", False, True)):
-        config = runs.write_config(tmp_path / kind, tiny_shards, tiny_vocab, zero_stage=1, on_bad_step="rollback")
-        code = runs.BAD_STEP.format(steps_done=5, poison=poison, judged=judged)
+def test_a_nan_step_is_replayed_then_skipped_when_its_data_is_bad_and_leaves_no_trace(
+    base, tiny_shards, tiny_vocab, tmp_path
+):
+    """Step 6's loss (and so its gradients and the weights it updates) is NaN on every rank.
+    - transient: NaN once; the replay of steps 5-6 from the checkpoint of step 4 is good, nothing is skipped, and
+      the run ends with the losses and the weights of a run that never saw the NaN.
+    - data: NaN whenever its batch is read; the replay is NaN again, the batch is named (every rank's shard and
+      sample), its 2 x 2 micro batches are skipped, and the learning rate is halved from then on.
+    - judged: no replay (train.replay_bad_steps: false); step 6 judged bad without any NaN is skipped the same way;
+      the data run ends with its weights: the NaN left nothing behind."""
+    finals, out = {}, {}
+    for kind, poison, always, replay in (
+        ("transient", True, False, True),
+        ("data", True, True, True),
+        ("judged", False, False, False),
+    ):
+        config = runs.write_config(
+            tmp_path / kind,
+            tiny_shards,
+            tiny_vocab,
+            zero_stage=1,
+            on_bad_step="rollback",
+            replay_bad_steps=replay,
+            rollback_lr_factor=0.5,
+        )
+        code = runs.BAD_STEP.format(batches_done=2 * 5, poison=poison, judged=not poison, always=always)
         ranks = runs.start_ranks(config, kind, python_code=code)
         codes = ranks.wait()
         log = ranks.output(0)
         assert codes == [0, 0] and "done: 8 steps" in log, log[-3000:]
         reason = "the loss is nan" if poison else "judged bad by the test"
+        replaying = "step 6: the loss is nan: rolled back to the checkpoint of step 4 to replay steps 5-6"
+        assert (replaying in log) == replay, log[-3000:]
+        out[kind] = tmp_path / kind / "out"
+        finals[kind] = consolidated_state_dict(out[kind] / "checkpoints" / f"step_{runs.STEPS:08d}")
+        (event,) = [json.loads(line) for line in (out[kind] / "events.jsonl").read_text().splitlines()]
+        listed, damaged = listing(out[kind])
+        assert not damaged
+        if kind == "transient":
+            assert re.search(
+                r"replayed steps 5-6 from the checkpoint of step 4: the loss at step 6 is now \d+\.\d{4} \(was nan\): "
+                "a transient fault, not the data; nothing skipped",
+                log,
+            ), log[-3000:]
+            assert (event["event"], event["verdict"], event["step"], event["rolled_back_to"]) == (
+                "replay",
+                "transient",
+                6,
+                4,
+            )
+            assert listed.endswith("a transient fault, nothing skipped"), listed
+            continue
+        again = " again in its replay: the data, not a transient fault (its batch: 16 samples: " if replay else ": "
         assert (
-            f"step 6: {reason}: rolled back to the checkpoint of step 4 and skipped the 4 micro batches that steps "
-            "5-6 read (this rank's loader: epoch 0 batches 8-12); rollback 1 of train.max_rollbacks=3" in log
+            f"step 6: {reason}{again}" in log
+            and "rolled back to the checkpoint of step 4 and skipped the 4 micro batches that steps 5-6 read (this "
+            "rank's loader: epoch 0 batches 8-12); rollback 1 of train.max_rollbacks=3; learning rate scale 0.5 "
+            "(train.rollback_lr_factor=0.5)"
+            in log
         ), log[-3000:]
-        out = tmp_path / kind / "out"
-        (event,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
         assert (event["event"], event["step"], event["rolled_back_to"], event["skipped_micro_batches"]) == (
             "rollback",
             6,
             4,
             4,
         )
-        listed, damaged = listing(out)
-        assert not damaged and listed.endswith(
+        assert listed.endswith("learning rate scale 0.5") and (
             f"rollback 1: at step 6 ({reason}) back to step 4, 4 micro batches skipped (rank 0's loader: epoch 0 "
-            "batches 8-12)"
+            "batches 8-12)" in listed
         ), listed
-        finals.append(consolidated_state_dict(out / "checkpoints" / f"step_{runs.STEPS:08d}"))
-    nan_run, judged_run = finals
-    assert all(torch.isfinite(v).all() for v in nan_run.values() if v.is_floating_point())
-    assert [k for k in judged_run if not torch.equal(nan_run[k], judged_run[k])] == []
+        logged = runs.read_metrics(out[kind])
+        scales = [logged[s]["optimizer/lr_scale"] for s in sorted(logged)]
+        assert scales == [1.0] * 4 + [0.5] * 4
+        rates = [logged[s]["optimizer/learning_rate"] for s in sorted(logged)]
+        assert rates == pytest.approx(
+            [scale * learning_rate(s, runs.PEAK_LR, runs.WARMUP_STEPS, runs.STEPS) for s, scale in enumerate(scales)]
+        )
+        assert read_train_state(out[kind] / "checkpoints" / f"step_{runs.STEPS:08d}").lr_scale == 0.5
+    batch = json.loads((out["data"] / "events.jsonl").read_text())["batch"]
+    shards = {p.name for p in Path(tiny_shards).iterdir()}
+    assert [len(rank) for rank in batch] == [8, 8] and all(s in shards and i >= 0 for rank in batch for s, i in rank)
+    assert not set(map(tuple, batch[0])) & set(map(tuple, batch[1]))  # each rank's own samples
+    assert all(torch.isfinite(v).all() for v in finals["data"].values() if v.is_floating_point())
+    assert [k for k in finals["judged"] if not torch.equal(finals["data"][k], finals["judged"][k])] == []
+
+    never = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
+    reference = consolidated_state_dict(never.out / "checkpoints" / f"step_{runs.STEPS:08d}")
+    assert [k for k in reference if not torch.equal(reference[k], finals["transient"][k])] == []
+    want, got = runs.read_metrics(never.out), runs.read_metrics(out["transient"])
+    assert [got[s]["loss/train"] for s in sorted(got)] == [want[s]["loss/train"] for s in sorted(want)]
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ def health_problems(cfg: Config) -> list[str]:
         p.append(f"train.loss_spike_window_steps: must be >= 2 (a mean and a spread), got {t.loss_spike_window_steps}")
     if t.max_rollbacks < 1:
         p.append(f"train.max_rollbacks: must be >= 1, got {t.max_rollbacks}")
+    if not 0 < t.rollback_lr_factor <= 1:
+        p.append(f"train.rollback_lr_factor: must be in (0, 1] (1: unchanged), got {t.rollback_lr_factor}")
     every = cfg.checkpoint.every_steps
     if t.on_bad_step == "rollback" and not 0 < every < cfg.total_steps():
         p.append(
