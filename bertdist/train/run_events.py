@@ -9,6 +9,7 @@ goes on, and the record of a skipped batch is the list of its samples, which an 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,19 @@ SAMPLES_SHOWN = 8
 
 def append(output_dir: Path, record: dict[str, Any]) -> None:
     with open(output_dir / EVENTS_FILENAME, "a") as events:
-        events.write(json.dumps(record) + "\n")
+        events.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float written as its name ("nan", "inf"): JSON has neither, and a record
+    with a bare NaN (Python's extension) is refused by other readers of the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
 
 
 def lines(output_dir: str | os.PathLike) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 
@@ -104,7 +103,7 @@ def test_a_replay_that_comes_out_good_is_a_transient_fault_and_skips_nothing(tmp
     )
     (event,) = events(tmp_path)
     assert (event["event"], event["verdict"], event["step"], event["loss_now"]) == ("replay", "transient", 6, 3.1)
-    assert math.isnan(event["loss"]) and watch.lr_scale == 1.0 and not watch.replaying and watch.learns(5)
+    assert event["loss"] == "nan" and watch.lr_scale == 1.0 and not watch.replaying and watch.learns(5)
     assert run_events.lines(tmp_path) == [
         "replay 1: at step 6 (the loss is nan) replayed from step 4: the loss is now 3.1000: a transient fault, "
         "nothing skipped"
@@ -177,3 +176,13 @@ def test_a_train_state_written_before_rollbacks_were_kept_reads_as_none_yet():
         json.dumps({**raw, "sha256": train_state._state_checksum(raw)}).encode(), "here"
     )
     assert (state.rollbacks, state.lr_scale) == (0, 1.0)
+
+
+def test_a_non_finite_loss_is_written_as_its_name_so_the_record_is_strict_json(tmp_path):
+    run_events.append(tmp_path, {"event": "replay", "loss": float("nan"), "steps": [1.0, float("inf")]})
+    line = (tmp_path / "events.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}")) == {
+        "event": "replay",
+        "loss": "nan",
+        "steps": [1.0, "inf"],
+    }
