@@ -81,9 +81,11 @@ def test_the_second_epoch_reads_its_blocks_from_the_cache(s3_shards, tiny_vocab,
     stream = loader._layout.stream
     fetched = stream.fetched
     assert fetched == len(stream.blocks) and stream.hits == 0
+    assert loader.costs.take()["blocks_fetched"] == fetched  # the cache misses the trainer is told about
     for _ in range(loader.batches_per_epoch):
         next(it)
     assert stream.fetched == fetched and stream.hits > 0  # (blocks still decoded in memory are not read at all)
+    assert loader.costs.take()["blocks_fetched"] == 0
 
 
 def test_a_full_cache_disk_costs_the_cache_only(s3_shards, tiny_shards, tiny_vocab, tiny_disk, capsys):

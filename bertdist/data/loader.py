@@ -15,6 +15,8 @@ How an epoch is laid out, and why:
 - Shards in an object store are read block by block (`bertdist.data.streaming`): each loader process
   fetches the blocks of its next `prefetch_samples` samples ahead of need into a bounded local cache. The
   order, and so every batch, is the same as from local disk.
+- Every batch comes with what making it cost (`bertdist.data.load_cost`): the trainer's evidence when ranks
+  wait for data.
 - The whole position is (epoch, the segment of the epoch being consumed, batches done), the same on every
   rank. `load_state_dict` with the same world size continues exactly; with another world size (or micro
   batch size) it removes what every old rank consumed and splits the rest of the epoch among the new
@@ -35,6 +37,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertdist import storage
 from bertdist.config.schema import MaskingConfig
+from bertdist.data import load_cost
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
 from bertdist.data.epochs import EpochLayout, Masker, Segment
 from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
@@ -149,7 +152,8 @@ class _BatchStream(IterableDataset):
         self.layout, self.epoch, self.segment, self.chunk = loader._layout, loader.epoch, segment, chunk
         self.rank, self.max_seq_length, self.packing = loader.rank, loader.max_seq_length, loader.packing
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, list[tuple[int, int, int, int]]]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, list[tuple[Any, Any]]]]:
+        """Chunks: a buffer of consecutive batches, with each one's (shape, cost)."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         epoch, segment, counted = self.epoch, self.segment, 0
@@ -167,13 +171,16 @@ class _BatchStream(IterableDataset):
         self._prefetch(epoch, segment, starts[:ahead], end)
         for k, start in enumerate(starts):
             self._prefetch(epoch, segment, starts[k + ahead : k + ahead + 1], end)
-            parts = [
-                _collate(
-                    self.layout, epoch, segment.batch_positions(self.rank, batch), self.max_seq_length, self.packing
-                )
-                for batch in range(start, min(start + self.chunk, end))
-            ]
+            parts = [self._made(epoch, segment, batch) for batch in range(start, min(start + self.chunk, end))]
             yield (parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])), [p[1] for p in parts]
+
+    def _made(self, epoch: int, segment: Segment, batch: int) -> tuple[torch.Tensor, tuple[Any, Any]]:
+        """A batch's buffer, with its shape and what making it cost (bertdist.data.load_cost)."""
+        positions = segment.batch_positions(self.rank, batch)
+        (buffer, shape), cost = load_cost.measured(
+            lambda: _collate(self.layout, epoch, positions, self.max_seq_length, self.packing), self.layout.stream
+        )
+        return buffer, (shape, cost)
 
     def _prefetch(self, epoch: int, segment: Segment, chunk_starts: range, end: int) -> None:
         """Ask for the blocks of these chunks ahead of need (streamed shards only)."""
@@ -252,6 +259,8 @@ class PretrainingLoader:
             )
         self._epoch = 0
         self._segment = self._fresh_segment()
+        self.costs = load_cost.LoadCosts()
+        """What making the batches this rank received cost, since the trainer last took it."""
 
     def _fresh_segment(self) -> Segment:
         return Segment.whole_epoch(self.world_size, self.micro_batch_size, self._layout.num_samples)
@@ -288,9 +297,10 @@ class PretrainingLoader:
         if self.num_workers:
             _STARTED.add(iterator)
         try:
-            for buffer, shapes in iterator:
+            for buffer, made in iterator:
                 at = 0
-                for shape in shapes:
+                for shape, cost in made:
+                    self.costs.add(cost)
                     while self._segment.batches_done >= self._segment.batches_per_rank():  # the stream's next epoch
                         self._epoch += 1
                         self._segment = self._fresh_segment()

@@ -72,6 +72,15 @@ class BlockStream:
             self._full = False
             self.hits = self.fetched = 0
             self.wait_seconds = 0.0
+            self._taken = (0.0, 0)
+
+    def take_counts(self) -> tuple[float, int]:
+        """The seconds reads waited for the store and the blocks fetched from it (cache misses) since the last call
+        in this process (bertdist.data.load_cost)."""
+        self._start()
+        waited, fetched = self.wait_seconds - self._taken[0], self.fetched - self._taken[1]
+        self._taken = (self.wait_seconds, self.fetched)
+        return waited, fetched
 
     def _cached(self, block_id: int) -> str:
         return os.path.join(self.cache_dir, f"{self.blocks[block_id][3]}.block")

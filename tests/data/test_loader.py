@@ -121,6 +121,19 @@ def test_workers_do_not_change_the_batches_and_epochs_reshuffle(tiny_shards, tin
     assert not torch.equal(batches[0]["input_ids"], batches[n]["input_ids"])
 
 
+def test_every_batch_brings_what_making_it_cost_from_the_worker_that_made_it(tiny_shards, tiny_vocab, small_transfers):
+    """The rank's sums cover the batches it received (not the chunks its workers made ahead), and start again from
+    zero once taken; local shards wait for no store."""
+    loader = _loader(tiny_shards, tiny_vocab, num_workers=2)
+    batches = iter(loader)
+    for _ in range(5):
+        next(batches)
+    costs = loader.costs.take()
+    assert costs["load_batches"] == 5 and costs["load_seconds"] > 0
+    assert costs["store_wait_seconds"] == costs["blocks_fetched"] == 0
+    assert loader.costs.take()["load_batches"] == 0
+
+
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 def test_exact_resume_two_ranks_two_workers(tiny_shards, tiny_vocab, small_transfers, packing):
     """Read 7 batches on each of 2 ranks (2 workers each), save, rebuild, the next 5 equal an uninterrupted run."""
