@@ -2,9 +2,10 @@
 
 The console gets one line per log interval that a person reads at a glance:
 
-    step 120/1000 (12%) | loss 6.21 | mlm acc 0.152 | 164 seq/s | MFU 47% | data wait 2% | eta 3m10s
+    step 120/1000 (12%) | loss 6.21 | mlm acc 0.152 | 164 seq/s | 5.2k tok/s/rank | packing 61% | MFU 47% |
+        data wait 2% | eta 3m10s
 
-("MFU ?" when training outran the peak MFU is measured against: bertdist.model.flops.PeakFlops) and one per
+(on one line; "MFU ?" when training outran the peak MFU is measured against: bertdist.model.flops.PeakFlops) and one per
 evaluation. The train line shows the accuracy of the model's first scored head (the MLM's), the
 evaluation line every head's. Every metric, with full precision, goes to `{output_dir}/metrics.jsonl` (one JSON
 object per line, with its step) and to MLflow.
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bertdist.train.metrics import DATA_WAIT, LOSS, MFU, SEQUENCES_PER_SECOND
+from bertdist.train.metrics import DATA_WAIT, LOSS, MFU, PACKING, SEQUENCES_PER_SECOND, TOKENS_PER_SECOND_PER_RANK
 
 METRICS_FILENAME = "metrics.jsonl"
 POSITION_KEYS = ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")
@@ -44,6 +45,8 @@ class Console:
                     f"loss {metrics[LOSS.format(split='train')]:.3g}",
                     *_accuracies(metrics, "train")[:1],
                     f"{metrics[SEQUENCES_PER_SECOND]:,.0f} seq/s",
+                    f"{count(metrics[TOKENS_PER_SECOND_PER_RANK])} tok/s/rank",
+                    f"packing {metrics[PACKING]:.0%}",
                     f"MFU {metrics[MFU]:.0%}"
                     if metrics[MFU] < 1.0
                     else "MFU ?",  # 1.0: at or above the peak (PeakFlops)
@@ -79,6 +82,13 @@ def _accuracies(metrics: dict[str, float], split: str) -> list[str]:
         key=lambda h: (h != "mlm", h),
     )
     return [f"{head} acc {metrics[f'{head}_accuracy/{split}']:.3f}" for head in heads]
+
+
+def count(n: float) -> str:
+    """840, 5.2k, 52k, 1.3M, 13M: two or three digits, so that a rate keeps about its width from line to line."""
+    scale, unit = (1e6, "M") if n >= 999_500 else (1e3, "k") if n >= 999.5 else (1.0, "")
+    digits = 1 if unit and n < 9.95 * scale else 0
+    return f"{n / scale:.{digits}f}{unit}"
 
 
 def duration(seconds: float) -> str:

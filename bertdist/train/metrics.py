@@ -22,8 +22,10 @@ LOSS = "loss/{split}"
 MLM_ACCURACY = "mlm_accuracy/{split}"
 SEQUENCES_PER_SECOND = "throughput/sequences_per_second"
 MFU = "throughput/mfu"
+TOKENS_PER_SECOND_PER_RANK = "throughput/tokens_per_second_per_rank"
 DATA_WAIT = "throughput/data_wait_fraction"
-PADDING = "throughput/padding_fraction"
+PACKING = "throughput/packing_efficiency"
+"""Real tokens / the batches' slots: what `data.packing` raises and `model.unpad` makes irrelevant to speed."""
 PEAK_MEMORY = "memory/peak_gb"
 """The largest peak memory of any rank so far, GiB."""
 
@@ -131,7 +133,8 @@ class Interval:
         return {
             SEQUENCES_PER_SECOND: t["sequences"] / seconds,
             "throughput/tokens_per_second": t["tokens"] / seconds,
+            TOKENS_PER_SECOND_PER_RANK: t["tokens"] / seconds / world_size,
             MFU: peak.mfu(t["flops"] / seconds / world_size),
             DATA_WAIT: t["data_wait_seconds"] / world_size / seconds,
-            PADDING: 1.0 - t["tokens"] / max(1.0, t["slots"]),
+            PACKING: t["tokens"] / max(1.0, t["slots"]),
         }

@@ -78,11 +78,14 @@ def test_loss_falls_and_learning_rate_follows_warmup_then_linear_decay(base, tin
     for key in (
         "throughput/sequences_per_second",
         "throughput/tokens_per_second",
+        "throughput/tokens_per_second_per_rank",
         "throughput/mfu",
         "throughput/data_wait_fraction",
         "optimizer/grad_norm",
     ):
         assert last[key] > 0, key
+    assert last["throughput/tokens_per_second_per_rank"] == pytest.approx(last["throughput/tokens_per_second"] / 2)
+    assert 0.1 < last["throughput/packing_efficiency"] <= 1
     assert 0.1 < last["memory/peak_gb"] < 64  # the largest rank's resident set, GiB
     assert last["optimizer/loss_scale"] == 1.0 and last["optimizer/skipped_steps"] == 0
     evals = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines() if "loss/eval" in line]
