@@ -207,6 +207,11 @@ class TrainConfig:
     ranks' median, once, on the console and as an MLflow tag (bertdist.train.stragglers); 0 turns it off."""
     straggler_window_steps: int = 20
     """The steps each straggler comparison sums over (longer: steadier, named later)."""
+    data_wait_warn_fraction: float = 0.10
+    """When the ranks wait for data longer than this fraction of a logging interval, say once, on the console and as
+    an MLflow tag, what the loader's measurements point at: the object store, too few loader workers, or decoding
+    (bertdist.train.data_wait); said again only after the wait has dropped below this and come back. 0 turns it
+    off."""
     deepspeed: dict[str, Any] = field(default_factory=dict)
     """Extra DeepSpeed config keys merged over the generated ones (for experts)."""
 

@@ -47,6 +47,7 @@ from bertdist.model.flops import PeakFlops
 from bertdist.tracking.base import Tracker
 from bertdist.train import (
     checkpoint,
+    data_wait,
     distributed,
     metrics,
     remote,
@@ -187,6 +188,9 @@ class Trainer(scaffold.Run):
         self.stragglers = stragglers.StragglerWatch(
             hosts, t.straggler_factor, t.straggler_window_steps, self.console.line, self.tracker.set_tags
         )
+        self.data_wait = data_wait.DataWaitWatch(
+            t.data_wait_warn_fraction, env.world_size, env.local_world_size, self.console.line, self.tracker.set_tags
+        )
         # Last, so that nothing done at start-up draws from the generators.
         if self.resumed is not None and not self.resharding:
             rng.restore_rng_state(self.resumed.rng_states[env.rank])
@@ -302,6 +306,7 @@ class Trainer(scaffold.Run):
             self.watchdog.progress(self.step)
             metrics.accumulate(acc, out, batch, self.cfg.model)
         acc.add("data_wait_seconds", waited_s)
+        data_wait.add_load_costs(acc, self.loaders)
         env = self.env
         stragglers.add_rank_times(acc, env.rank, env.world_size, waited_s + forward.total_seconds(), waited_s)
         acc.add("stop_requested", 1.0 if self.stop.signum else 0.0)
@@ -344,7 +349,9 @@ class Trainer(scaffold.Run):
             self.peak_flops.notice = ""
         self._log_downstream(self.downstream.finished())
         eta_s = interval.seconds() / interval.steps * (total_steps - step)
-        self.console.train(step, total_steps, values, eta_s, self.loaders[self.cfg.phase_at(step - 1)[0]].state_dict())
+        loader = self.loaders[self.cfg.phase_at(step - 1)[0]]
+        self.console.train(step, total_steps, values, eta_s, loader.state_dict())
+        self.data_wait.judge(step, values[metrics.DATA_WAIT], interval, loader)
 
     def _peak_memory_gb(self) -> float:
         """The largest peak over the ranks (GPU: the allocator's; CPU: the process's resident set), which is what

@@ -55,6 +55,18 @@ CASES = [
     ),
     ("straggler-window-of-no-steps", "bert-tiny", ["train.straggler_window_steps=0"], "train.straggler_window_steps"),
     (
+        "data-wait-warning-that-always-fires",
+        "bert-tiny",
+        ["train.data_wait_warn_fraction=1.0"],
+        "train.data_wait_warn_fraction: must be in [0, 1) (a fraction of the step; 0: off), got 1.0",
+    ),
+    (
+        "negative-data-wait-warning",
+        "bert-tiny",
+        ["train.data_wait_warn_fraction=-0.1"],
+        "train.data_wait_warn_fraction: must be in [0, 1)",
+    ),
+    (
         "rollback-with-no-checkpoint-to-go-back-to",
         "bert-tiny",
         ["train.on_bad_step=rollback", "checkpoint.every_steps=100000"],

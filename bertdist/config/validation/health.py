@@ -1,5 +1,5 @@
-"""The settings of a run that watches and heals itself (bertdist.train.watchdog, stragglers, rollback): a threshold
-that can never fire or always fires, a window of no steps, a rollback with no checkpoint to go back to."""
+"""The settings of a run that watches and heals itself (bertdist.train.watchdog, stragglers, data_wait, rollback): a
+threshold that can never fire or always fires, a window of no steps, a rollback with no checkpoint to go back to."""
 
 from __future__ import annotations
 
@@ -31,4 +31,9 @@ def health_problems(cfg: Config) -> list[str]:
         )
     if t.straggler_window_steps < 1:
         p.append(f"train.straggler_window_steps: must be >= 1, got {t.straggler_window_steps}")
+    if not 0 <= t.data_wait_warn_fraction < 1:
+        p.append(
+            f"train.data_wait_warn_fraction: must be in [0, 1) (a fraction of the step; 0: off), got "
+            f"{t.data_wait_warn_fraction}"
+        )
     return p
