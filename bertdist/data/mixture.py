@@ -18,6 +18,7 @@ token counts over all ranks are summed by the trainer (they differ per rank).
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, Iterator
 
@@ -46,12 +47,11 @@ class SourceSchedule:
     """Which source (an index into `shares`' order) micro batch b of a phase reads."""
 
     def __init__(self, shares: list[float], seed: int, phase: int):
-        self.bounds = np.cumsum(shares)[:-1]
+        self.bounds = np.cumsum(shares)[:-1].tolist()
         self.offset = float(np.random.default_rng([seed, phase, 7]).random())
 
     def source(self, batch: int) -> int:
-        u = (self.offset + batch * GOLDEN_FRACTION) % 1.0
-        return int(np.searchsorted(self.bounds, u, side="right"))
+        return bisect.bisect_right(self.bounds, (self.offset + batch * GOLDEN_FRACTION) % 1.0)
 
 
 class MixtureLoader:
@@ -95,7 +95,7 @@ class MixtureLoader:
                         "repeat"
                     )
                 self.batches_done += 1
-                self._tokens[name] += int((batch["attention_mask"] > 0).sum())
+                self._tokens[name] += int(torch.count_nonzero(batch["attention_mask"]))
                 yield batch
         finally:  # every source's workers end with the mixture
             for iterator in iterators:
