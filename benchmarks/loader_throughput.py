@@ -7,6 +7,12 @@ work of one process, the issue's target is >= 20,000 samples/s) and for 2 DataLo
 >= 20,000/s packed), unpacked and packed, and with masking at load time (shards prepared with --masking
 dynamic from the same corpus: the loader chooses the masks; goal >= 30,000/s with 2 workers), next to
 `iter_samples` (decode only, no shuffling or padding) measured in the same run as the floor of the cost.
+
+Then a five-source mixture (bertdist.data.mixture: the directory five times under other seeds, shares 40/25/20/10/5)
+against the one directory, 0 workers, measured in alternation three times each over --mixture-batches after 100
+and compared by the medians (goal >= 0.95x). Long, because each source decodes the blocks of its first shuffle
+window before its first batch: a start-up cost per phase (about a window per source) that a short measurement
+counts as throughput. --mixture-only skips the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ import time
 
 TARGET_SAMPLES_PER_S = 20_000
 WORKERS_GOAL, WORKERS_GOAL_PACKED = 30_000, 20_000
+MIXTURE_GOAL = 0.95
+"""A five-source mixture's samples/s over one source's (issue 45)."""
+MIXTURE_WARMUP_BATCHES = 100
+MIXTURE_SHARES = {"s0": 0.4, "s1": 0.25, "s2": 0.2, "s3": 0.1, "s4": 0.05}
 """Samples/s per rank with 2 workers (issue 13): what keeps a GPU fed while the training process launches kernels."""
 
 
@@ -60,12 +70,42 @@ def prepared_data(workdir: str) -> tuple[str, str, str]:
     return data, vocab, dynamic
 
 
-def _rate(loader, batches: int) -> float:
+def _rate(loader, batches: int, warmup_batches: int = 1) -> float:
     it = iter(loader)
-    next(it)  # start-up (worker processes, first blocks) is not throughput
+    for _ in itertools.islice(it, warmup_batches):  # start-up (worker processes, first blocks) is not throughput
+        pass
     t0 = time.perf_counter()
     samples = sum(len(b["next_sentence_label"]) for b in itertools.islice(it, batches))
     return samples / (time.perf_counter() - t0)
+
+
+def _five_sources(data: str, vocab: str, common: dict):
+    from bertdist.data.loader import PretrainingLoader
+    from bertdist.data.mixture import MixtureLoader
+
+    loaders = {name: PretrainingLoader(data, vocab, **{**common, "seed": k}) for k, name in enumerate(MIXTURE_SHARES)}
+    return MixtureLoader(loaders, MIXTURE_SHARES, seed=0, phase=0, exhausted="repeat", phase_field="benchmark")
+
+
+def _mixture_ratio(data: str, vocab: str, common: dict, batches: int) -> tuple[float, float]:
+    """Median samples/s of one source and of five, measured in alternation (the machine's load drifts)."""
+    import statistics
+
+    from bertdist.data.loader import PretrainingLoader
+
+    one, five = [], []
+    for _ in range(3):
+        one.append(_rate(PretrainingLoader(data, vocab, **common), batches, MIXTURE_WARMUP_BATCHES))
+        five.append(_rate(_five_sources(data, vocab, common), batches, MIXTURE_WARMUP_BATCHES))
+    return statistics.median(one), statistics.median(five)
+
+
+def _print_mixture(data: str, vocab: str, common: dict, batches: int) -> None:
+    one, five = _mixture_ratio(data, vocab, common, batches)
+    print(
+        f"machine load average {os.getloadavg()[0]:.1f}; one source vs a five-source mixture, 0 workers, "
+        f"{batches} batches: {one:,.0f} vs {five:,.0f} samples/s = {five / one:.3f}x (goal >= {MIXTURE_GOAL}x)"
+    )
 
 
 def main() -> None:
@@ -76,6 +116,8 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/bench/loader")
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--micro-batch-size", type=int, default=32)
+    parser.add_argument("--mixture-batches", type=int, default=3000)
+    parser.add_argument("--mixture-only", action="store_true")
     args = parser.parse_args()
     data, vocab, dynamic = (args.data, args.vocab, args.dynamic_data) if args.data else prepared_data(args.workdir)
 
@@ -85,11 +127,14 @@ def main() -> None:
     from bertdist.data.loader import PretrainingLoader
 
     torch.set_num_threads(1)
+    common = dict(max_seq_length=128, micro_batch_size=args.micro_batch_size, rank=0, world_size=1, seed=0)
+    if args.mixture_only:
+        _print_mixture(data, vocab, common, args.mixture_batches)
+        return
     n = args.batches * args.micro_batch_size
     t0 = time.perf_counter()
     decoded = sum(1 for _ in itertools.islice(iter_samples(data), n))
     decode_rate = decoded / (time.perf_counter() - t0)
-    common = dict(max_seq_length=128, micro_batch_size=args.micro_batch_size, rank=0, world_size=1, seed=0)
     rates = {
         (workers, packing): _rate(
             PretrainingLoader(data, vocab, num_workers=workers, packing=packing, **common), args.batches
@@ -120,6 +165,7 @@ def main() -> None:
             kind = {False: "", True: ", packed", "masking": ", masking at load"}[packing]
             label = f"PretrainingLoader, {workers} workers{kind}:"
             print(f"{label:<44}{rate:>10,.0f} samples/s{against}")
+    _print_mixture(data, vocab, common, args.mixture_batches)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,19 @@ from bertdist.config.model import ModelConfig
 
 @dataclass
 class PhaseConfig:
-    """One stretch of training on one set of shards; phases run in order and share one LR schedule."""
+    """One stretch of training on one set of shards, or a mixture of several; phases run in order and share one LR
+    schedule."""
 
     train_dir: str = "runs/data/train"
-    """Directory written by `bertdist prepare` (shards + manifest.json)."""
+    """Directory written by `bertdist prepare` (shards + manifest.json); a phase with a `mixture` reads its sources
+    instead (and may leave this empty)."""
+    mixture: dict[str, float] = field(default_factory=dict)
+    """Read several of data.sources instead of train_dir: source name -> weight (> 0), its micro batches' share
+    being weight / the sum of the weights (bertdist.data.mixture); {}: train_dir alone."""
+    mixture_temperature: float | None = None
+    """Temperature sampling over the mixture's sources: a source's share is proportional to weight x tokens^τ (its
+    prepared tokens, from its manifest; τ 1: by size, towards 0: uniform; XLM-R's 0.3). With every weight 1 that is
+    plain temperature sampling. Unset: the weights alone."""
     eval_dir: str = ""
     """Held-out shards for periodic evaluation; empty disables evaluation in this phase."""
     max_seq_length: int = 128
@@ -107,6 +116,13 @@ class DataConfig:
     changes their layout (`bertdist.data.batching`). With `model.unpad` the encoder skips padding anyway, so
     packing mostly helps the padded encoder and fixed-shape (compiled) GPU runs."""
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    sources: dict[str, str] = field(default_factory=dict)
+    """Named shard directories (local or in a store) that phases mix (data.phases.N.mixture), e.g. `{web:
+    runs/data/web, wiki: s3://bucket/wiki}`; a name is a word (letters, digits, _ -): it names the source's
+    metrics (data/tokens_NAME). All are made with data.vocab_file and one `--samples` kind."""
+    source_exhausted: Literal["repeat", "stop"] = "repeat"
+    """A mixture's source read to its end before its phase ends: repeat (its next epoch, reshuffled; logged as
+    data/epochs_NAME) or stop (the run ends with one line naming the source, before training on a repeat)."""
 
 
 @dataclass

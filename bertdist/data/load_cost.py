@@ -48,3 +48,17 @@ class LoadCosts:
         """The sums so far; they start again from zero."""
         sums, self.sums = self.sums, dict.fromkeys(FIELDS, 0.0)
         return sums
+
+
+class CombinedCosts:
+    """The costs of several loaders' batches taken together: a mixture's sources, each with its own loader."""
+
+    def __init__(self, parts: list[LoadCosts]) -> None:
+        self.parts = parts
+
+    def take(self) -> dict[str, float]:
+        sums = dict.fromkeys(FIELDS, 0.0)
+        for part in self.parts:
+            for name, value in part.take().items():
+                sums[name] += value
+        return sums

@@ -316,6 +316,15 @@ class PretrainingLoader:
             if shutdown is not None:
                 shutdown()
 
+    def take_tokens(self) -> dict[str, int]:
+        """Tokens per source since the last call: none here, a directory's tokens being the run's tokens_seen (a
+        mixture's, `bertdist.data.mixture`, are counted per source)."""
+        return {}
+
+    def epochs(self) -> dict[str, int]:
+        """Per source, the epochs read to their end: none here (a mixture's are)."""
+        return {}
+
     def samples_at(self, position: dict[str, Any], batches: int) -> list[tuple[str, int]]:
         """(shard file, index in it) of every sample of the `batches` batches this rank reads from `position` (its
         state_dict() then) on, across an epoch's end as iterating does: what a bad step's batch held."""

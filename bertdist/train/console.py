@@ -23,6 +23,17 @@ METRICS_FILENAME = "metrics.jsonl"
 POSITION_KEYS = ("epoch", "world_size", "micro_batch_size", "intervals", "batches_done")
 
 
+def data_position(loader_state: dict) -> dict:
+    """A loader's position: a directory's epoch segment and batches done, or a mixture's micro batches done and
+    each source's (bertdist.data.mixture)."""
+    if "sources" in loader_state:
+        return dict(
+            batches_done=loader_state["batches_done"],
+            sources={name: data_position(s) for name, s in loader_state["sources"].items()},
+        )
+    return {k: loader_state[k] for k in POSITION_KEYS}
+
+
 class Console:
     def __init__(self, output_dir: Path, enabled: bool):
         self.enabled = enabled
@@ -55,7 +66,7 @@ class Console:
                 ]
             )
         )
-        self.record(step, {**metrics, "data_position": {k: loader_state[k] for k in POSITION_KEYS}})
+        self.record(step, {**metrics, "data_position": data_position(loader_state)})
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         self.line(

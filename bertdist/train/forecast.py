@@ -271,7 +271,7 @@ def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int
         for step in range(steps + WARMUP_STEPS):
             trainer.step = step
             t = time.perf_counter()
-            sums.append(trainer._train_step(batches))
+            sums.append(trainer._train_step(batches, trainer.loaders[0]))
             times.append(time.perf_counter() - t)
         timed = sums[WARMUP_STEPS:]
         out["step_s"] = statistics.fmean(times[WARMUP_STEPS:])  # the mean: occasional stalls are part of a step's cost

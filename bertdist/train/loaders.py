@@ -1,7 +1,9 @@
-"""The loader of a phase's shards, as the trainer builds it and as `bertdist train --dry-run` checks it.
+"""The loader of a phase's shards (its train_dir, or its mixture of data.sources), as the trainer builds it and as
+`bertdist train --dry-run` checks it.
 
 One function for both, so that the dry run refuses what the run would (shards made with another vocabulary,
-MLM-only shards under a model with a next-sentence head, a damaged manifest) before anything starts.
+MLM-only shards under a model with a next-sentence head, sources of different sample kinds, a damaged manifest)
+before anything starts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from bertdist.config.objectives import OBJECTIVES
 
 if TYPE_CHECKING:
     from bertdist.data.loader import PretrainingLoader
+    from bertdist.data.mixture import MixtureLoader
 
 
 def phase_loader(
@@ -68,19 +71,73 @@ def phase_loader(
     return loader
 
 
+def train_loader(
+    cfg: Config, index: int, workers: int, rank: int = 0, world_size: int = 1, pin_memory: bool = False
+) -> PretrainingLoader | MixtureLoader:
+    """The training loader of phase `index`: its train_dir's, or a `MixtureLoader` of its sources'."""
+    from bertdist.data.mixture import MixtureLoader
+
+    phase = cfg.data.phases[index]
+    if not phase.mixture:
+        return phase_loader(cfg, phase, phase.train_dir, workers, rank, world_size, pin_memory)
+    loaders = {
+        name: phase_loader(cfg, phase, cfg.data.sources[name], workers, rank, world_size, pin_memory)
+        for name in phase.mixture
+    }
+    kinds = {loader.samples for loader in loaders.values()}
+    if len(kinds) > 1:
+        raise ConfigError(
+            [
+                f"data.phases.{index}.mixture: its sources were prepared as different samples ("
+                + ", ".join(
+                    f"{name}: {loader.shard_dir} --samples {loader.samples}" for name, loader in loaders.items()
+                )
+                + "); one objective trains on one kind: prepare them alike"
+            ]
+        )
+    field = f"data.phases.{index}"
+    return MixtureLoader(loaders, phase_shares(cfg, index), cfg.train.seed, index, cfg.data.source_exhausted, field)
+
+
+def phase_shares(cfg: Config, index: int) -> dict[str, float]:
+    """Each source's share of phase `index`'s micro batches; with a temperature, from the tokens their manifests
+    count (bertdist.data.mixture.mixture_shares)."""
+    from bertdist.data.mixture import mixture_shares
+    from bertdist.data.shards import read_manifest
+    from bertdist.errors import DataError
+
+    phase = cfg.data.phases[index]
+    tokens = None
+    if phase.mixture_temperature is not None:
+        tokens = {}
+        for name in phase.mixture:
+            totals = read_manifest(cfg.data.sources[name])["totals"]
+            if "sample_tokens" not in totals:
+                raise DataError(
+                    f"{cfg.data.sources[name]}: its manifest does not count its tokens (prepared by an older "
+                    f"bertdist), which data.phases.{index}.mixture_temperature needs; prepare it again, or set weights"
+                )
+            tokens[name] = int(totals["sample_tokens"])
+    return mixture_shares(phase.mixture, tokens, phase.mixture_temperature)
+
+
 def check_shards(cfg: Config, world_size: int) -> list[str]:
-    """Build (and drop) every phase's train and eval loader as rank 0 of `world_size`, what the run does first;
-    a line per shard directory. One with no manifest yet is said, not refused: a plan may come before the
-    preparation."""
+    """Build (and drop) every phase's train and eval loaders as rank 0 of `world_size`, what the run does first;
+    a line per shard directory, and per mixture how often the phase reads each source. One with no manifest yet is
+    said, not refused: a plan may come before the preparation."""
     from bertdist import storage
+    from bertdist.config.batch_warmup import phase_sequences
     from bertdist.data.shards import MANIFEST
 
     lines = []
-    for i, phase in enumerate(cfg.data.phases):
-        for kind, shard_dir in (("train", phase.train_dir), ("eval", phase.eval_dir)):
+    for i, (phase, sequences) in enumerate(zip(cfg.data.phases, phase_sequences(cfg))):
+        train = [(f"train {name}", cfg.data.sources[name]) for name in phase.mixture] or [("train", phase.train_dir)]
+        prepared = True
+        for kind, shard_dir in train + [("eval", phase.eval_dir)]:
             if not shard_dir:
                 continue
             if not storage.is_file(storage.join(shard_dir, MANIFEST)):
+                prepared = prepared and kind == "eval"
                 lines.append(
                     f"phase {i} {kind}: {shard_dir}: not prepared yet (no {MANIFEST}); the run refuses until "
                     "`bertdist prepare` writes it"
@@ -93,4 +150,23 @@ def check_shards(cfg: Config, world_size: int) -> list[str]:
                 "mlm": "MLM-only text",
             }.get(loader.samples, loader.samples)
             lines.append(f"phase {i} {kind}: {shard_dir}: {made}, made with this vocabulary: checked")
+        if phase.mixture and prepared:
+            mixture = train_loader(cfg, i, workers=0, world_size=world_size)
+            lines += [
+                f"phase {i} train {name}: {mixture.shares[name]:.1%} of the phase, "
+                + _epochs_line(cfg, sequences * mixture.shares[name], loader.state_dict()["num_samples"])
+                for name, loader in mixture.loaders.items()
+            ]
     return lines
+
+
+def _epochs_line(cfg: Config, sequences: float, samples: int) -> str:
+    epochs = sequences / samples
+    line = f"{sequences:,.0f} of its {samples:,} samples ({epochs:.2f} epochs)"
+    if epochs > 1:
+        line += (
+            ": runs out and the run stops there (data.source_exhausted: stop)"
+            if cfg.data.source_exhausted == "stop"
+            else ": repeated (data.source_exhausted: repeat)"
+        )
+    return line

@@ -46,7 +46,8 @@ class StepSums:
 
     Besides the fixed names (`loss`, `micro_batches`, `tokens`, `slots`, `sequences`, `flops`,
     `data_wait_seconds`, `stop_requested`, `checkpoint_writing`) it holds what the model's output reports:
-    `loss:NAME` for each loss component, `correct:NAME` and `count:NAME` for each scored head. Every rank runs
+    `loss:NAME` for each loss component, `correct:NAME` and `count:NAME` for each scored head, and in a mixture's
+    phase `tokens:SOURCE` for each source (add_source_tokens). Every rank runs
     the same model on the same number of micro batches, so every rank holds the same names; they are reduced in
     sorted order.
     """
@@ -96,6 +97,30 @@ def accumulate(sums: StepSums, out: Any, batch: dict[str, Any], model: ModelConf
         values["flops"] = train_flops_of_batch(model, tokens, samples, predictions)
     for name, value in values.items():
         sums.add(name, value.double() if isinstance(value, torch.Tensor) else value)
+
+
+def add_source_tokens(sums: StepSums, tokens: dict[str, int]) -> None:
+    """A mixture's tokens per source this step on this rank (bertdist.data.mixture: every rank reads the same
+    sources, so every rank adds the same names)."""
+    for name, count in tokens.items():
+        sums.add(f"tokens:{name}", count)
+
+
+def count_source_tokens(totals: dict[str, int], sums: dict[str, float]) -> None:
+    """Add a step's tokens per source, summed over the ranks, to the run's `totals` (kept in the train state)."""
+    for key, value in sums.items():
+        kind, named, name = key.partition(":")
+        if kind == "tokens" and named:
+            totals[name] = totals.get(name, 0) + int(value)
+
+
+def source_metrics(totals: dict[str, int], epochs: dict[str, int]) -> dict[str, float]:
+    """`data/tokens_NAME`: the run's tokens of each source so far; `data/epochs_NAME`: the epochs of each source of
+    the current phase read to their end (data.source_exhausted: repeat)."""
+    return {
+        **{f"data/tokens_{name}": float(count) for name, count in totals.items()},
+        **{f"data/epochs_{name}": float(count) for name, count in epochs.items()},
+    }
 
 
 def quality(sums: dict[str, float], split: str) -> dict[str, float]:

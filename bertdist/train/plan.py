@@ -58,7 +58,8 @@ def describe_plan(cfg: Config, world_size: int) -> str:
                 if mk != cfg.data.masking
                 else ""
             )
-            + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, shards {ph.train_dir}"
+            + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, "
+            + (_mixture(cfg, i, tokens) if ph.mixture else f"shards {ph.train_dir}")
         )
         first += ph.steps
     o = cfg.optim
@@ -73,6 +74,20 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         f"(upper bound at full length; short sequences lower it)",
     ]
     return "\n".join(lines)
+
+
+def _mixture(cfg: Config, index: int, tokens: float) -> str:
+    """`mixture web 75.0% (768,000 tokens), wiki 25.0% (256,000 tokens)`: each source's expected tokens (at full
+    length); by temperature, once the sources' manifests count their tokens."""
+    from bertdist.errors import DataError
+    from bertdist.train.loaders import phase_shares
+
+    phase = cfg.data.phases[index]
+    try:
+        shares = phase_shares(cfg, index)
+    except DataError:  # not prepared yet: the shares follow from their token counts
+        return f"mixture of {', '.join(phase.mixture)} by temperature {phase.mixture_temperature:g} (once prepared)"
+    return "mixture " + ", ".join(f"{n} {p:.1%} ({p * tokens:,.0f} tokens)" for n, p in shares.items())
 
 
 def _ramp(cfg: Config, world_size: int) -> str:

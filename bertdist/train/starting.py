@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the types of the engine and the loaders, without importing 
     from deepspeed import DeepSpeedEngine
 
     from bertdist.data.loader import PretrainingLoader
+    from bertdist.data.mixture import MixtureLoader
 
 
 def build_engine(
@@ -50,7 +51,7 @@ def build_engine(
 
 def restore(
     engine: DeepSpeedEngine,
-    loaders: list[PretrainingLoader],
+    loaders: list[PretrainingLoader | MixtureLoader],
     cfg: Config,
     env: DistributedEnv,
     resume_from: Path,

@@ -17,11 +17,11 @@ from typing import Any
 from bertdist.config.objectives import upgrade_model_section
 from bertdist.errors import UserError
 
-TRAIN_STATE_VERSION = 4
-"""4: `rollbacks` and `lr_scale` recorded. 3: `input_models` recorded (a release that reads 2 says which version it
-met rather than failing on the key). 2: the checksum is required. 1 (bertdist < 0.3) is still read, with or without
-one."""
-READABLE_STATE_VERSIONS = (1, 2, 3, 4)
+TRAIN_STATE_VERSION = 5
+"""5: `source_tokens` recorded. 4: `rollbacks` and `lr_scale` recorded. 3: `input_models` recorded (a release that
+reads 2 says which version it met rather than failing on the key). 2: the checksum is required. 1 (bertdist < 0.3)
+is still read, with or without one."""
+READABLE_STATE_VERSIONS = (1, 2, 3, 4, 5)
 STATE_CHECKSUM_KEY = "sha256"
 
 
@@ -40,7 +40,7 @@ class TrainState:
     sequences_seen: int
     world_size: int
     loader_states: list[dict[str, Any]]
-    """PretrainingLoader.state_dict() of every rank, indexed by rank."""
+    """The phase's loader's state_dict() (a PretrainingLoader's, or a MixtureLoader's) of every rank, by rank."""
     rng_states: list[dict[str, Any]]
     """rng.capture_rng_state() of every rank, indexed by rank."""
     config: dict[str, Any]
@@ -58,6 +58,9 @@ class TrainState:
     """Bad steps rolled back so far in the run (bertdist.train.rollback; train.max_rollbacks caps them)."""
     lr_scale: float = 1.0
     """What the scheduled learning rate is multiplied by: train.rollback_lr_factor per rollback that skipped data."""
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    """Non-padding tokens trained on per source of the phases' mixtures (data.sources), over all ranks; {} in a run
+    of single directories."""
 
 
 def _state_checksum(raw: dict[str, Any]) -> str:

@@ -67,7 +67,7 @@ from bertdist.train.console import Console
 from bertdist.train.deepspeed import device_problems
 from bertdist.train.distributed import DistributedEnv
 from bertdist.train.downstream import DownstreamEvaluator
-from bertdist.train.loaders import phase_loader
+from bertdist.train.loaders import phase_loader, train_loader
 from bertdist.train.optim import (
     scheduled_learning_rate,
     set_learning_rate,
@@ -138,7 +138,9 @@ class Trainer(scaffold.Run):
             if problems:
                 raise UserError(f"bertdist train: resuming from {self.resume_from}: " + "; ".join(problems))
         self.resharding = self.resumed is not None and self.resumed.world_size != env.world_size
-        self.loaders = [self._loader(phase, phase.train_dir, cfg.data.loader_workers) for phase in cfg.data.phases]
+        pin = self.device_type == "cuda"
+        workers, rank, world = cfg.data.loader_workers, env.rank, env.world_size
+        self.loaders = [train_loader(cfg, i, workers, rank, world, pin) for i in range(len(cfg.data.phases))]
         for phase in cfg.data.phases:  # construct once so that a bad eval set fails now, not at the first eval
             if phase.eval_dir:
                 self._loader(phase, phase.eval_dir, workers=0)
@@ -150,6 +152,7 @@ class Trainer(scaffold.Run):
         self.start_step = self.resumed.step if self.resumed else 0
         self.elapsed_before, self.started = (self.resumed.elapsed_seconds if self.resumed else 0.0), time.monotonic()
         self.tokens_seen = self.sequences_seen = 0
+        self.source_tokens: dict[str, int] = {}
         self.grad_norm = float("nan")
         self.device = self.start_process_group(cfg.train)
         self.engine = starting.build_engine(cfg, env, self.device, self.start_step, self.resume_from, self.resharding)
@@ -158,6 +161,7 @@ class Trainer(scaffold.Run):
                 self.engine, self.loaders, cfg, env, self.resume_from, self.start_step, self.resharding
             )
             self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
+            self.source_tokens = dict(state.source_tokens)
         self.peak_flops = PeakFlops(self.device_type, cfg.train.precision)
         self.tracker = self._build_tracker()
         self.node_monitor = self.enter_context(self._build_node_monitor())
@@ -238,7 +242,7 @@ class Trainer(scaffold.Run):
             lr = scheduled_learning_rate(cfg, step) * self.rollbacks.lr_scale
             set_learning_rate(engine.optimizer.param_groups, lr)
             self.rollbacks.position = self.loaders[index].state_dict()
-            sums = self._train_step(batches)
+            sums = self._train_step(batches, self.loaders[index])
             step = self.step = step + 1
             if step == self.start_step + 1:  # start-up (JIT builds, first collectives) is not a stall
                 self.watchdog.start()
@@ -285,7 +289,7 @@ class Trainer(scaffold.Run):
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
-    def _train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, float]:
+    def _train_step(self, batches: Iterator[dict[str, Any]], loader: Any) -> dict[str, float]:
         """One optimizer step (all its micro batches); returns its metrics.StepSums summed over ranks."""
         engine = self.engine
         engine.train()
@@ -311,7 +315,9 @@ class Trainer(scaffold.Run):
         stragglers.add_rank_times(acc, env.rank, env.world_size, waited_s + forward.total_seconds(), waited_s)
         acc.add("stop_requested", 1.0 if self.stop.signum else 0.0)
         acc.add("checkpoint_writing", 1.0 if self.saver.writing() else 0.0)
+        metrics.add_source_tokens(acc, loader.take_tokens())
         sums = acc.all_reduce()
+        metrics.count_source_tokens(self.source_tokens, sums)
         self.tokens_seen += int(sums["tokens"])
         self.sequences_seen += int(sums["sequences"])
         return sums
@@ -330,6 +336,7 @@ class Trainer(scaffold.Run):
 
     def _log_interval(self, step: int, total_steps: int, lr: float, interval: metrics.Interval) -> None:
         grad_norm = self.engine.get_global_grad_norm()
+        loader = self.loaders[self.cfg.phase_at(step - 1)[0]]
         values = {
             **metrics.quality(interval.totals, "train"),
             "optimizer/learning_rate": lr,
@@ -342,6 +349,7 @@ class Trainer(scaffold.Run):
             **interval.throughput(self.env.world_size, self.peak_flops),
             metrics.PEAK_MEMORY: self._peak_memory_gb(),
             **stragglers.rank_metrics(interval.totals, interval.steps, self.env.world_size),
+            **metrics.source_metrics(self.source_tokens, loader.epochs()),
         }
         self.tracker.log_metrics(values, step=step)
         if self.peak_flops.notice:  # on the console with the step lines, once, not as a raw Python warning
@@ -349,7 +357,6 @@ class Trainer(scaffold.Run):
             self.peak_flops.notice = ""
         self._log_downstream(self.downstream.finished())
         eta_s = interval.seconds() / interval.steps * (total_steps - step)
-        loader = self.loaders[self.cfg.phase_at(step - 1)[0]]
         self.console.train(step, total_steps, values, eta_s, loader.state_dict())
         self.data_wait.judge(step, values[metrics.DATA_WAIT], interval, loader)
 
@@ -402,6 +409,7 @@ class Trainer(scaffold.Run):
             input_models=self.input_models,
             rollbacks=self.rollbacks.done,
             lr_scale=self.rollbacks.lr_scale,
+            source_tokens=self.source_tokens,
         )
         self.saver.begin(state, {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()})
         self.rollbacks.micro_batches_since_save = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from bertdist.cli import main
 from bertdist.data.shards import MANIFEST
 from bertdist.errors import USAGE_EXIT_CODE
@@ -112,3 +114,45 @@ def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(
     capped = ["data.phases.0.masked_lm_prob=0.4", "data.masking.max_predictions_per_seq=5"]  # 0.4 x 32 = 13 > 5
     assert main(["train", "--config", str(config), "--dry-run", *capped]) == USAGE_EXIT_CODE
     assert "above data.masking.max_predictions_per_seq=5, which would cut the rate" in capsys.readouterr().err
+
+
+def _mixture_overrides(**sources: str) -> list[str]:
+    return [f"data.sources.{name}={path}" for name, path in sources.items()] + [
+        f"data.phases.0.mixture.{name}={weight}" for name, weight in zip(sources, (3, 1))
+    ]
+
+
+def test_the_dry_run_shows_each_source_share_tokens_and_epochs(tmp_path, tiny_shards, tiny_vocab, capsys):
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    args = ["train", "--config", str(config), "--dry-run", *_mixture_overrides(web=tiny_shards, wiki=tiny_shards)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    phase = next(line for line in out.splitlines() if line.startswith("phase 0: "))
+    assert "mixture web 75.0% (" in phase and "wiki 25.0% (" in phase and "shards" not in phase, phase
+    assert f"phase 0 train web: {tiny_shards}: sentence pairs (MLM + NSP), made with this vocabulary: checked" in out
+    assert "phase 0 train wiki: 25.0% of the phase, " in out and " epochs)" in out, out
+
+    assert main([*args, "data.phases.0.mixture_temperature=0.5"]) == 0
+    assert "mixture web 75.0% (" in capsys.readouterr().out  # the same tokens in both: the weights decide
+
+
+@pytest.mark.parametrize("reader", ["train --dry-run", "train"])
+def test_sources_of_another_vocabulary_or_sample_kind_are_refused_naming_them(
+    reader, tmp_path, tiny_shards, sop_shards, tiny_vocab, capsys
+):
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    command = ["train", "--config", str(config), *(["--dry-run"] if "dry" in reader else [])]
+    mixed = [*_mixture_overrides(pairs=tiny_shards, order=sop_shards), "model.objective=mlm"]
+    assert main([*command, *mixed]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "data.phases.0.mixture: its sources were prepared as different samples" in err and sop_shards in err, err
+
+    other = tmp_path / "other-vocab"
+    shutil.copytree(tiny_shards, other)
+    manifest = json.loads((other / MANIFEST).read_text())
+    manifest["vocab_sha256"] = "0" * 64
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    assert main([*command, *_mixture_overrides(web=tiny_shards, other=str(other))]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    refusal = err.strip().splitlines()[-1]  # (the run says first that no launcher started it)
+    assert "another vocabulary" in refusal and str(other) in refusal and "Traceback" not in err, err

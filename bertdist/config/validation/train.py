@@ -22,6 +22,7 @@ from bertdist.config.objectives import OBJECTIVES
 from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, TrainConfig
 from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.health import health_problems
+from bertdist.config.validation.mixture import mixture_problems
 from bertdist.config.validation.model import architecture_problems, pretrained_arch_problem
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
@@ -237,7 +238,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append("data.phases: at least one phase is needed")
     for i, ph in enumerate(d.phases):
         name = f"data.phases.{i}"
-        if not ph.train_dir:
+        if not ph.train_dir and not ph.mixture:
             p.append(f"{name}.train_dir: empty")
         if ph.steps <= 0:
             p.append(f"{name}.steps: must be positive, got {ph.steps}")
@@ -266,6 +267,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
                 f"{name}.max_seq_length: {ph.max_seq_length} exceeds "
                 f"model.max_position_embeddings={m.max_position_embeddings}"
             )
+    p.extend(mixture_problems(cfg))
     mk = d.masking
     if not 0.0 < mk.masked_lm_prob < 1.0:
         p.append(f"data.masking.masked_lm_prob: must be in (0, 1), got {mk.masked_lm_prob}")
