@@ -246,6 +246,19 @@ def test_paper_recipe_is_the_papers(vocab):
     assert cfg.model.hidden_dropout_prob == 0.1 and cfg.train.precision == "fp16" and cfg.train.zero_stage >= 1
 
 
+def test_the_mmbert_recipe_lowers_temperature_and_masking_and_adds_languages_by_phase():
+    cfg = load_config(REPO / "configs" / "mmbert-base-recipe.yaml")
+    phases = cfg.data.phases
+    assert [p.mixture_temperature for p in phases] == [0.7, 0.5, 0.3]
+    assert [p.masked_lm_prob for p in phases] == [0.30, 0.15, 0.05]
+    languages = [set(p.mixture) for p in phases]
+    assert languages[0] < languages[1] < languages[2] and languages[2] == set(cfg.data.sources)
+    assert all(weight == 1 for p in phases for weight in p.mixture.values())  # the temperature sets the shares
+    tokens = [p.steps * (p.global_batch_size or cfg.train.global_batch_size) * p.max_seq_length for p in phases]
+    assert tokens[1] == pytest.approx(600e9, rel=1e-4) and tokens[2] == pytest.approx(100e9, rel=1e-4)
+    assert cfg.optim.schedule == "wsd" and cfg.train.batch_warmup_start == 768 and phases[2].decay_fraction == 1.0
+
+
 def test_flatten_round_trips_every_leaf():
     flat = flatten(Config().to_dict())
     assert flat["optim.lr"] == 1e-4
