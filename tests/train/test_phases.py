@@ -1,6 +1,6 @@
-"""BERT's two phases in one run (short sequences, then long ones with a smaller micro batch), with 2 real DeepSpeed
-ranks on CPU: a run killed in the first phase and resumed across the switch ends bit-identical to one that ran
-through."""
+"""BERT's two phases in one run (short sequences from a mixture of two sources, then long ones with a smaller micro
+batch), with 2 real DeepSpeed ranks on CPU: a run killed in the middle of the mixture phase and resumed across the
+switch ends bit-identical to one that ran through, with the same tokens per source."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 LONG_SEQ_LENGTH = 2 * TEST_SEQ_LENGTH  # the tiny model's max_position_embeddings
 PHASE_STEPS = 4
 CHECKPOINT_EVERY = 3  # step 3 is in the first phase; the resumed run crosses the switch at step 4
+MIXTURE = {"wiki": 3.0, "books": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,9 @@ def long_shards(tiny_corpus, tiny_vocab, ray_local, tmp_path_factory) -> str:
 def _config(directory, shards: str, long_shards: str, vocab: str):
     path = runs.write_config(directory, shards, vocab, zero_stage=1)
     cfg = yaml.safe_load(path.read_text())
+    cfg["data"]["sources"] = {"wiki": shards, "books": shards}  # two loaders, each with its own position
     cfg["data"]["phases"] = [
-        {"train_dir": shards, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": PHASE_STEPS},
+        {"mixture": MIXTURE, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": PHASE_STEPS},
         # Half the micro batch at twice the length: twice the accumulation for the same global batch.
         {"train_dir": long_shards, "max_seq_length": LONG_SEQ_LENGTH, "micro_batch_size": 2, "steps": PHASE_STEPS},
     ]
@@ -66,6 +68,12 @@ def test_a_run_resumed_across_the_phase_switch_ends_bit_identical(tmp_path, tiny
     assert sorted(logged) == list(range(1, 2 * PHASE_STEPS + 1))
     for step in expected:
         assert logged[step]["loss/train"] == expected[step]["loss/train"], step
+    # Tokens per source (counted from the start): the same after the resume, wiki's 3:1 ahead, none once the phase
+    # that mixes them has ended.
+    tokens = {name: [expected[s][f"data/tokens_{name}"] for s in sorted(expected)] for name in MIXTURE}
+    assert tokens == {name: [logged[s][f"data/tokens_{name}"] for s in sorted(logged)] for name in MIXTURE}
+    assert tokens["wiki"][PHASE_STEPS - 1] > tokens["books"][PHASE_STEPS - 1] > 0, tokens
+    assert all(set(tokens[name][PHASE_STEPS - 1 :]) == {tokens[name][PHASE_STEPS - 1]} for name in MIXTURE), tokens
     # The second phase really read the long shards: its batches hold more tokens per sample.
     per_sample = {s: r["progress/tokens_seen"] for s, r in expected.items()}
     first = (per_sample[PHASE_STEPS] - per_sample[1]) / (PHASE_STEPS - 1)
