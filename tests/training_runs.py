@@ -368,11 +368,11 @@ def poisoned(self, *args, **kwargs):
     if state["now"] and {poison}:
         out.loss = out.loss * float("nan")
     return out
-def step(self, batches):
+def step(self, batches, *loader):
     at = self.loaders[0].state_dict()["batches_done"] == {batches_done}
     state["now"] = at and ({always} or not state["done"])
     state["done"] = state["done"] or state["now"]
-    return train_step(self, batches)
+    return train_step(self, batches, *loader)
 def judged(self, loss, learn=True):
     return "judged bad by the test" if state["now"] and {judged} else judge(self, loss, learn)
 ComposedPretraining.forward, Trainer._train_step, rollback.LossWatch.judge = poisoned, step, judged

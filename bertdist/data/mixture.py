@@ -122,6 +122,21 @@ class MixtureLoader:
             for iterator in iterators:
                 iterator.close()
 
+    def samples_at(self, position: dict[str, Any], batches: int) -> list[tuple[str, int]]:
+        """("SOURCE/shard file", index in it) of every sample of the `batches` micro batches this rank reads from
+        `position` (its state_dict() then) on, source by source: what a bad step's batch held
+        (bertdist.train.rollback)."""
+        start = int(position["batches_done"])
+        counts = dict.fromkeys(self.names, 0)
+        for batch in range(start, start + batches):
+            counts[self.names[self.schedule.source(batch)]] += 1
+        return [
+            (f"{name}/{shard}", index)
+            for name, count in counts.items()
+            if count
+            for shard, index in self.loaders[name].samples_at(position["sources"][name], count)
+        ]
+
     def take_tokens(self) -> dict[str, int]:
         """This rank's tokens per source read since the last call (the trainer sums them over the ranks)."""
         taken, self._tokens = self._tokens, dict.fromkeys(self.names, 0)

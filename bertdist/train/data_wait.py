@@ -121,6 +121,8 @@ class DataWaitWatch:
         self.cores = len(os.sched_getaffinity(0)) if cores is None else cores
         self.intervals = 0
         self.warned = False
+        self.bursting = False
+        """The last interval waited in bursts: a second one in a row is said (one alone follows any loader start)."""
 
     def judge(self, step: int, wait_fraction: float, interval: Interval, loader: Any) -> None:
         """After a logging interval ending at `step`, read from `loader` (the phase's PretrainingLoader)."""
@@ -128,11 +130,10 @@ class DataWaitWatch:
         if self.threshold <= 0:
             return
         if wait_fraction <= self.threshold:
-            self.warned = False
+            self.warned = self.bursting = False
             return
         if self.intervals == 1 or self.warned:
             return
-        self.warned = True
         t, seconds = interval.totals, interval.seconds()
         facts = Facts(
             wait_fraction=wait_fraction,
@@ -147,9 +148,14 @@ class DataWaitWatch:
             ranks_per_host=self.ranks_per_host,
             cores=self.cores,
         )
+        kind, why = cause(facts)
+        if kind == "bursts" and not self.bursting:  # a loader's (re)start, a rollback: said if it lasts
+            self.bursting = True
+            return
+        self.warned = True
         line = (
             f"data wait {wait_fraction:.0%} of steps {step - interval.steps + 1}-{step} "
-            f"(train.data_wait_warn_fraction={self.threshold:g}): {cause(facts)[1]}"
+            f"(train.data_wait_warn_fraction={self.threshold:g}): {why}"
         )
         self.say(line)
         self.tag({TAG: line})

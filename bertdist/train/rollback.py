@@ -174,8 +174,8 @@ class Rollbacks:
         record = dict(
             pending,
             skipped_micro_batches=count,
-            loader_before={k: before[k] for k in ("epoch", "batches_done")},
-            loader_after={k: after[k] for k in ("epoch", "batches_done")},
+            loader_before={k: before[k] for k in run_events.POSITION_KEYS if k in before},
+            loader_after={k: after[k] for k in run_events.POSITION_KEYS if k in after},
             rollback=self.done,
             lr_scale=self.lr_scale,
         )
@@ -190,8 +190,8 @@ class Rollbacks:
         line = (
             f"step {record['step']}: {record['reason']}{named}: rolled back to the checkpoint of step "
             f"{record['rolled_back_to']} and skipped the {record['skipped_micro_batches']} micro batches that steps "
-            f"{record['rolled_back_to'] + 1}-{record['step']} read (this rank's loader: epoch "
-            f"{before['epoch']} batches {before['batches_done']}-{after['batches_done']}); rollback {self.done} of "
+            f"{record['rolled_back_to'] + 1}-{record['step']} read (this rank's loader: "
+            f"{run_events.loader_span(record['loader_before'], record['loader_after'])}); rollback {self.done} of "
             f"train.max_rollbacks={self.max_rollbacks}; learning rate scale {self.lr_scale:g} "
             f"(train.rollback_lr_factor={self.lr_factor:g})"
         )

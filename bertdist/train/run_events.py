@@ -57,13 +57,23 @@ def describe(e: dict[str, Any]) -> str:
             f"replay {e['rollback']}: at step {e['step']} ({e['reason']}) replayed from step {e['rolled_back_to']}: "
             f"the loss is now {e['loss_now']:.4f}: a transient fault, nothing skipped"
         )
-    before, after = e["loader_before"], e["loader_after"]
     replayed = f"; replayed and bad again, the data: {batch_summary(e['batch'])}" if e.get("verdict") == "data" else ""
     return (
         f"rollback {e['rollback']}: at step {e['step']} ({e['reason']}) back to step {e['rolled_back_to']}, "
-        f"{e['skipped_micro_batches']} micro batches skipped (rank 0's loader: epoch {before['epoch']} batches "
-        f"{before['batches_done']}-{after['batches_done']}){replayed}; learning rate scale {e.get('lr_scale', 1.0):g}"
+        f"{e['skipped_micro_batches']} micro batches skipped (rank 0's loader: "
+        f"{loader_span(e['loader_before'], e['loader_after'])}){replayed}; learning rate scale "
+        f"{e.get('lr_scale', 1.0):g}"
     )
+
+
+POSITION_KEYS = ("epoch", "batches_done")
+"""What a record keeps of a loader's state around a skip: a mixture's has no epoch of its own (each source has)."""
+
+
+def loader_span(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Where the skipped batches were: `epoch 1 batches 4-10`, or a mixture's `the mixture's batches 4-10`."""
+    span = f"batches {before['batches_done']}-{after['batches_done']}"
+    return f"epoch {before['epoch']} {span}" if "epoch" in before else f"the mixture's {span}"
 
 
 def batch_summary(batch: list[list[list[Any]]]) -> str:

@@ -143,3 +143,27 @@ def test_the_data_wait_warning_reads_the_costs_of_every_source(tiny_shards, tiny
     assert costs["load_batches"] == len(batches) and costs["load_seconds"] > 0
     assert mixture.costs.take()["load_batches"] == 0  # taken: they start again from zero
     assert (mixture.num_workers, mixture.masking_mode, mixture.shard_dir) == (0, "static", tiny_shards)
+
+
+def test_a_position_names_each_sample_of_the_mixtures_next_batches_with_its_source(tiny_shards, tiny_vocab):
+    """What a bad step's batch held in a mixture phase (bertdist.train.rollback): from a saved position, each named
+    (SOURCE/shard file, index) holds the tokens of a row the next batches have, every row named once."""
+    import os
+
+    from bertdist.data.shards import iter_directory_blocks
+
+    tokens, counts = {}, {}
+    for path, block in iter_directory_blocks(tiny_shards):
+        name, offsets = os.path.basename(path), block.token_offsets()
+        for row in range(len(block)):
+            tokens[(name, counts.get(name, 0) + row)] = block.input_ids[offsets[row] : offsets[row + 1]].tolist()
+        counts[name] = counts.get(name, 0) + len(block)
+    mixture = _mixture(tiny_shards, tiny_vocab)
+    batches = iter(mixture)
+    for _ in range(7):
+        next(batches)
+    named = mixture.samples_at(mixture.state_dict(), 5)
+    read = [next(batches) for _ in range(5)]
+    held = [row[: int(mask.sum())].tolist() for b in read for row, mask in zip(b["input_ids"], b["attention_mask"])]
+    assert {source.split("/")[0] for source, _ in named} <= {"a", "b", "c"} and len(named) == len(held) == 5 * 4
+    assert sorted(tokens[(source.split("/", 1)[1], index)] for source, index in named) == sorted(held)

@@ -121,3 +121,19 @@ def test_said_again_only_after_the_wait_recovered_and_never_when_off(watch):
     for step in (10, 20, 30):
         off.judge(step, 0.9, interval(10, 9.0), LOADER)
     assert off_lines == []
+
+
+def test_a_burst_is_said_only_when_it_lasts_two_intervals(watch):
+    """Workers that keep up on average and still kept the ranks waiting: after a loader's start or a rollback that
+    is one interval, not worth a line; two in a row are."""
+    w, lines, _ = watch
+    workers = SimpleNamespace(num_workers=2, shard_dir="/data/shards", masking_mode="static")
+    w.judge(10, 0.0, interval(10, 0.0), workers)
+    w.judge(20, 0.3, interval(10, 1.0), workers)  # 0.1 s a batch, one consumed a second: 0.1 workers' worth
+    assert lines == []
+    w.judge(30, 0.05, interval(10, 0.5), workers)  # recovered: the burst is forgotten
+    w.judge(40, 0.3, interval(10, 1.0), workers)
+    assert lines == []
+    w.judge(50, 0.3, interval(10, 1.0), workers)
+    (line,) = lines
+    assert line.startswith("data wait 30% of steps 41-50") and "keep up on average" in line

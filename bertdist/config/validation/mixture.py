@@ -38,9 +38,4 @@ def mixture_problems(cfg: Config) -> list[str]:
                 found.append(f"{where}.mixture.{name}: no such source in data.sources (declared: {declared})")
             if not (_is_number(weight) and weight > 0):
                 found.append(f"{where}.mixture.{name}: a weight must be a number > 0, got {weight!r}")
-    if cfg.train.on_bad_step == "rollback" and any(ph.mixture for ph in d.phases):
-        found.append(
-            "train.on_bad_step: rollback does not yet name or skip the batches of a mixture (data.phases.N.mixture); "
-            "use stop with a mixture"
-        )
     return found
