@@ -149,6 +149,23 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         help="text per document group; NotNext segments come from the same group",
     )
     p.add_argument("--on-bad-input", choices=choices(PrepareOptions, "on_bad_input"), default=o.on_bad_input)
+    p.add_argument(
+        "--language-field",
+        default=o.language_field,
+        metavar="FIELD",
+        help="the JSON-lines field naming each document's language (a line without it is bad input); the manifest "
+        "counts each language",
+    )
+    p.add_argument(
+        "--languages-from-dirs",
+        action="store_true",
+        help="each --input is a directory of one subdirectory per language (INPUT/de/..., INPUT/fr/...)",
+    )
+    p.add_argument(
+        "--split-by-language",
+        action="store_true",
+        help="write OUTPUT/<language>/, one complete shard set per language, each a source for data.sources",
+    )
     p.add_argument("--no-progress", action="store_false", dest="progress")
     p.set_defaults(
         func=_run_prepare,
