@@ -43,25 +43,55 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
+    _add_language_flags(
+        p,
+        "holds out every 20th document of each language and reports, per language, tokens per "
+        "word and the unknown-token rate on them",
+    )
     p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
 
 
 def _run_vocab(args: argparse.Namespace) -> int:
     from bertdist.data.bpe import MIN_VOCAB_SIZE, train_bpe
-    from bertdist.data.readers import expand_inputs, iter_texts
+    from bertdist.data.language_report import HELD_OUT_EVERY, HeldOut, language_report
+    from bertdist.data.readers import expand_inputs
     from bertdist.data.vocab import train_vocab
 
     train, smallest = (train_bpe, MIN_VOCAB_SIZE) if args.model == "bpe" else (train_vocab, 16)
     if args.vocab_size < smallest:
         print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    texts = iter_texts(expand_inputs(args.input))
+    if args.language_field and args.languages_from_dirs:
+        print("bertdist vocab: --language-field and --languages-from-dirs: give one", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    report = bool(args.language_field or args.languages_from_dirs)
+    files = expand_inputs(args.input, args.languages_from_dirs)
+    held_out = HeldOut(files, args.language_field, HELD_OUT_EVERY if report else 0)
+    texts = held_out.training_texts()
     first = next((text for text in texts if text.strip()), None)
     if first is None:  # a vocabulary of the special tokens alone would pass for one; prepare refuses this input too
         raise DataError(f"{' '.join(args.input)}: contains no text (an empty file, or a dump of redirects only)")
     path = train(itertools.chain([first], texts), args.output, args.vocab_size, cased=args.cased)
     print(f"wrote {path}")
+    if report:
+        print("per language, on held-out documents:")
+        print("\n".join(language_report(args.output, held_out.documents, args.cased)))
     return 0
+
+
+def _add_language_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """--language-field and --languages-from-dirs, as `vocab` and `prepare` both read them."""
+    p.add_argument(
+        "--language-field",
+        default=PrepareOptions.language_field,
+        metavar="FIELD",
+        help=f"the JSON-lines field naming each document's language (a line without it is bad input); {what}",
+    )
+    p.add_argument(
+        "--languages-from-dirs",
+        action="store_true",
+        help="each --input is a directory of one subdirectory per language (INPUT/de/..., INPUT/fr/...)",
+    )
 
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
@@ -149,6 +179,12 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         help="text per document group; NotNext segments come from the same group",
     )
     p.add_argument("--on-bad-input", choices=choices(PrepareOptions, "on_bad_input"), default=o.on_bad_input)
+    _add_language_flags(p, "the manifest counts each language")
+    p.add_argument(
+        "--split-by-language",
+        action="store_true",
+        help="write OUTPUT/<language>/, one complete shard set per language, each a source for data.sources",
+    )
     p.add_argument("--no-progress", action="store_false", dest="progress")
     p.set_defaults(
         func=_run_prepare,

@@ -2,7 +2,8 @@
 
 Formats, optionally `.gz`/`.bz2` compressed:
   .txt    one sentence per line, a blank line between documents (the reference's format)
-  .jsonl  one JSON object per line with a string field `text` (one document, split into sentences here)
+  .jsonl  one JSON object per line with a string field `text` (one document, split into sentences here), and
+          with `language_field` a string field naming the document's language
   .xml    a MediaWiki dump (articles only, markup removed)
 
 Large uncompressed `.txt`/`.jsonl` files are cut into byte ranges ("units") so that several Ray tasks can
@@ -10,6 +11,9 @@ read one file. A unit owns every document whose separating blank line (txt) or l
 inside its range; it reads past its end to finish its last document. The documents of all units of a file
 are therefore exactly the documents of the file, in order, whatever the cut points. Compressed files and
 XML cannot be split and are one unit.
+
+A document's language comes from its JSON field (`prepare --language-field`) or from the directory its file is in
+(`--languages-from-dirs`: INPUT/<language>/...); without either it is "".
 
 Every problem raises `DataError` naming the file and the byte offset (in the decompressed stream).
 Inputs may be object-store URLs (`s3://bucket/prefix/`, `s3://bucket/wiki-*.xml.bz2`), read through
@@ -22,6 +26,7 @@ import bz2
 import gzip
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
@@ -35,6 +40,8 @@ _BLOCK_BYTES = 1 << 20
 
 _KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki"}
 _COMPRESSIONS = {".gz": "gz", ".bz2": "bz2"}
+_LANGUAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A language names a shard directory (`prepare --split-by-language`): no path separators, no leading dot."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,8 @@ class InputFile:
     """txt, jsonl or wiki."""
     compression: str
     """'', gz or bz2."""
+    language: str = ""
+    """From the directory under the input (`expand_inputs(..., languages_from_dirs=True)`), else ""."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,12 @@ def file_kind(path: str) -> tuple[str, str]:
     return kind, compression
 
 
-def expand_inputs(patterns: list[str]) -> list[InputFile]:
+def expand_inputs(patterns: list[str], languages_from_dirs: bool = False) -> list[InputFile]:
     """Files named by paths, directories or URL prefixes (searched recursively for known types) or globs,
-    sorted, deduplicated."""
+    sorted, deduplicated. With `languages_from_dirs` each pattern is a directory whose subdirectories are named by
+    language, and each file takes the language of the subdirectory it is in."""
+    if languages_from_dirs:
+        return _language_inputs(patterns)
     paths: list[str] = []
     for pattern in patterns:
         if storage.is_file(pattern):
@@ -95,6 +107,32 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
         kind, compression = file_kind(path)
         files.append(InputFile(i, path, storage.size(path), kind, compression))
     return files
+
+
+def _language_inputs(parents: list[str]) -> list[InputFile]:
+    language_of: dict[str, str] = {}
+    for parent in parents:
+        if not storage.is_dir(parent):
+            raise DataError(f"{parent}: not a directory (--languages-from-dirs reads PARENT/<language>/...)")
+        base = storage.absolute(parent).rstrip("/") + "/"
+        for path in (storage.absolute(p) for p in storage.find(parent) if _is_known(p)):
+            language, sep, _ = path[len(base) :].partition("/")
+            if not sep:
+                raise DataError(f"{path}: not inside a language directory of {parent} (--languages-from-dirs)")
+            language_of[path] = check_language(language, path)
+    files = [
+        InputFile(i, path, storage.size(path), *file_kind(path), language=language_of[path])
+        for i, path in enumerate(sorted(language_of))
+    ]
+    if not files:
+        raise DataError(f"no input files (.txt, .jsonl, .xml[.gz|.bz2]) in {', '.join(parents)}")
+    return files
+
+
+def check_language(language: str, where: str) -> str:
+    if not _LANGUAGE_NAME.fullmatch(language):
+        raise DataError(f"{where}: language {language!r} is not a name (letters, digits, _ . -; at most 64)")
+    return language
 
 
 def _is_known(name: str) -> bool:
@@ -119,16 +157,25 @@ def plan_units(files: list[InputFile], unit_bytes: int) -> list[ReadUnit]:
 
 def read_documents(unit: ReadUnit) -> Iterator[list[str]]:
     """The documents (non-empty lists of sentences) of one unit, in file order."""
+    for _, sentences in read_language_documents(unit, language_field=""):
+        yield sentences
+
+
+def read_language_documents(unit: ReadUnit, language_field: str) -> Iterator[tuple[str, list[str]]]:
+    """(language, sentences) of each document of one unit, in file order; a JSON line without a string
+    `language_field` is a DataError naming the field, the file and the line's byte."""
     f = unit.file
     if f.size_bytes == 0:
         raise DataError(f"{f.path}: empty file")
     with storage.open_binary(f.path) as raw, _decompressed(raw, f) as stream:
-        if f.kind == "wiki":
-            yield from _wiki_documents(stream, f.path)
-        elif f.kind == "jsonl":
-            yield from _jsonl_documents(_Lines(stream, unit))
+        if f.kind == "jsonl":
+            yield from _jsonl_documents(_Lines(stream, unit), language_field, f.language)
         else:
-            yield from _txt_documents(_Lines(stream, unit), unit)
+            documents = (
+                _wiki_documents(stream, f.path) if f.kind == "wiki" else _txt_documents(_Lines(stream, unit), unit)
+            )
+            for sentences in documents:
+                yield f.language, sentences
 
 
 def _decompressed(raw: BinaryIO, f: InputFile) -> BinaryIO:
@@ -228,7 +275,7 @@ def _txt_documents(lines: _Lines, unit: ReadUnit) -> Iterator[list[str]]:
         yield sentences
 
 
-def _jsonl_documents(lines: _Lines) -> Iterator[list[str]]:
+def _jsonl_documents(lines: _Lines, language_field: str, file_language: str) -> Iterator[tuple[str, list[str]]]:
     from bertdist.data.sentences import split_sentences
 
     for start, line in lines:
@@ -242,9 +289,16 @@ def _jsonl_documents(lines: _Lines) -> Iterator[list[str]]:
             raise DataError(f"{lines.path}: line at byte {start} is not valid JSON ({e.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{lines.path}: line at byte {start}: expected an object with a string field 'text'")
+        language = file_language
+        if language_field:
+            if not isinstance(record.get(language_field), str):
+                raise DataError(
+                    f"{lines.path}: line at byte {start} has no string field {language_field!r} (--language-field)"
+                )
+            language = check_language(record[language_field], f"{lines.path}: line at byte {start}")
         sentences = split_sentences(record["text"])
         if sentences:
-            yield sentences
+            yield language, sentences
 
 
 def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,26 @@ def test_a_corpus_without_text_is_refused_before_a_vocabulary_is_written(tmp_pat
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{given}: contains no text" in err[0], err
         assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("model", ["bpe", "wordpiece"])
+def test_vocab_reports_each_language_on_held_out_documents(model, tmp_path, capsys):
+    """Every 20th document of a language is held out; byte-level BPE has no unknown token, WordPiece meets
+    characters it never saw (the Greek documents held out alone)."""
+    from bertdist.cli import main
+
+    words = "the cat sat on a mat while the dog ran in the park and it was a sunny day".split()
+    lines = []
+    for k in range(40):
+        lines.append({"lang": "en", "text": " ".join(words[k % 5 :] + words[: k % 5]) + "."})
+        lines.append({"lang": "ja", "text": "猫はマットの上に座っていました。" * (1 + k % 3)})
+        lines.append({"lang": "el", "text": "Γάτα κάθεται." if k % 20 == 19 else "Gata kathetai sto xali."})
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    args = ["vocab", "--input", str(corpus), "--output", str(tmp_path / "v"), "--model", model]
+    assert main([*args, "--vocab-size", "300", "--language-field", "lang", "--cased"]) == 0
+    report = {line.split(":")[0].strip(): line for line in capsys.readouterr().out.splitlines() if ": " in line}
+    assert "tokens per word" in report["en"] and "tokens per character" in report["ja"]
+    assert "(2 held-out documents" in report["en"]
+    assert "0.00% unknown" in report["en"]
+    assert ("0.00% unknown" in report["el"]) is (model == "bpe")

@@ -58,6 +58,16 @@ def validate_prepare(opts: PrepareOptions) -> None:
                 storage.is_url(opts.vocab_file),
                 "a URL is not supported here yet; give a local vocab.txt or tokenizer.json",
             ),
+            (
+                "--language-field",
+                bool(opts.language_field) and opts.languages_from_dirs,
+                "one source of languages: a JSON field or the directories (--languages-from-dirs), not both",
+            ),
+            (
+                "--split-by-language",
+                opts.split_by_language and not (opts.language_field or opts.languages_from_dirs),
+                "needs the documents' languages: --language-field FIELD or --languages-from-dirs",
+            ),
         ]
         if bad
     ]

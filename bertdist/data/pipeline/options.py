@@ -29,4 +29,11 @@ class PrepareOptions:
     endpoint_url: str = ""
     """An S3-compatible store's endpoint for s3:// inputs and output (empty: AWS_ENDPOINT_URL_S3 or AWS)."""
     on_bad_input: Literal["fail", "skip"] = "fail"
+    language_field: str = ""
+    """The JSON-lines field that names each document's language (a line without it is bad input)."""
+    languages_from_dirs: bool = False
+    """Each input is a directory of one subdirectory per language: a file's language is its subdirectory's name."""
+    split_by_language: bool = False
+    """Write OUTPUT/<language>/, a complete shard set with its own manifest per language (mixture sources),
+    instead of one shard set of every language."""
     progress: bool = True

@@ -35,8 +35,16 @@ def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str
 
 
 def _output_options(opts: PrepareOptions) -> dict[str, Any]:
+    """The options the shards depend on; the language options only where given, so that a run without them
+    keeps the fingerprint (and resumes the work) of a bertdist before them."""
+    languages = dict(
+        language_field=opts.language_field,
+        languages_from_dirs=opts.languages_from_dirs,
+        split_by_language=opts.split_by_language,
+    )
     return dict(
         dataclasses.asdict(opts.instances),
+        **(languages if any(languages.values()) else {}),
         cased=opts.cased,
         samples_per_shard=opts.samples_per_shard,
         band_shards=opts.band_shards,
@@ -69,6 +77,18 @@ def claim_output(output_dir: str, fingerprint: str) -> str:
         storage.makedirs(storage.join(work_dir, sub))
     storage.write_text(stamp, fingerprint + "\n")
     return work_dir
+
+
+def language_totals(
+    language_stats: dict[str, dict[str, int]], group_languages: list[str], group_results: list[dict]
+) -> dict[str, dict[str, int]]:
+    """Per language: its documents, sentences, tokens and unknown tokens read, and the samples and sample tokens
+    made of them (each group is one language's)."""
+    out = {language: dict(stats, samples=0, sample_tokens=0) for language, stats in language_stats.items()}
+    for language, result in zip(group_languages, group_results):
+        out[language]["samples"] += result["instances"]
+        out[language]["sample_tokens"] += result["tokens"]
+    return out
 
 
 def build_manifest(

@@ -1,6 +1,8 @@
 """What the driver of `bertdist prepare` decides between its stages, from the read stage's results: which input
 files are bad (fail, or skip them and say so), which documents are exact duplicates (the first occurrence in input
-order wins), and how the rest are cut into groups of `group_bytes` of text for the instances stage.
+order wins), and how the rest are cut into groups of `group_bytes` of text for the instances stage: each group holds
+one language (documents of one language keep their input order), so a NotNext segment is never in another
+language and each language's instances are a contiguous range of groups.
 
 Plain functions of the results, no Ray: the same results give the same plan, whatever ran the tasks.
 """
@@ -8,6 +10,7 @@ Plain functions of the results, no Ray: the same results give the same plan, wha
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,32 +43,51 @@ def bad_input_report(
     return skipped, [k for k, u in enumerate(units) if u.file.index not in problems]
 
 
-def plan_groups(
-    work_dir: str, good_units: list[int], results: list[dict], group_bytes: int
-) -> tuple[list[list[tuple[str, np.ndarray]]], dict[str, int]]:
-    """Drop exact duplicates (first occurrence wins) and cut the rest into groups of `group_bytes` of text."""
+@dataclass
+class GroupPlan:
+    groups: list[list[tuple[str, np.ndarray]]]
+    """Per group: (piece, the indices of its documents in that piece) for each piece it reads."""
+    group_languages: list[str]
+    document_stats: dict[str, int]
+    """documents (kept) and duplicate_documents; sentences, tokens and unk_tokens of every document read."""
+    language_stats: dict[str, dict[str, int]]
+    """The same per language, for a corpus whose documents have one ({} otherwise)."""
+
+
+def plan_groups(work_dir: str, good_units: list[int], results: list[dict], group_bytes: int, unk_id: int) -> GroupPlan:
+    """Drop exact duplicates (first occurrence wins) and cut the rest into groups of `group_bytes` of text, one
+    language per group."""
     pieces = [piece for k in good_units for piece in results[k]["pieces"]]
-    hashes, sizes, owner = [], [], []
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in _DOCUMENT_COLUMNS}
+    owner = []
     for p, piece in enumerate(pieces):
         with load_piece(work_dir, piece) as npz:
-            hashes.append(npz["document_hashes"])
-            sizes.append(npz["document_bytes"])
-        owner.append(np.full(len(sizes[-1]), p, dtype=np.int64))
+            for name, column in _document_columns(npz, unk_id).items():
+                columns[name].append(column)
+        owner.append(np.full(len(columns["bytes"][-1]), p, dtype=np.int64))
     if not pieces:
-        return [], dict(documents=0, duplicate_documents=0)
-    all_hashes = np.ascontiguousarray(np.concatenate(hashes)).view("V16").ravel()
-    _, first = np.unique(all_hashes, return_index=True)
-    keep = np.zeros(len(all_hashes), dtype=bool)
+        return GroupPlan([], [], dict(documents=0, duplicate_documents=0), {})
+    hashes, sizes, languages = (np.concatenate(columns[name]) for name in ("hashes", "bytes", "languages"))
+    _, first = np.unique(np.ascontiguousarray(hashes).view("V16").ravel(), return_index=True)
+    keep = np.zeros(len(sizes), dtype=bool)
     keep[first] = True
-    all_sizes, all_owner = np.concatenate(sizes), np.concatenate(owner)
-    local = np.concatenate([np.arange(len(s)) for s in sizes])
-    kept_sizes = all_sizes[keep]
-    group_of = (np.cumsum(kept_sizes) - kept_sizes) // group_bytes
-    kept_owner, kept_local = all_owner[keep], local[keep]
+    local = np.concatenate([np.arange(len(s)) for s in columns["bytes"]])
+    # kept documents, language by language, each language in input order
+    kept = np.flatnonzero(keep)
+    kept = kept[np.argsort(languages[kept], kind="stable")]
+    group_of = np.zeros(len(kept), dtype=np.int64)
+    group_languages: list[str] = []
+    for language in np.unique(languages[kept]).tolist():
+        rows = np.flatnonzero(languages[kept] == language)
+        sizes_here = sizes[kept[rows]]
+        within = (np.cumsum(sizes_here) - sizes_here) // group_bytes
+        group_of[rows] = len(group_languages) + within
+        group_languages += [language] * (int(within[-1]) + 1)
+    all_owner = np.concatenate(owner)
     groups = []
-    for g in np.unique(group_of).tolist():
-        in_group = group_of == g
-        owners, locals_ = kept_owner[in_group], kept_local[in_group]
+    for g in range(len(group_languages)):
+        members = kept[group_of == g]
+        owners, locals_ = all_owner[members], local[members]
         groups.append([(pieces[p], locals_[owners == p]) for p in np.unique(owners).tolist()])
     stats = dict(
         documents=int(keep.sum()),
@@ -74,4 +96,44 @@ def plan_groups(
         tokens=sum(results[k]["tokens"] for k in good_units),
         unk_tokens=sum(results[k]["unk_tokens"] for k in good_units),
     )
-    return groups, stats
+    return GroupPlan(groups, group_languages, stats, _language_stats(columns, languages, keep))
+
+
+_DOCUMENT_COLUMNS = ("hashes", "bytes", "languages", "sentences", "tokens", "unk_tokens")
+
+
+def _document_columns(npz: "np.lib.npyio.NpzFile", unk_id: int) -> dict[str, np.ndarray]:
+    """Per document of a piece: its hash, text bytes, language ("" in a piece of a run without languages, or of
+    an earlier bertdist), sentences, tokens and unknown tokens."""
+    document_offsets, sentence_offsets = npz["document_offsets"], npz["sentence_offsets"]
+    token_offsets = sentence_offsets[document_offsets]
+    unknown = np.concatenate([[0], np.cumsum(npz["tokens"] == unk_id)])
+    sizes = npz["document_bytes"]
+    languages = npz["document_languages"] if "document_languages" in npz.files else np.full(len(sizes), "")
+    return dict(
+        hashes=npz["document_hashes"],
+        bytes=sizes,
+        languages=languages,
+        sentences=np.diff(document_offsets),
+        tokens=np.diff(token_offsets),
+        unk_tokens=np.diff(unknown[token_offsets]),
+    )
+
+
+def _language_stats(
+    columns: dict[str, list[np.ndarray]], languages: np.ndarray, keep: np.ndarray
+) -> dict[str, dict[str, int]]:
+    """Per language, counted as the run's totals are: documents kept and dropped as duplicates, and the
+    sentences, tokens and unknown tokens of every document read."""
+    if not (languages != "").any():
+        return {}
+    counts = {name: np.concatenate(columns[name]) for name in ("sentences", "tokens", "unk_tokens")}
+    out = {}
+    for language in np.unique(languages).tolist():
+        mine = languages == language
+        out[language] = dict(
+            documents=int((mine & keep).sum()),
+            duplicate_documents=int((mine & ~keep).sum()),
+            **{name: int(values[mine].sum()) for name, values in counts.items()},
+        )
+    return out

@@ -40,4 +40,11 @@ def summary_text(report: PrepareReport) -> str:
         + ", ".join(f"{node}: {tasks} tasks" for node, tasks in report.tasks_per_node.items())
         + ")",
     ]
+    split = bool(m["options"].get("split_by_language"))
+    for language, c in m.get("languages", {}).items():
+        lines.append(
+            f"  {language}: {c['documents']:,} documents, {c['tokens']:,} tokens, "
+            f"{100 * c['unk_tokens'] / max(c['tokens'], 1):.2f}% [UNK], {c['samples']:,} samples"
+            + (f" -> {report.output_dir}/{language}" if split else "")
+        )
     return "\n".join(lines)

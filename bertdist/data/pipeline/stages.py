@@ -1,7 +1,7 @@
 """The three stages of `bertdist prepare` as plain functions; the driver runs each as Ray tasks.
 
 1. `read_unit`: an input unit (a file, or a byte range of a big uncompressed file) -> sentences ->
-   WordPiece ids, written as "pieces" of a few MB with a hash and a size per document.
+   WordPiece ids, written as "pieces" of a few MB with a hash, a size and a language per document.
 2. `make_group`: a group of documents (about `group_bytes` of text) -> every pass of instances (pairs +
    masks, `bertdist.data.instances`), seeded by (seed, group, pass), as memory-mappable column files.
 3. `write_one_shard`: one shard's instances, found by the inverse of a seeded permutation of its band,
@@ -24,7 +24,7 @@ import numpy as np
 from bertdist import storage
 from bertdist.data.instances import Documents, InstanceOptions, create_instances
 from bertdist.data.masking import VocabInfo
-from bertdist.data.readers import ReadUnit, read_documents
+from bertdist.data.readers import ReadUnit, read_language_documents
 from bertdist.data.samples import Samples, offsets, ranges
 from bertdist.data.shards import (
     SAMPLES_PER_BLOCK,
@@ -44,7 +44,9 @@ def _single_threaded() -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"
 
 
-def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece_bytes: int) -> dict[str, Any]:
+def read_unit(
+    unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece_bytes: int, language_field: str
+) -> dict[str, Any]:
     """Stage 1 for one unit; returns (and records) its summary, or the error that made its file bad."""
     record_path = storage.join(work_dir, "docs", f"{unit.name}.json")
     if storage.exists(record_path):
@@ -56,11 +58,11 @@ def read_unit(unit: ReadUnit, work_dir: str, vocab_file: str, cased: bool, piece
     encoder, unk_id, token_dtype = tokenizer.sentence_encoder(), tokenizer.unk_id, _token_dtype(tokenizer.size)
     summary: dict[str, Any] = dict(pieces=[], error=None, documents=0, sentences=0, tokens=0, unk_tokens=0)
     writer = _PieceWriter(work_dir, unit.name, token_dtype, unk_id)
-    batch: list[list[str]] = []
+    batch: list[tuple[str, list[str]]] = []
     batch_bytes = 0
     try:
-        for document in read_documents(unit):
-            batch.append(document)
+        for language, document in read_language_documents(unit, language_field):
+            batch.append((language, document))
             batch_bytes += sum(len(s) for s in document)
             if batch_bytes >= _TOKENIZE_BATCH_BYTES:
                 _tokenize_into(encoder, batch, writer, summary)
@@ -92,12 +94,20 @@ class _PieceWriter:
         self.document_sentences: list[np.ndarray] = []
         self.hashes: list[bytes] = []
         self.document_bytes: list[int] = []
+        self.document_languages: list[str] = []
         self.text_bytes = 0
 
     def add(
-        self, ids: np.ndarray, sentence_lengths: np.ndarray, document_sentences: np.ndarray, texts: list[str]
+        self,
+        ids: np.ndarray,
+        sentence_lengths: np.ndarray,
+        document_sentences: np.ndarray,
+        texts: list[str],
+        languages: list[str],
     ) -> None:
-        """Documents given as their tokens, sentence lengths, sentences per document and text (for the hash)."""
+        """Documents given as their tokens, sentence lengths, sentences per document, text (for the hash) and
+        language."""
+        self.document_languages.extend(languages)
         self.tokens.append(ids)
         self.sentence_lengths.append(sentence_lengths)
         self.document_sentences.append(document_sentences)
@@ -117,6 +127,7 @@ class _PieceWriter:
             document_offsets=offsets(np.concatenate(self.document_sentences)),
             document_hashes=np.frombuffer(b"".join(self.hashes), dtype=np.uint8).reshape(-1, 16),
             document_bytes=np.array(self.document_bytes, dtype=np.int64),
+            document_languages=np.array(self.document_languages, dtype=str),
         )
         self.total_tokens += len(arrays["tokens"])
         self.unk_tokens += int((arrays["tokens"] == self.unk_id).sum())
@@ -132,17 +143,20 @@ class _PieceWriter:
         self._reset()
 
 
-def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, summary: dict) -> None:
-    """Tokenize a batch of documents; empty sentences are dropped, then empty documents (as the reference)."""
+def _tokenize_into(encoder: Any, batch: list[tuple[str, list[str]]], writer: _PieceWriter, summary: dict) -> None:
+    """Tokenize a batch of (language, document); empty sentences are dropped, then empty documents (as the
+    reference)."""
     if not batch:
         return
-    ids, lengths = encoder.encode([s for document in batch for s in document])
-    sentences_per_document = np.array([len(d) for d in batch])
+    ids, lengths = encoder.encode([s for _, document in batch for s in document])
+    sentences_per_document = np.array([len(d) for _, d in batch])
     nonempty = lengths > 0
     kept_per_document = np.add.reduceat(nonempty, offsets(sentences_per_document)[:-1])
-    texts = []
+    texts, languages = [], []
     k = 0
-    for document, kept in zip(batch, kept_per_document.tolist()):
+    for (language, document), kept in zip(batch, kept_per_document.tolist()):
+        if kept:
+            languages.append(language)
         if kept == len(document):
             texts.append("\n".join(document))
         elif kept:
@@ -150,7 +164,7 @@ def _tokenize_into(encoder: Any, batch: list[list[str]], writer: _PieceWriter, s
         k += len(document)
     summary["sentences"] += len(lengths)
     summary["documents"] += len(texts)
-    writer.add(ids, lengths[nonempty], kept_per_document[kept_per_document > 0], texts)
+    writer.add(ids, lengths[nonempty], kept_per_document[kept_per_document > 0], texts, languages)
 
 
 def make_group(
@@ -213,17 +227,29 @@ def _open_group(group_dir: str) -> Samples:
 
 
 def write_one_shard(
-    shard: int, num_shards: int, band_shards: int, group_offsets: np.ndarray, work_dir: str, output_dir: str, key: int
+    shard: int,
+    num_shards: int,
+    band_shards: int,
+    group_offsets: np.ndarray,
+    instance_range: tuple[int, int],
+    work_dir: str,
+    output_dir: str,
+    shard_set: str,
+    key: int,
 ) -> dict[str, Any]:
-    """Stage 3 for one shard: gather its instances (inverse permutation) and write the tar atomically."""
+    """Stage 3 for one shard of a shard set: the instances in `instance_range`, written to OUTPUT/<shard_set>/
+    (one language's, `prepare --split-by-language`) or to OUTPUT itself (shard_set ""). Gathers the shard's
+    instances (inverse permutation) and writes the tar atomically."""
     name = shard_name(shard)
-    path = storage.join(output_dir, name)
-    record_path = storage.join(work_dir, "shards", f"{name}.json")
+    path = storage.join(output_dir, shard_set, name) if shard_set else storage.join(output_dir, name)
+    record_dir = storage.join(work_dir, "shards", shard_set) if shard_set else storage.join(work_dir, "shards")
+    record_path = storage.join(record_dir, f"{name}.json")
     if storage.exists(record_path) and storage.exists(path):
         record = storage.read_json(record_path)
         if storage.file_sha256(path) == record["sha256"]:
             return dict(record, resumed=True)
-    instance = shard_instances(shard, num_shards, int(group_offsets[-1]), band_shards, key)
+    first, end = instance_range
+    instance = first + shard_instances(shard, num_shards, end - first, band_shards, key)
     group = np.searchsorted(group_offsets, instance, side="right") - 1
     by_group = np.argsort(group, kind="stable")
     parts = []
