@@ -19,12 +19,13 @@ from bertdist.flags import Renamed, from_args
 def add_vocab(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "vocab",
-        help="train a tokenizer (WordPiece vocab.txt, or byte-level BPE tokenizer.json)",
+        help="train a tokenizer (WordPiece vocab.txt, or a byte-level BPE or Unigram tokenizer.json)",
         description=(
             "Train a tokenizer with Hugging Face tokenizers, streaming the input, with BERT's special tokens [PAD] "
             "[UNK] [CLS] [SEP] [MASK] first. --model wordpiece (BERT's normaliser and pre-tokenizer) writes "
-            "DIR/vocab.txt and DIR/tokenizer.json; --model bpe (byte-level BPE as ModernBERT's) writes "
-            "DIR/tokenizer.json, tokenizer_config.json and special_tokens_map.json. data.vocab_file (--vocab) "
+            "DIR/vocab.txt and DIR/tokenizer.json; --model bpe (byte-level BPE as ModernBERT's) and --model unigram "
+            "(Unigram with byte fallback as Gemma's, for many languages) write DIR/tokenizer.json, "
+            "tokenizer_config.json and special_tokens_map.json. data.vocab_file (--vocab) "
             "names the file printed, or DIR."
         ),
     )
@@ -39,7 +40,8 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
         "--model",
         choices=TOKENIZER_MODELS,
         default=TOKENIZER_MODELS[0],
-        help="wordpiece: BERT's vocab.txt (default); bpe: a byte-level BPE tokenizer.json, as ModernBERT's",
+        help="wordpiece: BERT's vocab.txt (default); bpe: a byte-level BPE tokenizer.json, as ModernBERT's; "
+        "unigram: a Unigram tokenizer.json with byte fallback (no unknown text), as Gemma's",
     )
     p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
@@ -52,12 +54,16 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_vocab(args: argparse.Namespace) -> int:
-    from bertdist.data.bpe import MIN_VOCAB_SIZE, train_bpe
+    from bertdist.data import bpe, unigram
     from bertdist.data.language_report import HELD_OUT_EVERY, HeldOut, language_report
     from bertdist.data.readers import expand_inputs
     from bertdist.data.vocab import train_vocab
 
-    train, smallest = (train_bpe, MIN_VOCAB_SIZE) if args.model == "bpe" else (train_vocab, 16)
+    train, smallest = {
+        "wordpiece": (train_vocab, 16),
+        "bpe": (bpe.train_bpe, bpe.MIN_VOCAB_SIZE),
+        "unigram": (unigram.train_unigram, unigram.MIN_VOCAB_SIZE),
+    }[args.model]
     if args.vocab_size < smallest:
         print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
         return USAGE_EXIT_CODE

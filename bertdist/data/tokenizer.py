@@ -49,9 +49,10 @@ BYTE_LEVEL_SPACE = "Ġ"
 """How byte-level BPE spells a space: the byte 0x20 mapped to a printable character (GPT-2's byte-to-unicode)."""
 
 
-TOKENIZER_MODELS = ("wordpiece", "bpe")
-"""What `bertdist vocab --model` trains: BERT's WordPiece vocab.txt (`bertdist.data.vocab`), or a byte-level BPE
-tokenizer.json as ModernBERT's (`bertdist.data.bpe`)."""
+TOKENIZER_MODELS = ("wordpiece", "bpe", "unigram")
+"""What `bertdist vocab --model` trains: BERT's WordPiece vocab.txt (`bertdist.data.vocab`), a byte-level BPE
+tokenizer.json as ModernBERT's (`bertdist.data.bpe`), or a Unigram tokenizer.json with byte fallback as Gemma's
+(`bertdist.data.unigram`)."""
 
 
 def tokenizer_file(path: str | os.PathLike) -> str:

@@ -100,3 +100,35 @@ def test_vocab_reports_each_language_on_held_out_documents(model, tmp_path, caps
     assert "(2 held-out documents" in report["en"]
     assert "0.00% unknown" in report["en"]
     assert ("0.00% unknown" in report["el"]) is (model == "bpe")
+
+
+def test_unigram_with_byte_fallback_spells_unseen_characters_as_bytes_and_finds_word_starts(tmp_path, capsys):
+    """`--model unigram`: [PAD] at 0, the byte pieces in the vocabulary (not special, so a decode keeps them),
+    Greek never seen in training encoded as bytes and decoded back, 0% unknown in the per-language report, and
+    word starts at the Metaspace marker for whole-word masking."""
+    from bertdist.cli import main
+    from bertdist.data.tokenizer import open_tokenizer
+    from bertdist.data.unigram import BYTE_PIECES
+
+    words = "the cat sat on a mat while the dog ran in the park and it was a sunny day".split()
+    lines = []
+    for k in range(60):
+        lines.append({"lang": "en", "text": " ".join(words[k % 7 :] + words[: k % 7]) + "."})
+        lines.append({"lang": "el", "text": "Γάτα κάθεται." if k % 20 == 19 else "Gata kathetai sto xali."})
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    args = ["vocab", "--input", str(corpus), "--output", str(tmp_path / "v"), "--model", "unigram"]
+    assert main([*args, "--vocab-size", "400", "--language-field", "lang", "--cased"]) == 0
+    report = {line.split(":")[0].strip(): line for line in capsys.readouterr().out.splitlines() if ": " in line}
+    assert "0.00% unknown" in report["el"] and "0.00% unknown" in report["en"], report
+
+    tokenizer = open_tokenizer(str(tmp_path / "v"))
+    assert tokenizer.tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(tokenizer.tokens) <= 400
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(tmp_path / "v" / "tokenizer.json"))
+    encoding = raw.encode("the cat Γάτα", add_special_tokens=False)
+    assert set(BYTE_PIECES) & set(encoding.tokens) and raw.token_to_id("[UNK]") not in encoding.ids
+    assert raw.decode(encoding.ids, skip_special_tokens=True) == "the cat Γάτα"
+    starts = [bool(tokenizer.starts_word[i]) for i in encoding.ids]
+    assert starts[0] and encoding.tokens[0].startswith("▁")
