@@ -1,22 +1,17 @@
-"""scripts/multilingual_corpus.py: manual pages of several languages -> JSON lines with a language each, every
-page that gives no document counted and named by its reason."""
+"""bertdist.data.manpages (scripts/multilingual_corpus.py): manual pages of several languages -> JSON lines with a
+language each, every page that gives no document counted and named by its reason."""
 
 from __future__ import annotations
 
 import glob
 import gzip
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "multilingual_corpus.py"
-_spec = importlib.util.spec_from_file_location("multilingual_corpus", _SCRIPT)
-corpus = sys.modules["multilingual_corpus"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
-_spec.loader.exec_module(corpus)
+from bertdist.data import manpages as corpus
 
 PAGE = """.\\" a comment
 .TH FROB 1 "2024" "frob 1.0"
