@@ -20,12 +20,14 @@ lint: install
 
 # What the suite uses that pip cannot install: a one-node SLURM cluster (scripts/setup_slurm.sh: apt-get
 # slurm-wlm + munge when missing and root), a headless Chromium for the dashboard test
-# (scripts/setup_chromium.sh), and sshd + pdsh for the multi-host tests in network namespaces
-# (scripts/setup_hosts.sh). Where one cannot be set up, its script says why and those tests skip.
+# (scripts/setup_chromium.sh), sshd + pdsh for the multi-host tests in network namespaces
+# (scripts/setup_hosts.sh), and Debian's translated manual pages for the multilingual demo
+# (scripts/setup_manpages.sh). Where one cannot be set up, its script says why and those tests skip.
 test-services:
 	bash scripts/setup_slurm.sh
 	bash scripts/setup_chromium.sh
 	bash scripts/setup_hosts.sh
+	bash scripts/setup_manpages.sh
 
 demo: install
 	$(VENV)/bin/bertdist demo

@@ -246,6 +246,13 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         help="the encoder family (those with a demo config: bert, configs/bert-tiny.yaml, and modernbert, "
         "configs/modernbert-tiny.yaml)",
     )
+    p.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="mmBERT's three-phase schedule at mini size (ModernBERT-tiny) on this machine's translated manual "
+        "pages: languages added by phase, temperature and masking rate lowered by phase, held-out accuracy per "
+        "language at each phase's end (default output runs/demo-multilingual)",
+    )
     p.set_defaults(func=_run_demo, interrupted="finished stages are kept: `bertdist demo` continues from them")
 
 
@@ -255,6 +262,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.ranks < 1 or args.steps < 0:
         print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
         return USAGE_EXIT_CODE
+    if args.multilingual:
+        from bertdist.demo_multilingual import DEMO_OUTPUT as MULTILINGUAL_OUTPUT
+        from bertdist.demo_multilingual import run_multilingual_demo
+
+        return run_multilingual_demo(args.output or MULTILINGUAL_OUTPUT, ranks=args.ranks, steps=args.steps)
     # Each architecture its own directory: the stages skip what exists, and ModernBERT needs MLM-only shards.
     output = args.output or (DEMO_OUTPUT if args.arch == ModelConfig.arch else f"{DEMO_OUTPUT}-{args.arch}")
     return run_demo(output, ranks=args.ranks, steps=args.steps, arch=args.arch)
