@@ -100,13 +100,26 @@ def _corpus(corpus: Path, pages_per_language: int) -> set[str]:
     return {json.loads(line)["lang"] for line in (corpus / "eval.jsonl").read_text(encoding="utf-8").splitlines()}
 
 
-def _vocab(out: Path) -> Path:
-    from bertdist.cli import main
+def _command(arguments: list[str]) -> int:
+    """`bertdist vocab ...` or `bertdist prepare ...` as typed: their own parsers (bertdist.data.commands, which the
+    CLI adds too), run in this process; a UserError reaches the CLI that runs the demo, which says it."""
+    import argparse
 
+    from bertdist.data.commands import add_prepare, add_vocab
+
+    parser = argparse.ArgumentParser(prog="bertdist")
+    sub = parser.add_subparsers()
+    add_vocab(sub)
+    add_prepare(sub)
+    args = parser.parse_args(arguments)
+    return int(args.func(args))
+
+
+def _vocab(out: Path) -> Path:
     tokenizer = out / "vocab" / "tokenizer.json"
     if not tokenizer.is_file():
         arguments = ["vocab", "--input", str(out / "corpus" / "train.jsonl"), "--output", str(tokenizer.parent)]
-        code = main([*arguments, "--model", "unigram", "--vocab-size", str(VOCAB_SIZE), "--cased"])
+        code = _command([*arguments, "--model", "unigram", "--vocab-size", str(VOCAB_SIZE), "--cased"])
         if code:
             raise UserError(f"bertdist demo --multilingual: bertdist vocab exited with {code}")
         _language_report(out, tokenizer)
@@ -126,15 +139,13 @@ def _language_report(out: Path, tokenizer: Path) -> None:
 
 
 def _prepare(out: Path, split: str, tokenizer: Path) -> None:
-    from bertdist.cli import main
-
     target = out / "data" / split
     if target.is_dir() and any(target.iterdir()):
         return
     arguments = ["prepare", "--input", str(out / "corpus" / f"{split}.jsonl"), "--output", str(target)]
     arguments += ["--vocab", str(tokenizer), "--samples", "mlm", "--masking", "dynamic"]
     arguments += ["--max-seq-length", str(SEQ_LENGTH), "--language-field", "lang", "--split-by-language"]
-    code = main([*arguments, "--no-progress"])
+    code = _command([*arguments, "--no-progress"])
     if code:
         raise UserError(f"bertdist demo --multilingual: bertdist prepare ({split}) exited with {code}")
 
