@@ -63,6 +63,12 @@ def train_bpe(
         show_progress=sys.stderr.isatty() if progress is None else progress,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    return save_trained(tokenizer, output_dir)
+
+
+def save_trained(tokenizer: Tokenizer, output_dir: str) -> str:
+    """A trained tokenizer with BERT's templates, written as tokenizer.json, tokenizer_config.json and
+    special_tokens_map.json (what `transformers.AutoTokenizer` loads offline); returns the tokenizer.json."""
     tokenizer.post_processor = bert_template(tokenizer)
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, TOKENIZER_JSON)

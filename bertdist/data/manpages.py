@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -116,15 +117,18 @@ def render_man_page(path: str, groff: str | None) -> tuple[str, str]:
 def _paragraphs(rendered: str) -> str:
     """groff's page -> one line per paragraph. Body text is indented; headings, the running header and the
     footer start at column 0 and are not sentences."""
+    return _joined(line.strip() if line.strip() and line[0].isspace() else None for line in rendered.splitlines())
+
+
+def _joined(lines: Iterable[str | None]) -> str:
+    """Text lines -> one line per paragraph; None ends a paragraph."""
     paragraphs, current = [], []
-    for line in rendered.splitlines():
-        if line.strip() and line[0].isspace():
-            current.append(line.strip())
+    for line in [*lines, None]:
+        if line is not None:
+            current.append(line)
         elif current:
             paragraphs.append(" ".join(current))
             current = []
-    if current:
-        paragraphs.append(" ".join(current))
     return "\n".join(paragraphs)
 
 
@@ -135,25 +139,19 @@ _ROFF_CHARACTERS = {"-": "-", "e": "\\", " ": " ", "~": " ", "0": " "}
 def _strip_roff(source: str) -> str:
     """Plain text from roff without groff: text lines and the arguments of font and heading macros kept,
     other requests and comments dropped, escapes removed (named characters lost). Rougher than groff's."""
-    paragraphs, current = [], []
-    for line in source.splitlines():
-        if line.startswith((".", "'")):
-            request, _, rest = line[1:].strip().partition(" ")
-            if request in ("B", "I", "BR", "IR", "RB", "RI", "BI", "IB", "SM", "SB") and rest:
-                current.append(rest.replace('"', ""))
-            elif current and request in ("SH", "SS", "PP", "P", "LP", "TP", "IP", "sp", "br"):
-                paragraphs.append(" ".join(current))
-                current = []
-            continue
-        if line.strip():
-            current.append(line.strip())
-        elif current:
-            paragraphs.append(" ".join(current))
-            current = []
-    if current:
-        paragraphs.append(" ".join(current))
-    text = "\n".join(paragraphs)
-    return _ROFF_ESCAPES.sub(lambda m: _ROFF_CHARACTERS.get(m.group(1), ""), text)
+
+    def lines() -> Iterator[str | None]:
+        for line in source.splitlines():
+            if line.startswith((".", "'")):
+                request, _, rest = line[1:].strip().partition(" ")
+                if request in ("B", "I", "BR", "IR", "RB", "RI", "BI", "IB", "SM", "SB") and rest:
+                    yield rest.replace('"', "")
+                elif request in ("SH", "SS", "PP", "P", "LP", "TP", "IP", "sp", "br"):
+                    yield None
+            else:
+                yield line.strip() or None
+
+    return _ROFF_ESCAPES.sub(lambda m: _ROFF_CHARACTERS.get(m.group(1), ""), _joined(lines()))
 
 
 def read_kernel_doc(path: str) -> tuple[str, str]:

@@ -16,14 +16,13 @@ Lower-cased unless `cased`, the same --cased as WordPiece and BPE.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from bertdist.data.tokenizer import TOKENIZER_JSON, open_tokenizer, write_fast_tokenizer_files
-from bertdist.data.vocab import SPECIAL_TOKENS, bert_template
+from bertdist.data.bpe import save_trained
+from bertdist.data.vocab import SPECIAL_TOKENS
 
 BYTE_PIECES = [f"<0x{byte:02X}>" for byte in range(256)]
 """SentencePiece's names for the byte pieces, which the ByteFallback decoder turns back into bytes."""
@@ -55,9 +54,4 @@ def train_unigram(
     tokenizer.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    tokenizer.post_processor = bert_template(tokenizer)
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, TOKENIZER_JSON)
-    tokenizer.save(path)
-    write_fast_tokenizer_files(open_tokenizer(path), output_dir)
-    return path
+    return save_trained(tokenizer, output_dir)

@@ -225,17 +225,23 @@ def test_a_process_with_an_abandoned_loader_exits(tiny_shards, tiny_vocab):
     assert done.returncode == 0 and "read" in done.stdout, done.stderr[-2000:]
 
 
-def test_a_position_names_the_shard_and_sample_of_every_sample_it_reads(tiny_shards, tiny_vocab):
-    """What a bad step's batch held (bertdist.train.rollback): from a saved position, across an epoch's end, each
-    named (shard file, index) holds the tokens the batch has in that row."""
+def tokens_by_sample(shards: str) -> dict[tuple[str, int], list[int]]:
+    """(shard file, index in it) -> the sample's tokens, read from the shards themselves."""
     from bertdist.data.shards import iter_directory_blocks
 
     tokens, counts = {}, {}
-    for path, block in iter_directory_blocks(tiny_shards):
+    for path, block in iter_directory_blocks(shards):
         name, offsets = os.path.basename(path), block.token_offsets()
         for row in range(len(block)):
             tokens[(name, counts.get(name, 0) + row)] = block.input_ids[offsets[row] : offsets[row + 1]].tolist()
         counts[name] = counts.get(name, 0) + len(block)
+    return tokens
+
+
+def test_a_position_names_the_shard_and_sample_of_every_sample_it_reads(tiny_shards, tiny_vocab):
+    """What a bad step's batch held (bertdist.train.rollback): from a saved position, across an epoch's end, each
+    named (shard file, index) holds the tokens the batch has in that row."""
+    tokens = tokens_by_sample(tiny_shards)
     loader = _loader(tiny_shards, tiny_vocab, rank=1, world_size=2)
     batches = iter(loader)
     for _ in range(loader.batches_per_epoch - 1):

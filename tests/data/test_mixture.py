@@ -13,7 +13,7 @@ from bertdist.data.loader import PretrainingLoader
 from bertdist.data.mixture import MixtureLoader, SourceSchedule, mixture_shares
 from bertdist.train.loaders import train_loader
 from tests.conftest import TEST_SEQ_LENGTH
-from tests.data.test_loader import _fingerprints
+from tests.data.test_loader import _fingerprints, tokens_by_sample
 
 SHARES = [0.4, 0.25, 0.2, 0.1, 0.05]
 
@@ -148,16 +148,7 @@ def test_the_data_wait_warning_reads_the_costs_of_every_source(tiny_shards, tiny
 def test_a_position_names_each_sample_of_the_mixtures_next_batches_with_its_source(tiny_shards, tiny_vocab):
     """What a bad step's batch held in a mixture phase (bertdist.train.rollback): from a saved position, each named
     (SOURCE/shard file, index) holds the tokens of a row the next batches have, every row named once."""
-    import os
-
-    from bertdist.data.shards import iter_directory_blocks
-
-    tokens, counts = {}, {}
-    for path, block in iter_directory_blocks(tiny_shards):
-        name, offsets = os.path.basename(path), block.token_offsets()
-        for row in range(len(block)):
-            tokens[(name, counts.get(name, 0) + row)] = block.input_ids[offsets[row] : offsets[row + 1]].tolist()
-        counts[name] = counts.get(name, 0) + len(block)
+    tokens = tokens_by_sample(tiny_shards)
     mixture = _mixture(tiny_shards, tiny_vocab)
     batches = iter(mixture)
     for _ in range(7):
