@@ -68,6 +68,11 @@ class FinetuneConfig:
     batch_size: int = 32
     """Rows per optimizer step over all ranks (a row: a text or pair, a SQuAD window, a question with its choices)."""
     micro_batch_size: int = 32
+    cache_rows: int = 0
+    """Embedding: 0, off (negatives come from one micro batch of every rank); N: the contrastive batch is each
+    rank's whole share of the step (batch_size / ranks rows, every rank's gathered), encoded N rows at a time
+    through a gradient cache (bertdist.finetune.grad_cache), so that memory follows N and the negatives the step.
+    N must divide batch_size / ranks; micro_batch_size then sets only the dev batches."""
     epochs: float = 3.0
     lr: float = 2e-5
     warmup_proportion: float = 0.1
@@ -77,6 +82,14 @@ class FinetuneConfig:
     def sequence_length(self, model_positions: int) -> int:
         """max_seq_length, or the task's usual length where the model has that many positions."""
         return self.max_seq_length or min(384 if self.task == "question_answering" else 128, model_positions)
+
+    def engine_micro_batch_size(self) -> int:
+        """Rows per forward and backward with gradients: a cache chunk where the gradient cache is on."""
+        return self.cache_rows or self.micro_batch_size
+
+    def gradient_accumulation_steps(self, world_size: int) -> int:
+        """Backwards per optimizer step on each of `world_size` ranks (DeepSpeed's accumulation)."""
+        return self.batch_size // (self.engine_micro_batch_size() * world_size)
 
     def choices(self) -> tuple[str, ...]:
         return _names(self.choice_columns)

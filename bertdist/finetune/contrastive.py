@@ -16,7 +16,8 @@ parameters receive d(sum over ranks of their losses)/d(its activations), and Dee
 gradients is then the gradient of the mean loss over all queries of the step: the same as one rank with the whole
 batch (tests/finetune/test_contrastive.py checks it against a single process). Negatives come from the micro batch
 (every rank's): gradient accumulation adds micro batches' gradients but not their passages, so to score
-against the whole step's passages set micro_batch_size = batch_size / ranks.
+against the whole step's passages set micro_batch_size = batch_size / ranks, or, where that does not fit in
+memory, `finetune.cache_rows` (the same loss over the whole step, encoded in chunks: bertdist.finetune.grad_cache).
 
 Dev: every dev row's query is searched among the dev file's passages (positives and negatives, each distinct
 text once); its positive is the one relevant passage. The metrics are BEIR's: nDCG@10 (the headline), MRR@10

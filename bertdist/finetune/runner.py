@@ -5,7 +5,8 @@ deepspeed launcher, srun, or none), DeepSpeed with the run's ZeRO stage and prec
 decoupled weight decay, and BERT's fine-tuning schedule (linear warmup over `finetune.warmup_proportion`
 of the steps, then linear decay to zero). The task (bertdist.finetune.task) decides the head, the rows and
 the dev metrics: classification, regression, token tagging, extractive QA, multiple choice, or sentence
-embeddings (whose contrastive loss the task computes across ranks: bertdist.finetune.contrastive); the encoder
+embeddings (whose contrastive loss the task computes across ranks: bertdist.finetune.contrastive, over the whole
+step through a gradient cache with finetune.cache_rows: bertdist.finetune.grad_cache); the encoder
 family (model.arch of the checkpoint) the task model's class (`BertFor...`, `ModernBertFor...`). Each epoch
 visits the training rows in a seeded order that every rank computes alike; a step's `finetune.batch_size`
 rows are split among the ranks and their micro batches. After every epoch all ranks score a share of the
@@ -194,20 +195,27 @@ class Finetuning(Run):
         import torch
         import torch.distributed as dist
 
+        from bertdist.finetune.grad_cache import cached_step
+
         engine, ft = self.engine, self.cfg.finetune
         engine.train()
         mine = np.array_split(rows, self.env.world_size)[self.env.rank]
-        total = torch.zeros(2, dtype=torch.float64)  # the loss, and how many ranks were asked to stop
-        for micro in np.array_split(mine, len(mine) // ft.micro_batch_size):
-            batch = {k: v.to(self.device) for k, v in self.train.batch(micro, self.pad_id).items()}
-            out = engine(**batch)
-            loss = out.loss if self.task.loss is None else self.task.loss(out.logits)
-            engine.backward(loss)
-            engine.step()
-            total[0] += loss.detach().double().cpu()
+        micros = np.array_split(mine, ft.gradient_accumulation_steps(self.env.world_size))
+        batches = ({k: v.to(self.device) for k, v in self.train.batch(m, self.pad_id).items()} for m in micros)
+        total = torch.zeros(2, dtype=torch.float64)  # this rank's mean loss, and how many ranks were asked to stop
+        if ft.cache_rows:  # one loss over all the rank's rows (bertdist.finetune.grad_cache)
+            assert self.task.loss is not None  # validation allows the cache for embedding only
+            total[0] = cached_step(engine, list(batches), self.task.loss)
+        else:
+            for batch in batches:
+                out = engine(**batch)
+                loss = out.loss if self.task.loss is None else self.task.loss(out.logits)
+                engine.backward(loss)
+                engine.step()
+                total[0] += loss.detach().double().cpu() / len(micros)
         total[1] = 1.0 if self.stop.signum else 0.0
         dist.all_reduce(total)
-        return float(total[0]) / (self.env.world_size * (len(mine) // ft.micro_batch_size)), bool(total[1])
+        return float(total[0]) / self.env.world_size, bool(total[1])
 
     def _stopped(self, step: int, epoch: int) -> int:
         """A stop request after `step`: the finished epochs' checkpoint and best model stay; the same command

@@ -35,7 +35,8 @@ def new_model(model_cfg: ModelConfig, task: Task, pooling: str) -> Any:
 
 def build_engine(cfg: Config, env: DistributedEnv, device_type: str, source: Source, task: Task) -> Any:
     """The DeepSpeed engine of a fine-tuning: the task model with the source's encoder weights (if any), AdamW at
-    `finetune.lr`, the step's `finetune.batch_size` split among the ranks and their micro batches."""
+    `finetune.lr`, the step's `finetune.batch_size` split among the ranks and their micro batches (or gradient
+    cache chunks: finetune.cache_rows)."""
     import torch
 
     from bertdist.model.hf_heads import load_encoder
@@ -48,11 +49,11 @@ def build_engine(cfg: Config, env: DistributedEnv, device_type: str, source: Sou
     if source.state is not None:
         load_encoder(model, source.state, source.description)
     optim = dataclasses.replace(cfg.optim, lr=ft.lr)
-    accumulation = ft.batch_size // (ft.micro_batch_size * env.world_size)
+    accumulation = ft.gradient_accumulation_steps(env.world_size)
     engine = ds.initialize(
         model,
         build_optimizer(model, optim, device_type),
-        ds.engine_config(cfg, ft.batch_size, ft.micro_batch_size, accumulation),
+        ds.engine_config(cfg, ft.batch_size, ft.engine_micro_batch_size(), accumulation),
     )
     torch.manual_seed(cfg.train.seed + env.rank)  # dropout differs per rank
     return engine

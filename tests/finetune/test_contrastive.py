@@ -186,3 +186,20 @@ def test_an_empty_passage_is_named_by_file_and_line(pairs, tiny_vocab, tmp_path,
     assert main(_args(bad, dev, tmp_path / "run", f"finetune.init_from={pretrained}")) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert f"{bad}:3: empty 'passage'" in err, err
+
+
+def test_the_gradient_cache_trains_as_one_micro_batch_of_the_whole_step(pairs, tiny_vocab, tmp_path, capsys):
+    """finetune.cache_rows=4 encodes the step's 16 rows in four chunks and scores each query against all 16
+    passages, as micro_batch_size=16 does: without dropout the two runs lose and score alike."""
+    pretrained = _pretrained(tmp_path / "pretrained", tiny_vocab, "bert")
+    train, dev = pairs
+    printed = []
+    for name, extra in (("plain", "finetune.cache_rows=0"), ("cached", "finetune.cache_rows=4")):
+        no_dropout = ("model.hidden_dropout_prob=0", "model.attention_dropout_prob=0")
+        args = _args(train, dev, tmp_path / name, f"finetune.init_from={pretrained}", extra, *no_dropout)
+        assert main(args) == 0
+        printed.append(capsys.readouterr().out)
+    epochs = [next(line for line in out.splitlines() if "epoch 1/1: train loss" in line) for out in printed]
+    losses = [float(line.split("train loss ")[1].split(",")[0]) for line in epochs]
+    assert losses[0] == pytest.approx(losses[1], abs=2e-4), epochs
+    assert epochs[0].split(", ", 1)[1].split(" (")[0] == epochs[1].split(", ", 1)[1].split(" (")[0], epochs

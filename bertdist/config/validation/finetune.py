@@ -56,6 +56,15 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
             f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
             f"({ft.micro_batch_size}) x {world_size} rank(s)"
         )
+    if ft.cache_rows < 0:
+        p.append(f"finetune.cache_rows: must be 0 (off) or positive, got {ft.cache_rows}")
+    elif ft.cache_rows and ft.task != "embedding":
+        p.append(f"finetune.cache_rows: only for embedding, not {ft.task}")
+    elif ft.cache_rows and ft.batch_size > 0 and ft.batch_size % (ft.cache_rows * world_size):
+        p.append(
+            f"finetune.cache_rows: {ft.cache_rows} does not divide each rank's rows per step "
+            f"(finetune.batch_size {ft.batch_size} / {world_size} rank(s))"
+        )
     if not (ft.epochs > 0 and math.isfinite(ft.epochs)):
         p.append(f"finetune.epochs: must be a positive number, got {ft.epochs}")
     if not (ft.lr > 0 and math.isfinite(ft.lr)):
