@@ -32,6 +32,8 @@ class FinetuneConfig:
     train_file: str = ""
     """CSV, TSV or JSON lines (by extension) with a header / keys naming the columns."""
     dev_file: str = ""
+    """Like train_file; for embedding also a BEIR-format directory (corpus.jsonl, queries.jsonl, qrels/dev.tsv:
+    `bertdist pairs --dev-dir` writes one), whose queries search its whole corpus."""
     text_column: str = "sentence"
     text_pair_column: str = ""
     """Empty: single sentences; else the column of the second text ([CLS] A [SEP] B [SEP])."""
@@ -52,6 +54,11 @@ class FinetuneConfig:
     """Embedding: a text's vector is the mean of the last layer over its tokens, or its [CLS] state."""
     temperature: float = 0.05
     """Embedding: InfoNCE's softmax temperature over cosine similarities (sentence-transformers' scale 20)."""
+    matryoshka_dims: str = ""
+    """Embedding: nested prefixes of the vector to train, comma-separated and decreasing, e.g. 256,128,64
+    (Matryoshka representation learning; sentence-transformers' MatryoshkaLoss): the loss is the sum of InfoNCE
+    over each prefix, so a vector cut to any of them (sentence-transformers' truncate_dim) still retrieves. Empty:
+    the whole vector only. The dev metrics are reported at every dimension, the export records them."""
     on_bad_input: Literal["error", "skip"] = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
     max_seq_length: int = 0
@@ -74,6 +81,9 @@ class FinetuneConfig:
     through a gradient cache (bertdist.finetune.grad_cache), so that memory follows N and the negatives the step.
     N must divide batch_size / ranks; micro_batch_size then sets only the dev batches."""
     epochs: float = 3.0
+    eval_every_steps: int = 0
+    """0: the dev set is scored after every epoch; N: also every N steps (a checkpoint with it, and the best model
+    exported as soon as it is found), so that a one-epoch contrastive pretraining has a curve and a best step."""
     lr: float = 2e-5
     warmup_proportion: float = 0.1
     """Share of the steps with linear warmup; then linear decay to zero (BERT's fine-tuning schedule)."""
@@ -102,6 +112,10 @@ class FinetuneConfig:
 
     def extra_dev(self) -> tuple[str, ...]:
         return _names(self.extra_dev_files)
+
+    def dims(self) -> tuple[int, ...]:
+        """matryoshka_dims as integers (validated: bertdist.config.validation.finetune)."""
+        return tuple(int(d) for d in _names(self.matryoshka_dims))
 
 
 def _names(comma_separated: str) -> tuple[str, ...]:

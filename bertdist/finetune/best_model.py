@@ -43,7 +43,7 @@ def export_best(
     }
     if isinstance(model, SentenceEmbedder):
         length = ft.sequence_length(source.model_cfg.max_position_embeddings)
-        save_sentence_transformer(model, out, source.vocab_file, length, provenance)
+        save_sentence_transformer(model, out, source.vocab_file, length, provenance, ft.dims())
     else:
         save_task_model(model, out, task.labels, source.vocab_file, provenance)
     write_json(f"{ft.output_dir}/results.json", scores, indent=1)

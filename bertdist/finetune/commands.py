@@ -219,6 +219,11 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--batch-size", type=int, default=d.batch_size)
     r.add_argument(
+        "--dims",
+        default=d.dims,
+        help="Matryoshka widths scored besides the whole vector, e.g. 128,64 (default: the model's trained ones)",
+    )
+    r.add_argument(
         "--max-seq-length", type=int, default=d.max_seq_length, help="0: 256, or the model's positions where fewer"
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")

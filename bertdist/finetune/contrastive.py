@@ -19,14 +19,19 @@ batch (tests/finetune/test_contrastive.py checks it against a single process). N
 against the whole step's passages set micro_batch_size = batch_size / ranks, or, where that does not fit in
 memory, `finetune.cache_rows` (the same loss over the whole step, encoded in chunks: bertdist.finetune.grad_cache).
 
+`finetune.matryoshka_dims` trains nested prefixes of the vector as well: the loss is summed over each prefix
+(Kusupati et al. 2022), so a vector cut to any of them still ranks.
+
 Dev: every dev row's query is searched among the dev file's passages (positives and negatives, each distinct
-text once); its positive is the one relevant passage. The metrics are BEIR's: nDCG@10 (the headline), MRR@10
-and Recall@100 (bertdist.finetune.metrics.retrieval_scores), on unit-length vectors ranked by dot product.
+text once); its positive is the one relevant passage. Or the dev set is a BEIR-format directory (`bertdist pairs
+--dev-dir` writes one from held-out documents), whose judged queries search its whole corpus. The metrics are
+BEIR's: nDCG@10 (the headline), MRR@10 and Recall@100 (bertdist.finetune.metrics.retrieval_scores), on unit-length
+vectors ranked by dot product; with Matryoshka dimensions also nDCG@10 at each narrower one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +40,9 @@ import torch.nn.functional as F
 
 from bertdist.finetune.data import Examples
 from bertdist.finetune.features import Sequences
+
+if TYPE_CHECKING:
+    from bertdist.finetune.beir import Collection
 
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 """The dev metrics, headline first."""
@@ -46,7 +54,9 @@ def training_rows(examples: Examples, vocab_file: str, cased: bool, length: int)
     return _sequences(texts, vocab_file, cased, length, group=2 + len(examples.rows[0].choices))
 
 
-def dev_rows(examples: Examples, vocab_file: str, cased: bool, length: int) -> tuple[Sequences, Callable]:
+def dev_rows(
+    examples: Examples, vocab_file: str, cased: bool, length: int, dims: tuple[int, ...] = ()
+) -> tuple[Sequences, Callable]:
     """The dev queries then the distinct dev passages, one sequence each, and the function scoring their vectors."""
     passages: dict[str, int] = {}
     for e in examples.rows:
@@ -55,36 +65,76 @@ def dev_rows(examples: Examples, vocab_file: str, cased: bool, length: int) -> t
     relevant = [passages[e.pair or ""] for e in examples.rows]
     queries = [e.text for e in examples.rows]
     sequences = _sequences(queries + list(passages), vocab_file, cased, length, group=1)
-    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(queries), relevant)
+    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(queries), relevant, dims)
 
 
-def retrieval_metrics(vectors: np.ndarray, queries: int, relevant: list[int]) -> dict[str, float]:
-    """nDCG@10, MRR@10 and Recall@100 of the first `queries` vectors searching the rest; query i's one relevant
-    passage is passage `relevant[i]`."""
+def collection_dev_rows(
+    collection: Collection, vocab_file: str, cased: bool, length: int, dims: tuple[int, ...] = ()
+) -> tuple[Sequences, Callable]:
+    """A BEIR-format dev set (bertdist.finetune.beir): its judged queries then its whole corpus, one sequence
+    each, and the function scoring their vectors against the judgments (graded, several relevant documents a
+    query allowed)."""
+    from bertdist.finetune.beir import corpus_texts
+
+    row = {doc: r for r, doc in enumerate(collection.doc_ids)}
+    judged = [{row[doc]: grade for doc, grade in collection.qrels[q].items()} for q in collection.queries]
+    texts = list(collection.queries.values()) + [t for block in corpus_texts(collection, 4096) for t in block]
+    sequences = _sequences(texts, vocab_file, cased, length, group=1)
+    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(judged), judged, dims)
+
+
+def retrieval_metrics(
+    vectors: np.ndarray, queries: int, relevant: Sequence[int | dict[int, int]], dims: tuple[int, ...] = ()
+) -> dict[str, float]:
+    """nDCG@10, MRR@10 and Recall@100 of the first `queries` vectors searching the rest, by cosine similarity;
+    query i's relevant passages are `relevant[i]`: one passage row, or passage row -> grade. With Matryoshka
+    `dims`, nDCG@10 of the vectors cut to each dimension narrower than the whole is added as
+    `ndcg_at_10_dim<D>` (each prefix normalised after the cut, as cosine similarity of truncated vectors is)."""
     from bertdist.finetune.metrics import retrieval_scores
     from bertdist.finetune.retrieval import TOP_K, top_k
 
-    unit = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
-    scores, rows = top_k(unit[:queries], unit[queries:], TOP_K)
-    run = {str(q): {str(p): float(s) for p, s in zip(rows[q], scores[q])} for q in range(queries)}
-    qrels = {str(q): {str(relevant[q]): 1} for q in range(queries)}
-    found = retrieval_scores(run, qrels)
-    return {name: found[name] for name in METRICS}
+    qrels = {
+        str(q): {str(p): g for p, g in r.items()} if isinstance(r, dict) else {str(r): 1}
+        for q, r in enumerate(relevant)
+    }
+
+    def scores(width: int) -> dict[str, float]:
+        cut = vectors[:, :width]
+        unit = (cut / np.linalg.norm(cut, axis=1, keepdims=True)).astype(np.float32)
+        found, rows = top_k(unit[:queries], unit[queries:], TOP_K)
+        run = {str(q): {str(p): float(s) for p, s in zip(rows[q], found[q])} for q in range(queries)}
+        return retrieval_scores(run, qrels)
+
+    whole = scores(vectors.shape[1])
+    out = {name: whole[name] for name in METRICS}
+    for width in (d for d in dims if d < vectors.shape[1]):
+        out[f"ndcg_at_10_dim{width}"] = scores(width)["ndcg_at_10"]
+    return out
 
 
-def info_nce(vectors: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The mean over this rank's queries of InfoNCE against the passages of every rank.
+def info_nce(vectors: torch.Tensor, temperature: float, dims: tuple[int, ...] = ()) -> torch.Tensor:
+    """The mean over this rank's queries of InfoNCE against the passages of every rank; with Matryoshka `dims`,
+    the sum of that loss over the vectors cut to each dimension (sentence-transformers' MatryoshkaLoss with its
+    default weights of 1), so that every prefix is trained to retrieve on its own.
 
-    `vectors` (rows, group, hidden): per row its query, its positive, then its negatives."""
-    queries = F.normalize(vectors[:, 0].float(), dim=-1)
-    passages = F.normalize(vectors[:, 1:].float(), dim=-1).reshape(-1, vectors.shape[-1])  # (rows x passages, h)
+    `vectors` (rows, group, hidden): per row its query, its positive, then its negatives. The passages are
+    gathered once, whole, and cut after: one collective whatever the number of dimensions."""
+    queries = vectors[:, 0].float()
+    passages = vectors[:, 1:].float().reshape(-1, vectors.shape[-1])  # (rows x passages, hidden)
     rank = 0
     if dist.is_initialized() and dist.get_world_size() > 1:
         rank = dist.get_rank()
         passages = _GatherWithGradient.apply(passages)  # every rank has the same rows per micro batch
     per_row = vectors.shape[1] - 1
     positives = rank * len(queries) * per_row + torch.arange(len(queries), device=vectors.device) * per_row
-    return F.cross_entropy(queries @ passages.T / temperature, positives)
+    losses = [
+        F.cross_entropy(
+            F.normalize(queries[:, :width], dim=-1) @ F.normalize(passages[:, :width], dim=-1).T / temperature,
+            positives,
+        )
+        for width in dims or (vectors.shape[-1],)
+    ]
+    return torch.stack(losses).sum()
 
 
 class _GatherWithGradient(torch.autograd.Function):

@@ -15,8 +15,8 @@ within 0.3 F1 of fine-tuning. Choices (`features`):
 tokens (`mean`, [CLS] and [SEP] included, as sentence-transformers' mean pooling), or the pooler; the default is
 the model's own pooling when it is a sentence-transformers directory (`finetune.task=embedding` writes one), else
 `cls`. So a sentence-transformers directory, bertdist's or a released one, gives here what
-`SentenceTransformer(DIR).encode` gives: its pooling, its Normalize module when it has one, texts cut at its
-max_seq_length (a module bertdist does not compute, such as Dense, is refused rather than left out).
+`SentenceTransformer(DIR).encode` gives: its pooling, its Normalize module when it has one, its truncate_dim, texts
+cut at its max_seq_length (a module bertdist does not compute, such as Dense, is refused rather than left out).
 `level=token` one per WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so
 the user can align words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for token level
 `tokens-NNNNN.npy` (ids) and `offsets-NNNNN.npy` (row r's vectors are [offsets[r], offsets[r + 1]) of its
@@ -120,6 +120,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
         own.own_vectors()  # the directory's own vectors are asked for: every module of its pipeline must be computed
     o = dataclasses.replace(o, pooling=o.pooling or (own.pooling if own else "cls"))
     normalize = bool(own and own.normalize)  # the directory's own vectors, as SentenceTransformer.encode gives them
+    truncate_dim = own.truncate_dim if own else None  # ... cut where its config says (after the Normalize module)
     if o.features == "pooled" and "bert.pooler.dense.weight" not in encoder.source.state:
         raise UserError(
             f"--features pooled: {encoder.source.description} has no pooler weights (ModernBERT, ELECTRA, DistilBERT, "
@@ -128,7 +129,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
         if ownership.contents(out):
             raise UserError(f"--output: {out} is not empty")
-        return _embed(o, encoder, out, normalize)
+        return _embed(o, encoder, out, normalize, truncate_dim)
 
 
 @dataclass
@@ -218,7 +219,7 @@ def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_siz
     return out
 
 
-def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dict[str, Any]:
+def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool, truncate_dim: int | None) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
@@ -250,7 +251,7 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dic
                 batch_rows = by_length[start : start + o.batch_size]
                 batch = encoder.batch(encoded, batch_rows)
                 vectors = encoder.finite(_features(encoder.model, batch, o, normalize))
-                vectors = vectors.float().cpu().numpy()
+                vectors = vectors[..., :truncate_dim].float().cpu().numpy()
                 outputs.update(zip(batch_rows.tolist(), encoded.trim(vectors, batch_rows, o.level == "token")))
                 progress.update(len(batch_rows))
             in_order = [outputs[r] for r in shard_rows.tolist()]
@@ -266,6 +267,7 @@ def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool) -> dic
         "level": o.level,
         "pooling": o.pooling if o.level == "sequence" and o.features != "pooled" else None,
         "normalized": normalize,
+        "truncate_dim": truncate_dim,
         "dimension": dimension,
         "dtype": o.dtype,
         "max_seq_length": encoder.max_seq_length,

@@ -50,6 +50,9 @@ class RetrievalOptions:
     batch_size: int = 64
     max_seq_length: int = 0
     """0: 256, or the model's positions where it has fewer; longer texts are cut."""
+    dims: str = ""
+    """Matryoshka dimensions to score besides the whole vector, comma-separated; empty: those the model was trained
+    with (finetune.matryoshka_dims, recorded in its sentence-transformers directory), if any."""
     config: str | None = None
     """YAML read for tracking.* and finetune.on_bad_input, as the other suites read it."""
     overrides: list[str] = field(default_factory=list)
@@ -67,6 +70,8 @@ def check(o: RetrievalOptions) -> None:
         problems.append(
             f"--max-seq-length: must be 0 (256 or the model's positions) or positive, got {o.max_seq_length}"
         )
+    if o.dims.strip() and not all(d.strip().isdigit() and int(d) > 0 for d in o.dims.split(",")):
+        problems.append(f"--dims: {o.dims!r} is not a comma-separated list of positive integers")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         problems.append(
             "--suite retrieval runs in one process (on one GPU when there is one); start it without a launcher"
@@ -87,11 +92,18 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
     collection = read_collection(o.data_dir, o.split, base.finetune.on_bad_input == "skip")  # before the model loads
     started = time.monotonic()
     encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
+    widths = _dims(o, encoder)  # before the corpus is embedded
     queries = sentence_vectors(encoder, list(collection.queries.values()), o.pooling, o.batch_size)
     corpus = _embed_corpus(encoder, collection, o)
     embedded = time.monotonic()
     run = _run(collection, *top_k(queries, corpus, TOP_K + 1))
     scores = retrieval_scores(run, collection.qrels)
+    by_dim = {  # Matryoshka widths: the same vectors cut
+        width: retrieval_scores(
+            _run(collection, *top_k(_cut(queries, width), _cut(corpus, width), TOP_K + 1)), collection.qrels
+        )
+        for width in widths
+    }
     unjudged = sum(1 for judged in collection.qrels.values() if not any(g >= 1 for g in judged.values()))
     results = {
         "suite": "retrieval",
@@ -105,13 +117,14 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
         "passages": len(collection.doc_ids),
         "queries_without_relevant": unjudged,
         "metrics": scores,
+        "metrics_by_dim": {str(width): s for width, s in by_dim.items()},
         "embedding_seconds": round(embedded - started, 3),
         "search_seconds": round(time.monotonic() - embedded, 3),
         "skipped": collection.skipped,
     }
     out = _write(o.output, results, run)
     _log(o, base, results, out)
-    print(_table(scores))
+    print(_table({corpus.shape[1]: scores, **by_dim}))
     skipped = f"; {len(collection.skipped)} line(s) skipped (results.json: skipped)" if collection.skipped else ""
     print(
         f"{len(collection.queries)} queries ({unjudged} with no relevant passage, scored 0), {len(collection.doc_ids)} "
@@ -205,15 +218,35 @@ def _log(o: RetrievalOptions, base: Any, results: dict[str, Any], out: Path) -> 
     tracker.log_params(
         {k: results[k] for k in ("data_dir", "split", "pooling", "max_seq_length", "queries", "passages")}
     )
-    tracker.log_metrics(results["metrics"], 0)
+    by_dim = {f"{k}_dim{width}": v for width, scores in results["metrics_by_dim"].items() for k, v in scores.items()}
+    tracker.log_metrics({**results["metrics"], **by_dim}, 0)
     tracker.log_artifact(out / "results.json")
     tracker.close("FINISHED")
 
 
-def _table(scores: dict[str, float]) -> str:
+def _dims(o: RetrievalOptions, encoder: Any) -> list[int]:
+    """The Matryoshka widths to score besides the whole vector: --dims, else the model's recorded ones; a width
+    beyond the vector is refused."""
+    hidden = encoder.source.model_cfg.hidden_size
+    asked = [int(d) for d in o.dims.split(",") if d.strip()]
+    widths = asked or list(encoder.sentence.matryoshka_dims if encoder.sentence else ())
+    if any(w > hidden for w in asked):
+        raise UserError(f"--dims: {max(asked)} is wider than the model's vectors ({hidden})")
+    return sorted({w for w in widths if w < hidden}, reverse=True)
+
+
+def _cut(vectors: np.ndarray, width: int) -> np.ndarray:
+    """The first `width` components of each vector, at unit length again: cosine similarity of truncated vectors,
+    as sentence-transformers' truncate_dim then its cosine similarity give."""
+    cut = vectors[:, :width]
+    return (cut / np.linalg.norm(cut, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _table(by_dim: dict[int, dict[str, float]]) -> str:
+    """One row per vector width (the whole vector first), one column per metric."""
     from bertdist.finetune.metrics import RETRIEVAL_METRICS
 
-    names = list(RETRIEVAL_METRICS.values())
-    values = [f"{100 * scores[k]:.1f}" for k in RETRIEVAL_METRICS]
-    widths = [max(len(n), len(v)) for n, v in zip(names, values)]
-    return "\n".join(" | ".join(x.rjust(w) for x, w in zip(row, widths)) for row in (names, values))
+    names = ["dim", *RETRIEVAL_METRICS.values()]
+    rows = [[str(width), *(f"{100 * scores[k]:.1f}" for k in RETRIEVAL_METRICS)] for width, scores in by_dim.items()]
+    widths = [max(len(row[i]) for row in [names, *rows]) for i in range(len(names))]
+    return "\n".join(" | ".join(x.rjust(w) for x, w in zip(row, widths)) for row in (names, *rows))

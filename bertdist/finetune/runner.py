@@ -81,7 +81,9 @@ class Finetuning(Run):
             checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
         self.source: Source = resolve(cfg)
         positions = self.source.model_cfg.max_position_embeddings
-        if problems := source_problems(ft, positions):  # the rules that need the model's config, once it is read
+        if problems := source_problems(
+            ft, positions, self.source.model_cfg.hidden_size
+        ):  # the rules that need the model's config, once it is read
             raise ConfigError(problems)
         self.task: tasks.Task = tasks.build(
             ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file)
@@ -98,7 +100,11 @@ class Finetuning(Run):
         self.start_step, self.start_epoch, self.best, run_id = 0, 0, None, None
         self.resume_from = checkpoint.resolve_resume(ft.output_dir, cfg.checkpoint.resume, cfg.checkpoint.verify)
         if self.resume_from is not None:
-            self.start_step, self.start_epoch, self.best, run_id = resume(cfg, self.engine, self.resume_from, env)
+            self.start_step, self.start_epoch, self.best, run_id = resume(
+                cfg, self.engine, self.resume_from, env, self.steps_per_epoch
+            )
+        self.saved: tuple[int, int] | None = (self.start_step, self.start_epoch) if self.resume_from else None
+        """(step, epochs done) of the last checkpoint: where the same command continues."""
         self.tracker = open_tracker(cfg, env, self.source, self.task, run_id, continues=self.resume_from is not None)
         self.stop = stopping.StopFlag(f"bertdist finetune: [rank {env.rank}]")
         self.callback(self.stop.close)
@@ -128,68 +134,79 @@ class Finetuning(Run):
             )
         if self.resume_from is not None:
             say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
-            if self.best is not None and self.best[1] == self.start_epoch:  # its export may have been cut off
+            if self.best is not None and self.best[1] == self.start_step:  # its export may have been cut off
                 self._export(self.resume_from, self.best[2])
-        best, results = self.best, self.results
         step = self.step = self.start_step
-        started = time.perf_counter()
+        self.started, self.losses = time.perf_counter(), []
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        done_in_epoch = self.start_step - self.start_epoch * self.steps_per_epoch  # a checkpoint within an epoch
         for epoch in range(self.start_epoch, epochs):
             order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
-            losses, epoch_started = [], time.perf_counter()
+            first, epoch_started = done_in_epoch if epoch == self.start_epoch else 0, time.perf_counter()
             said = epoch_started
-            for s in range(self.steps_per_epoch):
+            for s in range(first, self.steps_per_epoch):
                 if step == self.total_steps:
                     break
-                if s and time.perf_counter() - said >= PROGRESS_EVERY_S:  # a long epoch is not minutes of silence
+                if s > first and time.perf_counter() - said >= PROGRESS_EVERY_S:  # not minutes of silence
                     said = time.perf_counter()
-                    rate = s / (said - epoch_started)
+                    rate = (s - first) / (said - epoch_started)
                     left = min(self.steps_per_epoch, self.total_steps - step + s) - s
                     say(
                         f"epoch {epoch + 1}/{epochs}: step {s}/{self.steps_per_epoch}, train loss "
-                        f"{np.mean(losses[-50:]):.4f}, {rate:.2f} steps/s, epoch done in {duration(left / rate)}"
+                        f"{np.mean(self.losses[-50:]):.4f}, {rate:.2f} steps/s, epoch done in {duration(left / rate)}"
                     )
                 set_learning_rate(
                     engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps)
                 )
                 loss, stop = self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size])
-                losses.append(loss)
+                self.losses.append(loss)
                 step = self.step = step + 1
                 if stop:
                     return self._stopped(step, epoch)
-            scores = dev_scores(self.engine, self.task, self.pad_id, ft.micro_batch_size, self.env, self.device)
-            self.tracker.log_metrics({"loss/train": float(np.mean(losses)), **scores}, step)
-            headline = next(iter(scores.values()))  # the task's headline metric on dev_file
-            say(
-                f"epoch {epoch + 1}/{epochs}: train loss {np.mean(losses):.4f}, "
-                + _listed(scores)
-                + f" ({time.perf_counter() - started:.0f} s)"
-            )
-            if best is None or headline > best[0]:
-                best = (headline, epoch + 1, scores)
-            state = checkpoint.TrainState(
-                step=step,
-                tokens_seen=0,
-                sequences_seen=step * ft.batch_size,
-                world_size=self.env.world_size,
-                loader_states=[],
-                rng_states=[],
-                config=self.cfg.to_dict(),
-                tracking_run_id=self.tracker.run_id,
-            )
-            saved = checkpoint.save(engine, ft.output_dir, state, {"epoch": epoch + 1, "best": list(best)}, keep_last=1)
-            if best[1] == epoch + 1:
-                self._export(saved, scores)
-        assert best is not None
-        _, epoch, scores = best
-        self.tracker.log_metrics(
-            {f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, epoch * self.steps_per_epoch
-        )
-        self.tracker.set_tags({"bertdist.best_epoch": epoch})
-        say(f"best dev epoch {epoch}: " + _listed(scores) + f"; model: {ft.output_dir}/model")
-        results.update(scores)
+                if ft.eval_every_steps and step % ft.eval_every_steps == 0 and s + 1 < self.steps_per_epoch:
+                    self._evaluate(step, epoch, f"step {step} (epoch {epoch + 1}/{epochs})")
+            self._evaluate(step, epoch + 1, f"epoch {epoch + 1}/{epochs}")
+        assert self.best is not None
+        _, best_step, scores = self.best
+        self.tracker.log_metrics({f"best/{k.removeprefix('dev/')}": v for k, v in scores.items()}, best_step)
+        best_epoch = math.ceil(best_step / self.steps_per_epoch)
+        self.tracker.set_tags({"bertdist.best_epoch": best_epoch, "bertdist.best_step": best_step})
+        at = f"epoch {best_epoch}" if best_step % self.steps_per_epoch == 0 else f"step {best_step}"
+        say(f"best dev {at}: " + _listed(scores) + f"; model: {ft.output_dir}/model")
+        self.results.update(scores)
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
+
+    def _evaluate(self, step: int, epochs_done: int, when: str) -> None:
+        """Score the dev set after `step`, log it beside the training loss since the last evaluation, keep the
+        checkpoint (the epoch's, or one within it: finetune.eval_every_steps) and export the model if it is the
+        best so far by the task's headline metric."""
+        ft = self.cfg.finetune
+        scores = dev_scores(self.engine, self.task, self.pad_id, ft.micro_batch_size, self.env, self.device)
+        train_loss = float(np.mean(self.losses))
+        self.tracker.log_metrics({"loss/train": train_loss, **scores}, step)
+        self._say(
+            f"{when}: train loss {train_loss:.4f}, {_listed(scores)} ({time.perf_counter() - self.started:.0f} s)"
+        )
+        self.losses = []
+        headline = next(iter(scores.values()))  # the task's headline metric on dev_file
+        if self.best is None or headline > self.best[0]:
+            self.best = (headline, step, scores)
+        state = checkpoint.TrainState(
+            step=step,
+            tokens_seen=0,
+            sequences_seen=step * ft.batch_size,
+            world_size=self.env.world_size,
+            loader_states=[],
+            rng_states=[],
+            config=self.cfg.to_dict(),
+            tracking_run_id=self.tracker.run_id,
+        )
+        position = {"epoch": epochs_done, "best": list(self.best), "best_at": "step"}
+        saved = checkpoint.save(self.engine, ft.output_dir, state, position, keep_last=1)
+        self.saved = (step, epochs_done)
+        if self.best[1] == step:
+            self._export(saved, scores)
 
     def _step(self, rows: np.ndarray) -> tuple[float, bool]:
         import torch
@@ -218,13 +235,21 @@ class Finetuning(Run):
         return float(total[0]) / self.env.world_size, bool(total[1])
 
     def _stopped(self, step: int, epoch: int) -> int:
-        """A stop request after `step`: the finished epochs' checkpoint and best model stay; the same command
-        continues from the start of `epoch` (checkpoints are per epoch)."""
-        kept = f"the checkpoint of epoch {epoch} and its best model are kept" if epoch else "no epoch had finished"
+        """A stop request after `step`, in `epoch`: the last checkpoint (an epoch's, or one within an epoch) and the
+        best model stay; the same command continues from that checkpoint."""
+        at, epochs_done = self.saved or (0, 0)
+        if not at:
+            kept, then = "no checkpoint had been written", "start over"
+        elif at == epochs_done * self.steps_per_epoch:
+            kept, then = (
+                f"the checkpoint of epoch {epochs_done} and its best model are kept",
+                f"continue from epoch {epochs_done + 1}",
+            )
+        else:
+            kept, then = f"the checkpoint of step {at} and its best model are kept", f"continue from step {at}"
         self._say(
             f"stopped ({self.stop.reason or 'another rank was signalled'}) at step {step}, "
-            f"in epoch {epoch + 1}: {kept}; "
-            f"run the same command to continue from epoch {epoch + 1}"
+            f"in epoch {epoch + 1}: {kept}; run the same command to {then}"
         )
         self.tracker.set_tags({"bertdist.stop_reason": self.stop.reason or "signal"})
         self.tracker.close("KILLED")

@@ -59,17 +59,13 @@ def build_engine(cfg: Config, env: DistributedEnv, device_type: str, source: Sou
     return engine
 
 
-def resume(cfg: Config, engine: Any, path: Any, env: DistributedEnv) -> tuple[int, int, tuple, str | None]:
-    """Continue from the epoch checkpoint at `path`: weights, optimizer and RNG restored into `engine`; returns
-    the step, the epochs done, the best epoch so far (headline metric, epoch, its scores) and the MLflow run id."""
-    mine, saved = cfg.to_dict(), checkpoint.read_train_state(path).config
-    # train.seed picks the head's start, the dropout and the data order: another seed is another fine-tuning
-    ours = {**{f"finetune.{k}": v for k, v in mine["finetune"].items()}, "train.seed": mine["train"]["seed"]}
-    theirs = {
-        **{f"finetune.{k}": v for k, v in saved.get("finetune", {}).items()},
-        "train.seed": saved.get("train", {}).get("seed"),
-    }
-    differ = sorted(k for k in ours if ours[k] != theirs.get(k) and k != "finetune.output_dir")
+def resume(
+    cfg: Config, engine: Any, path: Any, env: DistributedEnv, steps_per_epoch: int
+) -> tuple[int, int, tuple, str | None]:
+    """Continue from the checkpoint at `path` (an epoch's, or one within an epoch: finetune.eval_every_steps):
+    weights, optimizer and RNG restored into `engine`; returns the step, the epochs done, the best evaluation so far
+    (headline metric, step, its scores) and the MLflow run id."""
+    differ = changed_settings(cfg.to_dict(), checkpoint.read_train_state(path).config)
     if differ:
         raise ConfigError(
             [
@@ -81,4 +77,20 @@ def resume(cfg: Config, engine: Any, path: Any, env: DistributedEnv) -> tuple[in
     position = state.loader_states[0]
     if state.world_size == env.world_size:  # else new dropout streams: the data order is seeded per epoch
         rng.restore_rng_state(state.rng_states[env.rank])
-    return state.step, position["epoch"], tuple(position["best"]), state.tracking_run_id
+    headline, at, scores = position["best"]
+    if position.get("best_at") != "step":  # written before evaluations within an epoch: it names the epoch
+        at *= steps_per_epoch
+    return state.step, position["epoch"], (headline, at, scores), state.tracking_run_id
+
+
+def changed_settings(mine: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """The settings (`finetune.*`, `train.seed`) in which the config `mine` is another fine-tuning than the one
+    that saved `saved`; sorted. A field added since the checkpoint was written is compared at its default: what
+    that run did without it. train.seed picks the head's start, the dropout and the data order."""
+    defaults = Config().to_dict()["finetune"]
+    ours = {**{f"finetune.{k}": v for k, v in mine["finetune"].items()}, "train.seed": mine["train"]["seed"]}
+    theirs = {
+        **{f"finetune.{k}": v for k, v in {**defaults, **saved.get("finetune", {})}.items()},
+        "train.seed": saved.get("train", {}).get("seed"),
+    }
+    return sorted(k for k in ours if ours[k] != theirs.get(k) and k != "finetune.output_dir")

@@ -9,7 +9,8 @@ task: files; head; dev metrics (headline first)
 - question_answering: SQuAD v1.1/v2.0 JSON; QuestionAnswering; f1, exact_match (v2.0: HasAns/NoAns, best_threshold)
 - multiple_choice: CSV/TSV/JSONL, context + endings; MultipleChoice; accuracy
 - embedding: CSV/TSV/JSONL, query + positive (+ hard negatives); a pooled encoder (bertdist.model.sentence), InfoNCE
-  across ranks (bertdist.finetune.contrastive); ndcg_at_10, mrr_at_10, recall_at_100 of the dev queries
+  across ranks (bertdist.finetune.contrastive; over Matryoshka prefixes); ndcg_at_10, mrr_at_10, recall_at_100 of
+  the dev queries (a dev file's pairs, or a BEIR directory), ndcg_at_10_dim<D> per Matryoshka dimension
 
 The head is the same for every encoder family; the model is the family's (`BertFor...`, `ModernBertFor...`:
 bertdist.model.hf_heads.task_architecture).
@@ -158,9 +159,18 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
 
 
 def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
+    from bertdist.finetune.beir import read_collection
+
     columns = (ft.text_column, ft.text_pair_column, "", skip, ft.negatives(), ft.header())
-    train, dev = data.read_examples(ft.train_file, *columns), data.read_examples(ft.dev_file, *columns)
-    dev_rows, score = contrastive.dev_rows(dev, vocab_file, cased, length)
+    train = data.read_examples(ft.train_file, *columns)
+    if Path(ft.dev_file).is_dir():  # a BEIR-format collection: its queries search its whole corpus
+        collection = read_collection(ft.dev_file, "dev", skip)
+        dev_rows, score = contrastive.collection_dev_rows(collection, vocab_file, cased, length, ft.dims())
+        dev_queries, dev_skipped = len(collection.queries), collection.skipped
+    else:
+        dev = data.read_examples(ft.dev_file, *columns)
+        dev_rows, score = contrastive.dev_rows(dev, vocab_file, cased, length, ft.dims())
+        dev_queries, dev_skipped = len(dev.rows), dev.skipped
     negatives = f", {len(ft.negatives())} hard negative(s) each" if ft.negatives() else ""
     return Task(
         SENTENCE_EMBEDDING,
@@ -168,12 +178,12 @@ def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, sk
         contrastive.training_rows(train, vocab_file, cased, length),
         dev_rows,
         score,
-        skipped=train.skipped + dev.skipped,
+        skipped=train.skipped + dev_skipped,
         notes=[
             f"{len(train.rows)} query-passage pairs{negatives}; "
-            f"dev: {len(dev.rows)} queries among {len(dev_rows) - len(dev.rows)} passages"
+            f"dev: {dev_queries} queries among {len(dev_rows) - dev_queries} passages"
         ],
-        loss=lambda vectors: contrastive.info_nce(vectors, ft.temperature),
+        loss=lambda vectors: contrastive.info_nce(vectors, ft.temperature, ft.dims()),
     )
 
 

@@ -76,8 +76,14 @@ def save_sentence_transformer(
     vocab_file: str | os.PathLike | None,
     max_seq_length: int,
     extra_config: dict[str, Any] | None = None,
+    matryoshka_dims: tuple[int, ...] = (),
 ) -> None:
-    """Write `directory` for `sentence_transformers.SentenceTransformer(directory)` (offline) and for bertdist."""
+    """Write `directory` for `sentence_transformers.SentenceTransformer(directory)` (offline) and for bertdist.
+
+    `matryoshka_dims`, the prefixes the model was trained to retrieve with (finetune.matryoshka_dims), are recorded
+    in config_sentence_transformers.json (which sentence-transformers keeps and ignores) and named in a README, so
+    that a user knows which `SentenceTransformer(DIR, truncate_dim=D)` were trained for, and `bertdist evaluate
+    --suite retrieval` scores each of them."""
     directory = Path(directory)
     family = family_of(model.config.arch)
     family.write_directory(
@@ -102,7 +108,18 @@ def save_sentence_transformer(
             "include_prompt": True,
         },
     )
-    _write_json(directory / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}})
+    dims = {"matryoshka_dims": list(matryoshka_dims)} if matryoshka_dims else {}
+    _write_json(
+        directory / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}, **dims}
+    )
+    if matryoshka_dims:
+        widths = ", ".join(str(d) for d in matryoshka_dims)
+        (directory / "README.md").write_text(
+            "# A bertdist sentence encoder\n\n"
+            f"Trained with a Matryoshka loss: its vectors cut to {widths} dimensions retrieve on their own.\n\n"
+            "```python\nfrom sentence_transformers import SentenceTransformer\n\n"
+            f'model = SentenceTransformer("{directory.name}", truncate_dim={matryoshka_dims[-1]})\n```\n'
+        )
 
 
 def read_sentence_embedder(directory: str | os.PathLike, unpad: bool = True) -> SentenceEmbedder:
@@ -132,6 +149,10 @@ class SentencePipeline:
     """A Normalize module follows the pooling: the vectors are of unit length."""
     max_seq_length: int | None
     """sentence_bert_config.json's: the length texts are cut to (None: not set)."""
+    matryoshka_dims: tuple[int, ...] = ()
+    """The vector prefixes the model was trained to retrieve with (bertdist's record; () for other directories)."""
+    truncate_dim: int | None = None
+    """config_sentence_transformers.json's truncate_dim: sentence-transformers cuts every vector to it."""
     unsupported: str = ""
     """Why bertdist cannot compute this directory's own vectors (a Dense module, max pooling), or "". Asked only
     where those vectors are wanted (`embed` with the directory's pooling, an ONNX sentence encoder): the length
@@ -177,7 +198,23 @@ def read_sentence_pipeline(directory: str | os.PathLike) -> SentencePipeline | N
             f"{directory / pooling_dir / 'config.json'}: pooling {pooling or 'none'} is not supported yet "
             "(bertdist pools by mean or cls)"
         )
-    return SentencePipeline(pooling, normalize, _read_max_seq_length(directory), unsupported)
+    dims, truncate_dim = _read_dimensions(directory / "config_sentence_transformers.json")
+    return SentencePipeline(pooling, normalize, _read_max_seq_length(directory), dims, truncate_dim, unsupported)
+
+
+def _read_dimensions(path: Path) -> tuple[tuple[int, ...], int | None]:
+    """(matryoshka_dims, truncate_dim) of a config_sentence_transformers.json; checked, as both cut vectors."""
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        return (), None
+    dims, truncate_dim = config.get("matryoshka_dims") or [], config.get("truncate_dim")
+    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+        raise CheckpointFormatError(f"{path}: matryoshka_dims must be a list of positive integers, got {dims!r}")
+    if truncate_dim is not None and (
+        isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim <= 0
+    ):
+        raise CheckpointFormatError(f"{path}: truncate_dim must be a positive integer, got {truncate_dim!r}")
+    return tuple(dims), truncate_dim
 
 
 def _pooling_mode(config: Any) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -372,14 +373,48 @@ def test_the_finetune_rules_are_checked_before_a_model_and_the_rest_once_it_is_r
         ConfigError, match=r"finetune.batch_size: 32 is not divisible by finetune.micro_batch_size \(16\) x 3"
     ):
         validate_finetune(cfg, world_size=3)
-    assert source_problems(cfg.finetune, 512) == [
+    assert source_problems(cfg.finetune, 512, 768) == [
         "finetune.max_seq_length: 600 is longer than the model's 512 positions"
     ]
-    assert source_problems(cfg.finetune, 1024) == []
+    assert source_problems(cfg.finetune, 1024, 768) == []
     assert data_problems(cfg.finetune, 31) == ["finetune.batch_size: 32 is more than the 31 training rows"]
     assert data_problems(cfg.finetune, 32) == []
     with pytest.raises(ValueError, match="model.hidden_size: 128 is not divisible by model.num_attention_heads=3"):
         check_heads_divide(load_config(None, ["model.hidden_size=128", "model.num_attention_heads=3"]).model)
+
+
+@pytest.mark.parametrize(
+    "dims, problem",
+    [
+        ("256,128,64", ""),
+        ("128,256", "finetune.matryoshka_dims: '128,256' must be decreasing"),
+        ("128,128", "must be decreasing"),
+        ("128,-64", "is not a comma-separated list of positive integers"),
+        ("128,abc", "is not a comma-separated list of positive integers"),
+        ("0", "is not a comma-separated list of positive integers"),
+    ],
+)
+def test_matryoshka_dims_are_nested_prefixes_no_wider_than_the_model(dims, problem):
+    """Decreasing positive integers, for embedding only; the first no larger than the hidden size once the model is
+    read."""
+    from bertdist.config.validation import source_problems, validate_finetune
+
+    base = ["finetune.train_file=t.jsonl", "finetune.dev_file=d.jsonl", "finetune.text_pair_column=positive"]
+    cfg = load_config(None, [*base, "finetune.task=embedding", f"finetune.matryoshka_dims={dims}"])
+    if problem:
+        with pytest.raises(ConfigError, match=re.escape(problem) if "'" in problem else problem):
+            validate_finetune(cfg, world_size=1)
+        return
+    validate_finetune(cfg, world_size=1)
+    assert cfg.finetune.dims() == (256, 128, 64)
+    assert source_problems(cfg.finetune, 512, 256) == []
+    assert source_problems(cfg.finetune, 512, 128) == [
+        "finetune.matryoshka_dims: 256 is larger than the model's hidden size 128 (the vector's length)"
+    ]
+    with pytest.raises(ConfigError, match="finetune.matryoshka_dims: only for embedding, not classification"):
+        validate_finetune(load_config(None, [*base, f"finetune.matryoshka_dims={dims}"]), world_size=1)
+    with pytest.raises(ConfigError, match="finetune.eval_every_steps: must be 0"):
+        validate_finetune(load_config(None, [*base, "finetune.eval_every_steps=-1"]), world_size=1)
 
 
 def test_sentence_pairs_longer_than_bert_positions_are_refused_before_anything_starts(tmp_path, tiny_vocab, capsys):

@@ -203,3 +203,84 @@ def test_the_gradient_cache_trains_as_one_micro_batch_of_the_whole_step(pairs, t
     losses = [float(line.split("train loss ")[1].split(",")[0]) for line in epochs]
     assert losses[0] == pytest.approx(losses[1], abs=2e-4), epochs
     assert epochs[0].split(", ", 1)[1].split(" (")[0] == epochs[1].split(", ", 1)[1].split(" (")[0], epochs
+
+
+def test_matryoshka_dims_are_trained_scored_every_n_steps_on_a_beir_dev_set_and_recorded_in_the_export(
+    pairs, tiny_documents, tiny_vocab, tmp_path, capsys, hf_offline
+):
+    """finetune.matryoshka_dims=64,32,16 with a BEIR-format dev directory scored every 2 steps: the curves are in
+    MLflow at steps 2 and 4 with nDCG@10 per width, the best evaluation's model is exported with its widths
+    recorded, sentence-transformers' truncate_dim gives the first components of bertdist's vectors, and `bertdist
+    evaluate --suite retrieval` scores every recorded width."""
+    import mlflow
+
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from bertdist.finetune.corpus_tasks import held_out_retrieval
+    from bertdist.tracking.store import local_store_uri
+
+    pretrained = _pretrained(tmp_path / "pretrained", tiny_vocab, "bert")
+    train, _ = pairs
+    dev = tmp_path / "dev"
+    held_out_retrieval(tiny_documents, dev, 12, seed=3)
+    (dev / "qrels" / "test.tsv").rename(dev / "qrels" / "dev.tsv")
+    out = tmp_path / "run"
+    dims = ("finetune.matryoshka_dims=64,32,16", "finetune.eval_every_steps=2", "tracking.enabled=true")
+    assert main(_args(train, dev, out, f"finetune.init_from={pretrained}", *dims)) == 0
+    printed = capsys.readouterr().out
+    assert "dev: 12 queries among" in printed and "step 2 (epoch 1/1): train loss" in printed, printed
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {f"dev/{m}" for m in ("ndcg_at_10", "mrr_at_10", "recall_at_100")} | {
+        "dev/ndcg_at_10_dim32",
+        "dev/ndcg_at_10_dim16",
+    }
+
+    client = mlflow.MlflowClient(local_store_uri(out))
+    (run,) = client.search_runs([client.get_experiment_by_name("bertdist").experiment_id])
+    for metric in ("dev/ndcg_at_10", "dev/ndcg_at_10_dim16", "loss/train"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [2, 4], metric
+    assert int(run.data.tags["bertdist.best_step"]) in (2, 4)
+
+    model_dir = out / "model"
+    config = json.loads((model_dir / "config_sentence_transformers.json").read_text())
+    assert config["matryoshka_dims"] == [64, 32, 16] and "truncate_dim=16" in (model_dir / "README.md").read_text()
+    texts = [json.loads(line)["text"] for line in (dev / "queries.jsonl").read_text().splitlines()]
+    cut = sentence_transformers.SentenceTransformer(str(model_dir), device="cpu", truncate_dim=16).encode(texts)
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    assert (
+        main(
+            [
+                "embed",
+                "--model",
+                str(model_dir),
+                "--input",
+                str(tmp_path / "texts.txt"),
+                "--output",
+                str(tmp_path / "f"),
+            ]
+        )
+        == 0
+    )
+    np.testing.assert_allclose(np.load(tmp_path / "f" / "features-00000.npy")[:, :16], cut, atol=1e-5, rtol=0)
+
+    evaluate = ["evaluate", "--suite", "retrieval", "--data-dir", str(dev), "--split", "dev", "--model", str(model_dir)]
+    assert main([*evaluate, "--output", str(tmp_path / "evaluate"), "tracking.enabled=false"]) == 0
+    table = [line.split("|")[0].strip() for line in capsys.readouterr().out.splitlines() if "|" in line]
+    assert table == ["dim", "64", "32", "16"]
+
+
+def test_the_matryoshka_loss_is_the_sum_of_info_nce_over_each_prefix_and_the_dev_metrics_cut_alike():
+    """Each prefix is normalised after the cut (cosine similarity of truncated vectors); a ranking that only the
+    first components get right scores perfectly at that width and not at the whole vector."""
+    torch.manual_seed(0)
+    vectors = torch.randn(6, 3, 8)
+    expected = sum(info_nce(vectors[..., :d].contiguous(), TEMPERATURE) for d in (8, 4, 2))
+    torch.testing.assert_close(info_nce(vectors, TEMPERATURE, (8, 4, 2)), expected)
+
+    rng = np.random.default_rng(0)
+    passages = rng.normal(size=(20, 8)).astype(np.float32)
+    queries = passages[[3, 7, 11]].copy()
+    queries[:, 4:] = -10 * passages[[3, 7, 11], 4:]  # right in the first 4 components, misleading in the rest
+    scores = retrieval_metrics(np.concatenate([queries, passages]), 3, [3, 7, 11], (8, 4))
+    assert scores["ndcg_at_10_dim4"] == 1.0 and scores["ndcg_at_10"] < 1.0
+    graded = retrieval_metrics(np.concatenate([queries, passages]), 3, [{3: 1}, {7: 1}, {11: 1, 12: 2}], (4,))
+    assert graded["ndcg_at_10_dim4"] < 1.0  # query 3's better-graded passage 12 is not found first

@@ -132,13 +132,17 @@ def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
                 str(out),
                 "--batch-size",
                 "16",
+                "--dims",
+                "16",
             ]
         )
         == 0
     )
     printed = capsys.readouterr()
-    header, values = [line.split("|") for line in printed.out.splitlines() if "|" in line][:2]
-    assert [h.strip() for h in header] == ["nDCG@10", "Recall@100", "MRR@10"]
+    header, whole, cut = [[v.strip() for v in line.split("|")] for line in printed.out.splitlines() if "|" in line]
+    assert header == ["dim", "nDCG@10", "Recall@100", "MRR@10"]
+    assert (whole[0], cut[0]) == ("64", "16")  # the whole vector, then each Matryoshka width
+    values = whole[1:]
     passages = len((collection / "corpus.jsonl").read_text().splitlines())
     assert f"embedded {passages}/{passages} passages" in printed.err
     results = json.loads((out / "results.json").read_text())
@@ -161,6 +165,30 @@ def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
     (parent,) = client.search_runs([client.get_experiment_by_name("bertdist").experiment_id])
     assert parent.data.tags["bertdist.suite"] == "retrieval" and parent.data.tags["bertdist.kind"] == "evaluate"
     assert parent.data.metrics["ndcg_at_10"] == pytest.approx(metrics["ndcg_at_10"])
+    narrow = results["metrics_by_dim"]["16"]
+    assert [float(v) for v in cut[1:]] == pytest.approx(
+        [100 * narrow[k] for k in ("ndcg_at_10", "recall_at_100", "mrr_at_10")], abs=0.051
+    )
+    assert parent.data.metrics["ndcg_at_10_dim16"] == pytest.approx(narrow["ndcg_at_10"])
+    assert (
+        main(
+            [
+                "evaluate",
+                "--suite",
+                "retrieval",
+                "--data-dir",
+                str(collection),
+                "--model",
+                str(random_model),
+                "--output",
+                str(out),
+                "--dims",
+                "128",
+            ]
+        )
+        == USAGE_EXIT_CODE
+    )
+    assert "--dims: 128 is wider than the model's vectors (64)" in capsys.readouterr().err
 
 
 def test_a_query_that_is_its_passage_is_found_first(collection, random_model, tmp_path):

@@ -353,7 +353,8 @@ def test_every_task_trains_and_exports_for_its_auto_class(task, family, tmp_path
 @pytest.mark.slow
 def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path, tiny_documents, tiny_vocab):
     """Contrastive fine-tuning (finetune.task=embedding: passages gathered from both ranks, through the gather's
-    backward) under ZeRO-3, the stage with the most to get wrong: parameters gathered inside every forward (so
+    backward, over Matryoshka prefixes, a checkpoint every 2 steps so that the kill may come within an epoch) under
+    ZeRO-3, the stage with the most to get wrong: parameters gathered inside every forward (so
     equal evaluation forwards per rank), partitioned weights exported from the checkpoint. ZeRO 1 and 2 resume is
     the pretraining checkpoint's, tested in tests/train; `test_two_deepspeed_ranks_...` classifies at ZeRO 1;
     tests/finetune/test_contrastive.py checks the gathered gradient and the export against sentence-transformers."""
@@ -383,6 +384,8 @@ def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path
             "finetune.text_pair_column=passage",
             "finetune.negative_columns=negative",
             "finetune.epochs=3",
+            "finetune.eval_every_steps=2",  # checkpoints within epochs too: the kill finds one mid-epoch
+            "finetune.matryoshka_dims=64,32",
             "train.zero_stage=3",
         )
 
@@ -393,8 +396,9 @@ def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path
     ranks.wait_for(lambda: latest(out / "checkpoints") is not None, "the first epoch's checkpoint")
     ranks.kill()
     printed = _finish(_two_ranks(tmp_path / "resumed", *args(out)))
-    assert "resumed from" in printed and "epoch 3/3" in printed and "epoch 1/3" not in printed, printed
-    assert "dev ndcg_at_10" in printed, printed
+    resumed_at = int(re.search(r"resumed from \S+ \(epoch \d+, step (\d+)\)", printed)[1])
+    assert "epoch 3/3" in printed and f"step {resumed_at} (epoch" not in printed, printed
+    assert "dev ndcg_at_10" in printed and "ndcg_at_10_dim32" in printed, printed
 
     whole, resumed = (latest(d / "checkpoints") for d in (tmp_path / "whole", out))
     assert whole.name == resumed.name

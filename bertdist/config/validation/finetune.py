@@ -1,7 +1,7 @@
 """`bertdist finetune`'s rules (and `bertdist evaluate`'s, for every task of a suite): the finetune section,
 checked before a model is loaded or a process group started.
 
-Two rules need what only the model and the data tell: the model's positions (`source_problems`, once its
+Some rules need what only the model and the data tell: the model's positions and width (`source_problems`, once its
 config is read) and the training rows (`data_problems`, once they are read). They live here beside the others,
 and the runner calls them at the first moment it can.
 """
@@ -65,6 +65,9 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
             f"finetune.cache_rows: {ft.cache_rows} does not divide each rank's rows per step "
             f"(finetune.batch_size {ft.batch_size} / {world_size} rank(s))"
         )
+    p += _matryoshka_problems(ft)
+    if ft.eval_every_steps < 0:
+        p.append(f"finetune.eval_every_steps: must be 0 (after every epoch) or positive, got {ft.eval_every_steps}")
     if not (ft.epochs > 0 and math.isfinite(ft.epochs)):
         p.append(f"finetune.epochs: must be a positive number, got {ft.epochs}")
     if not (ft.lr > 0 and math.isfinite(ft.lr)):
@@ -76,10 +79,32 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
         raise ConfigError(p)
 
 
-def source_problems(ft: FinetuneConfig, model_positions: int) -> list[str]:
-    """What the model to start from refuses: a finetune.max_seq_length beyond its `model_positions`."""
+def source_problems(ft: FinetuneConfig, model_positions: int, hidden_size: int) -> list[str]:
+    """What the model to start from refuses: a finetune.max_seq_length beyond its `model_positions`, a Matryoshka
+    dimension beyond its `hidden_size`."""
+    p = []
     if ft.max_seq_length > model_positions:
-        return [f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {model_positions} positions"]
+        p.append(f"finetune.max_seq_length: {ft.max_seq_length} is longer than the model's {model_positions} positions")
+    if not _matryoshka_problems(ft) and ft.dims() and ft.dims()[0] > hidden_size:
+        p.append(
+            f"finetune.matryoshka_dims: {ft.dims()[0]} is larger than the model's hidden size {hidden_size} "
+            "(the vector's length)"
+        )
+    return p
+
+
+def _matryoshka_problems(ft: FinetuneConfig) -> list[str]:
+    """finetune.matryoshka_dims: positive integers, strictly decreasing (nested prefixes), embedding only."""
+    if not ft.matryoshka_dims.strip():
+        return []
+    if ft.task != "embedding":
+        return [f"finetune.matryoshka_dims: only for embedding, not {ft.task}"]
+    names = [d.strip() for d in ft.matryoshka_dims.split(",")]
+    if not all(d.isdigit() and int(d) > 0 for d in names):
+        return [f"finetune.matryoshka_dims: {ft.matryoshka_dims!r} is not a comma-separated list of positive integers"]
+    dims = [int(d) for d in names]
+    if any(a <= b for a, b in zip(dims, dims[1:])):
+        return [f"finetune.matryoshka_dims: {ft.matryoshka_dims!r} must be decreasing (e.g. 256,128,64)"]
     return []
 
 
