@@ -9,17 +9,18 @@ embeddings (whose contrastive loss the task computes across ranks: bertdist.fine
 step through a gradient cache with finetune.cache_rows: bertdist.finetune.grad_cache); the encoder
 family (model.arch of the checkpoint) the task model's class (`BertFor...`, `ModernBertFor...`). Each epoch
 visits the training rows in a seeded order that every rank computes alike; a step's `finetune.batch_size`
-rows are split among the ranks and their micro batches. After every epoch all ranks score a share of the
-dev rows (bertdist.finetune.evaluation), the task's metrics are computed from all of them, rank 0 logs them,
-and the best epoch's model (by the task's headline metric) is exported as a Hugging Face directory the matching
-`AutoModelFor...` class loads (`{output_dir}/model`: bertdist.finetune.best_model).
+rows are split among the ranks and their micro batches. After every epoch (and every `finetune.eval_every_steps`)
+all ranks score a share of the dev rows (bertdist.finetune.evaluation), the task's metrics are computed from all of
+them, rank 0 logs them, and the best evaluation's model (by the task's headline metric) is exported as a Hugging
+Face directory the matching `AutoModelFor...` class loads (`{output_dir}/model`: bertdist.finetune.best_model).
 
 MLflow records the run's parameters, the dev metrics per epoch, and where it started: tags
 `bertdist.init_from`, `bertdist.pretraining_run_id` and `bertdist.pretraining_checkpoint`
 (bertdist.finetune.run_tracking).
 
-After every epoch a checkpoint (the pretraining format: weights, optimizer, RNG of every rank) lets the same
-command continue an interrupted run exactly (bertdist.finetune.starting restores it); the best epoch's model is
+At every evaluation a checkpoint (the pretraining format: weights, optimizer, RNG of every rank) lets the same
+command continue an interrupted run exactly, from within an epoch too (the epoch's order is seeded, so the
+step says where in it) (bertdist.finetune.starting restores it); the best epoch's model is
 exported from that checkpoint as soon as it is found (the fp32 master weights, consolidated from any ZeRO stage).
 
 This module is the run's order: what it builds, in which order, and the loop over epochs and steps.
