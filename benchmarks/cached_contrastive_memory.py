@@ -7,8 +7,8 @@ positive) pairs of `--seq-length` tokens and an encoder of `--size`:
   cached  finetune.batch_size = --rows, cache_rows = --chunk-rows (negatives: all --rows passages).
 One step runs first (AdamW's state is allocated then), then the process's RSS high-water mark is reset
 (/proc/self/clear_refs) and a second step measured: the step's peak RSS (VmHWM) and how far it rose above the
-RSS before it. What the cache keeps beyond one chunk's activations is the rows' vectors and the loss's
-(rows x passages) similarity matrix with its softmax and gradient, a few times 4 bytes x rows^2.
+RSS before it. What the cache keeps beyond one chunk's activations is the rows' vectors and one block of the loss's
+similarity matrix (chunk queries x every passage) with its softmax and gradient.
 
 Linux only (/proc). The bar (issue 46): the cached step's peak within 1.3x of the plain one's.
 

@@ -119,6 +119,33 @@ def info_nce(vectors: torch.Tensor, temperature: float, dims: tuple[int, ...] = 
 
     `vectors` (rows, group, hidden): per row its query, its positive, then its negatives. The passages are
     gathered once, whole, and cut after: one collective whatever the number of dimensions."""
+    queries, passages, positives = _queries_and_passages(vectors)
+    return _loss(queries, passages, positives, temperature, dims)
+
+
+def info_nce_backward(vectors: torch.Tensor, temperature: float, dims: tuple[int, ...], query_rows: int) -> float:
+    """`info_nce` of the leaf `vectors`, its gradient left in `vectors.grad`, computed `query_rows` queries at a
+    time: the gradient cache's first pass (bertdist.finetune.grad_cache), where the step's whole batch scores
+    against every passage and one (queries x passages) similarity matrix of it, with its softmax and gradient,
+    would be the largest thing in memory. Each block's share of the loss is backpropagated onto detached copies
+    of the queries and the gathered passages, whose gradients add up; the sum then goes back through the gather
+    once (one all-reduce). Returns the loss."""
+    queries, passages, positives = _queries_and_passages(vectors)
+    query_leaf, passage_leaf = (t.detach().requires_grad_() for t in (queries, passages))
+    total = 0.0
+    for first in range(0, len(queries), query_rows):
+        block = slice(first, first + query_rows)
+        share = len(positives[block]) / len(queries)  # the loss is a mean over all the queries
+        part = _loss(query_leaf[block], passage_leaf, positives[block], temperature, dims) * share
+        part.backward()
+        total += float(part.detach())
+    torch.autograd.backward([queries, passages], [query_leaf.grad, passage_leaf.grad])
+    return total
+
+
+def _queries_and_passages(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's queries, the passages of every rank (gathered, with gradient), and each query's positive's row
+    among them."""
     queries = vectors[:, 0].float()
     passages = vectors[:, 1:].float().reshape(-1, vectors.shape[-1])  # (rows x passages, hidden)
     rank = 0
@@ -127,12 +154,20 @@ def info_nce(vectors: torch.Tensor, temperature: float, dims: tuple[int, ...] = 
         passages = _GatherWithGradient.apply(passages)  # every rank has the same rows per micro batch
     per_row = vectors.shape[1] - 1
     positives = rank * len(queries) * per_row + torch.arange(len(queries), device=vectors.device) * per_row
+    return queries, passages, positives
+
+
+def _loss(
+    queries: torch.Tensor, passages: torch.Tensor, positives: torch.Tensor, temperature: float, dims: tuple[int, ...]
+) -> torch.Tensor:
+    """Cross-entropy of each query picking its positive among `passages` by cosine similarity / temperature,
+    summed over the widths `dims` (the whole vector where empty)."""
     losses = [
         F.cross_entropy(
             F.normalize(queries[:, :width], dim=-1) @ F.normalize(passages[:, :width], dim=-1).T / temperature,
             positives,
         )
-        for width in dims or (vectors.shape[-1],)
+        for width in dims or (queries.shape[-1],)
     ]
     return torch.stack(losses).sum()
 

@@ -13,8 +13,9 @@ though: it only needs the vectors. So a step encodes its rows in chunks twice:
    vectors), and the backward of `(vectors * their cached gradient).sum()`: by the chain rule that puts on the
    parameters exactly the chunk's share of d loss / d parameters.
 
-Peak activation memory is one chunk's; what grows with the batch is only the vectors and the loss's
-(rows x passages) similarity matrix. The price is a second forward of every row (about a third more compute).
+Peak activation memory is one chunk's; what grows with the batch is only the vectors and one block of the loss's
+similarity matrix (a chunk's queries x every passage: the loss is backpropagated a block of queries at a time).
+The price is a second forward of every row (about a third more compute).
 
 Pass 2 goes through the DeepSpeed engine, one `backward`/`step` per chunk, with the engine's gradient
 accumulation set to the number of chunks (FinetuneConfig.gradient_accumulation_steps), so the optimizer steps at
@@ -32,11 +33,15 @@ from typing import Any, Callable
 import torch
 
 
-def cached_step(engine: Any, chunks: list[dict[str, torch.Tensor]], loss: Callable[[torch.Tensor], Any]) -> float:
-    """One optimizer step of `loss` over the vectors of all `chunks` (each a batch for `engine`); returns the loss.
+def cached_step(
+    engine: Any, chunks: list[dict[str, torch.Tensor]], loss_backward: Callable[[torch.Tensor], float]
+) -> float:
+    """One optimizer step of a loss over the vectors of all `chunks` (each a batch for `engine`); returns the loss.
 
-    `engine`: the DeepSpeed engine (called for `.logits`, then `backward(..., scale_wrt_gas=False)` and `step()`
-    per chunk), its gradient accumulation being `len(chunks)`."""
+    `loss_backward(vectors)`: the loss of a leaf tensor of vectors, its gradient left in `vectors.grad` (the
+    task's: bertdist.finetune.contrastive.info_nce_backward, which works through the queries in blocks so that no
+    whole similarity matrix is held). `engine`: the DeepSpeed engine (called for `.logits`, then `backward(...,
+    scale_wrt_gas=False)` and `step()` per chunk), its gradient accumulation being `len(chunks)`."""
     states, vectors = [], []
     with torch.no_grad():
         for batch in chunks:
@@ -44,8 +49,7 @@ def cached_step(engine: Any, chunks: list[dict[str, torch.Tensor]], loss: Callab
             vectors.append(engine(**batch).logits)
     after = _rng_state()
     cached = torch.cat(vectors).requires_grad_()  # (rows, group, hidden): a leaf, outside the encoder's graph
-    value = loss(cached)
-    value.backward()
+    value = loss_backward(cached)
     assert cached.grad is not None
     for batch, state, grad in zip(chunks, states, cached.grad.split([len(v) for v in vectors])):
         _set_rng_state(state)
@@ -53,7 +57,7 @@ def cached_step(engine: Any, chunks: list[dict[str, torch.Tensor]], loss: Callab
         engine.backward((out.float() * grad.float()).sum(), scale_wrt_gas=False)
         engine.step()
     _set_rng_state(after)  # where pass 1 left it: what follows draws as if each chunk had run once
-    return float(value.detach())
+    return value
 
 
 def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -222,8 +222,8 @@ class Finetuning(Run):
         batches = ({k: v.to(self.device) for k, v in self.train.batch(m, self.pad_id).items()} for m in micros)
         total = torch.zeros(2, dtype=torch.float64)  # this rank's mean loss, and how many ranks were asked to stop
         if ft.cache_rows:  # one loss over all the rank's rows (bertdist.finetune.grad_cache)
-            assert self.task.loss is not None  # validation allows the cache for embedding only
-            total[0] = cached_step(engine, list(batches), self.task.loss)
+            assert self.task.cached_loss is not None  # validation allows the cache for embedding only
+            total[0] = cached_step(engine, list(batches), self.task.cached_loss)
         else:
             for batch in batches:
                 out = engine(**batch)

@@ -75,6 +75,9 @@ class Task:
     loss: Callable[[Any], Any] | None = None
     """The training loss from the model's outputs (`logits`) where the model does not compute it: embedding's,
     whose negatives come from every rank."""
+    cached_loss: Callable[[Any], float] | None = None
+    """The same loss of a leaf tensor of outputs, its gradient left on the leaf, for the gradient cache
+    (finetune.cache_rows: bertdist.finetune.grad_cache); embedding's, by blocks of queries."""
 
 
 def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task:
@@ -184,6 +187,7 @@ def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, sk
             f"dev: {dev_queries} queries among {len(dev_rows) - dev_queries} passages"
         ],
         loss=lambda vectors: contrastive.info_nce(vectors, ft.temperature, ft.dims()),
+        cached_loss=lambda vectors: contrastive.info_nce_backward(vectors, ft.temperature, ft.dims(), ft.cache_rows),
     )
 
 

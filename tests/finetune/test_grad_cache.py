@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from bertdist.finetune.contrastive import info_nce
+from bertdist.finetune.contrastive import info_nce, info_nce_backward
 from bertdist.finetune.grad_cache import cached_step
 from bertdist.model.sentence import SentenceEmbedder
 from bertdist.train.distributed import free_tcp_port
@@ -54,44 +54,51 @@ def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _plain(rows: dict[str, torch.Tensor], rows_per_chunk: int, seed: int) -> dict[str, torch.Tensor]:
+def _plain(
+    rows: dict[str, torch.Tensor], rows_per_chunk: int, seed: int, dims: tuple[int, ...] = ()
+) -> dict[str, torch.Tensor]:
     """The uncached loss over all the rows with the activations of every chunk kept: the reference. Chunk by chunk
     so that dropout draws its masks as the cache's first pass does."""
     model, _ = _model_and_rows(dropout=0.1)
     torch.manual_seed(seed)
     vectors = torch.cat([model(**chunk).logits for chunk in _chunks(rows, rows_per_chunk)])
-    info_nce(vectors, TEMPERATURE).backward()
+    info_nce(vectors, TEMPERATURE, dims).backward()
     return _gradients(model)
 
 
-@pytest.mark.parametrize("rows_per_chunk", [2, 4])
-def test_the_cached_gradient_is_the_plain_losss_with_dropout_replayed(rows_per_chunk):
+@pytest.mark.parametrize("rows_per_chunk,query_rows,dims", [(2, 3, ()), (4, 4, (64, 16))])
+def test_the_cached_gradient_is_the_plain_losss_with_dropout_replayed(rows_per_chunk, query_rows, dims):
+    """Through the cache, the loss's backward by blocks of `query_rows` queries (3: a last block of 2), with and
+    without Matryoshka widths, gives the gradient of the plain loss over all the rows."""
     model, rows = _model_and_rows(dropout=0.1)
     torch.manual_seed(7)
-    loss = cached_step(_Engine(model), _chunks(rows, rows_per_chunk), lambda v: info_nce(v, TEMPERATURE))
-    cached, plain = _gradients(model), _plain(rows, rows_per_chunk, seed=7)
+    loss = cached_step(
+        _Engine(model), _chunks(rows, rows_per_chunk), lambda v: info_nce_backward(v, TEMPERATURE, dims, query_rows)
+    )
+    cached, plain = _gradients(model), _plain(rows, rows_per_chunk, seed=7, dims=dims)
     assert cached.keys() == plain.keys() and len(cached) > 10
     for name in plain:
         torch.testing.assert_close(cached[name], plain[name], atol=1e-5, rtol=1e-5, msg=name)
     torch.manual_seed(7)
     with torch.no_grad():
         reference = torch.cat([model(**c).logits for c in _chunks(rows, rows_per_chunk)])
-    assert loss == pytest.approx(float(info_nce(reference, TEMPERATURE)), abs=1e-6)
-    other = _plain(rows, rows_per_chunk, seed=8)  # dropout is on: other masks, another gradient
+    assert loss == pytest.approx(float(info_nce(reference, TEMPERATURE, dims)), abs=1e-5)
+    other = _plain(rows, rows_per_chunk, seed=8, dims=dims)  # dropout is on: other masks, another gradient
     assert not torch.allclose(
         other["bert.embeddings.word_embeddings.weight"], plain["bert.embeddings.word_embeddings.weight"]
     )
 
 
 def _rank_gradients(rank: int, world: int, port: int, out: str) -> None:
-    """One rank's share of the rows through the cache in chunks of 2, its gradients averaged as DeepSpeed's."""
+    """One rank's share of the rows through the cache in chunks of 2 (the loss's backward in blocks of 3 queries,
+    over Matryoshka widths), its gradients averaged as DeepSpeed's."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     model, rows = _model_and_rows(dropout=0.0)  # one process's masks could not be split between two
     mine = {k: v.chunk(world)[rank] for k, v in rows.items()}
-    cached_step(_Engine(model), _chunks(mine, 2), lambda v: info_nce(v, TEMPERATURE))
+    cached_step(_Engine(model), _chunks(mine, 2), lambda v: info_nce_backward(v, TEMPERATURE, (64, 32), 3))
     grads = _gradients(model)
     for g in grads.values():
         dist.all_reduce(g)
@@ -104,7 +111,7 @@ def _rank_gradients(rank: int, world: int, port: int, out: str) -> None:
 def test_two_ranks_through_the_cache_give_the_gradient_of_one_process_with_the_whole_batch(tmp_path):
     torch.multiprocessing.spawn(_rank_gradients, args=(2, free_tcp_port(), str(tmp_path)), nprocs=2)
     model, rows = _model_and_rows(dropout=0.0)
-    info_nce(model(**rows).logits, TEMPERATURE).backward()
+    info_nce(model(**rows).logits, TEMPERATURE, (64, 32)).backward()
     whole = _gradients(model)
     for rank in range(2):
         theirs = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
