@@ -138,15 +138,19 @@ def add_pairs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, metavar="PAIRS.jsonl", help="the pairs (written whole or not at all)")
     p.add_argument("--kinds", default=",".join(d.kinds), help=f"comma-separated, of {', '.join(KINDS)} (default: all)")
     p.add_argument(
-        "--per-document", type=int, default=d.per_document, help="at most this many pairs of each kind per document"
+        "--per-document",
+        type=int,
+        default=d.per_document,
+        help=f"at most this many pairs of each kind per document (default {d.per_document})",
     )
     p.add_argument(
         "--passage-words",
         type=int,
         default=d.passage_words,
-        help=f"the longest passage or span in words (a span has at least {MIN_SPAN_WORDS}, or this where fewer)",
+        help=f"the longest passage or span in words (default {d.passage_words}; a span has at least {MIN_SPAN_WORDS}, "
+        "or this where fewer)",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}: the same seed, the same pairs")
     p.add_argument(
         "--dev-dir",
         default=d.dev_dir,
