@@ -5,6 +5,7 @@
     bertdist inspect  statistics and decoded examples of prepared shards
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format (and ONNX)
+    bertdist pairs    mine (query, positive) pairs from a corpus, without labels, to train an embedding model on
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA,
                       multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
@@ -42,7 +43,7 @@ from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
-from bertdist.finetune.commands import add_attention, add_embed, add_evaluate, add_finetune
+from bertdist.finetune.commands import add_attention, add_embed, add_evaluate, add_finetune, add_pairs
 from bertdist.launch.commands import (
     add_forecast_flags,
     add_logs,
@@ -277,6 +278,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_prepare,
     add_inspect,
     _add_train,
+    add_pairs,
     add_finetune,
     add_embed,
     add_attention,

@@ -19,6 +19,7 @@ EXPECTED_COMMANDS = [
     "prepare",
     "inspect",
     "train",
+    "pairs",
     "finetune",
     "embed",
     "attention",

@@ -314,8 +314,13 @@ def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:
         raise DataError(f"{path}: truncated or corrupt compressed stream ({e})") from None
 
 
+def iter_documents(files: list[InputFile]) -> Iterator[list[str]]:
+    """Every document of every file, in order, in one process (streams; bad input raises)."""
+    for unit in plan_units(files, unit_bytes=1 << 62):
+        yield from read_documents(unit)
+
+
 def iter_texts(files: list[InputFile]) -> Iterator[str]:
     """Every sentence of every file, for vocabulary training (streams; bad input raises)."""
-    for unit in plan_units(files, unit_bytes=1 << 62):
-        for document in read_documents(unit):
-            yield from document
+    for document in iter_documents(files):
+        yield from document

@@ -13,8 +13,9 @@ choice        multiple choice (SWAG-style) rows
 features      encoded rows padded per batch (shared by every task)
 embed         `bertdist embed`: features of a frozen model (a layer, the last four, the pooler) in .npy shards
 suites        `bertdist evaluate`: GLUE (or a suite file) with the paper's sweep, one MLflow parent run
-commands      the command lines of finetune, embed and evaluate
+commands      the command lines of pairs, finetune, embed, attention and evaluate
 source        where a run starts: checkpoint, export, Hugging Face BERT/ModernBERT, random initialisation
 corpus_tasks  labelled tasks of each kind made from raw text (the demo, the tests)
+pairs         `bertdist pairs`: contrastive (query, positive) pairs mined from an unlabelled corpus, a dev collection
 metrics       the standard task metrics: accuracy, F1, Matthews, Pearson/Spearman, entity F1, SQuAD EM/F1
 """

@@ -1,5 +1,5 @@
-"""The command lines of the second stage: `bertdist finetune`, `embed`, `attention` and `evaluate` (registered by
-bertdist.cli).
+"""The command lines of the second stage: `bertdist pairs`, `finetune`, `embed`, `attention` and `evaluate`
+(registered by bertdist.cli).
 
 Like every subcommand, they only parse arguments and call into the package.
 """
@@ -109,6 +109,71 @@ def _run_embed(args: argparse.Namespace) -> int:
         f"bertdist embed: {json.dumps(summary)}; {len(index['skipped'])} row(s) skipped{blank}; "
         f"{len(index['shards'])} shard(s) in {args.output_dir}"
     )
+    return 0
+
+
+def add_pairs(sub: argparse._SubParsersAction) -> None:
+    from bertdist.finetune.pairs import KINDS, MIN_SPAN_WORDS, PairsOptions
+
+    d = PairsOptions(inputs=[], output="")
+    p = sub.add_parser(
+        "pairs",
+        help="mine (query, positive) pairs from a corpus, without labels, to train an embedding model on",
+        description=(
+            "Contrastive pretraining pairs from raw text (the weakly-supervised stage of GTE and E5), each from one "
+            "document: neighbour (a passage and the one after it), first-sentence (the first sentence and the passage "
+            "after it) and spans (two random non-overlapping runs of words). Written as JSON lines {query, positive, "
+            "kind} for `bertdist finetune finetune.task=embedding finetune.text_column=query "
+            "finetune.text_pair_column=positive`; the same corpus and --seed give the same bytes (docs/finetune.md)."
+        ),
+    )
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        dest="inputs",
+        metavar="INPUT",
+        help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2), as bertdist prepare reads them",
+    )
+    p.add_argument("--output", required=True, metavar="PAIRS.jsonl", help="the pairs (written whole or not at all)")
+    p.add_argument("--kinds", default=",".join(d.kinds), help=f"comma-separated, of {', '.join(KINDS)} (default: all)")
+    p.add_argument(
+        "--per-document",
+        type=int,
+        default=d.per_document,
+        help=f"at most this many pairs of each kind per document (default {d.per_document})",
+    )
+    p.add_argument(
+        "--passage-words",
+        type=int,
+        default=d.passage_words,
+        help=f"the longest passage or span in words (default {d.passage_words}; a span has at least {MIN_SPAN_WORDS}, "
+        "or this where fewer)",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}: the same seed, the same pairs")
+    p.add_argument(
+        "--dev-dir",
+        default=d.dev_dir,
+        metavar="DIR",
+        help="write the held-out documents here as a BEIR collection (corpus.jsonl, queries.jsonl, qrels/dev.tsv): "
+        "a sentence taken out of each is a query, the rest of it its one relevant passage",
+    )
+    p.add_argument(
+        "--dev-documents",
+        type=int,
+        default=d.dev_documents,
+        metavar="N",
+        help="documents held out into --dev-dir (drawn with --seed before mining: no pair comes from them)",
+    )
+    p.set_defaults(func=_run_pairs, interrupted="nothing was written (the pairs file is written whole or not at all)")
+
+
+def _run_pairs(args: argparse.Namespace) -> int:
+    from bertdist.finetune.pairs import PairsOptions, mine_pairs, parse_kinds
+    from bertdist.flags import from_args
+
+    opts = from_args(PairsOptions, args, kinds=parse_kinds(args.kinds))
+    print(f"bertdist pairs: {mine_pairs(opts).describe(opts)}")
     return 0
 
 

@@ -19,6 +19,7 @@ the tests), one per kind of `bertdist finetune` task. Each reads documents from 
   its positive passage, and another document as a hard negative.
 - `held_out_retrieval` (`bertdist evaluate --suite retrieval`, a BEIR collection): every document is a
   passage; a query is a sentence taken out of its document, whose passage (the rest of it) is the one relevant.
+  Its writer, `write_held_out`, also writes `bertdist pairs`'s dev collection (bertdist.finetune.pairs).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import random
 import re
 from pathlib import Path
 
+from bertdist import storage
 from bertdist.data.sentences import split_sentences
 
 MIN_CHARS, MAX_CHARS = 20, 300
@@ -162,24 +164,37 @@ def held_out_retrieval(jsonl_file: str | Path, output_dir: str | Path, queries: 
     if queries > len(documents):
         raise ValueError(f"{jsonl_file}: {queries} queries asked of {len(documents)} documents")
     held_out = {doc: rng.randrange(len(documents[doc])) for doc in rng.sample(range(len(documents)), queries)}
-    out = Path(output_dir)
-    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    write_held_out(output_dir, "test", documents, held_out)
+    return queries
+
+
+def write_held_out(output_dir: str | Path, split: str, documents: list[list[str]], held_out: dict[int, int]) -> None:
+    """A collection in BEIR's layout (bertdist.finetune.beir) from the sentences of `documents`: every document is
+    the passage `d<doc>`; each `doc: sentence` of `held_out` (in its order) is the query `q<doc>`, that sentence,
+    taken out of its passage, which is its one relevant passage (qrels/SPLIT.tsv). Each file is written whole or
+    not at all (bertdist.storage: a URL too)."""
+    qrels = storage.join(str(output_dir), "qrels")
+    storage.makedirs(qrels)
     passages = [
         " ".join(s for i, s in enumerate(sentences) if i != held_out.get(doc))
         for doc, sentences in enumerate(documents)
     ]
     _write_jsonl(
-        out / "corpus.jsonl", [{"_id": f"d{doc}", "title": "", "text": text} for doc, text in enumerate(passages)]
+        storage.join(str(output_dir), "corpus.jsonl"),
+        [{"_id": f"d{doc}", "title": "", "text": text} for doc, text in enumerate(passages)],
     )
-    _write_jsonl(out / "queries.jsonl", [{"_id": f"q{doc}", "text": documents[doc][i]} for doc, i in held_out.items()])
-    (out / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"q{doc}\td{doc}\t1\n" for doc in held_out)
+    _write_jsonl(
+        storage.join(str(output_dir), "queries.jsonl"),
+        [{"_id": f"q{doc}", "text": documents[doc][i]} for doc, i in held_out.items()],
     )
-    return queries
+    storage.write_text(
+        storage.join(qrels, f"{split}.tsv"),
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{doc}\td{doc}\t1\n" for doc in held_out),
+    )
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+def _write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    storage.write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def _documents(jsonl_file: str | Path) -> list[list[str]]:
