@@ -1,0 +1,153 @@
+"""The embedding workflow of docs/finetune.md at mini size, each step one `bertdist` command, on text this machine
+has: nDCG@10 on held-out documents after each stage, and hard negatives against in-batch negatives alone.
+
+    MLM        `bertdist demo`: BERT-Tiny pretrained on Python's documentation (skipped when --demo has a model)
+    pairs      `bertdist pairs` on the demo's training documents: neighbour and span pairs for contrastive
+               pretraining, 150 documents held out as its BEIR dev set; first-sentence pairs for fine-tuning
+    contrast.  `bertdist finetune finetune.task=embedding` from the MLM export on the mined pairs, through the
+               gradient cache (batch 256 in chunks of 32), the dev set scored every `--eval-every` steps
+    mine       `bertdist mine-negatives` with the contrastive model over the fine-tuning pairs (margin 0.1)
+    fine-tune  from the contrastive model on the fine-tuning pairs with 3 mined negatives each and Matryoshka
+               widths 128,64,32; and the same without the negatives (in-batch negatives only)
+    evaluate   `bertdist evaluate --suite retrieval` of every stage's model on the test collection
+
+The test collection is made from the demo's held-out documents (every 20th document of the corpus: no MLM step,
+no pair and no dev set saw them): a sentence taken out of each document is the query, the rest of its document the
+one relevant passage among all of them (bertdist.finetune.corpus_tasks.held_out_retrieval). It measures quality,
+not speed: the figures are nDCG@10 and the wall time of each stage.
+
+    python benchmarks/embedding_workflow.py --work runs/embedding-workflow
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MATRYOSHKA_DIMS = "128,64,32"
+
+
+def bertdist(log: Path, *args: str) -> float:
+    """Run one `bertdist` command, its output appended to `log`; returns its wall time in seconds."""
+    started = time.perf_counter()
+    with open(log, "a") as out:
+        out.write(f"\n$ bertdist {' '.join(args)}\n")
+        out.flush()
+        done = subprocess.run([sys.executable, "-m", "bertdist", *args], stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise SystemExit(f"bertdist {args[0]} failed with exit {done.returncode}; see {log}")
+    return time.perf_counter() - started
+
+
+def finetune(log: Path, out: Path, init_from: Path, train: Path, dev: Path, *extra: str) -> float:
+    return bertdist(
+        log,
+        "finetune",
+        "finetune.task=embedding",
+        f"finetune.init_from={init_from}",
+        f"finetune.train_file={train}",
+        f"finetune.dev_file={dev}",
+        "finetune.text_column=query",
+        "finetune.text_pair_column=positive",
+        f"finetune.output_dir={out}",
+        "finetune.max_seq_length=128",
+        "tracking.enabled=false",
+        *extra,
+    )
+
+
+def evaluate(log: Path, model: Path, test: Path, out: Path) -> dict[str, float]:
+    """nDCG@10 of `model` on the test collection: the whole vector, and each Matryoshka width."""
+    bertdist(
+        log,
+        "evaluate",
+        "--suite",
+        "retrieval",
+        "--data-dir",
+        str(test),
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--dims",
+        MATRYOSHKA_DIMS,
+        "tracking.enabled=false",
+    )
+    results = json.loads((out / "results.json").read_text())
+    by_dim = {f"ndcg@10 dim {d}": s["ndcg_at_10"] for d, s in results["metrics_by_dim"].items()}
+    return {"ndcg@10": results["metrics"]["ndcg_at_10"], "recall@100": results["metrics"]["recall_at_100"], **by_dim}
+
+
+def main() -> None:
+    from bertdist.finetune.corpus_tasks import held_out_retrieval
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default="runs/embedding-workflow", help="every stage's output")
+    parser.add_argument("--demo", default="", help="a finished `bertdist demo` output (default: WORK/demo, run)")
+    parser.add_argument("--test-queries", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "workflow.log"
+    demo = Path(args.demo).resolve() if args.demo else work / "demo"
+    seconds, scores = {}, {}
+    if not (demo / "model" / "config.json").is_file():
+        seconds["MLM (bertdist demo)"] = bertdist(log, "demo", "--output", str(demo))
+    corpus = demo / "corpus"
+    test = work / "test"
+    if not (test / "qrels" / "test.tsv").is_file():
+        held_out_retrieval(corpus / "eval.jsonl", test, args.test_queries, seed=args.seed)
+    scores["MLM only"] = evaluate(log, demo / "model", test, work / "eval-mlm")
+
+    seed = f"--seed={args.seed}"
+    pretrain_pairs, dev, tune_pairs = work / "pretrain-pairs.jsonl", work / "dev", work / "tune-pairs.jsonl"
+    seconds["pairs"] = bertdist(
+        log, "pairs", "--input", str(corpus / "train.jsonl"), "--output", str(pretrain_pairs), "--kinds",
+        "neighbour,spans", "--per-document", "4", "--dev-dir", str(dev), "--dev-documents", "150", seed,
+    )  # fmt: skip
+    seconds["pairs"] += bertdist(
+        log, "pairs", "--input", str(corpus / "train.jsonl"), "--output", str(tune_pairs), "--kinds",
+        "first-sentence", seed,
+    )  # fmt: skip
+
+    contrastive = work / "contrastive"
+    seconds["contrastive pretraining"] = finetune(
+        log, contrastive, demo / "model", pretrain_pairs, dev, "finetune.batch_size=256",
+        "finetune.micro_batch_size=256", "finetune.cache_rows=32", "finetune.epochs=1", "finetune.lr=2e-4",
+        f"finetune.eval_every_steps={args.eval_every}",
+    )  # fmt: skip
+    scores["+ contrastive pretraining"] = evaluate(log, contrastive / "model", test, work / "eval-contrastive")
+
+    mined = work / "tune-hard-negatives.jsonl"
+    seconds["mine negatives"] = bertdist(
+        log, "mine-negatives", "--model", str(contrastive / "model"), "--pairs", str(tune_pairs), "--output",
+        str(mined), "--negatives", "3", "--margin", "0.1", "--skip-short",
+    )  # fmt: skip
+    for name, train, extra in (
+        ("+ fine-tuning, 3 mined hard negatives", mined, ["finetune.negative_columns=negative_1,negative_2,negative_3"]),
+        ("+ fine-tuning, in-batch negatives only", tune_pairs, []),
+    ):
+        out = work / ("tuned-hard" if extra else "tuned-in-batch")
+        seconds[name] = finetune(
+            log, out, contrastive / "model", train, dev, "finetune.batch_size=64", "finetune.micro_batch_size=64",
+            "finetune.epochs=2", "finetune.lr=1e-4", f"finetune.matryoshka_dims={MATRYOSHKA_DIMS}", *extra,
+        )  # fmt: skip
+        scores[name] = evaluate(log, out / "model", test, work / f"eval-{out.name}")
+
+    columns = list(next(iter(scores.values())))
+    print("| stage | " + " | ".join(columns) + " |")
+    print("|" + " --- |" * (len(columns) + 1))
+    for stage, values in scores.items():
+        print(f"| {stage} | " + " | ".join(f"{values[c]:.4f}" for c in columns) + " |")
+    print("wall seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+    (work / "results.json").write_text(json.dumps({"ndcg": scores, "seconds": seconds}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
