@@ -21,6 +21,7 @@ EXPECTED_COMMANDS = [
     "train",
     "finetune",
     "embed",
+    "mine-negatives",
     "attention",
     "evaluate",
     "export",
