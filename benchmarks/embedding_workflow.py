@@ -130,7 +130,11 @@ def main() -> None:
         str(mined), "--negatives", "3", "--margin", "0.1", "--skip-short",
     )  # fmt: skip
     for name, train, extra in (
-        ("+ fine-tuning, 3 mined hard negatives", mined, ["finetune.negative_columns=negative_1,negative_2,negative_3"]),
+        (
+            "+ fine-tuning, 3 mined hard negatives",
+            mined,
+            ["finetune.negative_columns=negative_1,negative_2,negative_3"],
+        ),
         ("+ fine-tuning, in-batch negatives only", tune_pairs, []),
     ):
         out = work / ("tuned-hard" if extra else "tuned-in-batch")

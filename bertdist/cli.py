@@ -9,6 +9,8 @@
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA,
                       multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
+    bertdist mine-negatives  hard negatives for embedding fine-tuning, mined with a model (a margin against
+                      false negatives)
     bertdist attention  pictures of every attention head for one text (a PNG grid, an offline HTML page)
     bertdist evaluate fine-tune and score a model on a suite (GLUE, or your own) with the paper's sweep
     bertdist checkpoints  list a run's checkpoints and verify their files
@@ -43,7 +45,14 @@ from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
-from bertdist.finetune.commands import add_attention, add_embed, add_evaluate, add_finetune, add_pairs
+from bertdist.finetune.commands import (
+    add_attention,
+    add_embed,
+    add_evaluate,
+    add_finetune,
+    add_mine_negatives,
+    add_pairs,
+)
 from bertdist.launch.commands import (
     add_forecast_flags,
     add_logs,
@@ -281,6 +290,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_pairs,
     add_finetune,
     add_embed,
+    add_mine_negatives,
     add_attention,
     add_evaluate,
     _add_export,

@@ -22,6 +22,7 @@ EXPECTED_COMMANDS = [
     "pairs",
     "finetune",
     "embed",
+    "mine-negatives",
     "attention",
     "evaluate",
     "export",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bertdist.data import DataError
-from bertdist.finetune.data import Examples, bad_row, field_problem, read_rows
+from bertdist.finetune.data import Example, Examples, bad_row, field_problem, read_rows
 
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 
@@ -94,6 +94,19 @@ def corpus_texts(collection: Collection, block_rows: int) -> Iterator[list[str]]
         raise DataError(
             f"{collection.corpus_file}: changed while it was read ({rows} documents, {len(collection.doc_ids)} before)"
         )
+
+
+def read_passages(corpus_file: str, skip_bad: bool) -> Examples:
+    """The texts of a corpus.jsonl's documents (title and text joined, as `corpus_texts` gives them) as rows whose
+    `where` is FILE:LINE, for a command that wants passages and no judgments (`bertdist mine-negatives --corpus`).
+    A bad line stops with FILE:LINE or, with `skip_bad`, is skipped and listed."""
+    out = Examples(corpus_file, [])
+    for line, _, text, _ in _documents(corpus_file, out, skip_bad, set()):
+        if text is not None:
+            out.rows.append(Example(text, None, "", f"{corpus_file}:{line}"))
+    if not out.rows:
+        raise DataError(f"{corpus_file}: no usable document")
+    return out
 
 
 def _documents(

@@ -1,5 +1,5 @@
-"""The command lines of the second stage: `bertdist pairs`, `finetune`, `embed`, `attention` and `evaluate`
-(registered by bertdist.cli).
+"""The command lines of the second stage: `bertdist pairs`, `finetune`, `embed`, `mine-negatives`, `attention`
+and `evaluate` (registered by bertdist.cli).
 
 Like every subcommand, they only parse arguments and call into the package.
 """
@@ -174,6 +174,92 @@ def _run_pairs(args: argparse.Namespace) -> int:
 
     opts = from_args(PairsOptions, args, kinds=parse_kinds(args.kinds))
     print(f"bertdist pairs: {mine_pairs(opts).describe(opts)}")
+
+
+def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
+    from bertdist.config.choices import choices
+    from bertdist.config.finetune import FinetuneConfig
+    from bertdist.finetune.embed import POOLINGS
+    from bertdist.finetune.hard_negatives import MineOptions
+
+    d = MineOptions(model="", pairs="", output="")
+    p = sub.add_parser(
+        "mine-negatives",
+        help="add hard negatives to (query, positive) pairs, mined with a model, for finetune.task=embedding",
+        description=(
+            "Search every distinct positive of --pairs (and --corpus) with MODEL's vectors for each query, and "
+            "write each row with its --negatives best candidates as negative_1..N (finetune.negative_columns). "
+            "The query's own positives are never candidates, and candidates scoring within --margin of the "
+            "positive are dropped as likely false negatives; the rules are sentence-transformers' "
+            "mine_hard_negatives with sampling_strategy=top (docs/finetune.md)."
+        ),
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="run or checkpoint directory, export, or sentence-transformers or Hugging Face BERT/ModernBERT directory",
+    )
+    p.add_argument("--pairs", required=True, help="CSV/TSV/JSONL of (query, positive) rows")
+    p.add_argument("--output", required=True, help="the .jsonl to write: query, positive, negative_1 ... negative_N")
+    p.add_argument(
+        "--corpus", default=d.corpus, help="more candidates: a BEIR corpus.jsonl, or a .txt of a passage per line"
+    )
+    p.add_argument("--query-column", default=d.query_column)
+    p.add_argument("--positive-column", default=d.positive_column)
+    p.add_argument("--negatives", type=int, default=d.negatives, help=f"negatives per row (default {d.negatives})")
+    p.add_argument("--range-min", type=int, default=d.range_min, help="the best rank a negative may have (0: the top)")
+    p.add_argument(
+        "--range-max",
+        type=int,
+        default=d.range_max,
+        help=f"ranks from this on are not searched (default {d.range_max})",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=d.margin,
+        help=f"drop candidates scoring above the positive's score minus this (default {d.margin}, NV-Retriever's)",
+    )
+    p.add_argument(
+        "--relative-margin",
+        type=float,
+        default=d.relative_margin,
+        help="also drop those above positive - |positive| x R",
+    )
+    p.add_argument("--max-score", type=float, default=d.max_score, help="also drop those scoring above this")
+    p.add_argument(
+        "--skip-short",
+        action="store_true",
+        help="skip (and count) rows with too few candidates outside the margin, instead of stopping",
+    )
+    p.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default=d.pooling,
+        help="mean or cls; default: a sentence-transformers model's own, else mean",
+    )
+    p.add_argument(
+        "--max-seq-length", type=int, default=d.max_seq_length, help="0: a sentence-transformers model's, else 256"
+    )
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument(
+        "--on-bad-input",
+        choices=choices(FinetuneConfig, "on_bad_input"),
+        default=FinetuneConfig.on_bad_input,
+        help="skip unreadable rows and rows whose query is their positive (counted)",
+    )
+    p.set_defaults(func=_run_mine_negatives, interrupted="nothing was written")
+
+
+MINE_CONVERTED = {"on_bad_input": "skip_bad"}
+"""`mine-negatives` flags (by dest) that `_run_mine_negatives` converts for their MineOptions field."""
+
+
+def _run_mine_negatives(args: argparse.Namespace) -> int:
+    from bertdist.finetune.hard_negatives import MineOptions, mine_negatives
+    from bertdist.flags import from_args
+
+    print(mine_negatives(from_args(MineOptions, args, skip_bad=args.on_bad_input == "skip")))
     return 0
 
 

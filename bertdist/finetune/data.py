@@ -86,6 +86,27 @@ def read_examples(
     return out
 
 
+def read_lines(path: str, skip_bad: bool) -> tuple[Examples, list[int]]:
+    """Every line of a .txt file as a row (its `where` FILE:LINE), blank lines included, and the numbers of the
+    blank lines (a caller keeping rows aligned with lines embeds them; one wanting passages leaves them out). A
+    line that is not UTF-8 stops with FILE:LINE or, with `skip_bad`, is skipped and listed; DataError for a file
+    that cannot be read or holds no text."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if not any(line.strip() for line in lines):
+        raise DataError(f"{path}: no text (the file is empty or blank)")
+    out = Examples(path, [])
+    for i, line in enumerate(lines, start=1):
+        problem = not_utf8(line)
+        if problem:
+            bad_row(out, f"{path}:{i}", problem, skip_bad)
+        else:
+            out.rows.append(Example(line, None, "", f"{path}:{i}"))
+    return out, [i for i, line in enumerate(lines, start=1) if not line.strip()]
+
+
 def field_problem(named: list[tuple[str, object]]) -> str:
     """What is wrong with a row's named fields, or '': text (JSON numbers are text too), not empty, UTF-8."""
     empty = [c for c, v in named if _blank(v)]

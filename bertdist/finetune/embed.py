@@ -41,7 +41,6 @@ import numpy as np
 from bertdist import ownership, storage
 from bertdist.config.choices import choices
 from bertdist.config.finetune import FinetuneConfig
-from bertdist.data import DataError
 from bertdist.errors import UserError
 
 POOLINGS = choices(FinetuneConfig, "pooling")
@@ -319,23 +318,11 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
     Row r of the output is line r + 1 of a .txt input, blank lines included (they are embedded as an empty
     text, [CLS] [SEP], and listed), so vectors stay aligned with the lines they came from.
     """
-    from bertdist.finetune.data import Example, Examples, bad_row, not_utf8, read_examples
+    from bertdist.finetune.data import read_examples, read_lines
 
     if Path(o.input).suffix.lower() == ".txt":
-        try:
-            lines = Path(o.input).read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
-        except OSError as e:
-            raise DataError(f"{o.input}: cannot read ({e.strerror})") from None
-        if not any(line.strip() for line in lines):
-            raise DataError(f"{o.input}: no text (the file is empty or blank)")
-        report = Examples(o.input, [])
-        for i, line in enumerate(lines, start=1):
-            problem = not_utf8(line)
-            if problem:
-                bad_row(report, f"{o.input}:{i}", problem, o.skip_bad)  # skipped: listed by line in the index
-            else:
-                report.rows.append(Example(line, None, "", f"{o.input}:{i}"))
-        return report.rows, report.skipped, [i for i, line in enumerate(lines, start=1) if not line.strip()]
+        lines, blank_lines = read_lines(o.input, o.skip_bad)  # a skipped line is listed by its line in the index
+        return lines.rows, lines.skipped, blank_lines
     read = read_examples(o.input, o.text_column, o.text_pair_column, "", o.skip_bad)
     return read.rows, read.skipped, []
 

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def check(o: RetrievalOptions) -> None:
 def evaluate_retrieval(o: RetrievalOptions) -> int:
     """Embed, retrieve, score; print the table, write results.json and run.trec, log one MLflow run."""
     from bertdist.config import load_config
-    from bertdist.finetune.beir import read_collection
+    from bertdist.finetune.beir import corpus_texts, read_collection
     from bertdist.finetune.embed import open_encoder, sentence_vectors
     from bertdist.finetune.metrics import retrieval_scores
 
@@ -94,7 +94,8 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
     encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
     widths = _dims(o, encoder)  # before the corpus is embedded
     queries = sentence_vectors(encoder, list(collection.queries.values()), o.pooling, o.batch_size)
-    corpus = _embed_corpus(encoder, collection, o)
+    blocks = corpus_texts(collection, CORPUS_BLOCK_ROWS)
+    corpus = embed_blocks(encoder, blocks, len(collection.doc_ids), o.pooling, o.batch_size, "evaluate", "passages")
     embedded = time.monotonic()
     run = _run(collection, *top_k(queries, corpus, TOP_K + 1))
     scores = retrieval_scores(run, collection.qrels)
@@ -133,21 +134,31 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
     return OK_EXIT_CODE
 
 
-def _embed_corpus(encoder: Any, collection: Any, o: RetrievalOptions) -> np.ndarray:
-    """(passages, hidden) float32, filled a block at a time, with a progress line on stderr every half minute."""
-    from bertdist.finetune.beir import corpus_texts
+def embed_blocks(
+    encoder: Any,
+    blocks: Iterable[list[str]],
+    total: int,
+    pooling: str,
+    batch_size: int,
+    command: str,
+    what: str,
+    last_line: bool = True,
+) -> np.ndarray:
+    """(total, hidden) float32 unit vectors of the texts of `blocks` (lists of texts, in order), filled a block at
+    a time, with a progress line on stderr (`bertdist COMMAND: embedded N/M WHAT (R/s)`) every half minute: a
+    corpus of a million passages takes minutes, and a command silent that long looks hung. `last_line`: one
+    more when all are done (evaluate's record of the corpus embedded), however quick."""
     from bertdist.finetune.embed import sentence_vectors
 
-    total = len(collection.doc_ids)
     matrix = np.empty((total, encoder.source.model_cfg.hidden_size), dtype=np.float32)
     done, started, reported = 0, time.monotonic(), time.monotonic()
-    for texts in corpus_texts(collection, CORPUS_BLOCK_ROWS):
-        matrix[done : done + len(texts)] = sentence_vectors(encoder, texts, o.pooling, o.batch_size)
+    for texts in blocks:
+        matrix[done : done + len(texts)] = sentence_vectors(encoder, texts, pooling, batch_size)
         done += len(texts)
-        if time.monotonic() - reported > 30 or done == total:
+        if time.monotonic() - reported > 30 or (last_line and done == total):
             reported = time.monotonic()
             rate = done / max(reported - started, 1e-9)
-            print(f"bertdist evaluate: embedded {done}/{total} passages ({rate:.0f}/s)", file=sys.stderr, flush=True)
+            print(f"bertdist {command}: embedded {done}/{total} {what} ({rate:.0f}/s)", file=sys.stderr, flush=True)
     return matrix
 
 

@@ -1,0 +1,333 @@
+"""`bertdist mine-negatives`: hard negatives for `finetune.task=embedding`, mined with the model to be trained.
+
+Each query of a (query, positive) pairs file searches a candidate corpus (every distinct positive of the file,
+plus `--corpus` passages) by the cosine similarity of the model's vectors (bertdist.finetune.embed: the
+directory's own pooling for a sentence-transformers directory, else `--pooling`, mean by default), exactly
+(bertdist.finetune.retrieval.top_k). Its negatives are then chosen as sentence-transformers'
+`util.mine_hard_negatives(..., sampling_strategy="top", output_format="n-tuple")` chooses them:
+
+- the query's own positives are never candidates: every positive the same query text has anywhere in the file;
+- candidates ranked in [range_min, range_max) are kept (ranks from 0, best first);
+- the margin against false negatives: a candidate scoring too close to the positive is more likely an
+  unlabelled answer than a negative, and training on it would teach the model to push a right answer away.
+  The positive's score is the same model's cosine of query and positive (the lowest of them where a query
+  has several positives: the safe side, as theirs). Dropped, in this order and each counted once: `margin`
+  (their absolute_margin) where score + margin > positive score; `relative_margin` where score > positive -
+  |positive| x R (sentence-transformers 5.2's form; the same as positive x (1 - R) for a positive score >= 0);
+  `max_score` where score > max_score. Comparisons are in float32, as theirs, and a candidate is scored by the
+  same sum as the positive, so one whose vector is the positive's scores exactly the positive's score;
+- the `negatives` best of what remains, best first.
+
+Default margin 0.05: NV-Retriever (Moreira et al. 2024, arXiv:2407.15831) compared ways of dropping false
+negatives, and positive-aware ones with a margin of 0.05 absolute (TopK-MarginPos) or 5% relative
+(TopK-PercPos, the best) were its strongest. A wider margin throws away the hardest true negatives, the
+reason to mine at all; none keeps the false ones. sentence-transformers applies no margin unless asked.
+
+Deliberate differences from sentence-transformers:
+- ranks count the candidates left once the query's positives and any copy of the query text are taken out, and
+  the range is applied before the margins (theirs skips range_min of the candidates the margins left, and its
+  window widens by the largest number of positives any query has); the two agree where range_min is 0 and
+  the window holds the negatives;
+- a candidate equal to the query is never a negative (theirs only when a filter removes it); texts are
+  compared with surrounding whitespace removed, so the same passage with a trailing space is one candidate;
+- one output row per input row, in the file's order, repeated rows kept (theirs: one per distinct query and
+  positive, grouped by query); a row without `negatives` negatives stops the command naming FILE:LINE, or
+  with `skip_short` is skipped and counted (theirs drops it, printing a count);
+- equal scores rank in corpus order (theirs: torch.topk's, unspecified); no prompts are prepended (bertdist's
+  models have none).
+tests/finetune/test_hard_negatives.py checks the choices against theirs on the same model and pairs.
+
+Output: one JSON object per kept row, `{"query", "positive", "negative_1", ..., "negative_N"}`, written
+atomically (a failure or Ctrl-C leaves no partial file), for `finetune.text_column=query
+finetune.text_pair_column=positive finetune.negative_columns=negative_1,...,negative_N`. The corpus's vectors
+stay in memory (passages x hidden x 4 bytes), as for `bertdist evaluate --suite retrieval`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from bertdist.data import DataError
+from bertdist.errors import UserError
+
+SHOWN_SKIPPED = 3
+"""Skipped rows named by FILE:LINE in the summary line; the rest are counted."""
+OUTPUT_SUFFIXES = (".jsonl", ".json")
+"""What `finetune.train_file` reads as JSON lines (the format follows the extension)."""
+
+
+@dataclass
+class MineOptions:
+    model: str
+    """A bertdist run, checkpoint or export, or a sentence-transformers or Hugging Face directory."""
+    pairs: str
+    """CSV/TSV/JSONL with `query_column` and `positive_column`."""
+    output: str
+    """The .jsonl file to write (replaced whole)."""
+    corpus: str = ""
+    """More candidates: a BEIR corpus.jsonl, or a .txt of one passage per line (blank lines are not passages)."""
+    query_column: str = "query"
+    positive_column: str = "positive"
+    negatives: int = 3
+    """Negatives per row (negative_1 ... negative_N)."""
+    range_min: int = 0
+    """The first rank a negative may have (0: the best candidate)."""
+    range_max: int = 50
+    """Ranks from range_max on are never negatives."""
+    margin: float = 0.05
+    """Absolute margin: a candidate scoring above the positive's score minus this is dropped."""
+    relative_margin: float | None = None
+    """Also drop a candidate scoring above positive - |positive| x this (0.05: NV-Retriever's best)."""
+    max_score: float | None = None
+    """Also drop a candidate scoring above this."""
+    skip_short: bool = False
+    """Skip (and count) rows with fewer than `negatives` usable candidates instead of stopping."""
+    pooling: str = ""
+    """mean or cls; empty: a sentence-transformers directory's own pooling, else mean."""
+    max_seq_length: int = 0
+    """0: a sentence-transformers directory's own length, else 256; longer texts are cut."""
+    batch_size: int = 64
+    skip_bad: bool = False
+    """Skip unreadable rows (and rows whose query is their positive) instead of stopping; they are counted."""
+
+
+@dataclass
+class Mined:
+    """One input row's negatives."""
+
+    example: Any
+    """bertdist.finetune.data.Example: the query (`text`), its positive (`pair`) and FILE:LINE (`where`)."""
+    negatives: list[str]
+    """At most `negatives`, best first."""
+    negative_scores: list[float]
+    positive_score: float
+    """This row's own positive's cosine similarity to the query."""
+    usable: int
+    """The query's candidates inside the range that no margin or max_score dropped."""
+
+
+@dataclass
+class Removed:
+    """Candidates inside the range dropped, over every distinct query, each by the first filter that drops it."""
+
+    margin: int = 0
+    relative_margin: int = 0
+    max_score: int = 0
+
+
+def check(o: MineOptions) -> None:
+    """Every problem with the options at once, before anything is read."""
+    from bertdist import storage
+    from bertdist.finetune.embed import POOLINGS
+
+    problems = []
+    if o.negatives < 1:
+        problems.append(f"--negatives: must be 1 or more, got {o.negatives}")
+    if o.range_min < 0:
+        problems.append(f"--range-min: must be 0 or more, got {o.range_min}")
+    if o.range_min >= o.range_max:
+        problems.append(f"--range-min {o.range_min} must be below --range-max {o.range_max}")
+    elif o.negatives > o.range_max - o.range_min:
+        problems.append(
+            f"--negatives {o.negatives}: ranks [{o.range_min}, {o.range_max}) hold only {o.range_max - o.range_min} "
+            "candidates; widen them or ask fewer"
+        )
+    if not o.margin >= 0:  # NaN too
+        problems.append(f"--margin: must be 0 or more (0: a negative never scores above the positive), got {o.margin}")
+    if o.relative_margin is not None and not 0 <= o.relative_margin <= 1:
+        problems.append(
+            f"--relative-margin: must be between 0 and 1 (0.05: 5% below the positive), got {o.relative_margin}"
+        )
+    if o.max_score is not None and not np.isfinite(o.max_score):
+        problems.append(f"--max-score: must be a finite number, got {o.max_score}")
+    if o.pooling and o.pooling not in POOLINGS:
+        problems.append(f"--pooling: {o.pooling!r} is not {' or '.join(POOLINGS)}")
+    if o.max_seq_length < 0:
+        problems.append(f"--max-seq-length: must be 0 (the model's or 256) or positive, got {o.max_seq_length}")
+    if o.batch_size <= 0:
+        problems.append(f"--batch-size: must be positive, got {o.batch_size}")
+    if Path(o.output).suffix.lower() not in OUTPUT_SUFFIXES:
+        problems.append(f"--output: {o.output} must end in .jsonl (fine-tuning reads the format from the extension)")
+    elif not storage.is_url(o.output) and Path(storage.local_path(o.output)).is_dir():
+        problems.append(f"--output: {o.output} is a directory, not a file")
+    if o.corpus and Path(o.corpus).suffix.lower() not in (".txt", ".jsonl"):
+        problems.append(f"--corpus: {o.corpus} is neither a BEIR corpus.jsonl nor a .txt of one passage per line")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def mine_negatives(o: MineOptions) -> str:
+    """Write `o.output`; return the summary line. Bad input stops before the model is loaded."""
+    from bertdist.finetune.embed import open_encoder
+    from bertdist.finetune.retrieval import CORPUS_BLOCK_ROWS, embed_blocks
+
+    check(o)
+    rows, skipped = _pairs(o)
+    passages, corpus_skipped = _passages(o.corpus, o.skip_bad)
+    encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
+    own = encoder.sentence if not o.pooling else None
+    if own is not None:
+        own.own_vectors()  # the directory's own vectors: a module bertdist does not compute is refused
+    pooling = o.pooling or (own.pooling if own else "mean")
+
+    def vectors(texts: list[str]) -> np.ndarray:
+        blocks = (texts[i : i + CORPUS_BLOCK_ROWS] for i in range(0, len(texts), CORPUS_BLOCK_ROWS))
+        return embed_blocks(encoder, blocks, len(texts), pooling, o.batch_size, "mine-negatives", "texts", False)
+
+    mined, removed = mine_rows(rows, passages, vectors, o)
+    short = [m for m in mined if len(m.negatives) < o.negatives]
+    if short and not o.skip_short:
+        first = short[0]
+        more = f"; {len(short) - 1} more row(s) are short" if len(short) > 1 else ""
+        raise DataError(
+            f"{first.example.where}: only {first.usable} candidate(s) in ranks [{o.range_min}, {o.range_max}) "
+            f"outside the margin, {o.negatives} negatives asked{more} (--skip-short skips such rows; a wider "
+            "--range-max, a --corpus or a smaller --margin finds more; nothing was written)"
+        )
+    kept = [m for m in mined if len(m.negatives) == o.negatives]
+    if not kept:
+        raise DataError(f"{o.pairs}: no row has {o.negatives} negatives ({len(short)} short); nothing was written")
+    _write(o.output, kept)
+    return _summary(o, kept, short, skipped + corpus_skipped, removed)
+
+
+def mine_rows(
+    rows: list[Any], passages: list[str], vectors: Callable[[list[str]], np.ndarray], o: MineOptions
+) -> tuple[list[Mined], Removed]:
+    """Every row's negatives, in the rows' order, among the distinct positives of `rows` and `passages`.
+
+    `rows` are Examples (query `text`, positive `pair`); `vectors` gives unit-length vectors of texts. The rows
+    of one query text share its search, its positives and its negatives."""
+    from bertdist.finetune.retrieval import top_k
+
+    corpus: dict[str, int] = {}  # a candidate's text, surrounding whitespace removed -> its corpus row
+    texts: list[str] = []
+    for text in [*passages, *(e.pair for e in rows)]:  # the corpus first, as sentence-transformers orders them
+        if text.strip() not in corpus:
+            corpus[text.strip()] = len(texts)
+            texts.append(text)
+    queries: dict[str, list[int]] = {}  # a query text, stripped -> the corpus rows of its positives
+    first_seen: dict[str, str] = {}  # -> the text embedded (as given: a byte-level BPE reads a leading space)
+    for e in rows:
+        own = queries.setdefault(e.text.strip(), [])
+        first_seen.setdefault(e.text.strip(), e.text)
+        if corpus[e.pair.strip()] not in own:
+            own.append(corpus[e.pair.strip()])
+    excluded = [set(own) | ({corpus[q]} if q in corpus else set()) for q, own in queries.items()]
+    query_vectors = np.asarray(vectors(list(first_seen.values())), dtype=np.float32)
+    corpus_vectors = np.asarray(vectors(texts), dtype=np.float32)
+    _, found = top_k(query_vectors, corpus_vectors, o.range_max + max(len(x) for x in excluded))
+    removed, chosen, positive_scores = Removed(), {}, {}
+    for i, (query, own) in enumerate(queries.items()):
+        own_scores = _cosines(corpus_vectors[own], query_vectors[i])
+        positive_scores.update({(query, row): float(s) for row, s in zip(own, own_scores)})
+        window = [r for r in found[i].tolist() if r not in excluded[i]][o.range_min : o.range_max]
+        scores = _cosines(corpus_vectors[window], query_vectors[i])
+        chosen[query] = _choose(scores, window, own_scores.min(), o, removed)
+    mined = []
+    for e in rows:
+        negatives, negative_scores, usable = chosen[e.text.strip()]
+        positive = positive_scores[(e.text.strip(), corpus[e.pair.strip()])]
+        mined.append(Mined(e, [texts[r] for r in negatives], negative_scores, positive, usable))
+    return mined, removed
+
+
+def _cosines(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """(rows,) float32 dot products of unit vectors with `query`, each row summed alike wherever it sits: a
+    candidate whose vector is its positive's (a text cut to the same first tokens) then scores exactly the
+    positive's score, which a matrix product's kernels need not give to the last bit."""
+    return (vectors * query).sum(axis=1, dtype=np.float32)
+
+
+def _choose(
+    scores: np.ndarray, window: list[int], positive: np.float32, o: MineOptions, removed: Removed
+) -> tuple[list[int], list[float], int]:
+    """One query's negatives (corpus rows, best first), their scores, and how many candidates were usable.
+    `window`: the corpus rows ranked [range_min, range_max), best first, and `scores` theirs; `positive`: the
+    score of the query's (lowest-scoring) positive."""
+    filters = [("margin", scores + np.float32(o.margin) > positive)]
+    if o.relative_margin is not None:
+        filters.append(("relative_margin", scores > positive - abs(positive) * np.float32(o.relative_margin)))
+    if o.max_score is not None:
+        filters.append(("max_score", scores > np.float32(o.max_score)))
+    dropped = np.zeros(len(scores), dtype=bool)
+    for name, drops in filters:
+        setattr(removed, name, getattr(removed, name) + int((drops & ~dropped).sum()))
+        dropped |= drops
+    usable = np.flatnonzero(~dropped)[: o.negatives]
+    return [window[k] for k in usable], scores[usable].tolist(), int((~dropped).sum())
+
+
+def _pairs(o: MineOptions) -> tuple[list[Any], list[str]]:
+    """The usable (query, positive) rows and the skipped ones' reasons."""
+    from bertdist.finetune.data import bad_row, read_examples
+
+    read = read_examples(o.pairs, o.query_column, o.positive_column, "", o.skip_bad)
+    rows = []
+    for e in read.rows:
+        if e.text.strip() == (e.pair or "").strip():
+            bad_row(read, e.where, f"the query is its own positive ({e.text.strip()[:60]!r})", o.skip_bad)
+        else:
+            rows.append(e)
+    if not rows:
+        raise DataError(f"{o.pairs}: no usable rows ({len(read.skipped)} skipped)")
+    return rows, read.skipped
+
+
+def _passages(path: str, skip_bad: bool) -> tuple[list[str], list[str]]:
+    """The texts of `--corpus` and its skipped lines' reasons; none without one."""
+    from bertdist.finetune.beir import read_passages
+    from bertdist.finetune.data import read_lines
+
+    if not path:
+        return [], []
+    if Path(path).suffix.lower() == ".txt":
+        lines, _ = read_lines(path, skip_bad)
+        return [e.text for e in lines.rows if e.text.strip()], lines.skipped
+    documents = read_passages(path, skip_bad)
+    return [e.text for e in documents.rows], documents.skipped
+
+
+def _write(path: str, kept: list[Mined]) -> None:
+    from bertdist import storage
+    from bertdist.errors import write_error
+
+    storage.makedirs(os.path.dirname(storage.local_path(path)) or ".")
+    try:
+        with storage.atomic_write(path) as f:
+            for m in kept:
+                negatives = {f"negative_{i}": text for i, text in enumerate(m.negatives, start=1)}
+                row = {"query": m.example.text, "positive": m.example.pair, **negatives}
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def _summary(o: MineOptions, kept: list[Mined], short: list[Mined], skipped: list[str], removed: Removed) -> str:
+    """One line: what was written, what was skipped and why, the scores, and what the margins removed."""
+    parts = [f"{len(kept)} row(s) with {o.negatives} negatives each written to {o.output}"]
+    if short:
+        parts.append(f"{len(short)} row(s) skipped, too few candidates outside the margin ({_named(short)})")
+    if skipped:
+        parts.append(f"{len(skipped)} unreadable row(s) or line(s) skipped ({_named(skipped)})")
+    negative_mean = np.mean([s for m in kept for s in m.negative_scores])
+    parts.append(f"mean score: positive {np.mean([m.positive_score for m in kept]):.4f}, negative {negative_mean:.4f}")
+    dropped = [f"{removed.margin} by the margin {o.margin:g}"]
+    if o.relative_margin is not None:
+        dropped.append(f"{removed.relative_margin} by the relative margin {o.relative_margin:g}")
+    if o.max_score is not None:
+        dropped.append(f"{removed.max_score} by --max-score {o.max_score:g}")
+    parts.append(f"candidates dropped as likely false negatives: {', '.join(dropped)}")
+    return "bertdist mine-negatives: " + "; ".join(parts)
+
+
+def _named(skipped: list[Mined] | list[str]) -> str:
+    """FILE:LINE of the first SHOWN_SKIPPED (a Mined row, or a `FILE:LINE: reason`), then `...` for the rest."""
+    wheres = [s.example.where if isinstance(s, Mined) else s.split(": ", 1)[0] for s in skipped[:SHOWN_SKIPPED]]
+    return ", ".join(wheres) + (", ..." if len(skipped) > SHOWN_SKIPPED else "")
