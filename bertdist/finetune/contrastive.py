@@ -48,6 +48,29 @@ METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 """The dev metrics, headline first."""
 
 
+def checked_pairs(examples: Examples, negative_columns: tuple[str, ...], skip_bad: bool) -> Examples:
+    """`examples` without the rows that would teach nothing or the opposite of what they mean: a query equal to
+    its positive (whitespace aside), a hard negative equal to its positive (a false negative). DataError naming
+    FILE:LINE, or with finetune.on_bad_input=skip skipped and counted; DataError when no row is left."""
+    from bertdist.data import DataError
+    from bertdist.finetune.data import bad_row
+
+    kept = []
+    for e in examples.rows:
+        positive = " ".join((e.pair or "").split())
+        same = [column for column, text in zip(negative_columns, e.choices) if " ".join(text.split()) == positive]
+        if " ".join(e.text.split()) == positive:
+            bad_row(examples, e.where, "the query is the same text as its positive", skip_bad)
+        elif same:
+            bad_row(examples, e.where, f"the hard negative {same[0]!r} is the same text as the positive", skip_bad)
+        else:
+            kept.append(e)
+    if not kept:
+        raise DataError(f"{examples.path}: no usable pair ({len(examples.skipped)} skipped)")
+    examples.rows = kept
+    return examples
+
+
 def training_rows(examples: Examples, vocab_file: str, cased: bool, length: int) -> Sequences:
     """Each row's query, positive and negatives as one group of sequences."""
     texts = [t for e in examples.rows for t in (e.text, e.pair or "", *e.choices)]

@@ -142,18 +142,18 @@ def span_questions(
 def query_passages(jsonl_file: str | Path, output_file: str | Path, rows: int, seed: int) -> int:
     """Write `rows` {query, passage, negative} objects: a sentence, the rest of its document, another document."""
     rng, documents = random.Random(seed), _documents(jsonl_file)
-    pairs = []
-    for _ in range(rows):
+    pairs: list[dict] = []
+    while len(pairs) < rows:
         doc = rng.randrange(len(documents))
         held_out = rng.randrange(len(documents[doc]))
         sentences = documents[doc]
-        pairs.append(
-            {
-                "query": sentences[held_out],
-                "passage": " ".join(s for i, s in enumerate(sentences) if i != held_out),
-                "negative": " ".join(documents[_other(rng, documents, doc)]),
-            }
-        )
+        pair = {
+            "query": sentences[held_out],
+            "passage": " ".join(s for i, s in enumerate(sentences) if i != held_out),
+            "negative": " ".join(documents[_other(rng, documents, doc)]),
+        }
+        if pair["passage"] not in (pair["query"], pair["negative"]):  # a document of two equal sentences, ...
+            pairs.append(pair)
     _write_jsonl(Path(output_file), pairs)
     return rows
 

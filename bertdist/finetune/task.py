@@ -165,13 +165,13 @@ def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, sk
     from bertdist.finetune.beir import read_collection
 
     columns = (ft.text_column, ft.text_pair_column, "", skip, ft.negatives(), ft.header())
-    train = data.read_examples(ft.train_file, *columns)
+    train = contrastive.checked_pairs(data.read_examples(ft.train_file, *columns), ft.negatives(), skip)
     if Path(ft.dev_file).is_dir():  # a BEIR-format collection: its queries search its whole corpus
         collection = read_collection(ft.dev_file, "dev", skip)
         dev_rows, score = contrastive.collection_dev_rows(collection, vocab_file, cased, length, ft.dims())
         dev_queries, dev_skipped = len(collection.queries), collection.skipped
     else:
-        dev = data.read_examples(ft.dev_file, *columns)
+        dev = contrastive.checked_pairs(data.read_examples(ft.dev_file, *columns), ft.negatives(), skip)
         dev_rows, score = contrastive.dev_rows(dev, vocab_file, cased, length, ft.dims())
         dev_queries, dev_skipped = len(dev.rows), dev.skipped
     negatives = f", {len(ft.negatives())} hard negative(s) each" if ft.negatives() else ""

@@ -188,6 +188,28 @@ def test_an_empty_passage_is_named_by_file_and_line(pairs, tiny_vocab, tmp_path,
     assert f"{bad}:3: empty 'passage'" in err, err
 
 
+def test_a_query_or_a_negative_equal_to_its_positive_is_named_or_skipped_and_counted(pairs, tmp_path):
+    """Such a row teaches nothing (the query) or pushes the positive away from itself (the negative): refused
+    with FILE:LINE, or skipped and counted with finetune.on_bad_input=skip; never silently trained on."""
+    from bertdist.data import DataError
+    from bertdist.finetune.contrastive import checked_pairs
+    from bertdist.finetune.data import read_examples
+
+    train, _ = pairs
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    rows[1]["query"] = " " + rows[1]["passage"]
+    rows[4]["negative"] = rows[4]["passage"] + "  "
+    bad = tmp_path / "train.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=f"{bad}:2: the query is the same text as its positive"):
+        checked_pairs(read_examples(str(bad), "query", "passage", "", False, ("negative",)), ("negative",), False)
+    kept = checked_pairs(read_examples(str(bad), "query", "passage", "", True, ("negative",)), ("negative",), True)
+    assert len(kept.rows) == len(rows) - 2 and kept.skipped == [
+        f"{bad}:2: the query is the same text as its positive",
+        f"{bad}:5: the hard negative 'negative' is the same text as the positive",
+    ]
+
+
 def test_the_gradient_cache_trains_as_one_micro_batch_of_the_whole_step(pairs, tiny_vocab, tmp_path, capsys):
     """finetune.cache_rows=4 encodes the step's 16 rows in four chunks and scores each query against all 16
     passages, as micro_batch_size=16 does: without dropout the two runs lose and score alike."""
