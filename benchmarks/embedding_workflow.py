@@ -6,7 +6,7 @@ has: nDCG@10 on held-out documents after each stage, and hard negatives against 
                pretraining, 150 documents held out as its BEIR dev set; first-sentence pairs for fine-tuning
     contrast.  `bertdist finetune finetune.task=embedding` from the MLM export on the mined pairs, through the
                gradient cache (batch 256 in chunks of 32), the dev set scored every `--eval-every` steps
-    mine       `bertdist mine-negatives` with the contrastive model over the fine-tuning pairs (margin 0.1)
+    mine       `bertdist mine-negatives` with the contrastive model over the fine-tuning pairs (margin 0.05)
     fine-tune  from the contrastive model on the fine-tuning pairs with 3 mined negatives each and Matryoshka
                widths 128,64,32; and the same without the negatives (in-batch negatives only)
     evaluate   `bertdist evaluate --suite retrieval` of every stage's model on the test collection
@@ -136,7 +136,7 @@ def main() -> None:
     mined = work / "tune-hard-negatives.jsonl"
     seconds["mine negatives"] = bertdist(
         log, "mine-negatives", "--model", str(contrastive / "model"), "--pairs", str(tune_pairs), "--output",
-        str(mined), "--negatives", "3", "--margin", "0.1", "--skip-short",
+        str(mined), "--negatives", "3", "--margin", "0.05", "--range-max", "500", "--skip-short",
     )  # fmt: skip
     for name, train, extra in (
         (
