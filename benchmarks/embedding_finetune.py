@@ -26,11 +26,19 @@ difference of nDCG@10 at the same steps. Sides run in turns (bertdist, st, bertd
 machine slows both; on a shared machine `--threads 1 --cpu-time` times this thread's CPU seconds instead, which
 other processes move far less (everything both sides compute runs on the calling thread then).
 
+`--recipe full` trains both sides with hard negatives mined once by sentence-transformers' `mine_hard_negatives`,
+the whole batch through a gradient cache and Matryoshka prefixes (benchmarks/embedding_recipe.py); nDCG@10 is then
+reported at the narrowest prefix too. Mining needs a start that already embeds: a random-init BERT scores every
+passage at cosine 0.95 +- 0.03, so a margin of 0.1 below the positive leaves nothing to mine. Without --model its
+start is therefore the random-init BERT fine-tuned (off the clock, once) with the pairs recipe for one epoch on
+pairs from Debian's English manual pages: another domain, unseen by the benchmark (warm_start).
+
 sentence-transformers' trainer needs `datasets`, which bertdist's test extra does not install (pip install datasets).
 
     python benchmarks/embedding_finetune.py                                  # BERT-mini, random init, 2 seeds
     python benchmarks/embedding_finetune.py --threads 1 --cpu-time           # the same, far less moved by other work
     python benchmarks/embedding_finetune.py --model runs/demo/model --lr 1e-4 --seeds 3   # a pretrained start
+    python benchmarks/embedding_finetune.py --recipe full --threads 1 --cpu-time --seeds 3   # mined negatives, ...
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 from contextlib import ExitStack
@@ -45,8 +54,9 @@ from pathlib import Path
 from typing import Callable
 from unittest import mock
 
+import embedding_recipe as recipe  # benchmarks/ is on sys.path when this file runs as a script
 import torch
-from common import step_clock, use_all_cores  # benchmarks/ is on sys.path when this file runs as a script
+from common import step_clock, use_all_cores
 
 from bertdist.config import load_config
 from bertdist.finetune import corpus_tasks, runner
@@ -55,11 +65,14 @@ from bertdist.finetune.runner import Finetuning, finetune
 from bertdist.train.distributed import free_tcp_port
 
 SIDES = ("bertdist", "st")
+WARM_PAGES, WARM_PAIRS = 800, 1280
+"""warm_start's manual pages (the first in path order) and the pairs drawn from them."""
 
 
 # --- data and the starting model -------------------------------------------------------------------
 def pairs_and_held_out(directory: Path, train_pairs: int, dev_queries: int) -> tuple[Path, Path, dict, str]:
-    """The training pairs file, a dev file for bertdist's config, the held-out set, and a vocab trained on all text."""
+    """The training pairs file, the held-out set as a BEIR directory (bertdist's config needs a dev set; its scores
+    are ours: see bertdist_run) and as texts, and a vocab trained on all text."""
     from bertdist.data.vocab import train_vocab
     from bertdist.demo import python_documentation
 
@@ -72,37 +85,52 @@ def pairs_and_held_out(directory: Path, train_pairs: int, dev_queries: int) -> t
     corpus_tasks.query_passages(halves["train"], train, train_pairs, 0)
     beir = directory / "held-out"
     corpus_tasks.held_out_retrieval(halves["dev"], beir, dev_queries, 1)
+    qrels_file = (beir / "qrels" / "test.tsv").rename(beir / "qrels" / "dev.tsv")  # the split bertdist reads
     passages = [json.loads(line) for line in (beir / "corpus.jsonl").read_text().splitlines()]
     queries = [json.loads(line) for line in (beir / "queries.jsonl").read_text().splitlines()]
     index = {p["_id"]: i for i, p in enumerate(passages)}
-    qrels = dict(line.split("\t")[:2] for line in (beir / "qrels" / "test.tsv").read_text().splitlines()[1:])
+    qrels = dict(line.split("\t")[:2] for line in qrels_file.read_text().splitlines()[1:])
     held_out = {
         "queries": [q["text"] for q in queries],
         "passages": [p["text"] for p in passages],
         "relevant": [index[qrels[q["_id"]]] for q in queries],
     }
-    dev = directory / "pairs-dev.jsonl"  # bertdist's config needs a dev file; its scores are ours (see bertdist_run)
-    dev.write_text(
-        "".join(
-            json.dumps({"query": q, "passage": held_out["passages"][r]}) + "\n"
-            for q, r in zip(held_out["queries"], held_out["relevant"])
-        )
-    )
-    return train, dev, held_out, train_vocab(documents, str(directory / "vocab"), vocab_size=8192)
+    return train, beir, held_out, train_vocab(documents, str(directory / "vocab"), vocab_size=8192)
+
+
+def warm_start(args, random_start: Path, directory: Path, dev: Path) -> Path:
+    """The random-init BERT after one epoch of the pairs recipe (bertdist) on pairs from the manual pages; its
+    sentence-transformers directory."""
+    from bertdist.data.manpages import MAN_ROOT, LanguageCounts, man_pages, render_man_page, write_language
+
+    pages = man_pages(MAN_ROOT).get("en", [])[:WARM_PAGES]
+    if not pages:
+        raise SystemExit(f"--recipe full starts from a model warmed on {MAN_ROOT}'s pages; none here: pass --model")
+    groff, counts = shutil.which("groff"), LanguageCounts()
+    write_language("en", "manpages", pages, lambda p: render_man_page(p, groff), str(directory / "man"), 2, counts)
+    pairs = directory / "man-pairs.jsonl"
+    corpus_tasks.query_passages(directory / "man" / "en" / "manpages.jsonl", pairs, WARM_PAIRS, 0)
+    one_epoch = argparse.Namespace(**{**vars(args), "recipe": "pairs", "batch_size": 32, "epochs": 1, "set": []})
+    files = {"start": random_start, "train": pairs, "dev": dev}
+    assert finetune(load_config(None, bertdist_settings(one_epoch, files, 0, directory / "warm")), {}) == 0
+    print(f"start: warmed on {WARM_PAIRS} pairs from {counts.documents} manual pages", flush=True)
+    return directory / "warm" / "model"
 
 
 class Scorer:
-    """nDCG@10 of a sentence-transformers directory on the held-out set: one code path for both sides."""
+    """nDCG@10 of a sentence-transformers directory on the held-out set (and at each narrower Matryoshka width of
+    `dims`): one code path for both sides."""
 
-    def __init__(self, held_out: dict) -> None:
+    def __init__(self, held_out: dict, dims: tuple[int, ...] = ()) -> None:
         self.texts = held_out["queries"] + held_out["passages"]
-        self.queries, self.relevant = len(held_out["queries"]), held_out["relevant"]
+        self.queries, self.relevant, self.dims = len(held_out["queries"]), held_out["relevant"], dims
+        self.narrowest = f"ndcg_at_10_dim{min(dims)}" if dims else None
 
-    def __call__(self, directory: str) -> float:
+    def __call__(self, directory: str) -> dict[str, float]:
         from sentence_transformers import SentenceTransformer
 
         vectors = SentenceTransformer(directory, device="cpu").encode(self.texts, batch_size=64)
-        return retrieval_metrics(vectors, self.queries, self.relevant)["ndcg_at_10"]
+        return retrieval_metrics(vectors, self.queries, self.relevant, self.dims)
 
 
 class Timeline:
@@ -113,6 +141,7 @@ class Timeline:
         self.start, self.paused = clock(), 0.0
         self.startup_s: float | None = None  # until the first training step begins
         self.points: list[tuple[int, float, float]] = []  # (step, training seconds, nDCG@10)
+        self.narrowest: dict[int, float] = {}  # step -> nDCG@10 at the narrowest Matryoshka width
 
     def restart(self) -> None:
         self.start = self.clock()
@@ -130,7 +159,10 @@ class Timeline:
         trained, began = self.seconds(), self.clock()
         with tempfile.TemporaryDirectory() as directory:
             save(directory)
-            self.points.append((step, trained, self.score(directory)))
+            scores = self.score(directory)
+            self.points.append((step, trained, scores["ndcg_at_10"]))
+            if self.score.narrowest:
+                self.narrowest[step] = scores[self.score.narrowest]
         self.paused += self.clock() - began
 
 
@@ -164,35 +196,37 @@ def bertdist_run(args, files: dict, seed: int, output: Path, timeline: Timeline)
     def dev_scores(*_):
         return {"dev/ndcg_at_10": timeline.points[-1][2]}
 
-    cfg = load_config(
-        None,
-        [
-            "finetune.task=embedding",
-            f"finetune.init_from={files['start']}",
-            f"finetune.train_file={files['train']}",
-            f"finetune.dev_file={files['dev']}",
-            "finetune.text_column=query",
-            "finetune.text_pair_column=passage",
-            "finetune.pooling=mean",
-            "finetune.temperature=0.05",
-            f"finetune.max_seq_length={args.max_seq_length}",
-            f"finetune.batch_size={args.batch_size}",
-            f"finetune.micro_batch_size={args.batch_size}",
-            f"finetune.lr={args.lr}",
-            f"finetune.epochs={args.epochs}",
-            f"finetune.warmup_proportion={args.warmup_proportion}",
-            f"finetune.output_dir={output}",
-            f"train.seed={seed}",
-            "tracking.enabled=false",
-            f"launch.master_port={free_tcp_port()}",
-            *args.set,
-        ],
-    )
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(Finetuning, "_step", step))
         stack.enter_context(mock.patch.object(runner, "dev_scores", dev_scores))
         timeline.restart()
-        assert finetune(cfg, {}) == 0
+        assert finetune(load_config(None, bertdist_settings(args, files, seed, output)), {}) == 0
+
+
+def bertdist_settings(args, files: dict, seed: int, output: Path) -> list[str]:
+    """The `bertdist finetune` command line of a side: the shared settings, the recipe's, then --set."""
+    return [
+        "finetune.task=embedding",
+        f"finetune.init_from={files['start']}",
+        f"finetune.train_file={files['train']}",
+        f"finetune.dev_file={files['dev']}",
+        "finetune.text_column=query",
+        "finetune.text_pair_column=passage",
+        "finetune.pooling=mean",
+        "finetune.temperature=0.05",
+        f"finetune.max_seq_length={args.max_seq_length}",
+        f"finetune.batch_size={args.batch_size}",
+        f"finetune.micro_batch_size={args.batch_size}",
+        f"finetune.lr={args.lr}",
+        f"finetune.epochs={args.epochs}",
+        f"finetune.warmup_proportion={args.warmup_proportion}",
+        f"finetune.output_dir={output}",
+        f"train.seed={seed}",
+        "tracking.enabled=false",
+        f"launch.master_port={free_tcp_port()}",
+        *recipe.bertdist_settings(args),
+        *args.set,
+    ]
 
 
 def st_run(args, files: dict, seed: int, output: Path, timeline: Timeline) -> None:
@@ -200,7 +234,6 @@ def st_run(args, files: dict, seed: int, output: Path, timeline: Timeline) -> No
     import transformers
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
     from bertdist.config import OptimConfig
@@ -209,7 +242,8 @@ def st_run(args, files: dict, seed: int, output: Path, timeline: Timeline) -> No
     timeline.restart()
     model = st_model(files["start"], args.max_seq_length)
     rows = [json.loads(line) for line in Path(files["train"]).read_text().splitlines()]
-    data = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["passage"] for r in rows]})
+    columns = ["query", "passage", *recipe.negative_columns(args)]  # by position: anchor, positive, negatives
+    data = Dataset.from_dict({c: [r[c] for r in rows] for c in columns})
     total_steps = int(args.epochs * (len(rows) // args.batch_size))
 
     class Observe(transformers.TrainerCallback):
@@ -244,7 +278,7 @@ def st_run(args, files: dict, seed: int, output: Path, timeline: Timeline) -> No
         model=model,
         args=training_args,
         train_dataset=data,
-        loss=MultipleNegativesRankingLoss(model, scale=1 / 0.05),
+        loss=recipe.st_loss(args, model, scale=1 / 0.05),
         callbacks=[Observe()],
     ).train()
 
@@ -279,6 +313,12 @@ def compare(initial: float, timelines: dict[str, Timeline]) -> dict:
         report[f"loop ratio {name}"] = _ratio(loop["st"], loop["bertdist"])
     by_step = {side: {s: q for s, _, q in tl.points} for side, tl in timelines.items()}
     gaps = [100 * (by_step["bertdist"][s] - by_step["st"][s]) for s in sorted(by_step["bertdist"])]
+    if all(tl.narrowest for tl in timelines.values()):  # Matryoshka: the narrowest width at the last step
+        narrowest = {side: tl.narrowest[tl.points[-1][0]] for side, tl in timelines.items()}
+        report |= {
+            "final narrowest": narrowest,
+            "narrowest gap (points)": 100 * (narrowest["bertdist"] - narrowest["st"]),
+        }
     report |= {
         "final gap (points)": gaps[-1],
         "mean gap at equal steps (points)": statistics.mean(gaps),
@@ -302,12 +342,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, help="default: 32 (pairs), 64 (full)")
     parser.add_argument("--warmup-proportion", type=float, default=0.1)
     parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--train-pairs", type=int, default=640)
+    parser.add_argument("--train-pairs", type=int, help="drawn from the documents; default: 640 (pairs), 1280 (full)")
     parser.add_argument("--dev-queries", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=10, help="steps between scorings (and every epoch's end)")
+    parser.add_argument("--eval-every", type=int, help="steps between scorings (and every epoch's end); 10, 5 (full)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides; 0: one per core")
     parser.add_argument(
         "--cpu-time",
@@ -321,7 +361,9 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="bertdist settings only (st keeps the defaults), e.g. train.zero_stage=0",
     )
+    recipe.add_arguments(parser)
     args = parser.parse_args()
+    recipe.fill_defaults(args)
     threads = args.threads or use_all_cores()
     torch.set_num_threads(threads)
     clock = step_clock(torch.device("cpu"), threads, args.cpu_time)
@@ -337,6 +379,7 @@ def main() -> None:
         directory = Path(tmp)
         train, dev, held_out, vocab = pairs_and_held_out(directory, args.train_pairs, args.dev_queries)
         start = Path(args.model) if args.model else directory / "start"
+        described = args.model or f"{args.size}, random init"
         if not args.model:
             from bertdist.config import ModelConfig
             from bertdist.model.bert.hf import save_pretrained
@@ -344,21 +387,28 @@ def main() -> None:
 
             torch.manual_seed(0)
             save_pretrained(BertForPreTraining(ModelConfig.from_size(args.size, vocab_size=8192)), start, vocab)
+            if args.recipe == "full":
+                start, described = warm_start(args, start, directory, dev), f"{described}, warmed on manual pages"
+        if args.recipe == "full":
+            train = recipe.mine(args, st_model(start, args.max_seq_length), train, directory / "mined.jsonl")
         files = {"start": start, "train": train, "dev": dev}
-        score = Scorer(held_out)
-        steps_per_epoch = args.train_pairs // args.batch_size
+        score = Scorer(held_out, recipe.dims(args))
+        rows = len(train.read_text().splitlines())
+        steps_per_epoch = rows // args.batch_size
         total = args.epochs * steps_per_epoch
         eval_steps = {*range(args.eval_every, total + 1, args.eval_every)} | {
             e * steps_per_epoch for e in range(1, args.epochs + 1)
         }
         with tempfile.TemporaryDirectory() as d:
             st_model(start, args.max_seq_length).save(d)
-            initial = score(d)
+            initial_scores = score(d)
+        initial = initial_scores["ndcg_at_10"]
+        narrowest = f" ({initial_scores[score.narrowest]:.4f} at {min(score.dims)} dims)" if score.narrowest else ""
         print(
-            f"{args.train_pairs} training pairs, {len(held_out['queries'])} held-out queries among "
+            f"recipe {args.recipe}: {rows} training rows, {len(held_out['queries'])} held-out queries among "
             f"{len(held_out['passages'])} passages; {total} steps of {args.batch_size}, lr {args.lr}, "
             f"{args.epochs} epochs; {threads} thread(s), {'CPU' if args.cpu_time else 'wall'} time; "
-            f"start: {args.model or f'{args.size}, random init'}; nDCG@10 before training {initial:.4f}",
+            f"start: {described}; nDCG@10 before training {initial:.4f}{narrowest}",
             flush=True,
         )
         reports = []
@@ -370,8 +420,11 @@ def main() -> None:
                 run(args, files, seed, directory / side / str(seed), timelines[side])
                 print(
                     f"seed {seed} {side} (load average {load:.1f} at its start): start-up "
-                    f"{timelines[side].startup_s:.1f} s; step: s, nDCG@10 "
-                    + ", ".join(f"{s}: {t:.1f} {q:.4f}" for s, t, q in timelines[side].points),
+                    f"{timelines[side].startup_s:.1f} s; step: s, nDCG@10{' / narrowest' if narrowest else ''} "
+                    + ", ".join(
+                        f"{s}: {t:.1f} {q:.4f}" + (f"/{timelines[side].narrowest[s]:.4f}" if narrowest else "")
+                        for s, t, q in timelines[side].points
+                    ),
                     flush=True,
                 )
             reports.append(compare(initial, timelines))
@@ -386,6 +439,12 @@ def summarise(reports: list[dict]) -> None:
 
     rows = [("bertdist final nDCG@10", [r["final"]["bertdist"] for r in reports], 4)]
     rows += [("st final nDCG@10", [r["final"]["st"] for r in reports], 4)]
+    if "final narrowest" in reports[0]:
+        rows += [
+            ("bertdist final nDCG@10, narrowest width", [r["final narrowest"]["bertdist"] for r in reports], 4),
+            ("st final nDCG@10, narrowest width", [r["final narrowest"]["st"] for r in reports], 4),
+            ("narrowest width's final gap, points", [r["narrowest gap (points)"] for r in reports], 2),
+        ]
     for name, label in (("final", "the lower final nDCG@10"), ("80%", "80% of the gain to it")):
         rows += [
             (f"target: {label}", [r[f"target {name}"] for r in reports], 4),
