@@ -219,10 +219,10 @@ class TrainConfig:
     """After the k-th rollback that skips data, the scheduled learning rate is multiplied by this**k for the rest
     of the run (kept across resumes; logged as optimizer/lr_scale); 1: unchanged."""
     straggler_factor: float = 1.5
-    """Name a rank whose time outside collectives (data wait + forward) over a window is this many times the other
-    ranks' median, once, on the console and as an MLflow tag (bertdist.train.stragglers); 0 turns it off."""
+    """Name a rank whose time outside collectives (data wait + forward) is this many times the other ranks' median
+    in two windows running, once, on the console and as an MLflow tag (bertdist.train.stragglers); 0 turns it off."""
     straggler_window_steps: int = 20
-    """The steps each straggler comparison sums over (longer: steadier, named later)."""
+    """The steps each straggler comparison sums over (longer: steadier, named later: after two windows)."""
     data_wait_warn_fraction: float = 0.10
     """When the ranks wait for data longer than this fraction of a logging interval, say once, on the console and as
     an MLflow tag, what the loader's measurements point at: the object store, too few loader workers, or decoding

@@ -10,9 +10,12 @@ adds no synchronisation; on CPU by the wall clock.
 
 The times travel in the step's one all-reduce (bertdist.train.metrics.StepSums): rank r adds its own under
 `busy_seconds:r` and every other rank adds 0, so after the sum every rank holds every rank's time. Every
-`train.straggler_window_steps` steps, a rank whose busy time (data wait + forward) exceeds `train.straggler_factor`
-times the median of the other ranks' is named once, with its host and how much slower, on the console and as an
-MLflow tag; the per-rank times of each logging interval are metrics (`ranks/r00001_busy_seconds`, ...). A rank
+`train.straggler_window_steps` steps, each rank's busy time (data wait + forward) is compared with
+`train.straggler_factor` times the median of the other ranks'. A rank over it in two windows running is named once,
+with its host and how much slower, on the console and as an MLflow tag: one slow window is what a checkpoint write, a
+loader restart or a busy neighbour for a moment gives any rank, and naming it would make the warning noise (the
+first step after a start or resume, where each rank waits for its loaders to start, is left out for the same
+reason); the per-rank times of each logging interval are metrics (`ranks/r00001_busy_seconds`, ...). A rank
 that stops altogether is the watchdog's (bertdist.train.watchdog), which ends the job.
 """
 
@@ -84,7 +87,7 @@ def rank_metrics(totals: dict[str, float], steps: int, world_size: int) -> dict[
 
 
 class StragglerWatch:
-    """Names each rank that is persistently slower than the others, once per run."""
+    """Names each rank that is slower than the others in two windows running, once per run."""
 
     def __init__(
         self,
@@ -99,10 +102,16 @@ class StragglerWatch:
         self.wait = [0.0] * len(hosts)
         self.steps = 0
         self.named: set[int] = set()
+        self.suspects: dict[int, int] = {}  # rank -> the first step of the window it was last slow in
+        self.started = False
 
     def add(self, sums: dict[str, float], step: int) -> None:
-        """One step's all-reduced sums; every `window_steps` steps, name the ranks slower than the others."""
+        """One step's all-reduced sums; every `window_steps` steps, name the ranks slower than the others in this
+        window and the one before."""
         if self.factor <= 0 or len(self.hosts) < 2:
+            return
+        if not self.started:  # the first step after a start or resume waits for each rank's loaders to start
+            self.started = True
             return
         for r in range(len(self.hosts)):
             self.busy[r] += sums[BUSY.format(rank=r)]
@@ -110,16 +119,22 @@ class StragglerWatch:
         self.steps += 1
         if self.steps < self.window_steps:
             return
+        first_step, suspects = step - self.steps + 1, {}
         for r, others in self.slow_ranks():
+            if r not in self.suspects:
+                suspects[r] = first_step
+                continue
             self.named.add(r)
             line = (
-                f"rank {r} on {self.hosts[r]} is slow: over steps {step - self.steps + 1}-{step} it spent "
+                f"rank {r} on {self.hosts[r]} is slow: over steps {first_step}-{step} it spent "
                 f"{self.busy[r] / self.steps:.3f} s a step outside collectives ({self.wait[r] / self.steps:.3f} s "
                 f"waiting for data), {self.busy[r] / others:.1f}x the other ranks' median "
-                f"{others / self.steps:.3f} s (train.straggler_factor={self.factor:g}); every rank waits for it"
+                f"{others / self.steps:.3f} s (train.straggler_factor={self.factor:g}), as over steps "
+                f"{self.suspects[r]}-{first_step - 1}; every rank waits for it"
             )
             self.say(line)
             self.tag({f"bertdist.straggler.rank{r}": line})
+        self.suspects = suspects
         self.busy, self.wait, self.steps = [0.0] * len(self.hosts), [0.0] * len(self.hosts), 0
 
     def slow_ranks(self) -> list[tuple[int, float]]:
