@@ -116,28 +116,17 @@ def _qrels(collection: Path) -> dict[str, dict[str, int]]:
     return {q: {d: int(s)} for q, d, s in (line.split("\t") for line in lines)}
 
 
+def _evaluate(collection: Path, model: Path, out: Path, *extra: str) -> int:
+    """`bertdist evaluate --suite retrieval` on `collection` with `model`, into `out`."""
+    return main(
+        ["evaluate", "--suite", "retrieval", "--data-dir", str(collection), "--model", str(model), "--output", str(out)]
+        + list(extra)
+    )
+
+
 def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "evaluate",
-                "--suite",
-                "retrieval",
-                "--data-dir",
-                str(collection),
-                "--model",
-                str(random_model),
-                "--output",
-                str(out),
-                "--batch-size",
-                "16",
-                "--dims",
-                "16",
-            ]
-        )
-        == 0
-    )
+    assert _evaluate(collection, random_model, out, "--batch-size", "16", "--dims", "16") == 0
     printed = capsys.readouterr()
     header, whole, cut = [[v.strip() for v in line.split("|")] for line in printed.out.splitlines() if "|" in line]
     assert header == ["dim", "nDCG@10", "Recall@100", "MRR@10"]
@@ -170,24 +159,7 @@ def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
         [100 * narrow[k] for k in ("ndcg_at_10", "recall_at_100", "mrr_at_10")], abs=0.051
     )
     assert parent.data.metrics["ndcg_at_10_dim16"] == pytest.approx(narrow["ndcg_at_10"])
-    assert (
-        main(
-            [
-                "evaluate",
-                "--suite",
-                "retrieval",
-                "--data-dir",
-                str(collection),
-                "--model",
-                str(random_model),
-                "--output",
-                str(out),
-                "--dims",
-                "128",
-            ]
-        )
-        == USAGE_EXIT_CODE
-    )
+    assert _evaluate(collection, random_model, out, "--dims", "128") == USAGE_EXIT_CODE
     assert "--dims: 128 is wider than the model's vectors (64)" in capsys.readouterr().err
 
 
@@ -202,25 +174,7 @@ def test_a_query_that_is_its_passage_is_found_first(collection, random_model, tm
         "".join(json.dumps({"_id": q, "text": corpus[next(iter(d))]}) + "\n" for q, d in qrels.items())
     )
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "evaluate",
-                "--suite",
-                "retrieval",
-                "--data-dir",
-                str(collection),
-                "--model",
-                str(random_model),
-                "--output",
-                str(out),
-                "--pooling",
-                "cls",
-                "tracking.enabled=false",
-            ]
-        )
-        == 0
-    )
+    assert _evaluate(collection, random_model, out, "--pooling", "cls", "tracking.enabled=false") == 0
     assert json.loads((out / "results.json").read_text())["metrics"] == {
         "ndcg_at_10": 1.0,
         "recall_at_100": 1.0,
@@ -270,19 +224,7 @@ def test_bad_collections_fail_before_the_model_is_loaded(case, collection, tmp_p
     file, line, new, message = BAD[case]
     first_query = json.loads((collection / "queries.jsonl").read_text().splitlines()[0])["_id"]
     _edit(collection / file, line, None if new is None else new.replace("{q}", first_query))
-    code = main(
-        [
-            "evaluate",
-            "--suite",
-            "retrieval",
-            "--data-dir",
-            str(collection),
-            "--model",
-            str(tmp_path / "no-model"),
-            "--output",
-            str(tmp_path / "out"),
-        ]
-    )
+    code = _evaluate(collection, tmp_path / "no-model", tmp_path / "out")
     err = capsys.readouterr().err
     assert code == USAGE_EXIT_CODE and message in err and "no-model" not in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
@@ -295,24 +237,7 @@ def test_skip_counts_and_names_every_skipped_line(collection, random_model, tmp_
     _edit(collection / "corpus.jsonl", line, f'{{"_id": "d{line - 1}", "text": ""}}')
     _edit(collection / "qrels" / "test.tsv", 3, f"{query}\tmissing\t1")
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "evaluate",
-                "--suite",
-                "retrieval",
-                "--data-dir",
-                str(collection),
-                "--model",
-                str(random_model),
-                "--output",
-                str(out),
-                "finetune.on_bad_input=skip",
-                "tracking.enabled=false",
-            ]
-        )
-        == 0
-    )
+    assert _evaluate(collection, random_model, out, "finetune.on_bad_input=skip", "tracking.enabled=false") == 0
     results = json.loads((out / "results.json").read_text())
     assert [s.split(": ", 1)[0].rsplit("/", 1)[1] for s in results["skipped"]] == [f"corpus.jsonl:{line}", "test.tsv:3"]
     assert (
