@@ -11,7 +11,7 @@ install:
 	bash scripts/install.sh
 
 test: install lint test-services
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -rs --durations=30
 
 # The formatter and the linter (ruff, configured in pyproject.toml): a formatting or lint error fails `make test`.
 lint: install
