@@ -164,7 +164,8 @@ class Finetuning(Run):
                 step = self.step = step + 1
                 if stop:
                     return self._stopped(step, epoch)
-                if ft.eval_every_steps and step % ft.eval_every_steps == 0 and s + 1 < self.steps_per_epoch:
+                within = s + 1 < self.steps_per_epoch and step < self.total_steps  # else the epoch's end does
+                if ft.eval_every_steps and step % ft.eval_every_steps == 0 and within:
                     self._evaluate(step, epoch, f"step {step} (epoch {epoch + 1}/{epochs})")
             self._evaluate(step, epoch + 1, f"epoch {epoch + 1}/{epochs}")
         assert self.best is not None
@@ -191,7 +192,7 @@ class Finetuning(Run):
         )
         self.losses = []
         headline = next(iter(scores.values()))  # the task's headline metric on dev_file
-        if self.best is None or headline > self.best[0]:
+        if self.best is None or improves(headline, self.best[0]):
             self.best = (headline, step, scores)
         state = checkpoint.TrainState(
             step=step,
@@ -274,3 +275,10 @@ def _listed(scores: dict[str, float]) -> str:
         parts.append(f"{name + ' ' if name != last else ''}{metric} {value:.4f}")
         last = name
     return ", ".join(parts)
+
+
+def improves(headline: float, best: float) -> bool:
+    """Whether an evaluation's headline metric beats the best so far: higher, or any number where the best is NaN
+    (a regression's correlation over non-finite predictions), which `>` alone would keep for the rest of the run.
+    A tie keeps the earlier evaluation."""
+    return headline > best or (math.isnan(best) and not math.isnan(headline))

@@ -126,6 +126,35 @@ def test_a_small_model_at_the_default_rate_is_told_and_a_long_epoch_shows_its_pr
     assert re.search(r"epoch 1/1: step 1/\d+, train loss [\d.]+, [\d.]+ steps/s, epoch done in ", printed), printed
 
 
+def test_a_partial_last_epoch_is_evaluated_once(tmp_path, tiny_corpus, tiny_vocab, capsys):
+    """finetune.epochs=1.5 with an evaluation due at the last step: that step was scored twice, the second time
+    with no training loss since (NaN) and its checkpoint rewritten in place."""
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
+
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    steps_per_epoch = (len(Path(train).read_text().splitlines()) - 1) // 16
+    total = steps_per_epoch + steps_per_epoch // 2
+    overrides = [o for o in _overrides(train, dev, tmp_path / "run") if not o.startswith("finetune.epochs=")]
+    extra = [
+        f"finetune.init_from={tmp_path / 'pretrained'}",
+        "finetune.epochs=1.5",
+        f"finetune.eval_every_steps={total}",
+    ]
+    assert main(["finetune", *overrides, *extra, "tracking.enabled=false"]) == 0
+    evaluations = [line for line in capsys.readouterr().out.splitlines() if ": train loss " in line and "dev " in line]
+    assert [line.split(": ")[1] for line in evaluations] == ["epoch 1/2", "epoch 2/2"], evaluations
+    assert not any("nan" in line for line in evaluations), evaluations
+
+
+def test_the_best_evaluation_is_the_highest_headline_and_a_nan_one_is_beaten():
+    from bertdist.finetune.runner import improves
+
+    assert improves(0.6, 0.5) and not improves(0.5, 0.5) and not improves(0.4, 0.5)  # a tie keeps the earlier
+    assert improves(0.1, float("nan")) and not improves(float("nan"), 0.1) and not improves(float("nan"), float("nan"))
+
+
 def _modernbert_export(directory: Path, vocab: str) -> Path:
     from bertdist.config import ModelConfig
     from bertdist.model.modernbert.hf import write_directory
