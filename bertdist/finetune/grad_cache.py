@@ -48,7 +48,10 @@ def cached_step(
             states.append(_rng_state())
             vectors.append(engine(**batch).logits)
     after = _rng_state()
-    cached = torch.cat(vectors).requires_grad_()  # (rows, group, hidden): a leaf, outside the encoder's graph
+    # (rows, group, hidden): a leaf outside the encoder's graph, in fp32 whatever the engine's precision: d loss /
+    # d vector shrinks as 1 / rows, and under fp16 it would be held before the loss scale (pass 2's) lifts it, so
+    # at thousands of rows most of it would be below fp16's normal range or zero.
+    cached = torch.cat(vectors).float().requires_grad_()
     value = loss_backward(cached)
     assert cached.grad is not None
     for batch, state, grad in zip(chunks, states, cached.grad.split([len(v) for v in vectors])):

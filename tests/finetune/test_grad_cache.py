@@ -89,6 +89,33 @@ def test_the_cached_gradient_is_the_plain_losss_with_dropout_replayed(rows_per_c
     )
 
 
+class _HalfEngine(_Engine):
+    """An engine in fp16 (DeepSpeed's fp16 mode hands back half vectors)."""
+
+    def __call__(self, **batch: torch.Tensor) -> Any:
+        out = self.model(**batch)
+        out.logits = out.logits.half()
+        return out
+
+
+def test_the_cached_loss_and_its_gradient_are_fp32_under_an_fp16_engine():
+    """d loss / d vector is about 1 / rows of the loss: held in fp16 before pass 2's loss scale, at 2,048 rows most
+    of it was subnormal and some zero. The loss gets fp32 vectors, and the parameters the plain loss's gradient."""
+    model, rows = _model_and_rows(dropout=0.1)
+    seen: list[torch.dtype] = []
+
+    def loss_backward(vectors: torch.Tensor) -> float:
+        seen.append(vectors.dtype)
+        return info_nce_backward(vectors, TEMPERATURE, (), 4)
+
+    torch.manual_seed(7)
+    cached_step(_HalfEngine(model), _chunks(rows, 4), loss_backward)
+    assert seen == [torch.float32]
+    cached, plain = _gradients(model), _plain(rows, 4, seed=7)
+    for name in plain:
+        torch.testing.assert_close(cached[name], plain[name], rtol=2e-2, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def _rank_gradients(rank: int, world: int, port: int, out: str) -> None:
     """One rank's share of the rows through the cache in chunks of 2 (the loss's backward in blocks of 3 queries,
     over Matryoshka widths), its gradients averaged as DeepSpeed's."""
