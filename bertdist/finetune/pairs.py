@@ -72,14 +72,19 @@ class PairsSummary:
     """Pairs written, by kind."""
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)
     """kind -> reason -> documents that gave no pair of that kind."""
+    repeated: dict[str, int] = field(default_factory=dict)
+    """kind -> pairs not written because a kind before it gave the same pair from the same document (a neighbour
+    pair cut after the first sentence is the first-sentence pair): written twice, they would count double."""
 
     def describe(self, opts: PairsOptions) -> str:
         """One line: the pairs per kind, the documents, those held out and those skipped per kind and reason."""
         kinds = ", ".join(f"{kind} {n}" for kind, n in self.pairs.items())
         held_out = f", {self.held_out} held out in {opts.dev_dir}" if self.held_out else ""
+        repeated = ", ".join(f"{kind} {n}" for kind, n in self.repeated.items() if n)
+        repeated = f"; pairs another kind gave, not written again: {repeated}" if repeated else ""
         return (
             f"{sum(self.pairs.values())} pairs ({kinds}) from {self.documents} documents{held_out}; "
-            f"documents skipped: {self.describe_skipped()}; wrote {opts.output}"
+            f"documents skipped: {self.describe_skipped()}{repeated}; wrote {opts.output}"
         )
 
     def describe_skipped(self) -> str:
@@ -126,7 +131,7 @@ def mine_pairs(opts: PairsOptions) -> PairsSummary:
     files = expand_inputs(opts.inputs)
     held_out = _draw_dev(files, opts) if opts.dev_documents else set()
     kinds = [k for k in KINDS if k in opts.kinds]
-    summary = PairsSummary(pairs={k: 0 for k in kinds}, skipped={k: {} for k in kinds})
+    summary = PairsSummary(pairs={k: 0 for k in kinds}, skipped={k: {} for k in kinds}, repeated={k: 0 for k in kinds})
     dev: list[list[str]] = []
     dev_queries: dict[int, int] = {}
     usable = 0  # documents that can be held out, counted as `_draw_dev` counts them
@@ -141,10 +146,15 @@ def mine_pairs(opts: PairsOptions) -> PairsSummary:
                     dev_queries[len(dev)] = query
                     dev.append(sentences)
                     continue
+            written: set[tuple[str, str]] = set()
             for kind in kinds:
                 pairs, reason = _mine(kind, sentences, random.Random(f"{opts.seed}/{kind}/{ordinal}"), opts)
                 if reason:
                     summary.skipped[kind][reason] = summary.skipped[kind].get(reason, 0) + 1
+                new = [pair for pair in pairs if pair not in written]
+                summary.repeated[kind] += len(pairs) - len(new)
+                written.update(new)
+                pairs = new
                 for query_text, positive in pairs:
                     out.write(
                         json.dumps({"query": query_text, "positive": positive, "kind": kind}, ensure_ascii=False) + "\n"

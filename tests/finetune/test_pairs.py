@@ -94,7 +94,10 @@ def test_the_same_corpus_and_seed_give_the_same_bytes_and_a_documents_pairs_are_
 
 def test_every_document_that_gives_no_pair_of_a_kind_is_counted_with_its_reason(tmp_path):
     rows, summary = mine(tmp_path)
-    assert summary.documents == 4 and summary.pairs == {"neighbour": 2, "first-sentence": 2, "spans": 2}
+    # here each neighbour pair is cut after the first sentence: the first-sentence pair, written once
+    assert summary.documents == 4 and summary.pairs == {"neighbour": 2, "first-sentence": 0, "spans": 2}
+    assert summary.repeated == {"neighbour": 0, "first-sentence": 2, "spans": 0}
+    assert len({(r["query"], r["positive"]) for r in rows}) == len(rows) == 4
     assert summary.skipped == {
         "neighbour": {"one sentence": 1, "query = positive": 1},
         "first-sentence": {"one sentence": 1, "query = positive": 1},
@@ -102,9 +105,9 @@ def test_every_document_that_gives_no_pair_of_a_kind_is_counted_with_its_reason(
     }
     assert all(r["query"] and r["positive"] and r["query"] != r["positive"] for r in rows)
     assert summary.describe(PairsOptions(inputs=[], output="p.jsonl")) == (
-        "6 pairs (neighbour 2, first-sentence 2, spans 2) from 4 documents; documents skipped: neighbour: "
+        "4 pairs (neighbour 2, first-sentence 0, spans 2) from 4 documents; documents skipped: neighbour: "
         "1 one sentence, 1 query = positive; first-sentence: 1 one sentence, 1 query = positive; spans: 2 under 16 "
-        "words; wrote p.jsonl"
+        "words; pairs another kind gave, not written again: first-sentence 2; wrote p.jsonl"
     )
 
 
