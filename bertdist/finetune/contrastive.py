@@ -53,13 +53,13 @@ def checked_pairs(examples: Examples, negative_columns: tuple[str, ...], skip_ba
     its positive (whitespace aside), a hard negative equal to its positive (a false negative). DataError naming
     FILE:LINE, or with finetune.on_bad_input=skip skipped and counted; DataError when no row is left."""
     from bertdist.data import DataError
-    from bertdist.finetune.data import bad_row
+    from bertdist.finetune.data import bad_row, same_text
 
     kept = []
     for e in examples.rows:
-        positive = " ".join((e.pair or "").split())
-        same = [column for column, text in zip(negative_columns, e.choices) if " ".join(text.split()) == positive]
-        if " ".join(e.text.split()) == positive:
+        positive = same_text(e.pair or "")
+        same = [column for column, text in zip(negative_columns, e.choices) if same_text(text) == positive]
+        if same_text(e.text) == positive:
             bad_row(examples, e.where, "the query is the same text as its positive", skip_bad)
         elif same:
             bad_row(examples, e.where, f"the hard negative {same[0]!r} is the same text as the positive", skip_bad)

@@ -198,6 +198,13 @@ def _blank(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
+def same_text(text: str) -> str:
+    """What two texts share when they are the same text to a contrastive loss: their words, whitespace aside. One
+    rule for `bertdist mine-negatives` (which never offers the positive or the query as a negative) and for the
+    fine-tuning that refuses such rows (checked_pairs), so that what one writes the other takes."""
+    return " ".join(text.split())
+
+
 def bad_row(out: Examples, where: str, reason: str, skip_bad: bool) -> None:
     if not skip_bad:
         raise DataError(f"{where}: {reason} (finetune.on_bad_input=skip skips such rows and counts them)")

@@ -204,21 +204,22 @@ def mine_rows(
 
     `rows` are Examples (query `text`, positive `pair`); `vectors` gives unit-length vectors of texts. The rows
     of one query text share its search, its positives and its negatives."""
+    from bertdist.finetune.data import same_text
     from bertdist.finetune.retrieval import top_k
 
-    corpus: dict[str, int] = {}  # a candidate's text, surrounding whitespace removed -> its corpus row
+    corpus: dict[str, int] = {}  # a candidate's text, whitespace aside (same_text) -> its corpus row
     texts: list[str] = []
     for text in [*passages, *(e.pair for e in rows)]:  # the corpus first, as sentence-transformers orders them
-        if text.strip() not in corpus:
-            corpus[text.strip()] = len(texts)
+        if same_text(text) not in corpus:
+            corpus[same_text(text)] = len(texts)
             texts.append(text)
-    queries: dict[str, list[int]] = {}  # a query text, stripped -> the corpus rows of its positives
+    queries: dict[str, list[int]] = {}  # a query text, whitespace aside -> the corpus rows of its positives
     first_seen: dict[str, str] = {}  # -> the text embedded (as given: a byte-level BPE reads a leading space)
     for e in rows:
-        own = queries.setdefault(e.text.strip(), [])
-        first_seen.setdefault(e.text.strip(), e.text)
-        if corpus[e.pair.strip()] not in own:
-            own.append(corpus[e.pair.strip()])
+        own = queries.setdefault(same_text(e.text), [])
+        first_seen.setdefault(same_text(e.text), e.text)
+        if corpus[same_text(e.pair)] not in own:
+            own.append(corpus[same_text(e.pair)])
     excluded = [set(own) | ({corpus[q]} if q in corpus else set()) for q, own in queries.items()]
     query_vectors = np.asarray(vectors(list(first_seen.values())), dtype=np.float32)
     corpus_vectors = np.asarray(vectors(texts), dtype=np.float32)
@@ -232,8 +233,8 @@ def mine_rows(
         chosen[query] = _choose(scores, window, own_scores.min(), o, removed)
     mined = []
     for e in rows:
-        negatives, negative_scores, usable = chosen[e.text.strip()]
-        positive = positive_scores[(e.text.strip(), corpus[e.pair.strip()])]
+        negatives, negative_scores, usable = chosen[same_text(e.text)]
+        positive = positive_scores[(same_text(e.text), corpus[same_text(e.pair)])]
         mined.append(Mined(e, [texts[r] for r in negatives], negative_scores, positive, usable))
     return mined, removed
 
@@ -266,12 +267,12 @@ def _choose(
 
 def _pairs(o: MineOptions) -> tuple[list[Any], list[str]]:
     """The usable (query, positive) rows and the skipped ones' reasons."""
-    from bertdist.finetune.data import bad_row, read_examples
+    from bertdist.finetune.data import bad_row, read_examples, same_text
 
     read = read_examples(o.pairs, o.query_column, o.positive_column, "", o.skip_bad)
     rows = []
     for e in read.rows:
-        if e.text.strip() == (e.pair or "").strip():
+        if same_text(e.text) == same_text(e.pair or ""):
             bad_row(read, e.where, f"the query is its own positive ({e.text.strip()[:60]!r})", o.skip_bad)
         else:
             rows.append(e)

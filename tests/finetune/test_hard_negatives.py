@@ -31,14 +31,14 @@ def _vectors(scores: dict[str, dict[str, float]]):
     size = len(queries) + len(candidates)
 
     def vector(text: str) -> np.ndarray:
-        v = np.zeros(size)
-        if text.strip() in queries:
-            v[queries.index(text.strip())] = 1
+        v, text = np.zeros(size), " ".join(text.split())
+        if text in queries:
+            v[queries.index(text)] = 1
             return v
         for i, q in enumerate(queries):
-            v[i] = scores[q].get(text.strip(), 0.0)
+            v[i] = scores[q].get(text, 0.0)
         assert (v**2).sum() <= 1, text
-        v[len(queries) + candidates.index(text.strip())] = np.sqrt(1 - (v**2).sum())
+        v[len(queries) + candidates.index(text)] = np.sqrt(1 - (v**2).sum())
         return v
 
     return lambda texts: np.stack([vector(t) for t in texts]).astype(np.float32)
@@ -106,6 +106,14 @@ def test_a_querys_own_positives_and_copies_of_it_are_never_negatives():
     # a and b, and a dropped by the margin).
     mined, _ = _mine(rows, scores, [" q ", "p1 ", "b", "c", "d"], margin=0.0, negatives=2, range_min=1, range_max=3)
     assert mined[0].negatives == mined[2].negatives == ["b", "c"]
+
+
+def test_a_copy_of_the_positive_with_other_inner_whitespace_is_not_a_negative():
+    """Fine-tuning refuses a negative equal to its positive whitespace aside (contrastive.checked_pairs); the miner
+    offered "the  cat" (two spaces) for the positive "the cat" at an equal score, which margin 0 kept."""
+    scores = {"q": {"the cat": 0.8, "a": 0.5, "b": 0.4}}
+    (row,), _ = _mine([("q", "the cat")], scores, ["the  cat", "a", "b"], margin=0.0, negatives=2)
+    assert row.negatives == ["a", "b"]
 
 
 # ---- the command, on a tiny sentence-transformers model --------------------------------------------------------
