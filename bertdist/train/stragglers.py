@@ -15,7 +15,8 @@ The times travel in the step's one all-reduce (bertdist.train.metrics.StepSums):
 with its host and how much slower, on the console and as an MLflow tag: one slow window is what a checkpoint write, a
 loader restart or a busy neighbour for a moment gives any rank, and naming it would make the warning noise (the
 first step after a start or resume, where each rank waits for its loaders to start, is left out for the same
-reason); the per-rank times of each logging interval are metrics (`ranks/r00001_busy_seconds`, ...). A rank
+reason, and so are the first step of a new phase and the one after a rollback, whose window starts again); the
+per-rank times of each logging interval are metrics (`ranks/r00001_busy_seconds`, ...). A rank
 that stops altogether is the watchdog's (bertdist.train.watchdog), which ends the job.
 """
 
@@ -98,10 +99,13 @@ class StragglerWatch:
         tag: Callable[[dict[str, str]], None],
     ):
         self.hosts, self.factor, self.window_steps, self.say, self.tag = hosts, factor, window_steps, say, tag
-        self.busy = [0.0] * len(hosts)
-        self.wait = [0.0] * len(hosts)
-        self.steps = 0
         self.named: set[int] = set()
+        self.restart()
+
+    def restart(self) -> None:
+        """The loaders (re)start here (the run's start or resume, a new phase, a rollback): the window in progress
+        ends unjudged, and the next step, where each rank waits for its loader's first batch, is left out."""
+        self.busy, self.wait, self.steps = [0.0] * len(self.hosts), [0.0] * len(self.hosts), 0
         self.suspects: dict[int, int] = {}  # rank -> the first step of the window it was last slow in
         self.started = False
 
@@ -110,7 +114,7 @@ class StragglerWatch:
         window and the one before."""
         if self.factor <= 0 or len(self.hosts) < 2:
             return
-        if not self.started:  # the first step after a start or resume waits for each rank's loaders to start
+        if not self.started:  # the first step after a (re)start waits for each rank's loader to start
             self.started = True
             return
         for r in range(len(self.hosts)):

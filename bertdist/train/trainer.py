@@ -238,6 +238,7 @@ class Trainer(scaffold.Run):
                 registry.enter_phase(engine.module, phase_model_config(cfg.model, phase))
                 batches = iter(self.loaders[index])
                 self.rollbacks.skip(batches, self.loaders[index])  # what a rollback skips, recorded
+                self.stragglers.restart()
             ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
             lr = scheduled_learning_rate(cfg, step) * self.rollbacks.lr_scale
             set_learning_rate(engine.optimizer.param_groups, lr)

@@ -77,3 +77,20 @@ def test_each_ranks_times_per_step_are_metrics():
         "ranks/r00001_busy_seconds": 0.4,
         "ranks/r00001_data_wait_seconds": 0.1,
     }
+
+
+def test_a_restart_ends_the_window_and_leaves_out_its_first_step():
+    """A new phase or a rollback restarts the loaders: the slow window before it does not count toward two
+    running, and the step after it (each rank waiting for its first batch) is left out."""
+    w, lines, _ = watch()
+    for step in range(1, 5):
+        w.add(step_sums([0.10, 0.11, 0.30], [0.0, 0.0, 0.0]), step)
+    w.restart()
+    w.add(step_sums([0.10, 0.11, 9.0], [0.0, 0.0, 8.9]), 3)  # a rollback went back to step 2: left out
+    for step in range(4, 8):
+        w.add(step_sums([0.10, 0.11, 0.30], [0.0, 0.0, 0.0]), step)
+    assert lines == []  # one window since the restart
+    for step in range(8, 12):
+        w.add(step_sums([0.10, 0.11, 0.30], [0.0, 0.0, 0.0]), step)
+    (line,) = lines
+    assert "over steps 8-11" in line and "as over steps 4-7;" in line and "0.300 s a step" in line
