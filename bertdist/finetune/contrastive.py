@@ -22,8 +22,8 @@ memory, `finetune.cache_rows` (the same loss over the whole step, encoded in chu
 `finetune.matryoshka_dims` trains nested prefixes of the vector as well: the loss is summed over each prefix
 (Kusupati et al. 2022), so a vector cut to any of them still ranks.
 
-Dev: every dev row's query is searched among the dev file's passages (positives and negatives, each distinct
-text once); its positive is the one relevant passage. Or the dev set is a BEIR-format directory (`bertdist pairs
+Dev: every distinct dev query is searched among the dev file's passages (positives and negatives, each distinct
+text once); the positives of its rows are the relevant passages. Or the dev set is a BEIR-format directory (`bertdist pairs
 --dev-dir` writes one from held-out documents), whose judged queries search its whole corpus. The metrics are
 BEIR's: nDCG@10 (the headline), MRR@10 and Recall@100 (bertdist.finetune.metrics.retrieval_scores), on unit-length
 vectors ranked by dot product; with Matryoshka dimensions also nDCG@10 at each narrower one.
@@ -80,15 +80,26 @@ def training_rows(examples: Examples, vocab_file: str, cased: bool, length: int)
 def dev_rows(
     examples: Examples, vocab_file: str, cased: bool, length: int, dims: tuple[int, ...] = ()
 ) -> tuple[Sequences, Callable]:
-    """The dev queries then the distinct dev passages, one sequence each, and the function scoring their vectors."""
-    passages: dict[str, int] = {}
+    """The distinct dev queries then the distinct dev passages, one sequence each, and the function scoring their
+    vectors. A query on several rows is one query whose positives are all relevant (scored apart, each would count
+    its other positives as misses); texts are the same whitespace aside (finetune.data.same_text)."""
+    from bertdist.finetune.data import same_text
+
+    passages: dict[str, int] = {}  # same text -> passage row
+    passage_texts: list[str] = []  # as first seen
+    queries: dict[str, dict[int, int]] = {}  # same text -> its positives' rows -> grade
+    query_texts: list[str] = []
     for e in examples.rows:
         for text in (e.pair or "", *e.choices):
-            passages.setdefault(text, len(passages))
-    relevant = [passages[e.pair or ""] for e in examples.rows]
-    queries = [e.text for e in examples.rows]
-    sequences = _sequences(queries + list(passages), vocab_file, cased, length, group=1)
-    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(queries), relevant, dims)
+            if same_text(text) not in passages:
+                passages[same_text(text)] = len(passage_texts)
+                passage_texts.append(text)
+        if same_text(e.text) not in queries:
+            query_texts.append(e.text)
+        queries.setdefault(same_text(e.text), {})[passages[same_text(e.pair or "")]] = 1
+    relevant = list(queries.values())
+    sequences = _sequences(query_texts + passage_texts, vocab_file, cased, length, group=1)
+    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(relevant), relevant, dims)
 
 
 def collection_dev_rows(

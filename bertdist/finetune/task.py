@@ -173,7 +173,7 @@ def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, sk
     else:
         dev = contrastive.checked_pairs(data.read_examples(ft.dev_file, *columns), ft.negatives(), skip)
         dev_rows, score = contrastive.dev_rows(dev, vocab_file, cased, length, ft.dims())
-        dev_queries, dev_skipped = len(dev.rows), dev.skipped
+        dev_queries, dev_skipped = len({data.same_text(e.text) for e in dev.rows}), dev.skipped
     negatives = f", {len(ft.negatives())} hard negative(s) each" if ft.negatives() else ""
     return Task(
         SENTENCE_EMBEDDING,

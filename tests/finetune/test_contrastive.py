@@ -68,6 +68,22 @@ def test_dev_metrics_rank_each_querys_own_passage():
     assert swapped["mrr_at_10"] < 1.0 and swapped["recall_at_100"] == 1.0
 
 
+def test_a_dev_query_on_several_rows_is_one_query_with_every_positive_relevant(tiny_vocab):
+    """Scored row by row, a query with two positives counted its other positive as a miss ranked above the one
+    judged: a perfect retriever scored below 1. Texts are the same whitespace aside."""
+    from bertdist.finetune.contrastive import dev_rows
+    from bertdist.finetune.data import Example, Examples
+
+    rows = [("cats purr", "a cat purrs"), ("dogs bark", "a dog barks"), ("cats  purr", "kittens purr too")]
+    examples = Examples("dev.jsonl", [Example(q, p, "", f"dev.jsonl:{i}") for i, (q, p) in enumerate(rows, 1)])
+    sequences, score = dev_rows(examples, tiny_vocab, False, 16)
+    assert len(sequences.ids) == 2 + 3  # two distinct queries, three passages
+    axes = np.eye(4, dtype=np.float32)
+    cats, dogs = axes[0] + 0.1 * axes[2], axes[1]  # the cat query is nearer its passages than the dog's
+    vectors = [cats, dogs, axes[0], axes[1], axes[0] + 0.2 * axes[3]]
+    assert score(vectors) == {"ndcg_at_10": 1.0, "mrr_at_10": 1.0, "recall_at_100": 1.0}
+
+
 @pytest.fixture(scope="module")
 def pairs(tiny_documents, tmp_path_factory) -> tuple[Path, Path]:
     directory = tmp_path_factory.mktemp("pairs")
