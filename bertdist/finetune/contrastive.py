@@ -23,10 +23,10 @@ memory, `finetune.cache_rows` (the same loss over the whole step, encoded in chu
 (Kusupati et al. 2022), so a vector cut to any of them still ranks.
 
 Dev: every distinct dev query is searched among the dev file's passages (positives and negatives, each distinct
-text once); the positives of its rows are the relevant passages. Or the dev set is a BEIR-format directory (`bertdist pairs
---dev-dir` writes one from held-out documents), whose judged queries search its whole corpus. The metrics are
-BEIR's: nDCG@10 (the headline), MRR@10 and Recall@100 (bertdist.finetune.metrics.retrieval_scores), on unit-length
-vectors ranked by dot product; with Matryoshka dimensions also nDCG@10 at each narrower one.
+text once); the positives of its rows are the relevant passages. Or the dev set is a BEIR-format directory
+(`bertdist pairs --dev-dir` writes one from held-out documents), whose judged queries search its whole corpus.
+The metrics are BEIR's: nDCG@10 (the headline), MRR@10 and Recall@100 (bertdist.finetune.metrics.retrieval_scores),
+on unit-length vectors ranked by dot product; with Matryoshka dimensions also nDCG@10 at each narrower one.
 """
 
 from __future__ import annotations
