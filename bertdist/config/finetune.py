@@ -58,7 +58,8 @@ class FinetuneConfig:
     """Embedding: nested prefixes of the vector to train, comma-separated and decreasing, e.g. 256,128,64
     (Matryoshka representation learning; sentence-transformers' MatryoshkaLoss): the loss is the sum of InfoNCE
     over each prefix, so a vector cut to any of them (sentence-transformers' truncate_dim) still retrieves. Empty:
-    the whole vector only. The dev metrics are reported at every dimension, the export records them."""
+    the whole vector only; list the hidden size first to keep the whole vector in the loss (a run whose first width
+    is below it says so). The dev metrics are reported at every dimension, the export records them."""
     on_bad_input: Literal["error", "skip"] = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
     max_seq_length: int = 0

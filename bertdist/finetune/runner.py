@@ -133,6 +133,12 @@ class Finetuning(Run):
                 f"note: finetune.lr {ft.lr:g} is the paper's rate for BERT-Base; a model of hidden size {hidden} "
                 "barely moves at it: small BERTs fine-tune at 1e-4 to 3e-4 (Turc et al. 2019; the demo uses 2e-4)"
             )
+        if ft.dims() and ft.dims()[0] < hidden:
+            say(
+                f"note: finetune.matryoshka_dims starts at {ft.dims()[0]}, below the model's {hidden}: the whole "
+                f"vector (the export's default width, and the dev headline) is not in the loss; list {hidden} first "
+                "to train it too (as sentence-transformers' MatryoshkaLoss needs)"
+            )
         if self.resume_from is not None:
             say(f"resumed from {self.resume_from} (epoch {self.start_epoch}, step {self.start_step})")
             if self.best is not None and self.best[1] == self.start_step:  # its export may have been cut off

@@ -228,15 +228,17 @@ def test_a_query_or_a_negative_equal_to_its_positive_is_named_or_skipped_and_cou
 
 def test_the_gradient_cache_trains_as_one_micro_batch_of_the_whole_step(pairs, tiny_vocab, tmp_path, capsys):
     """finetune.cache_rows=4 encodes the step's 16 rows in four chunks and scores each query against all 16
-    passages, as micro_batch_size=16 does: without dropout the two runs lose and score alike."""
+    passages, as micro_batch_size=16 does: without dropout the two runs lose and score alike. Their Matryoshka
+    widths leave the whole vector (64) out of the loss, which is said."""
     pretrained = _pretrained(tmp_path / "pretrained", tiny_vocab, "bert")
     train, dev = pairs
     printed = []
     for name, extra in (("plain", "finetune.cache_rows=0"), ("cached", "finetune.cache_rows=4")):
-        no_dropout = ("model.hidden_dropout_prob=0", "model.attention_dropout_prob=0")
+        no_dropout = ("model.hidden_dropout_prob=0", "model.attention_dropout_prob=0", "finetune.matryoshka_dims=32,16")
         args = _args(train, dev, tmp_path / name, f"finetune.init_from={pretrained}", extra, *no_dropout)
         assert main(args) == 0
         printed.append(capsys.readouterr().out)
+    assert "note: finetune.matryoshka_dims starts at 32, below the model's 64: the whole vector" in printed[0]
     epochs = [next(line for line in out.splitlines() if "epoch 1/1: train loss" in line) for out in printed]
     losses = [float(line.split("train loss ")[1].split(",")[0]) for line in epochs]
     assert losses[0] == pytest.approx(losses[1], abs=2e-4), epochs
