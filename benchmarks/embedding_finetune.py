@@ -221,6 +221,7 @@ def bertdist_settings(args, files: dict, seed: int, output: Path) -> list[str]:
         f"finetune.epochs={args.epochs}",
         f"finetune.warmup_proportion={args.warmup_proportion}",
         f"finetune.output_dir={output}",
+        "finetune.no_duplicates=false",  # the seeded order as it is: sentence-transformers keeps its default sampler
         f"train.seed={seed}",
         "tracking.enabled=false",
         f"launch.master_port={free_tcp_port()}",

@@ -18,10 +18,11 @@ What "M" encodes at once differs: a bertdist chunk is M rows, each its query, po
 negatives) sequences in one unpadded pass); sentence-transformers' mini batch is M texts of one column (query,
 positive, negative_1, ...), padded to the mini batch's longest. Same loss, same batch; the memory bound differs.
 
-Batches: bertdist has one order (a seeded permutation per epoch) and no duplicate check, so sentence-transformers
-keeps its default random batch sampler too, though its documentation recommends BatchSamplers.NO_DUPLICATES for
-these losses (a mined negative may be another row's positive in the same batch; both sides then score that text
-twice).
+Batches: both sides take each epoch's seeded order as it is: bertdist with `finetune.no_duplicates=false` (its
+default keeps a text from being in a step twice), sentence-transformers with its default random batch sampler,
+though its documentation recommends BatchSamplers.NO_DUPLICATES for these losses (a mined negative may be another
+row's positive in the same batch; both sides then score that text twice). The figures in docs/benchmarks.md were
+measured so, before bertdist had the check.
 """
 
 from __future__ import annotations

@@ -60,6 +60,12 @@ class FinetuneConfig:
     over each prefix, so a vector cut to any of them (sentence-transformers' truncate_dim) still retrieves. Empty:
     the whole vector only; list the hidden size first to keep the whole vector in the loss (a run whose first width
     is below it says so). The dev metrics are reported at every dimension, the export records them."""
+    no_duplicates: bool = True
+    """Embedding: no text twice in a step (a row whose query, positive or negatives are in the step already waits for
+    the next; sentence-transformers' BatchSamplers.NO_DUPLICATES, which its documentation recommends for in-batch
+    losses): a passage twice in the step is a negative equal to a positive (bertdist.finetune.batches). false: the
+    epoch's seeded order as it is (sentence-transformers' default sampler). Other tasks have no in-batch negatives
+    and ignore it."""
     on_bad_input: Literal["error", "skip"] = "error"
     """error: stop at the first bad row naming file and line; skip: skip such rows and report how many."""
     max_seq_length: int = 0

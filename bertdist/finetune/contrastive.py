@@ -77,6 +77,17 @@ def training_rows(examples: Examples, vocab_file: str, cased: bool, length: int)
     return _sequences(texts, vocab_file, cased, length, group=2 + len(examples.rows[0].choices))
 
 
+def row_texts(examples: Examples) -> list[frozenset[int]]:
+    """Each row's query, positive and negatives as text ids, the same id for the same text whitespace aside."""
+    from bertdist.finetune.data import same_text
+
+    ids: dict[str, int] = {}
+    return [
+        frozenset(ids.setdefault(same_text(t), len(ids)) for t in (e.text, e.pair or "", *e.choices))
+        for e in examples.rows
+    ]
+
+
 def dev_rows(
     examples: Examples, vocab_file: str, cased: bool, length: int, dims: tuple[int, ...] = ()
 ) -> tuple[Sequences, Callable]:

@@ -38,6 +38,7 @@ from bertdist.config import Config, ConfigError, FinetuneConfig
 from bertdist.config.validation import data_problems, source_problems, validate_finetune
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE
 from bertdist.finetune import task as tasks
+from bertdist.finetune.batches import step_rows
 from bertdist.finetune.best_model import export_best
 from bertdist.finetune.evaluation import dev_scores
 from bertdist.finetune.run_tracking import open_tracker
@@ -149,6 +150,9 @@ class Finetuning(Run):
         done_in_epoch = self.start_step - self.start_epoch * self.steps_per_epoch  # a checkpoint within an epoch
         for epoch in range(self.start_epoch, epochs):
             order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
+            rows, repeated = step_rows(order, ft.batch_size, self.steps_per_epoch, self.task.row_texts)
+            if repeated:
+                say(f"epoch {epoch + 1}: {repeated} step(s) hold a text twice (too few rows left without one)")
             first, epoch_started = done_in_epoch if epoch == self.start_epoch else 0, time.perf_counter()
             said = epoch_started
             for s in range(first, self.steps_per_epoch):
@@ -165,7 +169,7 @@ class Finetuning(Run):
                 set_learning_rate(
                     engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps)
                 )
-                loss, stop = self._step(order[s * ft.batch_size : (s + 1) * ft.batch_size])
+                loss, stop = self._step(rows[s])
                 self.losses.append(loss)
                 step = self.step = step + 1
                 if stop:

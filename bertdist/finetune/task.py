@@ -78,6 +78,9 @@ class Task:
     cached_loss: Callable[[Any], float] | None = None
     """The same loss of a leaf tensor of outputs, its gradient left on the leaf, for the gradient cache
     (finetune.cache_rows: bertdist.finetune.grad_cache); embedding's, by blocks of queries."""
+    row_texts: list[frozenset[int]] | None = None
+    """Each training row's texts as ids (one id a text, whitespace aside), where a text twice in a step would be a
+    false negative: embedding's, under finetune.no_duplicates (bertdist.finetune.batches)."""
 
 
 def build(ft: FinetuneConfig, length: int, vocab_file: str, cased: bool) -> Task:
@@ -188,6 +191,7 @@ def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, sk
         ],
         loss=lambda vectors: contrastive.info_nce(vectors, ft.temperature, ft.dims()),
         cached_loss=lambda vectors: contrastive.info_nce_backward(vectors, ft.temperature, ft.dims(), ft.cache_rows),
+        row_texts=contrastive.row_texts(train) if ft.no_duplicates else None,
     )
 
 
