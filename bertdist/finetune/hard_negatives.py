@@ -29,7 +29,8 @@ Deliberate differences from sentence-transformers:
   window widens by the largest number of positives any query has); the two agree where range_min is 0 and
   the window holds the negatives;
 - a candidate equal to the query is never a negative (theirs only when a filter removes it); texts are
-  compared with surrounding whitespace removed, so the same passage with a trailing space is one candidate;
+  compared whitespace aside (finetune.data.same_text, the rule fine-tuning refuses a negative equal to its
+  positive by), so the same passage with a trailing or a doubled space is one candidate;
 - one output row per input row, in the file's order, repeated rows kept (theirs: one per distinct query and
   positive, grouped by query); a row without `negatives` negatives stops the command naming FILE:LINE, or
   with `skip_short` is skipped and counted (theirs drops it, printing a count);
