@@ -6,8 +6,9 @@ exactly; the random numbers are not the reference's (it uses Python's `random`),
 Two differences of implementation, neither visible in the statistics:
 - Documents are processed in *groups* (a few MB of text each, formed by `bertdist.data.pipeline.planning`), and "a
   random other document" for NotNext is drawn from the document's group, not from the whole corpus. That is what
-  keeps a worker's memory independent of the corpus size. Groups are consecutive documents of the input;
-  with groups of thousands of documents, the chance of drawing from the same topic stays small.
+  keeps a worker's memory independent of the corpus size. Groups are consecutive documents of the input, two or
+  more each where the corpus has two (planning.group_ids: in a group of one, every draw would take the document
+  itself); with groups of thousands of documents, the chance of drawing from the same topic stays small.
 - Each (group, pass) has its own seeded generators, so the output does not depend on which worker ran what.
   The reference's document shuffle is omitted: instances are shuffled across the whole corpus afterwards
   and random documents are drawn uniformly, so the shuffle changes nothing in distribution.

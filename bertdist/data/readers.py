@@ -296,7 +296,13 @@ def _jsonl_documents(lines: _Lines, language_field: str, file_language: str) -> 
                     f"{lines.path}: line at byte {start} has no string field {language_field!r} (--language-field)"
                 )
             language = check_language(record[language_field], f"{lines.path}: line at byte {start}")
-        sentences = split_sentences(record["text"])
+        try:
+            sentences = split_sentences(record["text"])
+        except UnicodeEncodeError as e:  # JSON's \ud83d escapes decode to lone surrogates, which are not text
+            raise DataError(
+                f"{lines.path}: line at byte {start}: field 'text' holds an unpaired surrogate "
+                f"({e.object[e.start : e.end].encode('unicode_escape').decode()}: a character cut in half), not text"
+            ) from None
         if sentences:
             yield language, sentences
 

@@ -108,6 +108,11 @@ def test_nested_and_unpaired_markup_leaves_no_trace(wikitext, text):
         ("binary.txt", bytes(range(1, 256)) * 4, "invalid UTF-8"),
         ("huge.txt", b"x" * (MAX_LINE_BYTES + 10), "longer than"),
         ("bad.jsonl", b'{"text": "ok"}\n{"nope": 1}\n', "string field 'text'"),
+        (  # a JSON escape of half an emoji: a lone surrogate, which crashed the sentence splitter
+            "surrogate.jsonl",
+            b'{"text": "ok"}\n{"text": "Cut \\ud83d here."}\n',
+            r"line at byte 15: field 'text' holds an unpaired surrogate \(\\ud83d",
+        ),
         ("trunc.txt.bz2", bz2.compress(b"Some sentence here.\n" * 5000)[:-50], "truncated or corrupt bz2"),
         ("trunc.txt.gz", gzip.compress(b"Some sentence here.\n" * 5000)[:-50], "truncated or corrupt gz"),
         ("broken.xml", b"<mediawiki><page><ns>0</ns>", "not a well-formed MediaWiki XML dump"),

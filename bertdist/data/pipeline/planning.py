@@ -80,7 +80,7 @@ def plan_groups(work_dir: str, good_units: list[int], results: list[dict], group
     for language in np.unique(languages[kept]).tolist():
         rows = np.flatnonzero(languages[kept] == language)
         sizes_here = sizes[kept[rows]]
-        within = (np.cumsum(sizes_here) - sizes_here) // group_bytes
+        within = group_ids((np.cumsum(sizes_here) - sizes_here) // group_bytes)
         group_of[rows] = len(group_languages) + within
         group_languages += [language] * (int(within[-1]) + 1)
     all_owner = np.concatenate(owner)
@@ -97,6 +97,25 @@ def plan_groups(work_dir: str, good_units: list[int], results: list[dict], group
         unk_tokens=sum(results[k]["unk_tokens"] for k in good_units),
     )
     return GroupPlan(groups, group_languages, stats, _language_stats(columns, languages, keep))
+
+
+def group_ids(cuts: np.ndarray) -> np.ndarray:
+    """Consecutive group numbers, from 0, of documents cut by their start offset // group_bytes (`cuts`, not
+    decreasing), with no group of one document: a NotNext segment comes from another document of the group, and a
+    group of one has none (every draw would take the document itself, labelled NotNext). A document of group_bytes
+    or more leaves its own group alone and skips numbers; so numbers are made consecutive, and a group of one
+    document joins the group after it (or, the last, the one before), which keeps groups near group_bytes."""
+    numbers, dense, counts = np.unique(cuts, return_inverse=True, return_counts=True)
+    merged, group, waiting = np.empty(len(numbers), dtype=np.int64), 0, False
+    for g, count in enumerate(counts.tolist()):
+        merged[g] = group
+        if count == 1 and not waiting:
+            waiting = True  # the next group joins this one
+        else:
+            waiting, group = False, group + 1
+    if waiting and group > 0:  # the last group, of one document, alone: it joins the one before it
+        merged[-1] = group - 1
+    return merged[dense.ravel()]
 
 
 _DOCUMENT_COLUMNS = ("hashes", "bytes", "languages", "sentences", "tokens", "unk_tokens")

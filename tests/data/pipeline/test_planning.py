@@ -1,0 +1,33 @@
+"""How `bertdist prepare` cuts documents into groups (bertdist.data.pipeline.planning.group_ids): consecutive
+numbers, and no group of one document, whose NotNext segments would all come from the document itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bertdist.data.pipeline.planning import group_ids
+
+
+def _cuts(sizes: list[int], group_bytes: int) -> np.ndarray:
+    sizes_array = np.array(sizes)
+    return (np.cumsum(sizes_array) - sizes_array) // group_bytes
+
+
+@pytest.mark.parametrize(
+    "sizes,expected",
+    [
+        ([40, 40, 40, 40, 40], [0, 0, 0, 1, 1]),  # under group_bytes each: cut by start offset, as before
+        ([40, 40, 40, 40], [0, 0, 0, 0]),  # the last group would hold one: it joins the one before
+        ([250, 10, 10], [0, 0, 0]),  # a large document alone, then a skipped number: it joins the next group
+        ([10, 10, 250, 10, 10], [0, 0, 0, 1, 1]),  # the large one starts in group 0; group 1 is empty
+        ([150, 150, 150, 150, 150], [0, 0, 1, 1, 1]),  # each alone: two by two, the last with the pair before it
+        ([10, 10, 500], [0, 0, 0]),  # the last document alone joins the group before it
+        ([500], [0]),  # a corpus of one document has no other
+    ],
+)
+def test_groups_are_numbered_consecutively_and_none_holds_one_document_of_several(sizes, expected):
+    got = group_ids(_cuts(sizes, 100))
+    assert got.tolist() == expected
+    if len(sizes) > 1:
+        assert np.bincount(got).min() >= 2
