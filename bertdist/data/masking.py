@@ -267,7 +267,7 @@ def _choose_spans(
         word_ends = np.append(word_starts[1:], len(flat))
         taken = np.zeros(len(word_starts), dtype=bool)
         used = 0
-        for t in range(attempts):
+        for t in range(4 * int(budget[s]) + 8):  # this sample's own number: not the batch's longest's
             if used >= budget[s]:
                 break
             w = words[min(int(anchors[s, t] * len(flat)), len(flat) - 1)]

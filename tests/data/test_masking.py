@@ -191,6 +191,15 @@ def test_masks_depend_on_seed_epoch_and_sample_only(prose, rules):
         for a, b in [(0, 700), (700, len(samples))]
     ]
     assert all(np.array_equal(getattr(whole, c), getattr(Samples.concat(halves), c)) for c in Samples.column_names())
+    # One sample at a time: a short one masked beside long ones had more span draws than alone (the batch's
+    # longest decided how many), so the same sample got another mask in another batch.
+    lengths = np.diff(samples.token_offsets())
+    short = [i for i in np.argsort(lengths, kind="stable")[:150].tolist() if lengths[i] < lengths.max()]
+    assert short  # the prose has samples shorter than the longest
+    offsets = whole.mask_offsets()
+    for i in short:
+        alone = apply_masks(samples.slice(i, i + 1), rules, vocab, KeyedDraws(1, 0, ids[i : i + 1]))
+        assert np.array_equal(alone.masked_lm_positions, whole.masked_lm_positions[offsets[i] : offsets[i + 1]]), i
     other_epoch = _masked(samples, vocab, rules, epoch=1)
     assert not np.array_equal(whole.masked_lm_positions, other_epoch.masked_lm_positions)
     assert not np.array_equal(whole.masked_lm_positions, _masked(samples, vocab, rules, seed=2).masked_lm_positions)
