@@ -76,6 +76,29 @@ def test_mediawiki_dump_articles_only_without_markup(tmp_path):
     assert _read(path) == [["Anarchism is a philosophy.", "It has a long history.", "Early forms appeared in Greece."]]
 
 
+def test_a_dumps_pages_are_let_go_of_as_they_are_read():
+    """Cleared but kept in the tree, each page read cost about 85 bytes: 2 GB over English Wikipedia. The memory
+    held after 20,000 pages is that after 2,000."""
+    import io
+    import tracemalloc
+
+    from bertdist.data.wiki import iter_wiki_articles
+
+    def held_after(pages: int) -> int:
+        page = "<page><title>T</title><ns>0</ns><revision><text>Short text.</text></revision></page>"
+        dump = f"<mediawiki><siteinfo/>{page * pages}</mediawiki>".encode()
+        tracemalloc.start()
+        articles = iter_wiki_articles(io.BytesIO(dump), "dump.xml")
+        for _ in range(pages - 1):
+            next(articles)
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return held
+
+    few, many = held_after(2_000), held_after(20_000)
+    assert many - few < 200_000, (few, many)
+
+
 @pytest.mark.parametrize(
     "wikitext, text",
     [

@@ -24,12 +24,17 @@ WORK_DIR = ".work"
 
 
 def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str) -> str:
-    """What the output depends on: the inputs (path, size, mtime or ETag), the vocab and the output options."""
+    """What the output depends on: the inputs (path, size, mtime or ETag), the vocab and the output options; and
+    the read stage's unit size where it is not the default: .work keeps a record per unit, by the unit's number,
+    so a rerun cutting the files in other units would take the old records for its own and lose the text between
+    (a run at the default keeps the fingerprint of a bertdist before this)."""
+    units = {"unit_bytes": opts.unit_bytes} if opts.unit_bytes != PrepareOptions.unit_bytes else {}
     described = dict(
         files=[(f.path, f.size_bytes, storage.version(f.path)) for f in files],
         vocab_sha256=vocab_hash,
         options=earlier_names(_output_options(opts)),
         on_bad_input=opts.on_bad_input,
+        **units,
     )
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 

@@ -146,6 +146,11 @@ def test_a_run_begun_while_samples_was_called_objective_resumes():
 
     opts = PrepareOptions(inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(samples="mlm"))
     assert fingerprint_of(opts, [], "0" * 64) == "222b24beb60a091a97e7e3956e8668f04c9014d4ecf05d083cd6a4fb59ee56cb"
+    # .work's read records are per unit number: another unit size is another run (it lost the text between units)
+    other_units = PrepareOptions(
+        inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(samples="mlm"), unit_bytes=1 << 20
+    )
+    assert fingerprint_of(other_units, [], "0" * 64) != fingerprint_of(opts, [], "0" * 64)
 
 
 def test_duplicates_are_dropped_and_counted(tiny_corpus, tiny_vocab, ray_local, tmp_path):
