@@ -1,9 +1,9 @@
 """MediaWiki XML dumps -> plain-text articles.
 
 Streams the XML (`iterparse`, each page cleared and let go of once read) so a 20 GB dump needs a few MB of
-memory. Only articles are kept: pages outside namespace 0 and redirects are skipped. Markup goes through mwparserfromhell: templates,
-tables, references, files, categories and headings (not sentences) are dropped, at any depth; links keep their
-visible text; the lines of markup it could not pair are dropped.
+memory. Only articles are kept: pages outside namespace 0 and redirects are skipped. Markup goes through
+mwparserfromhell: templates, tables, references, files, categories and headings (not sentences) are dropped, at
+any depth; links keep their visible text; the lines of markup it could not pair are dropped.
 """
 
 from __future__ import annotations
