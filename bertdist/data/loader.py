@@ -64,16 +64,18 @@ def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
 
 
 _STARTED: weakref.WeakSet = weakref.WeakSet()
-"""The DataLoader iterators with worker processes this process started."""
+"""The DataLoader worker processes this process started (the processes, not their iterators: an iterator may be
+collected while a worker it failed to stop lives on)."""
 
 
 @atexit.register
 def _kill_workers_left_at_exit() -> None:
     """At exit, multiprocessing ends every daemonic child with SIGTERM and then waits for it without a timeout.
     Our workers ignore SIGTERM (above), so a worker still alive then (its iterator abandoned but not yet
-    collected) would hang the exit forever: it is ended with SIGKILL first. Registered after multiprocessing's
-    own exit handler, so it runs before it."""
-    workers = [w for iterator in list(_STARTED) for w in getattr(iterator, "_workers", [])]
+    collected, or collected after torch's shutdown could not end it: its fallback is SIGTERM) would hang the exit
+    forever: it is ended with SIGKILL first. Registered after multiprocessing's own exit handler, so it runs
+    before it."""
+    workers = list(_STARTED)
     for worker in workers:  # every one first: a failure on one must not leave the next to hang the exit
         with contextlib.suppress(Exception):
             if worker.is_alive():
@@ -273,6 +275,19 @@ class PretrainingLoader:
     def batches_per_epoch(self) -> int:
         return self._fresh_segment().batches_per_rank()
 
+    def sources(self) -> dict[str, PretrainingLoader]:
+        """The loader of each source read, by source: this one, by its directory (a mixture's: one per source, by
+        name)."""
+        return {self.shard_dir: self}
+
+    def at_start(self) -> bool:
+        """Nothing read and nothing restored: a phase's loader as built."""
+        return (
+            self._epoch == 0
+            and self._segment.batches_done == 0
+            and self._segment.intervals == [[0, self._layout.num_samples]]
+        )
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         # A worker hands over whole chunks of batches: each transfer through shared memory costs about a
         # millisecond whatever its size, more than collating a small batch does.
@@ -294,8 +309,8 @@ class PretrainingLoader:
             else stream
         )
         iterator = iter(batches)
-        if self.num_workers:
-            _STARTED.add(iterator)
+        for worker in getattr(iterator, "_workers", []):
+            _STARTED.add(worker)
         try:
             for buffer, made in iterator:
                 at = 0
@@ -315,6 +330,9 @@ class PretrainingLoader:
             shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
+            for worker in getattr(iterator, "_workers", []):  # torch's last resort is SIGTERM, which they ignore
+                if worker.is_alive():
+                    worker.kill()
 
     def take_tokens(self) -> dict[str, int]:
         """Tokens per source since the last call: none here, a directory's tokens being the run's tokens_seen (a

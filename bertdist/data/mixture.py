@@ -100,6 +100,11 @@ class MixtureLoader:
         dirs = [loader.shard_dir for loader in self.loaders.values()]
         return next((d for d in dirs if storage.is_url(d)), dirs[0])
 
+    def sources(self) -> dict[str, Any]:
+        """Each source's PretrainingLoader, by its name (`data.sources.NAME`: two sources may be one directory,
+        each with its own position)."""
+        return {f"data.sources.{name}": loader for name, loader in self.loaders.items()}
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         iterators = [iter(self.loaders[name]) for name in self.names]
         try:
@@ -143,7 +148,8 @@ class MixtureLoader:
         return taken
 
     def epochs(self) -> dict[str, int]:
-        """Per source, the epochs read to their end in this phase (data.source_exhausted: repeat)."""
+        """Per source, the epochs read to their end (data.source_exhausted: repeat), earlier phases' included: a
+        phase continues each source where an earlier one left it (bertdist.train.loaders.continue_sources)."""
         return {name: loader.epoch for name, loader in self.loaders.items()}
 
     def state_dict(self) -> dict[str, Any]:

@@ -99,6 +99,23 @@ def train_loader(
     return MixtureLoader(loaders, phase_shares(cfg, index), cfg.train.seed, index, cfg.data.source_exhausted, field)
 
 
+def source_positions(loader: PretrainingLoader | MixtureLoader) -> dict[str, dict]:
+    """Where each source `loader` reads stands (its loader's state), by source: a phase's train_dir by its
+    directory, a mixture's sources by `data.sources.NAME`."""
+    return {source: reader.state_dict() for source, reader in loader.sources().items()}
+
+
+def continue_sources(loader: PretrainingLoader | MixtureLoader, positions: dict[str, dict]) -> None:
+    """Before a phase's first batch: each of its sources that an earlier phase read (the same train_dir, or the
+    same data.sources name) continues where that phase left it (`positions`: source_positions of the phases
+    before), instead of reading again from the start what it has read, in the same order and with the same masks
+    (a loader's order is a function of the seed and the epoch alone). A source that a checkpoint or a rollback put
+    somewhere already is left there."""
+    for source, reader in loader.sources().items():
+        if source in positions and reader.at_start():
+            reader.load_state_dict(positions[source])
+
+
 def phase_shares(cfg: Config, index: int) -> dict[str, float]:
     """Each source's share of phase `index`'s micro batches; with a temperature, from the tokens their manifests
     count (bertdist.data.mixture.mixture_shares)."""

@@ -67,7 +67,7 @@ from bertdist.train.console import Console
 from bertdist.train.deepspeed import device_problems
 from bertdist.train.distributed import DistributedEnv
 from bertdist.train.downstream import DownstreamEvaluator
-from bertdist.train.loaders import phase_loader, train_loader
+from bertdist.train.loaders import continue_sources, phase_loader, source_positions, train_loader
 from bertdist.train.optim import (
     scheduled_learning_rate,
     set_learning_rate,
@@ -153,6 +153,7 @@ class Trainer(scaffold.Run):
         self.elapsed_before, self.started = (self.resumed.elapsed_seconds if self.resumed else 0.0), time.monotonic()
         self.tokens_seen = self.sequences_seen = 0
         self.source_tokens: dict[str, int] = {}
+        self.sources_read: dict[str, dict] = {}  # a source -> where the phases before this one left it
         self.grad_norm = float("nan")
         self.device = self.start_process_group(cfg.train)
         self.engine = starting.build_engine(cfg, env, self.device, self.start_step, self.resume_from, self.resharding)
@@ -162,6 +163,7 @@ class Trainer(scaffold.Run):
             )
             self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
             self.source_tokens = dict(state.source_tokens)
+            self.sources_read = state.loader_states[0 if self.resharding else env.rank].get("read", {})
         self.peak_flops = PeakFlops(self.device_type, cfg.train.precision)
         self.tracker = self._build_tracker()
         self.node_monitor = self.enter_context(self._build_node_monitor())
@@ -234,8 +236,11 @@ class Trainer(scaffold.Run):
         while step < total_steps:
             index, phase = cfg.phase_at(step)
             if index != phase_index:
+                if phase_index >= 0:  # a phase ends: what it read, later phases continue
+                    self.sources_read.update(source_positions(self.loaders[phase_index]))
                 phase_index = index
                 registry.enter_phase(engine.module, phase_model_config(cfg.model, phase))
+                continue_sources(self.loaders[index], self.sources_read)
                 batches = iter(self.loaders[index])
                 self.rollbacks.skip(batches, self.loaders[index])  # what a rollback skips, recorded
                 self.stragglers.restart()
@@ -412,7 +417,8 @@ class Trainer(scaffold.Run):
             lr_scale=self.rollbacks.lr_scale,
             source_tokens=self.source_tokens,
         )
-        self.saver.begin(state, {"phase": phase_index, "loader": self.loaders[phase_index].state_dict()})
+        read = {**self.sources_read, **source_positions(self.loaders[phase_index])}
+        self.saver.begin(state, {"phase": phase_index, "loader": self.loaders[phase_index].state_dict(), "read": read})
         self.rollbacks.micro_batches_since_save = 0
 
     def _log_downstream(self, results: dict[int, dict[str, float]]) -> None:

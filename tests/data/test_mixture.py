@@ -136,6 +136,37 @@ def test_the_shares_switch_at_the_phase_boundary(tiny_shards, tiny_vocab):
     assert abs(sources[:100].count("a") - 75) <= 2 and abs(sources[100:].count("b") - 75) <= 2
 
 
+def test_a_phase_continues_each_source_an_earlier_phase_read(tiny_shards, tiny_vocab):
+    """Phases 0 and 2 mix a and b, phase 1 reads c alone, as the trainer steps them (bertdist.train.loaders
+    continue_sources): phase 2 reads on where phase 0 left a and b, at another micro batch size. Each phase's
+    loaders start at the epoch's beginning; they read phase 0's samples again, in the same order."""
+    from bertdist.train.loaders import continue_sources, source_positions
+
+    cfg = Config()
+    cfg.data.vocab_file, cfg.data.shuffle_buffer_size = tiny_vocab, 300
+    cfg.data.sources = {"a": tiny_shards, "b": tiny_shards, "c": tiny_shards}  # one directory, three positions
+    mix = dict(max_seq_length=TEST_SEQ_LENGTH, steps=10)
+    cfg.data.phases = [
+        PhaseConfig(mixture={"a": 1.0, "b": 1.0}, micro_batch_size=4, **mix),
+        PhaseConfig(mixture={"c": 1.0}, micro_batch_size=4, **mix),
+        PhaseConfig(mixture={"a": 1.0, "b": 1.0}, micro_batch_size=2, **mix),
+    ]
+    loaders = [train_loader(cfg, i, workers=0) for i in range(3)]
+    read: dict[str, dict] = {}
+    seen: dict[int, list] = {}
+    for index, loader in enumerate(loaders):
+        if index:
+            read.update(source_positions(loaders[index - 1]))
+        continue_sources(loader, read)
+        seen[index] = _read(loader, 10)
+    for source in "ab":
+        first, again = ([f for s, batch in seen[i] if s == source for f in batch] for i in (0, 2))
+        assert first and again and not set(first) & set(again), source
+    fresh = train_loader(cfg, 2, workers=0)  # without: the same samples as phase 0's, in the same order
+    phase_0_a = [f for s, batch in seen[0] if s == "a" for f in batch]
+    assert [f for s, batch in _read(fresh, 10) if s == "a" for f in batch][:4] == phase_0_a[:4]
+
+
 def test_the_data_wait_warning_reads_the_costs_of_every_source(tiny_shards, tiny_vocab):
     mixture = _mixture(tiny_shards, tiny_vocab)
     batches = list(itertools.islice(iter(mixture), 10))

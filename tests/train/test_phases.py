@@ -1,6 +1,7 @@
 """BERT's two phases in one run (short sequences from a mixture of two sources, then long ones with a smaller micro
-batch), with 2 real DeepSpeed ranks on CPU: a run killed in the middle of the mixture phase and resumed across the
-switch ends bit-identical to one that ran through, with the same tokens per source."""
+batch), and a third phase mixing the first one's sources again, with 2 real DeepSpeed ranks on CPU: a run killed
+after the first phase's last step and resumed across the switches ends bit-identical to one that ran through, with
+the same tokens per source, and the third phase reads on where the first left each source."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import pytest
 import torch
 import yaml
 
-from bertdist.train.checkpoint import consolidated_state_dict
+from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
 from tests import training_runs as runs
 from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
 
 pytestmark = pytest.mark.slow
 LONG_SEQ_LENGTH = 2 * TEST_SEQ_LENGTH  # the tiny model's max_position_embeddings
-PHASE_STEPS = 4
-CHECKPOINT_EVERY = 3  # step 3 is in the first phase; the resumed run crosses the switch at step 4
+PHASE_STEPS = 3
+LONG_STEPS = 4
+AGAIN_STEPS = 2
+CHECKPOINT_EVERY = PHASE_STEPS  # the first phase's last step: the resumed run starts the long phase afresh, and the
+# third continues the sources from what the checkpoint says the first left
 MIXTURE = {"wiki": 3.0, "books": 1.0}
 
 
@@ -39,9 +43,11 @@ def _config(directory, shards: str, long_shards: str, vocab: str):
     cfg["data"]["phases"] = [
         {"mixture": MIXTURE, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": PHASE_STEPS},
         # Half the micro batch at twice the length: twice the accumulation for the same global batch.
-        {"train_dir": long_shards, "max_seq_length": LONG_SEQ_LENGTH, "micro_batch_size": 2, "steps": PHASE_STEPS},
+        {"train_dir": long_shards, "max_seq_length": LONG_SEQ_LENGTH, "micro_batch_size": 2, "steps": LONG_STEPS},
+        {"mixture": MIXTURE, "max_seq_length": TEST_SEQ_LENGTH, "micro_batch_size": 4, "steps": AGAIN_STEPS},
     ]
     cfg["checkpoint"]["every_steps"] = CHECKPOINT_EVERY
+    cfg["checkpoint"]["keep_last"] = 3  # the first phase's is read at the end
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -60,22 +66,31 @@ def test_a_run_resumed_across_the_phase_switch_ends_bit_identical(tmp_path, tiny
     ranks = runs.start_ranks(resumed, "final", "--resume", "auto")
     assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
 
-    final = f"step_{2 * PHASE_STEPS:08d}"
-    want = consolidated_state_dict(tmp_path / "through" / "out" / "checkpoints" / final)
-    got = consolidated_state_dict(out / "checkpoints" / final)
+    total = PHASE_STEPS + LONG_STEPS + AGAIN_STEPS
+    checkpoints = tmp_path / "through" / "out" / "checkpoints"
+    want = consolidated_state_dict(checkpoints / f"step_{total:08d}")
+    got = consolidated_state_dict(out / "checkpoints" / f"step_{total:08d}")
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
     expected, logged = runs.read_metrics(tmp_path / "through" / "out"), runs.read_metrics(out)
-    assert sorted(logged) == list(range(1, 2 * PHASE_STEPS + 1))
+    assert sorted(logged) == list(range(1, total + 1))
     for step in expected:
         assert logged[step]["loss/train"] == expected[step]["loss/train"], step
-    # Tokens per source (counted from the start): the same after the resume, wiki's 3:1 ahead, none once the phase
-    # that mixes them has ended.
+    # Tokens per source (counted from the start): the same after the resume, wiki's 3:1 ahead, none while the
+    # long phase runs, more again in the third.
     tokens = {name: [expected[s][f"data/tokens_{name}"] for s in sorted(expected)] for name in MIXTURE}
     assert tokens == {name: [logged[s][f"data/tokens_{name}"] for s in sorted(logged)] for name in MIXTURE}
-    assert tokens["wiki"][PHASE_STEPS - 1] > tokens["books"][PHASE_STEPS - 1] > 0, tokens
-    assert all(set(tokens[name][PHASE_STEPS - 1 :]) == {tokens[name][PHASE_STEPS - 1]} for name in MIXTURE), tokens
+    first_end, long_end = PHASE_STEPS - 1, PHASE_STEPS + LONG_STEPS - 1
+    assert tokens["wiki"][first_end] > tokens["books"][first_end] > 0, tokens
+    assert all(set(tokens[name][first_end : long_end + 1]) == {tokens[name][first_end]} for name in MIXTURE), tokens
+    assert tokens["wiki"][-1] > tokens["wiki"][long_end], tokens
+    # The third phase read on where the first left wiki: its position counts the first phase's batches too.
+    (first,), (third,) = (
+        [s["loader"]["sources"]["wiki"] for s in read_train_state(d).loader_states[:1]]
+        for d in (checkpoints / f"step_{PHASE_STEPS:08d}", checkpoints / f"step_{total:08d}")
+    )
+    assert first["epoch"] == third["epoch"] == 0 and third["batches_done"] > first["batches_done"] + 1, (first, third)
     # The second phase really read the long shards: its batches hold more tokens per sample.
     per_sample = {s: r["progress/tokens_seen"] for s, r in expected.items()}
-    first = (per_sample[PHASE_STEPS] - per_sample[1]) / (PHASE_STEPS - 1)
-    second = (per_sample[2 * PHASE_STEPS] - per_sample[PHASE_STEPS]) / PHASE_STEPS
-    assert second > 1.3 * first, (first, second)
+    short = (per_sample[PHASE_STEPS] - per_sample[1]) / (PHASE_STEPS - 1)
+    long = (per_sample[PHASE_STEPS + LONG_STEPS] - per_sample[PHASE_STEPS]) / LONG_STEPS
+    assert long > 1.3 * short, (short, long)
