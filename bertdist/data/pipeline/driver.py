@@ -35,7 +35,13 @@ import numpy as np
 from bertdist import object_store, ownership, storage
 from bertdist.config.validation import validate_prepare
 from bertdist.data.pipeline.options import PrepareOptions
-from bertdist.data.pipeline.output_dir import build_manifest, claim_output, fingerprint_of, language_totals
+from bertdist.data.pipeline.output_dir import (
+    build_manifest,
+    claim_output,
+    fingerprint_of,
+    language_totals,
+    work_stamp,
+)
 from bertdist.data.pipeline.planning import GroupPlan, bad_input_report, plan_groups
 from bertdist.data.pipeline.ray_tasks import TaskRunner, start_ray
 from bertdist.data.pipeline.report import PrepareReport
@@ -63,7 +69,7 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     existed = storage.is_dir(opts.output_dir)
     try:
         with ownership.owned(opts.output_dir):  # a second prepare on this output is refused, naming this one
-            work_dir = claim_output(opts.output_dir, fingerprint)
+            work_dir = claim_output(opts.output_dir, fingerprint, work_stamp(fingerprint, opts))
             try:
                 return _run(opts, files, fingerprint, tokenizer, work_dir, t_start)
             except UserError:

@@ -24,17 +24,12 @@ WORK_DIR = ".work"
 
 
 def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str) -> str:
-    """What the output depends on: the inputs (path, size, mtime or ETag), the vocab and the output options; and
-    the read stage's unit size where it is not the default: .work keeps a record per unit, by the unit's number,
-    so a rerun cutting the files in other units would take the old records for its own and lose the text between
-    (a run at the default keeps the fingerprint of a bertdist before this)."""
-    units = {"unit_bytes": opts.unit_bytes} if opts.unit_bytes != PrepareOptions.unit_bytes else {}
+    """What the output depends on: the inputs (path, size, mtime or ETag), the vocab and the output options."""
     described = dict(
         files=[(f.path, f.size_bytes, storage.version(f.path)) for f in files],
         vocab_sha256=vocab_hash,
         options=earlier_names(_output_options(opts)),
         on_bad_input=opts.on_bad_input,
-        **units,
     )
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
@@ -58,8 +53,20 @@ def _output_options(opts: PrepareOptions) -> dict[str, Any]:
     )
 
 
-def claim_output(output_dir: str, fingerprint: str) -> str:
-    """Create OUTPUT/.work, or reuse it if it belongs to the same command; refuse anything else."""
+def work_stamp(fingerprint: str, opts: PrepareOptions) -> str:
+    """What OUTPUT/.work is kept for: the output's fingerprint, and the read stage's unit size where it is not the
+    default. The shards do not depend on the unit size, but .work keeps a record per unit, by its number: a rerun
+    cutting the files in other units would take the old records for its own and lose the text between them (a run
+    at the default keeps the stamp of a bertdist before this)."""
+    return (
+        fingerprint if opts.unit_bytes == PrepareOptions.unit_bytes else f"{fingerprint} unit_bytes={opts.unit_bytes}"
+    )
+
+
+def claim_output(output_dir: str, fingerprint: str, stamp_text: str = "") -> str:
+    """Create OUTPUT/.work, or reuse it if it belongs to the same command (its `stamp_text`, work_stamp; the
+    fingerprint by default); refuse anything else."""
+    stamp_text = stamp_text or fingerprint
     work_dir = storage.join(output_dir, WORK_DIR)
     manifest_path = storage.join(output_dir, MANIFEST)
     if storage.exists(manifest_path):
@@ -71,7 +78,7 @@ def claim_output(output_dir: str, fingerprint: str) -> str:
         )
     stamp = storage.join(work_dir, "fingerprint")
     if storage.exists(stamp):
-        if storage.read_text(stamp).strip() != fingerprint:
+        if storage.read_text(stamp).strip() != stamp_text:
             raise DataError(
                 f"{output_dir}: holds an unfinished run with other inputs or options; "
                 "delete it or rerun that exact command to resume"
@@ -80,7 +87,7 @@ def claim_output(output_dir: str, fingerprint: str) -> str:
         raise DataError(f"{output_dir}: exists and is not empty; choose an empty or new --output")
     for sub in ("docs", "groups", "shards"):
         storage.makedirs(storage.join(work_dir, sub))
-    storage.write_text(stamp, fingerprint + "\n")
+    storage.write_text(stamp, stamp_text + "\n")
     return work_dir
 
 

@@ -146,11 +146,26 @@ def test_a_run_begun_while_samples_was_called_objective_resumes():
 
     opts = PrepareOptions(inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(samples="mlm"))
     assert fingerprint_of(opts, [], "0" * 64) == "222b24beb60a091a97e7e3956e8668f04c9014d4ecf05d083cd6a4fb59ee56cb"
-    # .work's read records are per unit number: another unit size is another run (it lost the text between units)
-    other_units = PrepareOptions(
-        inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(samples="mlm"), unit_bytes=1 << 20
-    )
-    assert fingerprint_of(other_units, [], "0" * 64) != fingerprint_of(opts, [], "0" * 64)
+
+
+def test_a_rerun_with_another_unit_size_does_not_take_the_unfinished_runs_records(tmp_path):
+    """.work keeps the read stage's records by unit number: a rerun cutting the files in other units took them for
+    its own (it read 219 of 400 documents). The output's fingerprint does not change; the work's stamp does."""
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.options import PrepareOptions
+    from bertdist.data.pipeline.output_dir import claim_output, fingerprint_of, work_stamp
+
+    def options(**extra) -> PrepareOptions:
+        return PrepareOptions(inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(), **extra)
+
+    fingerprint = fingerprint_of(options(), [], "0" * 64)
+    assert fingerprint_of(options(unit_bytes=4096), [], "0" * 64) == fingerprint
+    assert work_stamp(fingerprint, options()) == fingerprint  # the stamp of runs begun before
+    out = str(tmp_path / "data")
+    claim_output(out, fingerprint, work_stamp(fingerprint, options(unit_bytes=4096)))
+    with pytest.raises(DataError, match="holds an unfinished run with other inputs or options"):
+        claim_output(out, fingerprint, work_stamp(fingerprint, options(unit_bytes=8192)))
+    assert claim_output(out, fingerprint, work_stamp(fingerprint, options(unit_bytes=4096)))
 
 
 def test_duplicates_are_dropped_and_counted(tiny_corpus, tiny_vocab, ray_local, tmp_path):
