@@ -46,3 +46,15 @@ class Renamed(argparse.Action):
 def flag_dests(parser: argparse.ArgumentParser) -> set[str]:
     """The dest of every flag and positional argument of `parser` (`--help` and renamed flags aside)."""
     return {action.dest for action in parser._actions if not isinstance(action, (argparse._HelpAction, Renamed))}
+
+
+def add_corpus_inputs(parser: argparse.ArgumentParser, also: str = "") -> None:
+    """`--input`: the corpus files every command that reads one takes, as bertdist.data.readers expands them."""
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        dest="inputs",
+        metavar="INPUT",
+        help=f"files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2){also}",
+    )

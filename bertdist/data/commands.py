@@ -13,7 +13,7 @@ from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.tokenizer import TOKENIZER_MODELS
 from bertdist.errors import USAGE_EXIT_CODE, DataError
-from bertdist.flags import Renamed, from_args
+from bertdist.flags import Renamed, add_corpus_inputs, from_args
 
 
 def add_vocab(sub: argparse._SubParsersAction) -> None:
@@ -110,14 +110,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
             "inputs and options, not on --workers. A killed run resumes when rerun with the same command."
         ),
     )
-    p.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        dest="inputs",
-        metavar="INPUT",
-        help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2)",
-    )
+    add_corpus_inputs(p)
     p.add_argument("--output", required=True, dest="output_dir", metavar="DIR")
     p.add_argument(
         "--vocab",

@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from bertdist.flags import add_corpus_inputs
+
 
 def add_finetune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -127,14 +129,7 @@ def add_pairs(sub: argparse._SubParsersAction) -> None:
             "finetune.text_pair_column=positive`; the same corpus and --seed give the same bytes (docs/finetune.md)."
         ),
     )
-    p.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        dest="inputs",
-        metavar="INPUT",
-        help="files, directories or globs (.txt, .jsonl, .xml, optionally .gz/.bz2), as bertdist prepare reads them",
-    )
+    add_corpus_inputs(p, ", as bertdist prepare reads them")
     p.add_argument("--output", required=True, metavar="PAIRS.jsonl", help="the pairs (written whole or not at all)")
     p.add_argument("--kinds", default=",".join(d.kinds), help=f"comma-separated, of {', '.join(KINDS)} (default: all)")
     p.add_argument(

@@ -105,9 +105,12 @@ class StragglerWatch:
     def restart(self) -> None:
         """The loaders (re)start here (the run's start or resume, a new phase, a rollback): the window in progress
         ends unjudged, and the next step, where each rank waits for its loader's first batch, is left out."""
-        self.busy, self.wait, self.steps = [0.0] * len(self.hosts), [0.0] * len(self.hosts), 0
+        self._new_window()
         self.suspects: dict[int, int] = {}  # rank -> the first step of the window it was last slow in
         self.started = False
+
+    def _new_window(self) -> None:
+        self.busy, self.wait, self.steps = [0.0] * len(self.hosts), [0.0] * len(self.hosts), 0
 
     def add(self, sums: dict[str, float], step: int) -> None:
         """One step's all-reduced sums; every `window_steps` steps, name the ranks slower than the others in this
@@ -139,7 +142,7 @@ class StragglerWatch:
             self.say(line)
             self.tag({f"bertdist.straggler.rank{r}": line})
         self.suspects = suspects
-        self.busy, self.wait, self.steps = [0.0] * len(self.hosts), [0.0] * len(self.hosts), 0
+        self._new_window()
 
     def slow_ranks(self) -> list[tuple[int, float]]:
         """(rank, the other ranks' median busy time) of each rank not yet named that is slower by the factor."""
