@@ -63,6 +63,11 @@ class ModelConfig:
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
     """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
+    mlm_logits_mib: int = 512
+    """The most memory a micro batch's MLM logits may take (fp32, with the exponentials the loss keeps): above it,
+    the vocabulary projection and the loss run in chunks of predictions inside the forward and the whole logits never
+    exist (bertdist.model.chunked_loss), so a 250k vocabulary or 8k-token samples fit. 0: always the whole logits.
+    Below it nothing changes; the math is the same either way (to rounding)."""
     # ModernBERT only (arch: modernbert); the others refuse them set away from these defaults (the spec's own_fields).
     global_attn_every_n_layers: int = 3
     """Layer i attends to the whole sample when i % this == 0; the others within `local_attention`."""

@@ -74,6 +74,7 @@ CASES = [
         "train.on_bad_step: rollback goes back to a checkpoint, and checkpoint.every_steps=100000 saves none",
     ),
     ("negative-spike-threshold", "bert-tiny", ["train.loss_spike_sigmas=-1"], "train.loss_spike_sigmas: must be >= 0"),
+    ("negative-logits-budget", "bert-tiny", ["model.mlm_logits_mib=-1"], "model.mlm_logits_mib: must be >= 0"),
     (
         "rollback-lr-factor-that-raises-the-rate",
         "bert-tiny",

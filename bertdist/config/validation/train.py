@@ -214,6 +214,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
         if getattr(m, name) <= 0:
             p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
+    if m.mlm_logits_mib < 0:
+        p.append(f"model.mlm_logits_mib: must be >= 0 (0: the whole logits always), got {m.mlm_logits_mib}")
     p.extend(architecture_problems(m, d.phases))
     p.extend(distill_problems(cfg, check_files))
     for name in ("hidden_dropout_prob", "attention_dropout_prob"):

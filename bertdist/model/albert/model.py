@@ -42,9 +42,9 @@ from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import ComposedPretraining
 from bertdist.model.objectives.contract import Objective
-from bertdist.model.objectives.masked_lm import MaskedLM
+from bertdist.model.objectives.masked_lm import MaskedLM, VocabHead
 from bertdist.model.objectives.sentence import SentenceTask
-from bertdist.model.ops import Dropout, tied_logits
+from bertdist.model.ops import Dropout
 
 SHARED_SUBLAYERS = {
     "all": (),  # one layer group: nothing to tie, the one layer is applied num_layers times
@@ -183,7 +183,7 @@ class AlbertModel(Encoder):
         self.pooler = AlbertPooler(cfg.hidden_size, cfg.hidden_size) if add_pooling_layer else None
 
 
-class AlbertMLMHead(nn.Module):
+class AlbertMLMHead(VocabHead):
     """dense (H -> E), gelu, LayerNorm(E), then the decoder: the word embedding (V x E, tied, passed in) and this
     head's bias, vocabulary-major (`ops.tied_logits`)."""
 
@@ -198,8 +198,8 @@ class AlbertMLMHead(nn.Module):
         """The H -> E transform and the E -> vocabulary decoder at `predictions` positions."""
         return 2 * predictions * cfg.embedding_width() * (cfg.hidden_size + cfg.vocab_size)
 
-    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        return tied_logits(self.LayerNorm(gelu(self.dense(x))), decoder_weight, self.bias)
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(gelu(self.dense(x)))
 
 
 class AlbertSOPHead(nn.Module):
@@ -260,4 +260,4 @@ class AlbertForPreTraining(ComposedPretraining):
     def objectives(self) -> list[Objective]:
         """The sentence task first, then masked LM: as BERT's (bertdist.model.bert.model)."""
         chosen: list[Objective] = [SentenceTask(self.sentence_task, self.classify_pair)] if self.sentence_task else []
-        return [*chosen, MaskedLM(self.predictions, self.albert.embeddings.word_embeddings)]
+        return [*chosen, MaskedLM(self.predictions, self.albert.embeddings.word_embeddings, self.config)]

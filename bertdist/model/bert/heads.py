@@ -11,7 +11,7 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import objective
-from bertdist.model.ops import tied_logits
+from bertdist.model.objectives.masked_lm import VocabHead
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -24,7 +24,7 @@ class BertPredictionHeadTransform(nn.Module):
         return self.LayerNorm(F.gelu(self.dense(x)))
 
 
-class BertLMPredictionHead(nn.Module):
+class BertLMPredictionHead(VocabHead):
     """Transform, then the vocabulary projection whose weight is the word embedding (tied) plus its own bias."""
 
     def __init__(self, cfg: ModelConfig):
@@ -37,9 +37,8 @@ class BertLMPredictionHead(nn.Module):
         """The transform and the vocabulary projection at `predictions` positions."""
         return 2 * predictions * (cfg.hidden_size * cfg.hidden_size + cfg.hidden_size * cfg.vocab_size)
 
-    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        """Logits shaped like x with the vocabulary last, laid out vocabulary-major (`ops.tied_logits`)."""
-        return tied_logits(self.transform(x), decoder_weight, self.bias)
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.transform(x)
 
 
 class BertPreTrainingHeads(nn.Module):

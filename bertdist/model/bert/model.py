@@ -141,7 +141,7 @@ class BertForPreTraining(ComposedPretraining):
     def objectives(self) -> list[Objective]:
         words = self.bert.embeddings.word_embeddings
         chosen: list[Objective] = [SentenceTask(self.sentence_task, self.classify_pair)] if self.sentence_task else []
-        chosen.append(MaskedLM(self.cls.predictions, words))
+        chosen.append(MaskedLM(self.cls.predictions, words, self.config))
         if self.span_boundary is not None:
             chosen.append(SpanBoundary(self.span_boundary, words))
         return chosen

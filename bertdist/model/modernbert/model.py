@@ -35,7 +35,7 @@ from bertdist.config.objectives import objective
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import ComposedPretraining
 from bertdist.model.objectives.contract import Objective
-from bertdist.model.objectives.masked_lm import MaskedLM
+from bertdist.model.objectives.masked_lm import MaskedLM, VocabHead
 from bertdist.model.ops import (
     Dropout,
     attention_probabilities,
@@ -43,7 +43,6 @@ from bertdist.model.ops import (
     local_attention_pays,
     multi_head_attention,
     split_heads,
-    tied_logits,
 )
 from bertdist.model.rotary import Rotary
 
@@ -300,13 +299,15 @@ class ModernBertHeadTransform(nn.Module):
         return self.norm(F.gelu(self.dense(x)))
 
 
-class ModernBertPredictionHead(ModernBertHeadTransform):
+class ModernBertPredictionHead(VocabHead, ModernBertHeadTransform):
     """The transform, then the decoder: the token embedding matrix (tied, passed in) and this head's bias (the
     reference's `decoder.bias`). The decoder is computed inside this module, whose output is a tensor, so that
     ZeRO-3 gathers the tied matrix for its backward too (bertdist.train.deepspeed)."""
 
+    bias_name = "decoder_bias"
+
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
+        ModernBertHeadTransform.__init__(self, cfg)
         self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     @staticmethod
@@ -314,8 +315,7 @@ class ModernBertPredictionHead(ModernBertHeadTransform):
         """The transform and the decoder at `predictions` positions."""
         return 2 * predictions * (cfg.hidden_size * cfg.hidden_size + cfg.hidden_size * cfg.vocab_size)
 
-    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        return tied_logits(super().forward(x), decoder_weight, self.decoder_bias)
+    features = ModernBertHeadTransform.forward
 
 
 class ModernBertForMaskedLM(ComposedPretraining):
@@ -357,7 +357,7 @@ class ModernBertForMaskedLM(ComposedPretraining):
         return [(self.head, self.model.embeddings.tok_embeddings.weight)]
 
     def objectives(self) -> list[Objective]:
-        return [MaskedLM(self.head, self.model.embeddings.tok_embeddings)]
+        return [MaskedLM(self.head, self.model.embeddings.tok_embeddings, self.config)]
 
 
 def init_weights(module: nn.Module, cfg: ModelConfig) -> None:

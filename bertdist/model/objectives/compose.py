@@ -98,7 +98,7 @@ def compose(model: ComposedPretraining, objectives: list[Objective], batch: Batc
 def outcome(parts: list[Part]) -> PreTrainingOutput:
     """The output of a forward's parts: the loss is their weighted sum when every part's labels were given."""
     components = {p.name: p.loss for p in parts if p.loss is not None}
-    scored = {p.name: Scored(p.logits, p.labels) for p in parts if p.labels is not None}
+    scored = {p.name: Scored(p.logits, p.labels, p.hits) for p in parts if p.labels is not None}
     loss = None
     if parts and len(components) == len(parts):
         loss = functools.reduce(operator.add, (p.loss if p.weight == 1 else p.weight * p.loss for p in parts))

@@ -35,7 +35,8 @@ class Part:
     name: str
     """Its loss's and accuracy's name in the logs (`loss/train_{name}`, `{name}_accuracy/eval`)."""
     logits: torch.Tensor | None
-    """None for a part that is a loss only (distillation's soft targets and cosine)."""
+    """None for a part that is a loss only (distillation's soft targets and cosine), or scored without logits
+    (`hits`)."""
     loss: torch.Tensor | None = None
     """None when its labels were not given."""
     labels: torch.Tensor | None = None
@@ -43,6 +44,9 @@ class Part:
     no accuracy is logged for it."""
     weight: float = 1.0
     """Its weight in the total loss (ELECTRA's rtd: 50; distillation's parts: the `distill` section's)."""
+    hits: torch.Tensor | None = None
+    """Shaped as `labels`: True where the label's logit is the largest, from a head that never held its logits
+    whole (the chunked MLM loss); None: the accuracy reads `logits`."""
 
 
 class Objective(ABC):

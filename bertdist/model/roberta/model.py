@@ -33,8 +33,7 @@ from bertdist.model.initialisation import check_heads_divide
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.compose import ComposedPretraining
 from bertdist.model.objectives.contract import Objective
-from bertdist.model.objectives.masked_lm import MaskedLM
-from bertdist.model.ops import tied_logits
+from bertdist.model.objectives.masked_lm import MaskedLM, VocabHead
 from bertdist.model.roberta.rules import pad_problem
 
 
@@ -92,7 +91,7 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
             module.embeddings.position_embeddings.weight[module.padding_idx].zero_()
 
 
-class RobertaLMHead(nn.Module):
+class RobertaLMHead(VocabHead):
     """dense, GELU, layer_norm, then the vocabulary projection whose weight is the word embedding (tied) and its own
     bias: BERT's MLM head under transformers' RoBERTa names."""
 
@@ -104,9 +103,8 @@ class RobertaLMHead(nn.Module):
 
     forward_flops = staticmethod(BertLMPredictionHead.forward_flops)
 
-    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        """Logits shaped like x with the vocabulary last (`ops.tied_logits`, as BERT's head)."""
-        return tied_logits(self.layer_norm(F.gelu(self.dense(x))), decoder_weight, self.bias)
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(F.gelu(self.dense(x)))
 
 
 class RobertaForMaskedLM(ComposedPretraining):
@@ -132,4 +130,4 @@ class RobertaForMaskedLM(ComposedPretraining):
         return [(self.lm_head, self.roberta.embeddings.word_embeddings.weight)]
 
     def objectives(self) -> list[Objective]:
-        return [MaskedLM(self.lm_head, self.roberta.embeddings.word_embeddings)]
+        return [MaskedLM(self.lm_head, self.roberta.embeddings.word_embeddings, self.config)]

@@ -27,7 +27,7 @@ class RobertaWithEverything(ComposedPretraining):
 
     def __init__(self):
         super().__init__()
-        cfg = tiny_model_config(arch="roberta", objective="mlm", pad_token_id=1)
+        self.config = cfg = tiny_model_config(arch="roberta", objective="mlm", pad_token_id=1)
         self.roberta = RobertaModel(cfg, add_pooling_layer=False)
         self.lm_head = BertLMPredictionHead(cfg)
         self.pooler = BertPooler(cfg)
@@ -41,7 +41,7 @@ class RobertaWithEverything(ComposedPretraining):
         words = self.roberta.embeddings.word_embeddings
         return [
             SentenceTask("sop", lambda cls: self.pair(self.pooler(cls))),
-            MaskedLM(self.lm_head, words),
+            MaskedLM(self.lm_head, words, self.config),
             SpanBoundary(self.span_boundary, words),
         ]
 
@@ -94,7 +94,7 @@ def test_each_objective_module_reads_the_fields_the_loader_is_asked_for():
     cfg = tiny_model_config(objective="span")
     words = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
     modules = [
-        MaskedLM(BertLMPredictionHead(cfg), words),
+        MaskedLM(BertLMPredictionHead(cfg), words, cfg),
         SentenceTask("nsp", nn.Identity()),
         SentenceTask("sop", nn.Identity()),
         SpanBoundary(SpanBoundaryHead(cfg), words),
