@@ -63,6 +63,12 @@ class ModelConfig:
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
     """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
+    attention: Literal["auto", "sdpa", "varlen", "flex"] = "auto"
+    """The attention kernel (bertdist.model.attention): sdpa (grids of samples of similar length; every device,
+    attention dropout), varlen (flash attention's variable-length kernel: CUDA, fp16/bf16, no attention dropout or
+    window), flex (FlexAttention with a block mask per batch: windows and packed rows; no attention dropout; CPU
+    for inference only), auto (varlen where it applies, else sdpa). A named kernel the device cannot run is refused
+    at start, never replaced."""
     mlm_logits_mib: int = 512
     """The most memory a micro batch's MLM logits may take (fp32, with the exponentials the loss keeps): above it,
     the vocabulary projection and the loss run in chunks of predictions inside the forward and the whole logits never

@@ -25,10 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # PyTorch >= 2.9 on CUDA
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older torch
-    varlen_attn = None
+from bertdist.model import attention as kernels
 
 ATTENTION_BUCKET_TOKENS = 64
 """Samples whose lengths round up to the same multiple of this share one attention grid (unpadded, CPU path)."""
@@ -39,6 +36,8 @@ class TokenLayout:
 
     def __init__(self, attention_mask: torch.Tensor | None, rows: int, seq: int, device: torch.device, unpad: bool):
         self.rows, self.seq = rows, seq
+        self.slot_map = attention_mask
+        self._block_masks: dict[int, object] = {}
         self.packed = attention_mask is not None and bool((attention_mask > 1).any())
         dense = attention_mask is None or (not self.packed and bool(attention_mask.bool().all()))
         self.unpadded = unpad and not dense
@@ -101,25 +100,35 @@ class TokenLayout:
         return input_ids, token_type_ids, None
 
     def attention(
-        self, qkv: torch.Tensor, num_heads: int, attend, dropout_p: float, windowed: bool = False
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        attend,
+        dropout_p: float,
+        scale: float,
+        window: int = 0,
+        backend: str = "auto",
     ) -> torch.Tensor:
-        """Self-attention over the fused (..., 3 x hidden) projections of the space in use.
+        """Self-attention over the fused (..., 3 x hidden) projections of the space in use, on the kernel
+        `backend` (`model.attention`) gives this call (bertdist.model.attention.kernel).
 
-        `attend(q, kv, mask)` is the padded-space attention, (batch, seq, hidden) queries and (batch, seq,
-        2 hidden) keys and values -> (batch, seq, hidden), and `dropout_p` the attention dropout it will apply
-        (the variable-length kernel has none). `attend` runs once per length bucket, so it must call no module:
-        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert.model`). `windowed`: `attend`
-        masks a sliding window on the grids it gets (ModernBERT's local layers), which the fused kernel cannot."""
+        `attend(q, kv, mask)` is the padded-space attention of the sdpa kernel, (batch, seq, hidden) queries and
+        (batch, seq, 2 hidden) keys and values -> (batch, seq, hidden), and `dropout_p` the attention dropout it
+        will apply (the fused kernels have none). `attend` runs once per length bucket, so it must call no module:
+        every rank has to make the same module calls under ZeRO-3 (`bertdist.model.bert.model`). `scale`: the
+        softmax scale the fused kernels apply (what `attend` applies itself). `window` > 0: the layer attends at
+        most this many slots away (ModernBERT's local layers; `attend` masks it on the grids it gets)."""
         hidden = qkv.shape[-1] // 3
+        chosen = kernels.kernel(backend, qkv, self.unpadded, dropout_p, bool(window))
+        if chosen == "varlen":
+            return kernels.varlen(qkv, self.cu_seqlens, self.max_seqlen, num_heads, scale)
+        if chosen == "flex":
+            rows = qkv.view(1, -1, qkv.shape[-1]) if self.unpadded else qkv
+            return kernels.flex(rows, self.block_mask(window), num_heads, scale).view(*qkv.shape[:-1], hidden)
         # `split`, not slices: a slice's backward writes its gradient into a zeroed tensor of the whole projection's
         # size and autograd sums the two; split's is one concatenation (~5% of a BERT-mini CPU step).
         if not self.unpadded:
             return attend(*qkv.split([hidden, 2 * hidden], -1), self.mask)
-        fused = qkv.is_cuda and varlen_attn is not None and qkv.dtype in (torch.float16, torch.bfloat16)
-        if fused and dropout_p == 0 and not windowed:
-            q, k, v = qkv.view(-1, 3, num_heads, hidden // num_heads).unbind(1)
-            out = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_seqlen, self.max_seqlen, scale=1.0)
-            return out.reshape(-1, hidden)
         grid = qkv.new_zeros(self.grid_size, qkv.shape[-1]).index_copy(0, self.sample_slots, qkv)
         outputs, at = [], 0
         for samples, width, mask in self.buckets:
@@ -127,6 +136,19 @@ class TokenLayout:
             outputs.append(attend(*bucket.split([hidden, 2 * hidden], -1), mask).reshape(-1, hidden))
             at += samples * width
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs))[self.sample_slots]
+
+    def block_mask(self, window: int):
+        """FlexAttention's block mask of this batch for a layer of this `window` (0: the whole sample), built at
+        the first layer that asks and shared by the others: one row numbering every sample when unpadded."""
+        if window not in self._block_masks:
+            if self.unpadded:
+                slots = (self.sample_of_token + 1)[None]
+            elif self.slot_map is None:
+                slots = torch.ones(self.rows, self.seq, dtype=torch.long, device=self.grid_starts.device)
+            else:
+                slots = self.slot_map.reshape(self.rows, self.seq)
+            self._block_masks[window] = kernels.block_mask(slots, window)
+        return self._block_masks[window]
 
     def attention_at(self, q: torch.Tensor, kv: torch.Tensor, attend) -> torch.Tensor:
         """Attention for a few queries per sample: q (samples, k, hidden) and the (..., 2 hidden) keys and

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from bertdist import chatter
 from bertdist.config import Config, ConfigError, PhaseConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
+from bertdist.model import attention
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -85,6 +86,11 @@ def device_problems(cfg: Config, device_type: str) -> list[str]:
     problems = []
     if device_type != "cuda" and cfg.train.precision == "fp16":
         problems.append("train.precision: fp16 needs a CUDA GPU; use fp32 on CPU")
+    m = cfg.model
+    windowed = m.arch == "modernbert" and m.global_attn_every_n_layers > 1
+    problems += attention.device_problems(
+        m.attention, device_type, cfg.train.precision, m.attention_dropout_prob, windowed
+    )
     return problems
 
 

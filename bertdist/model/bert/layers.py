@@ -65,6 +65,7 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         # A number, not a `Dropout` module: `_attend` runs once per length bucket and must call no module.
         self.dropout_p = cfg.attention_dropout_prob
+        self.backend = cfg.attention
 
     def forward(self, x: torch.Tensor, layout: TokenLayout, queries: torch.Tensor | None = None) -> torch.Tensor:
         """Every token's attention output, or with `queries` ((samples, k, hidden): the states of a few tokens
@@ -81,7 +82,9 @@ class BertSelfAttention(nn.Module):
                 x, torch.cat([self.key.weight, self.value.weight]), torch.cat([self.key.bias, self.value.bias])
             )
             return layout.attention_at(q, kv, self._attend)
-        return layout.attention(self._qkv(x, scale), self.num_heads, self._attend, self._dropout_p())
+        return layout.attention(
+            self._qkv(x, scale), self.num_heads, self._attend, self._dropout_p(), 1.0, backend=self.backend
+        )
 
     def probabilities(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         """(batch, heads, seq, seq): the softmax `forward` weights the values by, before attention dropout, in

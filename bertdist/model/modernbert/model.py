@@ -16,7 +16,8 @@ What differs from BERT (bertdist.model.bert.model):
 
 Attention goes through `TokenLayout` as BERT's does; a sliding window is a mask on the grid it is handed (a
 sample always starts at slot 0 of its grid, so grid offsets are position offsets). The windowed layers do not
-use the CUDA variable-length kernel (it takes no window here); they take the bucketed grids.
+use the CUDA variable-length kernel (it takes no window here); they take the bucketed grids or FlexAttention's
+window (`model.attention`, bertdist.model.attention).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.bias)
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.dropout_p = cfg.attention_dropout_prob  # a number: `_attend` runs once per bucket (the ZeRO-3 rule)
+        self.backend = cfg.attention
         self.out_drop = Dropout(cfg.attention_dropout_prob)
 
     @staticmethod
@@ -100,9 +102,9 @@ class ModernBertAttention(nn.Module):
         if at is not None:
             return self.out_drop(self.Wo(self._attend_at(x, layout, rotary, at)))
         dropout_p = self.dropout_p if self.training else 0.0
-        out = layout.attention(
-            self._qkv(x, rotary), self.num_heads, self._attend, dropout_p, windowed=bool(self.window)
-        )
+        scale = (x.shape[-1] // self.num_heads) ** -0.5
+        qkv = self._qkv(x, rotary)
+        out = layout.attention(qkv, self.num_heads, self._attend, dropout_p, scale, self.window, self.backend)
         return self.out_drop(self.Wo(out))
 
     def _attend_at(self, x: torch.Tensor, layout: TokenLayout, rotary: Rotary, at: torch.Tensor) -> torch.Tensor:
