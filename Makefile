@@ -37,8 +37,9 @@ BENCHMARKS := model_step train_step finetune_step packing prepare_throughput loa
 bench: install
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
-# On a machine with NVIDIA GPUs: the GPU-marked tests, FusedAdam, BERT-Large timings in bf16/fp16 against
-# transformers, a report on one screen and in runs/gpu-check.json. Without a GPU: one line, exit 0.
+# On a machine with NVIDIA GPUs: the GPU-marked tests, FusedAdam, BERT-Large and ModernBERT-base training steps
+# against transformers on each attention kernel, a report on one screen and in docs/gpu/<date>-<device>.json and
+# .md (to commit). Without a GPU: one line, exit 0; `benchmarks/gpu_check.py --smoke` runs it on the CPU.
 gpu-check:
 	$(PY) benchmarks/gpu_check.py
 

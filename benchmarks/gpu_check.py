@@ -3,15 +3,17 @@
 1. the GPU-marked tests (`pytest -m gpu`: flash varlen attention, GPU dropout, FusedAdam, CUDA RNG state, and a
    DeepSpeed fp16 ZeRO-2 training killed after a checkpoint and resumed bit-identically);
 2. DeepSpeed's FusedAdam built (JIT) or loaded, and one step;
-3. BERT-Large training steps at length 128 (full rows) and 512 (half padding, 80 predictions), in bf16 and
-   fp16, bertdist unpadded and padded against `transformers` in the same run: sequences/s and MFU
-   (`benchmarks/model_step.py`);
-then a one-screen report, also written as JSON (`--json`, default runs/gpu-check.json). Without a GPU it says
-so in one line and exits 0. Exit code 1 when a check failed. On a GPU machine that has torch and DeepSpeed but
-not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR` wrote
-on another machine.
+3. training steps (`benchmarks/model_step.py`) against `transformers` in the same run, sequences/s and MFU: BERT-Large
+   at length 128 (full rows) and 512 (half padding, 80 predictions) in bf16 and fp16, and ModernBERT-base at 1,024
+   and 8,192 (a third padding) in bf16; bertdist on `auto` attention, padded, compiled and on each attention kernel
+   (`model.attention`: sdpa, varlen, flex);
+then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as
+a markdown table beside it (.md, for docs/benchmarks.md). Without a GPU it says so in one line and
+exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so the check cannot break
+unseen). Exit code 1 when a check failed. On a GPU machine that has torch and DeepSpeed but not Ray, `--prepared
+DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR` wrote on another machine.
 
-    python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR]
+    python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -19,18 +21,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
-TIMINGS = [  # (length, batch, predictions per sequence, mean fraction of real tokens)
-    (128, 128, 20, 1.0),
-    (512, 32, 80, 0.5),
+TIMINGS = [  # (size, length, batch, predictions per sequence, mean fraction of real tokens, precisions)
+    ("large", 128, 128, 20, 1.0, ("bf16", "fp16")),
+    ("large", 512, 32, 80, 0.5, ("bf16", "fp16")),
+    ("modernbert-base", 1024, 16, 308, 0.65, ("bf16",)),
+    ("modernbert-base", 8192, 2, 2458, 0.65, ("bf16",)),
 ]
+COMPILED = {("large", 128, "bf16"), ("modernbert-base", 1024, "bf16")}
+"""The rows also timed under torch.compile: a compilation takes a minute or so, and the check has 9."""
+SMOKE_TIMINGS = [("mini", 64, 4, 10, 1.0, ("fp32",)), ("modernbert-mini", 128, 4, 20, 0.65, ("fp32",))]
+"""`--smoke`: the same rows at sizes a CPU runs in seconds (fp32: the GPU precisions do not run there)."""
+KERNELS = {"cuda": "sdpa,varlen,flex", "cpu": "sdpa"}
+"""The attention kernels each row also times (model.attention); FlexAttention and varlen cannot train on a CPU."""
 TEST_TIMEOUT_S = 300
 GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
@@ -80,82 +92,92 @@ def check_fused_adam() -> dict:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def time_models() -> list[dict]:
+def time_models(device: str) -> list[dict]:
     sys.path.insert(0, str(HERE))
     import model_step
 
+    smoke = device == "cpu"
     results = []
-    for length, batch, predictions, fill in TIMINGS:
-        for precision in ("bf16", "fp16"):
+    for size, length, batch, predictions, fill, precisions in SMOKE_TIMINGS if smoke else TIMINGS:
+        for precision in precisions:
             argv = [
-                "--device",
-                "cuda",
-                "--size",
-                "large",
-                "--precision",
-                precision,
-                "--seq-length",
-                str(length),
-                "--batch-size",
-                str(batch),
-                "--masked-positions",
-                str(predictions),
-                "--fill",
-                str(fill),
-                "--steps",
-                "10",
-                "--warmup-steps",
-                "3",
+                *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
+                *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
+                *("--attention", KERNELS[device]),
+                *(("--compile",) if (size, length, precision) in COMPILED else ()),
+                *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
             ]
             try:
                 results.append({"ok": True, **model_step.main(argv)})
             except Exception as e:
+                error = f"{type(e).__name__}: {e}"[:500]
                 results.append(
-                    {
-                        "ok": False,
-                        "seq_length": length,
-                        "precision": precision,
-                        "error": f"{type(e).__name__}: {e}"[:500],
-                    }
+                    {"ok": False, "size": size, "seq_length": length, "precision": precision, "error": error}
                 )
-            torch.cuda.empty_cache()
+            if not smoke:
+                torch.cuda.empty_cache()
     return results
 
 
-def main() -> int:
+VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]", "bertdist[varlen]", "bertdist[flex]")
+
+
+def markdown(report: dict) -> str:
+    """The timing table for docs/benchmarks.md: sequences/s and MFU of each variant, and the speedup over
+    transformers, one row per model, length and precision."""
+    names = [v for v in (*VARIANTS, "transformers") if any(v in t for t in report["timings"])]
+    lines = [
+        f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU)",
+        "",
+        "| model | length | padding | precision | " + " | ".join(names) + " | vs transformers |",
+        "|---" * (len(names) + 5) + "|",
+    ]
+    for t in report["timings"]:
+        if not t["ok"]:
+            lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
+            continue
+        cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in names]
+        row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
+        lines.append("| " + " | ".join(row) + f" | {t.get('speedup', float('nan')):.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", default="runs/gpu-check.json")
+    parser.add_argument("--json", help="default docs/gpu/<date>-<device>.json (runs/gpu-check-smoke.json with --smoke)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-timings", action="store_true")
     parser.add_argument("--prepared", help="a directory `python -m tests.prepared` wrote (for a machine without Ray)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check")
+    parser.add_argument("--smoke", action="store_true", help="on the CPU at tiny sizes: the check's code, no figures")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check (--smoke runs it on the CPU)")
         return 0
+    device = "cpu" if args.smoke else "cuda"
     report = {
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "gpus": ["CPU (smoke)"]
+        if args.smoke
+        else [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
     }
-    report["tests"] = {"ok": True, "summary": "skipped"} if args.skip_tests else run_tests(args.prepared)
-    report["fused_adam"] = check_fused_adam()
-    report["timings"] = [] if args.skip_timings else time_models()
+    skipped = {"ok": True, "summary": "skipped"}
+    report["tests"] = skipped if args.skip_tests or args.smoke else run_tests(args.prepared)
+    report["fused_adam"] = skipped if args.smoke else check_fused_adam()
+    report["timings"] = [] if args.skip_timings else time_models(device)
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")
     print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")
     print(f"FusedAdam:  {'ok' if report['fused_adam']['ok'] else 'FAILED ' + report['fused_adam']['error']}")
-    for t in report["timings"]:
-        if not t["ok"]:
-            print(f"BERT-Large {t['precision']} length {t['seq_length']}: FAILED {t['error']}")
-            continue
-        line = f"BERT-Large {t['precision']} length {t['seq_length']} (padding {t['padding_fraction']:.0%}):"
-        for name in ("bertdist", "bertdist padded", "transformers"):
-            if name in t:
-                line += f"  {name} {t[name]['sequences_per_second']:.0f} seq/s MFU {t[name]['mfu']:.0%};"
-        print(line + f"  {t.get('speedup', float('nan')):.2f}x transformers")
+    table = markdown(report)
+    print(table)
+    if not args.json:
+        device_slug = re.sub(r"[^a-z0-9]+", "-", report["gpus"][0].lower()).strip("-")
+        args.json = "runs/gpu-check-smoke.json" if args.smoke else f"docs/gpu/{date.today()}-{device_slug}.json"
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"report: {args.json}")
+    Path(args.json).with_suffix(".md").write_text(table)
+    print(f"report: {args.json} and {Path(args.json).with_suffix('.md')}")
     ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and all(t["ok"] for t in report["timings"])
     return 0 if ok else 1
 

@@ -100,6 +100,12 @@ def main(argv: list[str] | None = None) -> dict:
         "encoder are both timed",
     )
     p.add_argument("--compile", action="store_true", help="also time bertdist under torch.compile (model.compile)")
+    p.add_argument(
+        "--attention",
+        default="",
+        help="also time bertdist on these attention kernels, comma-separated (model.attention: sdpa, varlen, flex; "
+        "the plain `bertdist` row is auto)",
+    )
     p.add_argument("--steps", type=int, default=7, help="timed steps per model (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: one per available core)")
@@ -140,6 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
         steps["bertdist padded"] = bertdist_step(unpad=False)
     if args.compile:
         steps["bertdist+compile"] = bertdist_step(compile=True)
+    kernels = [k for k in args.attention.split(",") if k]
+    for kernel in kernels:
+        steps[f"bertdist[{kernel}]"] = bertdist_step(attention=kernel)
     if not args.no_reference:
         import transformers
 
@@ -190,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "transformers" in seconds:
         results["speedup"] = seconds["transformers"] / seconds["bertdist"]
         print(f"  speedup over transformers: {results['speedup']:.2f}x")
-    for variant in ("bertdist padded", "bertdist+compile"):
+    for variant in ("bertdist padded", "bertdist+compile", *(f"bertdist[{k}]" for k in kernels)):
         if variant in seconds:
             results[f"bertdist over {variant}"] = seconds[variant] / seconds["bertdist"]
             print(f"  bertdist over {variant}: {results[f'bertdist over {variant}']:.2f}x")

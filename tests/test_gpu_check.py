@@ -1,0 +1,33 @@
+"""`make gpu-check` (benchmarks/gpu_check.py) in its CPU smoke mode: the GPU check's own code (the timing rows, the
+attention kernels it names, the JSON and markdown report) runs here at tiny sizes, so that it cannot break between
+the rare sessions that have a GPU. The figures mean nothing; that each row ran and was reported does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
+    report_file = tmp_path / "gpu.json"
+    run = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--json", str(report_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(report_file.read_text())
+    rows = report["timings"]
+    assert [(t["size"], t["ok"]) for t in rows] == [("mini", True), ("modernbert-mini", True)], rows
+    assert all("bertdist[sdpa]" in t and "transformers" in t and t["speedup"] > 0 for t in rows)
+    table = report_file.with_suffix(".md").read_text()
+    assert "| mini | 64 |" in table and "| modernbert-mini | 128 |" in table and "bertdist[sdpa]" in table
