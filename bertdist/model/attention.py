@@ -60,6 +60,18 @@ def device_problems(backend: str, device_type: str, precision: str, dropout_p: f
     return [f"{named}: {reason}; {offers}" for reason in reasons if reason]
 
 
+def training_kernels(backend: str, device_type: str, precision: str, dropout_p: float) -> str:
+    """What `backend` runs a training step's attention on, in words for the run's tags (`bertdist.attention`): `auto`
+    decides per call, so the run says which it chose."""
+    if backend != "auto":
+        return backend
+    if device_type != "cuda" or varlen_attn is None or precision not in ("fp16", "bf16"):
+        return "sdpa"
+    if dropout_p > 0:
+        return "sdpa (attention dropout; evaluation: varlen on unpadded batches' global layers)"
+    return "varlen on unpadded batches' global layers, sdpa elsewhere"
+
+
 def kernel(backend: str, qkv: torch.Tensor, unpadded: bool, dropout_p: float, windowed: bool) -> str:
     """The kernel one attention call takes: "varlen", "flex" or "sdpa". A named kernel is always taken where it
     has a meaning (varlen: unpadded batches only; a batch without padding is one dense grid for SDPA's own flash

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from bertdist.config import Config
+from bertdist.model import attention
 from bertdist.tracking.base import Tracker
 from bertdist.tracking.build import build_node_monitor, build_tracker
 from bertdist.tracking.params import default_run_name
@@ -36,6 +38,10 @@ def open_tracker(
         continues=resumed is not None,
     )
     tracker.log_run_start(cfg, env.world_size, env.nodes)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"  # the trainer's rule
+    m = cfg.model
+    kernels = attention.training_kernels(m.attention, device_type, cfg.train.precision, m.attention_dropout_prob)
+    tracker.set_tags({"bertdist.attention": kernels})
     marked = checkpoint.latest(checkpoint.checkpoints_dir(output_dir)) if cfg.checkpoint.resume == "auto" else None
     if marked is not None and resume_from is not None and marked != resume_from:
         fallback = f"{marked.name} failed verification; resumed from the older {resume_from.name}"

@@ -141,3 +141,11 @@ def test_on_a_gpu_varlen_is_refused_for_modernberts_windows_and_for_fp32():
     modern = dataclasses.replace(modern, model=dataclasses.replace(modern.model, attention="varlen"))
     found = " ".join(device_problems(modern, "cuda"))
     assert "it has no sliding window here" in found and "it needs fp16 or bf16, not train.precision fp32" in found
+
+
+def test_the_run_is_told_what_auto_trains_on():
+    assert attention.training_kernels("auto", "cpu", "fp32", 0.1) == "sdpa"
+    assert attention.training_kernels("flex", "cuda", "bf16", 0.0) == "flex"
+    if attention.varlen_attn is not None:
+        assert attention.training_kernels("auto", "cuda", "bf16", 0.0).startswith("varlen on unpadded")
+        assert attention.training_kernels("auto", "cuda", "bf16", 0.1).startswith("sdpa (attention dropout")

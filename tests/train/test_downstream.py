@@ -77,6 +77,7 @@ def test_every_checkpoint_is_fine_tuned_beside_training_and_logged_at_its_step(
     history = client.get_metric_history(run.info.run_id, "downstream/origin/accuracy")
     assert sorted(m.step for m in history) == [runs.CHECKPOINT_EVERY, runs.STEPS]
     assert 0.0 <= history[0].value <= 1.0 and "loss/train" in run.data.metrics
+    assert run.data.tags["bertdist.attention"] == "sdpa"  # what model.attention: auto trains on, on a CPU
 
 
 def test_a_bad_downstream_config_fails_before_training(tmp_path, tiny_shards, tiny_vocab, capsys):
