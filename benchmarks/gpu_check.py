@@ -41,8 +41,16 @@ COMPILED = {("large", 128, "bf16"), ("modernbert-base", 1024, "bf16")}
 """The rows also timed under torch.compile: a compilation takes a minute or so, and the check has 9."""
 SMOKE_TIMINGS = [("mini", 64, 4, 10, 1.0, ("fp32",)), ("modernbert-mini", 128, 4, 20, 0.65, ("fp32",))]
 """`--smoke`: the same rows at sizes a CPU runs in seconds (fp32: the GPU precisions do not run there)."""
-KERNELS = {"cuda": "sdpa,varlen,flex", "cpu": "sdpa"}
-"""The attention kernels each row also times (model.attention); FlexAttention and varlen cannot train on a CPU."""
+
+
+def kernels(device: str, size: str) -> str:
+    """The attention kernels a row also times (model.attention): FlexAttention and varlen cannot train on a CPU, and
+    varlen has no sliding window (ModernBERT's local layers)."""
+    if device == "cpu":
+        return "sdpa"
+    return "sdpa,flex" if size.startswith("modernbert") else "sdpa,varlen,flex"
+
+
 TEST_TIMEOUT_S = 300
 GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
@@ -103,7 +111,7 @@ def time_models(device: str) -> list[dict]:
             argv = [
                 *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
                 *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
-                *("--attention", KERNELS[device]),
+                *("--attention", kernels(device, size)),
                 *(("--compile",) if (size, length, precision) in COMPILED else ()),
                 *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
             ]

@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--attention",
         default="",
         help="also time bertdist on these attention kernels, comma-separated (model.attention: sdpa, varlen, flex; "
-        "the plain `bertdist` row is auto)",
+        "the plain `bertdist` row is auto). The fused kernels have no attention dropout: where the model has some, "
+        "every kernel row runs without it (sdpa too, so that the rows compare)",
     )
     p.add_argument("--steps", type=int, default=7, help="timed steps per model (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         steps["bertdist+compile"] = bertdist_step(compile=True)
     kernels = [k for k in args.attention.split(",") if k]
     for kernel in kernels:
-        steps[f"bertdist[{kernel}]"] = bertdist_step(attention=kernel)
+        steps[f"bertdist[{kernel}]"] = bertdist_step(attention=kernel, attention_dropout_prob=0.0)
     if not args.no_reference:
         import transformers
 

@@ -72,7 +72,9 @@ class ModelConfig:
     mlm_logits_mib: int = 512
     """The most memory a micro batch's MLM logits may take (fp32, with the exponentials the loss keeps): above it,
     the vocabulary projection and the loss run in chunks of predictions inside the forward and the whole logits never
-    exist (bertdist.model.chunked_loss), so a 250k vocabulary or 8k-token samples fit. 0: always the whole logits.
+    exist (bertdist.model.chunked_loss), so a 250k vocabulary or 8k-token samples fit: the masked-LM heads of BERT,
+    ModernBERT, ALBERT and RoBERTa (ELECTRA's generator samples from its logits and distillation compares them
+    whole, so both keep them). 0: always the whole logits.
     Below it nothing changes; the math is the same either way (to rounding)."""
     # ModernBERT only (arch: modernbert); the others refuse them set away from these defaults (the spec's own_fields).
     global_attn_every_n_layers: int = 3

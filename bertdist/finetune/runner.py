@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from bertdist.config import Config, ConfigError, FinetuneConfig
 from bertdist.config.validation import data_problems, source_problems, validate_finetune
@@ -44,6 +45,7 @@ from bertdist.finetune.evaluation import dev_scores
 from bertdist.finetune.run_tracking import open_tracker
 from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 from bertdist.finetune.starting import build_engine, resume
+from bertdist.model import attention
 from bertdist.train import checkpoint, stopping
 from bertdist.train.console import duration
 from bertdist.train.scaffold import Run, run_command
@@ -82,6 +84,9 @@ class Finetuning(Run):
         if cfg.checkpoint.resume == "none":  # its pruning would delete the checkpoints of whatever run is there
             checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
         self.source: Source = resolve(cfg)
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"  # as start_process_group picks it
+        if problems := attention.model_problems(self.source.model_cfg, device_type, cfg.train.precision):
+            raise ConfigError(problems)
         positions = self.source.model_cfg.max_position_embeddings
         if problems := source_problems(
             ft, positions, self.source.model_cfg.hidden_size
@@ -221,7 +226,6 @@ class Finetuning(Run):
             self._export(saved, scores)
 
     def _step(self, rows: np.ndarray) -> tuple[float, bool]:
-        import torch
         import torch.distributed as dist
 
         from bertdist.finetune.grad_cache import cached_step

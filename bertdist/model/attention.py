@@ -22,13 +22,16 @@ import functools
 import warnings
 
 import torch
+import torch.nn.functional as F
+
+from bertdist.config import ModelConfig
 
 try:  # PyTorch >= 2.9 on CUDA
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:  # pragma: no cover - older torch
     varlen_attn = None
 try:
-    from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, and_masks, flex_attention
 except ImportError:  # pragma: no cover - older torch
     flex_attention = None
 
@@ -36,11 +39,32 @@ BACKENDS = ("auto", "sdpa", "varlen", "flex")
 HALF_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def device_problems(backend: str, device_type: str, precision: str, dropout_p: float, windowed: bool) -> list[str]:
+def model_problems(m: ModelConfig, device_type: str, precision: str) -> list[str]:
+    """`device_problems` of a model's settings (pretraining's and fine-tuning's start ask this)."""
+    windowed = m.arch == "modernbert" and m.global_attn_every_n_layers > 1 and m.num_layers > 1
+    return device_problems(m.attention, device_type, precision, m.attention_dropout_prob, windowed, m.unpad)
+
+
+def device_problems(
+    backend: str, device_type: str, precision: str, dropout_p: float, windowed: bool, unpad: bool = True
+) -> list[str]:
     """Why `model.attention: backend` cannot train on `device_type` in `precision` (fp32, fp16, bf16) with attention
-    dropout `dropout_p` and, `windowed`, sliding-window layers; [] when it can (always for auto and sdpa)."""
-    named = f"model.attention: {backend}"
-    offers = "this device offers sdpa" + (", varlen and flex" if device_type == "cuda" else "")
+    dropout `dropout_p`, `windowed` (sliding-window layers) and `unpad` (model.unpad); [] when it can (always for
+    auto and sdpa). Each problem names the kernels that this run could take instead."""
+    if backend in ("auto", "sdpa"):
+        return []
+    offered = [
+        k for k in ("sdpa", "varlen", "flex") if not _reasons(k, device_type, precision, dropout_p, windowed, unpad)
+    ]
+    return [
+        f"model.attention: {backend}: {reason}; this run could take {' or '.join(offered)}"
+        for reason in _reasons(backend, device_type, precision, dropout_p, windowed, unpad)
+    ]
+
+
+def _reasons(
+    backend: str, device_type: str, precision: str, dropout_p: float, windowed: bool, unpad: bool
+) -> list[str]:
     if backend == "varlen":
         reasons = [
             varlen_attn is None and "this torch has no torch.nn.attention.varlen",
@@ -48,6 +72,7 @@ def device_problems(backend: str, device_type: str, precision: str, dropout_p: f
             precision not in ("fp16", "bf16") and f"it needs fp16 or bf16, not train.precision {precision}",
             dropout_p > 0 and f"it has no attention dropout (model.attention_dropout_prob: {dropout_p})",
             windowed and "it has no sliding window here (ModernBERT's local layers)",
+            not unpad and "it runs on unpadded batches and model.unpad is false",
         ]
     elif backend == "flex":
         reasons = [
@@ -57,15 +82,15 @@ def device_problems(backend: str, device_type: str, precision: str, dropout_p: f
         ]
     else:
         reasons = []
-    return [f"{named}: {reason}; {offers}" for reason in reasons if reason]
+    return [r for r in reasons if r]
 
 
-def training_kernels(backend: str, device_type: str, precision: str, dropout_p: float) -> str:
+def training_kernels(backend: str, device_type: str, precision: str, dropout_p: float, unpad: bool) -> str:
     """What `backend` runs a training step's attention on, in words for the run's tags (`bertdist.attention`): `auto`
     decides per call, so the run says which it chose."""
     if backend != "auto":
         return backend
-    if device_type != "cuda" or varlen_attn is None or precision not in ("fp16", "bf16"):
+    if device_type != "cuda" or varlen_attn is None or precision not in ("fp16", "bf16") or not unpad:
         return "sdpa"
     if dropout_p > 0:
         return "sdpa (attention dropout; evaluation: varlen on unpadded batches' global layers)"
@@ -73,12 +98,17 @@ def training_kernels(backend: str, device_type: str, precision: str, dropout_p: 
 
 
 def kernel(backend: str, qkv: torch.Tensor, unpadded: bool, dropout_p: float, windowed: bool) -> str:
-    """The kernel one attention call takes: "varlen", "flex" or "sdpa". A named kernel is always taken where it
-    has a meaning (varlen: unpadded batches only; a batch without padding is one dense grid for SDPA's own flash
-    kernel); `device_problems` has refused it where it cannot run."""
+    """The kernel one attention call takes: "varlen", "flex" or "sdpa". A named kernel is taken wherever it has a
+    meaning (varlen: unpadded batches; a batch without padding is one dense grid for SDPA's own flash kernel) and
+    refused where it would change the math (dropout, a window): `device_problems` refuses those settings at a
+    training's start; this guards every other caller (benchmarks, tests, a model built by hand)."""
+    if backend in ("flex", "varlen") and dropout_p > 0:
+        raise ValueError(f"model.attention: {backend} has no attention dropout (p={dropout_p}); use sdpa or auto")
     if backend == "flex":
         return "flex"
     if backend == "varlen" and unpadded:
+        if windowed:
+            raise ValueError("model.attention: varlen has no sliding window here; use flex, sdpa or auto")
         return "varlen"
     fused = unpadded and qkv.is_cuda and varlen_attn is not None and qkv.dtype in HALF_PRECISION
     if backend == "auto" and fused and dropout_p == 0 and not windowed:
@@ -119,11 +149,40 @@ def _flex_kernel(cuda: bool):
     return eager
 
 
+BLOCK = 128
+"""FlexAttention's tile: the block mask says, per (query block, key block), none / some / all keys allowed."""
+
+
 def block_mask(slots: torch.Tensor, half: int):
-    """The FlexAttention block mask of a (rows, length) slot map: 0 padding, k >= 1 the k-th sample of the row (a
-    padded row is 1s and 0s; an unpadded batch is one row numbering every sample). A query attends to real keys of
-    its own sample and, `half` > 0, at most `half` slots away; a padding query to nothing."""
+    """The FlexAttention block mask of a (rows, length) slot map: 0 padding, k >= 1 the k-th sample of the row,
+    numbered in order along it (a padded row is 1s and 0s; an unpadded batch is one row numbering every sample). A
+    query attends to real keys of its own sample and, `half` > 0, at most `half` slots away; a padding query to
+    nothing.
+
+    Built at block granularity from each block's lowest and highest sample (samples are contiguous runs, so two
+    blocks share one exactly when those ranges overlap) rather than by `create_block_mask`, which evaluates the rule
+    at every (query, key) pair: at an unpadded micro batch of 16,384 tokens that took 4 GiB and 3 s per mask on the
+    CPU, and grows with the tokens squared."""
     rows, length = slots.shape
+    blocks = -(-length // BLOCK)
+    grid = F.pad(slots, (0, blocks * BLOCK - length)).view(rows, blocks, BLOCK)
+    real = grid > 0
+    lowest = torch.where(real, grid, torch.iinfo(grid.dtype).max).amin(-1)  # (rows, blocks); no real token: max
+    highest = torch.where(real, grid, 0).amax(-1)
+    some = (lowest[:, :, None] <= highest[:, None, :]) & (lowest[:, None, :] <= highest[:, :, None])
+    whole = real.all(-1) & (lowest == highest)  # a block inside one sample
+    every = whole[:, :, None] & whole[:, None, :] & (lowest[:, :, None] == lowest[:, None, :])
+    if half:
+        index = torch.arange(blocks, device=slots.device)
+        apart = (index[:, None] - index[None, :]).abs()  # slots between two blocks' tokens: from
+        some &= (apart - 1).clamp(min=0) * BLOCK + (apart > 0).long() <= half  # (apart - 1) x BLOCK + 1
+        every &= (apart + 1) * BLOCK - 1 <= half  # to (apart + 1) x BLOCK - 1
+    partial = some & ~every
+
+    def indexed(allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, 1, blocks) counts and (rows, 1, blocks, blocks) key-block indices, the allowed ones first."""
+        order = allowed.to(torch.int8).argsort(dim=-1, descending=True, stable=True)
+        return allowed.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
 
     def same_sample(b, h, q, k):
         return (slots[b, q] == slots[b, k]) & (slots[b, k] > 0)
@@ -132,4 +191,6 @@ def block_mask(slots: torch.Tensor, half: int):
         return (q - k).abs() <= half
 
     rule = and_masks(same_sample, near) if half else same_sample
-    return create_block_mask(rule, rows, None, length, length, device=slots.device)
+    return BlockMask.from_kv_blocks(
+        *indexed(partial), *indexed(every), BLOCK_SIZE=BLOCK, mask_mod=rule, seq_lengths=(length, length)
+    )

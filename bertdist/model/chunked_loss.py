@@ -31,6 +31,14 @@ def chunk_rows_within(vocab_size: int, budget_mib: int) -> int:
     return max(1, budget_mib * 2**20 // (2 * 4 * vocab_size))
 
 
+def chunking_pays(predictions: int, chunk_rows: int, width: int) -> bool:
+    """Whether `predictions` are scored in chunks: beyond one chunk, and beyond what the chunked loss itself holds
+    from forward to backward, the decoder matrix's fp32 gradient (vocabulary x `width`, as much memory as the
+    logits and exponentials of `width` predictions)."""
+    return 0 < chunk_rows < predictions and predictions > width
+
+
+@torch.compiler.disable  # its loop's count follows the predictions, which change per batch: a recompile each
 def chunked_vocab_cross_entropy(
     features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

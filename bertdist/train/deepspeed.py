@@ -86,11 +86,7 @@ def device_problems(cfg: Config, device_type: str) -> list[str]:
     problems = []
     if device_type != "cuda" and cfg.train.precision == "fp16":
         problems.append("train.precision: fp16 needs a CUDA GPU; use fp32 on CPU")
-    m = cfg.model
-    windowed = m.arch == "modernbert" and m.global_attn_every_n_layers > 1
-    problems += attention.device_problems(
-        m.attention, device_type, cfg.train.precision, m.attention_dropout_prob, windowed
-    )
+    problems += attention.model_problems(cfg.model, device_type, cfg.train.precision)
     return problems
 
 

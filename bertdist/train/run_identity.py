@@ -45,6 +45,7 @@ RESUMABLE_FIELDS = (
     "data.phases.*.micro_batch_size",
     "model.compile",
     "model.mlm_logits_mib",
+    "model.attention",
 )
 """What a run may change when it continues from a checkpoint: where things are, how it is launched, tracked and
 checked, how long it runs, how the batch is split over ranks. Every other field (the model, the optimizer and

@@ -40,7 +40,9 @@ def open_tracker(
     tracker.log_run_start(cfg, env.world_size, env.nodes)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"  # the trainer's rule
     m = cfg.model
-    kernels = attention.training_kernels(m.attention, device_type, cfg.train.precision, m.attention_dropout_prob)
+    kernels = attention.training_kernels(
+        m.attention, device_type, cfg.train.precision, m.attention_dropout_prob, m.unpad
+    )
     tracker.set_tags({"bertdist.attention": kernels})
     marked = checkpoint.latest(checkpoint.checkpoints_dir(output_dir)) if cfg.checkpoint.resume == "auto" else None
     if marked is not None and resume_from is not None and marked != resume_from:

@@ -132,7 +132,7 @@ def test_auto_takes_the_variable_length_kernel_only_where_it_applies():
 def test_a_kernel_the_device_cannot_train_on_is_refused_naming_the_field(overrides, named):
     cfg = load_config(None, ["model.size=tiny", *overrides])
     problems = device_problems(cfg, "cpu")
-    assert any(named in p and "this device offers sdpa" in p for p in problems), problems
+    assert any(named in p and p.endswith("; this run could take sdpa") for p in problems), problems
     assert device_problems(load_config(None, ["model.size=tiny"]), "cpu") == []
 
 
@@ -141,11 +141,65 @@ def test_on_a_gpu_varlen_is_refused_for_modernberts_windows_and_for_fp32():
     modern = dataclasses.replace(modern, model=dataclasses.replace(modern.model, attention="varlen"))
     found = " ".join(device_problems(modern, "cuda"))
     assert "it has no sliding window here" in found and "it needs fp16 or bf16, not train.precision fp32" in found
+    assert found.endswith("this run could take sdpa or flex")
+    padded = dataclasses.replace(modern.model, attention="varlen", unpad=False, global_attn_every_n_layers=1)
+    bf16 = dataclasses.replace(modern, model=padded, train=dataclasses.replace(modern.train, precision="bf16"))
+    assert [p.split("; ")[0] for p in device_problems(bf16, "cuda")] == [
+        "model.attention: varlen: it runs on unpadded batches and model.unpad is false"
+    ]
+
+
+def test_a_fused_kernel_is_never_handed_dropout_or_a_window_it_would_ignore():
+    qkv = torch.zeros(4, 3 * 64)
+    with pytest.raises(ValueError, match="flex has no attention dropout"):
+        attention.kernel("flex", qkv, unpadded=True, dropout_p=0.1, windowed=False)
+    with pytest.raises(ValueError, match="varlen has no sliding window"):
+        attention.kernel("varlen", qkv, unpadded=True, dropout_p=0.0, windowed=True)
 
 
 def test_the_run_is_told_what_auto_trains_on():
-    assert attention.training_kernels("auto", "cpu", "fp32", 0.1) == "sdpa"
-    assert attention.training_kernels("flex", "cuda", "bf16", 0.0) == "flex"
+    assert attention.training_kernels("auto", "cpu", "fp32", 0.1, unpad=True) == "sdpa"
+    assert attention.training_kernels("flex", "cuda", "bf16", 0.0, unpad=True) == "flex"
+    assert attention.training_kernels("auto", "cuda", "bf16", 0.0, unpad=False) == "sdpa"
     if attention.varlen_attn is not None:
-        assert attention.training_kernels("auto", "cuda", "bf16", 0.0).startswith("varlen on unpadded")
-        assert attention.training_kernels("auto", "cuda", "bf16", 0.1).startswith("sdpa (attention dropout")
+        assert attention.training_kernels("auto", "cuda", "bf16", 0.0, unpad=True).startswith("varlen on unpadded")
+        assert attention.training_kernels("auto", "cuda", "bf16", 0.1, unpad=True).startswith("sdpa (attention dr")
+
+
+def _slot_maps(seed: int) -> dict[str, torch.Tensor]:
+    """Slot maps of several blocks of 128: one unpadded row of ~2,000 tokens, packed rows with a padding tail,
+    padded rows."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 300, (14,), generator=g)
+    unpadded = torch.repeat_interleave(torch.arange(1, 15), lengths)[None]
+    packed = torch.zeros(3, 700, dtype=torch.long)
+    for row in range(3):
+        at, sample = 0, 1
+        while at < 600:
+            n = int(torch.randint(1, 250, (1,), generator=g))
+            packed[row, at : at + n] = sample
+            at, sample = at + n, sample + 1
+        packed[row, 600:] = 0
+    padded = (torch.arange(400)[None] < torch.tensor([[400], [130], [7]])).long()
+    return {"unpadded": unpadded, "packed": packed, "padded": padded}
+
+
+@pytest.mark.parametrize("half", [0, 64, 200])
+@pytest.mark.parametrize("layout", ["unpadded", "packed", "padded"])
+def test_the_block_mask_built_from_sample_ranges_is_the_rule_evaluated_everywhere(layout, half):
+    """Blocks of 128 that are skipped, partly or wholly allowed: FlexAttention's output under bertdist's block mask
+    equals SDPA's under the dense boolean rule at every query with a key (padding queries get zeros)."""
+    slots = _slot_maps(seed=half)[layout]
+    rows, length = slots.shape
+    q, k, v = torch.randn(3, rows, 2, length, 16).unbind(0)
+    mask = attention.block_mask(slots, half)
+    got = attention.flex(torch.cat([t.transpose(1, 2).reshape(rows, length, 32) for t in (q, k, v)], -1), mask, 2, 0.25)
+    allowed = (slots[:, :, None] == slots[:, None, :]) & (slots[:, None, :] > 0)
+    if half:
+        i = torch.arange(length)
+        allowed &= (i[:, None] - i[None, :]).abs() <= half
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=0.25).transpose(1, 2)
+    has_key = allowed.any(-1)
+    torch.testing.assert_close(got[has_key], want.reshape(rows, length, 32)[has_key], atol=1e-5, rtol=1e-5)
+    assert not got[~has_key].any()
+    assert int(mask.kv_num_blocks.sum()) < rows * mask.kv_num_blocks.shape[-1] ** 2 or layout == "padded"

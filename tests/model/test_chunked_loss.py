@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from bertdist.data.batching import batch_of
-from bertdist.model.chunked_loss import chunk_rows_within, chunked_vocab_cross_entropy
+from bertdist.model.chunked_loss import chunk_rows_within, chunked_vocab_cross_entropy, chunking_pays
 from bertdist.model.ops import IGNORE_INDEX
 from bertdist.model.registry import build_model
 from tests.conftest import tiny_model_config
@@ -54,7 +54,8 @@ def test_under_no_grad_only_the_loss_is_made_and_no_labels_give_nan_as_the_whole
     assert torch.isnan(empty) and not hits.any()
 
 
-def test_chunks_are_sized_from_the_budget():
+def test_chunks_are_sized_from_the_budget_and_used_only_where_they_save_memory():
+    assert chunking_pays(2_464, 268, 768) and not chunking_pays(500, 268, 768) and not chunking_pays(5_000, 0, 768)
     assert chunk_rows_within(250_002, 512) == 268  # 268 x 250,002 x 4 bytes x 2 (logits, exps) <= 512 MiB
     assert chunk_rows_within(30_522, 512) == 2198 and chunk_rows_within(10**9, 1) == 1
 
@@ -71,7 +72,7 @@ def test_a_model_over_its_logits_budget_trains_as_with_the_whole_logits(arch):
     chunked.load_state_dict(whole.state_dict())
     mlm = {o.name: o for o in chunked.objectives()}["mlm"]
     chunked.objectives = lambda: [o if o.name != "mlm" else mlm for o in type(chunked).objectives(chunked)]
-    mlm.chunk_rows = 5
+    mlm.chunk_rows, mlm.width = 5, 1  # (the width: the tiny model's 64 would keep its ~30 predictions whole)
     batch = {
         k: v for k, v in batch_of(random_samples(6, seed=3), SEQ).items() if k in chunked.forward.__code__.co_varnames
     }

@@ -66,11 +66,12 @@ MODERNBERT = dict(arch="modernbert", objective="mlm", num_layers=3, global_attn_
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("backend", ["flex", "varlen"])
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
-@pytest.mark.parametrize("packing", [False, True])
-def test_fused_kernels_train_as_the_sdpa_grids(dtype, backend, family, packing):
-    """Loss and every gradient of a training step (no dropout) on `backend` against the sdpa grids, unpadded and
-    packed; varlen has no window, so ModernBERT takes it with global layers only. Catches a kernel's wrong softmax
-    scale, a crossed document boundary and FlexAttention's backward through padding queries."""
+@pytest.mark.parametrize(("unpad", "packing"), [(True, False), (False, False), (False, True)])
+def test_fused_kernels_train_as_the_sdpa_grids(dtype, backend, family, unpad, packing):
+    """Loss and every gradient of a training step (no dropout) on `backend` against the sdpa grids: unpadded
+    (FlexAttention: one row of every sample), padded rows and packed rows (flex: several rows, padding queries);
+    varlen has no window, so ModernBERT takes it with global layers only. Catches a kernel's wrong softmax scale, a
+    crossed document boundary and FlexAttention's backward through padding queries."""
     import dataclasses
 
     from bertdist.model.registry import build_model
@@ -78,7 +79,7 @@ def test_fused_kernels_train_as_the_sdpa_grids(dtype, backend, family, packing):
     config = MODERNBERT if family == "modernbert" else {}
     if family == "modernbert" and backend == "varlen":
         config = dict(config, global_attn_every_n_layers=1)
-    cfg = tiny_model_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0, **config)
+    cfg = tiny_model_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0, unpad=unpad, **config)
     torch.manual_seed(0)
     models = [build_model(dataclasses.replace(cfg, attention=b)).cuda().to(dtype).train() for b in ("sdpa", backend)]
     models[1].load_state_dict(models[0].state_dict())

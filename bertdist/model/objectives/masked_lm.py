@@ -14,7 +14,7 @@ from torch import nn
 
 from bertdist.config import ModelConfig
 from bertdist.config.objectives import BATCH_FIELDS
-from bertdist.model.chunked_loss import chunk_rows_within, chunked_vocab_cross_entropy
+from bertdist.model.chunked_loss import chunk_rows_within, chunked_vocab_cross_entropy, chunking_pays
 from bertdist.model.layout import TokenLayout
 from bertdist.model.objectives.contract import Batch, Objective, Part
 from bertdist.model.ops import VocabCrossEntropy, tied_logits
@@ -65,13 +65,14 @@ class MaskedLM(Objective):
         `cfg`: the vocabulary size and `mlm_logits_mib`, which fix the predictions scored per chunk."""
         self.head, self.words = head, words
         self.chunk_rows = chunk_rows_within(cfg.vocab_size, cfg.mlm_logits_mib) if cfg.mlm_logits_mib else 0
+        self.width = cfg.embedding_width()  # the decoder's: ALBERT's and ELECTRA's E, else the hidden size
 
     def queries(self, batch: Batch) -> torch.Tensor | None:
         return batch.masked_lm_positions
 
     def at_queries(self, states: torch.Tensor, batch: Batch) -> Part:
         labels = batch.masked_lm_ids
-        if labels is not None and 0 < self.chunk_rows < labels.numel():
+        if labels is not None and chunking_pays(labels.numel(), self.chunk_rows, self.width):
             loss, hits = self.head(states, self.words.weight, labels, self.chunk_rows)
             return Part(self.name, None, loss, labels, hits=hits.view(labels.shape))
         return mlm_part(self.head(states, self.words.weight), labels)
