@@ -22,6 +22,8 @@ only attends through `attention_at`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -56,27 +58,29 @@ class TokenLayout:
         if self.unpadded:
             self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
             self.max_seqlen = int(self.lengths.max())
-            self._bucket(sample_of_token, device)
         else:  # packed: block-diagonal; a padding query attends to its row's real keys to stay finite
             keys = slots[:, None, None, :]
             queries = slots[:, None, :, None]
             self.mask = (keys > 0) & ((queries == keys) | (queries == 0))
 
-    def _bucket(self, sample_of_token: torch.Tensor, device: torch.device) -> None:
-        """The attention grids of the unpadded CPU path: `buckets` (samples, length, key mask) and each token's
-        slot in their concatenation."""
+    @functools.cached_property
+    def buckets(self) -> list[tuple[int, int, torch.Tensor | None]]:
+        """The attention grids of the unpadded sdpa path, (samples, length, key mask) each; built at the first layer
+        that asks (the fused kernels never do: on a GPU this costs a host sync per batch), with `sample_slots`, each
+        token's slot in their concatenation, and `grid_size`."""
         keys = (self.lengths + ATTENTION_BUCKET_TOKENS - 1) // ATTENTION_BUCKET_TOKENS
         base = torch.empty_like(self.lengths)
-        self.buckets: list[tuple[int, int, torch.Tensor | None]] = []
+        buckets = []
         offset = 0
         for key in torch.unique(keys).tolist():
             members = (keys == key).nonzero().squeeze(1)
             width, mask = _key_grid(self.lengths[members])
-            base[members] = offset + torch.arange(len(members), device=device) * width
-            self.buckets.append((len(members), width, mask))
+            base[members] = offset + torch.arange(len(members), device=keys.device) * width
+            buckets.append((len(members), width, mask))
             offset += len(members) * width
         self.grid_size = offset
-        self.sample_slots = base[sample_of_token] + self.position_ids
+        self.sample_slots = base[self.sample_of_token] + self.position_ids
+        return buckets
 
     @property
     def num_samples(self) -> int:
@@ -129,9 +133,10 @@ class TokenLayout:
         # size and autograd sums the two; split's is one concatenation (~5% of a BERT-mini CPU step).
         if not self.unpadded:
             return attend(*qkv.split([hidden, 2 * hidden], -1), self.mask)
+        buckets = self.buckets  # first: it sets grid_size and sample_slots
         grid = qkv.new_zeros(self.grid_size, qkv.shape[-1]).index_copy(0, self.sample_slots, qkv)
         outputs, at = [], 0
-        for samples, width, mask in self.buckets:
+        for samples, width, mask in buckets:
             bucket = grid[at : at + samples * width].view(samples, width, -1)
             outputs.append(attend(*bucket.split([hidden, 2 * hidden], -1), mask).reshape(-1, hidden))
             at += samples * width
