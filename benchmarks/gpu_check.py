@@ -7,6 +7,8 @@
    at length 128 (full rows) and 512 (half padding, 80 predictions) in bf16 and fp16, and ModernBERT-base at 1,024
    and 8,192 (a third padding) in bf16; bertdist on `auto` attention, padded, compiled and on each attention kernel
    (`model.attention`: sdpa, varlen, flex);
+4. the training step through DeepSpeed (ZeRO-1, bf16, clipping, AdamW; `benchmarks/train_step.py`) of BERT-Large at
+   128 and at 512 with half padding, against the same model in a plain loop and against transformers;
 then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as
 a markdown table beside it (.md, for docs/benchmarks.md). Without a GPU it says so in one line and
 exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so the check cannot break
@@ -127,6 +129,32 @@ def time_models(device: str) -> list[dict]:
     return results
 
 
+TRAIN_STEPS = [("large", 128, 128, 20, 1.0, "bf16"), ("large", 512, 32, 80, 0.5, "bf16")]
+"""The training step through DeepSpeed (ZeRO-1, `benchmarks/train_step.py`): (size, length, batch, predictions,
+fill, precision)."""
+SMOKE_TRAIN_STEPS = [("mini", 64, 4, 10, 1.0, "fp32")]
+
+
+def time_training_steps(device: str) -> list[dict]:
+    sys.path.insert(0, str(HERE))
+    import train_step
+
+    smoke = device == "cpu"
+    results = []
+    for size, length, batch, predictions, fill, precision in SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS:
+        argv = [
+            *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
+            *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
+            *("--zero-stage", "1", "--steps", "1" if smoke else "10"),
+        ]
+        try:
+            results.append({"ok": True, **train_step.main(argv)})
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"[:500]
+            results.append({"ok": False, "size": size, "seq_length": length, "precision": precision, "error": error})
+    return results
+
+
 VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]", "bertdist[varlen]", "bertdist[flex]")
 
 
@@ -147,6 +175,23 @@ def markdown(report: dict) -> str:
         cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in names]
         row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
         lines.append("| " + " | ".join(row) + f" | {t.get('speedup', float('nan')):.2f}x |")
+    lines += [
+        "",
+        "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`), sequences/s (MFU):",
+        "",
+        "| model | length | padding | precision | plain torch | bertdist's engine | transformers | vs transformers |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in report.get("train_steps", []):
+        if not t["ok"]:
+            lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
+            continue
+        cells = [
+            f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else ""
+            for n in ("plain torch", "deepspeed", "transformers")
+        ]
+        row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
+        lines.append("| " + " | ".join(row) + f" | {t.get('speedup', float('nan')):.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check (--smoke runs it on the CPU)")
         return 0
     device = "cpu" if args.smoke else "cuda"
+    os.environ.setdefault("DS_ACCELERATOR", device)  # before anything imports DeepSpeed
     report = {
         "gpus": ["CPU (smoke)"]
         if args.smoke
@@ -173,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     report["tests"] = skipped if args.skip_tests or args.smoke else run_tests(args.prepared)
     report["fused_adam"] = skipped if args.smoke else check_fused_adam()
     report["timings"] = [] if args.skip_timings else time_models(device)
+    report["train_steps"] = [] if args.skip_timings else time_training_steps(device)
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")
     print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")
@@ -186,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     Path(args.json).with_suffix(".md").write_text(table)
     print(f"report: {args.json} and {Path(args.json).with_suffix('.md')}")
-    ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and all(t["ok"] for t in report["timings"])
+    timed = report["timings"] + report["train_steps"]
+    ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and all(t["ok"] for t in timed)
     return 0 if ok else 1
 
 

@@ -66,8 +66,9 @@ def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: 
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def training_step(model, forward, precision: str, device: torch.device) -> callable:
-    """A closure doing one fwd + bwd + AdamW step; fp16 uses loss scaling, bf16 / fp16 autocast, fp32 neither."""
+def training_step(model, forward, precision: str, device: torch.device, clip_norm: float = 0.0) -> callable:
+    """A closure doing one fwd + bwd + AdamW step; fp16 uses loss scaling, bf16 / fp16 autocast, fp32 neither;
+    `clip_norm` > 0 clips the gradients' norm first (as a training run does)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     autocast = torch.autocast(device.type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
@@ -77,6 +78,9 @@ def training_step(model, forward, precision: str, device: torch.device) -> calla
         with autocast:
             loss = forward()
         scaler.scale(loss).backward()
+        if clip_norm:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         scaler.step(optimizer)
         scaler.update()
 

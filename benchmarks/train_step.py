@@ -1,27 +1,38 @@
-"""The cost of the training engine: one optimizer step through bertdist's DeepSpeed engine against the same
-model and AdamW stepped by a plain PyTorch loop, timed in turns in the same process.
+"""The training step, not the model step: one optimizer step through bertdist's DeepSpeed engine against the same
+model stepped by a plain PyTorch loop, and against transformers' BertForPreTraining (SDPA, torch's fused AdamW on
+CUDA), timed in turns in the same process.
 
-Both do forward + backward + gradient clipping at 1.0 + AdamW on the same batch; the ratio is what DeepSpeed's
-engine (ZeRO bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math.
+All three do forward + backward + gradient clipping at 1.0 + AdamW on the same batch, in the same precision
+(autocast for the plain loops, DeepSpeed's bf16/fp16 for the engine); the engine / plain ratio is what DeepSpeed
+(ZeRO bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math, and
+transformers / engine is bertdist's training step against the peer's. MFU counts the model's own FLOPs over the
+real tokens (`bertdist.model.flops`) against a matmul peak measured in the same process. `--fill` below 1 gives
+rows of mixed lengths (0.5: BERT's length-512 data); transformers then computes the padding, as it does without a
+flash-attention package (its padding-free collator needs one).
 
     DS_ACCELERATOR=cpu python benchmarks/train_step.py                 # CPU, BERT-mini, fp32, ZeRO-1
     DS_ACCELERATOR=cpu python benchmarks/train_step.py --zero-stage 2
     python benchmarks/train_step.py --device cuda --size base --precision bf16 --zero-stage 2 --batch-size 64
+    python benchmarks/train_step.py --device cuda --size large --precision bf16 --seq-length 512 --fill 0.5 \
+        --masked-positions 80 --batch-size 32 --attention flex
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import torch
-from common import interleaved_medians, use_all_cores  # benchmarks/ is on sys.path
-from model_step import make_batch
+from common import interleaved_medians, matmul_peak_flops, use_all_cores  # benchmarks/ is on sys.path
+from model_step import DTYPES, make_batch, training_step
 
-from bertdist.config import MODEL_SIZES, ModelConfig, load_config
+from bertdist.config import MODEL_SIZES, load_config
 from bertdist.model.bert.model import BertForPreTraining
+from bertdist.model.flops import train_flops_per_sequence
+from bertdist.model.registry import hf_adapter
 from bertdist.train import deepspeed as engine
 from bertdist.train import distributed
 from bertdist.train.optim import build_optimizer
@@ -35,6 +46,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--zero-stage", type=int, default=1, choices=[0, 1, 2, 3])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--masked-positions", type=int, default=20, help="MLM predictions per sequence")
+    p.add_argument("--fill", type=float, default=1.0, help="mean fraction of real tokens per row (1: no padding)")
+    p.add_argument("--attention", default="auto", help="model.attention of bertdist's model")
+    p.add_argument("--no-reference", action="store_true", help="no transformers row")
     p.add_argument("--steps", type=int, default=7, help="timed steps per variant (median reported)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
@@ -53,10 +68,16 @@ def main(argv: list[str] | None = None) -> dict:
             f"data.phases.0.micro_batch_size={args.batch_size}",
             f"train.zero_stage={args.zero_stage}",
             f"train.precision={args.precision}",
+            f"model.attention={args.attention}",
         ],
     )
-    model_cfg = ModelConfig.from_size(args.size)
-    batch = make_batch(model_cfg, args.batch_size, args.seq_length, 20, device)
+    model_cfg = cfg.model
+    batch = make_batch(model_cfg, args.batch_size, args.seq_length, args.masked_positions, device, args.fill)
+    autocast = (
+        torch.autocast(device.type, dtype=DTYPES[args.precision])
+        if args.precision != "fp32"
+        else contextlib.nullcontext()
+    )
 
     torch.manual_seed(0)
     plain_model = BertForPreTraining(model_cfg).to(device).train()
@@ -64,9 +85,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     def plain_step() -> None:
         plain_optimizer.zero_grad(set_to_none=True)
-        plain_model(**batch).loss.backward()
+        with autocast:
+            loss = plain_model(**batch).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(plain_model.parameters(), cfg.optim.grad_clip_norm)
         plain_optimizer.step()
+
+    steps = {"plain torch": plain_step}
 
     torch.manual_seed(0)
     ds_model = BertForPreTraining(model_cfg)
@@ -78,10 +103,25 @@ def main(argv: list[str] | None = None) -> dict:
         ds_engine.backward(ds_engine(**batch).loss)
         ds_engine.step()
 
-    seconds = interleaved_medians(
-        {"plain torch": plain_step, "deepspeed": engine_step}, device, repeats=args.steps, warmup=2
-    )
+    steps["deepspeed"] = engine_step
+    if not args.no_reference:
+        import transformers
+
+        from bertdist.model.ops import IGNORE_INDEX
+
+        hf_config = transformers.BertConfig(**hf_adapter("bert").config_to_hf(model_cfg), attn_implementation="sdpa")
+        reference = transformers.BertForPreTraining(hf_config).to(device).train()
+        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
+        hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
+        steps["transformers"] = training_step(
+            reference, lambda: reference(**hf_inputs, labels=labels).loss, args.precision, device, clip_norm=1.0
+        )
+    peak = matmul_peak_flops(device, DTYPES[args.precision])
+    seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=2)
     distributed.destroy_process_group()
+    mean_length = float(batch["attention_mask"].sum()) / args.batch_size
+    flops_per_sequence = train_flops_per_sequence(model_cfg, mean_length, args.masked_positions)
     results = {
         "size": args.size,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)",
@@ -89,16 +129,30 @@ def main(argv: list[str] | None = None) -> dict:
         "zero_stage": args.zero_stage,
         "batch_size": args.batch_size,
         "seq_length": args.seq_length,
-        **{name: {"step_seconds": s, "sequences_per_second": args.batch_size / s} for name, s in seconds.items()},
+        "padding_fraction": 1 - mean_length / args.seq_length,
+        "attention": args.attention,
+        **{
+            name: {
+                "step_seconds": s,
+                "sequences_per_second": args.batch_size / s,
+                "mfu": args.batch_size / s * flops_per_sequence / peak,
+            }
+            for name, s in seconds.items()
+        },
         "deepspeed_over_plain": seconds["deepspeed"] / seconds["plain torch"],
     }
+    if "transformers" in seconds:
+        results["speedup"] = seconds["transformers"] / seconds["deepspeed"]
     print(
         f"BERT-{args.size}, batch {args.batch_size} x {args.seq_length}, {args.precision}, ZeRO-{args.zero_stage}, "
         f"{results['device']}"
     )
     for name, s in seconds.items():
-        print(f"  {name:12s} {s * 1e3:8.1f} ms/step  {args.batch_size / s:8.1f} sequences/s")
+        mfu = results[name]["mfu"]
+        print(f"  {name:12s} {s * 1e3:8.1f} ms/step  {args.batch_size / s:8.1f} sequences/s  MFU {mfu:6.1%}")
     print(f"  engine time / plain time: {results['deepspeed_over_plain']:.2f}")
+    if "speedup" in results:
+        print(f"  bertdist's engine over transformers: {results['speedup']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -29,5 +29,7 @@ def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
     rows = report["timings"]
     assert [(t["size"], t["ok"]) for t in rows] == [("mini", True), ("modernbert-mini", True)], rows
     assert all("bertdist[sdpa]" in t and "transformers" in t and t["speedup"] > 0 for t in rows)
+    (step,) = report["train_steps"]
+    assert step["ok"] and {"plain torch", "deepspeed", "transformers"} <= set(step) and step["speedup"] > 0, step
     table = report_file.with_suffix(".md").read_text()
-    assert "| mini | 64 |" in table and "| modernbert-mini | 128 |" in table and "bertdist[sdpa]" in table
+    assert table.count("| mini | 64 |") == 2 and "| modernbert-mini | 128 |" in table and "bertdist[sdpa]" in table
