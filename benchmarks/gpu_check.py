@@ -159,40 +159,40 @@ VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]",
 
 
 def markdown(report: dict) -> str:
-    """The timing table for docs/benchmarks.md: sequences/s and MFU of each variant, and the speedup over
+    """The timing tables for docs/benchmarks.md: sequences/s and MFU of each variant, and the speedup over
     transformers, one row per model, length and precision."""
     names = [v for v in (*VARIANTS, "transformers") if any(v in t for t in report["timings"])]
+    engine = {"plain torch": "plain torch", "deepspeed": "bertdist's engine", "transformers": "transformers"}
+    return (
+        "\n".join(
+            [
+                f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU)",
+                "",
+                *_table(report["timings"], {n: n for n in names}),
+                "",
+                "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`):",
+                "",
+                *_table(report.get("train_steps", []), engine),
+            ]
+        )
+        + "\n"
+    )
+
+
+def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
+    """Markdown rows of timed variants (`columns`: their key in a result -> the column's header)."""
     lines = [
-        f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU)",
-        "",
-        "| model | length | padding | precision | " + " | ".join(names) + " | vs transformers |",
-        "|---" * (len(names) + 5) + "|",
+        "| model | length | padding | precision | " + " | ".join(columns.values()) + " | vs transformers |",
+        "|---" * (len(columns) + 5) + "|",
     ]
-    for t in report["timings"]:
+    for t in timings:
         if not t["ok"]:
             lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
             continue
-        cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in names]
+        cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in columns]
         row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
         lines.append("| " + " | ".join(row) + f" | {t.get('speedup', float('nan')):.2f}x |")
-    lines += [
-        "",
-        "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`), sequences/s (MFU):",
-        "",
-        "| model | length | padding | precision | plain torch | bertdist's engine | transformers | vs transformers |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for t in report.get("train_steps", []):
-        if not t["ok"]:
-            lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
-            continue
-        cells = [
-            f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else ""
-            for n in ("plain torch", "deepspeed", "transformers")
-        ]
-        row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
-        lines.append("| " + " | ".join(row) + f" | {t.get('speedup', float('nan')):.2f}x |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

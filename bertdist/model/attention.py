@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from bertdist.config import ModelConfig
+from bertdist.model import registry
 
 try:  # PyTorch >= 2.9 on CUDA
     from torch.nn.attention.varlen import varlen_attn
@@ -35,13 +36,14 @@ try:
 except ImportError:  # pragma: no cover - older torch
     flex_attention = None
 
-BACKENDS = ("auto", "sdpa", "varlen", "flex")
 HALF_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def model_problems(m: ModelConfig, device_type: str, precision: str) -> list[str]:
-    """`device_problems` of a model's settings (pretraining's and fine-tuning's start ask this)."""
-    windowed = m.arch == "modernbert" and m.global_attn_every_n_layers > 1 and m.num_layers > 1
+    """`device_problems` of a model's settings (pretraining's and fine-tuning's start ask this). Windowed: the family
+    reads `model.local_attention` (its spec's own fields) and some layer is not a global one."""
+    reads_windows = "local_attention" in registry.spec(m.arch).own_fields
+    windowed = reads_windows and any(layer % m.global_attn_every_n_layers for layer in range(m.num_layers))
     return device_problems(m.attention, device_type, precision, m.attention_dropout_prob, windowed, m.unpad)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from bertdist.model.ops import IGNORE_INDEX
+from bertdist.model.ops import IGNORE_INDEX, softmax_minus_one_hot_, vocab_softmax
 
 
 def chunk_rows_within(vocab_size: int, budget_mib: int) -> int:
@@ -71,16 +71,12 @@ class _ChunkedVocabCrossEntropy(torch.autograd.Function):
             chunk, chunk_valid, chunk_targets = features[rows], valid[rows], targets[rows][None]
             flat = chunk.t()  # (E, r): logits vocabulary-major, (V, r), as `ops.tied_logits` lays them out
             scores = (weight @ flat if bias is None else torch.addmm(bias[:, None], weight, flat)).to(fp32)
-            maxes = scores.amax(0)
-            label_scores = scores.gather(0, chunk_targets).squeeze(0)
+            maxes, label_scores, exps, sums = vocab_softmax(scores, chunk_targets)
+            del scores  # the chunk's budget is two (V, r) tensors: the scores until here, then the gradient
             hits[rows] = (label_scores == maxes) & chunk_valid
-            exps = scores.sub_(maxes).exp_()  # scores is this chunk's own tensor: the matmul's, or its fp32 copy
-            sums = exps.sum(0)
             total += ((sums.log() + maxes - label_scores) * chunk_valid).sum()
-            if wanted:
-                keep = chunk_valid.to(fp32)
-                grad = exps.mul_(keep / sums)  # (V, r): softmax - one-hot, zero at -100 rows
-                grad.scatter_add_(0, chunk_targets, -keep[None])
+            if wanted:  # (V, r) softmax - one-hot, zero at -100 rows
+                grad = softmax_minus_one_hot_(exps, sums, chunk_targets, chunk_valid.to(fp32))
                 _add_chunk_grads(grads, grad, chunk, weight, rows)
         if wanted:
             ctx.save_for_backward(*grads, count)

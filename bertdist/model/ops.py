@@ -179,15 +179,13 @@ class VocabCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         scores = logits.t().to(torch.promote_types(logits.dtype, torch.float32))  # (vocab, rows)
-        maxes = scores.amax(0)
-        exps = torch.sub(scores, maxes).exp_()
-        sums = exps.sum(0)
         valid = labels != IGNORE_INDEX
         targets = labels.masked_fill(~valid, 0)[None]
         count = valid.sum()
+        maxes, label_scores, exps, sums = vocab_softmax(scores, targets)
         ctx.save_for_backward(exps, sums, targets, valid, count)
         ctx.consumed = False
-        return ((sums.log() + maxes - scores.gather(0, targets).squeeze(0)) * valid).sum() / count
+        return ((sums.log() + maxes - label_scores) * valid).sum() / count
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -195,7 +193,22 @@ class VocabCrossEntropy(torch.autograd.Function):
             raise RuntimeError("the MLM loss supports one backward pass per forward (retain_graph is not supported)")
         ctx.consumed = True
         exps, sums, targets, valid, count = ctx.saved_tensors
-        weights = valid * (grad_loss / count)
-        grad = exps.mul_(weights / sums)  # (vocab, rows): weighted softmax, then minus the weight at each label
-        grad.scatter_add_(0, targets, -weights[None].to(grad.dtype))
-        return grad.t(), None
+        return softmax_minus_one_hot_(exps, sums, targets, valid * (grad_loss / count)).t(), None
+
+
+def vocab_softmax(scores: torch.Tensor, targets: torch.Tensor):
+    """The parts of a cross-entropy over (vocab, rows) fp32 scores, vocabulary-major, against (1, rows) targets:
+    each row's max, its label's score, exp(score - max) and their sums; the loss of a row is log(sum) + max - label
+    score. `VocabCrossEntropy` and the chunked loss (bertdist.model.chunked_loss) share it."""
+    maxes = scores.amax(0)
+    exps = torch.sub(scores, maxes).exp_()
+    return maxes, scores.gather(0, targets).squeeze(0), exps, exps.sum(0)
+
+
+def softmax_minus_one_hot_(
+    exps: torch.Tensor, sums: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """d loss / d scores from `vocab_softmax`'s parts, in place in `exps`: (softmax - one-hot at the targets) x each
+    row's weight (d loss / d that row's loss; 0 where nothing is predicted)."""
+    grad = exps.mul_(weights / sums)
+    return grad.scatter_add_(0, targets, -weights[None].to(grad.dtype))
