@@ -62,7 +62,10 @@ class ModelConfig:
     """Run the encoder on the real tokens only, not on padding (`bertdist.model.layout`); the same outputs, and
     faster wherever a batch has padding (measured in benchmarks/packing.py)."""
     compile: bool = False
-    """Compile the model with `torch.compile` before training (dynamic shapes; the first steps compile)."""
+    """Compile the encoder's layers with `torch.compile` (inductor, dynamic shapes), one region per layer class, the
+    layout's attention and the rest of the model eager (bertdist.model.compiled): the first steps compile a
+    handful of graphs, a layer whose compilation fails warns and runs eager. Off by default: slower on CPU, and
+    not yet measured faster on a GPU (`make gpu-check` times it). Not with ZeRO-3 yet."""
     attention: Literal["auto", "sdpa", "varlen", "flex"] = "auto"
     """The attention kernel (bertdist.model.attention): sdpa (grids of samples of similar length; every device,
     attention dropout), varlen (flash attention's variable-length kernel: CUDA, fp16/bf16, no attention dropout or

@@ -122,14 +122,15 @@ def _check_vocab(vocab: str, model_cfg: ModelConfig, trained_with: str) -> None:
 
 
 def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
-    """The checkpoint's architecture with this run's dropout, activation checkpointing and attention kernel (a
-    model pretrained on FlexAttention on a GPU fine-tunes with this machine's choice)."""
+    """The checkpoint's architecture with this run's dropout, activation checkpointing, attention kernel and
+    compilation (a model pretrained compiled, on FlexAttention on a GPU, fine-tunes with this machine's choices)."""
     return replace(
         model_cfg,
         hidden_dropout_prob=run.hidden_dropout_prob,
         attention_dropout_prob=run.attention_dropout_prob,
         activation_checkpointing=run.activation_checkpointing,
         attention=run.attention,
+        compile=run.compile,
     )
 
 

@@ -103,6 +103,7 @@ class TokenLayout:
             return input_ids, token_type_ids, positions.view(self.rows, self.seq)
         return input_ids, token_type_ids, None
 
+    @torch.compiler.disable  # Python over this batch's lengths: out of the compiled layers (bertdist.model.compiled)
     def attention(
         self,
         qkv: torch.Tensor,
@@ -155,6 +156,7 @@ class TokenLayout:
             self._block_masks[window] = kernels.block_mask(slots, window)
         return self._block_masks[window]
 
+    @torch.compiler.disable
     def attention_at(self, q: torch.Tensor, kv: torch.Tensor, attend) -> torch.Tensor:
         """Attention for a few queries per sample: q (samples, k, hidden) and the (..., 2 hidden) keys and
         values of every token of the space in use -> (samples, k, hidden). The keys and values are laid out as

@@ -40,6 +40,9 @@ class FamilySpec:
     """`model.size` -> its settings (with `arch` for every family but BERT, the default)."""
     demo_config: str | None = None
     """The `configs/` file `bertdist demo --arch` runs for this family; None: no demo."""
+    layer_class: str = "bertdist.model.bert.layers.BertLayer"
+    """The encoder's repeated layer, module path and class: what `model.compile` compiles, one region per layer
+    (bertdist.model.compiled)."""
     other_model_types: tuple[str, ...] = ()
     """Other config.json `model_type`s the family's adapter reads (RoBERTa's: XLM-R's `xlm-roberta`, the same
     architecture under another name); `model_type` stays the one its exports are by default."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from bertdist import chatter
 from bertdist.config import Config, ConfigError, PhaseConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
-from bertdist.model import attention
+from bertdist.model import attention, compiled
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -96,6 +96,9 @@ def initialize(
     """Wrap `model` and `optimizer` in a DeepSpeed engine (torch.distributed must already be up). `shared`: the
     parameters a module uses that another owns (a pretraining model's `external_parameters()`), which ZeRO-3 must
     gather there too."""
+    if model.config.compile:
+        # Before the engine: its hooks then wrap the compiled layers as they wrap eager ones.
+        compiled.compile_model(model, model.config.arch)
     with chatter.quiet():  # its CPU backend prints "DeepSpeed ... built successfully"
         import deepspeed
 
@@ -107,9 +110,6 @@ def initialize(
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
         )
-    if model.config.compile:
-        # Dynamic shapes: batches are padded per batch and the unpadded encoder's token count varies.
-        engine.compile(compile_kwargs={"dynamic": True})
     return engine
 
 

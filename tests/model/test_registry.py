@@ -34,6 +34,7 @@ def test_every_pretraining_class_keeps_the_written_protocol(arch):
     import inspect
 
     from bertdist.config import MODEL_SIZES
+    from bertdist.model.compiled import compile_model
     from bertdist.model.protocol import BareEncoder, PretrainingModel
 
     size = next(name for name, settings in MODEL_SIZES.items() if settings.get("arch", "bert") == arch)
@@ -44,6 +45,7 @@ def test_every_pretraining_class_keeps_the_written_protocol(arch):
     for module, parameter in model.external_parameters():
         assert any(parameter is p for p in model.parameters()) and any(module is m for m in model.modules())
     assert isinstance(registry.spec(arch).tasks().encoder(model.config), BareEncoder)
+    assert compile_model(model, arch, backend="eager") > 0  # the spec names its layers' class (model.compile)
 
 
 def test_reading_the_registry_and_validating_a_config_import_no_torch():

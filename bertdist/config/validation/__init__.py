@@ -5,9 +5,9 @@
     validate_finetune(cfg, world_size)       finetune, and evaluate for every task of its suite: finetune
     validate_prepare(opts)                   prepare (PrepareOptions, problems named by flag): prepare
 
-A rule two commands share is one function that both call (`local_only_problems`, `heads_divide_problem`, which
-the model's own guard bertdist.model.initialisation.check_heads_divide raises too). `bertdist embed` checks its few
-flags beside its options (bertdist.finetune.embed.check).
+A rule two commands share is one function that both call (`local_only_problems`, `compile_problems`,
+`heads_divide_problem`, which the model's own guard bertdist.model.initialisation.check_heads_divide raises too).
+`bertdist embed` checks its few flags beside its options (bertdist.finetune.embed.check).
 """
 
 from bertdist.config.validation.finetune import data_problems, source_problems, validate_finetune

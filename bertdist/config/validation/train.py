@@ -201,6 +201,16 @@ def batch_warmup_problems(cfg: Config, world: int) -> list[str]:
     return found
 
 
+def compile_problems(cfg: Config) -> list[str]:
+    """`model.compile` with what it cannot run beside yet (pretraining and fine-tuning)."""
+    if cfg.model.compile and cfg.train.zero_stage == 3:
+        return [
+            "model.compile: not supported yet with train.zero_stage: 3 (ZeRO-3 gathers each module's parameters in "
+            "hooks that the compiled layers would trace); use train.zero_stage: 1 or 2, or model.compile: false"
+        ]
+    return []
+
+
 def validate(cfg: Config, world_size: int | None = None, check_files: bool = True) -> None:
     """Raise ConfigError with every impossible combination in `cfg`.
 
@@ -224,6 +234,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
 
     if t.zero_stage not in (0, 1, 2, 3):
         p.append(f"train.zero_stage: must be 0, 1, 2 or 3, got {t.zero_stage}")
+    p.extend(compile_problems(cfg))
     if t.global_batch_size <= 0:
         p.append(f"train.global_batch_size: must be positive, got {t.global_batch_size}")
     for name in ("log_every_steps", "eval_every_steps", "eval_batches", "max_nonfinite_steps"):

@@ -35,6 +35,7 @@ SPEC = FamilySpec(
     onnx_pretraining=("AlbertForPreTraining", "AlbertForMaskedLM"),
     objectives=("mlm+nsp", "mlm", "mlm+sop"),
     rules=True,
+    layer_class="bertdist.model.albert.model.AlbertLayer",
     presets=PRESETS,
     demo_config=None,
 )

@@ -54,6 +54,7 @@ SPEC = FamilySpec(
     onnx_pretraining=("ModernBertForMaskedLM",),
     objectives=("mlm",),
     rules=True,
+    layer_class="bertdist.model.modernbert.model.ModernBertEncoderLayer",
     presets=PRESETS,
     demo_config="modernbert-tiny.yaml",
 )

@@ -1,0 +1,101 @@
+"""`model.compile` (bertdist.model.compiled): the layers compiled region by region compute what the eager model does,
+compile a handful of graphs whatever the lengths, fall back to eager when the compiler fails, and leave export,
+attention pictures and parameter names alone.
+
+The graph counts use dynamo's counting backend (`CompileCounter`: it traces as inductor would and compiles
+nothing); the parity test compiles with inductor (most of a minute here). Speed is measured in
+`benchmarks/model_step.py --compile`, not here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+from bertdist.config import load_config
+from bertdist.config.errors import ConfigError
+from bertdist.config.validation import validate
+from bertdist.data.batching import batch_of
+from bertdist.model.compiled import compile_model
+from bertdist.model.registry import build_model
+from tests.conftest import tiny_model_config
+from tests.model.test_layout import SEQ, random_samples
+
+MODERNBERT = dict(arch="modernbert", objective="mlm", num_layers=4, global_attn_every_n_layers=2, local_attention=8)
+
+
+def _pair(**config) -> tuple[torch.nn.Module, torch.nn.Module]:
+    cfg = tiny_model_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0, **config)
+    torch.manual_seed(0)
+    eager, compiled = build_model(cfg), build_model(cfg)
+    compiled.load_state_dict(eager.state_dict())
+    return eager, compiled
+
+
+@pytest.mark.slow
+def test_compiled_layers_match_eager_outputs_and_gradients():
+    eager, compiled = _pair()
+    assert compile_model(compiled, "bert") == 2
+    for seed in (1, 2):  # two batches of other shapes: the dynamic graphs serve both
+        batch = batch_of(random_samples(8, seed=seed), SEQ)
+        want, got = eager(**batch), compiled(**batch)
+        want.loss.backward()
+        got.loss.backward()
+        torch.testing.assert_close(got.mlm_logits, want.mlm_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.loss, want.loss, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("config", [{}, MODERNBERT], ids=["bert", "modernbert"])
+def test_a_run_compiles_a_handful_of_graphs_whatever_the_lengths_and_the_depth(config):
+    """Every layer of a kind shares its graphs, and a new batch length reuses them: the count after the first
+    batch is the count after five, and a model twice as deep compiles no more."""
+    counts = []
+    for layers in (2, 4) if not config else (4, 8):
+        eager, compiled = _pair(**{**config, "num_layers": layers})
+        counter = CompileCounter()
+        compile_model(compiled, compiled.config.arch, backend=counter)
+        after_first = None
+        for seed in range(1, 6):
+            batch = batch_of(random_samples(8, seed=seed), SEQ)
+            torch.testing.assert_close(compiled(**batch).loss, eager(**batch).loss)
+            after_first = after_first or counter.frame_count
+        assert counter.frame_count == after_first
+        counts.append(counter.frame_count)
+    assert counts[0] == counts[1] <= 12, counts
+
+
+def test_a_failing_compiler_warns_once_naming_the_layer_and_the_model_runs_eager():
+    def broken(graph, example_inputs):
+        raise RuntimeError("the backend cannot build this graph")
+
+    eager, compiled = _pair()
+    compile_model(compiled, "bert", backend=broken)
+    batch = batch_of(random_samples(8, seed=1), SEQ)
+    with pytest.warns(RuntimeWarning, match=r"compiling layer bert\.encoder\.layer\.0 \(BertLayer\) failed") as seen:
+        got = compiled(**batch)
+        compiled(**batch)
+    assert len(seen) == 1
+    torch.testing.assert_close(got.loss, eager(**batch).loss)
+
+
+def test_export_attention_pictures_and_checkpoints_see_the_eager_layers():
+    eager, compiled = _pair()
+    compile_model(compiled, "bert", backend=CompileCounter())
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    batch = batch_of(random_samples(4, seed=3), SEQ)
+    inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    compiled.eval(), eager.eval()
+    for got, want in zip(compiled.bert.attention_probabilities(*inputs), eager.bert.attention_probabilities(*inputs)):
+        torch.testing.assert_close(got, want)
+    # The tracer bertdist's ONNX export runs (torch.onnx.export(dynamo=False)); dynamo refuses to be traced.
+    graph = torch.jit.trace(compiled.bert, inputs, check_trace=False)
+    torch.testing.assert_close(graph(*inputs)[0], eager.bert(*inputs)[0])
+
+
+def test_compiling_beside_zero_3_is_refused_naming_the_fields():
+    cfg = load_config(None, ["model.compile=true", "train.zero_stage=3"])
+    with pytest.raises(ConfigError, match=r"model\.compile: not supported yet with train\.zero_stage: 3"):
+        validate(cfg, world_size=1, check_files=False)
