@@ -3,6 +3,7 @@ whose batches differ in lengths."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -139,3 +140,45 @@ def test_zero3_trains_on_two_ranks_whose_batches_have_different_lengths(tmp_path
     for step, m in metrics.items():
         for key in ("loss/train", "mlm_accuracy/train"):
             assert math.isclose(m[key], want[step][key], rel_tol=1e-4, abs_tol=1e-6), (step, key, m[key], want[step])
+
+
+def test_a_compiled_model_trains_inside_the_engine_as_the_eager_one(monkeypatch):
+    """`model.compile` reaches the engine: its layers are compiled before DeepSpeed wraps them (dynamo's counting
+    backend stands in for inductor, whose parity tests/model/test_compiled.py checks), and one ZeRO-1 step on a
+    real single-rank process group gives the eager engine's loss and weights."""
+    import functools
+
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    from bertdist.data.batching import batch_of
+    from bertdist.model import compiled
+    from bertdist.model.registry import build_model
+    from bertdist.train import deepspeed as ds
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, free_tcp_port, init_process_group
+    from bertdist.train.optim import build_optimizer
+    from tests.conftest import TEST_VOCAB_SIZE
+    from tests.model.test_layout import SEQ, random_samples
+
+    counter = CompileCounter()
+    monkeypatch.setattr(compiled, "compile_model", functools.partial(compiled.compile_model, backend=counter))
+    cfg = _cfg("model.size=tiny", "model.hidden_dropout_prob=0", "model.attention_dropout_prob=0")
+    batch = batch_of(random_samples(8, seed=1), SEQ)
+    init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none"), "gloo", rendezvous_timeout_s=10)
+    try:
+        results = []
+        for compile_layers in (False, True):
+            model_cfg = dataclasses.replace(cfg.model, vocab_size=TEST_VOCAB_SIZE, compile=compile_layers)
+            torch.manual_seed(0)
+            model = build_model(model_cfg)
+            engine = ds.initialize(model, build_optimizer(model, cfg.optim, "cpu"), ds.engine_config(cfg, 8, 8, 1))
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            results.append((loss.detach(), [p.detach().clone() for p in model.parameters()]))
+    finally:
+        destroy_process_group()
+    assert counter.frame_count > 0
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for got, want in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(got, want)
