@@ -160,6 +160,7 @@ def test_a_compiled_model_trains_inside_the_engine_as_the_eager_one(monkeypatch)
     from tests.conftest import TEST_VOCAB_SIZE
     from tests.model.test_layout import SEQ, random_samples
 
+    torch._dynamo.reset()  # graphs an earlier test compiled in this process would hide these compilations
     counter = CompileCounter()
     monkeypatch.setattr(compiled, "compile_model", functools.partial(compiled.compile_model, backend=counter))
     cfg = _cfg("model.size=tiny", "model.hidden_dropout_prob=0", "model.attention_dropout_prob=0")
