@@ -9,6 +9,11 @@
    (`model.attention`: sdpa, varlen, flex);
 4. the training step through DeepSpeed (ZeRO-1, bf16, clipping, AdamW; `benchmarks/train_step.py`) of BERT-Large at
    128 and at 512 with half padding, against the same model in a plain loop and against transformers;
+5. with `--ttq DIR`, the time to quality (`benchmarks/time_to_quality.py --device cuda`): bertdist's fast recipe
+   against transformers' Trainer given the same recipe (bf16, fused AdamW), BERT-medium at batch 256,
+   `--ttq-minutes` each (1.5), on the data `time_to_quality.py --prepare-only --runs bert-fast,bert-trainer`
+   made on a machine with Ray (its OUTPUT/data, carried). With the probes and scoring it takes ~5 minutes, so on a
+   15-minute lease it is a second call: `gpu_check.py --skip-tests --skip-timings --ttq DIR`;
 then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as
 a markdown table beside it (.md, for docs/benchmarks.md). Without a GPU it says so in one line and
 exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so the check cannot break
@@ -16,6 +21,7 @@ unseen). Exit code 1 when a check failed. On a GPU machine that has torch and De
 DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR` wrote on another machine.
 
     python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR] [--smoke]
+        [--ttq DIR [--ttq-minutes 1.5]]
 """
 
 from __future__ import annotations
@@ -155,6 +161,47 @@ def time_training_steps(device: str) -> list[dict]:
     return results
 
 
+TTQ_RUNS = "bert-fast,bert-trainer"
+TTQ_SETTINGS = ("model.size=medium", "train.global_batch_size=256", "data.phases.0.micro_batch_size=256")
+"""The GPU time to quality: BERT-medium (8 layers, 512 wide) at batch 256, both engines in bf16 with a fused AdamW,
+bert-mini-fast's recipe otherwise: a model that learns visibly in a minute or two on one H100 or H200."""
+SMOKE_TTQ_SETTINGS = ("model.size=tiny",)
+TTQ_TIMEOUT_S = 540
+
+
+def time_to_quality(prepared: str, budget_minutes: float, device: str) -> dict:
+    """benchmarks/time_to_quality.py on `device`: bertdist's fast recipe against transformers' Trainer given the same
+    recipe, one seed at `budget_minutes` each, on data prepared on another machine (`--prepare-only`, carried)."""
+    out = HERE.parent / "runs" / "gpu-check-ttq"
+    settings = SMOKE_TTQ_SETTINGS if device == "cpu" else TTQ_SETTINGS
+    command = [
+        sys.executable,
+        str(HERE / "time_to_quality.py"),
+        *("--device", device, "--prepared", str(Path(prepared).resolve()), "--runs", TTQ_RUNS),
+        *("--budget-minutes", str(budget_minutes), "--seeds", "1", "--downstream-seeds", "0", "--checkpoints", "4"),
+        *("--output", str(out), "--set", *settings),
+    ]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, cwd=HERE.parent, capture_output=True, text=True, timeout=TTQ_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {TTQ_TIMEOUT_S} s"}
+    if proc.returncode != 0:
+        return {"ok": False, "error": (proc.stdout + proc.stderr)[-1500:]}
+    results = json.loads((out / "results.json").read_text())
+    finals = {r["run"]: r["curve"][-1] for r in results["runs"] if r["curve"]}
+    return {
+        "ok": True,
+        "seconds": round(time.perf_counter() - start),
+        "settings": list(settings),
+        "budget_minutes": budget_minutes,
+        "ratios": results["ratios"],
+        "targets": results["targets"],
+        "final": finals,
+        "summary": results["summary"],
+    }
+
+
 VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]", "bertdist[varlen]", "bertdist[flex]")
 
 
@@ -173,10 +220,26 @@ def markdown(report: dict) -> str:
                 "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`):",
                 "",
                 *_table(report.get("train_steps", []), engine),
+                *_time_to_quality_lines(report.get("time_to_quality", {})),
             ]
         )
         + "\n"
     )
+
+
+def _time_to_quality_lines(ttq: dict) -> list[str]:
+    """The time to quality's summary under the tables (nothing when the check did not run it)."""
+    if "settings" not in ttq and "error" not in ttq:
+        return []
+    if not ttq["ok"]:
+        return ["", f"Time to quality: failed: {ttq['error'][-200:]}"]
+    finals = ", ".join(f"{run} {curve['accuracy']:.4f} at step {curve['step']}" for run, curve in ttq["final"].items())
+    return [
+        "",
+        f"Time to quality (`benchmarks/time_to_quality.py`, {' '.join(ttq['settings'])}, "
+        f"{ttq['budget_minutes']:g} min each): final held-out MLM accuracy {finals}",
+        *(f"- {line}" for line in ttq["summary"]),
+    ]
 
 
 def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
@@ -201,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-timings", action="store_true")
     parser.add_argument("--prepared", help="a directory `python -m tests.prepared` wrote (for a machine without Ray)")
+    parser.add_argument(
+        "--ttq",
+        metavar="DIR",
+        help="also the time to quality on the data `time_to_quality.py --prepare-only` made (OUTPUT/data, carried)",
+    )
+    parser.add_argument("--ttq-minutes", type=float, default=1.5, help="each engine's budget (default 1.5)")
     parser.add_argument("--smoke", action="store_true", help="on the CPU at tiny sizes: the check's code, no figures")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -220,10 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     report["fused_adam"] = skipped if args.smoke else check_fused_adam()
     report["timings"] = [] if args.skip_timings else time_models(device)
     report["train_steps"] = [] if args.skip_timings else time_training_steps(device)
+    report["time_to_quality"] = time_to_quality(args.ttq, args.ttq_minutes, device) if args.ttq else skipped
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")
     print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")
     print(f"FusedAdam:  {'ok' if report['fused_adam']['ok'] else 'FAILED ' + report['fused_adam']['error']}")
+    ttq = report["time_to_quality"]
+    print("Time to quality: " + ("; ".join(ttq.get("summary", [])) or ttq.get("error", "") or "skipped"))
     table = markdown(report)
     print(table)
     if not args.json:
@@ -234,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).with_suffix(".md").write_text(table)
     print(f"report: {args.json} and {Path(args.json).with_suffix('.md')}")
     timed = report["timings"] + report["train_steps"]
-    ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and all(t["ok"] for t in timed)
+    ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and ttq["ok"] and all(t["ok"] for t in timed)
     return 0 if ok else 1
 
 

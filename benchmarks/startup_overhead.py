@@ -27,20 +27,23 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import time_to_quality as ttq  # noqa: E402  (benchmarks/ is not a package)
+from ttq_data import prepare_data  # noqa: E402  (benchmarks/ is not a package)
+from ttq_runs import REPO, base_config, bertdist_config, start_run  # noqa: E402
 
-REPO = ttq.REPO
+BERTDIST, TRAINER = "bert-fast", "bert-trainer"
+"""The runs of benchmarks/time_to_quality.py this times (benchmarks/ttq_runs.py)."""
 
 
 def bertdist_run(directory: Path, prep: dict, steps: int, every: int) -> dict:
-    config = ttq._bertdist_config("fast", directory, prep, steps, every)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = bertdist_config(BERTDIST, directory, prep, steps, every, seed=0)
     text = config.read_text().replace("log_every_steps: 10", "log_every_steps: 1")
     config.write_text(text)
     start = time.time()
     process = subprocess.Popen(
         [sys.executable, "-m", "bertdist", "train", "--config", str(config)],
         cwd=REPO,
-        env=ttq._env(),
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -69,7 +72,7 @@ def _saved_steps(log: list[str]) -> list[str]:
 
 def trainer_run(directory: Path, prep: dict, steps: int, every: int) -> dict:
     start = time.time()
-    process = ttq._trainer_process(directory, prep, steps, every)
+    process = start_run(TRAINER, directory, prep, steps, every, seed=0)
     process.wait()
     wall = time.time() - start
     step_ends = json.loads((directory / "step_times.json").read_text())
@@ -102,14 +105,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    prep = ttq.prepare_data(out)
+    cfg = base_config(BERTDIST)
+    seq, batch = cfg.data.phases[0].max_seq_length, cfg.train.global_batch_size
+    prep = prepare_data(out / "data", [], {"mlm", "chunks"}, seq, cfg.model.vocab_size)
     results = {}
     for name, run in (("trainer", trainer_run), ("bertdist", bertdist_run)):
         directory = out / name / "run"
         shutil.rmtree(directory, ignore_errors=True)
         results[name] = run(directory, prep, args.steps, args.every)
     print(
-        f"{args.steps} steps of BERT-mini, batch {ttq.BATCH} x {ttq.SEQ}, a checkpoint every {args.every}, one rank, "
+        f"{args.steps} steps of BERT-mini, batch {batch} x {seq}, a checkpoint every {args.every}, one rank, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     print(f"{'':22s}{'trainer':>10s}{'bertdist':>10s}")

@@ -44,6 +44,18 @@ tests). Split by architecture, each half fits in ~40 minutes:
                                                    # then ModernBERT's pair, reporting all four, ~37 min
     python benchmarks/time_to_quality.py --budget-minutes 0.5 --seeds 1 --downstream-seeds 0      # a smoke test
     python benchmarks/time_to_quality.py --corpus my_texts/ --runs bert-fast,bert-trainer --budget-minutes 4 8
+
+On a GPU (`--device cuda`) both engines train in bf16 with a fused AdamW, and `--set` sizes the model and batch for
+it, for both (the Trainer reads the same config). A GPU machine without Ray takes data prepared elsewhere:
+`--prepare-only` makes OUTPUT/data here and stops; there, `--prepared DIR` reads it as it is (`make gpu-check`'s
+`--ttq DIR` runs this):
+    python benchmarks/time_to_quality.py --prepare-only --runs bert-fast,bert-trainer --corpus BIG.jsonl \
+        --output runs/ttq-gpu
+    python benchmarks/time_to_quality.py --device cuda --prepared runs/ttq-gpu/data --runs bert-fast,bert-trainer \
+        --set model.size=medium train.global_batch_size=256 data.phases.0.micro_batch_size=256 --budget-minutes 3
+A GPU step is a thousand times a CPU one: Python's documentation (280k tokens at length 128) is one epoch every
+9 steps of batch 256, and held-out accuracy then measures memorising. Give it a corpus of tens of millions of tokens
+(English manual pages: `python -m bertdist.data.manpages --languages en --max-docs-per-language 0`).
 """
 
 from __future__ import annotations
@@ -57,9 +69,21 @@ import time
 from pathlib import Path
 
 from ttq_data import downstream, held_out_set, hf_directory, plateau, prepare_data, score
-from ttq_runs import DEFAULT_RUNS, RUNS, base_config, check_trainer_recipe, kind_of, probe, recipe_line, timed_run
+from ttq_runs import (
+    DEFAULT_RUNS,
+    RUNS,
+    base_config,
+    check_trainer_recipe,
+    configure,
+    kind_of,
+    probe,
+    recipe_line,
+    timed_run,
+)
 
-RATIO_GOAL = 2.5
+RATIO_GOALS = {"cpu": 2.5, "cuda": 2.0}
+"""bertdist's fast recipe against the same-recipe Trainer, time to the Trainer's accuracy: the CPU goal and the
+GPU's (issue 43: 2x, where the encoder's GEMMs leave the model less to win)."""
 PLATEAU_MARGIN = 0.02
 
 
@@ -89,6 +113,18 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="report also the runs of OUTPUT/runs.json (same corpus) that this invocation does not run",
     )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: both engines in bf16, fused AdamW")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides every run takes, the Trainer's too (a GPU's model and batch: model.size=medium ...)",
+    )
+    p.add_argument("--prepare-only", action="store_true", help="prepare OUTPUT/data and stop (to carry elsewhere)")
+    p.add_argument(
+        "--prepared", default="", metavar="DIR", help="the data directory --prepare-only made, read as it is (no Ray)"
+    )
     p.add_argument("--output", default="runs/time_to_quality")
     p.add_argument("--mlflow", default="", help="also log the curves to this MLflow tracking URI")
     args = p.parse_args(argv)
@@ -96,6 +132,9 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+    if args.device == "cuda" and not _cuda_available():
+        p.error("--device cuda: no CUDA device visible")
+    configure(args.device, args.set)
     fixed_targets = _fixed_targets(args.target, p)
     budgets = sorted(set(args.budget_minutes))
     out = Path(args.output).resolve()
@@ -118,7 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     # --- data: prepared once, timed apart from the budgets
-    prep = prepare_data(out / "data", args.corpus, {RUNS[n].data for n in names}, seq, vocab_size)
+    data_dir = Path(args.prepared).resolve() if args.prepared else out / "data"
+    prep = prepare_data(
+        data_dir, args.corpus, {RUNS[n].data for n in names}, seq, vocab_size, prepared=bool(args.prepared)
+    )
     corpus = prep["identity"]
     print(
         f"corpus: {corpus['name']}: {corpus['train_documents']} documents to train on ({corpus['train_mb']:.1f} MB, "
@@ -130,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
             users = ", ".join(n for n in names if RUNS[n].data == kind)
             made = f"{prep[kind]['seconds']:.0f} s" if prep[kind]["made"] else "reused from an earlier invocation"
             print(f"data preparation, {kind} ({users}): {made}", flush=True)
+    if args.prepare_only:
+        print(f"prepared {data_dir}: carry it and pass --prepared", flush=True)
+        return {"prepared": str(data_dir)}
     earlier = earlier_records(out / "runs.json", names, corpus) if args.keep_earlier else []
     held_out = held_out_set(prep, seq)
     floor = plateau(prep, held_out)
@@ -172,6 +217,12 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "runs.json").write_text(json.dumps({"corpus": prep["identity"], "runs": earlier + records}, indent=2))
     context = dict(paces=paces, prep=prep, floor=floor, args=args, out=out)
     return report(earlier + records, context, fixed_targets)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def earlier_records(path: Path, names: list[str], corpus: dict) -> list[dict]:
@@ -360,7 +411,8 @@ def report(records: list[dict], ctx: dict, fixed_targets: dict[str, float]) -> d
                     print(f"{budget:g} min: {arch}-fast reaches {acc:.4f} {sooner} sooner than {peer}")
             if by_budget:
                 ratios[f"{arch}-fast vs {peer}"] = {f"{b:g}": r for b, r in by_budget.items()}
-                summary.append(_budget_line(f"{arch}-fast vs {peer}", by_budget, peer.endswith("trainer")))
+                goal = RATIO_GOALS[ctx["args"].device] if peer.endswith("trainer") else 0.0
+                summary.append(_budget_line(f"{arch}-fast vs {peer}", by_budget, goal))
     summary += _architectures(records, targets, budgets)
     corpus = ctx["prep"]["identity"]
     summary.append(
@@ -388,11 +440,12 @@ def report(records: list[dict], ctx: dict, fixed_targets: dict[str, float]) -> d
     return results
 
 
-def _budget_line(label: str, by_budget: dict, goal: bool) -> str:
+def _budget_line(label: str, by_budget: dict, goal: float) -> str:
+    """The ratio at each budget, and (`goal` > 0) at which budgets it meets the goal."""
     text = ", ".join(f"{_ratio_text(r)} at {b:g} min" for b, r in by_budget.items())
     if goal:
-        met = [f"{b:g}" for b, r in by_budget.items() if r["value"] >= RATIO_GOAL and r["relation"] in ("=", ">=")]
-        text += f" (goal >= {RATIO_GOAL}x: met at {', '.join(met) + ' min' if met else 'no budget'})"
+        met = [f"{b:g}" for b, r in by_budget.items() if r["value"] >= goal and r["relation"] in ("=", ">=")]
+        text += f" (goal >= {goal:g}x: met at {', '.join(met) + ' min' if met else 'no budget'})"
     if len(by_budget) < 2:
         return f"{label}: {text}; one budget: pass two --budget-minutes to see how the ratio moves with the budget"
     (b0, r0), (b1, r1) = list(by_budget.items())[0], list(by_budget.items())[-1]

@@ -29,6 +29,8 @@ MAX_MASK_DRAWS = 10
 SCORE_MASKED_LM_PROB = 0.15
 """Every checkpoint is scored at BERT's rate, whatever its run trained with (ModernBERT's recipe masks 30%)."""
 DOWNSTREAM_TRAIN_ROWS, DOWNSTREAM_DEV_ROWS = 4000, 1000
+SHARD_FLAGS = {"mlm": ["--samples", "mlm", "--masking", "dynamic"], "paper": []}
+"""`bertdist prepare`'s flags for each kind of shards a run trains on (`RunKind.data`; "chunks" are the Trainer's)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,18 +75,27 @@ def write_corpus(corpus_files: list[str], directory: Path) -> None:
 
 
 def prepare_data(
-    directory: Path, corpus_files: list[str], kinds: set[str], seq: int, vocab_size: int, vocab_file: Path | None = None
+    directory: Path,
+    corpus_files: list[str],
+    kinds: set[str],
+    seq: int,
+    vocab_size: int,
+    vocab_file: Path | None = None,
+    prepared: bool = False,
 ) -> dict:
     """The corpus, its vocabulary (trained on it, or `vocab_file`: a model's own, to continue pretraining it) and
     each kind of training data the runs need, made once (and again when the corpus changes); the seconds each
-    preparation took."""
+    preparation took. `prepared`: `directory` was made on another machine (one with Ray, for `bertdist prepare`) and
+    carried here; it is read as it is, and anything missing from it stops the benchmark before a run starts."""
     from bertdist.data.readers import expand_inputs, iter_texts
     from bertdist.data.vocab import train_vocab
 
+    if prepared:
+        return _carried(directory, kinds, seq, vocab_size)
+    marker = directory / "source.json"
     identity = {**corpus_identity(corpus_files), "max_seq_length": seq, "vocab_size": vocab_size}
     if vocab_file is not None:
         identity["vocab_file"] = [str(vocab_file), os.stat(vocab_file).st_mtime]
-    marker = directory / "source.json"
     if marker.exists() and json.loads(marker.read_text()) != identity:
         shutil.rmtree(directory)  # another corpus's data must not be reused
     directory.mkdir(parents=True, exist_ok=True)
@@ -96,15 +107,14 @@ def prepare_data(
     if not vocab.exists():
         train_vocab(iter_texts(expand_inputs([str(corpus / "train.jsonl")])), str(vocab.parent), vocab_size)
     prep: dict = {"corpus": corpus, "vocab": vocab, "identity": identity}
-    flags = {"mlm": ["--samples", "mlm", "--masking", "dynamic"], "paper": []}
-    for kind in sorted(kinds & set(flags)):
+    for kind in sorted(kinds & set(SHARD_FLAGS)):
         shards = directory / f"shards-{kind}"
         start, made = time.perf_counter(), not (shards / "manifest.json").exists()
         if made:
             bertdist(
                 "prepare",
                 *("--input", str(corpus / "train.jsonl"), "--output", str(shards), "--vocab", str(vocab)),
-                *("--max-seq-length", str(seq), "--no-progress", *flags[kind]),
+                *("--max-seq-length", str(seq), "--no-progress", *SHARD_FLAGS[kind]),
             )
         prep[kind] = {"path": shards, "seconds": time.perf_counter() - start, "made": made}
     chunks = directory / "chunks.npy"
@@ -112,25 +122,58 @@ def prepare_data(
     if made:
         np.save(chunks, group_texts(corpus / "train.jsonl", vocab, seq))
     prep["chunks"] = {"path": chunks, "seconds": time.perf_counter() - start, "made": made}
-    lines = (corpus / "train.jsonl").read_text(encoding="utf-8").count("\n")
-    held_out = (corpus / "eval.jsonl").read_text(encoding="utf-8").count("\n")
-    identity.update(
-        train_documents=lines,
-        held_out_documents=held_out,
-        train_mb=(corpus / "train.jsonl").stat().st_size / 1e6,
-        train_tokens=int(np.load(chunks).size),
-    )
+    _count(prep)
     return prep
+
+
+def _carried(directory: Path, kinds: set[str], seq: int, vocab_size: int) -> dict:
+    """`prepare_data(prepared=True)`: the data directory as another machine made it, checked, nothing made."""
+    marker = directory / "source.json"
+    if not marker.exists():
+        raise SystemExit(
+            f"--prepared {directory}: no source.json there; make the directory with --prepare-only on a machine "
+            "with Ray and carry it"
+        )
+    identity = json.loads(marker.read_text())
+    if (identity.get("max_seq_length"), identity.get("vocab_size")) != (seq, vocab_size):
+        raise SystemExit(
+            f"--prepared {directory}: made for length {identity.get('max_seq_length')} and vocabulary "
+            f"{identity.get('vocab_size')}, the runs train at {seq} and {vocab_size}"
+        )
+    vocab = Path(identity["vocab_file"][0]) if "vocab_file" in identity else directory / "vocab" / "vocab.txt"
+    prep: dict = {"corpus": directory / "corpus", "vocab": vocab, "identity": identity}
+    needed = [prep["corpus"] / "train.jsonl", prep["corpus"] / "eval.jsonl", vocab, directory / "chunks.npy"]
+    for kind in sorted(kinds & set(SHARD_FLAGS)):
+        prep[kind] = {"path": directory / f"shards-{kind}", "seconds": 0.0, "made": False}
+        needed.append(prep[kind]["path"] / "manifest.json")
+    prep["chunks"] = {"path": directory / "chunks.npy", "seconds": 0.0, "made": False}
+    missing = [str(path) for path in needed if not path.exists()]
+    if missing:
+        raise SystemExit(f"--prepared {directory}: missing {', '.join(missing)} (prepare every run's data kind)")
+    _count(prep)
+    return prep
+
+
+def _count(prep: dict) -> None:
+    """The corpus's sizes, into its identity (what the report prints)."""
+    corpus = prep["corpus"]
+    prep["identity"].update(
+        train_documents=(corpus / "train.jsonl").read_text(encoding="utf-8").count("\n"),
+        held_out_documents=(corpus / "eval.jsonl").read_text(encoding="utf-8").count("\n"),
+        train_mb=(corpus / "train.jsonl").stat().st_size / 1e6,
+        train_tokens=int(np.load(prep["chunks"]["path"]).size),
+    )
 
 
 def group_texts(jsonl: Path, vocab: Path, seq: int) -> np.ndarray:
     """run_mlm.py's preparation: every document tokenized with [CLS] ... [SEP], concatenated, cut into `seq`-token
-    chunks (the remainder dropped)."""
+    chunks (the remainder dropped); 16-bit ids where the vocabulary allows, half the bytes to carry to a GPU machine."""
     from transformers import BertTokenizerFast
 
     tokenizer = BertTokenizerFast(str(vocab), do_lower_case=True)
     texts = [json.loads(line)["text"] for line in jsonl.open(encoding="utf-8")]
-    ids = np.concatenate([np.array(e, dtype=np.int32) for e in tokenizer(texts)["input_ids"]])
+    dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
+    ids = np.concatenate([np.array(e, dtype=dtype) for e in tokenizer(texts)["input_ids"]])
     return ids[: len(ids) // seq * seq].reshape(-1, seq)
 
 

@@ -7,6 +7,10 @@ rate, betas, eps, weight decay and clipping, the warmup share, the schedule (ber
 a LambdaLR handed to the Trainer), the masking rate and its 80/10/10, the sequence length and the batch. A recipe
 element the Trainer cannot reproduce is refused rather than approximated.
 
+On a GPU (`configure("cuda", ...)`) both engines train in bf16 with a fused AdamW (bertdist: `train.precision:
+bf16`, its `optim.fused: auto`; the Trainer: `bf16=True`, `adamw_torch_fused`), and every run takes the same extra
+overrides (a model and batch sized for the GPU), so the two still read one recipe.
+
 Run as a script, this module is that Trainer process: `python benchmarks/ttq_runs.py SPEC.json`.
 """
 
@@ -30,6 +34,26 @@ WARM_STEPS = 2
 """Steps of the untimed run before each probe (`probe`)."""
 PLAN_SHARE = 0.9
 """A run's schedule is planned to end at this share of its budget (a user with a time budget does the same)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the runs train, and the config overrides all of them take (`configure`)."""
+
+    device: str = "cpu"
+    overrides: tuple[str, ...] = ()
+
+    def run_overrides(self) -> tuple[str, ...]:
+        return (*(("train.precision=bf16",) if self.device == "cuda" else ()), *self.overrides)
+
+
+MACHINE = Machine()
+
+
+def configure(device: str, overrides: list[str]) -> None:
+    """Train every run on `device` with `overrides` on top of its config (time_to_quality.py's --device, --set)."""
+    global MACHINE
+    MACHINE = Machine(device, tuple(overrides))
 
 
 @dataclass(frozen=True)
@@ -129,7 +153,7 @@ def base_config(name: str):
     from bertdist.config import load_config
 
     kind = kind_of(name)
-    return load_config(REPO / "configs" / kind.config, list(kind.overrides))
+    return load_config(REPO / "configs" / kind.config, [*kind.overrides, *MACHINE.run_overrides()])
 
 
 def sequence_length(name: str) -> int:
@@ -248,7 +272,7 @@ def start_run(name: str, directory: Path, prep: dict, steps: int, every: int, se
             "--config",
             str(bertdist_config(name, directory, prep, steps, every, seed)),
         ]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TTQ_START": str(time.time())}
+    env = {**os.environ, "DS_ACCELERATOR": MACHINE.device, "TTQ_START": str(time.time())}
     log = open(directory / "train.log", "w")
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -262,7 +286,7 @@ def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: i
     phase = cfg.data.phases[0]
     phase.train_dir, phase.eval_dir, phase.steps = str(prep[kind_of(name).data]["path"]), "", steps
     cfg.data.vocab_file = str(prep["vocab"])
-    cfg.data.loader_workers = 1
+    cfg.data.loader_workers = 1 if MACHINE.device == "cpu" else 4  # a GPU step outruns one masking worker
     cfg.optim.warmup_steps = max(1, round(steps * warmup_fraction))
     cfg.train.seed = seed
     cfg.train.output_dir = str(directory / "out")
@@ -301,6 +325,7 @@ def trainer_spec(name: str, directory: Path, prep: dict, steps: int, every: int,
     micro = cfg.data.phases[0].micro_batch_size
     return dict(
         arch=kind_of(name).arch,
+        device=MACHINE.device,
         init_from=str(prep["init_from"]) if kind_of(name).continued else "",
         directory=str(directory),
         chunks=str(prep["chunks"]["path"]),
@@ -414,9 +439,11 @@ def trainer_run(spec: dict) -> None:
         save_total_limit=None,
         logging_steps=50,
         report_to=[],
-        use_cpu=True,
+        use_cpu=spec["device"] == "cpu",
+        bf16=spec["device"] == "cuda",
+        optim="adamw_torch_fused",  # transformers' default, named: the peer's fused AdamW is part of the comparison
         seed=spec["seed"],
-        dataloader_num_workers=0,
+        dataloader_num_workers=0 if spec["device"] == "cpu" else 4,
     )
     collator = DataCollatorForLanguageModeling(
         tokenizer,
