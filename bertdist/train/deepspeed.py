@@ -14,7 +14,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from bertdist import chatter
-from bertdist.config import Config, ConfigError, PhaseConfig
+from bertdist.config import Config, ConfigError, PhaseConfig, TrainConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
 from bertdist.model import attention, compiled
 
@@ -124,6 +124,16 @@ def set_batch(engine: Any, phase: PhaseConfig, global_batch_size: int) -> None:
     engine.set_train_micro_batch_size(phase.micro_batch_size)
     engine.set_train_batch_size(global_batch_size)
     engine.micro_steps = 0
+
+
+def grad_norm_before_step(engine: Any, train: TrainConfig) -> float:
+    """The global gradient norm where DeepSpeed keeps none (ZeRO-0 without fp16/bf16), else NaN (its own value is
+    read after the step). Called after a step's last backward: stage 0 has all-reduced the full gradients by then."""
+    if train.zero_stage != 0 or train.precision != "fp32":
+        return float("nan")
+    import torch
+
+    return float(torch.nn.utils.get_total_norm([p.grad for p in engine.module.parameters() if p.grad is not None]))
 
 
 def loss_scale(engine: Any) -> float:

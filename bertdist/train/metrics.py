@@ -41,6 +41,17 @@ def peak_memory_bytes(device_type: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def peak_memory_gb(device_type: str, device: Any) -> float:
+    """The largest peak over the ranks (GPU: the allocator's; CPU: the process's resident set), which is what
+    decides whether a longer sequence or a bigger micro batch fits (model.activation_checkpointing lowers it)."""
+    import torch
+    import torch.distributed as dist
+
+    peak = torch.tensor([peak_memory_bytes(device_type)], dtype=torch.float64, device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return float(peak) / 2**30
+
+
 class StepSums:
     """Named sums of a step (or an evaluation), kept on the device without a host sync and all-reduced once.
 

@@ -22,6 +22,7 @@ or data.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import socket
 import sys
@@ -49,6 +50,7 @@ from bertdist.train import (
     checkpoint,
     data_wait,
     distributed,
+    evaluation,
     metrics,
     remote,
     rng,
@@ -311,7 +313,7 @@ class Trainer(scaffold.Run):
             self.rollbacks.micro_batches_since_save += 1
             engine.backward(out.loss)
             if engine.is_gradient_accumulation_boundary():
-                self.grad_norm = self._grad_norm_before_step()
+                self.grad_norm = ds.grad_norm_before_step(engine, self.cfg.train)
             engine.step()
             self.watchdog.progress(self.step)
             metrics.accumulate(acc, out, batch, self.cfg.model)
@@ -328,18 +330,6 @@ class Trainer(scaffold.Run):
         self.sequences_seen += int(sums["sequences"])
         return sums
 
-    def _grad_norm_before_step(self) -> float:
-        """DeepSpeed's global gradient norm; computed here where it keeps none (ZeRO-0 without fp16/bf16).
-
-        Called after the last backward of a step: stage 0 has all-reduced the full gradients by then.
-        """
-        if self.cfg.train.zero_stage != 0 or self.cfg.train.precision != "fp32":
-            return float("nan")  # DeepSpeed's own value is read after the step
-
-        return float(
-            torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None])
-        )
-
     def _log_interval(self, step: int, total_steps: int, lr: float, interval: metrics.Interval) -> None:
         grad_norm = self.engine.get_global_grad_norm()
         loader = self.loaders[self.cfg.phase_at(step - 1)[0]]
@@ -353,7 +343,7 @@ class Trainer(scaffold.Run):
             "progress/tokens_seen": float(self.tokens_seen),
             "progress/sequences_seen": float(self.sequences_seen),
             **interval.throughput(self.env.world_size, self.peak_flops),
-            metrics.PEAK_MEMORY: self._peak_memory_gb(),
+            metrics.PEAK_MEMORY: metrics.peak_memory_gb(self.device_type, self.device),
             **stragglers.rank_metrics(interval.totals, interval.steps, self.env.world_size),
             **metrics.source_metrics(self.source_tokens, loader.epochs()),
         }
@@ -366,32 +356,12 @@ class Trainer(scaffold.Run):
         self.console.train(step, total_steps, values, eta_s, loader.state_dict())
         self.data_wait.judge(step, values[metrics.DATA_WAIT], interval, loader)
 
-    def _peak_memory_gb(self) -> float:
-        """The largest peak over the ranks (GPU: the allocator's; CPU: the process's resident set), which is what
-        decides whether a longer sequence or a bigger micro batch fits (model.activation_checkpointing lowers it)."""
-        peak = torch.tensor([metrics.peak_memory_bytes(self.device_type)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return float(peak) / 2**30
-
     def _evaluate(self, step: int, phase: PhaseConfig) -> None:
-        """Losses and accuracies on the first eval_batches batches of the phase's eval shards.
-
-        Runs between steps with the RNG state put back afterwards, so evaluating never changes what
-        training does next (and a resumed run stays identical to an uninterrupted one).
-        """
-
-        saved = rng.capture_rng_state()
-        self.engine.eval()
-        acc = metrics.StepSums(self.device)
+        """Losses and accuracies on the first eval_batches batches of the phase's eval shards, RNG-neutral
+        (bertdist.train.evaluation)."""
         batches = iter(self._loader(phase, phase.eval_dir, workers=0))
-        with torch.no_grad():
-            for _ in range(self.cfg.train.eval_batches):
-                batch = {k: v.to(self.device) for k, v in next(batches).items()}
-                metrics.accumulate(acc, self.engine(**batch), batch)
-                self.watchdog.progress(self.step)
-        sums = acc.all_reduce()
-        rng.restore_rng_state(saved)
-        values = metrics.quality(sums, "eval")
+        progress = functools.partial(self.watchdog.progress, self.step)
+        values = evaluation.evaluate(self.engine, batches, self.cfg.train.eval_batches, self.device, progress)
         self.tracker.log_metrics(values, step=step)
         self.console.eval(step, values)
 
