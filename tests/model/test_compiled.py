@@ -62,20 +62,16 @@ def test_compiled_layers_match_eager_outputs_and_gradients():
 @pytest.mark.parametrize("config", [{}, MODERNBERT], ids=["bert", "modernbert"])
 def test_a_run_compiles_a_handful_of_graphs_whatever_the_lengths_and_the_depth(config):
     """Every layer of a kind shares its graphs, and a new batch length reuses them: the count after the first
-    batch is the count after three, and a model twice as deep compiles no more."""
-    counts = []
+    batch is the count after three, and a model twice as deep, compiled with the same backend, adds none."""
+    counter, counts = CompileCounter(), []
     for layers in (2, 4) if not config else (4, 8):
         eager, compiled = _pair(**{**config, "num_layers": layers})
-        counter = CompileCounter()
         compile_model(compiled, compiled.config.arch, backend=counter)
-        after_first = None
         for seed in range(1, 4):
             batch = batch_of(random_samples(8, seed=seed), SEQ)
             torch.testing.assert_close(compiled(**batch).loss, eager(**batch).loss)
-            after_first = after_first or counter.frame_count
-        assert counter.frame_count == after_first
-        counts.append(counter.frame_count)
-    assert counts[0] == counts[1] <= 12, counts
+            counts.append(counter.frame_count)
+    assert len(set(counts)) == 1 and counts[0] <= 12, counts
 
 
 def test_a_failing_compiler_warns_once_naming_the_layer_and_the_model_runs_eager():
