@@ -39,7 +39,8 @@ bench: install
 
 # On a machine with NVIDIA GPUs: the GPU-marked tests, FusedAdam, BERT-Large and ModernBERT-base training steps
 # against transformers on each attention kernel, a report on one screen and in docs/gpu/<date>-<device>.json and
-# .md (to commit). Without a GPU: one line, exit 0; `benchmarks/gpu_check.py --smoke` runs it on the CPU.
+# .md (to commit). Without a GPU: one line, exit 0; `benchmarks/gpu_check.py --smoke` runs it on the CPU. For a GPU
+# machine with torch but none of bertdist's other dependencies: scripts/gpu_bundle.sh here, then what it prints there.
 gpu-check:
 	$(PY) benchmarks/gpu_check.py
 
