@@ -295,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")
     print(f"FusedAdam:  {'ok' if report['fused_adam']['ok'] else 'FAILED ' + report['fused_adam']['error']}")
     ttq = report["time_to_quality"]
-    print("Time to quality: " + ("; ".join(ttq.get("summary", [])) or ttq.get("error", "") or "skipped"))
+    if "settings" in ttq:
+        print("Time to quality: " + "; ".join(ttq["summary"]))
+    else:
+        print(f"Time to quality: {ttq.get('error') or ttq['summary']}")
     table = markdown(report)
     print(table)
     if not args.json:
