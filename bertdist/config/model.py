@@ -64,7 +64,7 @@ class ModelConfig:
     compile: bool = False
     """Compile the encoder's layers with `torch.compile` (inductor, dynamic shapes), one region per layer class, the
     layout's attention and the rest of the model eager (bertdist.model.compiled): the first steps compile a
-    handful of graphs, a layer whose compilation fails warns and runs eager. Off by default: slower on CPU, and
+    handful of graphs, a graph the compiler fails on runs eager with one warning. Off by default: slower on CPU, and
     not yet measured faster on a GPU (`make gpu-check` times it). Not with ZeRO-3 yet."""
     attention: Literal["auto", "sdpa", "varlen", "flex"] = "auto"
     """The attention kernel (bertdist.model.attention): sdpa (grids of samples of similar length; every device,

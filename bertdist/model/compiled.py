@@ -45,28 +45,25 @@ def compile_model(model: nn.Module, arch: str, backend: Any = "inductor") -> int
     return compile_layers(model, getattr(importlib.import_module(module), name), backend)
 
 
+RECOMPILE_LIMIT = 16
+"""dynamo's graphs per piece of layer code: the last layer at the predictions, ModernBERT's first layer and its
+windowed ones, training and evaluation, ELECTRA's two widths reach 6 of its default 8, past which a piece would run
+eager without a word."""
+
+
 def compile_layers(model: nn.Module, layer_type: type[nn.Module], backend: Any = "inductor") -> int:
     """Compile every `layer_type` module of `model` in place, one compiled forward shared by all; the number of
     layers it covers (0: the model has none, a spec naming the wrong class)."""
-    names = [name for name, module in model.named_modules() if type(module) is layer_type]
-    if not names:
+    layers = [(n, m) for n, m in model.named_modules() if type(m) is layer_type and "forward" not in vars(m)]
+    if not layers:
         return 0
-    # A run's graphs per piece of layer code: the last layer at the predictions, ModernBERT's first layer and its
-    # windowed ones, training and evaluation, ELECTRA's two widths reach 6 of dynamo's default 8, past which a
-    # piece would run eager without a word.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    guarded = _GuardedBackend(backend, f"{names[0]} ({layer_type.__name__}, and every layer of its class)")
+    guarded = _GuardedBackend(backend, f"{layers[0][0]} ({layer_type.__name__}, and every layer of its class)")
     compiled = torch.compile(layer_type.forward, dynamic=True, backend=guarded)
-    count = 0
-    for name, module in model.named_modules():
-        if type(module) is layer_type and "forward" not in vars(module):
-            # An instance attribute, not a wrapper module: parameter names, state dicts and hooks stay as they are.
-            module.forward = _Layer(compiled, layer_type.forward, module)
-            count += 1
-    return count
-
-
-RECOMPILE_LIMIT = 16
+    for _, module in layers:
+        # An instance attribute, not a wrapper module: parameter names, state dicts and hooks stay as they are.
+        module.forward = _Layer(compiled, layer_type.forward, module)
+    return len(layers)
 
 
 class _GuardedBackend:

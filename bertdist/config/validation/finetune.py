@@ -14,7 +14,8 @@ from bertdist.config.choices import choice_problems
 from bertdist.config.errors import ConfigError
 from bertdist.config.finetune import FinetuneConfig
 from bertdist.config.schema import Config
-from bertdist.config.validation.train import compile_problems, local_only_problems
+from bertdist.config.validation.model import compile_problems
+from bertdist.config.validation.train import local_only_problems
 
 EXTRA_DEV_TASKS = ("classification", "regression")
 """The tasks whose dev metrics can be computed on more dev files (finetune.extra_dev_files)."""
@@ -75,7 +76,7 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
     if not 0 <= ft.warmup_proportion < 1:
         p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
     p.extend(local_only_problems(cfg))
-    p.extend(compile_problems(cfg))
+    p.extend(compile_problems(cfg.model, cfg.train.zero_stage))
     if p:
         raise ConfigError(p)
 

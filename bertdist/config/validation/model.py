@@ -25,6 +25,16 @@ def family_fields() -> dict[str, tuple[str, ...]]:
     return owners
 
 
+def compile_problems(m: ModelConfig, zero_stage: int) -> list[str]:
+    """`model.compile` beside what it cannot run with yet (pretraining and fine-tuning both ask)."""
+    if m.compile and zero_stage == 3:
+        return [
+            "model.compile: not supported yet with train.zero_stage: 3 (ZeRO-3 gathers each module's parameters in "
+            "hooks that the compiled layers would trace); use train.zero_stage: 1 or 2, or model.compile: false"
+        ]
+    return []
+
+
 def heads_divide_problem(m: ModelConfig) -> str:
     """Why the attention heads cannot split `model.hidden_size` ('' when they can). The one copy of the rule:
     `validate` reports it as a field problem, and bertdist.model.initialisation.check_heads_divide raises it when a

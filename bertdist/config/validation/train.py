@@ -23,7 +23,7 @@ from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, Train
 from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.health import health_problems
 from bertdist.config.validation.mixture import mixture_problems
-from bertdist.config.validation.model import architecture_problems, pretrained_arch_problem
+from bertdist.config.validation.model import architecture_problems, compile_problems, pretrained_arch_problem
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
 from bertdist.model import registry
@@ -201,16 +201,6 @@ def batch_warmup_problems(cfg: Config, world: int) -> list[str]:
     return found
 
 
-def compile_problems(cfg: Config) -> list[str]:
-    """`model.compile` with what it cannot run beside yet (pretraining and fine-tuning)."""
-    if cfg.model.compile and cfg.train.zero_stage == 3:
-        return [
-            "model.compile: not supported yet with train.zero_stage: 3 (ZeRO-3 gathers each module's parameters in "
-            "hooks that the compiled layers would trace); use train.zero_stage: 1 or 2, or model.compile: false"
-        ]
-    return []
-
-
 def validate(cfg: Config, world_size: int | None = None, check_files: bool = True) -> None:
     """Raise ConfigError with every impossible combination in `cfg`.
 
@@ -234,7 +224,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
 
     if t.zero_stage not in (0, 1, 2, 3):
         p.append(f"train.zero_stage: must be 0, 1, 2 or 3, got {t.zero_stage}")
-    p.extend(compile_problems(cfg))
+    p.extend(compile_problems(m, t.zero_stage))
     if t.global_batch_size <= 0:
         p.append(f"train.global_batch_size: must be positive, got {t.global_batch_size}")
     for name in ("log_every_steps", "eval_every_steps", "eval_batches", "max_nonfinite_steps"):
