@@ -6,9 +6,12 @@
 3. training steps (`benchmarks/model_step.py`) against `transformers` in the same run, sequences/s and MFU: BERT-Large
    at length 128 (full rows) and 512 (half padding, 80 predictions) in bf16 and fp16, and ModernBERT-base at 1,024
    and 8,192 (a third padding) in bf16; bertdist on `auto` attention, padded, compiled and on each attention kernel
-   (`model.attention`: sdpa, varlen, flex);
+   (`model.attention`: sdpa, varlen, flex); rows with padding also against transformers padding-free (its
+   flattening collator and FlashAttention-2's variable-length kernel, benchmarks/hf_peer.py), every model of such a
+   row without attention dropout (that kernel has none);
 4. the training step through DeepSpeed (ZeRO-1, bf16, clipping, AdamW; `benchmarks/train_step.py`) of BERT-Large at
-   128 and at 512 with half padding, against the same model in a plain loop and against transformers;
+   128 and at 512 with half padding, against the same model in a plain loop and against transformers (padded, and
+   padding-free at 512);
 5. with `--ttq DIR`, the time to quality (`benchmarks/time_to_quality.py --device cuda`): bertdist's fast recipe
    against transformers' Trainer given the same recipe (bf16, fused AdamW), BERT-medium at batch 256,
    `--ttq-minutes` each (1.5), on the data `time_to_quality.py --prepare-only --runs bert-fast,bert-trainer`
@@ -51,12 +54,20 @@ SMOKE_TIMINGS = [("mini", 64, 4, 10, 1.0, ("fp32",)), ("modernbert-mini", 128, 4
 """`--smoke`: the same rows at sizes a CPU runs in seconds (fp32: the GPU precisions do not run there)."""
 
 
+def peers(fill: float) -> list[str]:
+    """transformers' configurations a row times, and what they need: on rows of mixed lengths also padding-free
+    (benchmarks/hf_peer.py), which has no attention dropout, so that every model of the row goes without it."""
+    return ["--peers", "padded,padding-free", "--no-attention-dropout"] if fill < 1 else ["--peers", "padded"]
+
+
 def kernels(device: str, size: str) -> str:
     """The attention kernels a row also times (model.attention): FlexAttention and varlen cannot train on a CPU, and
-    varlen has no sliding window (ModernBERT's local layers)."""
+    ModernBERT's local layers take varlen only where this torch's kernel has a window."""
+    from bertdist.model.attention import VARLEN_WINDOW
+
     if device == "cpu":
         return "sdpa"
-    return "sdpa,flex" if size.startswith("modernbert") else "sdpa,varlen,flex"
+    return "sdpa,flex" if size.startswith("modernbert") and not VARLEN_WINDOW else "sdpa,varlen,flex"
 
 
 TEST_TIMEOUT_S = 300
@@ -120,6 +131,7 @@ def time_models(device: str) -> list[dict]:
                 *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
                 *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
                 *("--attention", kernels(device, size)),
+                *peers(fill),
                 *(("--compile",) if (size, length, precision) in COMPILED else ()),
                 *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
             ]
@@ -138,7 +150,7 @@ def time_models(device: str) -> list[dict]:
 TRAIN_STEPS = [("large", 128, 128, 20, 1.0, "bf16"), ("large", 512, 32, 80, 0.5, "bf16")]
 """The training step through DeepSpeed (ZeRO-1, `benchmarks/train_step.py`): (size, length, batch, predictions,
 fill, precision)."""
-SMOKE_TRAIN_STEPS = [("mini", 64, 4, 10, 1.0, "fp32")]
+SMOKE_TRAIN_STEPS = [("mini", 64, 4, 10, 0.5, "fp32")]
 
 
 def time_training_steps(device: str) -> list[dict]:
@@ -152,6 +164,7 @@ def time_training_steps(device: str) -> list[dict]:
             *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
             *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
             *("--zero-stage", "1", "--steps", "1" if smoke else "10"),
+            *peers(fill),
         ]
         try:
             results.append({"ok": True, **train_step.main(argv)})
@@ -202,14 +215,15 @@ def time_to_quality(prepared: str, budget_minutes: float, device: str) -> dict:
     }
 
 
+PEER_ROWS = ("transformers", "transformers padding-free")
 VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]", "bertdist[varlen]", "bertdist[flex]")
 
 
 def markdown(report: dict) -> str:
     """The timing tables for docs/benchmarks.md: sequences/s and MFU of each variant, and the speedup over
     transformers, one row per model, length and precision."""
-    names = [v for v in (*VARIANTS, "transformers") if any(v in t for t in report["timings"])]
-    engine = {"plain torch": "plain torch", "deepspeed": "bertdist's engine", "transformers": "transformers"}
+    names = [v for v in (*VARIANTS, *PEER_ROWS) if any(v in t for t in report["timings"])]
+    engine = {"plain torch": "plain torch", "deepspeed": "bertdist's engine", **{p: p for p in PEER_ROWS}}
     return (
         "\n".join(
             [
@@ -254,7 +268,10 @@ def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
             continue
         cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in columns]
         row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
-        lines.append("| " + " | ".join(row) + f" | {t.get('speedup', float('nan')):.2f}x |")
+        versus = f"{t.get('speedup', float('nan')):.2f}x"
+        if "speedup_padding_free" in t:
+            versus += f", {t['speedup_padding_free']:.2f}x padding-free"
+        lines.append("| " + " | ".join(row) + f" | {versus} |")
     return lines
 
 

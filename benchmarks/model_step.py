@@ -2,7 +2,9 @@
 
 BERT sizes are timed against `transformers.BertForPreTraining`, ModernBERT sizes (`--size modernbert-mini`) against
 `transformers.ModernBertForMaskedLM` (sdpa attention, its sparse prediction on: the head at the masked positions
-only, as bertdist's).
+only, as bertdist's). On rows of mixed lengths (`--fill` below 1) `--peers padded,padding-free` also times
+transformers padding-free: its flattening collator and the FlashAttention-2 variable-length kernel
+(benchmarks/hf_peer.py), the configuration transformers documents for such batches.
 
 One step = forward + backward + AdamW update, on a full-length batch with BERT's prediction budget (20 masked
 positions per sequence at length 128). Both models get the same optimizer and precision; the two are timed in
@@ -14,6 +16,8 @@ projection at unmasked positions) against a matmul peak measured in the same pro
     python benchmarks/model_step.py --device cuda --size large --precision fp16 --batch-size 128
     python benchmarks/model_step.py --size modernbert-mini                            # length 128, full rows
     python benchmarks/model_step.py --size modernbert-mini --seq-length 1024 --fill 0.65 --batch-size 4
+    python benchmarks/model_step.py --device cuda --size large --precision bf16 --seq-length 512 --fill 0.5 \
+        --masked-positions 80 --batch-size 32 --no-attention-dropout --peers padded,padding-free
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 # benchmarks/ is on sys.path when this file runs as a script.
+import hf_peer
+import torch
 from common import (
     DTYPES,
     device_name,
@@ -40,8 +44,7 @@ from common import (
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.model.compiled import compile_model
 from bertdist.model.flops import train_flops_per_sequence
-from bertdist.model.ops import IGNORE_INDEX
-from bertdist.model.registry import build_model, hf_adapter
+from bertdist.model.registry import build_model
 
 
 def make_batch(cfg: ModelConfig, batch_size: int, seq_length: int, predictions: int, device, fill: float = 1.0) -> dict:
@@ -121,6 +124,19 @@ def main(argv: list[str] | None = None) -> dict:
         help="time with this thread's CPU time instead of wall time (needs --threads 1): robust on a busy machine",
     )
     p.add_argument("--no-reference", action="store_true", help="time bertdist only (no transformers model)")
+    p.add_argument(
+        "--peers",
+        default="padded",
+        help="transformers' configurations to time, comma-separated: padded (SDPA), padding-free (its flattening "
+        "collator and the FlashAttention-2 variable-length kernel; needs --no-attention-dropout for BERT sizes); "
+        "benchmarks/hf_peer.py",
+    )
+    p.add_argument(
+        "--no-attention-dropout",
+        action="store_true",
+        help="every model without attention dropout (ModernBERT and the modern recipes train so; the fused kernels "
+        "and the padding-free peer need it)",
+    )
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
 
@@ -138,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(str(e))
     torch.manual_seed(0)
     cfg = ModelConfig.from_size(args.size, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    if args.no_attention_dropout:
+        cfg = dataclasses.replace(cfg, attention_dropout_prob=0.0)
     batch = make_batch(cfg, args.batch_size, args.seq_length, args.masked_positions, device, args.fill)
 
     def bertdist_step(**changes) -> callable:
@@ -155,25 +173,10 @@ def main(argv: list[str] | None = None) -> dict:
     kernels = [k for k in args.attention.split(",") if k]
     for kernel in kernels:
         steps[f"bertdist[{kernel}]"] = bertdist_step(attention=kernel, attention_dropout_prob=0.0)
-    if not args.no_reference:
-        import transformers
-
-        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
-        labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
-        if cfg.arch == "modernbert":  # BERT's special ids (the batch's tokens are random ids from 5 on)
-            ids = dict(pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3)
-            hf_config = transformers.ModernBertConfig(
-                **hf_adapter(cfg.arch).config_to_hf(cfg, ids), sparse_prediction=True, attn_implementation="sdpa"
-            )
-            reference = transformers.ModernBertForMaskedLM(hf_config).to(device).train()
-            hf_inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
-        else:
-            hf_config = transformers.BertConfig(**hf_adapter(cfg.arch).config_to_hf(cfg), attn_implementation="sdpa")
-            reference = transformers.BertForPreTraining(hf_config).to(device).train()
-            hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
-        steps["transformers"] = training_step(
-            reference, lambda: reference(**hf_inputs, labels=labels).loss, args.precision, device
-        )
+    for kind in [] if args.no_reference else args.peers.split(","):
+        torch.manual_seed(0)
+        reference, loss = hf_peer.peer(cfg, batch, kind, device)
+        steps[hf_peer.ROWS[kind]] = training_step(reference, loss, args.precision, device)
 
     peak_flops = matmul_peak_flops(device, DTYPES[args.precision], clock=clock)
     seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=args.warmup_steps, clock=clock)
@@ -201,10 +204,11 @@ def main(argv: list[str] | None = None) -> dict:
         sequences_per_second = args.batch_size / s
         mfu = sequences_per_second * flops_per_sequence / peak_flops
         results[name] = {"step_seconds": s, "sequences_per_second": sequences_per_second, "mfu": mfu}
-        print(f"  {name:17s} {s * 1e3:8.1f} ms/step  {sequences_per_second:8.1f} sequences/s  MFU {mfu:6.1%}")
-    if "transformers" in seconds:
-        results["speedup"] = seconds["transformers"] / seconds["bertdist"]
-        print(f"  speedup over transformers: {results['speedup']:.2f}x")
+        print(f"  {name:25s} {s * 1e3:8.1f} ms/step  {sequences_per_second:8.1f} sequences/s  MFU {mfu:6.1%}")
+    for key, row in (("speedup", "transformers"), ("speedup_padding_free", "transformers padding-free")):
+        if row in seconds:
+            results[key] = seconds[row] / seconds["bertdist"]
+            print(f"  speedup over {row}: {results[key]:.2f}x")
     for variant in ("bertdist padded", "bertdist+compile", *(f"bertdist[{k}]" for k in kernels)):
         if variant in seconds:
             results[f"bertdist over {variant}"] = seconds[variant] / seconds["bertdist"]

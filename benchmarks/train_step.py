@@ -7,14 +7,15 @@ All three do forward + backward + gradient clipping at 1.0 + AdamW on the same b
 (ZeRO bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math, and
 transformers / engine is bertdist's training step against the peer's. MFU counts the model's own FLOPs over the
 real tokens (`bertdist.model.flops`) against a matmul peak measured in the same process. `--fill` below 1 gives
-rows of mixed lengths (0.5: BERT's length-512 data); transformers then computes the padding, as it does without a
-flash-attention package (its padding-free collator needs one).
+rows of mixed lengths (0.5: BERT's length-512 data); `--peers padded,padding-free` then also times transformers
+padding-free (its flattening collator and the FlashAttention-2 variable-length kernel, benchmarks/hf_peer.py; with
+`--no-attention-dropout`, as it has none).
 
     DS_ACCELERATOR=cpu python benchmarks/train_step.py                 # CPU, BERT-mini, fp32, ZeRO-1
     DS_ACCELERATOR=cpu python benchmarks/train_step.py --zero-stage 2
     python benchmarks/train_step.py --device cuda --size base --precision bf16 --zero-stage 2 --batch-size 64
     python benchmarks/train_step.py --device cuda --size large --precision bf16 --seq-length 512 --fill 0.5 \
-        --masked-positions 80 --batch-size 32 --attention flex
+        --masked-positions 80 --batch-size 32 --no-attention-dropout --peers padded,padding-free
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import json
 import os
 from pathlib import Path
 
+import hf_peer  # benchmarks/ is on sys.path
 import torch
-from common import interleaved_medians, matmul_peak_flops, use_all_cores  # benchmarks/ is on sys.path
+from common import interleaved_medians, matmul_peak_flops, use_all_cores
 from model_step import DTYPES, make_batch, training_step
 
 from bertdist.config import MODEL_SIZES, load_config
 from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.flops import train_flops_per_sequence
-from bertdist.model.registry import hf_adapter
 from bertdist.train import deepspeed as engine
 from bertdist.train import distributed
 from bertdist.train.optim import build_optimizer
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--fill", type=float, default=1.0, help="mean fraction of real tokens per row (1: no padding)")
     p.add_argument("--attention", default="auto", help="model.attention of bertdist's model")
     p.add_argument("--no-reference", action="store_true", help="no transformers row")
+    p.add_argument("--peers", default="padded", help="transformers' configurations: padded, padding-free (hf_peer.py)")
+    p.add_argument("--no-attention-dropout", action="store_true", help="every model without attention dropout")
     p.add_argument("--steps", type=int, default=7, help="timed steps per variant (median reported)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"train.zero_stage={args.zero_stage}",
             f"train.precision={args.precision}",
             f"model.attention={args.attention}",
+            *(["model.attention_dropout_prob=0"] if args.no_attention_dropout else []),
         ],
     )
     model_cfg = cfg.model
@@ -104,19 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
         ds_engine.step()
 
     steps["deepspeed"] = engine_step
-    if not args.no_reference:
-        import transformers
-
-        from bertdist.model.ops import IGNORE_INDEX
-
-        hf_config = transformers.BertConfig(**hf_adapter("bert").config_to_hf(model_cfg), attn_implementation="sdpa")
-        reference = transformers.BertForPreTraining(hf_config).to(device).train()
-        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
-        labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
-        hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
-        steps["transformers"] = training_step(
-            reference, lambda: reference(**hf_inputs, labels=labels).loss, args.precision, device, clip_norm=1.0
-        )
+    for kind in [] if args.no_reference else args.peers.split(","):
+        torch.manual_seed(0)
+        reference, loss = hf_peer.peer(model_cfg, batch, kind, device)
+        steps[hf_peer.ROWS[kind]] = training_step(reference, loss, args.precision, device, clip_norm=1.0)
     peak = matmul_peak_flops(device, DTYPES[args.precision])
     seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=2)
     distributed.destroy_process_group()
@@ -141,18 +136,20 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "deepspeed_over_plain": seconds["deepspeed"] / seconds["plain torch"],
     }
-    if "transformers" in seconds:
-        results["speedup"] = seconds["transformers"] / seconds["deepspeed"]
+    for key, row in (("speedup", "transformers"), ("speedup_padding_free", "transformers padding-free")):
+        if row in seconds:
+            results[key] = seconds[row] / seconds["deepspeed"]
     print(
         f"BERT-{args.size}, batch {args.batch_size} x {args.seq_length}, {args.precision}, ZeRO-{args.zero_stage}, "
         f"{results['device']}"
     )
     for name, s in seconds.items():
         mfu = results[name]["mfu"]
-        print(f"  {name:12s} {s * 1e3:8.1f} ms/step  {args.batch_size / s:8.1f} sequences/s  MFU {mfu:6.1%}")
+        print(f"  {name:25s} {s * 1e3:8.1f} ms/step  {args.batch_size / s:8.1f} sequences/s  MFU {mfu:6.1%}")
     print(f"  engine time / plain time: {results['deepspeed_over_plain']:.2f}")
-    if "speedup" in results:
-        print(f"  bertdist's engine over transformers: {results['speedup']:.2f}x")
+    for key, row in (("speedup", "transformers"), ("speedup_padding_free", "transformers padding-free")):
+        if key in results:
+            print(f"  bertdist's engine over {row}: {results[key]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return results

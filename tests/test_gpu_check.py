@@ -29,7 +29,10 @@ def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
     rows = report["timings"]
     assert [(t["size"], t["ok"]) for t in rows] == [("mini", True), ("modernbert-mini", True)], rows
     assert all("bertdist[sdpa]" in t and "transformers" in t and t["speedup"] > 0 for t in rows)
+    assert rows[1]["speedup_padding_free"] > 0 and "speedup_padding_free" not in rows[0], "padding-free: mixed lengths"
     (step,) = report["train_steps"]
-    assert step["ok"] and {"plain torch", "deepspeed", "transformers"} <= set(step) and step["speedup"] > 0, step
+    assert step["ok"] and {"plain torch", "deepspeed", "transformers padding-free"} <= set(step), step
+    assert step["speedup"] > 0 and step["speedup_padding_free"] > 0, step
     table = report_file.with_suffix(".md").read_text()
     assert table.count("| mini | 64 |") == 2 and "| modernbert-mini | 128 |" in table and "bertdist[sdpa]" in table
+    assert table.count("x padding-free |") == 2, table

@@ -68,10 +68,10 @@ class ModelConfig:
     not yet measured faster on a GPU (`make gpu-check` times it). Not with ZeRO-3 yet."""
     attention: Literal["auto", "sdpa", "varlen", "flex"] = "auto"
     """The attention kernel (bertdist.model.attention): sdpa (grids of samples of similar length; every device,
-    attention dropout), varlen (flash attention's variable-length kernel: CUDA, fp16/bf16, no attention dropout or
-    window), flex (FlexAttention with a block mask per batch: windows and packed rows; no attention dropout; CPU
-    for inference only), auto (varlen where it applies, else sdpa). A named kernel the device cannot run is refused
-    at start, never replaced."""
+    attention dropout), varlen (flash attention's variable-length kernel: CUDA, fp16/bf16, no attention dropout;
+    windows from torch 2.10), flex (FlexAttention with a block mask per batch: windows and packed rows; no
+    attention dropout; CPU for inference only), auto (varlen where it applies, else sdpa). A named kernel the device
+    cannot run is refused at start, never replaced."""
     mlm_logits_mib: int = 512
     """The most memory a micro batch's MLM logits may take (fp32, with the exponentials the loss keeps): above it,
     the vocabulary projection and the loss run in chunks of predictions inside the forward and the whole logits never

@@ -4,12 +4,13 @@
   out with bertdist's cheaper CPU dropout, and ModernBERT's windows block by block (`ops.local_attention`); unpadded
   batches are cut into grids of samples of similar length (`TokenLayout`). Every device, every precision, dropout.
 - `varlen`: flash attention's variable-length kernel over the unpadded tokens (`torch.nn.attention.varlen`): CUDA,
-  fp16/bf16, no attention dropout, no sliding window in this build (ModernBERT's local layers).
+  fp16/bf16, no attention dropout; ModernBERT's local layers through its sliding window where this torch's kernel
+  takes one (`VARLEN_WINDOW`, torch >= 2.10; FlashAttention's own window, the one ModernBERT's reference code uses).
 - `flex`: FlexAttention (`torch.nn.attention.flex_attention`) with a block mask built once per batch from the
   layout (document boundaries of unpadded and packed rows, the padding of padded ones, ModernBERT's window), compiled
   on CUDA. No attention dropout. Its CPU kernel has no backward, so on CPU it serves inference only.
-- `auto` (the default): `varlen` where it applies (unpadded, CUDA, fp16/bf16, no dropout, a global layer), else
-  `sdpa`. It becomes `flex` where a GPU check measures that faster, not before.
+- `auto` (the default): `varlen` where it applies (unpadded, CUDA, fp16/bf16, no dropout, a global layer or a
+  kernel with a window), else `sdpa`. It becomes `flex` where a GPU check measures that faster, not before.
 
 A kernel the user names and the device cannot run is refused before the model is built (`device_problems`), never
 replaced; `auto` picks per call. Every kernel gets the layer's softmax scale: BERT folds it into its queries (1.0),
@@ -19,6 +20,7 @@ ModernBERT does not (head_dim^-0.5).
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 
 import torch
@@ -37,6 +39,9 @@ except ImportError:  # pragma: no cover - older torch
     flex_attention = None
 
 HALF_PRECISION = (torch.float16, torch.bfloat16)
+VARLEN_WINDOW = varlen_attn is not None and "window_size" in inspect.signature(varlen_attn).parameters
+"""Whether this torch's variable-length kernel takes a sliding window (`window_size`, from torch 2.10): a query
+attends to the keys within (left, right) positions of it, as ModernBERT's local layers do within `half` slots."""
 
 
 def model_problems(m: ModelConfig, device_type: str, precision: str) -> list[str]:
@@ -73,7 +78,7 @@ def _reasons(
             device_type != "cuda" and "it needs a CUDA GPU",
             precision not in ("fp16", "bf16") and f"it needs fp16 or bf16, not train.precision {precision}",
             dropout_p > 0 and f"it has no attention dropout (model.attention_dropout_prob: {dropout_p})",
-            windowed and "it has no sliding window here (ModernBERT's local layers)",
+            windowed and not VARLEN_WINDOW and "this torch's kernel has no sliding window (ModernBERT's local layers)",
             not unpad and "it runs on unpadded batches and model.unpad is false",
         ]
     elif backend == "flex":
@@ -96,33 +101,38 @@ def training_kernels(backend: str, device_type: str, precision: str, dropout_p: 
         return "sdpa"
     if dropout_p > 0:
         return "sdpa (attention dropout; evaluation: varlen on unpadded batches' global layers)"
-    return "varlen on unpadded batches' global layers, sdpa elsewhere"
+    return "varlen on unpadded batches" + ("" if VARLEN_WINDOW else "' global layers") + ", sdpa elsewhere"
 
 
 def kernel(backend: str, qkv: torch.Tensor, unpadded: bool, dropout_p: float, windowed: bool) -> str:
     """The kernel one attention call takes: "varlen", "flex" or "sdpa". A named kernel is taken wherever it has a
     meaning (varlen: unpadded batches; a batch without padding is one dense grid for SDPA's own flash kernel) and
-    refused where it would change the math (dropout, a window): `device_problems` refuses those settings at a
-    training's start; this guards every other caller (benchmarks, tests, a model built by hand)."""
+    refused where it would change the math (dropout, a window the kernel lacks): `device_problems` refuses those
+    settings at a training's start; this guards every other caller (benchmarks, tests, a model built by hand)."""
     if backend in ("flex", "varlen") and dropout_p > 0:
         raise ValueError(f"model.attention: {backend} has no attention dropout (p={dropout_p}); use sdpa or auto")
     if backend == "flex":
         return "flex"
     if backend == "varlen" and unpadded:
-        if windowed:
-            raise ValueError("model.attention: varlen has no sliding window here; use flex, sdpa or auto")
+        if windowed and not VARLEN_WINDOW:
+            raise ValueError("model.attention: this torch's varlen has no sliding window; use flex, sdpa or auto")
         return "varlen"
     fused = unpadded and qkv.is_cuda and varlen_attn is not None and qkv.dtype in HALF_PRECISION
-    if backend == "auto" and fused and dropout_p == 0 and not windowed:
+    if backend == "auto" and fused and dropout_p == 0 and (VARLEN_WINDOW or not windowed):
         return "varlen"
     return "sdpa"
 
 
-def varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, num_heads: int, scale: float) -> torch.Tensor:
-    """(tokens, 3 x hidden) fused projections of samples laid end to end -> (tokens, hidden)."""
+def varlen(
+    qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, num_heads: int, scale: float, half: int = 0
+) -> torch.Tensor:
+    """(tokens, 3 x hidden) fused projections of samples laid end to end -> (tokens, hidden); `half` > 0: each
+    query attends to its sample's keys at most `half` slots away (the kernel's window, (left, right))."""
     hidden = qkv.shape[-1] // 3
     q, k, v = qkv.view(-1, 3, num_heads, hidden // num_heads).unbind(1)
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale).reshape(-1, hidden)
+    window = {"window_size": (half, half)} if half else {}
+    out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale, **window)
+    return out.reshape(-1, hidden)
 
 
 def flex(qkv: torch.Tensor, block_mask, num_heads: int, scale: float) -> torch.Tensor:

@@ -126,7 +126,7 @@ class TokenLayout:
         hidden = qkv.shape[-1] // 3
         chosen = kernels.kernel(backend, qkv, self.unpadded, dropout_p, bool(window))
         if chosen == "varlen":
-            return kernels.varlen(qkv, self.cu_seqlens, self.max_seqlen, num_heads, scale)
+            return kernels.varlen(qkv, self.cu_seqlens, self.max_seqlen, num_heads, scale, window)
         if chosen == "flex":
             rows = qkv.view(1, -1, qkv.shape[-1]) if self.unpadded else qkv
             return kernels.flex(rows, self.block_mask(window), num_heads, scale).view(*qkv.shape[:-1], hidden)

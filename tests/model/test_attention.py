@@ -79,14 +79,17 @@ def test_flex_never_attends_across_documents_of_a_packed_row(unpad):
     assert packed_order(samples)  # the rows are packed as the loader packs them
 
 
-def _reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale):
+def _reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size=(-1, -1)):
     """The variable-length kernel's contract on CPU: (tokens, heads, head_dim) of samples end to end, each
-    attending within itself at `scale`."""
-    bounds = cu_seq_q.tolist()
-    out = [
-        F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), scale=scale).transpose(0, 1)
-        for a, b in zip(bounds, bounds[1:])
-    ]
+    attending within itself at `scale`; a window (left, right) keeps the keys from left before a query to right
+    after it (FlashAttention's documented rule)."""
+    bounds, (left, right) = cu_seq_q.tolist(), window_size
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        offset = torch.arange(b - a)[None, :] - torch.arange(b - a)[:, None]  # key - query
+        mask = (offset >= -left) & (offset <= right) if left >= 0 else None
+        sample = (t[a:b].transpose(0, 1) for t in (q, k, v))
+        out.append(F.scaled_dot_product_attention(*sample, attn_mask=mask, scale=scale).transpose(0, 1))
     return torch.cat(out)
 
 
@@ -96,9 +99,9 @@ def test_the_variable_length_kernel_gets_each_layers_softmax_scale(family, monke
     kernel scaled ModernBERT's global layers by 1 on a GPU (8x too sharp at head size 64)."""
     calls = []
 
-    def kernel(*args, scale):
+    def kernel(*args, scale, **window):
         calls.append(scale)
-        return _reference_varlen(*args, scale=scale)
+        return _reference_varlen(*args, scale=scale, **window)
 
     monkeypatch.setattr(attention, "varlen_attn", kernel)
     config = dict(MODERNBERT, global_attn_every_n_layers=1) if family == "modernbert" else {}
@@ -110,6 +113,29 @@ def test_the_variable_length_kernel_gets_each_layers_softmax_scale(family, monke
         want, got = reference(**batch), model(**batch)
     torch.testing.assert_close(got.loss, want.loss, atol=1e-5, rtol=1e-5)
     assert calls and set(calls) == {1.0 if family == "bert" else 32**-0.5}
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+def test_modernberts_local_layers_take_the_variable_length_kernels_window(unpad, monkeypatch):
+    """Where torch's kernel has a window (VARLEN_WINDOW), ModernBERT's local layers (4 slots each side here,
+    samples up to 32) hand it (4, 4) and equal the sdpa grids; its global layers hand it none. The kernel is the
+    CPU reference of its contract (it runs on CUDA only); tests/model/test_cuda.py runs the real one."""
+    windows = []
+
+    def kernel(*args, scale, **window):
+        windows.append(window.get("window_size"))
+        return _reference_varlen(*args, scale=scale, **window)
+
+    monkeypatch.setattr(attention, "varlen_attn", kernel)
+    monkeypatch.setattr(attention, "VARLEN_WINDOW", True)
+    reference, model = _pair("varlen", unpad=unpad, **MODERNBERT)
+    batch = batch_of(random_samples(10, seed=8, every_position=True), SEQ)
+    batch.pop("token_type_ids"), batch.pop("next_sentence_label")
+    with torch.no_grad():
+        want, got = reference(**batch), model(**batch)
+    torch.testing.assert_close(got.mlm_logits, want.mlm_logits, atol=2e-5, rtol=1e-5)
+    # layers 0 (global) and 1 (local); the last attends from the predicted positions only (`attention_at`)
+    assert windows == ([None, (4, 4)] if unpad else []), "padded rows take sdpa's grid"
 
 
 def test_auto_takes_the_variable_length_kernel_only_where_it_applies():
@@ -136,11 +162,14 @@ def test_a_kernel_the_device_cannot_train_on_is_refused_naming_the_field(overrid
     assert device_problems(load_config(None, ["model.size=tiny"]), "cpu") == []
 
 
-def test_on_a_gpu_varlen_is_refused_for_modernberts_windows_and_for_fp32():
+@pytest.mark.parametrize("windows", [True, False])
+def test_on_a_gpu_varlen_is_refused_for_fp32_and_for_modernberts_windows_without_the_kernels(windows, monkeypatch):
+    monkeypatch.setattr(attention, "VARLEN_WINDOW", windows)
     modern = load_config(None, ["model.size=modernbert-tiny", "model.arch=modernbert", "model.objective=mlm"])
     modern = dataclasses.replace(modern, model=dataclasses.replace(modern.model, attention="varlen"))
     found = " ".join(device_problems(modern, "cuda"))
-    assert "it has no sliding window here" in found and "it needs fp16 or bf16, not train.precision fp32" in found
+    assert "it needs fp16 or bf16, not train.precision fp32" in found
+    assert ("this torch's kernel has no sliding window" in found) is not windows
     assert found.endswith("this run could take sdpa or flex")
     padded = dataclasses.replace(modern.model, attention="varlen", unpad=False, global_attn_every_n_layers=1)
     bf16 = dataclasses.replace(modern, model=padded, train=dataclasses.replace(modern.train, precision="bf16"))
@@ -149,10 +178,13 @@ def test_on_a_gpu_varlen_is_refused_for_modernberts_windows_and_for_fp32():
     ]
 
 
-def test_a_fused_kernel_is_never_handed_dropout_or_a_window_it_would_ignore():
+def test_a_fused_kernel_is_never_handed_dropout_or_a_window_it_would_ignore(monkeypatch):
     qkv = torch.zeros(4, 3 * 64)
     with pytest.raises(ValueError, match="flex has no attention dropout"):
         attention.kernel("flex", qkv, unpadded=True, dropout_p=0.1, windowed=False)
+    monkeypatch.setattr(attention, "VARLEN_WINDOW", True)
+    assert attention.kernel("varlen", qkv, unpadded=True, dropout_p=0.0, windowed=True) == "varlen"
+    monkeypatch.setattr(attention, "VARLEN_WINDOW", False)
     with pytest.raises(ValueError, match="varlen has no sliding window"):
         attention.kernel("varlen", qkv, unpadded=True, dropout_p=0.0, windowed=True)
 

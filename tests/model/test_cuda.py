@@ -70,14 +70,16 @@ MODERNBERT = dict(arch="modernbert", objective="mlm", num_layers=3, global_attn_
 def test_fused_kernels_train_as_the_sdpa_grids(dtype, backend, family, unpad, packing):
     """Loss and every gradient of a training step (no dropout) on `backend` against the sdpa grids: unpadded
     (FlexAttention: one row of every sample), padded rows and packed rows (flex: several rows, padding queries);
-    varlen has no window, so ModernBERT takes it with global layers only. Catches a kernel's wrong softmax scale, a
-    crossed document boundary and FlexAttention's backward through padding queries."""
+    ModernBERT's local layers take varlen's window where this torch's kernel has one, else global layers only.
+    Catches a kernel's wrong softmax scale or window, a crossed document boundary and FlexAttention's backward
+    through padding queries."""
     import dataclasses
 
+    from bertdist.model.attention import VARLEN_WINDOW
     from bertdist.model.registry import build_model
 
     config = MODERNBERT if family == "modernbert" else {}
-    if family == "modernbert" and backend == "varlen":
+    if family == "modernbert" and backend == "varlen" and not VARLEN_WINDOW:
         config = dict(config, global_attn_every_n_layers=1)
     cfg = tiny_model_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0, unpad=unpad, **config)
     torch.manual_seed(0)
