@@ -71,7 +71,7 @@ def kernels(device: str, size: str) -> str:
 
 
 TEST_TIMEOUT_S = 300
-GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py"]
+GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py", "tests/test_hf_peer.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
 of the packages the rest of the suite imports (Ray, MLflow, moto)."""
 

@@ -94,3 +94,29 @@ def test_the_padding_free_peer_refuses_what_its_kernel_cannot_compute():
         hf_peer.peer(_config("mini"), {}, "flat", CPU)
     with pytest.raises(ValueError, match="--no-attention-dropout"):
         hf_peer.peer(ModelConfig.from_size("mini"), {}, "padding-free", CPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("size", list(SIZES))
+def test_on_a_gpu_the_padding_free_peer_runs_flash_attentions_kernel_as_the_padded_model(size):
+    """The kernel itself (torch's FlashAttention-2 variable-length kernel, ModernBERT's window included) in bf16:
+    the loss and the gradients of the padded SDPA model, to bf16's precision."""
+    cuda = torch.device("cuda")
+    cfg = _config(size)
+    batch = {k: v.to(cuda) for k, v in make_batch(cfg, 6, 64, 10, CPU, fill=0.5).items()}
+    torch.manual_seed(0)
+    flat, flat_loss = hf_peer.peer(cfg, batch, "padding-free", cuda)
+    twin = _padded_twin(flat).to(cuda)
+    labels = torch.full_like(batch["input_ids"], -100).scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
+    fields = ["input_ids", "attention_mask"] + (["token_type_ids"] if cfg.arch == "bert" else [])
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        want = twin(**{k: batch[k] for k in fields}, labels=labels).loss
+        got = flat_loss()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    want.backward()
+    got.backward()
+    twin_grads = dict(twin.named_parameters())
+    for name, p in flat.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, twin_grads[name].grad, atol=5e-2, rtol=5e-2, msg=name)
