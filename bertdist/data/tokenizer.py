@@ -180,6 +180,11 @@ def _from_json(file: str) -> TextTokenizer:
     # must be the text's alone. Left on, the pads became tokens of the text and the [SEP] fell off the end.
     backend.no_padding()
     backend.no_truncation()
+    # A corpus's text is text: "[SEP]" or "<mask>" written in a document (a tokenizer's manual, a page about BERT)
+    # must not become the special token, which the tokenizer's added-token matching would make it. Left on, a
+    # literal [MASK] entered the shards as a mask no loss asks for and a literal [SEP] as a segment boundary;
+    # bertdist places its special tokens by id. A vocab.txt's pipeline has no added tokens, so it never matched.
+    backend.encode_special_tokens = True
     vocab = backend.get_vocab(with_added_tokens=True)
     tokens = [""] * (max(vocab.values()) + 1)
     for token, i in vocab.items():

@@ -44,6 +44,24 @@ def test_bpe_loads_in_transformers_offline_with_the_same_ids(tiny_bpe, hf_offlin
     assert lengths.tolist() == [len(e) for e in encoded] and ids.tolist() == [i for e in encoded for i in e]
 
 
+@pytest.mark.parametrize("which", ["tiny_bpe", "high_id_tokenizer"])
+def test_special_tokens_written_in_the_text_stay_text(which, request, hf_offline):
+    """A document that writes "[SEP]" or "[MASK]" (a page about BERT) gets no special id for them: the shards'
+    special tokens are the ones bertdist places. transformers gives the same ids when asked to split them."""
+    from transformers import AutoTokenizer
+
+    path = request.getfixturevalue(which)
+    tokenizer = open_tokenizer(path)
+    text = "The [MASK] token and [SEP], [CLS] and [PAD] are written here."
+    (encoding,) = tokenizer.encode_batch([text])
+    special = {tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id}
+    assert not special & set(encoding.ids), encoding.tokens
+    ids, _ = tokenizer.sentence_encoder().encode([text])
+    assert ids.tolist() == encoding.ids
+    theirs = AutoTokenizer.from_pretrained(Path(tokenizer.path).parent)
+    assert theirs(text, add_special_tokens=False, split_special_tokens=True).input_ids == encoding.ids
+
+
 def test_bpe_word_starts_follow_the_space_marker(tiny_bpe):
     tokenizer = open_tokenizer(tiny_bpe)
     encoding = tokenizer.encode_batch(["the cat, sat"])[0]
