@@ -12,19 +12,24 @@
 4. the training step through DeepSpeed (ZeRO-1, bf16, clipping, AdamW; `benchmarks/train_step.py`) of BERT-Large at
    128 and at 512 with half padding, against the same model in a plain loop and against transformers (padded, and
    padding-free at 512);
-5. with `--ttq DIR`, the time to quality (`benchmarks/time_to_quality.py --device cuda`): bertdist's fast recipe
+5. where the time goes (`benchmarks/step_profile.py`): packed BERT-Large at 512 and ModernBERT-base at 8,192 under
+   torch.profiler, CUDA kernel time grouped into matmuls, attention, normalization, loss, optimizer, copies, beside
+   transformers padding-free: the profile that says which kernel holds a missed goal back;
+6. with `--ttq DIR`, the time to quality (`benchmarks/time_to_quality.py --device cuda`): bertdist's fast recipe
    against transformers' Trainer given the same recipe (bf16, fused AdamW), BERT-medium at batch 256,
    `--ttq-minutes` each (1.5), on the data `time_to_quality.py --prepare-only --runs bert-fast,bert-trainer`
    made on a machine with Ray (its OUTPUT/data, carried). With the probes and scoring it takes ~5 minutes, so on a
    15-minute lease it is a second call: `gpu_check.py --skip-tests --skip-timings --ttq DIR`;
-then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as
-a markdown table beside it (.md, for docs/benchmarks.md). Without a GPU it says so in one line and
-exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so the check cannot break
-unseen). Exit code 1 when a check failed. On a GPU machine that has torch and DeepSpeed but not Ray, `--prepared
-DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR` wrote on another machine.
+then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as a
+markdown table beside it (.md, for docs/benchmarks.md), both rewritten after every row, so that a call killed at its
+limit keeps what it measured; rows not started within `--budget-minutes` (8) are reported as skipped. Without a GPU
+it says so in one line and exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so
+the check cannot break unseen). Exit code 1 when a check failed or was skipped. On a GPU machine that has torch and
+DeepSpeed but not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m
+tests.prepared DIR` wrote on another machine.
 
     python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR] [--smoke]
-        [--ttq DIR [--ttq-minutes 1.5]]
+        [--budget-minutes 8] [--ttq DIR [--ttq-minutes 1.5]]
 """
 
 from __future__ import annotations
@@ -70,6 +75,9 @@ def kernels(device: str, size: str) -> str:
     return "sdpa,flex" if size.startswith("modernbert") and not VARLEN_WINDOW else "sdpa,varlen,flex"
 
 
+BUDGET_MINUTES = 8.0
+"""The check's own limit from its start (the time to quality has its own): a device call ends at 10 minutes, and
+the wheels' install, the interpreter's start and the report come on top."""
 TEST_TIMEOUT_S = 300
 GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py", "tests/test_hf_peer.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
@@ -119,59 +127,88 @@ def check_fused_adam() -> dict:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def time_models(device: str) -> list[dict]:
+Row = tuple[str, int, int, int, float, str]
+"""(size, length, batch, predictions per sequence, mean fraction of real tokens, precision)"""
+
+
+def row_argv(device: str, row: Row) -> list[str]:
+    size, length, batch, predictions, fill, precision = row
+    return [
+        *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
+        *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
+    ]
+
+
+def run_rows(rows: list[Row], argv_of, main, deadline: float, out: list, save) -> None:
+    """`main(argv_of(row))` of each row appended to `out`, and `save()` after each: a failing row is recorded, not
+    raised (it must not cost the others), and a row not started by `deadline` (time.monotonic) is recorded as
+    skipped, so that the check ends, and its report holds every row finished, within the device call's limit."""
+    for row in rows:
+        size, length, *_, precision = row
+        where = {"size": size, "seq_length": length, "precision": precision}
+        if time.monotonic() > deadline:
+            out.append({"ok": False, **where, "error": "skipped: the check's time budget (--budget-minutes) was spent"})
+            continue
+        try:
+            out.append({"ok": True, **main(argv_of(row))})
+        except Exception as e:
+            out.append({"ok": False, **where, "error": f"{type(e).__name__}: {e}"[:500]})
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        save()
+
+
+def time_models(device: str, deadline: float, out: list, save) -> None:
     sys.path.insert(0, str(HERE))
     import model_step
 
     smoke = device == "cpu"
-    results = []
-    for size, length, batch, predictions, fill, precisions in SMOKE_TIMINGS if smoke else TIMINGS:
-        for precision in precisions:
-            argv = [
-                *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
-                *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
-                *("--attention", kernels(device, size)),
-                *peers(fill),
-                *(("--compile",) if (size, length, precision) in COMPILED else ()),
-                *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
-            ]
-            try:
-                results.append({"ok": True, **model_step.main(argv)})
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"[:500]
-                results.append(
-                    {"ok": False, "size": size, "seq_length": length, "precision": precision, "error": error}
-                )
-            if not smoke:
-                torch.cuda.empty_cache()
-    return results
+    rows = [(*row[:5], precision) for row in (SMOKE_TIMINGS if smoke else TIMINGS) for precision in row[5]]
+
+    def argv(row: Row) -> list[str]:
+        size, length, *_, fill, precision = row
+        return [
+            *row_argv(device, row),
+            *("--attention", kernels(device, size)),
+            *peers(fill),
+            *(("--compile",) if (size, length, precision) in COMPILED else ()),
+            *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
+        ]
+
+    run_rows(rows, argv, model_step.main, deadline, out, save)
 
 
 TRAIN_STEPS = [("large", 128, 128, 20, 1.0, "bf16"), ("large", 512, 32, 80, 0.5, "bf16")]
-"""The training step through DeepSpeed (ZeRO-1, `benchmarks/train_step.py`): (size, length, batch, predictions,
-fill, precision)."""
+"""The training step through DeepSpeed (ZeRO-1, `benchmarks/train_step.py`)."""
 SMOKE_TRAIN_STEPS = [("mini", 64, 4, 10, 0.5, "fp32")]
 
 
-def time_training_steps(device: str) -> list[dict]:
+def time_training_steps(device: str, deadline: float, out: list, save) -> None:
     sys.path.insert(0, str(HERE))
     import train_step
 
     smoke = device == "cpu"
-    results = []
-    for size, length, batch, predictions, fill, precision in SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS:
-        argv = [
-            *("--device", device, "--size", size, "--precision", precision, "--seq-length", str(length)),
-            *("--batch-size", str(batch), "--masked-positions", str(predictions), "--fill", str(fill)),
-            *("--zero-stage", "1", "--steps", "1" if smoke else "10"),
-            *peers(fill),
-        ]
-        try:
-            results.append({"ok": True, **train_step.main(argv)})
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"[:500]
-            results.append({"ok": False, "size": size, "seq_length": length, "precision": precision, "error": error})
-    return results
+
+    def argv(row: Row) -> list[str]:
+        return [*row_argv(device, row), "--zero-stage", "1", "--steps", "1" if smoke else "10", *peers(row[4])]
+
+    run_rows(SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS, argv, train_step.main, deadline, out, save)
+
+
+PROFILES = [("large", 512, 32, 80, 0.5, "bf16"), ("modernbert-base", 8192, 2, 2458, 0.65, "bf16")]
+"""The steps profiled (`benchmarks/step_profile.py`), bertdist's beside transformers padding-free: the goals
+furthest from the model step's one GPU figure (packed BERT-Large, ModernBERT's long context)."""
+SMOKE_PROFILES = [("mini", 64, 4, 10, 0.5, "fp32")]
+
+
+def profile_steps(device: str, deadline: float, out: list, save) -> None:
+    sys.path.insert(0, str(HERE))
+    import step_profile
+
+    def argv(row: Row) -> list[str]:
+        return [*row_argv(device, row), "--no-attention-dropout", "--peers", "padding-free", "--steps", "3"]
+
+    run_rows(SMOKE_PROFILES if device == "cpu" else PROFILES, argv, step_profile.main, deadline, out, save)
 
 
 TTQ_RUNS = "bert-fast,bert-trainer"
@@ -234,11 +271,31 @@ def markdown(report: dict) -> str:
                 "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`):",
                 "",
                 *_table(report.get("train_steps", []), engine),
+                *_profile_lines(report.get("profiles", [])),
                 *_time_to_quality_lines(report.get("time_to_quality", {})),
             ]
         )
         + "\n"
     )
+
+
+def _profile_lines(profiles: list[dict]) -> list[str]:
+    """Where each profiled step's time goes (nothing when none ran)."""
+    if not profiles:
+        return []
+    from step_profile import summary
+
+    lines = ["", "Where the step's time goes (`benchmarks/step_profile.py`, kernel self time; largest kernels):", ""]
+    for p in profiles:
+        head = f"- {p['size']} x {p['seq_length']}, {p['precision']}"
+        if not p["ok"]:
+            lines.append(f"{head}: failed: {p['error'][:120]}")
+            continue
+        for name in ("bertdist", *PEER_ROWS):
+            if name in p:
+                top = "; ".join(f"{t['name'][:60]} {t['share']:.0%}" for t in p[name]["top"][:3])
+                lines.append(f"{head}, {name}: {summary(p[name])}. Top: {top}")
+    return lines
 
 
 def _time_to_quality_lines(ttq: dict) -> list[str]:
@@ -288,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ttq-minutes", type=float, default=1.5, help="each engine's budget (default 1.5)")
     parser.add_argument("--smoke", action="store_true", help="on the CPU at tiny sizes: the check's code, no figures")
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=BUDGET_MINUTES,
+        help=f"rows not started by then are skipped (default {BUDGET_MINUTES:g}: within a 10-minute device call)",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check (--smoke runs it on the CPU)")
@@ -301,12 +364,29 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
     }
+    if not args.json:
+        device_slug = re.sub(r"[^a-z0-9]+", "-", report["gpus"][0].lower()).strip("-")
+        args.json = "runs/gpu-check-smoke.json" if args.smoke else f"docs/gpu/{date.today()}-{device_slug}.json"
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        """The report so far, after every stage and every row: a call killed at its limit keeps what it did."""
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).with_suffix(".md").write_text(markdown(report))
+
     skipped = {"ok": True, "summary": "skipped"}
+    deadline = time.monotonic() + args.budget_minutes * 60
+    report.update(timings=[], train_steps=[], profiles=[], time_to_quality=skipped)
     report["tests"] = skipped if args.skip_tests or args.smoke else run_tests(args.prepared)
     report["fused_adam"] = skipped if args.smoke else check_fused_adam()
-    report["timings"] = [] if args.skip_timings else time_models(device)
-    report["train_steps"] = [] if args.skip_timings else time_training_steps(device)
-    report["time_to_quality"] = time_to_quality(args.ttq, args.ttq_minutes, device) if args.ttq else skipped
+    save()
+    if not args.skip_timings:
+        # the training step first: the goals are its figures; the model-step table and the profiles after it
+        for stage, key in ((time_training_steps, "train_steps"), (time_models, "timings"), (profile_steps, "profiles")):
+            stage(device, deadline, report[key], save)
+    if args.ttq:
+        report["time_to_quality"] = time_to_quality(args.ttq, args.ttq_minutes, device)
+    save()
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")
     print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")
@@ -316,16 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         print("Time to quality: " + "; ".join(ttq["summary"]))
     else:
         print(f"Time to quality: {ttq.get('error') or ttq['summary']}")
-    table = markdown(report)
-    print(table)
-    if not args.json:
-        device_slug = re.sub(r"[^a-z0-9]+", "-", report["gpus"][0].lower()).strip("-")
-        args.json = "runs/gpu-check-smoke.json" if args.smoke else f"docs/gpu/{date.today()}-{device_slug}.json"
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    Path(args.json).with_suffix(".md").write_text(table)
+    print(markdown(report))
     print(f"report: {args.json} and {Path(args.json).with_suffix('.md')}")
-    timed = report["timings"] + report["train_steps"]
+    timed = report["timings"] + report["train_steps"] + report["profiles"]
     ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and ttq["ok"] and all(t["ok"] for t in timed)
     return 0 if ok else 1
 

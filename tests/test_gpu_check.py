@@ -36,3 +36,25 @@ def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
     table = report_file.with_suffix(".md").read_text()
     assert table.count("| mini | 64 |") == 2 and "| modernbert-mini | 128 |" in table and "bertdist[sdpa]" in table
     assert table.count("x padding-free |") == 2, table
+    (profile,) = report["profiles"]
+    assert profile["ok"] and {"bertdist", "transformers padding-free"} <= set(profile), profile
+    assert abs(sum(profile["bertdist"]["categories"].values()) - 1) < 1e-6 and profile["bertdist"]["top"]
+    assert "- mini x 64, fp32, bertdist: " in table and "matmul" in table
+
+
+def test_rows_past_the_budget_are_reported_skipped_and_the_report_is_written(tmp_path):
+    """A device call ends at its limit: rows not started within --budget-minutes are skipped, named, and the
+    report (rewritten after every row) is on disk; the exit code says the check is incomplete."""
+    report_file = tmp_path / "gpu.json"
+    run = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--budget-minutes", "0", "--json", str(report_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(report_file.read_text())
+    rows = report["timings"] + report["train_steps"] + report["profiles"]
+    assert len(rows) == 4 and all(r["error"].startswith("skipped: the check's time budget") for r in rows), rows
+    assert "skipped: the check's time budget" in report_file.with_suffix(".md").read_text()
