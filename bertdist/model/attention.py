@@ -9,8 +9,9 @@
 - `flex`: FlexAttention (`torch.nn.attention.flex_attention`) with a block mask built once per batch from the
   layout (document boundaries of unpadded and packed rows, the padding of padded ones, ModernBERT's window), compiled
   on CUDA. No attention dropout. Its CPU kernel has no backward, so on CPU it serves inference only.
-- `auto` (the default): `varlen` where it applies (unpadded, CUDA, fp16/bf16, no dropout, a global layer or a
-  kernel with a window), else `sdpa`. It becomes `flex` where a GPU check measures that faster, not before.
+- `auto` (the default): `varlen` where it applies (unpadded, CUDA, fp16/bf16, no dropout, a global layer), else
+  `sdpa`. Windowed layers join once a GPU check measures varlen's window faster than the block-wise one; `flex`
+  becomes the choice where a GPU check measures it faster, not before.
 
 A kernel the user names and the device cannot run is refused before the model is built (`device_problems`), never
 replaced; `auto` picks per call. Every kernel gets the layer's softmax scale: BERT folds it into its queries (1.0),
@@ -101,7 +102,7 @@ def training_kernels(backend: str, device_type: str, precision: str, dropout_p: 
         return "sdpa"
     if dropout_p > 0:
         return "sdpa (attention dropout; evaluation: varlen on unpadded batches' global layers)"
-    return "varlen on unpadded batches" + ("" if VARLEN_WINDOW else "' global layers") + ", sdpa elsewhere"
+    return "varlen on unpadded batches' global layers, sdpa elsewhere"
 
 
 def kernel(backend: str, qkv: torch.Tensor, unpadded: bool, dropout_p: float, windowed: bool) -> str:
@@ -118,7 +119,7 @@ def kernel(backend: str, qkv: torch.Tensor, unpadded: bool, dropout_p: float, wi
             raise ValueError("model.attention: this torch's varlen has no sliding window; use flex, sdpa or auto")
         return "varlen"
     fused = unpadded and qkv.is_cuda and varlen_attn is not None and qkv.dtype in HALF_PRECISION
-    if backend == "auto" and fused and dropout_p == 0 and (VARLEN_WINDOW or not windowed):
+    if backend == "auto" and fused and dropout_p == 0 and not windowed:  # windowed: once a GPU check measures it
         return "varlen"
     return "sdpa"
 
