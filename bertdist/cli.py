@@ -6,6 +6,8 @@
     bertdist train    pretrain with DeepSpeed (or --dry-run to print the plan)
     bertdist export   write a checkpoint in the Hugging Face format (and ONNX)
     bertdist pairs    mine (query, positive) pairs from a corpus, without labels, to train an embedding model on
+    bertdist filter-pairs  keep the pairs whose positive a model ranks near the top for its query (E5's
+                      consistency filter)
     bertdist finetune fine-tune a pretrained BERT on a downstream task (classification, regression, tagging, QA,
                       multiple choice)
     bertdist embed    features of a frozen BERT (a layer, the last four, the pooler) as .npy shards
@@ -49,6 +51,7 @@ from bertdist.finetune.commands import (
     add_attention,
     add_embed,
     add_evaluate,
+    add_filter_pairs,
     add_finetune,
     add_mine_negatives,
     add_pairs,
@@ -288,6 +291,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_inspect,
     _add_train,
     add_pairs,
+    add_filter_pairs,
     add_finetune,
     add_embed,
     add_mine_negatives,

@@ -20,6 +20,7 @@ EXPECTED_COMMANDS = [
     "inspect",
     "train",
     "pairs",
+    "filter-pairs",
     "finetune",
     "embed",
     "mine-negatives",

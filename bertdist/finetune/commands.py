@@ -1,5 +1,5 @@
-"""The command lines of the second stage: `bertdist pairs`, `finetune`, `embed`, `mine-negatives`, `attention`
-and `evaluate` (registered by bertdist.cli).
+"""The command lines of the second stage: `bertdist pairs`, `filter-pairs`, `finetune`, `embed`, `mine-negatives`,
+`attention` and `evaluate` (registered by bertdist.cli).
 
 Like every subcommand, they only parse arguments and call into the package.
 """
@@ -171,10 +171,46 @@ def _run_pairs(args: argparse.Namespace) -> int:
     print(f"bertdist pairs: {mine_pairs(opts).describe(opts)}")
 
 
-def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
+def _pair_search_flags(p: argparse.ArgumentParser, d, output: str, corpus: str) -> None:
+    """The flags of pair_search.PairSearchOptions, which `mine-negatives` and `filter-pairs` share (`d`: their
+    defaults; `output`, `corpus`: what those two mean for the command)."""
+    p.add_argument(
+        "--model",
+        required=True,
+        help="run or checkpoint directory, export, or sentence-transformers or Hugging Face BERT/ModernBERT directory",
+    )
+    p.add_argument("--pairs", required=True, help="CSV/TSV/JSONL of (query, positive) rows")
+    p.add_argument("--output", required=True, help=output)
+    p.add_argument("--corpus", default=d.corpus, help=f"{corpus}: a BEIR corpus.jsonl, or a .txt of a passage per line")
+    p.add_argument("--query-column", default=d.query_column)
+    p.add_argument("--positive-column", default=d.positive_column)
+
+
+def _encoder_flags(p: argparse.ArgumentParser, d) -> None:
+    """How pair_search embeds (the rest of PairSearchOptions), and what to do with a bad row."""
     from bertdist.config.choices import choices
     from bertdist.config.finetune import FinetuneConfig
     from bertdist.finetune.embed import POOLINGS
+
+    p.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default=d.pooling,
+        help="mean or cls; default: a sentence-transformers model's own, else mean",
+    )
+    p.add_argument(
+        "--max-seq-length", type=int, default=d.max_seq_length, help="0: a sentence-transformers model's, else 256"
+    )
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument(
+        "--on-bad-input",
+        choices=choices(FinetuneConfig, "on_bad_input"),
+        default=FinetuneConfig.on_bad_input,
+        help="skip unreadable rows and rows whose query is their positive (counted)",
+    )
+
+
+def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
     from bertdist.finetune.hard_negatives import MineOptions
 
     d = MineOptions(model="", pairs="", output="")
@@ -189,18 +225,7 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
             "mine_hard_negatives with sampling_strategy=top (docs/finetune.md)."
         ),
     )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="run or checkpoint directory, export, or sentence-transformers or Hugging Face BERT/ModernBERT directory",
-    )
-    p.add_argument("--pairs", required=True, help="CSV/TSV/JSONL of (query, positive) rows")
-    p.add_argument("--output", required=True, help="the .jsonl to write: query, positive, negative_1 ... negative_N")
-    p.add_argument(
-        "--corpus", default=d.corpus, help="more candidates: a BEIR corpus.jsonl, or a .txt of a passage per line"
-    )
-    p.add_argument("--query-column", default=d.query_column)
-    p.add_argument("--positive-column", default=d.positive_column)
+    _pair_search_flags(p, d, "the .jsonl to write: query, positive, negative_1 ... negative_N", "more candidates")
     p.add_argument("--negatives", type=int, default=d.negatives, help=f"negatives per row (default {d.negatives})")
     p.add_argument("--range-min", type=int, default=d.range_min, help="the best rank a negative may have (0: the top)")
     p.add_argument(
@@ -227,27 +252,36 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip (and count) rows with too few candidates outside the margin, instead of stopping",
     )
-    p.add_argument(
-        "--pooling",
-        choices=POOLINGS,
-        default=d.pooling,
-        help="mean or cls; default: a sentence-transformers model's own, else mean",
-    )
-    p.add_argument(
-        "--max-seq-length", type=int, default=d.max_seq_length, help="0: a sentence-transformers model's, else 256"
-    )
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument(
-        "--on-bad-input",
-        choices=choices(FinetuneConfig, "on_bad_input"),
-        default=FinetuneConfig.on_bad_input,
-        help="skip unreadable rows and rows whose query is their positive (counted)",
-    )
+    _encoder_flags(p, d)
     p.set_defaults(func=_run_mine_negatives, interrupted="nothing was written")
 
 
+def add_filter_pairs(sub: argparse._SubParsersAction) -> None:
+    from bertdist.finetune.consistency import FilterOptions
+
+    d = FilterOptions(model="", pairs="", output="")
+    p = sub.add_parser(
+        "filter-pairs",
+        help="keep the (query, positive) pairs whose positive a model ranks near the top for its query",
+        description=(
+            "Consistency filtering (E5's): rank every pair's positive among a pool of passages (the file's "
+            "distinct positives and --corpus, --pool of them at most) by MODEL's cosine similarity to its query, "
+            "and keep the pairs ranked in the --top-k. The query's own positives and copies of it never compete "
+            "(docs/finetune.md)."
+        ),
+    )
+    _pair_search_flags(p, d, "the .jsonl to write: the kept query, positive rows", "more passages in the pool")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"keep positives ranked in this many (default {d.top_k})")
+    p.add_argument(
+        "--pool", type=int, default=d.pool, help=f"passages to rank against, at most (default {d.pool}; 0: all)"
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="which passages a --pool smaller than the file draws")
+    _encoder_flags(p, d)
+    p.set_defaults(func=_run_filter_pairs, interrupted="nothing was written")
+
+
 MINE_CONVERTED = {"on_bad_input": "skip_bad"}
-"""`mine-negatives` flags (by dest) that `_run_mine_negatives` converts for their MineOptions field."""
+"""`mine-negatives` and `filter-pairs` flags (by dest) that their `_run_` functions convert for an options field."""
 
 
 def _run_mine_negatives(args: argparse.Namespace) -> int:
@@ -255,6 +289,14 @@ def _run_mine_negatives(args: argparse.Namespace) -> int:
     from bertdist.flags import from_args
 
     print(mine_negatives(from_args(MineOptions, args, skip_bad=args.on_bad_input == "skip")))
+    return 0
+
+
+def _run_filter_pairs(args: argparse.Namespace) -> int:
+    from bertdist.finetune.consistency import FilterOptions, filter_pairs
+    from bertdist.flags import from_args
+
+    print(filter_pairs(from_args(FilterOptions, args, skip_bad=args.on_bad_input == "skip")))
     return 0
 
 

@@ -46,35 +46,21 @@ stay in memory (passages x hidden x 4 bytes), as for `bertdist evaluate --suite 
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from bertdist.data import DataError
 from bertdist.errors import UserError
-
-SHOWN_SKIPPED = 3
-"""Skipped rows named by FILE:LINE in the summary line; the rest are counted."""
-OUTPUT_SUFFIXES = (".jsonl", ".json")
-"""What `finetune.train_file` reads as JSON lines (the format follows the extension)."""
+from bertdist.finetune import pair_search
+from bertdist.finetune.pair_search import PairSearchOptions
 
 
 @dataclass
-class MineOptions:
-    model: str
-    """A bertdist run, checkpoint or export, or a sentence-transformers or Hugging Face directory."""
-    pairs: str
-    """CSV/TSV/JSONL with `query_column` and `positive_column`."""
-    output: str
-    """The .jsonl file to write (replaced whole)."""
-    corpus: str = ""
-    """More candidates: a BEIR corpus.jsonl, or a .txt of one passage per line (blank lines are not passages)."""
-    query_column: str = "query"
-    positive_column: str = "positive"
+class MineOptions(PairSearchOptions):
+    """The shared options (the model, the pairs, `--corpus`: more candidates) and the choice of negatives."""
+
     negatives: int = 3
     """Negatives per row (negative_1 ... negative_N)."""
     range_min: int = 0
@@ -89,13 +75,6 @@ class MineOptions:
     """Also drop a candidate scoring above this."""
     skip_short: bool = False
     """Skip (and count) rows with fewer than `negatives` usable candidates instead of stopping."""
-    pooling: str = ""
-    """mean or cls; empty: a sentence-transformers directory's own pooling, else mean."""
-    max_seq_length: int = 0
-    """0: a sentence-transformers directory's own length, else 256; longer texts are cut."""
-    batch_size: int = 64
-    skip_bad: bool = False
-    """Skip unreadable rows (and rows whose query is their positive) instead of stopping; they are counted."""
 
 
 @dataclass
@@ -124,9 +103,6 @@ class Removed:
 
 def check(o: MineOptions) -> None:
     """Every problem with the options at once, before anything is read."""
-    from bertdist import storage
-    from bertdist.finetune.embed import POOLINGS
-
     problems = []
     if o.negatives < 1:
         problems.append(f"--negatives: must be 1 or more, got {o.negatives}")
@@ -147,41 +123,17 @@ def check(o: MineOptions) -> None:
         )
     if o.max_score is not None and not np.isfinite(o.max_score):
         problems.append(f"--max-score: must be a finite number, got {o.max_score}")
-    if o.pooling and o.pooling not in POOLINGS:
-        problems.append(f"--pooling: {o.pooling!r} is not {' or '.join(POOLINGS)}")
-    if o.max_seq_length < 0:
-        problems.append(f"--max-seq-length: must be 0 (the model's or 256) or positive, got {o.max_seq_length}")
-    if o.batch_size <= 0:
-        problems.append(f"--batch-size: must be positive, got {o.batch_size}")
-    if Path(o.output).suffix.lower() not in OUTPUT_SUFFIXES:
-        problems.append(f"--output: {o.output} must end in .jsonl (fine-tuning reads the format from the extension)")
-    elif not storage.is_url(o.output) and Path(storage.local_path(o.output)).is_dir():
-        problems.append(f"--output: {o.output} is a directory, not a file")
-    if o.corpus and Path(o.corpus).suffix.lower() not in (".txt", ".jsonl"):
-        problems.append(f"--corpus: {o.corpus} is neither a BEIR corpus.jsonl nor a .txt of one passage per line")
+    problems += pair_search.problems(o)
     if problems:
         raise UserError("; ".join(problems))
 
 
 def mine_negatives(o: MineOptions) -> str:
     """Write `o.output`; return the summary line. Bad input stops before the model is loaded."""
-    from bertdist.finetune.embed import open_encoder
-    from bertdist.finetune.retrieval import CORPUS_BLOCK_ROWS, embed_blocks
-
     check(o)
-    rows, skipped = _pairs(o)
-    passages, corpus_skipped = _passages(o.corpus, o.skip_bad)
-    encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
-    own = encoder.sentence if not o.pooling else None
-    if own is not None:
-        own.own_vectors()  # the directory's own vectors: a module bertdist does not compute is refused
-    pooling = o.pooling or (own.pooling if own else "mean")
-
-    def vectors(texts: list[str]) -> np.ndarray:
-        blocks = (texts[i : i + CORPUS_BLOCK_ROWS] for i in range(0, len(texts), CORPUS_BLOCK_ROWS))
-        return embed_blocks(encoder, blocks, len(texts), pooling, o.batch_size, "mine-negatives", "texts", False)
-
-    mined, removed = mine_rows(rows, passages, vectors, o)
+    rows, skipped = pair_search.read_pairs(o)
+    passages, corpus_skipped = pair_search.read_passages(o)
+    mined, removed = mine_rows(rows, passages, pair_search.vectors_of(o, "mine-negatives"), o)
     short = [m for m in mined if len(m.negatives) < o.negatives]
     if short and not o.skip_short:
         first = short[0]
@@ -194,7 +146,7 @@ def mine_negatives(o: MineOptions) -> str:
     kept = [m for m in mined if len(m.negatives) == o.negatives]
     if not kept:
         raise DataError(f"{o.pairs}: no row has {o.negatives} negatives ({len(short)} short); nothing was written")
-    _write(o.output, kept)
+    pair_search.write_rows(o.output, (_row(m) for m in kept))
     return _summary(o, kept, short, skipped + corpus_skipped, removed)
 
 
@@ -266,58 +218,21 @@ def _choose(
     return [window[k] for k in usable], scores[usable].tolist(), int((~dropped).sum())
 
 
-def _pairs(o: MineOptions) -> tuple[list[Any], list[str]]:
-    """The usable (query, positive) rows and the skipped ones' reasons."""
-    from bertdist.finetune.data import bad_row, read_examples, same_text
-
-    read = read_examples(o.pairs, o.query_column, o.positive_column, "", o.skip_bad)
-    rows = []
-    for e in read.rows:
-        if same_text(e.text) == same_text(e.pair or ""):
-            bad_row(read, e.where, f"the query is its own positive ({e.text.strip()[:60]!r})", o.skip_bad)
-        else:
-            rows.append(e)
-    if not rows:
-        raise DataError(f"{o.pairs}: no usable rows ({len(read.skipped)} skipped)")
-    return rows, read.skipped
-
-
-def _passages(path: str, skip_bad: bool) -> tuple[list[str], list[str]]:
-    """The texts of `--corpus` and its skipped lines' reasons; none without one."""
-    from bertdist.finetune.beir import read_passages
-    from bertdist.finetune.data import read_lines
-
-    if not path:
-        return [], []
-    if Path(path).suffix.lower() == ".txt":
-        lines, _ = read_lines(path, skip_bad)
-        return [e.text for e in lines.rows if e.text.strip()], lines.skipped
-    documents = read_passages(path, skip_bad)
-    return [e.text for e in documents.rows], documents.skipped
-
-
-def _write(path: str, kept: list[Mined]) -> None:
-    from bertdist import storage
-    from bertdist.errors import write_error
-
-    storage.makedirs(os.path.dirname(storage.local_path(path)) or ".")
-    try:
-        with storage.atomic_write(path) as f:
-            for m in kept:
-                negatives = {f"negative_{i}": text for i, text in enumerate(m.negatives, start=1)}
-                row = {"query": m.example.text, "positive": m.example.pair, **negatives}
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    except OSError as e:
-        raise write_error(path, e) from None
+def _row(m: Mined) -> dict[str, str]:
+    negatives = {f"negative_{i}": text for i, text in enumerate(m.negatives, start=1)}
+    return {"query": m.example.text, "positive": m.example.pair, **negatives}
 
 
 def _summary(o: MineOptions, kept: list[Mined], short: list[Mined], skipped: list[str], removed: Removed) -> str:
     """One line: what was written, what was skipped and why, the scores, and what the margins removed."""
     parts = [f"{len(kept)} row(s) with {o.negatives} negatives each written to {o.output}"]
     if short:
-        parts.append(f"{len(short)} row(s) skipped, too few candidates outside the margin ({_named(short)})")
+        wheres = [m.example.where for m in short]
+        parts.append(
+            f"{len(short)} row(s) skipped, too few candidates outside the margin ({pair_search.named(wheres)})"
+        )
     if skipped:
-        parts.append(f"{len(skipped)} unreadable row(s) or line(s) skipped ({_named(skipped)})")
+        parts.append(f"{len(skipped)} unreadable row(s) or line(s) skipped ({pair_search.named(skipped)})")
     negative_mean = np.mean([s for m in kept for s in m.negative_scores])
     parts.append(f"mean score: positive {np.mean([m.positive_score for m in kept]):.4f}, negative {negative_mean:.4f}")
     dropped = [f"{removed.margin} by the margin {o.margin:g}"]
@@ -327,9 +242,3 @@ def _summary(o: MineOptions, kept: list[Mined], short: list[Mined], skipped: lis
         dropped.append(f"{removed.max_score} by --max-score {o.max_score:g}")
     parts.append(f"candidates dropped as likely false negatives: {', '.join(dropped)}")
     return "bertdist mine-negatives: " + "; ".join(parts)
-
-
-def _named(skipped: list[Mined] | list[str]) -> str:
-    """FILE:LINE of the first SHOWN_SKIPPED (a Mined row, or a `FILE:LINE: reason`), then `...` for the rest."""
-    wheres = [s.example.where if isinstance(s, Mined) else s.split(": ", 1)[0] for s in skipped[:SHOWN_SKIPPED]]
-    return ", ".join(wheres) + (", ..." if len(skipped) > SHOWN_SKIPPED else "")

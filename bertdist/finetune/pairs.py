@@ -19,8 +19,9 @@ kept in memory), to a file that appears whole or not at all. With `dev_documents
 to count the documents that can be held out, so that the dev documents are drawn from all of them before any
 pair is mined, and no training pair comes from one.
 
-It mines; it does not filter pairs with a model (GTE's consistency filtering) or train (`bertdist finetune
-finetune.task=embedding finetune.text_column=query finetune.text_pair_column=positive` does).
+It mines without a model: `bertdist filter-pairs` (bertdist.finetune.consistency) then keeps the pairs a model
+ranks consistently (E5's filter), and `bertdist finetune finetune.task=embedding finetune.text_column=query
+finetune.text_pair_column=positive` trains on them.
 """
 
 from __future__ import annotations

@@ -9,44 +9,20 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from bertdist.cli import main
 from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.finetune.data import Example, read_examples
 from bertdist.finetune.hard_negatives import MineOptions, mine_rows
-from tests.conftest import tiny_model_config
+from tests.finetune.conftest import exact_vectors
 
 # ---- the choice, on vectors whose cosine similarities are given -------------------------------------------------
 
 
-def _vectors(scores: dict[str, dict[str, float]]):
-    """Texts -> unit vectors with exactly these query-candidate cosines: query i is axis i, a candidate has its
-    score for each query on that query's axis and the rest of its length on an axis of its own (so candidates
-    differ); a text equal to a query (whitespace aside) is that query's vector."""
-    queries = list(scores)
-    candidates = sorted({c for given in scores.values() for c in given})
-    size = len(queries) + len(candidates)
-
-    def vector(text: str) -> np.ndarray:
-        v, text = np.zeros(size), " ".join(text.split())
-        if text in queries:
-            v[queries.index(text)] = 1
-            return v
-        for i, q in enumerate(queries):
-            v[i] = scores[q].get(text, 0.0)
-        assert (v**2).sum() <= 1, text
-        v[len(queries) + candidates.index(text)] = np.sqrt(1 - (v**2).sum())
-        return v
-
-    return lambda texts: np.stack([vector(t) for t in texts]).astype(np.float32)
-
-
 def _mine(rows: list[tuple[str, str]], scores: dict, passages: list[str], **options):
     examples = [Example(q, p, "", f"pairs.jsonl:{i}") for i, (q, p) in enumerate(rows, start=1)]
-    return mine_rows(examples, passages, _vectors(scores), MineOptions(model="", pairs="", output="", **options))
+    return mine_rows(examples, passages, exact_vectors(scores), MineOptions(model="", pairs="", output="", **options))
 
 
 ONE = {"q": {"p": 0.8, "a": 0.9, "b": 0.78, "c": 0.74, "d": 0.6, "e": 0.5, "f": 0.3}}
@@ -120,36 +96,13 @@ def test_a_copy_of_the_positive_with_other_inner_whitespace_is_not_a_negative():
 
 
 @pytest.fixture(scope="module")
-def model(tiny_vocab, tmp_path_factory) -> Path:
-    """A random sentence encoder whose weights are large enough that its vectors differ (cosines 0.5 to 0.96
-    rather than all near 1, so that ranks do not hang on rounding)."""
-    from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
-
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("mine") / "model"
-    save_sentence_transformer(SentenceEmbedder(tiny_model_config(initializer_range=1.0)), directory, tiny_vocab, 64)
-    return directory
+def model(pair_model: Path) -> Path:
+    return pair_model
 
 
 @pytest.fixture(scope="module")
-def data(tiny_documents, tmp_path_factory) -> Path:
-    """pairs.jsonl: 24 (query, positive) rows, q's second positive, and a row whose positive is its query in
-    capitals (the same tokens to an uncased model: a positive scoring 1, so the row is never short);
-    corpus.jsonl and corpus.txt: 16 more documents."""
-    from bertdist.finetune.corpus_tasks import query_passages
-
-    directory = tmp_path_factory.mktemp("pairs")
-    query_passages(tiny_documents, directory / "made.jsonl", 24, seed=0)
-    made = [json.loads(line) for line in (directory / "made.jsonl").read_text().splitlines()]
-    rows = [{"query": r["query"], "positive": r["passage"]} for r in made]
-    rows.append({"query": rows[0]["query"], "positive": rows[5]["positive"]})
-    rows.append({"query": rows[3]["query"], "positive": rows[3]["query"].upper()})
-    (directory / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    documents = [json.loads(line)["text"] for line in Path(tiny_documents).read_text().splitlines()][-16:]
-    (directory / "corpus.txt").write_text("\n".join(documents) + "\n")
-    lines = [json.dumps({"_id": f"d{i}", "title": "", "text": t}) for i, t in enumerate(documents)]
-    (directory / "corpus.jsonl").write_text("\n".join(lines) + "\n")
-    return directory
+def data(pair_data: Path) -> Path:
+    return pair_data
 
 
 def _args(model: Path, data: Path, output: Path, *extra: str) -> list[str]:
@@ -247,20 +200,6 @@ def test_a_bad_corpus_line_is_named_or_skipped(model, data, tmp_path, capsys):
     assert f"{corpus}:3: not UTF-8 text (byte 0xff at character 1)" in capsys.readouterr().err
     assert main([*args, "--on-bad-input", "skip"]) == 0
     assert f"1 unreadable row(s) or line(s) skipped ({corpus}:3)" in capsys.readouterr().out
-
-
-def test_every_option_has_a_flag_and_every_flag_an_option():
-    import dataclasses
-
-    from bertdist.cli import build_parser
-    from bertdist.finetune.commands import MINE_CONVERTED
-    from bertdist.flags import flag_dests, from_args
-
-    command = next(a for a in build_parser()._actions if a.dest == "command").choices["mine-negatives"]
-    flags = {MINE_CONVERTED.get(dest, dest) for dest in flag_dests(command)} - {"func", "interrupted"}
-    assert flags == {f.name for f in dataclasses.fields(MineOptions)}
-    args = build_parser().parse_args(["mine-negatives", "--model", "m", "--pairs", "p.csv", "--output", "o.jsonl"])
-    assert from_args(MineOptions, args, skip_bad=False) == MineOptions(model="m", pairs="p.csv", output="o.jsonl")
 
 
 def test_the_same_negatives_as_sentence_transformers(model, data, tmp_path, capsys, hf_offline):
