@@ -6,6 +6,8 @@ has: nDCG@10 on held-out documents after each stage, and hard negatives against 
                pretraining, 150 documents held out as its BEIR dev set; first-sentence pairs for fine-tuning
     contrast.  `bertdist finetune finetune.task=embedding` from the MLM export on the mined pairs, through the
                gradient cache (batch 256 in chunks of 32), the dev set scored every `--eval-every` steps
+    filter     `bertdist filter-pairs` with that model over its own pairs (E5's consistency filter, top 2), and
+               the contrastive pretraining again from the MLM export on the pairs kept
     mine       `bertdist mine-negatives` with the contrastive model over the fine-tuning pairs (margin 0.05)
     fine-tune  from the contrastive model on the fine-tuning pairs with 3 mined negatives each and Matryoshka
                widths 128,64,32; and the same without the negatives (in-batch negatives only)
@@ -31,6 +33,14 @@ import time
 from pathlib import Path
 
 MATRYOSHKA_DIMS = "128,64,32"
+CONTRAST = (
+    "finetune.batch_size=256",
+    "finetune.micro_batch_size=256",
+    "finetune.cache_rows=32",
+    "finetune.epochs=3",
+    "finetune.lr=2e-4",
+)
+"""Contrastive pretraining: batch 256 (every query against 256 passages) through the gradient cache in chunks of 32."""
 TEST_EVERY_NTH = 4
 """Every 4th document of the demo's training corpus joins its held-out ones in the test collection."""
 
@@ -95,6 +105,7 @@ def main() -> None:
     parser.add_argument("--test-queries", type=int, default=150)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--filter-top-k", type=int, default=2, help="filter-pairs' --top-k (E5's 2)")
     args = parser.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -126,12 +137,24 @@ def main() -> None:
     )  # fmt: skip
 
     contrastive = work / "contrastive"
+    every = f"finetune.eval_every_steps={args.eval_every}"
     seconds["contrastive pretraining"] = finetune(
-        log, contrastive, demo / "model", pretrain_pairs, dev, "finetune.batch_size=256",
-        "finetune.micro_batch_size=256", "finetune.cache_rows=32", "finetune.epochs=3", "finetune.lr=2e-4",
-        f"finetune.eval_every_steps={args.eval_every}",
-    )  # fmt: skip
+        log, contrastive, demo / "model", pretrain_pairs, dev, *CONTRAST, every
+    )
     scores["+ contrastive pretraining"] = evaluate(log, contrastive / "model", test, work / "eval-contrastive")
+
+    # E5's protocol: the model trained on the noisy pairs ranks them; contrastive pretraining again on those kept
+    filtered, cleaned = work / "pretrain-pairs-filtered.jsonl", work / "contrastive-filtered"
+    seconds["filter pairs"] = bertdist(
+        log, "filter-pairs", "--model", str(contrastive / "model"), "--pairs", str(pretrain_pairs), "--output",
+        str(filtered), "--top-k", str(args.filter_top_k),
+    )  # fmt: skip
+    kept = len(filtered.read_text(encoding="utf-8").splitlines())
+    seconds["contrastive pretraining, filtered pairs"] = finetune(
+        log, cleaned, demo / "model", filtered, dev, *CONTRAST, every
+    )
+    name = f"+ contrastive pretraining on the {kept} pairs filter-pairs kept (top {args.filter_top_k})"
+    scores[name] = evaluate(log, cleaned / "model", test, work / "eval-contrastive-filtered")
 
     mined = work / "tune-hard-negatives.jsonl"
     seconds["mine negatives"] = bertdist(
