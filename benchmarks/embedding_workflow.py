@@ -6,8 +6,9 @@ has: nDCG@10 on held-out documents after each stage, and hard negatives against 
                pretraining, 150 documents held out as its BEIR dev set; first-sentence pairs for fine-tuning
     contrast.  `bertdist finetune finetune.task=embedding` from the MLM export on the mined pairs, through the
                gradient cache (batch 256 in chunks of 32), the dev set scored every `--eval-every` steps
-    filter     `bertdist filter-pairs` with that model over its own pairs (E5's consistency filter, top 2), and
-               the contrastive pretraining again from the MLM export on the pairs kept
+    filter     `bertdist filter-pairs` with that model over its own pairs (E5's consistency filter, top 10 here:
+               see --filter-top-k), and the contrastive pretraining again from the MLM export on the pairs kept,
+               as many steps
     mine       `bertdist mine-negatives` with the contrastive model over the fine-tuning pairs (margin 0.05)
     fine-tune  from the contrastive model on the fine-tuning pairs with 3 mined negatives each and Matryoshka
                widths 128,64,32; and the same without the negatives (in-batch negatives only)
@@ -33,11 +34,12 @@ import time
 from pathlib import Path
 
 MATRYOSHKA_DIMS = "128,64,32"
+CONTRAST_EPOCHS = 3
 CONTRAST = (
     "finetune.batch_size=256",
     "finetune.micro_batch_size=256",
     "finetune.cache_rows=32",
-    "finetune.epochs=3",
+    f"finetune.epochs={CONTRAST_EPOCHS}",
     "finetune.lr=2e-4",
 )
 """Contrastive pretraining: batch 256 (every query against 256 passages) through the gradient cache in chunks of 32."""
@@ -105,7 +107,13 @@ def main() -> None:
     parser.add_argument("--test-queries", type=int, default=150)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--filter-top-k", type=int, default=2, help="filter-pairs' --top-k (E5's 2)")
+    parser.add_argument(
+        "--filter-top-k",
+        type=int,
+        default=10,
+        help="filter-pairs' --top-k: E5's 2, plus the 8 pairs mined from each document, whose passages compete with "
+        "their siblings (E5's pool of 1M random passages holds almost none of a pair's own document)",
+    )
     args = parser.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -150,8 +158,10 @@ def main() -> None:
         str(filtered), "--top-k", str(args.filter_top_k),
     )  # fmt: skip
     kept = len(filtered.read_text(encoding="utf-8").splitlines())
+    # as many steps as on all the pairs (E5 trains its filtered pairs as long): the epochs grow as the rows shrink
+    epochs = f"finetune.epochs={round(CONTRAST_EPOCHS * len(pretrain_pairs.read_text().splitlines()) / kept)}"
     seconds["contrastive pretraining, filtered pairs"] = finetune(
-        log, cleaned, demo / "model", filtered, dev, *CONTRAST, every
+        log, cleaned, demo / "model", filtered, dev, *CONTRAST, epochs, every
     )
     name = f"+ contrastive pretraining on the {kept} pairs filter-pairs kept (top {args.filter_top_k})"
     scores[name] = evaluate(log, cleaned / "model", test, work / "eval-contrastive-filtered")

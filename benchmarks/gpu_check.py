@@ -59,10 +59,15 @@ SMOKE_TIMINGS = [("mini", 64, 4, 10, 1.0, ("fp32",)), ("modernbert-mini", 128, 4
 """`--smoke`: the same rows at sizes a CPU runs in seconds (fp32: the GPU precisions do not run there)."""
 
 
-def peers(fill: float) -> list[str]:
+def peers(fill: float, size: str) -> list[str]:
     """transformers' configurations a row times, and what they need: on rows of mixed lengths also padding-free
-    (benchmarks/hf_peer.py), which has no attention dropout, so that every model of the row goes without it."""
-    return ["--peers", "padded,padding-free", "--no-attention-dropout"] if fill < 1 else ["--peers", "padded"]
+    (benchmarks/hf_peer.py), which has no attention dropout, so that every model of the row goes without it; not
+    for ModernBERT where this torch's variable-length kernel has no window."""
+    from bertdist.model.attention import VARLEN_WINDOW
+
+    if fill >= 1 or (size.startswith("modernbert") and not VARLEN_WINDOW and torch.cuda.is_available()):
+        return ["--peers", "padded"]
+    return ["--peers", "padded,padding-free", "--no-attention-dropout"]
 
 
 def kernels(device: str, size: str) -> str:
@@ -148,6 +153,7 @@ def run_rows(rows: list[Row], argv_of, main, deadline: float, out: list, save) -
         where = {"size": size, "seq_length": length, "precision": precision}
         if time.monotonic() > deadline:
             out.append({"ok": False, **where, "error": "skipped: the check's time budget (--budget-minutes) was spent"})
+            save()
             continue
         try:
             out.append({"ok": True, **main(argv_of(row))})
@@ -170,7 +176,7 @@ def time_models(device: str, deadline: float, out: list, save) -> None:
         return [
             *row_argv(device, row),
             *("--attention", kernels(device, size)),
-            *peers(fill),
+            *peers(fill, size),
             *(("--compile",) if (size, length, precision) in COMPILED else ()),
             *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
         ]
@@ -190,7 +196,8 @@ def time_training_steps(device: str, deadline: float, out: list, save) -> None:
     smoke = device == "cpu"
 
     def argv(row: Row) -> list[str]:
-        return [*row_argv(device, row), "--zero-stage", "1", "--steps", "1" if smoke else "10", *peers(row[4])]
+        steps = ("--steps", "1" if smoke else "10")
+        return [*row_argv(device, row), "--zero-stage", "1", *steps, *peers(row[4], row[0])]
 
     run_rows(SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS, argv, train_step.main, deadline, out, save)
 
@@ -206,7 +213,8 @@ def profile_steps(device: str, deadline: float, out: list, save) -> None:
     import step_profile
 
     def argv(row: Row) -> list[str]:
-        return [*row_argv(device, row), "--no-attention-dropout", "--peers", "padding-free", "--steps", "3"]
+        peer = "padding-free" if "padding-free" in peers(row[4], row[0])[1] else "padded"
+        return [*row_argv(device, row), "--no-attention-dropout", "--peers", peer, "--steps", "3"]
 
     run_rows(SMOKE_PROFILES if device == "cpu" else PROFILES, argv, step_profile.main, deadline, out, save)
 
@@ -316,15 +324,18 @@ def _time_to_quality_lines(ttq: dict) -> list[str]:
 def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
     """Markdown rows of timed variants (`columns`: their key in a result -> the column's header)."""
     lines = [
-        "| model | length | padding | precision | " + " | ".join(columns.values()) + " | vs transformers |",
-        "|---" * (len(columns) + 5) + "|",
+        "| model | length | padding | precision | attention dropout | "
+        + " | ".join(columns.values())
+        + " | vs transformers |",
+        "|---" * (len(columns) + 6) + "|",
     ]
     for t in timings:
         if not t["ok"]:
             lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
             continue
         cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in columns]
-        row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], *cells]
+        dropout = f"{t['attention_dropout']:g}"
+        row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], dropout, *cells]
         versus = f"{t.get('speedup', float('nan')):.2f}x"
         if "speedup_padding_free" in t:
             versus += f", {t['speedup_padding_free']:.2f}x padding-free"

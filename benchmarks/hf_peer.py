@@ -63,6 +63,11 @@ def flat_attention(module, query, key, value, attention_mask, scaling=None, drop
     return torch.cat(pieces)[None], None
 
 
+def windowed(cfg: ModelConfig) -> bool:
+    """Whether some layer of the model attends within a window (ModernBERT's local layers)."""
+    return cfg.arch == "modernbert" and any(i % cfg.global_attn_every_n_layers for i in range(cfg.num_layers))
+
+
 def register() -> None:
     """Make `VARLEN` an attention implementation transformers models can be built with (idempotent). Its mask
     function returns no mask: the boundaries travel in the collator's kwargs, not in a mask."""
@@ -80,6 +85,8 @@ def peer(cfg: ModelConfig, batch: dict, kind: str, device: torch.device) -> tupl
 
     if kind not in ROWS:
         raise ValueError(f"transformers peer {kind!r}: one of {', '.join(ROWS)}")
+    if kind == "padding-free" and device.type == "cuda" and windowed(cfg) and not VARLEN_WINDOW:
+        raise ValueError("the padding-free transformers peer: this torch's varlen_attn has no window for ModernBERT")
     if kind == "padding-free" and cfg.attention_dropout_prob > 0:
         raise ValueError(
             f"the padding-free transformers peer has no attention dropout, the model has {cfg.attention_dropout_prob}: "

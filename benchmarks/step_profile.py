@@ -29,7 +29,8 @@ from bertdist.model.compiled import compile_model
 from bertdist.model.registry import build_model
 
 CATEGORIES = (  # (what, lower-cased substrings of a kernel's or an operator's name): the first match wins
-    ("loss", ("cross_entropy", "nll_loss", "log_softmax")),
+    # the loss before attention: CUDA's log-softmax is `cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>`
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "logsoftmax", "logsumexp")),
     ("attention", ("flash", "fmha", "attention", "flex", "varlen", "softmax")),
     ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "aten::mm", "aten::addmm", "aten::bmm")),
     ("optimizer", ("adam", "multi_tensor", "foreach", "optimizer")),

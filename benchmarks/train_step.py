@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch_size": args.batch_size,
         "seq_length": args.seq_length,
         "padding_fraction": 1 - mean_length / args.seq_length,
+        "attention_dropout": model_cfg.attention_dropout_prob,  # the padding-free peer's rows run without it
         "attention": args.attention,
         **{
             name: {

@@ -124,8 +124,16 @@ class TextTokenizer:
         return load_tokenizer(self.path, self.cased)
 
     def encode_batch(self, texts: list[Any], is_pretokenized: bool = False) -> list[Encoding]:
-        """Encodings (ids, offsets, word ids) without special tokens and without truncation."""
-        return self.backend.encode_batch(texts, is_pretokenized=is_pretokenized, add_special_tokens=False)
+        """Encodings (ids, offsets, word ids) without special tokens and without truncation.
+
+        Text is text: "[SEP]" or "<mask>" written in a document (a tokenizer's manual, a page about BERT) must not
+        become the special token, which a tokenizer.json's added-token matching would make it. Left on, a literal
+        [MASK] entered the shards as a mask no loss asks for and a literal [SEP] as a segment boundary; bertdist
+        places its special tokens by id. A vocab.txt's pipeline has no added tokens, so it never matched. Set here,
+        at every call, not once: a pickled `Tokenizer` (a Ray task's copy) comes back without the setting."""
+        backend = self.backend
+        backend.encode_special_tokens = True
+        return backend.encode_batch(texts, is_pretokenized=is_pretokenized, add_special_tokens=False)
 
     def sentence_encoder(self) -> Any:
         """An object whose `encode(sentences)` gives (all ids concatenated, int32; ids per sentence, int64):
@@ -180,11 +188,6 @@ def _from_json(file: str) -> TextTokenizer:
     # must be the text's alone. Left on, the pads became tokens of the text and the [SEP] fell off the end.
     backend.no_padding()
     backend.no_truncation()
-    # A corpus's text is text: "[SEP]" or "<mask>" written in a document (a tokenizer's manual, a page about BERT)
-    # must not become the special token, which the tokenizer's added-token matching would make it. Left on, a
-    # literal [MASK] entered the shards as a mask no loss asks for and a literal [SEP] as a segment boundary;
-    # bertdist places its special tokens by id. A vocab.txt's pipeline has no added tokens, so it never matched.
-    backend.encode_special_tokens = True
     vocab = backend.get_vocab(with_added_tokens=True)
     tokens = [""] * (max(vocab.values()) + 1)
     for token, i in vocab.items():

@@ -20,6 +20,7 @@ from bertdist.model import attention
 from bertdist.model.registry import build_model
 from bertdist.train.deepspeed import device_problems
 from tests.conftest import tiny_model_config
+from tests.model.reference_attention import reference_varlen
 from tests.model.test_layout import SEQ, packed_order, random_samples
 
 LAYOUTS = {"padded": (False, False), "unpadded": (True, False), "packed": (False, True)}
@@ -79,20 +80,6 @@ def test_flex_never_attends_across_documents_of_a_packed_row(unpad):
     assert packed_order(samples)  # the rows are packed as the loader packs them
 
 
-def _reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size=(-1, -1)):
-    """The variable-length kernel's contract on CPU: (tokens, heads, head_dim) of samples end to end, each
-    attending within itself at `scale`; a window (left, right) keeps the keys from left before a query to right
-    after it (FlashAttention's documented rule)."""
-    bounds, (left, right) = cu_seq_q.tolist(), window_size
-    out = []
-    for a, b in zip(bounds, bounds[1:]):
-        offset = torch.arange(b - a)[None, :] - torch.arange(b - a)[:, None]  # key - query
-        mask = (offset >= -left) & (offset <= right) if left >= 0 else None
-        sample = (t[a:b].transpose(0, 1) for t in (q, k, v))
-        out.append(F.scaled_dot_product_attention(*sample, attn_mask=mask, scale=scale).transpose(0, 1))
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_the_variable_length_kernel_gets_each_layers_softmax_scale(family, monkeypatch):
     """BERT folds 1/sqrt(head_dim) into its queries, ModernBERT does not: before this was passed per layer, the
@@ -101,7 +88,7 @@ def test_the_variable_length_kernel_gets_each_layers_softmax_scale(family, monke
 
     def kernel(*args, scale, **window):
         calls.append(scale)
-        return _reference_varlen(*args, scale=scale, **window)
+        return reference_varlen(*args, scale=scale, **window)
 
     monkeypatch.setattr(attention, "varlen_attn", kernel)
     config = dict(MODERNBERT, global_attn_every_n_layers=1) if family == "modernbert" else {}
@@ -124,7 +111,7 @@ def test_modernberts_local_layers_take_the_variable_length_kernels_window(unpad,
 
     def kernel(*args, scale, **window):
         windows.append(window.get("window_size"))
-        return _reference_varlen(*args, scale=scale, **window)
+        return reference_varlen(*args, scale=scale, **window)
 
     monkeypatch.setattr(attention, "varlen_attn", kernel)
     monkeypatch.setattr(attention, "VARLEN_WINDOW", True)

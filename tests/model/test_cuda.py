@@ -97,3 +97,32 @@ def test_fused_kernels_train_as_the_sdpa_grids(dtype, backend, family, unpad, pa
     for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad.float(), p.grad.float(), atol=5e-2, rtol=5e-2, msg=name)
+
+
+@pytest.mark.parametrize("half", [0, 4])
+def test_the_variable_length_kernel_keeps_each_sample_and_window(half):
+    """The kernel itself (`attention.varlen`, bf16) on sharp attention against its contract in fp32: outputs and
+    gradients; and a window one slot wider gives other outputs, so a window handed wrong cannot pass (at a random
+    model's softness it would: the model-level parity above differs by 1e-5 between windows 4 and 5)."""
+    from bertdist.model import attention
+    from tests.model.reference_attention import reference_varlen, sharp_samples
+
+    if half and not attention.VARLEN_WINDOW:
+        pytest.skip("this torch's varlen_attn has no window")
+    lengths, heads, dim = [37, 5, 64, 20], 2, 32
+    q, k, v, cu = sharp_samples(lengths, heads, dim)
+    fused = torch.stack([q, k, v], 1).reshape(len(q), 3 * heads * dim).to(torch.bfloat16)
+    window = (half, half) if half else (-1, -1)
+    want_input = fused.float().requires_grad_()  # the kernel's own inputs: what is compared is its arithmetic
+    wq, wk, wv = want_input.view(-1, 3, heads, dim).unbind(1)
+    want = reference_varlen(wq, wk, wv, cu, cu, max(lengths), max(lengths), dim**-0.5, window).reshape(len(q), -1)
+    got_input = fused.clone().requires_grad_()
+    got = attention.varlen(got_input, cu, max(lengths), heads, dim**-0.5, half)
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.05)
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    got.backward(grad.to(torch.bfloat16))
+    torch.testing.assert_close(got_input.grad.float(), want_input.grad, atol=0.25, rtol=0.1)
+    if half:
+        wider = attention.varlen(got_input.detach(), cu, max(lengths), heads, dim**-0.5, half + 1)
+        assert (wider.float() - got.float()).abs().max() > 0.5, "a window one wider changes the outputs"

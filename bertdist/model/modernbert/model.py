@@ -15,9 +15,9 @@ What differs from BERT (bertdist.model.bert.model):
 - the MLM head: dense, gelu, norm, then the decoder tied to the token embeddings, with a bias.
 
 Attention goes through `TokenLayout` as BERT's does; a sliding window is a mask on the grid it is handed (a
-sample always starts at slot 0 of its grid, so grid offsets are position offsets). The windowed layers do not
-use the CUDA variable-length kernel (it takes no window here); they take the bucketed grids or FlexAttention's
-window (`model.attention`, bertdist.model.attention).
+sample always starts at slot 0 of its grid, so grid offsets are position offsets). The windowed layers take the
+bucketed grids, FlexAttention's window, or the CUDA variable-length kernel's where the torch build has one and
+`model.attention: varlen` names it (`auto` does not yet: bertdist.model.attention).
 """
 
 from __future__ import annotations
