@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 
 MATRYOSHKA_DIMS = "128,64,32"
-CONTRAST_EPOCHS = 3
+CONTRAST_EPOCHS, CONTRAST_BATCH = 3, 256
 CONTRAST = (
-    "finetune.batch_size=256",
-    "finetune.micro_batch_size=256",
+    f"finetune.batch_size={CONTRAST_BATCH}",
+    f"finetune.micro_batch_size={CONTRAST_BATCH}",
     "finetune.cache_rows=32",
     f"finetune.epochs={CONTRAST_EPOCHS}",
     "finetune.lr=2e-4",
@@ -158,8 +158,10 @@ def main() -> None:
         str(filtered), "--top-k", str(args.filter_top_k),
     )  # fmt: skip
     kept = len(filtered.read_text(encoding="utf-8").splitlines())
-    # as many steps as on all the pairs (E5 trains its filtered pairs as long): the epochs grow as the rows shrink
-    epochs = f"finetune.epochs={round(CONTRAST_EPOCHS * len(pretrain_pairs.read_text().splitlines()) / kept)}"
+    # as many steps as on all the pairs (E5 trains its filtered pairs as long): the epochs grow as the steps of one
+    # shrink (an epoch is rows // batch steps: the last, partial batch is dropped)
+    all_steps = CONTRAST_EPOCHS * (len(pretrain_pairs.read_text().splitlines()) // CONTRAST_BATCH)
+    epochs = f"finetune.epochs={-(-all_steps // max(1, kept // CONTRAST_BATCH))}"
     seconds["contrastive pretraining, filtered pairs"] = finetune(
         log, cleaned, demo / "model", filtered, dev, *CONTRAST, epochs, every
     )
