@@ -240,7 +240,7 @@ def phase_accuracy(cfg: Any, checkpoint_dir: Path, out: Path, languages: list[st
 
     from bertdist.model import registry
     from bertdist.train import metrics
-    from bertdist.train.checkpoint import consolidated_state_dict
+    from bertdist.train.consolidate import consolidated_state_dict
     from bertdist.train.loaders import phase_loader
 
     model = registry.build_model(cfg.model)

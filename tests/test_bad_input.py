@@ -25,7 +25,7 @@ from bertdist.config import ConfigError, load_config
 from bertdist.data import DataError, iter_samples
 from bertdist.data.loader import PretrainingLoader
 from bertdist.errors import USAGE_EXIT_CODE
-from bertdist.train import checkpoint, train_state
+from bertdist.train import checkpoint, consolidate, train_state
 from bertdist.train.distributed import free_tcp_port
 from bertdist.train.train_state import CheckpointError, TrainState
 from bertdist.train.trainer import train
@@ -442,7 +442,7 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
     older, newer = run / "checkpoints" / "step_00000004", run / "checkpoints" / "step_00000008"
     shutil.copytree(older, newer)
     (run / "checkpoints" / "latest").write_text("step_00000008")
-    read = checkpoint.consolidated_state_dict
+    read = consolidate.consolidated_state_dict
 
     def pruned_while_read(path):
         if Path(path) == newer:  # the run moved on and removed step 8 the way prune() removes a checkpoint
@@ -452,7 +452,7 @@ def test_a_run_that_prunes_while_it_is_read_is_not_called_damaged(command, tmp_p
             shutil.rmtree(gone)
         return read(path)
 
-    monkeypatch.setattr(checkpoint, "consolidated_state_dict", pruned_while_read)
+    monkeypatch.setattr(consolidate, "consolidated_state_dict", pruned_while_read)
     if command == "export":
         assert main(["export", str(run), "--output", str(tmp_path / "hf"), "--vocab", tiny_vocab]) == 0
         assert json.loads((tmp_path / "hf" / "config.json").read_text())["bertdist_checkpoint"] == str(older.resolve())

@@ -14,18 +14,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _smoke(tmp_path: Path, exit_code: int, *extra: str) -> tuple[dict, Path]:
+    """`gpu_check.py --smoke` run to `exit_code`: its JSON report, and the file (the .md beside it)."""
+    report_file = tmp_path / "gpu.json"
+    command = [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--json", str(report_file), *extra]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == exit_code, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(report_file.read_text()), report_file
+
+
 @pytest.mark.slow
 def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
-    report_file = tmp_path / "gpu.json"
-    run = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--json", str(report_file)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads(report_file.read_text())
+    report, report_file = _smoke(tmp_path, 0)
     rows = report["timings"]
     assert [(t["size"], t["ok"]) for t in rows] == [("mini", True), ("modernbert-mini", True)], rows
     assert all("bertdist[sdpa]" in t and "transformers" in t and t["speedup"] > 0 for t in rows)
@@ -45,16 +45,7 @@ def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
 def test_rows_past_the_budget_are_reported_skipped_and_the_report_is_written(tmp_path):
     """A device call ends at its limit: rows not started within --budget-minutes are skipped, named, and the
     report (rewritten after every row) is on disk; the exit code says the check is incomplete."""
-    report_file = tmp_path / "gpu.json"
-    run = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--budget-minutes", "0", "--json", str(report_file)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads(report_file.read_text())
+    report, report_file = _smoke(tmp_path, 1, "--budget-minutes", "0")
     rows = report["timings"] + report["train_steps"] + report["profiles"]
     assert len(rows) == 4 and all(r["error"].startswith("skipped: the check's time budget") for r in rows), rows
     assert "skipped: the check's time budget" in report_file.with_suffix(".md").read_text()

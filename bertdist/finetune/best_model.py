@@ -16,7 +16,7 @@ from bertdist.finetune.source import Source
 from bertdist.finetune.starting import new_model
 from bertdist.finetune.task import Task
 from bertdist.storage import write_json
-from bertdist.train import checkpoint
+from bertdist.train import consolidate
 
 if TYPE_CHECKING:
     from bertdist.config import FinetuneConfig
@@ -36,7 +36,7 @@ def export_best(
     out = f"{ft.output_dir}/model"
     with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout
         model = new_model(source.model_cfg, task, ft.pooling)
-    model.load_state_dict(checkpoint.consolidated_state_dict(saved), strict=True)
+    model.load_state_dict(consolidate.consolidated_state_dict(saved), strict=True)
     provenance = {
         "bertdist_init_from": ft.init_from,
         "bertdist_pretraining_run_id": source.pretraining_run_id,

@@ -95,20 +95,16 @@ def consistency_ranks(
     from bertdist.finetune.data import same_text
     from bertdist.finetune.retrieval import top_k
 
-    distinct: dict[str, str] = {}  # a passage's text, whitespace aside -> the text as first given (embedded so)
-    for text in [*passages, *(e.pair for e in rows)]:
-        distinct.setdefault(same_text(text), text)
+    distinct = pair_search.distinct([*passages, *(e.pair for e in rows)])
     keys = list(distinct)
     if o.pool and len(keys) > o.pool:
         keys = [keys[i] for i in sorted(random.Random(o.seed).sample(range(len(keys)), o.pool))]
     pool = {key: row for row, key in enumerate(keys)}
     own: dict[str, set[str]] = {}  # a query text, whitespace aside -> its positives, whitespace aside
-    first_seen: dict[str, str] = {}  # -> the query text as first given
     for e in rows:
         own.setdefault(same_text(e.text), set()).add(same_text(e.pair))
-        first_seen.setdefault(same_text(e.text), e.text)
     excluded = [{pool[t] for t in {q, *positives} if t in pool} for q, positives in own.items()]
-    query_vectors = np.asarray(vectors(list(first_seen.values())), dtype=np.float32)
+    query_vectors = np.asarray(vectors(list(pair_search.distinct(e.text for e in rows).values())), dtype=np.float32)
     pool_vectors = np.asarray(vectors([distinct[k] for k in keys]), dtype=np.float32)
     undrawn = list(dict.fromkeys(same_text(e.pair) for e in rows if same_text(e.pair) not in pool))
     undrawn_vectors = np.asarray(vectors([distinct[k] for k in undrawn]), dtype=np.float32) if undrawn else None

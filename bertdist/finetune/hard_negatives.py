@@ -160,21 +160,16 @@ def mine_rows(
     from bertdist.finetune.data import same_text
     from bertdist.finetune.retrieval import top_k
 
-    corpus: dict[str, int] = {}  # a candidate's text, whitespace aside (same_text) -> its corpus row
-    texts: list[str] = []
-    for text in [*passages, *(e.pair for e in rows)]:  # the corpus first, as sentence-transformers orders them
-        if same_text(text) not in corpus:
-            corpus[same_text(text)] = len(texts)
-            texts.append(text)
+    candidates = pair_search.distinct([*passages, *(e.pair for e in rows)])  # the corpus first, as theirs
+    corpus = {key: row for row, key in enumerate(candidates)}  # a candidate's text, whitespace aside -> its row
+    texts = list(candidates.values())
     queries: dict[str, list[int]] = {}  # a query text, whitespace aside -> the corpus rows of its positives
-    first_seen: dict[str, str] = {}  # -> the text embedded (as given: a byte-level BPE reads a leading space)
     for e in rows:
         own = queries.setdefault(same_text(e.text), [])
-        first_seen.setdefault(same_text(e.text), e.text)
         if corpus[same_text(e.pair)] not in own:
             own.append(corpus[same_text(e.pair)])
     excluded = [set(own) | ({corpus[q]} if q in corpus else set()) for q, own in queries.items()]
-    query_vectors = np.asarray(vectors(list(first_seen.values())), dtype=np.float32)
+    query_vectors = np.asarray(vectors(list(pair_search.distinct(e.text for e in rows).values())), dtype=np.float32)
     corpus_vectors = np.asarray(vectors(texts), dtype=np.float32)
     _, found = top_k(query_vectors, corpus_vectors, o.range_max + max(len(x) for x in excluded))
     removed, chosen, positive_scores = Removed(), {}, {}

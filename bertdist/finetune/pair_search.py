@@ -119,6 +119,18 @@ def vectors_of(o: PairSearchOptions, command: str) -> Callable[[list[str]], np.n
     return vectors
 
 
+def distinct(texts: Iterable[str]) -> dict[str, str]:
+    """Each text once, whitespace aside (finetune.data.same_text, the rule fine-tuning refuses a negative equal to
+    its positive by): that key -> the text as first given, in the order first seen. The text as given is the one
+    embedded: a byte-level BPE reads a leading space."""
+    from bertdist.finetune.data import same_text
+
+    out: dict[str, str] = {}
+    for text in texts:
+        out.setdefault(same_text(text), text)
+    return out
+
+
 def write_rows(path: str, rows: Iterable[dict[str, Any]]) -> None:
     """JSON lines, written atomically: a failure or Ctrl-C leaves no partial file."""
     from bertdist import storage

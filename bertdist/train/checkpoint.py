@@ -11,8 +11,8 @@ Layout under `{train.output_dir}/checkpoints/`:
                                    never loaded, never counted toward keep_last, left for inspection
 
 A checkpoint directory without train_state.json is incomplete (a crash while saving) and is never
-loaded; `latest` keeps pointing at the previous one. The train state's format is bertdist.train.train_state. This module
-also consolidates any ZeRO stage into one plain state dict, which export needs.
+loaded; `latest` keeps pointing at the previous one. The train state's format is bertdist.train.train_state; one
+plain state dict of a checkpoint of any ZeRO stage is bertdist.train.consolidate's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bertdist import chatter
 from bertdist.errors import UserError, first_line, one_line
 from bertdist.safe_load import weights_only_loading
 from bertdist.storage import is_partial, partial_name, write_text
@@ -370,12 +369,12 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
     source = checkpoint_dir
     if state.world_size != world_size and reshard.has_partitions(checkpoint_dir):
         if dist.get_rank() == 0:
-            with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
+            with damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
                 reshard.universal_copy(checkpoint_dir)
         dist.barrier()
         source = reshard.universal_path(checkpoint_dir)
     try:
-        with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
+        with damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading():
             path, _ = engine.load_checkpoint(
                 str(source.parent), tag=source.name, load_optimizer_states=True, load_lr_scheduler_states=False
             )
@@ -405,37 +404,8 @@ def prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(gone, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Consolidation for export.
-
-
-def consolidated_state_dict(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
-    """The full fp32 model state dict of a checkpoint from any ZeRO stage, in one process, on CPU.
-
-    ZeRO 1-3 keep the fp32 master weights partitioned in the optimizer files; DeepSpeed's
-    zero_to_fp32 reassembles them. Stage 0 keeps the whole module in the model-states file (for fp16
-    runs that copy is fp16 and is upcast).
-    """
-    import torch
-
-    checkpoint_dir = Path(checkpoint_dir)
-    state = read_train_state(checkpoint_dir)
-    with _damage_is_a_checkpoint_error(checkpoint_dir), weights_only_loading(), chatter.quiet():
-        if state.config["train"]["zero_stage"] == 0:
-            model_states = checkpoint_dir / "mp_rank_00_model_states.pt"
-            if not model_states.is_file():
-                raise CheckpointError(f"{checkpoint_dir}: missing {model_states.name}")
-            module = torch.load(model_states, map_location="cpu", weights_only=True)["module"]
-            return {k: v.float() if v.is_floating_point() else v for k, v in module.items()}
-        from deepspeed.utils.zero_to_fp32 import (
-            get_fp32_state_dict_from_zero_checkpoint,
-        )
-
-        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir.parent), tag=checkpoint_dir.name)
-
-
 @contextlib.contextmanager
-def _damage_is_a_checkpoint_error(checkpoint_dir: Path) -> Iterator[None]:
+def damage_is_a_checkpoint_error(checkpoint_dir: Path) -> Iterator[None]:
     """A truncated or corrupt file fails inside torch or DeepSpeed with their own words (a zip reader's
     error, an unpickling error, a missing key); the user needs one line naming the checkpoint."""
     import pickle

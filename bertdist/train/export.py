@@ -24,7 +24,7 @@ from bertdist.config import TrackingConfig
 from bertdist.data.tokenizer import tokenizer_file, vocab_mismatch
 from bertdist.model.hf_io import CONFIG_FILE
 from bertdist.storage import PARTIAL_MARKER
-from bertdist.train import checkpoint
+from bertdist.train import checkpoint, consolidate
 
 FINETUNE_MODEL_DIRNAME = "model"
 """Where `bertdist finetune` writes its best epoch's model, in its output_dir (bertdist.finetune.runner)."""
@@ -283,7 +283,7 @@ def read_newest(
     while True:
         source = find_checkpoint(checkpoint_path)
         try:
-            return source, checkpoint.read_train_state(source), checkpoint.consolidated_state_dict(source)
+            return source, checkpoint.read_train_state(source), consolidate.consolidated_state_dict(source)
         except (checkpoint.CheckpointError, OSError):
             failures += 1
             if source.is_dir() or failures == attempts:

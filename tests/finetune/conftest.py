@@ -35,6 +35,11 @@ def exact_vectors(scores: dict[str, dict[str, float]]):
     return lambda texts: np.stack([vector(t) for t in texts]).astype(np.float32)
 
 
+def pair_command(command: str, model: Path, data: Path, output: Path, *extra: str) -> list[str]:
+    """`bertdist COMMAND` over `data`'s pairs.jsonl (pair_data) with `model`, writing `output`."""
+    return [command, "--model", str(model), "--pairs", str(data / "pairs.jsonl"), "--output", str(output), *extra]
+
+
 @pytest.fixture(scope="module")
 def pair_model(tiny_vocab, tmp_path_factory) -> Path:
     """A random sentence encoder whose weights are large enough that its vectors differ (cosines 0.5 to 0.96

@@ -13,7 +13,7 @@ from bertdist.cli import main
 from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.finetune.consistency import FilterOptions, consistency_ranks
 from bertdist.finetune.data import Example
-from tests.finetune.conftest import exact_vectors
+from tests.finetune.conftest import exact_vectors, pair_command
 
 
 def _ranks(rows: list[tuple[str, str]], scores: dict, passages: list[str], **options) -> list[int]:
@@ -55,16 +55,7 @@ def test_a_drawn_pool_ranks_every_positive_against_the_drawn_passages():
 
 
 def _args(model: Path, data: Path, output: Path, *extra: str) -> list[str]:
-    return [
-        "filter-pairs",
-        "--model",
-        str(model),
-        "--pairs",
-        str(data / "pairs.jsonl"),
-        "--output",
-        str(output),
-        *extra,
-    ]
+    return pair_command("filter-pairs", model, data, output, *extra)
 
 
 def test_the_kept_pairs_are_those_a_brute_force_ranking_puts_in_the_top_k(pair_model, pair_data, tmp_path, capsys):

@@ -15,7 +15,7 @@ from bertdist.cli import main
 from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.finetune.data import Example, read_examples
 from bertdist.finetune.hard_negatives import MineOptions, mine_rows
-from tests.finetune.conftest import exact_vectors
+from tests.finetune.conftest import exact_vectors, pair_command
 
 # ---- the choice, on vectors whose cosine similarities are given -------------------------------------------------
 
@@ -106,16 +106,7 @@ def data(pair_data: Path) -> Path:
 
 
 def _args(model: Path, data: Path, output: Path, *extra: str) -> list[str]:
-    return [
-        "mine-negatives",
-        "--model",
-        str(model),
-        "--pairs",
-        str(data / "pairs.jsonl"),
-        "--output",
-        str(output),
-        *extra,
-    ]
+    return pair_command("mine-negatives", model, data, output, *extra)
 
 
 def test_mined_negatives_are_the_best_candidates_below_the_positive(model, data, tmp_path, capsys):

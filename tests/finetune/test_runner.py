@@ -304,7 +304,7 @@ def test_finetune_starts_from_a_modernbert_pretraining_run(
     from bertdist.config import Config, FinetuneConfig
     from bertdist.finetune.source import resolve
     from bertdist.model.hf_heads import build_task_model, load_encoder
-    from bertdist.train.checkpoint import consolidated_state_dict
+    from bertdist.train.consolidate import consolidated_state_dict
 
     run = runs.uninterrupted(
         str(tmp_path_factory.getbasetemp() / "training"), mlm_shards, tiny_vocab, 3, "fp32", "modernbert"
@@ -390,7 +390,8 @@ def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path
     from bertdist.finetune.corpus_tasks import query_passages
     from bertdist.model.bert.hf import save_pretrained
     from bertdist.model.bert.model import BertForPreTraining
-    from bertdist.train.checkpoint import consolidated_state_dict, latest
+    from bertdist.train.checkpoint import latest
+    from bertdist.train.consolidate import consolidated_state_dict
 
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertdist.train.checkpoint import consolidated_state_dict
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.distributed import free_tcp_port
 from tests import hosts as hosts_module
 from tests import training_runs as runs

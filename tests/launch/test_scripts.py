@@ -12,7 +12,7 @@ import torch
 
 from bertdist.launch.job import SubmitRequest
 from bertdist.launch.request import plan
-from bertdist.train.checkpoint import consolidated_state_dict
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.distributed import free_tcp_port
 from tests import training_runs
 from tests.conftest import REPO

@@ -15,7 +15,8 @@ import yaml
 
 from bertdist.config.schema import checkpoint_model_config
 from bertdist.data.epochs import Segment
-from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.checkpoint import read_train_state
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.listing import _phase_note
 from tests import training_runs as runs
 from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options

@@ -13,7 +13,7 @@ from bertdist.config import OptimConfig
 from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.flops import peak_flops_for
 from bertdist.train import rng
-from bertdist.train.checkpoint import consolidated_state_dict
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.optim import build_optimizer
 from tests import training_runs as runs
 from tests.conftest import tiny_model_config

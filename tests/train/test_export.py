@@ -11,7 +11,8 @@ import torch
 from bertdist.cli import main
 from bertdist.config import ModelConfig
 from bertdist.model.bert.model import BertForPreTraining
-from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.checkpoint import read_train_state
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.export import find_checkpoint
 from bertdist.train.train_state import CheckpointError
 from tests import training_runs as runs

@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.checkpoint import read_train_state
+from bertdist.train.consolidate import consolidated_state_dict
 from tests import training_runs as runs
 from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bertdist.cli import main
-from bertdist.train.checkpoint import consolidated_state_dict
+from bertdist.train.consolidate import consolidated_state_dict
 from tests import training_runs as runs
 
 pytestmark = pytest.mark.slow

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertdist.train.checkpoint import consolidated_state_dict
+from bertdist.train.consolidate import consolidated_state_dict
 from tests import training_runs as runs
 from tests.conftest import tiny_prepare_options
 

@@ -17,7 +17,8 @@ import yaml
 from bertdist import lease, storage
 from bertdist.config import CheckpointConfig, load_config
 from bertdist.train import remote
-from bertdist.train.checkpoint import DAMAGED_FILENAME, consolidated_state_dict, read_train_state, tag_for
+from bertdist.train.checkpoint import DAMAGED_FILENAME, read_train_state, tag_for
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.train_state import CheckpointError
 from tests import training_runs as runs
 from tests.conftest import REPO

@@ -13,7 +13,8 @@ import torch
 from bertdist.data.epochs import Segment
 from bertdist.safe_load import weights_only_loading
 from bertdist.train import reshard
-from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.checkpoint import read_train_state
+from bertdist.train.consolidate import consolidated_state_dict
 from tests import training_runs as runs
 
 pytestmark = pytest.mark.slow

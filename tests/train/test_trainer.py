@@ -16,7 +16,8 @@ import yaml
 
 from bertdist.config import load_config
 from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
-from bertdist.train.checkpoint import consolidated_state_dict, read_train_state
+from bertdist.train.checkpoint import read_train_state
+from bertdist.train.consolidate import consolidated_state_dict
 from bertdist.train.listing import listing
 from bertdist.train.optim import learning_rate
 from bertdist.train.trainer import train
