@@ -222,7 +222,7 @@ def probe(name: str, directory: Path, prep: dict) -> Pace:
         start = time.time()
         process = start_run(name, directory, prep, steps, every=steps * 10, seed=0)
         if process.wait() != 0:
-            raise SystemExit(f"{name}: the probe failed; see {directory / 'train.log'}")
+            raise SystemExit(f"{name}: the probe failed; {failure(directory)}")
         wall_s = time.time() - start
     if kind_of(name).engine == "trainer":
         times = json.loads((directory / "step_times.json").read_text())
@@ -234,13 +234,21 @@ def probe(name: str, directory: Path, prep: dict) -> Pace:
     return Pace(seconds_per_step, max(0.0, wall_s - PROBE_STEPS * seconds_per_step))
 
 
+def failure(directory: Path, lines: int = 6) -> str:
+    """Where a failed run's log is, and its last lines: on a GPU machine the log stays behind when the device call
+    ends (only the check's report comes back), so the report must carry the cause itself."""
+    log = directory / "train.log"
+    tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(no log written)"]
+    return f"{log} ends:\n" + "\n".join(f"    {line}" for line in tail)
+
+
 def timed_run(name: str, directory: Path, prep: dict, steps: int, every: int, budget_s: float, seed: int):
     """Start the run, stop it at the budget; returns ([(seconds since start, step, checkpoint)], wall seconds)."""
     start = time.time()
     process = start_run(name, directory, prep, steps, every, seed)
     try:
         if process.wait(timeout=budget_s) != 0:
-            print(f"   {name} failed (exit {process.returncode}); see {directory / 'train.log'}", flush=True)
+            print(f"   {name} failed (exit {process.returncode}); {failure(directory)}", flush=True)
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGTERM)  # bertdist checkpoints the step it is in; the Trainer just stops
         process.wait(timeout=300)

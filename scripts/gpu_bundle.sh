@@ -26,10 +26,15 @@ grep -qx "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/ex
 rm -rf "$DIR/whl" && mkdir -p "$DIR/whl"
 
 version() { $PY -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
-# DeepSpeed is published as a source archive: built here into a pure-Python wheel (its ops are JIT-built there).
-$PY -m pip wheel -q --no-deps --no-build-isolation -w "$DIR/whl" "deepspeed==$(version deepspeed)"
+# What to carry: benchmarks/gpu_machine.py lists it (tests/test_gpu_check.py runs the check with only that and the
+# image's packages). DeepSpeed is published as a source archive: built here into a pure-Python wheel (its ops are
+# JIT-built there).
+carried() { $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_machine; print(*gpu_machine.$1)"; }
+for name in $(carried BUILT); do
+    $PY -m pip wheel -q --no-deps --no-build-isolation -w "$DIR/whl" "$name==$(version "$name")"
+done
 pins=()
-for name in hjson pydantic pydantic-core annotated-types typing-inspection webdataset braceexpand; do
+for name in $(carried WHEELS); do
     pins+=("$name==$(version "$name")")
 done
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -5,6 +5,7 @@ the rare sessions that have a GPU. The figures mean nothing; that each row ran a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +13,44 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_machine import device_like_python  # noqa: E402
+
+TTQ_RUNS = "bert-fast,bert-trainer"
 
 
-def _smoke(tmp_path: Path, exit_code: int, *extra: str) -> tuple[dict, Path]:
-    """`gpu_check.py --smoke` run to `exit_code`: its JSON report, and the file (the .md beside it)."""
+def _smoke(tmp_path: Path, exit_code: int, *extra: str, python: str = sys.executable) -> tuple[dict, Path]:
+    """`gpu_check.py --smoke` run by `python` to `exit_code`: its JSON report, and the file (the .md beside it)."""
     report_file = tmp_path / "gpu.json"
-    command = [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--json", str(report_file), *extra]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    command = [python, "benchmarks/gpu_check.py", "--smoke", "--json", str(report_file), *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == exit_code, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(report_file.read_text()), report_file
 
 
 @pytest.mark.slow
-def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
-    report, report_file = _smoke(tmp_path, 0)
+def test_the_smoke_mode_runs_every_stage_on_what_the_gpu_machine_has(tmp_path):
+    """Every stage of the check, the time to quality included, run by a Python holding only the GPU machine's
+    packages and the carried ones (benchmarks/gpu_machine.py): an import the machine cannot satisfy fails here
+    instead of in a device lease. The time to quality's data is prepared here, with Ray, as scripts/gpu_bundle.sh
+    prepares it."""
+    ttq = tmp_path / "ttq"
+    prepare = [sys.executable, "benchmarks/time_to_quality.py", "--prepare-only", "--runs", TTQ_RUNS]
+    done = subprocess.run([*prepare, "--output", str(ttq)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    python = str(device_like_python(tmp_path / "env"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    absent = subprocess.run([python, "-c", "import ray"], capture_output=True, text=True, env=env)
+    assert "No module named 'ray'" in absent.stderr, "the GPU machine's Python must not have Ray"
+    from gpu_check import GPU_TESTS
+
+    collect = [python, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS]
+    collected = subprocess.run(collect, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert collected.returncode == 0 and " tests collected" in collected.stdout, collected.stdout[-3000:]
+
+    report, report_file = _smoke(tmp_path, 0, "--ttq", str(ttq / "data"), "--ttq-minutes", "0.25", python=python)
     rows = report["timings"]
     assert [(t["size"], t["ok"]) for t in rows] == [("mini", True), ("modernbert-mini", True)], rows
     assert all("bertdist[sdpa]" in t and "transformers" in t and t["speedup"] > 0 for t in rows)
@@ -40,6 +65,9 @@ def test_the_smoke_mode_times_every_row_and_writes_json_and_markdown(tmp_path):
     assert profile["ok"] and {"bertdist", "transformers padding-free"} <= set(profile), profile
     assert abs(sum(profile["bertdist"]["categories"].values()) - 1) < 1e-6 and profile["bertdist"]["top"]
     assert "- mini x 64, fp32, bertdist: " in table and "matmul" in table
+    quality = report["time_to_quality"]
+    assert quality["ok"] and set(quality["final"]) == set(TTQ_RUNS.split(",")), quality
+    assert "Time to quality (`benchmarks/time_to_quality.py`" in table
 
 
 def test_rows_past_the_budget_are_reported_skipped_and_the_report_is_written(tmp_path):
