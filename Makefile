@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test lint test-services demo bench gpu-check clean
+.PHONY: install test lint test-services demo bench gpu-check gpu-rehearse clean
 
 install:
 	bash scripts/install.sh
@@ -43,6 +43,13 @@ bench: install
 # machine with torch but none of bertdist's other dependencies: scripts/gpu_bundle.sh here, then what it prints there.
 gpu-check:
 	$(PY) benchmarks/gpu_check.py
+
+# Before a GPU lease: the bundle for a GPU machine without bertdist's dependencies (scripts/gpu_bundle.sh), and its
+# two device commands rehearsed here on the CPU under the machine's own versions of torch and transformers
+# (downloads ~3.5 GB once).
+gpu-rehearse: install
+	bash scripts/gpu_bundle.sh .gpu
+	bash scripts/gpu_rehearse.sh .gpu
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

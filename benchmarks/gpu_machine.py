@@ -42,6 +42,22 @@ IMAGE = frozenset(
 2026-11-17). Its versions differ from this machine's (torch 2.11 and transformers 5.17 there): the import closure is
 what a CPU run can check, the versions are not."""
 
+PINS = (
+    "torch==2.11.0",
+    "triton==3.6.0",
+    "transformers==5.17.0",
+    "tokenizers==0.23.2",
+    "sentence-transformers==6.0.1",
+    "accelerate==1.15.0",
+    "huggingface-hub==1.33.0",
+    "safetensors==0.8.0",
+    "numpy==2.5.2",
+)
+"""The image's versions of what the check runs on, as KINDS.md's pip list gives them (November 2026): what
+scripts/gpu_rehearse.sh installs, with IMAGE's other packages the check imports at whatever version pip picks."""
+PYTHON = "3.12"
+"""The image's CPython (3.12.3 there)."""
+
 BUILT = ("deepspeed",)
 """Carried as wheels built here (DeepSpeed is published as a source archive; its ops are JIT-built there)."""
 WHEELS = ("hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "webdataset", "braceexpand")

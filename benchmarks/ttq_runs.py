@@ -288,6 +288,7 @@ def start_run(name: str, directory: Path, prep: dict, steps: int, every: int, se
 def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: int, seed: int) -> Path:
     """The run's shipped config with the benchmark's data, length of schedule, seed and checkpoints."""
     from bertdist.config import dump_yaml
+    from bertdist.train.distributed import free_tcp_port
 
     cfg = base_config(name)
     warmup_fraction = cfg.optim.warmup_steps / cfg.total_steps()
@@ -306,6 +307,7 @@ def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: i
     if kind_of(name).distilled:
         cfg.distill.teacher = str(prep["teacher"])
     cfg.launch.backend, cfg.launch.nodes, cfg.launch.gpus_per_node = "local", 1, 1
+    cfg.launch.master_port = free_tcp_port()  # not 29500: beside a two-rank job (the test suite's) the run would clash
     path = directory / "config.yaml"
     path.write_text(dump_yaml(cfg))
     return path

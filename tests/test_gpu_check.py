@@ -65,8 +65,10 @@ def test_the_smoke_mode_runs_every_stage_on_what_the_gpu_machine_has(tmp_path):
     assert profile["ok"] and {"bertdist", "transformers padding-free"} <= set(profile), profile
     assert abs(sum(profile["bertdist"]["categories"].values()) - 1) < 1e-6 and profile["bertdist"]["top"]
     assert "- mini x 64, fp32, bertdist: " in table and "matmul" in table
+    # ok: both engines' probes ran their steps and every checkpoint was scored (which of them a quarter of a minute
+    # holds depends on the machine's load)
     quality = report["time_to_quality"]
-    assert quality["ok"] and set(quality["final"]) == set(TTQ_RUNS.split(",")), quality
+    assert quality["ok"] and list(quality["ratios"]) == ["bert-fast vs bert-trainer"], quality
     assert "Time to quality (`benchmarks/time_to_quality.py`" in table
 
 
