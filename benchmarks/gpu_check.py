@@ -22,14 +22,16 @@
    15-minute lease it is a second call: `gpu_check.py --skip-tests --skip-timings --ttq DIR`;
 then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as a
 markdown table beside it (.md, for docs/benchmarks.md), both rewritten after every row, so that a call killed at its
-limit keeps what it measured; rows not started within `--budget-minutes` (8) are reported as skipped. Without a GPU
+limit keeps what it measured. The check ends itself at `--budget-minutes` (9) from its start, before the call's
+limit: rows with under ROW_MIN_S left are reported as skipped, and at the deadline what runs is stopped, its process
+groups killed, the report written with what was in flight named, exit code 1 (benchmarks/call_clock.py). Without a GPU
 it says so in one line and exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so
 the check cannot break unseen). Exit code 1 when a check failed or was skipped. On a GPU machine that has torch and
 DeepSpeed but not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m
 tests.prepared DIR` wrote on another machine.
 
     python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR] [--smoke]
-        [--budget-minutes 8] [--ttq DIR [--ttq-minutes 1.5]]
+        [--budget-minutes 9] [--ttq DIR [--ttq-minutes 1.5]]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from call_clock import CallClock  # benchmarks/ is on sys.path
 
 HERE = Path(__file__).resolve().parent
 TIMINGS = [  # (size, length, batch, predictions per sequence, mean fraction of real tokens, precisions)
@@ -70,41 +73,41 @@ def peers(fill: float, size: str) -> list[str]:
     return ["--peers", "padded,padding-free", "--no-attention-dropout"]
 
 
-def kernels(device: str, size: str) -> str:
-    """The attention kernels a row also times (model.attention): FlexAttention and varlen cannot train on a CPU, and
-    ModernBERT's local layers take varlen only where this torch's kernel has a window."""
+def kernels(device: str, size: str, fill: float) -> str:
+    """The attention kernels a row also times (model.attention): FlexAttention and varlen cannot train on a CPU;
+    ModernBERT's local layers take varlen only where this torch's kernel has a window; and a batch of full rows has
+    nothing to unpad, so `varlen` runs SDPA there and its column would repeat sdpa's under another name."""
     from bertdist.model.attention import VARLEN_WINDOW
 
     if device == "cpu":
         return "sdpa"
-    return "sdpa,flex" if size.startswith("modernbert") and not VARLEN_WINDOW else "sdpa,varlen,flex"
+    if fill >= 1 or (size.startswith("modernbert") and not VARLEN_WINDOW):
+        return "sdpa,flex"
+    return "sdpa,varlen,flex"
 
 
-BUDGET_MINUTES = 8.0
-"""The check's own limit from its start (the time to quality has its own): a device call ends at 10 minutes, and
-the wheels' install, the interpreter's start and the report come on top."""
+BUDGET_MINUTES = 9.0
+"""The check's hard end from its start: a device call ends at 10 minutes, and the wheels' install and the
+interpreter's start come before the check starts its clock."""
+ROW_MIN_S = 30.0
+"""A row is not started with less than this left: building BERT-Large's variants alone takes seconds."""
 TEST_TIMEOUT_S = 300
 GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py", "tests/test_hf_peer.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
 of the packages the rest of the suite imports (Ray, MLflow, moto)."""
 
 
-def run_tests(prepared: str | None) -> dict:
+def run_tests(prepared: str | None, clock: CallClock) -> dict:
     start = time.perf_counter()
     env = {**os.environ, "DS_ACCELERATOR": "cuda"}  # the suite's conftest defaults DeepSpeed to the CPU
     if prepared:
         env["BERTDIST_TEST_PREPARED"] = str(Path(prepared).resolve())
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS]
+    clock.doing("the GPU tests")
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS],
-            cwd=HERE.parent,
-            capture_output=True,
-            text=True,
-            timeout=TEST_TIMEOUT_S,
-            env=env,
-        )
+        proc = clock.run(command, TEST_TIMEOUT_S, cwd=HERE.parent, env=env)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "summary": f"timed out after {TEST_TIMEOUT_S} s"}
+        return {"ok": False, "summary": f"stopped after {time.perf_counter() - start:.0f} s (limit {TEST_TIMEOUT_S} s)"}
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     return {
         "ok": proc.returncode == 0,
@@ -129,7 +132,8 @@ def check_fused_adam() -> dict:
         torch.cuda.synchronize()
         return {"ok": True, "seconds": time.perf_counter() - start}
     except Exception as e:  # the JIT build fails in many ways: report it, do not stop the other checks
-        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
+        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500] + f" (nvcc: {nvcc[-1] if nvcc else 'none'})"}
 
 
 Row = tuple[str, int, int, int, float, str]
@@ -144,17 +148,18 @@ def row_argv(device: str, row: Row) -> list[str]:
     ]
 
 
-def run_rows(rows: list[Row], argv_of, main, deadline: float, out: list, save) -> None:
+def run_rows(rows: list[Row], argv_of, main, clock: CallClock, out: list, save) -> None:
     """`main(argv_of(row))` of each row appended to `out`, and `save()` after each: a failing row is recorded, not
-    raised (it must not cost the others), and a row not started by `deadline` (time.monotonic) is recorded as
-    skipped, so that the check ends, and its report holds every row finished, within the device call's limit."""
+    raised (it must not cost the others), and a row with under ROW_MIN_S of the check's time left is recorded as
+    skipped (the clock stops one that runs into the deadline)."""
     for row in rows:
         size, length, *_, precision = row
         where = {"size": size, "seq_length": length, "precision": precision}
-        if time.monotonic() > deadline:
+        if clock.left_s() < ROW_MIN_S:
             out.append({"ok": False, **where, "error": "skipped: the check's time budget (--budget-minutes) was spent"})
             save()
             continue
+        clock.doing(f"{main.__module__} of {size} x {length}, {precision}")
         try:
             out.append({"ok": True, **main(argv_of(row))})
         except Exception as e:
@@ -164,7 +169,7 @@ def run_rows(rows: list[Row], argv_of, main, deadline: float, out: list, save) -
         save()
 
 
-def time_models(device: str, deadline: float, out: list, save) -> None:
+def time_models(device: str, clock: CallClock, out: list, save) -> None:
     sys.path.insert(0, str(HERE))
     import model_step
 
@@ -175,13 +180,13 @@ def time_models(device: str, deadline: float, out: list, save) -> None:
         size, length, *_, fill, precision = row
         return [
             *row_argv(device, row),
-            *("--attention", kernels(device, size)),
+            *("--attention", kernels(device, size, fill)),
             *peers(fill, size),
             *(("--compile",) if (size, length, precision) in COMPILED else ()),
             *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
         ]
 
-    run_rows(rows, argv, model_step.main, deadline, out, save)
+    run_rows(rows, argv, model_step.main, clock, out, save)
 
 
 TRAIN_STEPS = [("large", 128, 128, 20, 1.0, "bf16"), ("large", 512, 32, 80, 0.5, "bf16")]
@@ -189,7 +194,7 @@ TRAIN_STEPS = [("large", 128, 128, 20, 1.0, "bf16"), ("large", 512, 32, 80, 0.5,
 SMOKE_TRAIN_STEPS = [("mini", 64, 4, 10, 0.5, "fp32")]
 
 
-def time_training_steps(device: str, deadline: float, out: list, save) -> None:
+def time_training_steps(device: str, clock: CallClock, out: list, save) -> None:
     sys.path.insert(0, str(HERE))
     import train_step
 
@@ -199,7 +204,7 @@ def time_training_steps(device: str, deadline: float, out: list, save) -> None:
         steps = ("--steps", "1" if smoke else "10")
         return [*row_argv(device, row), "--zero-stage", "1", *steps, *peers(row[4], row[0])]
 
-    run_rows(SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS, argv, train_step.main, deadline, out, save)
+    run_rows(SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS, argv, train_step.main, clock, out, save)
 
 
 PROFILES = [("large", 512, 32, 80, 0.5, "bf16"), ("modernbert-base", 8192, 2, 2458, 0.65, "bf16")]
@@ -208,7 +213,7 @@ furthest from the model step's one GPU figure (packed BERT-Large, ModernBERT's l
 SMOKE_PROFILES = [("mini", 64, 4, 10, 0.5, "fp32")]
 
 
-def profile_steps(device: str, deadline: float, out: list, save) -> None:
+def profile_steps(device: str, clock: CallClock, out: list, save) -> None:
     sys.path.insert(0, str(HERE))
     import step_profile
 
@@ -216,7 +221,7 @@ def profile_steps(device: str, deadline: float, out: list, save) -> None:
         peer = "padding-free" if "padding-free" in peers(row[4], row[0])[1] else "padded"
         return [*row_argv(device, row), "--no-attention-dropout", "--peers", peer, "--steps", "3"]
 
-    run_rows(SMOKE_PROFILES if device == "cpu" else PROFILES, argv, step_profile.main, deadline, out, save)
+    run_rows(SMOKE_PROFILES if device == "cpu" else PROFILES, argv, step_profile.main, clock, out, save)
 
 
 TTQ_RUNS = "bert-fast,bert-trainer"
@@ -227,7 +232,7 @@ SMOKE_TTQ_SETTINGS = ("model.size=tiny",)
 TTQ_TIMEOUT_S = 540
 
 
-def time_to_quality(prepared: str, budget_minutes: float, device: str) -> dict:
+def time_to_quality(prepared: str, budget_minutes: float, device: str, clock: CallClock) -> dict:
     """benchmarks/time_to_quality.py on `device`: bertdist's fast recipe against transformers' Trainer given the same
     recipe, one seed at `budget_minutes` each, on data prepared on another machine (`--prepare-only`, carried)."""
     out = HERE.parent / "runs" / "gpu-check-ttq"
@@ -240,10 +245,11 @@ def time_to_quality(prepared: str, budget_minutes: float, device: str) -> dict:
         *("--output", str(out), "--set", *settings),
     ]
     start = time.perf_counter()
+    clock.doing("the time to quality")
     try:
-        proc = subprocess.run(command, cwd=HERE.parent, capture_output=True, text=True, timeout=TTQ_TIMEOUT_S)
+        proc = clock.run(command, TTQ_TIMEOUT_S, cwd=HERE.parent)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {TTQ_TIMEOUT_S} s"}
+        return {"ok": False, "error": f"stopped after {time.perf_counter() - start:.0f} s (limit {TTQ_TIMEOUT_S} s)"}
     if proc.returncode != 0:
         return {"ok": False, "error": (proc.stdout + proc.stderr)[-1500:]}
     results = json.loads((out / "results.json").read_text())
@@ -273,6 +279,7 @@ def markdown(report: dict) -> str:
         "\n".join(
             [
                 f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU)",
+                *([f"**Stopped:** {report['stopped']}."] if "stopped" in report else []),
                 "",
                 *_table(report["timings"], {n: n for n in names}),
                 "",
@@ -334,6 +341,8 @@ def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
             lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
             continue
         cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in columns]
+        if t.get("compile_fell_back") and "bertdist+compile" in columns:  # some layer ran eager: not a compiled figure
+            cells[list(columns).index("bertdist+compile")] += " eager: compile failed"
         dropout = f"{t['attention_dropout']:g}"
         row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], dropout, *cells]
         versus = f"{t.get('speedup', float('nan')):.2f}x"
@@ -360,14 +369,16 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-minutes",
         type=float,
         default=BUDGET_MINUTES,
-        help=f"rows not started by then are skipped (default {BUDGET_MINUTES:g}: within a 10-minute device call)",
+        help=f"the check's hard end (default {BUDGET_MINUTES:g}: within a 10-minute device call)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check (--smoke runs it on the CPU)")
         return 0
     device = "cpu" if args.smoke else "cuda"
-    os.environ.setdefault("DS_ACCELERATOR", device)  # before anything imports DeepSpeed
+    # Before anything imports DeepSpeed; on a GPU always (the Makefile exports DS_ACCELERATOR=cpu for the suite, and
+    # FusedAdam on the CPU accelerator would walk GPU memory from the host).
+    os.environ["DS_ACCELERATOR"] = device if not args.smoke else os.environ.get("DS_ACCELERATOR", device)
     report = {
         "gpus": ["CPU (smoke)"]
         if args.smoke
@@ -386,17 +397,34 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).with_suffix(".md").write_text(markdown(report))
 
     skipped = {"ok": True, "summary": "skipped"}
-    deadline = time.monotonic() + args.budget_minutes * 60
-    report.update(timings=[], train_steps=[], profiles=[], time_to_quality=skipped)
-    report["tests"] = skipped if args.skip_tests or args.smoke else run_tests(args.prepared)
-    report["fused_adam"] = skipped if args.smoke else check_fused_adam()
+    report.update(timings=[], train_steps=[], profiles=[], time_to_quality=skipped, tests=skipped, fused_adam=skipped)
     save()
+
+    def stopped(in_flight: str) -> None:
+        report["stopped"] = (
+            f"the check's deadline ({args.budget_minutes:g} min) came during {in_flight}; nothing after it ran"
+        )
+        save()
+        print(f"gpu-check: {report['stopped']}; report: {args.json}", flush=True)
+
+    clock = CallClock(args.budget_minutes, stopped)
+    if not (args.skip_tests or args.smoke):
+        from bertdist.train.extensions import prepare
+
+        prepare()  # one TORCH_EXTENSIONS_DIR for the tests' processes and this one: FusedAdam is built once
+        report["tests"] = run_tests(args.prepared, clock)
+        save()
+        report["fused_adam"] = check_fused_adam()
+        save()
     if not args.skip_timings:
         # the training step first: the goals are its figures; the model-step table and the profiles after it
         for stage, key in ((time_training_steps, "train_steps"), (time_models, "timings"), (profile_steps, "profiles")):
-            stage(device, deadline, report[key], save)
+            stage(device, clock, report[key], save)
     if args.ttq:
-        report["time_to_quality"] = time_to_quality(args.ttq, args.ttq_minutes, device)
+        report["time_to_quality"] = {"ok": False, "error": "running when the report was written"}
+        save()
+        report["time_to_quality"] = time_to_quality(args.ttq, args.ttq_minutes, device, clock)
+    clock.stop()
     save()
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")

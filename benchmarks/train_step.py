@@ -2,10 +2,12 @@
 model stepped by a plain PyTorch loop, and against transformers' BertForPreTraining (SDPA, torch's fused AdamW on
 CUDA), timed in turns in the same process.
 
-All three do forward + backward + gradient clipping at 1.0 + AdamW on the same batch, in the same precision
-(autocast for the plain loops, DeepSpeed's bf16/fp16 for the engine); the engine / plain ratio is what DeepSpeed
-(ZeRO bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math, and
-transformers / engine is bertdist's training step against the peer's. MFU counts the model's own FLOPs over the
+All three do forward + backward + gradient clipping at 1.0 + AdamW on the same batch, each in the precision its
+users train in: the plain loops autocast from fp32 weights (as transformers' Trainer does with `bf16=True`), the
+engine runs DeepSpeed's bf16/fp16 (the module's weights in half precision, fp32 master weights in the optimizer,
+so its normalizations and softmax run in half precision too). In fp32 the engine / plain ratio is what DeepSpeed
+(ZeRO bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math; in bf16 it
+is that and the precision mode together. transformers / engine is bertdist's training step against the peer's. MFU counts the model's own FLOPs over the
 real tokens (`bertdist.model.flops`) against a matmul peak measured in the same process. `--fill` below 1 gives
 rows of mixed lengths (0.5: BERT's length-512 data); `--peers padded,padding-free` then also times transformers
 padding-free (its flattening collator and the FlashAttention-2 variable-length kernel, benchmarks/hf_peer.py; with

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,47 @@ def test_the_smoke_mode_runs_every_stage_on_what_the_gpu_machine_has(tmp_path):
 
 
 def test_rows_past_the_budget_are_reported_skipped_and_the_report_is_written(tmp_path):
-    """A device call ends at its limit: rows not started within --budget-minutes are skipped, named, and the
-    report (rewritten after every row) is on disk; the exit code says the check is incomplete."""
-    report, report_file = _smoke(tmp_path, 1, "--budget-minutes", "0")
+    """A device call ends at its limit: rows that would start with under ROW_MIN_S (30 s) of the check's
+    --budget-minutes left are skipped, named, and the report is on disk; the exit code says the check is
+    incomplete."""
+    report, report_file = _smoke(tmp_path, 1, "--budget-minutes", "0.4")
     rows = report["timings"] + report["train_steps"] + report["profiles"]
     assert len(rows) == 4 and all(r["error"].startswith("skipped: the check's time budget") for r in rows), rows
     assert "skipped: the check's time budget" in report_file.with_suffix(".md").read_text()
+    assert "stopped" not in report, "the check ended before its deadline"
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie no one reaped has exited too)."""
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "\nState:\tZ" in status.read_text()
+
+
+def test_the_clock_kills_what_overruns_and_ends_the_check_at_its_deadline(tmp_path):
+    """benchmarks/call_clock.py: a command past its own limit is killed with everything it started (a test run's
+    ranks, a time-to-quality run's loader workers must not go on using the GPU), and at the deadline the check
+    ends itself, the report written with what was in flight, before the device call's limit kills it unwritten."""
+    script = f"""
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+from call_clock import CallClock
+
+out = Path({str(tmp_path)!r})
+clock = CallClock(0.1, lambda doing: (out / "report").write_text(doing))
+spawn = "sleep 300 & echo $! > {{}}; wait"
+try:
+    clock.run(["bash", "-c", spawn.format(out / "first")], timeout_s=1)
+except subprocess.TimeoutExpired:
+    print("timed out", flush=True)
+clock.doing("a row that never ends")
+clock.run(["bash", "-c", spawn.format(out / "second")], timeout_s=600)
+print("not reached", flush=True)
+"""
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stdout == "timed out\n", run.stdout + run.stderr
+    assert time.monotonic() - start < 30, "the deadline (6 s) ended it"
+    assert (tmp_path / "report").read_text() == "a row that never ends"
+    for child in ("first", "second"):
+        assert _gone(int((tmp_path / child).read_text())), f"the {child} command's child still runs"
