@@ -45,7 +45,7 @@ gpu-check:
 	$(PY) benchmarks/gpu_check.py
 
 # Before a GPU lease: the bundle for a GPU machine without bertdist's dependencies (scripts/gpu_bundle.sh), and its
-# two device commands rehearsed here on the CPU under the machine's own versions of torch and transformers
+# device command rehearsed here on the CPU under the machine's own versions of torch and transformers
 # (downloads ~3.5 GB once).
 gpu-rehearse: install
 	bash scripts/gpu_bundle.sh .gpu

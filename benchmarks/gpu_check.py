@@ -18,19 +18,20 @@
 6. with `--ttq DIR`, the time to quality (`benchmarks/time_to_quality.py --device cuda`): bertdist's fast recipe
    against transformers' Trainer given the same recipe (bf16, fused AdamW), BERT-medium at batch 256,
    `--ttq-minutes` each (1.5), on the data `time_to_quality.py --prepare-only --runs bert-fast,bert-trainer`
-   made on a machine with Ray (its OUTPUT/data, carried). With the probes and scoring it takes ~5 minutes, so on a
-   15-minute lease it is a second call: `gpu_check.py --skip-tests --skip-timings --ttq DIR`;
-then a one-screen report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as a
-markdown table beside it (.md, for docs/benchmarks.md), both rewritten after every row, so that a call killed at its
-limit keeps what it measured. The check ends itself at `--budget-minutes` (9) from its start, before the call's
-limit: rows with under ROW_MIN_S left are reported as skipped, and at the deadline what runs is stopped, its process
-groups killed, the report written with what was in flight named, exit code 1 (benchmarks/call_clock.py). Without a GPU
-it says so in one line and exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so
-the check cannot break unseen). Exit code 1 when a check failed or was skipped. On a GPU machine that has torch and
-DeepSpeed but not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m
-tests.prepared DIR` wrote on another machine.
+   made on a machine with Ray (its OUTPUT/data, carried); with the probes and scoring ~4 minutes;
+the stages run in the order of STAGES, which is their priority on a 15-minute lease (the tests, the goals' training
+steps, the time to quality, then the model-step table and the profiles; `--stages` picks some), then a one-screen
+report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as a markdown table
+beside it (.md, for docs/benchmarks.md), both rewritten after every row, so that a call killed at its limit keeps
+what it measured. The check ends itself at `--budget-minutes` (9) from its start, before the call's limit: rows with
+under ROW_MIN_S left are reported as skipped, and at the deadline what runs is stopped, its process groups killed,
+the report written with what was in flight named, exit code 1 (benchmarks/call_clock.py). Without a GPU it says so
+in one line and exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so the check
+cannot break unseen). Exit code 1 when a check failed or was skipped. On a GPU machine that has torch and DeepSpeed
+but not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR`
+wrote on another machine.
 
-    python benchmarks/gpu_check.py [--json FILE] [--skip-tests] [--skip-timings] [--prepared DIR] [--smoke]
+    python benchmarks/gpu_check.py [--json FILE] [--stages tests,train-steps,...] [--prepared DIR] [--smoke]
         [--budget-minutes 9] [--ttq DIR [--ttq-minutes 1.5]]
 """
 
@@ -230,6 +231,8 @@ TTQ_SETTINGS = ("model.size=medium", "train.global_batch_size=256", "data.phases
 bert-mini-fast's recipe otherwise: a model that learns visibly in a minute or two on one H100 or H200."""
 SMOKE_TTQ_SETTINGS = ("model.size=tiny",)
 TTQ_TIMEOUT_S = 540
+TTQ_OVERHEAD_S = 90
+"""The time to quality beyond its engines' budgets on a GPU: four probe runs' start-ups and the scoring."""
 
 
 def time_to_quality(prepared: str, budget_minutes: float, device: str, clock: CallClock) -> dict:
@@ -264,6 +267,24 @@ def time_to_quality(prepared: str, budget_minutes: float, device: str, clock: Ca
         "final": finals,
         "summary": results["summary"],
     }
+
+
+def ttq_stage(prepared: str, budget_minutes: float, device: str, clock: CallClock) -> dict:
+    """The time to quality, unless the check's time left cannot hold both engines' budgets and their probes: a
+    run cut off measures nothing."""
+    needed_s = 2 * budget_minutes * 60 + TTQ_OVERHEAD_S
+    if clock.left_s() < needed_s:
+        return {
+            "ok": False,
+            "error": f"skipped: {clock.left_s():.0f} s of the check's budget left, {needed_s:.0f} needed",
+        }
+    return time_to_quality(prepared, budget_minutes, device, clock)
+
+
+STAGES = ("tests", "train-steps", "time-to-quality", "model-steps", "profiles")
+"""The check's stages in the order it runs them, which is their priority when a lease is short: the GPU tests
+(with FusedAdam) say the kernels are right, the training step and the time to quality are the goals' figures,
+the model-step table and the profiles explain them."""
 
 
 PEER_ROWS = ("transformers", "transformers padding-free")
@@ -355,8 +376,11 @@ def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="default docs/gpu/<date>-<device>.json (runs/gpu-check-smoke.json with --smoke)")
-    parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--skip-timings", action="store_true")
+    parser.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"comma-separated, run in this order whatever order is given (default: all: {','.join(STAGES)})",
+    )
     parser.add_argument("--prepared", help="a directory `python -m tests.prepared` wrote (for a machine without Ray)")
     parser.add_argument(
         "--ttq",
@@ -372,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the check's hard end (default {BUDGET_MINUTES:g}: within a 10-minute device call)",
     )
     args = parser.parse_args(argv)
+    stages = set(args.stages.split(","))
+    if stages - set(STAGES):
+        parser.error(f"--stages: unknown {', '.join(sorted(stages - set(STAGES)))}; the stages are {', '.join(STAGES)}")
     if not torch.cuda.is_available() and not args.smoke:
         print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check (--smoke runs it on the CPU)")
         return 0
@@ -408,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {report['stopped']}; report: {args.json}", flush=True)
 
     clock = CallClock(args.budget_minutes, stopped)
-    if not (args.skip_tests or args.smoke):
+    if "tests" in stages and not args.smoke:
         from bertdist.train.extensions import prepare
 
         prepare()  # one TORCH_EXTENSIONS_DIR for the tests' processes and this one: FusedAdam is built once
@@ -416,14 +443,16 @@ def main(argv: list[str] | None = None) -> int:
         save()
         report["fused_adam"] = check_fused_adam()
         save()
-    if not args.skip_timings:
-        # the training step first: the goals are its figures; the model-step table and the profiles after it
-        for stage, key in ((time_training_steps, "train_steps"), (time_models, "timings"), (profile_steps, "profiles")):
-            stage(device, clock, report[key], save)
-    if args.ttq:
-        report["time_to_quality"] = {"ok": False, "error": "running when the report was written"}
-        save()
-        report["time_to_quality"] = time_to_quality(args.ttq, args.ttq_minutes, device, clock)
+    timed = {"train-steps": (time_training_steps, "train_steps"), "model-steps": (time_models, "timings")}
+    timed["profiles"] = (profile_steps, "profiles")
+    for stage in STAGES:
+        if stage in timed and stage in stages:
+            run_stage, key = timed[stage]
+            run_stage(device, clock, report[key], save)
+        elif stage == "time-to-quality" and stage in stages and args.ttq:
+            report["time_to_quality"] = {"ok": False, "error": "running when the report was written"}
+            save()
+            report["time_to_quality"] = ttq_stage(args.ttq, args.ttq_minutes, device, clock)
     clock.stop()
     save()
     print("\n==== gpu-check report ====")

@@ -4,14 +4,14 @@ CUDA), timed in turns in the same process.
 
 All three do forward + backward + gradient clipping at 1.0 + AdamW on the same batch, each in the precision its
 users train in: the plain loops autocast from fp32 weights (as transformers' Trainer does with `bf16=True`), the
-engine runs DeepSpeed's bf16/fp16 (the module's weights in half precision, fp32 master weights in the optimizer,
-so its normalizations and softmax run in half precision too). In fp32 the engine / plain ratio is what DeepSpeed
-(ZeRO bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math; in bf16 it
-is that and the precision mode together. transformers / engine is bertdist's training step against the peer's. MFU counts the model's own FLOPs over the
-real tokens (`bertdist.model.flops`) against a matmul peak measured in the same process. `--fill` below 1 gives
-rows of mixed lengths (0.5: BERT's length-512 data); `--peers padded,padding-free` then also times transformers
-padding-free (its flattening collator and the FlashAttention-2 variable-length kernel, benchmarks/hf_peer.py; with
-`--no-attention-dropout`, as it has none).
+engine runs DeepSpeed's bf16/fp16 (the module's weights in half precision, fp32 master weights in the optimizer, so
+its normalizations and softmax run in half precision too). In fp32 the engine / plain ratio is what DeepSpeed (ZeRO
+bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math; in bf16 it is that
+and the precision mode together. transformers / engine is bertdist's training step against the peer's. MFU counts
+the model's own FLOPs over the real tokens (`bertdist.model.flops`) against a matmul peak measured in the same
+process. `--fill` below 1 gives rows of mixed lengths (0.5: BERT's length-512 data); `--peers padded,padding-free`
+then also times transformers padding-free (its flattening collator and the FlashAttention-2 variable-length kernel,
+benchmarks/hf_peer.py; with `--no-attention-dropout`, as it has none).
 
     DS_ACCELERATOR=cpu python benchmarks/train_step.py                 # CPU, BERT-mini, fp32, ZeRO-1
     DS_ACCELERATOR=cpu python benchmarks/train_step.py --zero-stage 2

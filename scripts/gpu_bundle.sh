@@ -47,8 +47,11 @@ corpus=()
 $PY benchmarks/time_to_quality.py --prepare-only --runs bert-fast,bert-trainer --output "$DIR/ttq" "${corpus[@]}"
 
 du -sh "$DIR/whl" "$DIR/prepared" "$DIR/ttq/data"
+install="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $DIR/whl/*.whl"
 cat <<EOF
-On the GPU machine (carry: ["$DIR"]), one call of at most 9 minutes, then a second for the time to quality:
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $DIR/whl/*.whl && export PYTHONPATH=/tmp/site:\$PWD && python3 benchmarks/gpu_check.py --prepared $DIR/prepared --json \$OUT/gpu.json
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $DIR/whl/*.whl && export PYTHONPATH=/tmp/site:\$PWD && python3 benchmarks/gpu_check.py --skip-tests --skip-timings --ttq $DIR/ttq/data --json \$OUT/ttq.json
+On the GPU machine (carry: ["$DIR"]), one call; gpu_check ends itself within 9 minutes, its stages in the order of
+their priority (tests, training steps, time to quality, model steps, profiles), skipping what its time cannot hold:
+  $install && export PYTHONPATH=/tmp/site:\$PWD && python3 benchmarks/gpu_check.py --prepared $DIR/prepared --ttq $DIR/ttq/data --json \$OUT/gpu.json
+If the lease has time left, a second call for the stages it skipped (here: the model-step table and the profiles):
+  $install && export PYTHONPATH=/tmp/site:\$PWD && python3 benchmarks/gpu_check.py --stages model-steps,profiles --json \$OUT/gpu-2.json
 EOF

@@ -118,3 +118,20 @@ print("not reached", flush=True)
     assert (tmp_path / "report").read_text() == "a row that never ends"
     for child in ("first", "second"):
         assert _gone(int((tmp_path / child).read_text())), f"the {child} command's child still runs"
+
+
+def test_stages_are_chosen_by_name_and_a_time_to_quality_the_budget_cannot_hold_is_skipped(tmp_path):
+    """`--stages` names stages (an unknown one: exit 2, naming them all); a time to quality whose two engines'
+    budgets and probes do not fit in the time left is skipped with both figures said, not started and cut off."""
+    bad = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--stages", "tests,speed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "--stages: unknown speed; the stages are tests, train-steps" in bad.stderr
+    stages = ("--stages", "time-to-quality", "--ttq", str(tmp_path / "no-data"), "--ttq-minutes", "1")
+    report, _ = _smoke(tmp_path, 1, *stages, "--budget-minutes", "1")
+    assert report["time_to_quality"]["error"].startswith("skipped: 60 s of the check's budget left, 210 needed")
+    assert report["timings"] == report["train_steps"] == report["profiles"] == []
