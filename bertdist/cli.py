@@ -47,15 +47,8 @@ from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
 from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
-from bertdist.finetune.commands import (
-    add_attention,
-    add_embed,
-    add_evaluate,
-    add_filter_pairs,
-    add_finetune,
-    add_mine_negatives,
-    add_pairs,
-)
+from bertdist.finetune.commands import add_attention, add_embed, add_evaluate, add_finetune
+from bertdist.finetune.pair_commands import add_filter_pairs, add_mine_negatives, add_pairs
 from bertdist.launch.commands import (
     add_forecast_flags,
     add_logs,

@@ -15,7 +15,7 @@ from bertdist.finetune.pair_search import PairSearchOptions, named
 @pytest.mark.parametrize(("command", "options"), [("mine-negatives", MineOptions), ("filter-pairs", FilterOptions)])
 def test_every_option_has_a_flag_and_every_flag_an_option(command, options):
     from bertdist.cli import build_parser
-    from bertdist.finetune.commands import MINE_CONVERTED
+    from bertdist.finetune.pair_commands import MINE_CONVERTED
     from bertdist.flags import flag_dests, from_args
 
     parser = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
