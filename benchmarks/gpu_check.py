@@ -27,9 +27,9 @@ what it measured. The check ends itself at `--budget-minutes` (9) from its start
 under ROW_MIN_S left are reported as skipped, and at the deadline what runs is stopped, its process groups killed,
 the report written with what was in flight named, exit code 1 (benchmarks/call_clock.py). Without a GPU it says so
 in one line and exits 0; `--smoke` runs the same code on the CPU at tiny sizes in seconds (CI does, so the check
-cannot break unseen). Exit code 1 when a check failed or was skipped. On a GPU machine that has torch and DeepSpeed
-but not Ray, `--prepared DIR` hands the tests the tiny vocabulary and shards that `python -m tests.prepared DIR`
-wrote on another machine.
+cannot break unseen). Exit code 1 when a check failed, a row or stage asked for was skipped for time, or the
+deadline came. On a GPU machine that has torch and DeepSpeed but not Ray, `--prepared DIR` hands the tests the tiny
+vocabulary and shards that `python -m tests.prepared DIR` wrote on another machine.
 
     python benchmarks/gpu_check.py [--json FILE] [--stages tests,train-steps,...] [--prepared DIR] [--smoke]
         [--budget-minutes 9] [--ttq DIR [--ttq-minutes 1.5]]
@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -49,6 +50,7 @@ from pathlib import Path
 
 import torch
 from call_clock import CallClock  # benchmarks/ is on sys.path
+from gpu_report import markdown
 
 HERE = Path(__file__).resolve().parent
 TIMINGS = [  # (size, length, batch, predictions per sequence, mean fraction of real tokens, precisions)
@@ -133,8 +135,18 @@ def check_fused_adam() -> dict:
         torch.cuda.synchronize()
         return {"ok": True, "seconds": time.perf_counter() - start}
     except Exception as e:  # the JIT build fails in many ways: report it, do not stop the other checks
-        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500] + f" (nvcc: {nvcc[-1] if nvcc else 'none'})"}
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500] + f" (nvcc: {nvcc_version()})"}
+
+
+def nvcc_version() -> str:
+    """The CUDA compiler's version line, which a failed JIT build is most often about; 'not on PATH' without one."""
+    if shutil.which("nvcc") is None:
+        return "not on PATH"
+    try:
+        lines = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{type(e).__name__}"
+    return lines[-1].strip() if lines else "no output"
 
 
 Row = tuple[str, int, int, int, float, str]
@@ -230,9 +242,9 @@ TTQ_SETTINGS = ("model.size=medium", "train.global_batch_size=256", "data.phases
 """The GPU time to quality: BERT-medium (8 layers, 512 wide) at batch 256, both engines in bf16 with a fused AdamW,
 bert-mini-fast's recipe otherwise: a model that learns visibly in a minute or two on one H100 or H200."""
 SMOKE_TTQ_SETTINGS = ("model.size=tiny",)
-TTQ_TIMEOUT_S = 540
 TTQ_OVERHEAD_S = 90
-"""The time to quality beyond its engines' budgets on a GPU: four probe runs' start-ups and the scoring."""
+"""The time to quality beyond its engines' budgets on a GPU: four probe runs' start-ups and the scoring; the stage
+starts only with that and both budgets left, and is stopped at twice that beyond them."""
 
 
 def time_to_quality(prepared: str, budget_minutes: float, device: str, clock: CallClock) -> dict:
@@ -249,10 +261,11 @@ def time_to_quality(prepared: str, budget_minutes: float, device: str, clock: Ca
     ]
     start = time.perf_counter()
     clock.doing("the time to quality")
+    limit_s = 2 * budget_minutes * 60 + 2 * TTQ_OVERHEAD_S
     try:
-        proc = clock.run(command, TTQ_TIMEOUT_S, cwd=HERE.parent)
+        proc = clock.run(command, limit_s, cwd=HERE.parent)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"stopped after {time.perf_counter() - start:.0f} s (limit {TTQ_TIMEOUT_S} s)"}
+        return {"ok": False, "error": f"stopped after {time.perf_counter() - start:.0f} s (limit {limit_s:.0f} s)"}
     if proc.returncode != 0:
         return {"ok": False, "error": (proc.stdout + proc.stderr)[-1500:]}
     results = json.loads((out / "results.json").read_text())
@@ -287,92 +300,6 @@ STAGES = ("tests", "train-steps", "time-to-quality", "model-steps", "profiles")
 the model-step table and the profiles explain them."""
 
 
-PEER_ROWS = ("transformers", "transformers padding-free")
-VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]", "bertdist[varlen]", "bertdist[flex]")
-
-
-def markdown(report: dict) -> str:
-    """The timing tables for docs/benchmarks.md: sequences/s and MFU of each variant, and the speedup over
-    transformers, one row per model, length and precision."""
-    names = [v for v in (*VARIANTS, *PEER_ROWS) if any(v in t for t in report["timings"])]
-    engine = {"plain torch": "plain torch", "deepspeed": "bertdist's engine", **{p: p for p in PEER_ROWS}}
-    return (
-        "\n".join(
-            [
-                f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU)",
-                *([f"**Stopped:** {report['stopped']}."] if "stopped" in report else []),
-                "",
-                *_table(report["timings"], {n: n for n in names}),
-                "",
-                "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`):",
-                "",
-                *_table(report.get("train_steps", []), engine),
-                *_profile_lines(report.get("profiles", [])),
-                *_time_to_quality_lines(report.get("time_to_quality", {})),
-            ]
-        )
-        + "\n"
-    )
-
-
-def _profile_lines(profiles: list[dict]) -> list[str]:
-    """Where each profiled step's time goes (nothing when none ran)."""
-    if not profiles:
-        return []
-    from step_profile import summary
-
-    lines = ["", "Where the step's time goes (`benchmarks/step_profile.py`, kernel self time; largest kernels):", ""]
-    for p in profiles:
-        head = f"- {p['size']} x {p['seq_length']}, {p['precision']}"
-        if not p["ok"]:
-            lines.append(f"{head}: failed: {p['error'][:120]}")
-            continue
-        for name in ("bertdist", *PEER_ROWS):
-            if name in p:
-                top = "; ".join(f"{t['name'][:60]} {t['share']:.0%}" for t in p[name]["top"][:3])
-                lines.append(f"{head}, {name}: {summary(p[name])}. Top: {top}")
-    return lines
-
-
-def _time_to_quality_lines(ttq: dict) -> list[str]:
-    """The time to quality's summary under the tables (nothing when the check did not run it)."""
-    if "settings" not in ttq and "error" not in ttq:
-        return []
-    if not ttq["ok"]:
-        return ["", f"Time to quality: failed: {ttq['error'][-200:]}"]
-    finals = ", ".join(f"{run} {curve['accuracy']:.4f} at step {curve['step']}" for run, curve in ttq["final"].items())
-    return [
-        "",
-        f"Time to quality (`benchmarks/time_to_quality.py`, {' '.join(ttq['settings'])}, "
-        f"{ttq['budget_minutes']:g} min each): final held-out MLM accuracy {finals}",
-        *(f"- {line}" for line in ttq["summary"]),
-    ]
-
-
-def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
-    """Markdown rows of timed variants (`columns`: their key in a result -> the column's header)."""
-    lines = [
-        "| model | length | padding | precision | attention dropout | "
-        + " | ".join(columns.values())
-        + " | vs transformers |",
-        "|---" * (len(columns) + 6) + "|",
-    ]
-    for t in timings:
-        if not t["ok"]:
-            lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
-            continue
-        cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in columns]
-        if t.get("compile_fell_back") and "bertdist+compile" in columns:  # some layer ran eager: not a compiled figure
-            cells[list(columns).index("bertdist+compile")] += " eager: compile failed"
-        dropout = f"{t['attention_dropout']:g}"
-        row = [t["size"], str(t["seq_length"]), f"{t['padding_fraction']:.0%}", t["precision"], dropout, *cells]
-        versus = f"{t.get('speedup', float('nan')):.2f}x"
-        if "speedup_padding_free" in t:
-            versus += f", {t['speedup_padding_free']:.2f}x padding-free"
-        lines.append("| " + " | ".join(row) + f" | {versus} |")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="default docs/gpu/<date>-<device>.json (runs/gpu-check-smoke.json with --smoke)")
@@ -396,9 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the check's hard end (default {BUDGET_MINUTES:g}: within a 10-minute device call)",
     )
     args = parser.parse_args(argv)
-    stages = set(args.stages.split(","))
-    if stages - set(STAGES):
-        parser.error(f"--stages: unknown {', '.join(sorted(stages - set(STAGES)))}; the stages are {', '.join(STAGES)}")
+    stages = {name.strip() for name in args.stages.split(",") if name.strip()}
+    if not stages or stages - set(STAGES):
+        unknown = ", ".join(sorted(stages - set(STAGES))) or "none given"
+        parser.error(f"--stages: {unknown}; the stages are {', '.join(STAGES)}")
+    if "time-to-quality" in stages and not args.ttq and args.stages != parser.get_default("stages"):
+        parser.error("--stages time-to-quality needs --ttq DIR (the data `time_to_quality.py --prepare-only` made)")
+    if args.budget_minutes <= 0:
+        parser.error(f"--budget-minutes must be above 0, got {args.budget_minutes:g}")
     if not torch.cuda.is_available() and not args.smoke:
         print("gpu-check: no CUDA GPU visible to torch on this machine; nothing to check (--smoke runs it on the CPU)")
         return 0
@@ -419,28 +351,39 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        """The report so far, after every stage and every row: a call killed at its limit keeps what it did."""
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        Path(args.json).with_suffix(".md").write_text(markdown(report))
-
-    skipped = {"ok": True, "summary": "skipped"}
-    report.update(timings=[], train_steps=[], profiles=[], time_to_quality=skipped, tests=skipped, fused_adam=skipped)
-    save()
+        """The report so far, after every stage and every row: a call killed at its limit keeps what it did. Under
+        the clock's lock, and each file replaced whole: the deadline writes it from another thread."""
+        with clock.lock:
+            for path, text in ((Path(args.json), json.dumps(report, indent=2) + "\n"), (md, markdown(report))):
+                path.with_name(path.name + ".part").write_text(text)
+                os.replace(path.with_name(path.name + ".part"), path)
 
     def stopped(in_flight: str) -> None:
         report["stopped"] = (
             f"the check's deadline ({args.budget_minutes:g} min) came during {in_flight}; nothing after it ran"
         )
-        save()
+        for _ in range(5):  # the main thread may be changing the report as it is written
+            try:
+                save()
+                break
+            except RuntimeError:
+                time.sleep(0.05)
         print(f"gpu-check: {report['stopped']}; report: {args.json}", flush=True)
 
+    md = Path(args.json).with_suffix(".md")
     clock = CallClock(args.budget_minutes, stopped)
+    no_ttq = {"ok": True, "summary": "skipped: no --ttq DIR"} if "time-to-quality" in stages else None
+    skipped = {"ok": True, "summary": "skipped"}
+    report.update(timings=[], train_steps=[], profiles=[], tests=skipped, fused_adam=skipped)
+    report["time_to_quality"] = no_ttq or skipped
+    save()
     if "tests" in stages and not args.smoke:
         from bertdist.train.extensions import prepare
 
         prepare()  # one TORCH_EXTENSIONS_DIR for the tests' processes and this one: FusedAdam is built once
         report["tests"] = run_tests(args.prepared, clock)
         save()
+        clock.doing("the FusedAdam check")
         report["fused_adam"] = check_fused_adam()
         save()
     timed = {"train-steps": (time_training_steps, "train_steps"), "model-steps": (time_models, "timings")}
@@ -465,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"Time to quality: {ttq.get('error') or ttq['summary']}")
     print(markdown(report))
-    print(f"report: {args.json} and {Path(args.json).with_suffix('.md')}")
+    print(f"report: {args.json} and {md}")
     timed = report["timings"] + report["train_steps"] + report["profiles"]
     ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and ttq["ok"] and all(t["ok"] for t in timed)
     return 0 if ok else 1

@@ -95,9 +95,21 @@ def device_like_python(directory: Path) -> Path:
     venv.create(directory, with_pip=False, symlinks=True)
     site = directory / Path(sysconfig.get_path("purelib")).relative_to(sysconfig.get_path("data"))
     installed = {normalized(dist.metadata["Name"]): dist for dist in importlib.metadata.distributions()}
-    for dist in map(installed.get, sorted(with_requirements(IMAGE | set(map(normalized, BUILT + WHEELS)), installed))):
-        for top in {file.parts[0] for file in dist.files or () if file.parts[0] != ".."}:
-            link = site / top
-            if not link.exists():
-                link.symlink_to(Path(dist.locate_file(top)).resolve())
+    there = with_requirements(IMAGE | set(map(normalized, BUILT + WHEELS)), installed)
+    owners: dict[str, set[str]] = {}
+    for name, dist in installed.items():
+        for file in dist.files or ():
+            owners.setdefault(file.parts[0], set()).add(name)
+    for name in sorted(there):
+        dist = installed[name]
+        for file in dist.files or ():
+            if file.parts[0] == "..":
+                continue
+            # A folder that a distribution the machine lacks shares (a namespace: google/ holds protobuf and
+            # google-auth) is made here, holding links to the entries of those it has only.
+            depth = 1 if owners[file.parts[0]] <= there else min(2, len(file.parts))
+            entry = Path(*file.parts[:depth])
+            if not (site / entry).is_symlink():
+                (site / entry).parent.mkdir(parents=True, exist_ok=True)
+                (site / entry).symlink_to(Path(dist.locate_file(entry)).resolve())
     return directory / "bin" / "python"

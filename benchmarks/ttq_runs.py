@@ -243,12 +243,13 @@ def failure(directory: Path, lines: int = 6) -> str:
 
 
 def timed_run(name: str, directory: Path, prep: dict, steps: int, every: int, budget_s: float, seed: int):
-    """Start the run, stop it at the budget; returns ([(seconds since start, step, checkpoint)], wall seconds)."""
+    """Start the run, stop it at the budget; returns ([(seconds since start, step, checkpoint)], wall seconds).
+    A run that fails within its budget stops the benchmark (SystemExit naming its log's end)."""
     start = time.time()
     process = start_run(name, directory, prep, steps, every, seed)
     try:
-        if process.wait(timeout=budget_s) != 0:
-            print(f"   {name} failed (exit {process.returncode}); {failure(directory)}", flush=True)
+        if process.wait(timeout=budget_s) != 0:  # a crashed run is no slow run: its curve would read as one
+            raise SystemExit(f"{name} failed (exit {process.returncode}) within its budget; {failure(directory)}")
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGTERM)  # bertdist checkpoints the step it is in; the Trainer just stops
         process.wait(timeout=300)

@@ -23,14 +23,14 @@ machine() {
     $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_machine as m; v = m.$1; print(v if isinstance(v, str) else ' '.join(v))"
 }
 want=$(machine PYTHON)
-PY312=${PYTHON312:-}
-for candidate in "$PY312" python3.12 "$(pyenv root 2>/dev/null)/versions/$want"*/bin/python3.12; do
-    if [[ -n $candidate ]] && "$candidate" -c "import sys; assert sys.version.startswith('$want')" 2>/dev/null; then
+PY312=""
+for candidate in "${PYTHON312:-}" python3.12 "$(pyenv root 2>/dev/null)/versions/$want"*/bin/python3.12; do
+    if [[ -n $candidate ]] && "$candidate" -c "import sys; assert sys.version.startswith('$want.')" 2>/dev/null; then
         PY312=$candidate
         break
     fi
 done
-"${PY312:?}" -V >/dev/null 2>&1 || { echo "gpu_rehearse: no CPython $want here; set PYTHON312" >&2; exit 2; }
+[[ -n $PY312 ]] || { echo "gpu_rehearse: no CPython $want here (PYTHON312, python3.12, pyenv); set PYTHON312" >&2; exit 2; }
 
 VENV=${REHEARSAL_VENV:-$HOME/.cache/bertdist/gpu-rehearsal}
 [[ -x $VENV/bin/python ]] || "$PY312" -m venv "$VENV"
