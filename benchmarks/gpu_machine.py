@@ -4,12 +4,15 @@ carries there, and here a Python that has those and nothing else (`device_like_p
 A device lease is 15 minutes, and a check that fails there on an import (`bertdist train` once reached blingfire,
 which the image lacks and whose 42 MB wheel is too large to carry) spends it on nothing. The same check run here
 under `device_like_python` fails on the same import, with no lease spent: tests/test_gpu_check.py does that.
+
+    python benchmarks/gpu_machine.py NAME   # the list NAME (BUILT, WHEELS, PINS, UNPINNED) or PYTHON, for scripts
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 import sysconfig
 import venv
 from pathlib import Path
@@ -54,7 +57,9 @@ PINS = (
     "numpy==2.5.2",
 )
 """The image's versions of what the check runs on, as KINDS.md's pip list gives them (November 2026): what
-scripts/gpu_rehearse.sh installs, with IMAGE's other packages the check imports at whatever version pip picks."""
+scripts/gpu_rehearse.sh installs, with UNPINNED."""
+UNPINNED = ("pytest", "pyyaml", "tqdm", "psutil", "py-cpuinfo", "ninja", "msgpack", "matplotlib")
+"""IMAGE's other packages the check imports, at whatever version pip picks (KINDS.md gives none)."""
 PYTHON = "3.12"
 """The image's CPython (3.12.3 there)."""
 
@@ -113,3 +118,8 @@ def device_like_python(directory: Path) -> Path:
                 (site / entry).parent.mkdir(parents=True, exist_ok=True)
                 (site / entry).symlink_to(Path(dist.locate_file(entry)).resolve())
     return directory / "bin" / "python"
+
+
+if __name__ == "__main__":
+    value = getattr(sys.modules[__name__], sys.argv[1])
+    print(value if isinstance(value, str) else " ".join(value))

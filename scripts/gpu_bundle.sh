@@ -29,12 +29,11 @@ version() { $PY -c "import importlib.metadata as m, sys; print(m.version(sys.arg
 # What to carry: benchmarks/gpu_machine.py lists it (tests/test_gpu_check.py runs the check with only that and the
 # image's packages). DeepSpeed is published as a source archive: built here into a pure-Python wheel (its ops are
 # JIT-built there).
-carried() { $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_machine; print(*gpu_machine.$1)"; }
-for name in $(carried BUILT); do
+for name in $($PY benchmarks/gpu_machine.py BUILT); do
     $PY -m pip wheel -q --no-deps --no-build-isolation -w "$DIR/whl" "$name==$(version "$name")"
 done
 pins=()
-for name in $(carried WHEELS); do
+for name in $($PY benchmarks/gpu_machine.py WHEELS); do
     pins+=("$name==$(version "$name")")
 done
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -19,9 +19,7 @@ DIR=${1:-.gpu}
     exit 2
 }
 PY=.venv/bin/python
-machine() {
-    $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_machine as m; v = m.$1; print(v if isinstance(v, str) else ' '.join(v))"
-}
+machine() { $PY benchmarks/gpu_machine.py "$1"; }
 want=$(machine PYTHON)
 PY312=""
 for candidate in "${PYTHON312:-}" python3.12 "$(pyenv root 2>/dev/null)/versions/$want"*/bin/python3.12; do
@@ -34,9 +32,9 @@ done
 
 VENV=${REHEARSAL_VENV:-$HOME/.cache/bertdist/gpu-rehearsal}
 [[ -x $VENV/bin/python ]] || "$PY312" -m venv "$VENV"
-# the image's pins, and the image's packages the check imports at any version (IMAGE in gpu_machine.py)
+# the image's pins, and the image's packages the check imports at any version
 # shellcheck disable=SC2046
-"$VENV/bin/python" -m pip install -q $(machine PINS) pytest pyyaml tqdm psutil py-cpuinfo ninja msgpack matplotlib
+"$VENV/bin/python" -m pip install -q $(machine PINS) $(machine UNPINNED)
 SITE=$(mktemp -d)
 trap 'rm -rf "$SITE"' EXIT
 "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$DIR"/whl/*.whl

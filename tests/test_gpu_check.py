@@ -17,9 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from gpu_check import GPU_TESTS, TTQ_RUNS  # noqa: E402
 from gpu_machine import device_like_python  # noqa: E402
-
-TTQ_RUNS = "bert-fast,bert-trainer"
 
 
 def _smoke(tmp_path: Path, exit_code: int, *extra: str, python: str = sys.executable) -> tuple[dict, Path]:
@@ -46,8 +45,6 @@ def test_the_smoke_mode_runs_every_stage_on_what_the_gpu_machine_has(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     absent = subprocess.run([python, "-c", "import ray"], capture_output=True, text=True, env=env)
     assert "No module named 'ray'" in absent.stderr, "the GPU machine's Python must not have Ray"
-    from gpu_check import GPU_TESTS
-
     collect = [python, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS]
     collected = subprocess.run(collect, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert collected.returncode == 0 and " tests collected" in collected.stdout, collected.stdout[-3000:]
