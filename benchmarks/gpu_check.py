@@ -242,6 +242,10 @@ TTQ_SETTINGS = ("model.size=medium", "train.global_batch_size=256", "data.phases
 """The GPU time to quality: BERT-medium (8 layers, 512 wide) at batch 256, both engines in bf16 with a fused AdamW,
 bert-mini-fast's recipe otherwise: a model that learns visibly in a minute or two on one H100 or H200."""
 SMOKE_TTQ_SETTINGS = ("model.size=tiny",)
+TTQ_FLAGS = ("--checkpoints", "4")
+SMOKE_TTQ_FLAGS = ("--quick-probe", "--checkpoints", "2")
+"""The CPU smoke's time to quality: a probe without its warm-up, two checkpoints scored (the Trainer's through
+transformers too): what it checks is that both engines run on the GPU machine's packages, not what they learn."""
 TTQ_OVERHEAD_S = 90
 """The time to quality beyond its engines' budgets on a GPU: four probe runs' start-ups and the scoring; the stage
 starts only with that and both budgets left, and is stopped at twice that beyond them."""
@@ -256,7 +260,8 @@ def time_to_quality(prepared: str, budget_minutes: float, device: str, clock: Ca
         sys.executable,
         str(HERE / "time_to_quality.py"),
         *("--device", device, "--prepared", str(Path(prepared).resolve()), "--runs", TTQ_RUNS),
-        *("--budget-minutes", str(budget_minutes), "--seeds", "1", "--downstream-seeds", "0", "--checkpoints", "4"),
+        *("--budget-minutes", str(budget_minutes), "--seeds", "1", "--downstream-seeds", "0"),
+        *(SMOKE_TTQ_FLAGS if device == "cpu" else TTQ_FLAGS),
         *("--output", str(out), "--set", *settings),
     ]
     start = time.perf_counter()

@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="without --target: the lowest final accuracy of the ARCH-<this> runs at the longest budget is ARCH's",
     )
     p.add_argument("--checkpoints", type=int, default=6, help="checkpoints per run (all scored)")
+    p.add_argument(
+        "--quick-probe",
+        action="store_true",
+        help="probe each run's step time in one short run without a warm-up first (a smoke run: the plan is rough)",
+    )
     p.add_argument("--downstream-seeds", type=int, default=1, help="fine-tune the final models of this many seeds")
     p.add_argument(
         "--keep-earlier",
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         directory = out / name / "probe"
         shutil.rmtree(directory, ignore_errors=True)
-        paces[name] = probe(name, directory, prep)
+        paces[name] = probe(name, directory, prep, args.quick_probe)
         print(
             f"probe {name}: {paces[name].seconds_per_step:.3f} s/step, {paces[name].overhead_s:.0f} s start-up and "
             f"shutdown",

@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 PROBE_STEPS = 30
 WARM_STEPS = 2
 """Steps of the untimed run before each probe (`probe`)."""
+QUICK_PROBE_STEPS = 12
+"""A quick probe's steps, with no warm-up run before it (`probe(quick=True)`): for a smoke run, whose plan does not
+matter; the Trainer's step time is the median after its first 10."""
 PLAN_SHARE = 0.9
 """A run's schedule is planned to end at this share of its budget (a user with a time budget does the same)."""
 
@@ -210,14 +213,15 @@ class Pace:
         return max(20, int((PLAN_SHARE * budget_s - self.overhead_s) / self.seconds_per_step))
 
 
-def probe(name: str, directory: Path, prep: dict) -> Pace:
+def probe(name: str, directory: Path, prep: dict, quick: bool = False) -> Pace:
     """Seconds per optimizer step after the first steps, and the start-up, from a short run of the same job.
 
     A first start of a process on a fresh checkout pays what no later one does (Python compiling the sources'
     bytecode, the libraries read from disk): 34 s against 6 s for bertdist's first run on a fresh worktree
     (November 2026), which planned its runs ~30 steps short. So a run of a few steps warms the machine first, and
-    the probe that follows is timed."""
-    for steps in (WARM_STEPS, PROBE_STEPS):
+    the probe that follows is timed. `quick`: QUICK_PROBE_STEPS alone, for smoke runs."""
+    probe_steps = QUICK_PROBE_STEPS if quick else PROBE_STEPS
+    for steps in (probe_steps,) if quick else (WARM_STEPS, probe_steps):
         shutil.rmtree(directory, ignore_errors=True)
         start = time.time()
         process = start_run(name, directory, prep, steps, every=steps * 10, seed=0)
@@ -231,7 +235,7 @@ def probe(name: str, directory: Path, prep: dict) -> Pace:
         records = [json.loads(line) for line in (directory / "out" / "metrics.jsonl").read_text().splitlines()]
         rates = [r["throughput/sequences_per_second"] for r in records if "throughput/sequences_per_second" in r]
         seconds_per_step = base_config(name).train.global_batch_size / float(np.median(rates[1:]))
-    return Pace(seconds_per_step, max(0.0, wall_s - PROBE_STEPS * seconds_per_step))
+    return Pace(seconds_per_step, max(0.0, wall_s - probe_steps * seconds_per_step))
 
 
 def failure(directory: Path, lines: int = 6) -> str:

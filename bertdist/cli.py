@@ -45,7 +45,7 @@ from bertdist.config import (
 from bertdist.config.model import ARCHITECTURES, ModelConfig
 from bertdist.credentials import credentials_problem
 from bertdist.data.commands import add_inspect, add_prepare, add_vocab
-from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS
+from bertdist.demo import DEMO_OUTPUT, DEMO_RANKS, DOWNSTREAM_EPOCHS
 from bertdist.errors import INTERRUPTED_EXIT_CODE, USAGE_EXIT_CODE, UserError, one_line
 from bertdist.finetune.commands import add_attention, add_embed, add_evaluate, add_finetune
 from bertdist.finetune.pair_commands import add_filter_pairs, add_mine_negatives, add_pairs
@@ -246,6 +246,13 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=int, default=DEMO_RANKS, help=f"CPU training processes (default {DEMO_RANKS})")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
     p.add_argument(
+        "--downstream-epochs",
+        type=int,
+        default=DOWNSTREAM_EPOCHS,
+        help=f"epochs of each sentence-adjacency fine-tuning at the end (default {DOWNSTREAM_EPOCHS}; 1 is a third "
+        "of that stage's time, at a lower accuracy for both starts)",
+    )
+    p.add_argument(
         "--arch",
         choices=ARCHITECTURES,
         default=ModelConfig.arch,
@@ -265,17 +272,22 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from bertdist.demo import run_demo
 
-    if args.ranks < 1 or args.steps < 0:
-        print("bertdist demo: --ranks must be >= 1 and --steps >= 0", file=sys.stderr)
+    if args.ranks < 1 or args.steps < 0 or args.downstream_epochs < 1:
+        print("bertdist demo: --ranks and --downstream-epochs must be >= 1 and --steps >= 0", file=sys.stderr)
         return USAGE_EXIT_CODE
     if args.multilingual:
+        if args.downstream_epochs != DOWNSTREAM_EPOCHS:
+            print("bertdist demo: --downstream-epochs: the multilingual demo fine-tunes nothing", file=sys.stderr)
+            return USAGE_EXIT_CODE
         from bertdist.demo_multilingual import DEMO_OUTPUT as MULTILINGUAL_OUTPUT
         from bertdist.demo_multilingual import run_multilingual_demo
 
         return run_multilingual_demo(args.output or MULTILINGUAL_OUTPUT, ranks=args.ranks, steps=args.steps)
     # Each architecture its own directory: the stages skip what exists, and ModernBERT needs MLM-only shards.
     output = args.output or (DEMO_OUTPUT if args.arch == ModelConfig.arch else f"{DEMO_OUTPUT}-{args.arch}")
-    return run_demo(output, ranks=args.ranks, steps=args.steps, arch=args.arch)
+    return run_demo(
+        output, ranks=args.ranks, steps=args.steps, arch=args.arch, downstream_epochs=args.downstream_epochs
+    )
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

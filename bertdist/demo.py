@@ -48,7 +48,6 @@ from bertdist.model.registry import FAMILIES, spec
 
 DEMO_CONFIGS = {arch: spec(arch).demo_config for arch in FAMILIES if spec(arch).demo_config}
 """model.arch -> the configs/ file its demo runs (each family's spec names its own, or none)."""
-"""The shipped config the demo trains, by model.arch."""
 DEMO_OUTPUT = "runs/demo"
 DEMO_RANKS = 2
 DOWNSTREAM_TRAIN_ROWS, DOWNSTREAM_DEV_ROWS = 4000, 1000
@@ -121,7 +120,11 @@ def write_corpus(output_dir: Path) -> tuple[Path, Path, int]:
 
 
 def run_demo(
-    output_dir: str = DEMO_OUTPUT, ranks: int = DEMO_RANKS, steps: int = 0, arch: str = ModelConfig.arch
+    output_dir: str = DEMO_OUTPUT,
+    ranks: int = DEMO_RANKS,
+    steps: int = 0,
+    arch: str = ModelConfig.arch,
+    downstream_epochs: int = DOWNSTREAM_EPOCHS,
 ) -> int:
     """Run every stage into `output_dir`; returns the exit code of the first stage that failed, or 0."""
     if arch not in DEMO_CONFIGS:
@@ -134,10 +137,10 @@ def run_demo(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with _log_file(out / LOG_FILENAME) as log:
-        return _run_stages(out, ranks, steps, arch, log)
+        return _run_stages(out, ranks, steps, arch, downstream_epochs, log)
 
 
-def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> int:
+def _run_stages(out: Path, ranks: int, steps: int, arch: str, downstream_epochs: int, log: IO[str]) -> int:
     from bertdist.config import load_config
     from bertdist.config.objectives import OBJECTIVES
     from bertdist.data.instances import InstanceOptions
@@ -220,7 +223,7 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, log: IO[str]) -> i
     print(f"  {model_dir}")
 
     _stage("finetune: sentence adjacency (does the second sentence follow the first?), pretrained vs random init")
-    downstream = _downstream(out, corpus, model_dir, cfg, log)
+    downstream = _downstream(out, corpus, model_dir, cfg, downstream_epochs, log)
     if isinstance(downstream, int):
         return downstream
 
@@ -234,7 +237,7 @@ FINETUNE_PREFIX = "bertdist finetune: "
 """How `bertdist finetune` starts its own lines (bertdist.finetune.runner)."""
 
 
-def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]) -> str | int:
+def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, epochs: int, log: IO[str]) -> str | int:
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
     from bertdist.finetune.corpus_tasks import sentence_adjacency
@@ -247,7 +250,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
     # Each run is a single process on a free port, whatever launcher variables this process was given.
     env = standalone_environment()
     accuracy = {}
-    for name, arguments in downstream_starts(task, model_dir, cfg).items():
+    for name, arguments in downstream_starts(task, model_dir, cfg, epochs).items():
         run_dir = task / name.replace(" ", "_")
         proc = subprocess.Popen(
             [
@@ -284,7 +287,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, log: IO[str]
     return downstream_line(cfg, accuracy["pretrained"], accuracy["random init"])
 
 
-def downstream_starts(task: Path, model_dir: Path, cfg: Any) -> dict[str, list[str]]:
+def downstream_starts(task: Path, model_dir: Path, cfg: Any, epochs: int = DOWNSTREAM_EPOCHS) -> dict[str, list[str]]:
     """The `bertdist finetune` overrides of the two starts, "pretrained" and "random init": everything but where
     the weights come from is the same, so that the difference in accuracy is pretraining's."""
     from bertdist.tracking.store import resolve_tracking_uri
@@ -294,7 +297,7 @@ def downstream_starts(task: Path, model_dir: Path, cfg: Any) -> dict[str, list[s
         f"finetune.dev_file={task / 'dev.tsv'}",
         "finetune.text_column=sentence1",
         "finetune.text_pair_column=sentence2",
-        f"finetune.epochs={DOWNSTREAM_EPOCHS}",
+        f"finetune.epochs={epochs}",
         f"finetune.lr={DOWNSTREAM_LR}",
         f"tracking.experiment_name={cfg.tracking.experiment_name}",
         # The pretraining config's dropout for both: a ModernBERT export fine-tuned at BERT's default 0.1 while its

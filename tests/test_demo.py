@@ -17,8 +17,9 @@ def test_both_starts_fine_tune_alike_but_for_their_weights(arch, tmp_path):
     cfg = load_config(DEMO_CONFIGS[arch], [f"train.output_dir={tmp_path / 'train'}"])
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({"bertdist_run_id": "abc"}))
-    starts = downstream_starts(tmp_path / "task", tmp_path / "model", cfg)
+    starts = downstream_starts(tmp_path / "task", tmp_path / "model", cfg, epochs=1)
     pretrained, random_init = (set(starts[name]) for name in ("pretrained", "random init"))
+    assert "finetune.epochs=1" in pretrained & random_init  # `bertdist demo --downstream-epochs 1`
     assert pretrained - random_init == {f"finetune.init_from={tmp_path / 'model'}"}
     assert {o.split("=")[0] for o in random_init - pretrained} == {
         "finetune.vocab_file",
@@ -28,6 +29,14 @@ def test_both_starts_fine_tune_alike_but_for_their_weights(arch, tmp_path):
     assert f"model.hidden_dropout_prob={cfg.model.hidden_dropout_prob}" in pretrained
     assert f"model.attention_dropout_prob={cfg.model.attention_dropout_prob}" in pretrained
     assert "tracking.parent_run_id=abc" in pretrained
+
+
+@pytest.mark.parametrize("flags", [["--downstream-epochs", "0"], ["--multilingual", "--downstream-epochs", "1"]])
+def test_downstream_epochs_below_one_or_with_the_multilingual_demo_are_refused(flags, capsys):
+    from bertdist.cli import main
+
+    assert main(["demo", *flags]) == 2
+    assert "--downstream-epochs" in capsys.readouterr().err
 
 
 def test_an_mlm_only_demo_says_why_sentence_adjacency_cannot_show_its_gain():

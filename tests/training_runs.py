@@ -316,17 +316,26 @@ def interrupted(
     crash_during_save: bool,
     precision: str = "fp32",
     recipe: str = "paper",
+    terminate: bool = True,
 ) -> Scenario:
-    """SIGKILL once step 4 is checkpointed; resume and SIGTERM; [crash while saving step 8;] resume to the end.
-    `crash_during_save`: the run writes its checkpoints in the background, and the crash is in that write."""
-    return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision, recipe)
+    """SIGKILL once step 4 is checkpointed; [resume and SIGTERM;] [crash while saving step 8;] resume to the end.
+    `crash_during_save`: the run writes its checkpoints in the background, and the crash is in that write.
+    `terminate`: the SIGTERM leg, one 2-rank launch more (what is checked of a recipe is its resume, not SIGTERM)."""
+    return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision, recipe, terminate)
 
 
 @functools.cache
 def _interrupted(
-    base: str, shards: str, vocab: str, zero_stage: int, crash_during_save: bool, precision: str, recipe: str
+    base: str,
+    shards: str,
+    vocab: str,
+    zero_stage: int,
+    crash_during_save: bool,
+    precision: str,
+    recipe: str,
+    terminate: bool,
 ) -> Scenario:
-    directory = _directory(base, zero_stage, precision, "interrupted", recipe)
+    directory = _directory(base, zero_stage, precision, "interrupted" if terminate else "killed", recipe)
     write = "background" if crash_during_save else "sync"
     config = write_config(directory, shards, vocab, zero_stage, precision, recipe, checkpoint_write=write)
     out = directory / "out"
@@ -336,10 +345,11 @@ def _interrupted(
     codes["killed"] = ranks.wait()
     assert latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", ranks.output(0)[-3000:]
 
-    ranks = start_ranks(config, "terminated", "--resume", "auto", python_code=TERMINATE_AFTER_RESUME)
-    codes["terminated"] = ranks.wait()
-    notes["terminated"] = ranks.output(0)
-    notes["terminated_latest"] = latest_tag(out) or ""
+    if terminate:
+        ranks = start_ranks(config, "terminated", "--resume", "auto", python_code=TERMINATE_AFTER_RESUME)
+        codes["terminated"] = ranks.wait()
+        notes["terminated"] = ranks.output(0)
+        notes["terminated_latest"] = latest_tag(out) or ""
 
     if crash_during_save:
         ranks = start_ranks(config, "crashed", "--resume", "auto", python_code=CRASH_DURING_SAVE)

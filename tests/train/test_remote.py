@@ -86,6 +86,9 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
     copy = storage.join(s3.bucket("checkpoints-copy"), "run-1")
     copy_prefix(uri, copy)  # for the 1-rank resume below, from the same point
     storage.remove(storage.join(copy, lease.LEASE_NAME))  # a copy, not a run
+    # 2 -> 1 rank, from the store (checked at the end): started now, it trains while the lease below goes stale.
+    one = store_config(base / "store-one-rank", s3_shards, tiny_vocab, copy, gpus_per_node=1)
+    one_rank = runs.start_ranks(one, "one", "--resume", "auto", world_size=1)
     # A new run with its own settings naming this URI is refused before anything is downloaded.
     other = runs.write_config(base / "store-other", s3_shards, tiny_vocab, 1)
     theirs = load_config(other, [f"checkpoint.uri={uri}", "optim.lr=0.5"])
@@ -179,13 +182,11 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
         == 0
     )
 
-    # 2 -> 1 rank, from the store: the one rank continues at step 5 and finishes.
-    one = store_config(base / "store-one-rank", s3_shards, tiny_vocab, copy, gpus_per_node=1)
-    ranks = runs.start_ranks(one, "one", "--resume", "auto", world_size=1)
-    assert ranks.wait() == [0], ranks.output(0)[-3000:]
+    # 2 -> 1 rank, from the store: the one rank continued at step 5 and finished.
+    assert one_rank.wait() == [0], one_rank.output(0)[-3000:]
     assert (
         f"resumed from {base / 'store-one-rank' / 'out' / 'checkpoints' / tag_for(runs.CHECKPOINT_EVERY)}"
-        in ranks.output(0)
+        in one_rank.output(0)
     )
     assert read_train_state(base / "store-one-rank" / "out" / "checkpoints" / final).step == runs.STEPS
     assert remote.latest_in_store(copy) == final
