@@ -336,3 +336,18 @@ def test_threads_writing_one_local_file_at_once_leave_one_whole_record(tmp_path)
     record = json.loads(Path(path).read_text())
     assert record["padding"] == "y" * (record["writer"] * 4099)
     assert not [p for p in tmp_path.iterdir() if storage.is_partial(p)]
+
+
+def test_a_task_naming_the_same_endpoint_keeps_the_processs_s3_client(s3, monkeypatch):
+    """Every prepare task calls `use_endpoint` on its Ray worker: it dropped the worker's filesystem each time, so
+    each shard paid a new S3 client (the killed-prepare test's 36-shard resume to this server: 25 s, 16 s after).
+    Another endpoint gets its own."""
+    from bertdist import object_store
+
+    url = storage.join(s3.bucket("endpoint-cache"), "x")
+    first, _ = object_store.filesystem(url)
+    object_store.use_endpoint(s3.url)
+    assert object_store.filesystem(url)[0] is first
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)  # restored after the test
+    object_store.use_endpoint("http://127.0.0.1:9")
+    assert object_store.filesystem(url)[0] is not first
