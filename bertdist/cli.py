@@ -248,7 +248,6 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--downstream-epochs",
         type=int,
-        default=DOWNSTREAM_EPOCHS,
         help=f"epochs of each sentence-adjacency fine-tuning at the end (default {DOWNSTREAM_EPOCHS}; 1 is a third "
         "of that stage's time, at a lower accuracy for both starts)",
     )
@@ -272,11 +271,11 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from bertdist.demo import run_demo
 
-    if args.ranks < 1 or args.steps < 0 or args.downstream_epochs < 1:
+    if args.ranks < 1 or args.steps < 0 or (args.downstream_epochs is not None and args.downstream_epochs < 1):
         print("bertdist demo: --ranks and --downstream-epochs must be >= 1 and --steps >= 0", file=sys.stderr)
         return USAGE_EXIT_CODE
     if args.multilingual:
-        if args.downstream_epochs != DOWNSTREAM_EPOCHS:
+        if args.downstream_epochs is not None:
             print("bertdist demo: --downstream-epochs: the multilingual demo fine-tunes nothing", file=sys.stderr)
             return USAGE_EXIT_CODE
         from bertdist.demo_multilingual import DEMO_OUTPUT as MULTILINGUAL_OUTPUT
@@ -286,7 +285,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     # Each architecture its own directory: the stages skip what exists, and ModernBERT needs MLM-only shards.
     output = args.output or (DEMO_OUTPUT if args.arch == ModelConfig.arch else f"{DEMO_OUTPUT}-{args.arch}")
     return run_demo(
-        output, ranks=args.ranks, steps=args.steps, arch=args.arch, downstream_epochs=args.downstream_epochs
+        output,
+        ranks=args.ranks,
+        steps=args.steps,
+        arch=args.arch,
+        downstream_epochs=args.downstream_epochs or DOWNSTREAM_EPOCHS,
     )
 
 

@@ -251,7 +251,10 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, epochs: int,
     env = standalone_environment()
     accuracy = {}
     for name, arguments in downstream_starts(task, model_dir, cfg, epochs).items():
-        run_dir = task / name.replace(" ", "_")
+        # Its own directory per epoch count: a fine-tuning resumes from its directory's checkpoint, and refuses one
+        # written for another number of epochs (an earlier `bertdist demo` with another --downstream-epochs).
+        slug = name.replace(" ", "_")
+        run_dir = task / (slug if epochs == DOWNSTREAM_EPOCHS else f"{slug}-{epochs}-epochs")
         proc = subprocess.Popen(
             [
                 sys.executable,

@@ -72,6 +72,8 @@ def filesystem(url: str) -> tuple[Any, str]:
         options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if protocol in ("s3", "s3a"):
             options.update(config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}})
+            if endpoint():  # bound now, not at the first request: the filesystem is cached under this endpoint
+                options.update(endpoint_url=endpoint())
         _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
     return _FILESYSTEMS[key], url.split("://", 1)[1]
 

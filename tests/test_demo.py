@@ -31,7 +31,7 @@ def test_both_starts_fine_tune_alike_but_for_their_weights(arch, tmp_path):
     assert "tracking.parent_run_id=abc" in pretrained
 
 
-@pytest.mark.parametrize("flags", [["--downstream-epochs", "0"], ["--multilingual", "--downstream-epochs", "1"]])
+@pytest.mark.parametrize("flags", [["--downstream-epochs", "0"], ["--multilingual", "--downstream-epochs", "3"]])
 def test_downstream_epochs_below_one_or_with_the_multilingual_demo_are_refused(flags, capsys):
     from bertdist.cli import main
 

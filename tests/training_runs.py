@@ -31,7 +31,13 @@ RUN_TIMEOUT_SECONDS = 240
 ENGINES = [(1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (2, "bf16")]
 """(ZeRO stage, precision) of the runs trained, resumed and exported: every engine path that runs on CPU (fp16
 needs a GPU; its loss-scaling logic is tested with injected overflows in tests/train/test_fp16.py)."""
-ENGINE_IDS = [f"zero{stage}-{precision}" for stage, precision in ENGINES]
+
+
+def engine_ids(engines: list[tuple[int, str]]) -> list[str]:
+    return [f"zero{stage}-{precision}" for stage, precision in engines]
+
+
+ENGINE_IDS = engine_ids(ENGINES)
 RECIPES = {
     "paper": {},
     # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule

@@ -198,7 +198,8 @@ def test_the_same_negatives_as_sentence_transformers(model, data, tmp_path, caps
     with both margins, where the two agree by design (range_min 0, the whole corpus in range): the same rows
     (theirs one per distinct query and positive) with negatives of the same scores in the same order (passages
     cut to the same first 64 tokens tie, and theirs orders ties as torch.topk does)."""
-    datasets = pytest.importorskip("datasets", reason="sentence-transformers' miner takes a datasets.Dataset")
+    import datasets  # sentence-transformers' miner takes a datasets.Dataset (in the test extra)
+
     sentence_transformers = pytest.importorskip("sentence_transformers")
     from sentence_transformers.util import mine_hard_negatives
 

@@ -58,7 +58,7 @@ def wait_for_published(uri: str, tag: str, ranks: runs.Ranks) -> None:
 
 
 def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
-    tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab, capsys
+    tmp_path_factory, s3, s3_shards, tiny_shards, tiny_vocab, capsys, request
 ):
     base = tmp_path_factory.getbasetemp()
     reference = runs.uninterrupted(str(base / "training"), tiny_shards, tiny_vocab, 1)
@@ -89,6 +89,7 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
     # 2 -> 1 rank, from the store (checked at the end): started now, it trains while the lease below goes stale.
     one = store_config(base / "store-one-rank", s3_shards, tiny_vocab, copy, gpus_per_node=1)
     one_rank = runs.start_ranks(one, "one", "--resume", "auto", world_size=1)
+    request.addfinalizer(one_rank.kill)  # an assertion failing before its wait must not leave it training
     # A new run with its own settings naming this URI is refused before anything is downloaded.
     other = runs.write_config(base / "store-other", s3_shards, tiny_vocab, 1)
     theirs = load_config(other, [f"checkpoint.uri={uri}", "optim.lr=0.5"])

@@ -1,6 +1,6 @@
 """End-to-end training with 2 real DeepSpeed ranks on CPU: exact resume after SIGKILL and SIGTERM for
-ZeRO 2 and 3 in fp32 and ZeRO 2 in bf16 (ZeRO 1 resumes bit-identically after a damaged checkpoint, a stopped rank
-and a full disk below), falling loss, the learning-rate curve, and clear failures on
+ZeRO 2 and 3 in fp32 and ZeRO 2 in bf16 (ZeRO 1 in fp32 resumes bit-identically after a damaged checkpoint, a
+stopped rank and a full disk below), falling loss, the learning-rate curve, and clear failures on
 bad configs and shards."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ since bertdist accumulates gradients in the model's dtype and so never gets Deep
 gradient partitioning, and the two resumes cost 35 s of every CI run."""
 
 
-@pytest.mark.parametrize("zero_stage, precision", RESUMED_ENGINES, ids=[f"zero{s}-{p}" for s, p in RESUMED_ENGINES])
+@pytest.mark.parametrize("zero_stage, precision", RESUMED_ENGINES, ids=runs.engine_ids(RESUMED_ENGINES))
 def test_resume_after_sigkill_and_sigterm_is_bit_identical(base, tiny_shards, tiny_vocab, zero_stage, precision):
     reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, zero_stage, precision)
     crash = zero_stage == 2 and precision == "fp32"
