@@ -290,7 +290,7 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, epochs: int,
     return downstream_line(cfg, accuracy["pretrained"], accuracy["random init"])
 
 
-def downstream_starts(task: Path, model_dir: Path, cfg: Any, epochs: int = DOWNSTREAM_EPOCHS) -> dict[str, list[str]]:
+def downstream_starts(task: Path, model_dir: Path, cfg: Any, epochs: int) -> dict[str, list[str]]:
     """The `bertdist finetune` overrides of the two starts, "pretrained" and "random init": everything but where
     the weights come from is the same, so that the difference in accuracy is pretraining's."""
     from bertdist.tracking.store import resolve_tracking_uri

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from bertdist.errors import REQUEUE_EXIT_CODE
+from bertdist.train.checkpoint import read_train_state
 from bertdist.train.distributed import free_tcp_port
 from tests.conftest import REPO, TEST_SEQ_LENGTH, tiny_model_config
 
@@ -328,6 +330,14 @@ def interrupted(
     `crash_during_save`: the run writes its checkpoints in the background, and the crash is in that write.
     `terminate`: the SIGTERM leg, one 2-rank launch more (what is checked of a recipe is its resume, not SIGTERM)."""
     return _interrupted(base, shards, vocab, zero_stage, crash_during_save, precision, recipe, terminate)
+
+
+def assert_terminated_with_a_checkpoint(scenario: Scenario) -> None:
+    """`interrupted`'s SIGTERM leg: every rank finished its step, saved a checkpoint after the first and before the
+    last, and asked to be requeued."""
+    assert scenario.exit_codes["terminated"] == [REQUEUE_EXIT_CODE] * 2, scenario.notes["terminated"][-3000:]
+    stopped_at = read_train_state(scenario.out / "checkpoints" / scenario.notes["terminated_latest"]).step
+    assert CHECKPOINT_EVERY < stopped_at < STEPS
 
 
 @functools.cache

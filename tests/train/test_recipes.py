@@ -16,8 +16,6 @@ import pytest
 import torch
 
 from bertdist.cli import main
-from bertdist.errors import REQUEUE_EXIT_CODE
-from bertdist.train.checkpoint import read_train_state
 from bertdist.train.consolidate import consolidated_state_dict
 from tests import training_runs as runs
 
@@ -48,9 +46,7 @@ def resumed_bit_identically(
 def test_fast_recipe_resumes_bit_identically(base, mlm_shards, tiny_vocab):
     # The one ZeRO-0 (LAMB) run: SIGTERM's save is ZeRO-0's too, and the final run resumes from it.
     reference, resumed, want = resumed_bit_identically(base, mlm_shards, tiny_vocab, 0, "fast", terminate=True)
-    assert resumed.exit_codes["terminated"] == [REQUEUE_EXIT_CODE] * 2, resumed.notes["terminated"][-3000:]
-    stopped_at = read_train_state(resumed.out / "checkpoints" / resumed.notes["terminated_latest"]).step
-    assert runs.CHECKPOINT_EVERY < stopped_at < runs.STEPS
+    runs.assert_terminated_with_a_checkpoint(resumed)
     assert not any(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in want)
     expected, logged = runs.read_metrics(reference.out), runs.read_metrics(resumed.out)
     assert sorted(logged) == list(range(1, runs.STEPS + 1))

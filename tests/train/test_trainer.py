@@ -46,10 +46,7 @@ def test_resume_after_sigkill_and_sigterm_is_bit_identical(base, tiny_shards, ti
     resumed = runs.interrupted(base, tiny_shards, tiny_vocab, zero_stage, crash_during_save=crash, precision=precision)
     assert reference.exit_codes["run"] == [0, 0], reference.notes["run"][-3000:]
 
-    # SIGTERM: every rank finished the step, saved, and asked to be requeued.
-    assert resumed.exit_codes["terminated"] == [REQUEUE_EXIT_CODE] * 2, resumed.notes["terminated"][-3000:]
-    stopped_at = read_train_state(resumed.out / "checkpoints" / resumed.notes["terminated_latest"]).step
-    assert runs.CHECKPOINT_EVERY < stopped_at < runs.STEPS
+    runs.assert_terminated_with_a_checkpoint(resumed)
     assert resumed.exit_codes["final"] == [0, 0], resumed.notes["final"][-3000:]
 
     final = f"step_{runs.STEPS:08d}"
@@ -235,8 +232,6 @@ def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continu
     then ends with the weights of a run that was never stopped."""
     import signal
     import time
-
-    from bertdist.errors import REQUEUE_EXIT_CODE
 
     stall_timeout_s = 8
     reference = runs.uninterrupted(base, tiny_shards, tiny_vocab, 1)
