@@ -200,8 +200,14 @@ class Ranks:
     logs: list[Path]
 
     def wait(self) -> list[int]:
+        """Each rank's exit code; past the timeout, a failure showing what every rank printed last (a hang's
+        cause is in some rank's log, and the logs live in a temporary directory CI does not keep)."""
+        deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
         try:
-            return [p.wait(timeout=RUN_TIMEOUT_SECONDS) for p in self.procs]
+            return [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in self.procs]
+        except subprocess.TimeoutExpired:
+            tails = "\n".join(f"--- rank {rank}:\n{self.output(rank)[-1500:]}" for rank in range(len(self.logs)))
+            raise AssertionError(f"the ranks did not end within {RUN_TIMEOUT_SECONDS} s\n{tails}") from None
         finally:
             self.kill()
 

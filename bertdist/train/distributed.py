@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import random
 import re
 import shutil
 import socket
@@ -409,11 +410,40 @@ def lost_peer(error: BaseException) -> bool:
     )
 
 
-def free_tcp_port(host: str = "127.0.0.1") -> int:
-    """A port that nothing listens on right now, for a single-machine rendezvous (demo, tests)."""
-    with socket.socket() as s:
+LOWEST_CHOSEN_PORT = 20000
+"""Below it sit the well-known services and Ray's worker ports (10002-19999 by default)."""
+
+
+def free_tcp_port(host: str = "127.0.0.1", attempts: int = 100) -> int:
+    """A port that nothing listens on right now, for a single-machine rendezvous (demo, tests).
+
+    Chosen at random below the kernel's ephemeral range, not by binding port 0: a port from that range
+    is free only until some other process opens a connection, and every S3 client, gloo pair and Ray
+    worker on the machine opens them. Between that choice and rank 0's bind a connection took the port
+    (a CI run: rank 0 refused with EADDRINUSE and rank 1 waited out its rendezvous timeout). Nothing
+    takes a port outside the range unless it names it.
+    """
+    below = range(LOWEST_CHOSEN_PORT, _first_ephemeral_port())
+    for port in random.sample(below, min(len(below), attempts)):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range (a tuned kernel), or every try was taken
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _first_ephemeral_port() -> int:
+    """The low end of the range the kernel hands out to connections and to binds of port 0 (Linux; the
+    IANA range's start, 49152, elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def destroy_process_group() -> None:

@@ -97,6 +97,18 @@ def test_a_process_group_leaves_no_launcher_variables_behind(monkeypatch):
     assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ and os.environ["MASTER_PORT"] == "12345"
 
 
+def test_a_chosen_port_is_outside_the_range_connections_take_theirs_from(monkeypatch):
+    """A port from the ephemeral range can be taken by any outgoing connection before rank 0 binds it (a CI
+    run lost its rendezvous that way); one below the range cannot. With no room below, port 0's choice."""
+    from bertdist.train import distributed
+
+    low = distributed._first_ephemeral_port()
+    ports = {distributed.free_tcp_port() for _ in range(20)}
+    assert all(distributed.LOWEST_CHOSEN_PORT <= p < low for p in ports) and len(ports) > 1, ports
+    monkeypatch.setattr(distributed, "_first_ephemeral_port", lambda: distributed.LOWEST_CHOSEN_PORT)
+    assert distributed.free_tcp_port() >= low
+
+
 def _listening_addresses(port: int) -> list[str]:
     """Local addresses (hex, as /proc/net/tcp{,6} write them) of the sockets listening on `port`."""
     found = []
