@@ -29,6 +29,9 @@ class UnsafeCheckpointError(UserError, RuntimeError):
 
 def allowed_globals() -> list[Any]:
     """The non-tensor classes found in DeepSpeed 0.19's files for ZeRO 0-3 in fp32, bf16 and fp16."""
+    from bertdist.train.deepspeed_package import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

@@ -11,6 +11,7 @@ from typing import Any
 from bertdist import chatter
 from bertdist.safe_load import weights_only_loading
 from bertdist.train.checkpoint import damage_is_a_checkpoint_error, read_train_state
+from bertdist.train.deepspeed_package import import_deepspeed
 from bertdist.train.train_state import CheckpointError
 
 
@@ -32,6 +33,7 @@ def consolidated_state_dict(checkpoint_dir: str | os.PathLike) -> dict[str, Any]
                 raise CheckpointError(f"{checkpoint_dir}: missing {model_states.name}")
             module = torch.load(model_states, map_location="cpu", weights_only=True)["module"]
             return {k: v.float() if v.is_floating_point() else v for k, v in module.items()}
+        import_deepspeed()
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
         )

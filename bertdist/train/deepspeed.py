@@ -17,6 +17,7 @@ from bertdist import chatter
 from bertdist.config import Config, ConfigError, PhaseConfig, TrainConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
 from bertdist.model import attention, compiled
+from bertdist.train.deepspeed_package import import_deepspeed
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -100,8 +101,7 @@ def initialize(
         # Before the engine: its hooks then wrap the compiled layers as they wrap eager ones.
         compiled.compile_model(model, model.config.arch)
     with chatter.quiet():  # its CPU backend prints "DeepSpeed ... built successfully"
-        import deepspeed
-
+        deepspeed = import_deepspeed()
         if ds_config["zero_optimization"]["stage"] == 3:
             # A pretraining model's MLM decoder uses the embedding matrix inside another module's forward than its
             # owner's. Fine-tuning heads have no such sharing.

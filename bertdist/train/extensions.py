@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from bertdist.errors import UserError
+from bertdist.train.deepspeed_package import import_deepspeed
 
 BUILD_TIMEOUT_S = 900.0
 """How long a build may hold its lock: ten times the CPU op's build on 2 busy cores. Past it, a build on this
@@ -105,6 +106,7 @@ def own_ninja_first() -> None:
 def build() -> None:
     """Build (or find up to date) the op DeepSpeed's CPU accelerator uses for collectives, where runs will look."""
     prepare()
+    import_deepspeed()
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()

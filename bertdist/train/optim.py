@@ -12,6 +12,7 @@ import warnings
 from typing import Any, Iterable
 
 from bertdist.config import Config, OptimConfig
+from bertdist.train.deepspeed_package import import_deepspeed
 
 
 def learning_rate(
@@ -103,6 +104,7 @@ def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
         return Lamb(groups, **kwargs)
     if optim.fused != "off" and device_type == "cuda":
         try:
+            import_deepspeed()
             from deepspeed.ops.adam import FusedAdam
 
             from bertdist.train.extensions import plain_arch_list

@@ -29,6 +29,8 @@ import io
 import shutil
 from pathlib import Path
 
+from bertdist.train.deepspeed_package import import_deepspeed
+
 UNIVERSAL_DIRNAME = "universal"
 
 
@@ -48,6 +50,7 @@ def universal_copy(checkpoint_dir: Path) -> Path:
     in this process (one extract and one merge worker) so that the weights-only loading applies to it.
     Its own chatter goes to a buffer that is shown only if it fails.
     """
+    import_deepspeed()
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     target = universal_path(checkpoint_dir)
