@@ -62,6 +62,7 @@ from bertdist.config import load_config
 from bertdist.finetune import corpus_tasks, runner
 from bertdist.finetune.contrastive import retrieval_metrics
 from bertdist.finetune.runner import Finetuning, finetune
+from bertdist.train.deepspeed_package import import_deepspeed
 from bertdist.train.distributed import free_tcp_port
 
 SIDES = ("bertdist", "st")
@@ -368,7 +369,7 @@ def main() -> None:
     threads = args.threads or use_all_cores()
     torch.set_num_threads(threads)
     clock = step_clock(torch.device("cpu"), threads, args.cpu_time)
-    import deepspeed  # noqa: F401  imports are not either side's training time
+    import_deepspeed()  # imports are not either side's training time
     import sentence_transformers  # noqa: F401
 
     try:

@@ -123,9 +123,11 @@ def run_tests(prepared: str | None, clock: CallClock) -> dict:
 def check_fused_adam() -> dict:
     start = time.perf_counter()
     try:
-        from deepspeed.ops.adam import FusedAdam
-
+        from bertdist.train.deepspeed_package import import_deepspeed
         from bertdist.train.extensions import prepare
+
+        import_deepspeed()
+        from deepspeed.ops.adam import FusedAdam
 
         prepare()  # as a run does: where ops are built, and an arch list DeepSpeed can read
         weight = torch.nn.Parameter(torch.randn(1024, device="cuda"))

@@ -206,8 +206,7 @@ class Ranks:
         try:
             return [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in self.procs]
         except subprocess.TimeoutExpired:
-            tails = "\n".join(f"--- rank {rank}:\n{self.output(rank)[-1500:]}" for rank in range(len(self.logs)))
-            raise AssertionError(f"the ranks did not end within {RUN_TIMEOUT_SECONDS} s\n{tails}") from None
+            raise AssertionError(f"the ranks did not end within {RUN_TIMEOUT_SECONDS} s\n{self.tails()}") from None
         finally:
             self.kill()
 
@@ -223,16 +222,19 @@ class Ranks:
                 p.send_signal(signum)
 
     def output(self, rank: int = 0) -> str:
-        return self.logs[rank].read_text()
+        return self.logs[rank].read_text(errors="replace")
+
+    def tails(self) -> str:
+        return "\n".join(f"--- rank {rank}:\n{self.output(rank)[-1500:]}" for rank in range(len(self.logs)))
 
     def wait_for(self, predicate, what: str) -> None:
         deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
         while not predicate():
             if any(p.poll() is not None for p in self.procs):
-                raise AssertionError(f"a rank exited while waiting for {what}:\n{self.output(0)[-3000:]}")
+                raise AssertionError(f"a rank exited while waiting for {what}:\n{self.tails()}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise AssertionError(f"timed out waiting for {what}")
+                raise AssertionError(f"timed out waiting for {what}\n{self.tails()}")
             time.sleep(0.1)
 
 

@@ -2,10 +2,11 @@
 
 `import deepspeed`, or of any of its modules, runs its autotuner's module, which imports MLflow when it is
 installed (it is: bertdist tracks with it) only to log autotuning experiments, a DeepSpeed feature bertdist never
-starts. MLflow and what it pulls in (pandas, FastAPI, its GenAI judges) take ~3 of the ~7 s the import costs on
-this project's CPUs, on every rank of every run and in every process that reads a checkpoint, whether the run
-tracks or not (only rank 0 ever does). Every import of DeepSpeed in bertdist goes through `import_deepspeed`
-first (tests/train/test_deepspeed_package.py checks that statically); later imports of MLflow work as usual.
+starts. MLflow and what it pulls in (pandas, FastAPI, its GenAI judges) are about 40% of that import on this
+project's CPUs, and about 80% of what it adds to a process that has torch already: on every rank of every run and
+in every process that reads a checkpoint, whether the run tracks or not (only rank 0 ever does). Every import of
+DeepSpeed in bertdist and its benchmarks comes right after a call of `import_deepspeed`
+(tests/train/test_deepspeed_package.py checks that statically); later imports of MLflow work as usual.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ def import_deepspeed() -> ModuleType:
 
     A name mapped to None in sys.modules makes `import` raise ImportError, which the autotuner catches (it then
     logs nothing to MLflow). The mapping is removed again at once. An MLflow this process already imported is
-    left alone: hiding it would change nothing, and a thread using it must not see it vanish.
+    left alone: hiding it would change nothing, and a thread using it must not see it vanish. Call it before
+    starting a thread that may import MLflow for the first time: during these seconds that thread would find
+    none (the tracker imports it on the main thread before its threads start).
     """
     if "deepspeed" in sys.modules:
-        return sys.modules["deepspeed"]
+        import deepspeed  # raises as Python would if an earlier import left it unimportable
+
+        return deepspeed
     hidden = "mlflow" not in sys.modules
     if hidden:
         sys.modules["mlflow"] = None  # type: ignore[assignment]

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 PACKAGE = REPO / "bertdist"
@@ -47,50 +49,86 @@ def test_an_mlflow_already_imported_is_left_in_place():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def _runtime_imports_of_deepspeed(tree: ast.Module) -> list[tuple[ast.AST, list[ast.AST]]]:
-    """(import node, its enclosing function bodies' statements, innermost first) for each import of deepspeed
-    that is not under `if TYPE_CHECKING:`."""
+def _imports_deepspeed(statement: ast.stmt) -> bool:
+    """An import statement naming deepspeed, or a simple statement calling importlib.import_module or
+    __import__ with a name of it."""
+    if isinstance(statement, ast.Import):
+        return any(a.name.split(".")[0] == "deepspeed" for a in statement.names)
+    if isinstance(statement, ast.ImportFrom):
+        return (statement.module or "").split(".")[0] == "deepspeed"
+    if isinstance(statement, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)):
+        return any(
+            isinstance(n, ast.Call)
+            and getattr(n.func, "id", getattr(n.func, "attr", None)) in ("import_module", "__import__")
+            and n.args
+            and isinstance(n.args[0], ast.Constant)
+            and str(n.args[0].value).split(".")[0] == "deepspeed"
+            for n in ast.walk(statement)
+        )
+    return False
+
+
+def _calls_import_deepspeed(statement: ast.stmt) -> bool:
+    value = statement.value if isinstance(statement, (ast.Expr, ast.Assign)) else None
+    return isinstance(value, ast.Call) and getattr(value.func, "id", None) == "import_deepspeed"
+
+
+def _unguarded_imports(tree: ast.Module) -> list[int]:
+    """Lines of the imports of deepspeed not directly preceded, in their block, by `import_deepspeed()` (or by an
+    import of deepspeed that is); the body of `if TYPE_CHECKING:` imports nothing at run time."""
     found = []
 
-    def visit(node: ast.AST, enclosing: list[ast.AST]) -> None:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            return
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            if any(n == "deepspeed" or n.startswith("deepspeed.") for n in names):
-                found.append((node, enclosing))
-        inner = [*enclosing, node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else enclosing
-        for child in ast.iter_child_nodes(node):
-            visit(child, inner)
+    def block(statements: list[ast.stmt]) -> None:
+        guarded = False
+        for statement in statements:
+            if _imports_deepspeed(statement):
+                if not guarded:
+                    found.append(statement.lineno)
+                guarded = True
+                continue
+            guarded = _calls_import_deepspeed(statement)
+            type_checking = isinstance(statement, ast.If) and getattr(statement.test, "id", None) == "TYPE_CHECKING"
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                if field == "body" and type_checking:
+                    continue
+                inner = getattr(statement, field, None) or []
+                for item in inner:
+                    if isinstance(item, ast.ExceptHandler):
+                        block(item.body)
+                if inner and isinstance(inner[0], ast.stmt):
+                    block(inner)
 
-    visit(tree, [])
+    block(tree.body)
     return found
 
 
-def _calls_import_deepspeed_before(function: ast.AST, line: int) -> bool:
-    return any(
-        isinstance(n, ast.Call)
-        and getattr(n.func, "id", getattr(n.func, "attr", None)) == "import_deepspeed"
-        and n.lineno < line
-        for n in ast.walk(function)
-    )
-
-
-def test_every_import_of_deepspeed_in_the_package_goes_through_import_deepspeed_first():
-    """A new `from deepspeed... import` placed before any call of import_deepspeed brings MLflow back into every
-    rank; this names it. The helper's own module is the one place allowed a plain import."""
-    unguarded = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "deepspeed_package.py":
-            continue
-        for node, functions in _runtime_imports_of_deepspeed(ast.parse(path.read_text())):
-            if not functions or not _calls_import_deepspeed_before(functions[-1], node.lineno):
-                unguarded.append(f"{path.relative_to(REPO)}:{node.lineno}")
+def test_every_import_of_deepspeed_comes_right_after_import_deepspeed():
+    """A new `from deepspeed... import` not preceded by the helper brings MLflow back into every rank; this
+    names it. The helper's own module is the one place allowed a plain import."""
+    sources = [p for root in ("bertdist", "benchmarks") for p in sorted((REPO / root).rglob("*.py"))]
+    unguarded = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sources
+        if path.name != "deepspeed_package.py"
+        for line in _unguarded_imports(ast.parse(path.read_text()))
+    ]
     assert not unguarded, unguarded
-    assert _runtime_imports_of_deepspeed(ast.parse((PACKAGE / "train" / "extensions.py").read_text()))  # it sees them
 
 
-def test_the_guard_names_an_import_that_comes_first():
-    tree = ast.parse("def f():\n    from deepspeed.ops.adam import FusedAdam\n    import_deepspeed()\n")
-    [(node, functions)] = _runtime_imports_of_deepspeed(tree)
-    assert not _calls_import_deepspeed_before(functions[-1], node.lineno)
+@pytest.mark.parametrize(
+    "source, unguarded",
+    [
+        ("def f():\n    import_deepspeed()\n    from deepspeed.ops import adam\n    import deepspeed.comm\n", []),
+        ("def f():\n    from deepspeed.ops.adam import FusedAdam\n    import_deepspeed()\n", [2]),
+        ("def f():\n    if x:\n        import_deepspeed()\n    from deepspeed import comm\n", [4]),
+        ("def f():\n    import_deepspeed()\n    y = 1\n    import deepspeed\n", [4]),
+        ("def f():\n    m = importlib.import_module('deepspeed.ops')\n", [2]),
+        ("if TYPE_CHECKING:\n    import deepspeed\nelse:\n    import deepspeed\n", [4]),
+        (
+            "class A:\n  def f(self):\n    try:\n      pass\n    except E:\n      import deepspeed",
+            [6],
+        ),
+    ],
+)
+def test_the_guard_names_each_import_the_helper_does_not_directly_precede(source, unguarded):
+    assert _unguarded_imports(ast.parse(source)) == unguarded
