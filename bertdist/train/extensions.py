@@ -115,11 +115,17 @@ def build() -> None:
 def installation_directory() -> Path | None:
     """`var/torch_extensions` in the environment whose site-packages holds DeepSpeed (the ops are built from its
     sources, so whoever borrows that DeepSpeed borrows its builds too); where that environment is read-only,
-    one folder per DeepSpeed installation in the user's cache. None when DeepSpeed is not installed."""
+    one folder per DeepSpeed installation in the user's cache. None when DeepSpeed is not installed.
+
+    The site-packages is the one this process finds DeepSpeed in, its link to another environment's DeepSpeed not
+    followed: the build commands name the sources and torch's headers by the paths this process imports them
+    from, and ninja rebuilds an op whose commands changed. An environment of links (the GPU check's CPU smoke
+    makes one) that shared the linked environment's directory rebuilt the op there, ~30 s, and the next run of
+    that environment rebuilt it back."""
     spec = importlib.util.find_spec("deepspeed")
     if spec is None or not spec.submodule_search_locations:
         return None
-    site = Path(spec.submodule_search_locations[0]).resolve().parent
+    site = Path(os.path.abspath(spec.submodule_search_locations[0])).parent.resolve()
     prefix = next(
         (p for p in site.parents if Path(sysconfig.get_path("purelib", vars={"base": str(p)})).resolve() == site), None
     )

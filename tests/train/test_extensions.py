@@ -43,6 +43,30 @@ def test_the_ops_are_built_in_the_environment_that_holds_deepspeed(monkeypatch):
     assert extensions.prepare() == expected and os.environ["TORCH_EXTENSIONS_DIR"] == str(expected)
 
 
+def test_an_environment_linking_to_this_ones_deepspeed_builds_in_its_own(tmp_path):
+    """Its build commands name the linked paths, so sharing this environment's directory made each side rebuild
+    the op the other had built (the GPU check's smoke does this: benchmarks/gpu_machine.py)."""
+    import venv
+
+    import deepspeed
+
+    linked = tmp_path / "env"
+    venv.create(linked, with_pip=False, symlinks=True)
+    site = linked / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "deepspeed").symlink_to(Path(deepspeed.__file__).parent)
+    code = "from bertdist.train import extensions; print(extensions.installation_directory())"
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    done = subprocess.run(
+        [str(linked / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(Path(extensions.__file__).parents[2])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.strip()) == linked.resolve() / "var" / "torch_extensions"
+
+
 def test_a_directory_the_user_chose_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert extensions.prepare() == tmp_path and os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path)
