@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import sys
 import sysconfig
 import time
@@ -68,13 +70,13 @@ def prepare(say: Callable[[str], None] | None = None) -> Path | None:
     and a timeout. Returns the directory; None without DeepSpeed."""
     say = say or _stderr
     plain_arch_list()
-    own_ninja_first()
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         directory = installation_directory()
         if directory is None:
             return None
         os.environ["TORCH_EXTENSIONS_DIR"] = str(directory)
     root = Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    packaged_ninja_first(root)
     for lock in sorted(root.glob("*/lock")):
         clear_lock(lock, say)
     return root
@@ -92,15 +94,47 @@ def plain_arch_list() -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(dict.fromkeys(entries))
 
 
-def own_ninja_first() -> None:
-    """Put this environment's scripts directory first on PATH when it holds a `ninja` (pip's, which DeepSpeed
-    requires), so that every build finds the same one. torch's builder runs the first `ninja` on PATH: the install
-    (PATH without the virtual environment) built with the system's 1.11, a run started from `.venv/bin` found
-    pip's 1.13, whose newer build log made it rebuild the op from scratch, ~3 minutes in silence on 2 cores."""
-    scripts = sysconfig.get_path("scripts")
-    path = os.environ.get("PATH", "").split(os.pathsep)
-    if scripts and os.access(os.path.join(scripts, "ninja"), os.X_OK) and path[:1] != [scripts]:
-        os.environ["PATH"] = os.pathsep.join([scripts, *(p for p in path if p != scripts)])
+def packaged_ninja_first(root: Path) -> None:
+    """Make `ninja` on PATH the binary of the `ninja` package this process imports (pip's, which DeepSpeed
+    requires), so that every process building into `root` runs the same one. torch's builder runs the first
+    `ninja` on PATH, and a ninja that reads a build log another version wrote rebuilds the op from scratch: the
+    install (PATH without the virtual environment) built with the system's 1.11 and a run started from .venv/bin
+    with pip's 1.13 (~3 minutes, silently); a wheel's environment borrowing the suite's packages ran the system's
+    while the suite's own runs ran pip's, each rebuilding the other's build (~30 s a time). Where PATH finds
+    another, a folder under `root` holding only a link to it goes first, not the package's whole scripts folder,
+    whose python and pip would shadow those of the environment this process runs in."""
+    packaged = _packaged_ninja()
+    found = shutil.which("ninja")
+    if packaged is None or (found and os.path.realpath(found) == packaged):
+        return
+    links = root / ".ninja"
+    try:
+        links.mkdir(parents=True, exist_ok=True)
+        link = links / "ninja"
+        if not (link.is_symlink() and os.readlink(link) == packaged):
+            made = links / f"ninja.{os.getpid()}"  # then renamed over the link: ranks may do this at once
+            made.unlink(missing_ok=True)
+            made.symlink_to(packaged)
+            os.replace(made, link)
+    except OSError:
+        return  # a directory the user chose and cannot write: the builds run the ninja PATH finds
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != str(links)]
+    os.environ["PATH"] = os.pathsep.join([str(links), *path])
+
+
+def _packaged_ninja() -> str | None:
+    """The binary the `ninja` distribution installed, found from its record: the package's own BIN_DIR looks in
+    the running interpreter's scripts folder, where an environment borrowing the package (a .pth entry) has none."""
+    try:
+        record = importlib.metadata.distribution("ninja").files or ()
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in record:
+        if file.name == "ninja" and file.parent.name == "bin":
+            binary = os.path.realpath(file.locate())
+            if os.access(binary, os.X_OK):
+                return binary
+    return None
 
 
 def build() -> None:

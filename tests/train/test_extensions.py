@@ -162,17 +162,37 @@ def test_the_arch_list_deepspeed_builds_from_has_no_architecture_suffix(monkeypa
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == want
 
 
-def test_every_build_finds_the_environments_own_ninja_first(monkeypatch):
+def test_every_build_finds_the_packaged_ninja_first(tmp_path, monkeypatch):
     """The install built with the system's ninja (PATH without the virtual environment) and a run started from
-    .venv/bin with pip's: its newer build log made torch rebuild the op (~3 minutes, silently). prepare() puts the
-    environment's scripts directory, which holds pip's ninja, first."""
+    .venv/bin with pip's: its newer build log made torch rebuild the op (~3 minutes, silently); the wheel's
+    environment, which borrows the suite's packages, did the same to the suite's runs. prepare() puts a folder
+    holding only a link to the ninja package's binary first, once, and not the scripts folder around it."""
     import shutil
-    import sysconfig
 
-    scripts = sysconfig.get_path("scripts")
-    if not os.access(os.path.join(scripts, "ninja"), os.X_OK):
-        pytest.skip("this environment has no ninja of its own")
-    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", scripts]))
+    packaged = extensions._packaged_ninja()
+    if packaged is None:
+        pytest.skip("no ninja distribution installed")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
     extensions.prepare()
-    assert shutil.which("ninja") == os.path.join(scripts, "ninja")
-    assert os.environ["PATH"].split(os.pathsep).count(scripts) == 1
+    extensions.prepare()
+    found = shutil.which("ninja")
+    assert os.path.realpath(found) == packaged and Path(found).parent == tmp_path / ".ninja"
+    assert os.environ["PATH"].split(os.pathsep) == [str(tmp_path / ".ninja"), "/usr/bin", "/bin"]
+    assert os.listdir(tmp_path / ".ninja") == ["ninja"]
+
+
+def test_an_environment_borrowing_the_packages_finds_their_ninja(tmp_path):
+    """The wheel's environment of the suite reaches this one's packages through a .pth entry: the ninja package's
+    own BIN_DIR is empty there (it looks beside the running interpreter), and that build ran the system's ninja."""
+    import venv
+
+    borrowing = tmp_path / "env"
+    venv.create(borrowing, with_pip=False, symlinks=True)
+    site = borrowing / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    ours = [p for p in sys.path if p.endswith("site-packages")] + [str(Path(extensions.__file__).parents[2])]
+    (site / "borrowed.pth").write_text("\n".join(ours) + "\n")
+    code = "from bertdist.train import extensions; print(extensions._packaged_ninja())"
+    done = subprocess.run([str(borrowing / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(extensions._packaged_ninja()) != "None"
