@@ -8,7 +8,8 @@ each other's op on each switch (~90 s: the sources are at another path), and a b
 is installed in (where it cannot write: a folder of that installation's own in the user's cache) unless
 TORCH_EXTENSIONS_DIR is set, and clears or waits out every lock there before DeepSpeed meets it.
 
-One `ninja` builds them all: the environment's own, put first on PATH (two versions rebuild each other's work).
+One `ninja` builds them all: the `ninja` distribution's, linked from `<root>/.ninja` first on PATH (two versions
+rebuild each other's work).
 What is left to torch: deciding what to build and when, and ranks racing for a lock after `prepare()`; if the
 rank that won dies mid-build, its launcher stops the ranks that wait on it. Built at install time by
 `python -m bertdist.train.extensions` (scripts/install.sh, on a machine without CUDA), so that no run or test
@@ -25,6 +26,7 @@ import importlib.util
 import os
 import re
 import shutil
+import socket
 import sys
 import sysconfig
 import time
@@ -112,26 +114,34 @@ def packaged_ninja_first(root: Path) -> None:
         links.mkdir(parents=True, exist_ok=True)
         link = links / "ninja"
         if not (link.is_symlink() and os.readlink(link) == packaged):
-            made = links / f"ninja.{os.getpid()}"  # then renamed over the link: ranks may do this at once
+            # Made aside, then renamed over the link: the ranks of a node, or of nodes sharing the folder, may
+            # do this at once.
+            made = links / f"ninja.{socket.gethostname()}.{os.getpid()}"
             made.unlink(missing_ok=True)
             made.symlink_to(packaged)
             os.replace(made, link)
     except OSError:
         return  # a directory the user chose and cannot write: the builds run the ninja PATH finds
-    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != str(links)]
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != str(links)]
     os.environ["PATH"] = os.pathsep.join([str(links), *path])
 
 
 def _packaged_ninja() -> str | None:
     """The binary the `ninja` distribution installed, found from its record: the package's own BIN_DIR looks in
-    the running interpreter's scripts folder, where an environment borrowing the package (a .pth entry) has none."""
+    the running interpreter's scripts folder, where an environment borrowing the package (a .pth entry) has none.
+    The record's paths are relative to the site-packages that really holds the distribution, which is not the one
+    an environment of links (the GPU check's smoke) finds its link to the record in."""
     try:
-        record = importlib.metadata.distribution("ninja").files or ()
+        files = importlib.metadata.distribution("ninja").files or ()
     except importlib.metadata.PackageNotFoundError:
         return None
-    for file in record:
+    record = next((f for f in files if f.name == "RECORD"), None)
+    if record is None:
+        return None
+    site = Path(os.path.realpath(record.locate())).parent.parent
+    for file in files:
         if file.name == "ninja" and file.parent.name == "bin":
-            binary = os.path.realpath(file.locate())
+            binary = os.path.realpath(site / file)
             if os.access(binary, os.X_OK):
                 return binary
     return None

@@ -162,37 +162,82 @@ def test_the_arch_list_deepspeed_builds_from_has_no_architecture_suffix(monkeypa
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == want
 
 
-def test_every_build_finds_the_packaged_ninja_first(tmp_path, monkeypatch):
+@pytest.fixture
+def packaged() -> str:
+    binary = extensions._packaged_ninja()
+    if binary is None:
+        pytest.skip("no ninja distribution installed")
+    return binary
+
+
+def test_every_build_finds_the_packaged_ninja_first(tmp_path, monkeypatch, packaged):
     """The install built with the system's ninja (PATH without the virtual environment) and a run started from
     .venv/bin with pip's: its newer build log made torch rebuild the op (~3 minutes, silently); the wheel's
     environment, which borrows the suite's packages, did the same to the suite's runs. prepare() puts a folder
-    holding only a link to the ninja package's binary first, once, and not the scripts folder around it."""
+    holding only a link to the ninja distribution's binary first, once; a link left to another binary is
+    replaced."""
     import shutil
 
-    packaged = extensions._packaged_ninja()
-    if packaged is None:
-        pytest.skip("no ninja distribution installed")
+    links = tmp_path / ".ninja"
+    links.mkdir()
+    (links / "ninja").symlink_to("/nonexistent/ninja")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
-    extensions.prepare()
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", str(links), "/bin", ""]))
     extensions.prepare()
     found = shutil.which("ninja")
-    assert os.path.realpath(found) == packaged and Path(found).parent == tmp_path / ".ninja"
-    assert os.environ["PATH"].split(os.pathsep) == [str(tmp_path / ".ninja"), "/usr/bin", "/bin"]
-    assert os.listdir(tmp_path / ".ninja") == ["ninja"]
+    assert os.path.realpath(found) == packaged and Path(found).parent == links
+    assert os.environ["PATH"].split(os.pathsep) == [str(links), "/usr/bin", "/bin"]
+    assert os.listdir(links) == ["ninja"]
 
 
-def test_an_environment_borrowing_the_packages_finds_their_ninja(tmp_path):
-    """The wheel's environment of the suite reaches this one's packages through a .pth entry: the ninja package's
-    own BIN_DIR is empty there (it looks beside the running interpreter), and that build ran the system's ninja."""
+def test_a_folder_it_cannot_write_leaves_path_as_it_was(tmp_path, monkeypatch, packaged):
+    monkeypatch.setattr(extensions.shutil, "which", lambda name: None)  # whatever this machine has on PATH
+    monkeypatch.setenv("PATH", "/usr/bin")
+    monkeypatch.setattr(Path, "mkdir", lambda self, **kwargs: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    extensions.packaged_ninja_first(tmp_path / "read-only")
+    assert os.environ["PATH"] == "/usr/bin"
+
+
+def _environment(tmp_path: Path, links: list[Path]) -> tuple[Path, Path]:
+    """A virtual environment with `links` in its site-packages, and that site-packages."""
     import venv
 
-    borrowing = tmp_path / "env"
-    venv.create(borrowing, with_pip=False, symlinks=True)
-    site = borrowing / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    ours = [p for p in sys.path if p.endswith("site-packages")] + [str(Path(extensions.__file__).parents[2])]
-    (site / "borrowed.pth").write_text("\n".join(ours) + "\n")
-    code = "from bertdist.train import extensions; print(extensions._packaged_ninja())"
-    done = subprocess.run([str(borrowing / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60)
+    env = tmp_path / "env"
+    venv.create(env, with_pip=False, symlinks=True)
+    site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    for target in links:
+        (site / target.name).symlink_to(target)
+    return env, site
+
+
+FIND_NINJA = (
+    "import os, shutil\n"
+    "from bertdist.train import extensions\n"
+    "os.environ['PATH'] = '/usr/bin:/bin'\n"
+    "extensions.packaged_ninja_first(extensions.Path(os.environ['ROOT']))\n"
+    "print(os.path.realpath(shutil.which('ninja')))\n"
+)
+
+
+@pytest.mark.parametrize("how", ["pth entry", "links"])
+def test_an_environment_borrowing_the_packages_builds_with_their_ninja(tmp_path, packaged, how):
+    """The wheel's environment of the suite reaches this one's packages through a .pth entry, the GPU check's
+    smoke environment through links: the ninja package's own BIN_DIR is empty in both (it looks beside the
+    running interpreter), and the link's record names a binary beside the link."""
+    import importlib.metadata
+
+    repo = Path(extensions.__file__).parents[2]
+    record = next(f for f in importlib.metadata.distribution("ninja").files if f.name == "RECORD")
+    dist_info = Path(os.path.realpath(record.locate())).parent
+    env, site = _environment(tmp_path, [dist_info] if how == "links" else [])
+    ours = [p for p in sys.path if p.endswith("site-packages")] if how == "pth entry" else []
+    (site / "borrowed.pth").write_text("\n".join([*ours, str(repo)]) + "\n")
+    done = subprocess.run(
+        [str(env / "bin" / "python"), "-c", FIND_NINJA],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ROOT": str(tmp_path / "root")},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == str(extensions._packaged_ninja()) != "None"
+    assert done.stdout.strip() == packaged
