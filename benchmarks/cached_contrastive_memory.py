@@ -53,7 +53,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     from bertdist.config import load_config
     from bertdist.config.validation import validate_finetune
     from bertdist.finetune.runner import Finetuning
-    from bertdist.train.distributed import destroy_process_group, free_tcp_port, read_env
+    from bertdist.train.distributed import destroy_process_group, read_env
+    from bertdist.train.ports import free_tcp_port
 
     cached = args.measure == "cached"
     rows = args.rows if cached else args.chunk_rows

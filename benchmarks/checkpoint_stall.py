@@ -29,7 +29,7 @@ from model_step import make_batch  # benchmarks/ is on sys.path
 
 from bertdist.config import ModelConfig, load_config
 from bertdist.model.bert.model import BertForPreTraining
-from bertdist.train import checkpoint, distributed
+from bertdist.train import checkpoint, distributed, ports
 from bertdist.train import deepspeed as engine_setup
 from bertdist.train.background_save import SnapshotEngine
 from bertdist.train.optim import build_optimizer
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="checkpoint-stall-") as scratch:
         args.output_dir = scratch
         results_path = str(Path(scratch) / "results.json")
-        mp.spawn(_rank, args=(args, distributed.free_tcp_port(), results_path), nprocs=WORLD_SIZE, join=True)
+        mp.spawn(_rank, args=(args, ports.free_tcp_port(), results_path), nprocs=WORLD_SIZE, join=True)
         results = json.loads(Path(results_path).read_text())
     print(f"BERT-{args.size}, {results['device']}, checkpoint {results['checkpoint_bytes'] / 1e6:,.0f} MB")
     print(f"  sync save stall        {results['sync_stall_seconds']:8.3f} s")

@@ -63,7 +63,7 @@ from bertdist.finetune import corpus_tasks, runner
 from bertdist.finetune.contrastive import retrieval_metrics
 from bertdist.finetune.runner import Finetuning, finetune
 from bertdist.train.deepspeed_package import import_deepspeed
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 
 SIDES = ("bertdist", "st")
 WARM_PAGES, WARM_PAIRS = 800, 1280

@@ -33,7 +33,7 @@ from bertdist.finetune import corpus_tasks
 from bertdist.finetune.runner import finetune
 from bertdist.finetune.source import cased_vocabulary, resolve
 from bertdist.finetune.task import build
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 
 TASKS = {  # name: (maker, rows train/dev, finetune settings)
     "adjacency": (

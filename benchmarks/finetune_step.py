@@ -38,7 +38,8 @@ from bertdist.config.validation import validate_finetune
 from bertdist.finetune.runner import Finetuning
 from bertdist.model.bert.hf import config_to_hf
 from bertdist.model.flops import peak_flops_for, train_flops_per_sequence
-from bertdist.train.distributed import destroy_process_group, free_tcp_port, read_env
+from bertdist.train.distributed import destroy_process_group, read_env
+from bertdist.train.ports import free_tcp_port
 
 WORDS = 4000
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def write_config(workdir: Path, data: str, vocab: str, steps: int, ranks: int) -> Path:
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     cfg = {
         "model": {"size": "tiny", "vocab_size": 30522},

@@ -77,7 +77,7 @@ def cache_counts(shard_dir: str, vocab: str, cache_bytes: int, cache_dir: str) -
 
 def train_rate(shard_dir: str, vocab: str, steps: int, workdir: Path, env: dict) -> tuple[float, float]:
     """(samples/s, data-wait fraction) of a 1-rank BERT-Tiny run, over its steps after the first 10."""
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     cfg = {
         "model": {"size": "tiny", "vocab_size": 30522},

@@ -37,7 +37,7 @@ from bertdist.config import MODEL_SIZES, load_config
 from bertdist.model.bert.model import BertForPreTraining
 from bertdist.model.flops import train_flops_per_sequence
 from bertdist.train import deepspeed as engine
-from bertdist.train import distributed
+from bertdist.train import distributed, ports
 from bertdist.train.optim import build_optimizer
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     threads = use_all_cores()
     device = torch.device(args.device)
-    env = distributed.read_env({"MASTER_PORT": str(distributed.free_tcp_port())})
+    env = distributed.read_env({"MASTER_PORT": str(ports.free_tcp_port())})
     distributed.init_process_group(env, backend="nccl" if device.type == "cuda" else "gloo")
     cfg = load_config(
         None,

@@ -321,7 +321,7 @@ def downstream(prep: dict, model_dir: Path, run_dir: Path, task: str = "adjacenc
     """The dev score of a model fine-tuned on `task` (DOWNSTREAM_TASKS) from held-out text, fixed settings (2
     epochs at 5e-5), the best epoch's."""
     from bertdist.finetune import corpus_tasks
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     maker, suffix, rows, settings, metric = DOWNSTREAM_TASKS[task]
     files = prep["corpus"].parent / ("downstream" if task == "adjacency" else f"downstream-{task}")

@@ -293,7 +293,7 @@ def start_run(name: str, directory: Path, prep: dict, steps: int, every: int, se
 def bertdist_config(name: str, directory: Path, prep: dict, steps: int, every: int, seed: int) -> Path:
     """The run's shipped config with the benchmark's data, length of schedule, seed and checkpoints."""
     from bertdist.config import dump_yaml
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     cfg = base_config(name)
     warmup_fraction = cfg.optim.warmup_steps / cfg.total_steps()

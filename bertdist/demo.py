@@ -241,7 +241,8 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, epochs: int,
     """Fine-tune the export and the same architecture from random initialisation on a task made from the
     corpus (bertdist.finetune.corpus_tasks); returns the comparison line, or a failed run's exit code."""
     from bertdist.finetune.corpus_tasks import sentence_adjacency
-    from bertdist.train.distributed import free_tcp_port, standalone_environment
+    from bertdist.train.distributed import standalone_environment
+    from bertdist.train.ports import free_tcp_port
 
     task = out / "downstream"
     task.mkdir(parents=True, exist_ok=True)
@@ -346,7 +347,7 @@ def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str
     rather than the config's 29500, which another job on the same machine may hold. All of its output goes
     to the log; the console gets the trainer's own lines (progress, evaluations, checkpoints, errors).
     """
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     command = [
         sys.executable,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist.tracking.ui import server_environment, wait_until_serving
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 
 MLFLOW_CLI = str(Path(sys.executable).parent / "mlflow")
 

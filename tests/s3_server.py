@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 
 SLOWDOWN = (
     b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"

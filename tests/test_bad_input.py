@@ -26,7 +26,7 @@ from bertdist.data import DataError, iter_samples
 from bertdist.data.loader import PretrainingLoader
 from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.train import checkpoint, consolidate, train_state
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from bertdist.train.train_state import CheckpointError, TrainState
 from bertdist.train.trainer import train
 from tests import training_runs
@@ -854,7 +854,7 @@ def test_unwritable_outputs_are_one_line(tmp_path, tiny_corpus, tiny_vocab, tiny
     err = capsys.readouterr().err
     assert "/proc/bertdist" in err and "Traceback" not in err, err
     config = training_runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=1)
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     overrides = [
         "train.output_dir=/proc/bertdist/run",
@@ -898,7 +898,7 @@ def test_a_rank_alone_at_the_rendezvous_gives_up_within_the_rendezvous_timeout(
     the address and what is missing after train.rendezvous_timeout_s, not the 30-minute collective timeout."""
     import time
 
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     port = free_tcp_port()
     monkeypatch.setenv("RANK", str(rank))

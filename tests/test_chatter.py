@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bertdist import chatter
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests.conftest import REPO, TEST_SEQ_LENGTH, tiny_model_config
 
 CHATTER = (

@@ -235,7 +235,7 @@ def test_the_dashboard_opens_in_the_training_view_with_the_loss_first(demo, venv
     reason = browser.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
     ui = subprocess.Popen(

@@ -208,7 +208,7 @@ def test_missing_credentials_and_a_wrong_bucket_are_one_line_and_exit_2(s3, s3_s
     assert done.returncode == 2 and "no such bucket" in done.stderr and "bertdist prepare" not in done.stderr, (
         done.stderr
     )
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     unreachable = {**env, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_tcp_port()}"}
     done = bertdist("inspect", s3_shards, env=unreachable)

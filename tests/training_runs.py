@@ -21,7 +21,7 @@ import yaml
 
 from bertdist.errors import REQUEUE_EXIT_CODE
 from bertdist.train.checkpoint import read_train_state
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests.conftest import REPO, TEST_SEQ_LENGTH, tiny_model_config
 
 WORLD_SIZE = 2

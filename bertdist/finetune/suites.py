@@ -312,7 +312,7 @@ def _rendezvous_port(env: Any, number: int) -> Iterator[list[str]]:
     """A port of its own for the `number`-th run (DeepSpeed's communication backend keeps a finished run's
     rendezvous store listening until the process exits): under a launcher every rank takes MASTER_PORT +
     number; alone, a free port (also when the user exported MASTER_PORT: every run would reuse it)."""
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     port = free_tcp_port() if env.launcher == "none" else env.master_port + number
     before = os.environ.get("MASTER_PORT")

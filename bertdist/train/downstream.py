@@ -60,7 +60,8 @@ class DownstreamEvaluator:
         self.pending = (str(checkpoint_dir), step)
 
     def _start(self, checkpoint_dir: str, step: int) -> None:
-        from bertdist.train.distributed import free_tcp_port, standalone_environment
+        from bertdist.train.distributed import standalone_environment
+        from bertdist.train.ports import free_tcp_port
 
         out = self.directory / f"step_{step:08d}"
         out.mkdir(parents=True, exist_ok=True)

@@ -258,7 +258,8 @@ def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
     from bertdist.config import load_config
     from bertdist.train import deepspeed as ds
-    from bertdist.train.distributed import DistributedEnv, free_tcp_port
+    from bertdist.train.distributed import DistributedEnv
+    from bertdist.train.ports import free_tcp_port
     from bertdist.train.trainer import Trainer
 
     one = load_config(config_file, [])

@@ -15,7 +15,7 @@ from bertdist.cli import main
 from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.finetune.contrastive import info_nce, retrieval_metrics
 from bertdist.finetune.corpus_tasks import query_passages
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests.conftest import tiny_model_config
 
 TEMPERATURE = 0.1

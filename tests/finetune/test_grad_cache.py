@@ -12,7 +12,7 @@ import torch
 from bertdist.finetune.contrastive import info_nce, info_nce_backward
 from bertdist.finetune.grad_cache import cached_step
 from bertdist.model.sentence import SentenceEmbedder
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests.conftest import TEST_VOCAB_SIZE, tiny_model_config
 
 TEMPERATURE = 0.1

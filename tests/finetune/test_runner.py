@@ -17,7 +17,7 @@ import torch
 
 from bertdist.cli import main
 from bertdist.errors import USAGE_EXIT_CODE
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests import training_runs as runs
 from tests.conftest import REPO, tiny_model_config
 

@@ -16,7 +16,7 @@ import torch
 
 from bertdist.cli import main
 from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests.conftest import tiny_model_config
 
 

@@ -21,7 +21,7 @@ import yaml
 from bertdist.data.epochs import Segment
 from bertdist.data.shards import read_manifest
 from bertdist.train.consolidate import consolidated_state_dict
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests import hosts as hosts_module
 from tests import training_runs as runs
 from tests.conftest import REPO

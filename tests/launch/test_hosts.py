@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bertdist.train.consolidate import consolidated_state_dict
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests import hosts as hosts_module
 from tests import training_runs as runs
 from tests.conftest import REPO

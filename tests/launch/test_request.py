@@ -24,7 +24,7 @@ from bertdist.config import load_config
 from bertdist.launch.checks import SubmitError, parse_hostfile, render_template
 from bertdist.launch.job import SubmitRequest
 from bertdist.launch.request import plan
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests import training_runs
 from tests.conftest import REPO, TEST_SEQ_LENGTH, TINY_SHARD_SAMPLES
 from tests.hosts import kill_processes_mentioning

@@ -13,7 +13,7 @@ import torch
 from bertdist.launch.job import SubmitRequest
 from bertdist.launch.request import plan
 from bertdist.train.consolidate import consolidated_state_dict
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests import training_runs
 from tests.conftest import REPO
 

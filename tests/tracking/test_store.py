@@ -121,7 +121,7 @@ def test_a_pretraining_and_a_finetuning_beside_it_are_two_runs_of_one_store(
 ):
     """`project/out` pretrained by 2 ranks, `project/finetune` fine-tuned from its checkpoint: one store, one UI."""
     from bertdist.cli import main
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     project = tmp_path / "project"

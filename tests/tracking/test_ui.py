@@ -24,7 +24,7 @@ from bertdist.tracking.store import (
     store_dir,
 )
 from bertdist.tracking.ui import UIError, check_host
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from bertdist.cli import main
 from bertdist.config import ModelConfig
 from bertdist.model.modernbert import hf as modernbert_hf
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests.training_runs import read_metrics
 
 pytestmark = pytest.mark.slow

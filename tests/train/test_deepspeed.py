@@ -155,8 +155,9 @@ def test_a_compiled_model_trains_inside_the_engine_as_the_eager_one(monkeypatch)
     from bertdist.model import compiled
     from bertdist.model.registry import build_model
     from bertdist.train import deepspeed as ds
-    from bertdist.train.distributed import DistributedEnv, destroy_process_group, free_tcp_port, init_process_group
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
     from bertdist.train.optim import build_optimizer
+    from bertdist.train.ports import free_tcp_port
     from tests.conftest import TEST_VOCAB_SIZE
     from tests.model.test_layout import SEQ, random_samples
 

@@ -86,7 +86,8 @@ def test_a_process_group_leaves_no_launcher_variables_behind(monkeypatch):
     """In-process runs (tests, notebooks) and jobs submitted afterwards must not inherit RANK/MASTER_PORT."""
     import os
 
-    from bertdist.train.distributed import DistributedEnv, destroy_process_group, free_tcp_port, init_process_group
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
+    from bertdist.train.ports import free_tcp_port
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
         monkeypatch.delenv(name, raising=False)
@@ -103,19 +104,19 @@ def test_a_chosen_port_is_outside_the_range_connections_take_theirs_from(monkeyp
     does not make two processes choose alike."""
     import random
 
-    from bertdist.train import distributed
+    from bertdist.train import ports
 
-    first, last = distributed._ephemeral_ports()
-    if first <= distributed.LOWEST_CHOSEN_PORT and last >= 65535:
+    first, last = ports._ephemeral_ports()
+    if first <= ports.LOWEST_CHOSEN_PORT and last >= 65535:
         pytest.skip(f"this kernel hands out every port from {first} up")
     chosen = []
     for _ in range(10):
         random.seed(0)
-        chosen.append(distributed.free_tcp_port())
-    assert all(distributed.LOWEST_CHOSEN_PORT <= p < first or p > last for p in chosen), chosen
+        chosen.append(ports.free_tcp_port())
+    assert all(ports.LOWEST_CHOSEN_PORT <= p < first or p > last for p in chosen), chosen
     assert len(set(chosen)) > 1, chosen
-    monkeypatch.setattr(distributed, "_ephemeral_ports", lambda: (1024, 65535))  # no room outside: port 0's choice
-    assert 1024 <= distributed.free_tcp_port() <= 65535
+    monkeypatch.setattr(ports, "_ephemeral_ports", lambda: (1024, 65535))  # no room outside: port 0's choice
+    assert 1024 <= ports.free_tcp_port() <= 65535
 
 
 def _listening_addresses(port: int) -> list[str]:
@@ -132,7 +133,8 @@ def _listening_addresses(port: int) -> list[str]:
 
 def test_the_rendezvous_store_listens_on_the_master_address_only(monkeypatch):
     """torch's TCPStore listens on every interface, unauthenticated; a run with MASTER_ADDR=127.0.0.1 must not."""
-    from bertdist.train.distributed import DistributedEnv, destroy_process_group, free_tcp_port, init_process_group
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
+    from bertdist.train.ports import free_tcp_port
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(name, raising=False)

@@ -151,7 +151,7 @@ def test_killed_and_resumed_from_the_store_on_a_fresh_node_is_bit_identical(
     assert storage.exists(storage.join(damaged, final, DAMAGED_FILENAME))
 
     # Export from the store to the store, and fine-tune from the model there.
-    from bertdist.train.distributed import free_tcp_port
+    from bertdist.train.ports import free_tcp_port
 
     model = storage.join(s3.bucket("models"), "bert-tiny")
     assert main(["export", uri, "--output", model]) == 0
@@ -197,7 +197,7 @@ STORE_GONE_AT_THE_FINAL_CHECKPOINT = f"""
 import os, sys
 os.environ["BERTDIST_STORAGE_RETRY_SECONDS"] = "3"
 from bertdist import object_store, storage
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from bertdist.train.trainer import Trainer
 original = Trainer._save
 def save(self, step, *args):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bertdist.errors import REQUEUE_EXIT_CODE
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from tests import training_runs as runs
 from tests.conftest import REPO
 

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from bertdist.errors import REQUEUE_EXIT_CODE
-from bertdist.train.distributed import free_tcp_port
+from bertdist.train.ports import free_tcp_port
 from bertdist.train.watchdog import StallWatchdog, beat_interval_s
 
 STALL_S = 1.0
