@@ -260,9 +260,13 @@ def test_a_stopped_rank_ends_the_job_within_the_stall_timeout_and_resume_continu
 
 @pytest.mark.slow
 def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_shards, tiny_vocab, tmp_path):
-    """Rank 1 is stopped half the time (SIGSTOP/SIGCONT every 10 ms, as a throttled host): every rank's step is
-    as slow, so the step time names no one; the time outside collectives does. Rank 0 names rank 1 and its host
-    once, within 20 steps, and the run finishes; each rank's times are metrics."""
+    """Rank 1 is stopped three quarters of the time (SIGSTOP for 30 ms, SIGCONT for 10 ms, as a throttled host):
+    every rank's step is as slow, so the step time names no one; the time outside collectives does. Rank 0 names
+    rank 1 and its host once, within 20 steps, and the run finishes; each rank's times are metrics.
+
+    The stops are that long because a step here is ~10 ms of work: stopped half the time in 10 ms turns, rank 1's
+    busy time came out 1.4-2x rank 0's, astride the factor of 1.5, and a loaded CI machine saw no two slow windows
+    running. Stopped 3/4 of the time it is 3-4x."""
     import re
     import signal
     import socket
@@ -281,7 +285,7 @@ def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_
     def throttle(rank: subprocess.Popen) -> None:
         while not done.is_set() and rank.poll() is None:
             rank.send_signal(signal.SIGSTOP)
-            time.sleep(0.01)
+            time.sleep(0.03)
             rank.send_signal(signal.SIGCONT)
             time.sleep(0.01)
 
