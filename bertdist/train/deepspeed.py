@@ -17,6 +17,7 @@ from bertdist import chatter
 from bertdist.config import Config, ConfigError, PhaseConfig, TrainConfig
 from bertdist.config.validation import deepspeed_passthrough_problems
 from bertdist.model import attention, compiled
+from bertdist.train import shm_buffers
 from bertdist.train.deepspeed_package import import_deepspeed
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def initialize(
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
         )
+    shm_buffers.release_allreduce_buffers()  # DeepSpeed would leave them in /dev/shm (RAM) for good
     return engine
 
 

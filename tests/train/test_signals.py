@@ -65,10 +65,29 @@ def assert_stopped_with_a_checkpoint(out: Path, log_file: Path, marker: str) -> 
     assert runs.latest_tag(out) == f"step_{step:08d}" and step > 0
 
 
+def mapped_allreduce_buffers(port: int) -> list[str]:
+    """The paths, as /proc/PID/maps shows them, of DeepSpeed's shared-memory all-reduce buffers that processes of
+    the job on `port` have mapped (a removed one is "PATH (deleted)")."""
+    name = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_"
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            found += [
+                line.split(None, 5)[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if name in line
+            ]
+    return found
+
+
 def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_process(tmp_path, tiny_shards, tiny_vocab):
+    """... nor memory: DeepSpeed's launcher puts both ranks on one host, where DeepSpeed maps a 69 MB shared-memory
+    buffer per rank and leaves it in /dev/shm for good; bertdist removes their names (bertdist.train.shm_buffers)
+    while they are mapped, so the run holds them and no file is left (tmpfs: RAM) when it ends."""
+    from bertdist.train.shm_buffers import SHM_DIR
+
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
     log = tmp_path / "launcher.log"
     deepspeed = Path(sys.executable).with_name("deepspeed")
+    port = free_tcp_port()
     with open(log, "w") as out:
         launcher = subprocess.Popen(
             [
@@ -76,7 +95,7 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
                 "--num_gpus",
                 "2",
                 "--master_port",
-                str(free_tcp_port()),
+                str(port),
                 "--module",
                 "bertdist",
                 "train",
@@ -93,10 +112,14 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
     try:
         wait_until(lambda: "step 3/" in log.read_text() or launcher.poll() is not None, 240, "training to start")
         assert launcher.poll() is None, log.read_text()[-3000:]
+        buffers = {str(SHM_DIR / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{r}") for r in (0, 1)}
+        mapped = mapped_allreduce_buffers(port)  # each rank maps both ranks' (and its loader worker inherits them)
+        assert len(mapped) >= 4 and set(mapped) == {f"{b} (deleted)" for b in buffers}, mapped
         launcher.send_signal(signal.SIGTERM)  # the launcher only, as `kill PID` does; not its process group
         launcher.wait(timeout=30)
         assert_stopped_with_a_checkpoint(tmp_path / "out", log, str(config))
         assert "its launcher (" in log.read_text()
+        assert not any(Path(b).exists() for b in buffers), buffers
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
