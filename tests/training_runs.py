@@ -118,10 +118,18 @@ checkpoint.{function} = then_signal
 from bertdist.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-KILL_AFTER_FIRST_CHECKPOINT = SIGNAL_AFTER.format(
-    function="complete_save", condition=f"args[0].state.step == {CHECKPOINT_EVERY}", signum="SIGKILL"
-)
-"""SIGKILL once every rank has completed the checkpoint of step CHECKPOINT_EVERY (`latest` names it)."""
+
+
+def signal_after_checkpoint(signum: str, step: int = CHECKPOINT_EVERY, rank: int | None = None) -> str:
+    """The program of a rank that sends itself `signum` once every rank has completed the checkpoint of `step`
+    (`latest` names it); only rank `rank` does when one is named."""
+    condition = f"args[0].state.step == {step}"
+    if rank is not None:
+        condition += f" and os.environ['SLURM_PROCID'] == '{rank}'"
+    return SIGNAL_AFTER.format(function="complete_save", condition=condition, signum=signum)
+
+
+KILL_AFTER_FIRST_CHECKPOINT = signal_after_checkpoint("SIGKILL")
 TERMINATE_AFTER_RESUME = SIGNAL_AFTER.format(function="load", condition="True", signum="SIGTERM")
 """SIGTERM once the checkpoint is loaded: the stop handler is in place, the next step runs and the run stops."""
 
@@ -280,15 +288,21 @@ def start_ranks(
     return Ranks(procs, logs)
 
 
+def process_state(pid: int) -> str:
+    """The state letter of a process in /proc (R running, S sleeping, T stopped, Z a zombie)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def latest_tag(out: Path) -> str | None:
     marker = out / "checkpoints" / "latest"
     return marker.read_text().strip() if marker.is_file() else None
 
 
 def read_metrics(out: Path) -> dict[int, dict]:
-    """The last logged training record of each step (a resumed run's records replace earlier ones)."""
+    """The last logged training record of each step (a resumed run's records replace earlier ones); a line still
+    being appended (a running job's) is left for the next read."""
     records: dict[int, dict] = {}
-    for line in (out / "metrics.jsonl").read_text().splitlines():
+    for line in (out / "metrics.jsonl").read_text().split("\n")[:-1]:
         record = json.loads(line)
         if "loss/train" in record:
             records[record["step"]] = record

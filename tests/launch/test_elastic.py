@@ -120,9 +120,10 @@ def _finished(job_id: str, jobs: Path) -> bool:
 
 
 def _records(out: Path) -> list[dict]:
-    """Every training record of metrics.jsonl, in the order written (a redone step appears again)."""
+    """Every training record of metrics.jsonl, in the order written (a redone step appears again); a line still
+    being appended is left for the next read."""
     path = out / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
     return [r for r in map(json.loads, lines) if "data_position" in r]
 
 

@@ -8,7 +8,6 @@ server must then hold one run with the parameters and every metric at steps 1..S
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
@@ -48,11 +47,9 @@ def tracked_job(mlflow_server, tiny_shards, tiny_vocab, tmp_path_factory):
         "tracking.run_name=tracked-job",
     ]
 
-    killed = runs.start_ranks(config, "killed", *tracking)
-    killed.wait_for(lambda: runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", "the first checkpoint")
-    for p in killed.procs:
-        p.send_signal(signal.SIGKILL)
+    killed = runs.start_ranks(config, "killed", *tracking, python_code=runs.KILL_AFTER_FIRST_CHECKPOINT)
     killed.wait()
+    assert runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", killed.output(0)[-3000:]
 
     resumed = runs.start_ranks(config, "resumed", "--resume", "auto", *tracking)
     resumed.wait_for(lambda: "resumed from" in resumed.output(0), "the resume")

@@ -55,7 +55,11 @@ def test_the_printed_link_opens_the_latest_runs_charts(run_dir):
     ui = start_ui(directory, free_tcp_port())
     try:
         link = read_until(ui.stdout, "latest run", timeout_s=180).split(": ", 1)[1].strip()
-        text = browser.render(link, "document.querySelectorAll('.main-svg').length >= 1", "document.body.innerText")
+        drawn = (  # a chart, and the run's name and its charts' section in the page (a loaded machine draws late)
+            "document.querySelectorAll('.main-svg').length >= 1 && document.body.innerText.includes('dashboard-run')"
+            " && document.body.innerText.includes('Model metrics')"
+        )
+        text = browser.render(link, drawn, "document.body.innerText")
     finally:
         ui.send_signal(signal.SIGTERM)
         ui.wait(timeout=60)

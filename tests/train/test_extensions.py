@@ -100,11 +100,14 @@ def test_a_build_in_progress_is_waited_for_not_broken(lock):
     assert len(said) == 1 and f"process {builder.pid}" in said[0] and str(lock) in said[0], said
 
 
-def test_a_lock_its_builder_has_closed_but_not_yet_removed_is_left_to_the_builder(lock):
+def test_a_lock_its_builder_has_closed_but_not_yet_removed_is_left_to_the_builder(lock, monkeypatch):
     """torch's builder closes its lock, then removes it: a lock seen unheld in that gap (widened here to 0.2 s)
-    is not stale, and taking it would fail the builder's own removal (seen in CI as a false 'stale' line)."""
+    is not stale, and taking it would fail the builder's own removal (seen in CI as a false 'stale' line).
+    The builder holds the lock for 1 s, so that `prepare` sees it held even on a loaded machine, and a lock is
+    stale after 1 s unheld, five times the gap."""
+    monkeypatch.setattr(extensions, "UNHELD_S", 1.0)
     builder = subprocess.Popen(
-        [sys.executable, "-c", BUILDER, str(lock), "0.3", "0.2"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", BUILDER, str(lock), "1.0", "0.2"], stdout=subprocess.PIPE, text=True
     )
     assert builder.stdout.readline() == "holding\n"
     said = []
@@ -130,16 +133,19 @@ def test_a_build_holding_its_lock_too_long_stops_the_run_in_one_line(lock):
 
 
 def test_on_a_shared_filesystem_an_unheld_lock_is_stale_only_once_older_than_any_build(lock, monkeypatch):
-    """No process here holds it, but one on another host mounting the same directory may."""
+    """No process here holds it, but one on another host mounting the same directory may. (A build is taken
+    to last 2 s here, long enough that a loaded machine's first look still finds the lock younger.)"""
     monkeypatch.setattr(extensions, "_host_local", lambda directory: False)
-    monkeypatch.setattr(extensions, "BUILD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(extensions, "BUILD_TIMEOUT_S", 2.0)
     lock.touch()
     said = []
     waiter = threading.Thread(target=extensions.prepare, args=(said.append,))
     waiter.start()
-    time.sleep(0.25)
+    deadline = time.monotonic() + 10
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert lock.exists() and len(said) == 1 and "another host" in said[0], said
-    waiter.join(timeout=5)
+    waiter.join(timeout=15)
     assert not lock.exists() and len(said) == 2 and "stale" in said[1], said
 
 

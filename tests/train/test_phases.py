@@ -5,8 +5,6 @@ the same tokens per source, and the third phase reads on where the first left ea
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import torch
 import yaml
@@ -60,10 +58,10 @@ def test_a_run_resumed_across_the_phase_switch_ends_bit_identical(tmp_path, tiny
 
     resumed = _config(tmp_path / "resumed", tiny_shards, long_shards, tiny_vocab)
     out = tmp_path / "resumed" / "out"
-    ranks = runs.start_ranks(resumed, "killed")
-    ranks.wait_for(lambda: runs.latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", "the first-phase checkpoint")
-    ranks.signal(signal.SIGKILL)
+    kill = runs.signal_after_checkpoint("SIGKILL", step=CHECKPOINT_EVERY)
+    ranks = runs.start_ranks(resumed, "killed", python_code=kill)
     ranks.wait()
+    assert runs.latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", ranks.output(0)[-3000:]
     ranks = runs.start_ranks(resumed, "final", "--resume", "auto")
     assert ranks.wait() == [0, 0], ranks.output(0)[-3000:]
 

@@ -4,7 +4,6 @@ switch (the universal copy against the checkpoint) and the data (every sample of
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -56,11 +55,9 @@ def test_a_run_continues_on_another_number_of_ranks(base, tiny_shards, tiny_voca
     continues the loss curve instead of restarting it, and leaves no universal copy behind."""
     config = runs.write_config(tmp_path / "run", tiny_shards, tiny_vocab, zero_stage=zero_stage)
     out = tmp_path / "run" / "out"
-    first = runs.start_ranks(config, "before", world_size=before)
-    first.wait_for(lambda: runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", "the first checkpoint")
-    for p in first.procs:
-        p.send_signal(signal.SIGKILL)
+    first = runs.start_ranks(config, "before", world_size=before, python_code=runs.KILL_AFTER_FIRST_CHECKPOINT)
     first.wait()
+    assert runs.latest_tag(out) == f"step_{runs.CHECKPOINT_EVERY:08d}", first.output(0)[-3000:]
     losses_before = _losses(out)
 
     second = runs.start_ranks(config, "after", "--resume", "auto", world_size=after)

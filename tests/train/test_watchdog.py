@@ -56,7 +56,7 @@ def test_a_silent_rank_is_named_with_its_host(store_port, capsys):
     assert exits.done.wait(timeout=15)
     dogs[0].close()
     assert exits.codes == {0: REQUEUE_EXIT_CODE}
-    assert time.monotonic() - started < STALL_S + 4 * beat_interval_s(STALL_S) + 2
+    assert time.monotonic() - started < STALL_S + 4 * beat_interval_s(STALL_S) + 6  # not the collective's 30 min
     err = capsys.readouterr().err
     assert (
         f"[rank 0 on {socket.gethostname()}]" in err
