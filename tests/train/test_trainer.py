@@ -268,7 +268,7 @@ def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_
 
     The stops are that long because a step here is ~10 ms of work: stopped half the time in 10 ms turns, rank 1's
     busy time came out 1.4-2x rank 0's, astride the factor of 1.5, and a loaded CI machine saw no two slow windows
-    running. Stopped 3/4 of the time it is 3-4x."""
+    running. Stopped 3/4 of the time it measured 4.5-5.4x."""
     import re
     import signal
     import socket
@@ -285,7 +285,7 @@ def test_a_rank_slowed_by_stops_is_named_with_its_host_within_twenty_steps(tiny_
     done = threading.Event()
 
     def throttle(first: subprocess.Popen, rank: subprocess.Popen) -> None:
-        """Until rank 0 has ended (the run with it): throttled, rank 1's interpreter took 2-3 minutes to exit
+        """Until rank 0 has ended (the run with it): throttled, rank 1's interpreter took 145 s to exit
         (its final garbage collections walk the whole heap, in the 10 ms slices it is let run), 2 s unthrottled."""
         while not done.is_set() and first.poll() is None and rank.poll() is None:
             rank.send_signal(signal.SIGSTOP)
