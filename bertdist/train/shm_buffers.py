@@ -21,11 +21,9 @@ from pathlib import Path
 SHM_DIR = Path("/dev/shm")
 
 
-def allreduce_buffer(rank: int) -> Path:
-    """Where DeepSpeed's buffer of `rank` lies, named from the variables DeepSpeed read when it initialised (set by
-    bertdist.train.distributed.init_process_group, and still set)."""
-    address, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return SHM_DIR / f"deepspeed_allreduce_buffer_{os.getuid()}_{address}_{port}_{rank}"
+def allreduce_buffer(rank: int, master_addr: str, master_port: int | str) -> Path:
+    """Where DeepSpeed's buffer of `rank` in the job of this rendezvous lies."""
+    return SHM_DIR / f"deepspeed_allreduce_buffer_{os.getuid()}_{master_addr}_{master_port}_{rank}"
 
 
 def release_allreduce_buffers() -> None:
@@ -37,4 +35,6 @@ def release_allreduce_buffers() -> None:
         return
     if dist.get_world_size() > 1:
         dist.barrier()
-    allreduce_buffer(dist.get_rank()).unlink(missing_ok=True)
+    # named from the variables DeepSpeed read when it initialised (set by init_process_group, and still set)
+    address, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    allreduce_buffer(dist.get_rank(), address, port).unlink(missing_ok=True)

@@ -36,7 +36,7 @@ def processes_mentioning(marker: str) -> list[str]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = runs.process_state(int(pid))
         except OSError:
             continue
         if marker in cmdline and state != "Z" and int(pid) != os.getpid():
@@ -65,16 +65,14 @@ def assert_stopped_with_a_checkpoint(out: Path, log_file: Path, marker: str) -> 
     assert runs.latest_tag(out) == f"step_{step:08d}" and step > 0
 
 
-def mapped_allreduce_buffers(port: int) -> list[str]:
-    """The paths, as /proc/PID/maps shows them, of DeepSpeed's shared-memory all-reduce buffers that processes of
-    the job on `port` have mapped (a removed one is "PATH (deleted)")."""
-    name = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_"
+def mapped(paths: set[str]) -> list[str]:
+    """Each mapping of one of `paths` by a live process, as /proc/PID/maps shows it (a removed file: "PATH
+    (deleted)")."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
-            found += [
-                line.split(None, 5)[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if name in line
-            ]
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            found += [line.split(None, 5)[5] for line in lines if any(p in line for p in paths)]
     return found
 
 
@@ -82,7 +80,7 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
     """... nor memory: DeepSpeed's launcher puts both ranks on one host, where DeepSpeed maps a 69 MB shared-memory
     buffer per rank and leaves it in /dev/shm for good; bertdist removes their names (bertdist.train.shm_buffers)
     while they are mapped, so the run holds them and no file is left (tmpfs: RAM) when it ends."""
-    from bertdist.train.shm_buffers import SHM_DIR
+    from bertdist.train.shm_buffers import allreduce_buffer
 
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
     log = tmp_path / "launcher.log"
@@ -112,9 +110,9 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
     try:
         wait_until(lambda: "step 3/" in log.read_text() or launcher.poll() is not None, 240, "training to start")
         assert launcher.poll() is None, log.read_text()[-3000:]
-        buffers = {str(SHM_DIR / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{r}") for r in (0, 1)}
-        mapped = mapped_allreduce_buffers(port)  # each rank maps both ranks' (and its loader worker inherits them)
-        assert len(mapped) >= 4 and set(mapped) == {f"{b} (deleted)" for b in buffers}, mapped
+        buffers = {str(allreduce_buffer(rank, "127.0.0.1", port)) for rank in (0, 1)}
+        maps = mapped(buffers)  # each rank maps both ranks' (and its loader worker inherits them)
+        assert len(maps) >= 4 and set(maps) == {f"{b} (deleted)" for b in buffers}, maps
         launcher.send_signal(signal.SIGTERM)  # the launcher only, as `kill PID` does; not its process group
         launcher.wait(timeout=30)
         assert_stopped_with_a_checkpoint(tmp_path / "out", log, str(config))
