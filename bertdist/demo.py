@@ -28,6 +28,7 @@ adds no behaviour of its own beyond choosing the corpus.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import importlib
 import inspect
@@ -35,6 +36,7 @@ import json
 import logging
 import os
 import re
+import selectors
 import shlex
 import subprocess
 import sys
@@ -269,13 +271,11 @@ def _downstream(out: Path, corpus: Path, model_dir: Path, cfg: Any, epochs: int,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
             env=env,
         )
-        assert proc.stdout is not None
         lines = []
-        for line in proc.stdout:  # everything to the log; each epoch (and a long one's progress) to the console
+        # Everything to the log; each epoch (and a long one's progress) to the console.
+        for line in output_lines(proc, "bertdist finetune", log):
             lines.append(line)
             log.write(line)
             log.flush()
@@ -368,16 +368,53 @@ def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str
     ]
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "OMP_NUM_THREADS": "1"}
     print("  $ deepspeed " + " ".join(command[3:]), flush=True)
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in output_lines(proc, "the deepspeed launcher", log):
         log.write(line)
         if chatter.verbose() or TRAINER_LINE.match(line):
             print(line if chatter.verbose() else "  " + line, end="", flush=True)
     log.flush()
     return proc.wait()
+
+
+OUTPUT_DRAIN_S = 10.0
+"""How long the output of a command that has exited is still read. Its pipe stays open while any process it
+started holds it, and one that outlives the command must not hold the demo: a loader worker orphaned by a hung
+fork once kept the launcher's output open after the launcher had exited, and the demo waited for it forever."""
+
+
+def output_lines(proc: subprocess.Popen, name: str, log: IO[str]) -> Iterator[str]:
+    """The lines `proc` (`name` to the user) writes to its stdout pipe (decoded, undecodable bytes replaced),
+    until it has exited and the pipe is drained, or OUTPUT_DRAIN_S after its exit if another process still holds
+    the pipe: that is said on stderr and in `log`."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending, exited_at = "", None
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while exited_at is None or time.monotonic() - exited_at < OUTPUT_DRAIN_S:
+            if exited_at is None and proc.poll() is not None:
+                exited_at = time.monotonic()
+            if not selector.select(timeout=0.2):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # EOF: every holder of the pipe has closed it
+                break
+            *lines, pending = (pending + decoder.decode(chunk)).split("\n")
+            yield from (line + "\n" for line in lines)
+        else:
+            held = (
+                f"bertdist demo: {name} exited with {proc.returncode}, but a process it started still holds "
+                f"its output; stopped reading it after {OUTPUT_DRAIN_S:.0f} s\n"
+            )
+            log.write(held)
+            print(held, end="", file=sys.stderr, flush=True)
+    rest = pending + decoder.decode(b"", final=True)
+    if rest:
+        yield rest
+    proc.stdout.close()
 
 
 TRAINER_LINE = re.compile(

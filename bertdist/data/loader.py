@@ -25,10 +25,7 @@ How an epoch is laid out, and why:
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
-import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -37,7 +34,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bertdist import storage
 from bertdist.config.schema import MaskingConfig
-from bertdist.data import load_cost
+from bertdist.data import load_cost, worker_processes
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
 from bertdist.data.epochs import EpochLayout, Masker, Segment
 from bertdist.data.masking import KeyedDraws, VocabInfo, apply_masks
@@ -50,39 +47,6 @@ from bertdist.errors import DataError
 STATE_VERSION = 1
 BATCHES_TRANSFER_SAMPLES = 1024
 """About how many samples a DataLoader worker sends per transfer (whole batches)."""
-
-
-def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
-    """A loader worker ignores SIGTERM and SIGINT: they reach it too when the whole process group is signalled
-    (torchrun and SLURM stop ranks with killpg, Ctrl-C signals the terminal's group), and a worker that died
-    of one would fail its rank before the rank can finish its step and checkpoint. Its rank decides when to
-    stop; the worker ends with it (torch's workers watch their parent)."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-
-
-_STARTED: weakref.WeakSet = weakref.WeakSet()
-"""The DataLoader worker processes this process started (the processes, not their iterators: an iterator may be
-collected while a worker it failed to stop lives on)."""
-
-
-@atexit.register
-def _kill_workers_left_at_exit() -> None:
-    """At exit, multiprocessing ends every daemonic child with SIGTERM and then waits for it without a timeout.
-    Our workers ignore SIGTERM (above), so a worker still alive then (its iterator abandoned but not yet
-    collected, or collected after torch's shutdown could not end it: its fallback is SIGTERM) would hang the exit
-    forever: it is ended with SIGKILL first. Registered after multiprocessing's own exit handler, so it runs
-    before it."""
-    workers = list(_STARTED)
-    for worker in workers:  # every one first: a failure on one must not leave the next to hang the exit
-        with contextlib.suppress(Exception):
-            if worker.is_alive():
-                worker.kill()
-    for worker in workers:
-        with contextlib.suppress(Exception):
-            worker.join(5.0)
 
 
 def _worker_message(error: DataError) -> str:
@@ -263,6 +227,8 @@ class PretrainingLoader:
         self._segment = self._fresh_segment()
         self.costs = load_cost.LoadCosts()
         """What making the batches this rank received cost, since the trainer last took it."""
+        if num_workers:
+            worker_processes.start_server()
 
     def _fresh_segment(self) -> Segment:
         return Segment.whole_epoch(self.world_size, self.micro_batch_size, self._layout.num_samples)
@@ -303,14 +269,14 @@ class PretrainingLoader:
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory,  # page-locked chunks: the copies to the GPU run asynchronously
                 generator=torch.Generator().manual_seed(self.seed),
-                worker_init_fn=_leave_stop_signals_to_the_rank,
+                worker_init_fn=worker_processes.WorkerStart(),
+                multiprocessing_context=worker_processes.context(),
             )
             if self.num_workers
             else stream
         )
         iterator = iter(batches)
-        for worker in getattr(iterator, "_workers", []):
-            _STARTED.add(worker)
+        worker_processes.started(getattr(iterator, "_workers", []))
         try:
             for buffer, made in iterator:
                 at = 0

@@ -11,9 +11,9 @@ supervise them) and treats the end of any of them like SIGTERM. Launchers are to
 the process group: torchrun starts every rank in a session of its own, and the leader of a rank's group may
 be no launcher at all: a script or cron job that ran `nohup bertdist train ... &` and ended, which must
 leave the run going. Under SLURM no launcher is above the tasks and nothing is watched: slurmstepd signals
-them itself. Forked DataLoader workers notice a dead parent on their own (torch checks it) and ignore SIGTERM
-and SIGINT (bertdist.data.loader), so a signal sent to the whole process group (torchrun, SLURM, Ctrl-C)
-leaves them running until the checkpoint is written.
+them itself. DataLoader workers notice a dead parent on their own (torch checks it) and, with the server they
+are forked from, ignore the stop signals (bertdist.data.worker_processes), so a signal sent to the whole process group
+(torchrun, SLURM, Ctrl-C) leaves them running until the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import sys
 import threading
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-"""SIGTERM (kill, SLURM's preemption, the launchers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal)."""
+from bertdist.stop_signals import STOP_SIGNALS
 
 POLL_SECONDS = 1.0
 LAUNCHERS = (

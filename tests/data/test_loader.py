@@ -6,6 +6,9 @@ import itertools
 import json
 import os
 import shutil
+import signal
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,6 +226,37 @@ def test_a_process_with_an_abandoned_loader_exits(tiny_shards, tiny_vocab):
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "read" in done.stdout, done.stderr[-2000:]
+
+
+def test_workers_come_from_a_server_without_threads_that_stop_signals_leave_running(tiny_shards, tiny_vocab):
+    """A rank has threads when its loader starts workers (tracking, system metrics), and a fork copies the locks they
+    hold: a worker forked by rank 0 at the multilingual demo's phase switch hung in CPython's after-fork code, and
+    the run stalled. So the workers are forked from a server the loader starts, which has one thread; it and they
+    ignore the stop signals that reach a rank's whole process group, and the batches keep coming."""
+    from tests.training_runs import children
+
+    held = threading.Event()
+    busy = threading.Thread(target=held.wait, daemon=True)  # a thread of the process, as a rank has
+    busy.start()
+    loader = _loader(tiny_shards, tiny_vocab, num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    try:
+        mine = children(os.getpid())
+        servers = [pid for pid in mine if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(servers) == 1, mine
+        server = servers[0]
+        assert len(os.listdir(f"/proc/{server}/task")) == 1
+        workers = children(server)
+        assert len(workers) == 2 and not set(workers) & set(mine), (workers, mine)
+        for pid in (server, *workers):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+                os.kill(pid, signum)
+        assert len(list(itertools.islice(batches, loader.batches_per_epoch))) == loader.batches_per_epoch
+        assert all(Path(f"/proc/{pid}").exists() for pid in (server, *workers))
+    finally:
+        batches.close()
+        held.set()
 
 
 def tokens_by_sample(shards: str) -> dict[tuple[str, int], list[int]]:

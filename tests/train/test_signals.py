@@ -30,16 +30,23 @@ LONG_RUN = ["data.phases.0.steps=100000", *UNTIL_THE_END]
 CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
 
+def run_environment(marker: str) -> dict[str, str]:
+    """The environment a run is started with: on CPU, and with `marker` in a variable that every process of the
+    run inherits, the loader's fork server and its workers included (their command lines name no run)."""
+    return {**os.environ, **CPU_ENV, "BERTDIST_TEST_RUN": marker}
+
+
 def processes_mentioning(marker: str) -> list[str]:
-    """Command lines of the live processes (zombies aside) whose arguments contain `marker`."""
+    """Command lines of the live processes (zombies aside) whose arguments or environment contain `marker`."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environment = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
             state = runs.process_state(int(pid))
         except OSError:
             continue
-        if marker in cmdline and state != "Z" and int(pid) != os.getpid():
+        if (marker in cmdline or marker in environment) and state != "Z" and int(pid) != os.getpid():
             found.append(f"{pid}: {cmdline[:160]}")
     return found
 
@@ -54,7 +61,11 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 def assert_stopped_with_a_checkpoint(out: Path, log_file: Path, marker: str) -> None:
     """Every process of the run gone within 30 s, and a checkpoint at the step where it stopped."""
     try:
-        wait_until(lambda: not processes_mentioning(marker), 30, "every rank and worker to exit")
+        wait_until(
+            lambda: not processes_mentioning(marker),
+            30,
+            "every process of the run (ranks, loader server and workers) to exit",
+        )
     finally:
         for line in processes_mentioning(marker):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
@@ -101,7 +112,7 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
                 str(config),
                 *LONG_RUN,
             ],
-            env={**os.environ, **CPU_ENV},
+            env=run_environment(str(config)),
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -111,7 +122,7 @@ def test_sigterm_to_the_deepspeed_launcher_alone_checkpoints_and_leaves_no_proce
         wait_until(lambda: "step 3/" in log.read_text() or launcher.poll() is not None, 240, "training to start")
         assert launcher.poll() is None, log.read_text()[-3000:]
         buffers = {str(allreduce_buffer(rank, "127.0.0.1", port)) for rank in (0, 1)}
-        maps = mapped(buffers)  # each rank maps both ranks' (and its loader worker inherits them)
+        maps = mapped(buffers)  # each rank maps both ranks'
         assert len(maps) >= 4 and set(maps) == {f"{b} (deleted)" for b in buffers}, maps
         launcher.send_signal(signal.SIGTERM)  # the launcher only, as `kill PID` does; not its process group
         launcher.wait(timeout=30)
@@ -151,7 +162,7 @@ def test_a_local_jobs_supervisor_signalled_or_killed_leaves_a_checkpoint_and_no_
             str(jobs),
             *LONG_RUN,
         ],
-        env={**os.environ, **CPU_ENV},
+        env=run_environment(str(jobs)),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -198,7 +209,7 @@ def test_a_run_started_with_nohup_by_a_script_trains_on_after_the_script_ends(tm
         f"nohup {shlex.join(train)} > {shlex.quote(str(log))} 2>&1 & "
         f"until grep -q 'step 1/' {shlex.quote(str(log))}; do sleep 0.2; done"
     )
-    shell = subprocess.Popen(["bash", "-c", script], env={**os.environ, **CPU_ENV}, cwd=REPO, start_new_session=True)
+    shell = subprocess.Popen(["bash", "-c", script], env=run_environment(str(config)), cwd=REPO, start_new_session=True)
     try:
         assert shell.wait(timeout=240) == 0
         wait_until(lambda: not processes_mentioning(str(config)), 240, "the run to end")
@@ -238,7 +249,7 @@ def test_a_signalled_finetune_keeps_its_epochs_marks_its_run_killed_and_says_so_
             "finetune.micro_batch_size=8",
             f"launch.master_port={free_tcp_port()}",
         ],
-        env={**os.environ, **CPU_ENV},
+        env=run_environment(str(out)),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

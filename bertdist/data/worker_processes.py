@@ -1,0 +1,97 @@
+"""The loader's worker processes: forked from a server without threads, never from the rank; deaf to the stop
+signals; ended at exit.
+
+Why a fork server. A rank has threads by the time its loader starts workers (the tracking queue, the system
+metrics, the launcher watch), and a fork copies whatever locks those threads hold at that instant. CPython 3.11
+can then hang the child before it runs a line of Python: at a phase switch of the multilingual demo, a new
+worker of rank 0 hung in `PyOS_AfterFork_Child`, the rank waited for its batch until the watchdog stopped the
+job, and the orphaned worker kept the launcher's output open. Python 3.14 made the fork server the default start
+method on Linux for this reason. The server is a fresh interpreter started once per process, as soon as a loader
+with workers is built (`start_server`), so that its imports (torch and the loader, SERVER_MODULE) overlap the
+rank's own set-up; each worker is then forked from it, single-threaded, and unpickles its loader's stream (about
+a kilobyte) instead of inheriting it.
+
+What a forked worker inherited and a served one must be given: the rank's environment, which the rank may have
+changed since the server started (`bertdist.object_store.use_endpoint` sets the store's endpoint there).
+`WorkerStart` carries it. Nothing else of the rank's memory is read by a worker: the batches depend only on the
+positions and the shards, and are the same as from forked workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import os
+import signal
+import weakref
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
+from typing import Iterable
+
+from bertdist.stop_signals import STOP_SIGNALS
+
+SERVER_MODULE = "bertdist.data.worker_server"
+"""Imported by the server before it forks anything: it makes the server ignore the stop signals."""
+
+_STARTED: weakref.WeakSet = weakref.WeakSet()
+"""The worker processes this process started (the processes, not their iterators: an iterator may be collected
+while a worker it failed to stop lives on)."""
+
+
+def context() -> BaseContext:
+    """The multiprocessing context a loader starts its workers with (DataLoader's `multiprocessing_context`)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([SERVER_MODULE])  # read when the server starts, once per process
+    return ctx
+
+
+def start_server() -> None:
+    """Start this process's fork server now, if it is not running: it takes about a second to import torch."""
+    context()
+    forkserver.ensure_running()
+
+
+def ignore_stop_signals() -> None:
+    """A worker, and the server it is forked from, ignore the stop signals: they reach them too when the whole
+    process group is signalled (torchrun and SLURM stop ranks with killpg, Ctrl-C signals the terminal's group),
+    and one that ended them would fail the rank before it can finish its step and checkpoint. The rank decides
+    when to stop; they end with it (the server when the rank's end closes its pipe, a worker when torch's check
+    finds its parent gone)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class WorkerStart:
+    """A worker's `worker_init_fn`: the rank's environment as it is when the workers start, and the stop
+    signals ignored."""
+
+    def __init__(self) -> None:
+        self.environment = dict(os.environ)
+
+    def __call__(self, worker_id: int) -> None:
+        os.environ.clear()
+        os.environ.update(self.environment)
+        ignore_stop_signals()
+
+
+def started(workers: Iterable[multiprocessing.process.BaseProcess]) -> None:
+    """Record a loader's workers, for `_kill_workers_left_at_exit`."""
+    _STARTED.update(workers)
+
+
+@atexit.register
+def _kill_workers_left_at_exit() -> None:
+    """At exit, multiprocessing ends every daemonic child with SIGTERM and then waits for it without a timeout.
+    The workers ignore SIGTERM (above), so a worker still alive then (its iterator abandoned but not yet
+    collected, or collected after torch's shutdown could not end it: its fallback is SIGTERM) would hang the exit
+    forever: it is ended with SIGKILL first. Registered after multiprocessing's own exit handler (this module
+    imports multiprocessing first), so it runs before it."""
+    workers = list(_STARTED)
+    for worker in workers:  # every one first: a failure on one must not leave the next to hang the exit
+        with contextlib.suppress(Exception):
+            if worker.is_alive():
+                worker.kill()
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.join(5.0)
