@@ -71,6 +71,33 @@ def test_the_loader_streams_the_batches_it_reads_from_local_disk(s3_shards, tiny
     assert sum(p.stat().st_size for p in small.iterdir()) <= 200_000 + 100_000  # the bound, plus the block in hand
 
 
+def test_workers_read_from_the_endpoint_their_rank_set_after_their_server_started(s3_shards, tiny_vocab, tmp_path):
+    """Loader workers are forked from a server started when a loader is first built, with the environment of that
+    moment; a rank may set the store's endpoint later (`use_endpoint`, into its environment). The workers read from
+    the endpoint the rank has when they start, as forked ones did, not from the server's (none: AWS itself)."""
+    from tests.conftest import REPO
+
+    script = (
+        "import os\n"
+        "from bertdist import object_store\n"
+        "from bertdist.data import worker_processes\n"
+        "from bertdist.data.loader import PretrainingLoader\n"
+        "from bertdist.data.streaming import StreamSettings\n"
+        "endpoint = os.environ.pop('AWS_ENDPOINT_URL_S3')\n"
+        "worker_processes.start_server()\n"
+        "object_store.use_endpoint(endpoint)\n"
+        f"loader = PretrainingLoader({s3_shards!r}, {tiny_vocab!r}, {TEST_SEQ_LENGTH}, 8, num_workers=2, "
+        f"streaming=StreamSettings(cache_dir={str(tmp_path)!r}))\n"
+        "batches = iter(loader)\n"
+        "print('read', len([next(batches) for _ in range(loader.batches_per_epoch)]), loader.batches_per_epoch)\n"
+        "batches.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, read, per_epoch = done.stdout.split()
+    assert read == per_epoch
+
+
 def test_the_second_epoch_reads_its_blocks_from_the_cache(s3_shards, tiny_vocab, tmp_path):
     loader = PretrainingLoader(
         s3_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8, streaming=StreamSettings(cache_dir=str(tmp_path))
