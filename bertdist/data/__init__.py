@@ -16,13 +16,16 @@ The modules are small on purpose, each one concern:
     batching   samples -> padded or packed batches
     epochs     an epoch's global order of samples, and the stretch of it a set of ranks consumes
     loader     the training DataLoader: shuffled, sharded across ranks, resumable
+    worker_processes, worker_server
+               the loader's worker processes: forked from a fork server, never from the rank
     inspect    `bertdist inspect`: what a shard directory holds, its masking statistics
     commands   the `vocab`, `prepare` and `inspect` subcommands (their flags and what they run)
     synthetic  a generated English-like corpus (tests, benchmarks)
 
 The Ray pipeline that drives them is `bertdist.data.pipeline.driver`.
 
-Nothing here imports torch or Ray at module level except `loader`, which is only imported by the trainer.
+Nothing here imports torch or Ray at module level except `loader`, which is only imported by the trainer (and by
+`worker_server`, in the loader's fork server).
 """
 
 from __future__ import annotations

@@ -11,10 +11,16 @@ with workers is built (`start_server`), so that its imports (torch and the loade
 rank's own set-up; each worker is then forked from it, single-threaded, and unpickles its loader's stream (about
 a kilobyte) instead of inheriting it.
 
-What a forked worker inherited and a served one must be given: the rank's environment, which the rank may have
-changed since the server started (`bertdist.object_store.use_endpoint` sets the store's endpoint there).
-`WorkerStart` carries it. Nothing else of the rank's memory is read by a worker: the batches depend only on the
-positions and the shards, and are the same as from forked workers.
+What a forked worker had and a served one must be given (`WorkerStart`): the rank's environment, which the rank
+may have changed since the server started (`bertdist.object_store.use_endpoint` sets the store's endpoint there),
+and an end with its rank (a forked worker's parent was its rank; a served one's is the server). Nothing else of
+the rank's memory is read by a worker: the batches depend only on the positions and the shards, and are the same
+as from forked workers.
+
+What is left in /dev/shm: the queues' semaphores have names there under a fork server (a fork unlinked them at
+once). multiprocessing's resource tracker, a process of its own, removes them when the rank and its workers have
+ended, killed or not; only a SIGKILL to the tracker too (a whole process group or cgroup killed) leaves them, about
+ten empty files per rank.
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
+import time
 import weakref
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from typing import Iterable
 
+from bertdist import processes
 from bertdist.stop_signals import STOP_SIGNALS
 
 SERVER_MODULE = "bertdist.data.worker_server"
@@ -63,16 +72,32 @@ def ignore_stop_signals() -> None:
 
 
 class WorkerStart:
-    """A worker's `worker_init_fn`: the rank's environment as it is when the workers start, and the stop
-    signals ignored."""
+    """A worker's `worker_init_fn`: the rank's environment as it is when the workers start, the stop signals
+    ignored, and the worker's end tied to its rank's (`_end_with`)."""
 
     def __init__(self) -> None:
         self.environment = dict(os.environ)
+        self.rank = (os.getpid(), processes.start_time(os.getpid()))
 
     def __call__(self, worker_id: int) -> None:
         os.environ.clear()
         os.environ.update(self.environment)
         ignore_stop_signals()
+        threading.Thread(target=_end_with, args=self.rank, name="bertdist-rank-watch", daemon=True).start()
+
+
+RANK_POLL_S = 1.0
+
+
+def _end_with(pid: int, started: str) -> None:
+    """End this worker once its rank has ended. torch's workers end when their parent does, and their parent is the
+    server here, which lives while any process holds its pipe's other end: multiprocessing hands that end to every
+    process the server forks, so it outlives its rank as long as a worker does. A rank killed before it ended its
+    workers (SIGKILL, the OOM killer) left both running for good, holding the launcher's output open: a multi-host
+    test waited on its ssh session for a quarter of an hour."""
+    while processes.start_time(pid) == started:
+        time.sleep(RANK_POLL_S)
+    os._exit(0)
 
 
 def started(workers: Iterable[multiprocessing.process.BaseProcess]) -> None:

@@ -26,8 +26,8 @@ from typing import TextIO
 
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
 from bertdist.launch.log_file import print_log_file
+from bertdist.processes import running
 from bertdist.storage import write_text
-from bertdist.train.stopping import running
 
 JOB_ENV = "BERTDIST_SUPERVISED_JOB"
 """Set by the supervisor, in its command's environment, to the job's exit-code file; torchrun and DeepSpeed's

@@ -24,6 +24,7 @@ import sys
 import threading
 from typing import Any
 
+from bertdist import processes
 from bertdist.stop_signals import STOP_SIGNALS
 
 POLL_SECONDS = 1.0
@@ -63,7 +64,7 @@ class StopFlag:
 
     def _watch(self) -> None:
         while not self._closed.wait(POLL_SECONDS):
-            gone = [(pid, name) for pid, start, name in self._launchers if _start_time(pid) != start]
+            gone = [(pid, name) for pid, start, name in self._launchers if processes.start_time(pid) != start]
             if gone and not self.signum:
                 pid, name = gone[0]
                 self.reason = f"its launcher ({name}, pid {pid}) ended"
@@ -85,39 +86,13 @@ def launcher_chain(pid: int | None = None) -> list[tuple[int, str, str]]:
     All the way up, past the shells between them: a supervisor whose launch script was killed still has
     ranks below it."""
     chain = []
-    parent = _parent(os.getpid() if pid is None else pid)
+    parent = processes.parent(os.getpid() if pid is None else pid)
     while parent > 1:
         program = _program(parent)
         if program in LAUNCHERS or program.startswith("ray::"):
-            chain.append((parent, _start_time(parent), program))
-        parent = _parent(parent)
+            chain.append((parent, processes.start_time(parent), program))
+        parent = processes.parent(parent)
     return chain
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _parent(pid: int) -> int:
-    fields = _stat_fields(pid)
-    return int(fields[1]) if len(fields) > 1 else 0
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` is a live process; a zombie (dead, and not yet reaped by its parent or init) is not."""
-    fields = _stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
-
-
-def _start_time(pid: int) -> str:
-    """Clock ticks after boot when `pid` started: tells a live launcher from a new process that reused its pid."""
-    fields = _stat_fields(pid)
-    return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
 
 
 def _program(pid: int) -> str:

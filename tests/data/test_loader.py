@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +259,53 @@ def test_workers_come_from_a_server_without_threads_that_stop_signals_leave_runn
     finally:
         batches.close()
         held.set()
+
+
+def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, tiny_vocab, tmp_path):
+    """The workers' parent is the fork server, which lives as long as they do (each holds its pipe): a rank killed
+    with SIGKILL before ending its workers left both running for good, and they held the launcher's output open (a
+    multi-host test waited on ssh for 15 minutes). Each worker watches its rank: all of them end within seconds, and
+    the queues' named semaphores in /dev/shm are removed by multiprocessing's resource tracker after them."""
+    import subprocess
+    import sys
+
+    from bertdist import processes
+    from tests.conftest import REPO
+    from tests.training_runs import children
+
+    script = (
+        "import time\n"
+        "from bertdist.data.loader import PretrainingLoader\n"
+        f"loader = PretrainingLoader({tiny_shards!r}, {tiny_vocab!r}, {TEST_SEQ_LENGTH}, 8, num_workers=2)\n"
+        "held = iter(loader)\n"
+        "next(held)\n"
+        "print('read', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    semaphores_before = set(os.listdir("/dev/shm"))
+    output = tmp_path / "rank.log"
+    with open(output, "w") as out:
+        rank = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    started = []
+    try:
+        deadline = time.monotonic() + 60
+        while "read" not in output.read_text():
+            assert rank.poll() is None and time.monotonic() < deadline, output.read_text()[-2000:]
+            time.sleep(0.1)
+        started = [*children(rank.pid), *(w for pid in children(rank.pid) for w in children(pid))]
+        assert len(started) == 4, started  # the resource tracker, the server and its two workers
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + 15
+        while any(processes.running(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in started if processes.running(pid)]
+        left = {n for n in set(os.listdir("/dev/shm")) - semaphores_before if n.startswith("sem.mp-")}
+        assert not left, left
+    finally:
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def tokens_by_sample(shards: str) -> dict[tuple[str, int], list[int]]:

@@ -1,0 +1,34 @@
+"""Processes of this machine as /proc shows them: whether one runs, its parent, when it started.
+
+A pid alone names a process only while it lives: once it has ended, the kernel may give the pid to a new one. So
+whoever watches a process here (a rank its launchers, a loader worker its rank) holds its pid and start time.
+"""
+
+from __future__ import annotations
+
+
+def stat_fields(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses); none once gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def parent(pid: int) -> int:
+    fields = stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process; a zombie (dead, and not yet reaped by its parent or init) is not."""
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def start_time(pid: int) -> str:
+    """Clock ticks after boot when `pid` started ("" once it has ended): tells a live process from a new one that
+    reused its pid."""
+    fields = stat_fields(pid)
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
