@@ -28,7 +28,6 @@ adds no behaviour of its own beyond choosing the corpus.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import importlib
 import inspect
@@ -36,7 +35,6 @@ import json
 import logging
 import os
 import re
-import selectors
 import shlex
 import subprocess
 import sys
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from bertdist import chatter
+from bertdist.child_output import output_lines
 from bertdist.config.model import ModelConfig
 from bertdist.model.registry import FAMILIES, spec
 
@@ -375,46 +374,6 @@ def _launch_training(config: Path, ranks: int, overrides: list[str], log: IO[str
             print(line if chatter.verbose() else "  " + line, end="", flush=True)
     log.flush()
     return proc.wait()
-
-
-OUTPUT_DRAIN_S = 10.0
-"""How long the output of a command that has exited is still read. Its pipe stays open while any process it
-started holds it, and one that outlives the command must not hold the demo: a loader worker orphaned by a hung
-fork once kept the launcher's output open after the launcher had exited, and the demo waited for it forever."""
-
-
-def output_lines(proc: subprocess.Popen, name: str, log: IO[str]) -> Iterator[str]:
-    """The lines `proc` (`name` to the user) writes to its stdout pipe (decoded, undecodable bytes replaced),
-    until it has exited and the pipe is drained, or OUTPUT_DRAIN_S after its exit if another process still holds
-    the pipe: that is said on stderr and in `log`."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pending, exited_at = "", None
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while exited_at is None or time.monotonic() - exited_at < OUTPUT_DRAIN_S:
-            if exited_at is None and proc.poll() is not None:
-                exited_at = time.monotonic()
-            if not selector.select(timeout=0.2):
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:  # EOF: every holder of the pipe has closed it
-                break
-            *lines, pending = (pending + decoder.decode(chunk)).split("\n")
-            yield from (line + "\n" for line in lines)
-        else:
-            held = (
-                f"bertdist demo: {name} exited with {proc.returncode}, but a process it started still holds "
-                f"its output; stopped reading it after {OUTPUT_DRAIN_S:.0f} s\n"
-            )
-            log.write(held)
-            print(held, end="", file=sys.stderr, flush=True)
-    rest = pending + decoder.decode(b"", final=True)
-    if rest:
-        yield rest
-    proc.stdout.close()
 
 
 TRAINER_LINE = re.compile(

@@ -32,3 +32,16 @@ def start_time(pid: int) -> str:
     reused its pid."""
     fields = stat_fields(pid)
     return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
+
+
+def same_process(pid: int, started: str) -> bool:
+    """Whether the process that started at `started` (`start_time`) still runs as `pid`. Only its absence from /proc
+    says no: a watcher must not take a failed read (no file descriptor left, no memory) for its process's end."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    return fields[0] != "Z" and fields[19] == started

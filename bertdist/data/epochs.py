@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,6 +62,12 @@ class EpochLayout:
                 )
             index = [(shard["name"], *block) for shard in manifest["shards"] for block in shard["blocks"]]
             self.stream = BlockStream(shard_dir, index, streaming)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a loader worker is sent (bertdist.data.worker_processes): the block tables, not the blocks this
+        process decoded or the epoch order it drew, caches the worker fills for itself."""
+        state = {k: v for k, v in vars(self).items() if k not in ("_order", "_starts")}
+        return {**state, "_epoch": -1, "_windows": OrderedDict(), "_decoded": OrderedDict()}
 
     def prefetch(self, epoch: int, positions: np.ndarray) -> None:
         """Start fetching the blocks of the samples at these positions (streamed shards only)."""

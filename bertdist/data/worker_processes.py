@@ -8,8 +8,9 @@ worker of rank 0 hung in `PyOS_AfterFork_Child`, the rank waited for its batch u
 job, and the orphaned worker kept the launcher's output open. Python 3.14 made the fork server the default start
 method on Linux for this reason. The server is a fresh interpreter started once per process, as soon as a loader
 with workers is built (`start_server`), so that its imports (torch and the loader, SERVER_MODULE) overlap the
-rank's own set-up; each worker is then forked from it, single-threaded, and unpickles its loader's stream (about
-a kilobyte) instead of inheriting it.
+rank's own set-up; each worker is then forked from it, single-threaded, and unpickles its loader's stream instead
+of inheriting it: the epoch layout's block tables, about 50 bytes per block of samples (5 MB for 50 million
+samples in blocks of 512), without the blocks the rank decoded (`EpochLayout.__getstate__`).
 
 What a forked worker had and a served one must be given (`WorkerStart`): the rank's environment, which the rank
 may have changed since the server started (`bertdist.object_store.use_endpoint` sets the store's endpoint there),
@@ -29,11 +30,12 @@ import atexit
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
 import weakref
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 from multiprocessing.context import BaseContext
 from typing import Iterable
 
@@ -56,17 +58,26 @@ def context() -> BaseContext:
 
 
 def start_server() -> None:
-    """Start this process's fork server now, if it is not running: it takes about a second to import torch."""
+    """Start this process's fork server now, if it is not running: it takes about a second to import torch.
+
+    The stop signals are blocked while it starts, and a blocked signal stays blocked through the exec: the server
+    and multiprocessing's resource tracker (started with it) never receive them, not even in the second before
+    the server has imported SERVER_MODULE. The tracker ignores SIGTERM and SIGINT itself, but SIGUSR1 (SLURM's
+    --signal, sent to every process of the step) would end it, and the semaphores it had to remove would stay."""
     context()
-    forkserver.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def ignore_stop_signals() -> None:
     """A worker, and the server it is forked from, ignore the stop signals: they reach them too when the whole
     process group is signalled (torchrun and SLURM stop ranks with killpg, Ctrl-C signals the terminal's group),
     and one that ended them would fail the rank before it can finish its step and checkpoint. The rank decides
-    when to stop; they end with it (the server when the rank's end closes its pipe, a worker when torch's check
-    finds its parent gone)."""
+    when to stop; they end with it (a worker by `_end_with`, the server once the rank and its workers have
+    closed its pipe)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
@@ -77,7 +88,7 @@ class WorkerStart:
 
     def __init__(self) -> None:
         self.environment = dict(os.environ)
-        self.rank = (os.getpid(), processes.start_time(os.getpid()))
+        self.rank = (os.getpid(), processes.start_time(os.getpid()), util.get_temp_dir())
 
     def __call__(self, worker_id: int) -> None:
         os.environ.clear()
@@ -89,14 +100,18 @@ class WorkerStart:
 RANK_POLL_S = 1.0
 
 
-def _end_with(pid: int, started: str) -> None:
+def _end_with(pid: int, started: str, temp_dir: str) -> None:
     """End this worker once its rank has ended. torch's workers end when their parent does, and their parent is the
     server here, which lives while any process holds its pipe's other end: multiprocessing hands that end to every
     process the server forks, so it outlives its rank as long as a worker does. A rank killed before it ended its
     workers (SIGKILL, the OOM killer) left both running for good, holding the launcher's output open: a multi-host
-    test waited on its ssh session for a quarter of an hour."""
-    while processes.start_time(pid) == started:
+    test waited on its ssh session for a quarter of an hour.
+
+    The rank's multiprocessing directory (`/tmp/pymp-*`: the server's socket, the workers' tensor handover) is
+    removed at a clean exit only; a killed rank's goes with its workers."""
+    while processes.same_process(pid, started):
         time.sleep(RANK_POLL_S)
+    shutil.rmtree(temp_dir, ignore_errors=True)
     os._exit(0)
 
 

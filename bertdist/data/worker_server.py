@@ -8,7 +8,8 @@ the loader here is the preload: each worker is forked with torch and the loader 
 second on them.
 """
 
-import bertdist.data.loader  # noqa: F401  (imported for the workers forked from here)
 from bertdist.data.worker_processes import ignore_stop_signals
 
 ignore_stop_signals()
+
+import bertdist.data.loader  # noqa: E402, F401  (imported for the workers forked from here)

@@ -11,9 +11,9 @@ supervise them) and treats the end of any of them like SIGTERM. Launchers are to
 the process group: torchrun starts every rank in a session of its own, and the leader of a rank's group may
 be no launcher at all: a script or cron job that ran `nohup bertdist train ... &` and ended, which must
 leave the run going. Under SLURM no launcher is above the tasks and nothing is watched: slurmstepd signals
-them itself. DataLoader workers notice a dead parent on their own (torch checks it) and, with the server they
-are forked from, ignore the stop signals (bertdist.data.worker_processes), so a signal sent to the whole process group
-(torchrun, SLURM, Ctrl-C) leaves them running until the checkpoint is written.
+them itself. DataLoader workers watch their rank on their own and, with the server they are forked from, ignore
+the stop signals (bertdist.data.worker_processes), so a signal sent to the whole process group (torchrun, SLURM,
+Ctrl-C) leaves them running until the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class StopFlag:
 
     def _watch(self) -> None:
         while not self._closed.wait(POLL_SECONDS):
-            gone = [(pid, name) for pid, start, name in self._launchers if processes.start_time(pid) != start]
+            gone = [(pid, name) for pid, start, name in self._launchers if not processes.same_process(pid, start)]
             if gone and not self.signum:
                 pid, name = gone[0]
                 self.reason = f"its launcher ({name}, pid {pid}) ended"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertdist.data import DataError, iter_samples
+from bertdist.data import DataError, iter_samples, worker_processes
 from bertdist.data.batching import pack_rows
 from bertdist.data.loader import PretrainingLoader
 from tests.conftest import TEST_SEQ_LENGTH
@@ -240,17 +240,18 @@ def test_workers_come_from_a_server_without_threads_that_stop_signals_leave_runn
     held = threading.Event()
     busy = threading.Thread(target=held.wait, daemon=True)  # a thread of the process, as a rank has
     busy.start()
+    worker_processes.start_server()
+    servers = [pid for pid in children(os.getpid()) if b"multiprocessing.forkserver" in _command_line(pid)]
+    assert len(servers) == 1, servers
+    server = servers[0]
+    before = set(children(server))  # workers another test's loader may still be ending
     loader = _loader(tiny_shards, tiny_vocab, num_workers=2)
     batches = iter(loader)
     next(batches)
     try:
-        mine = children(os.getpid())
-        servers = [pid for pid in mine if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        assert len(servers) == 1, mine
-        server = servers[0]
         assert len(os.listdir(f"/proc/{server}/task")) == 1
-        workers = children(server)
-        assert len(workers) == 2 and not set(workers) & set(mine), (workers, mine)
+        workers = set(children(server)) - before
+        assert len(workers) == 2 and not workers & set(children(os.getpid())), workers
         for pid in (server, *workers):
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
                 os.kill(pid, signum)
@@ -261,11 +262,19 @@ def test_workers_come_from_a_server_without_threads_that_stop_signals_leave_runn
         held.set()
 
 
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
+
+
 def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, tiny_vocab, tmp_path):
     """The workers' parent is the fork server, which lives as long as they do (each holds its pipe): a rank killed
     with SIGKILL before ending its workers left both running for good, and they held the launcher's output open (a
-    multi-host test waited on ssh for 15 minutes). Each worker watches its rank: all of them end within seconds, and
-    the queues' named semaphores in /dev/shm are removed by multiprocessing's resource tracker after them."""
+    multi-host test waited on ssh for 15 minutes). Each worker watches its rank: all of them end within seconds, the
+    queues' named semaphores in /dev/shm are removed by multiprocessing's resource tracker after them, and the rank's
+    multiprocessing directory (the server's socket) by its workers."""
     import subprocess
     import sys
 
@@ -275,11 +284,12 @@ def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, 
 
     script = (
         "import time\n"
+        "from multiprocessing import util\n"
         "from bertdist.data.loader import PretrainingLoader\n"
         f"loader = PretrainingLoader({tiny_shards!r}, {tiny_vocab!r}, {TEST_SEQ_LENGTH}, 8, num_workers=2)\n"
         "held = iter(loader)\n"
         "next(held)\n"
-        "print('read', flush=True)\n"
+        "print('read', util.get_temp_dir(), flush=True)\n"
         "time.sleep(600)\n"
     )
     semaphores_before = set(os.listdir("/dev/shm"))
@@ -302,6 +312,8 @@ def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, 
         assert not [pid for pid in started if processes.running(pid)]
         left = {n for n in set(os.listdir("/dev/shm")) - semaphores_before if n.startswith("sem.mp-")}
         assert not left, left
+        temp_dir = output.read_text().split()[1]
+        assert temp_dir.startswith("/tmp/pymp-") and not os.path.exists(temp_dir)
     finally:
         for pid in started:
             with contextlib.suppress(ProcessLookupError):
