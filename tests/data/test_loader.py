@@ -241,7 +241,10 @@ def test_workers_come_from_a_server_without_threads_that_stop_signals_leave_runn
     busy = threading.Thread(target=held.wait, daemon=True)  # a thread of the process, as a rank has
     busy.start()
     worker_processes.start_server()
-    servers = [pid for pid in children(os.getpid()) if b"multiprocessing.forkserver" in _command_line(pid)]
+    deadline = time.monotonic() + 60
+    while not (servers := [p for p in children(os.getpid()) if b"multiprocessing.forkserver" in _command_line(p)]):
+        assert time.monotonic() < deadline, "no fork server"  # forked, and not yet the server: its exec is pending
+        time.sleep(0.05)
     assert len(servers) == 1, servers
     server = servers[0]
     before = set(children(server))  # workers another test's loader may still be ending
