@@ -275,7 +275,8 @@ def _command_line(pid: int) -> bytes:
 def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, tiny_vocab, tmp_path):
     """The workers' parent is the fork server, which lives as long as they do (each holds its pipe): a rank killed
     with SIGKILL before ending its workers left both running for good, and they held the launcher's output open (a
-    multi-host test waited on ssh for 15 minutes). Each worker watches its rank: all of them end within seconds, the
+    multi-host test waited on ssh for 15 minutes). The stop signals leave all of them running (the rank decides).
+    Then each worker watches its rank: all of them end within seconds, the
     queues' named semaphores in /dev/shm are removed by multiprocessing's resource tracker after them, and the rank's
     multiprocessing directory (the server's socket) by its workers."""
     import subprocess
@@ -307,6 +308,11 @@ def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, 
             time.sleep(0.1)
         started = [*children(rank.pid), *(w for pid in children(rank.pid) for w in children(pid))]
         assert len(started) == 4, started  # the resource tracker, the server and its two workers
+        for pid in started:  # what SLURM's --signal and a killpg send them; SIGUSR1 ended the tracker
+            for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+                os.kill(pid, signum)
+        time.sleep(0.5)
+        assert all(processes.running(pid) for pid in started), [processes.running(pid) for pid in started]
         rank.kill()
         rank.wait()
         deadline = time.monotonic() + 15
