@@ -7,12 +7,17 @@ whoever watches a process here (a rank its launchers, a loader worker its rank) 
 from __future__ import annotations
 
 
+def _read_stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses); OSError if unread."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        return f.read().rsplit(")", 1)[-1].split()
+
+
 def stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses); none once gone."""
+    """The fields of `_read_stat`; none once gone (or unread)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return _read_stat(pid)
+    except OSError:
         return []
 
 
@@ -38,8 +43,7 @@ def same_process(pid: int, started: str) -> bool:
     """Whether the process that started at `started` (`start_time`) still runs as `pid`. Only its absence from /proc
     says no: a watcher must not take a failed read (no file descriptor left, no memory) for its process's end."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = _read_stat(pid)
     except (FileNotFoundError, ProcessLookupError):
         return False
     except OSError:

@@ -293,19 +293,6 @@ def process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def children(pid: int) -> list[int]:
-    """The live processes whose parent is `pid`."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
 def latest_tag(out: Path) -> str | None:
     marker = out / "checkpoints" / "latest"
     return marker.read_text().strip() if marker.is_file() else None

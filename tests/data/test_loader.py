@@ -8,9 +8,7 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,41 +233,39 @@ def test_workers_come_from_a_server_without_threads_that_stop_signals_leave_runn
     hold: a worker forked by rank 0 at the multilingual demo's phase switch hung in CPython's after-fork code, and
     the run stalled. So the workers are forked from a server the loader starts, which has one thread; it and they
     ignore the stop signals that reach a rank's whole process group, and the batches keep coming."""
-    from tests.training_runs import children
+    import psutil
 
-    held = threading.Event()
-    busy = threading.Thread(target=held.wait, daemon=True)  # a thread of the process, as a rank has
-    busy.start()
     worker_processes.start_server()
     deadline = time.monotonic() + 60
-    while not (servers := [p for p in children(os.getpid()) if b"multiprocessing.forkserver" in _command_line(p)]):
+    while not (servers := [p for p in psutil.Process().children() if _is_fork_server(p)]):
         assert time.monotonic() < deadline, "no fork server"  # forked, and not yet the server: its exec is pending
         time.sleep(0.05)
     assert len(servers) == 1, servers
     server = servers[0]
-    before = set(children(server))  # workers another test's loader may still be ending
+    before = set(server.children())  # workers another test's loader may still be ending
     loader = _loader(tiny_shards, tiny_vocab, num_workers=2)
     batches = iter(loader)
     next(batches)
     try:
-        assert len(os.listdir(f"/proc/{server}/task")) == 1
-        workers = set(children(server)) - before
-        assert len(workers) == 2 and not workers & set(children(os.getpid())), workers
-        for pid in (server, *workers):
+        assert server.num_threads() == 1
+        workers = set(server.children()) - before
+        assert len(workers) == 2 and not workers & set(psutil.Process().children()), workers
+        for process in (server, *workers):
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-                os.kill(pid, signum)
+                process.send_signal(signum)
         assert len(list(itertools.islice(batches, loader.batches_per_epoch))) == loader.batches_per_epoch
-        assert all(Path(f"/proc/{pid}").exists() for pid in (server, *workers))
+        assert all(process.is_running() for process in (server, *workers))
     finally:
         batches.close()
-        held.set()
 
 
-def _command_line(pid: int) -> bytes:
+def _is_fork_server(process) -> bool:
+    import psutil
+
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # ended meanwhile
-        return b""
+        return "multiprocessing.forkserver" in " ".join(process.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return False
 
 
 def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, tiny_vocab, tmp_path):
@@ -282,9 +278,10 @@ def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, 
     import subprocess
     import sys
 
+    import psutil
+
     from bertdist import processes
     from tests.conftest import REPO
-    from tests.training_runs import children
 
     script = (
         "import time\n"
@@ -306,7 +303,7 @@ def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, 
         while "read" not in output.read_text():
             assert rank.poll() is None and time.monotonic() < deadline, output.read_text()[-2000:]
             time.sleep(0.1)
-        started = [*children(rank.pid), *(w for pid in children(rank.pid) for w in children(pid))]
+        started = [p.pid for p in psutil.Process(rank.pid).children(recursive=True)]
         assert len(started) == 4, started  # the resource tracker, the server and its two workers
         for pid in started:  # what SLURM's --signal and a killpg send them; SIGUSR1 ended the tracker
             for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -318,13 +315,15 @@ def test_a_killed_rank_leaves_no_worker_no_server_and_no_semaphore(tiny_shards, 
         deadline = time.monotonic() + 15
         while any(processes.running(pid) for pid in started) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [pid for pid in started if processes.running(pid)]
+        assert not [pid for pid in started if processes.running(pid)], [
+            (p, processes.stat_fields(p)[:2]) for p in started
+        ]
         left = {n for n in set(os.listdir("/dev/shm")) - semaphores_before if n.startswith("sem.mp-")}
         assert not left, left
         temp_dir = output.read_text().split()[1]
         assert temp_dir.startswith("/tmp/pymp-") and not os.path.exists(temp_dir)
     finally:
-        for pid in started:
+        for pid in [rank.pid, *started]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
