@@ -2,15 +2,15 @@
 
 - `accuracy`, `f1` (binary, of the positive class), `macro_f1`, `matthews` (multi-class MCC, as
   scikit-learn computes it), `pearson`, `spearman` (ranks with ties averaged, as scipy): GLUE's metrics;
-- `entity_scores`: entity-level precision/recall/F1 for BIO/IOB2 tags as seqeval and conlleval count them
-  (an I- tag that does not continue an entity of its type starts a new one);
+- `entity_scores`: entity-level precision/recall/F1 for BIO (IOB2), IOBES and BILOU tags as seqeval's default
+  mode and conlleval count them (an I- tag that does not continue an entity of its type starts a new one);
 - `squad_scores`: SQuAD's official exact match and F1 (lower case, punctuation and the articles a/an/the
   removed, whitespace collapsed; the best over the gold answers), with v2.0's HasAns/NoAns split, where an
   unanswerable question's only gold answer is "";
 - `retrieval_scores`: nDCG@10, Recall@100 and MRR@10 of a ranked run against graded judgments (qrels), as
   BEIR reports them and ranx computes them.
 
-tests/finetune/test_metrics.py checks them against scikit-learn, scipy and the hand-computed examples of
+tests/finetune/test_metrics.py checks them against scikit-learn, scipy, sequences seqeval chunked, the examples of
 seqeval's and SQuAD's documentation; tests/finetune/test_retrieval.py checks the retrieval metrics against ranx.
 """
 
@@ -92,22 +92,38 @@ def _f1(true_positives: int, predicted: int, actual: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Entities in BIO / IOB2 tag sequences
+# Entities in BIO (IOB2), IOBES and BILOU tag sequences
+
+SCHEME_PREFIXES = {"B": "B", "I": "I", "E": "E", "S": "S", "L": "E", "U": "S"}
+"""The tag prefixes that mark entities, as IOBES's: BILOU's L (last) and U (unit) are IOBES's E (end) and S (single).
+OntoNotes and many other NER corpora ship in IOBES; a chunker that knows only B and I counts no single-token S entity
+and lets an E tag end an entity unseen."""
+
+
+def _prefix_and_type(tag: str) -> tuple[str, str]:
+    prefix, _, kind = tag.partition("-")
+    prefix = SCHEME_PREFIXES.get(prefix, "O")
+    return (prefix, kind) if prefix != "O" else ("O", "")
 
 
 def entities(tags: Sequence[str]) -> set[tuple[str, int, int]]:
-    """(type, first, last) of every entity; an I-X that does not continue an X starts one (seqeval's default)."""
-    found, current = set(), None  # current: [type, first, last]
-    for i, tag in enumerate(list(tags) + ["O"]):
-        prefix, _, kind = tag.partition("-")
-        continues = prefix == "I" and current is not None and current[0] == kind
-        if current is not None and not continues:
-            found.add(tuple(current))
-            current = None
-        if prefix in ("B", "I") and not continues:
-            current = [kind, i, i]
-        elif continues:
-            current[2] = i
+    """(type, first, last) of every entity, by conlleval's chunk rules (seqeval's default mode): an entity ends at an
+    E or S, before a B, S or O, or where the type changes; a B or S starts one, and so does an I or E that does not
+    continue one (after O, E or S, or of another type). Well-formed BIO and IOBES spell the same entities."""
+    found, first = set(), 0
+    previous, previous_kind = "O", ""
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, kind = _prefix_and_type(tag)
+        ends = (
+            previous in ("E", "S")
+            or (previous in ("B", "I") and prefix in ("B", "S", "O"))
+            or (previous != "O" and previous_kind != kind)
+        )
+        if ends:
+            found.add((previous_kind, first, i - 1))
+        if prefix in ("B", "S") or (prefix in ("I", "E") and (previous in ("O", "E", "S") or previous_kind != kind)):
+            first = i
+        previous, previous_kind = prefix, kind
     return found
 
 

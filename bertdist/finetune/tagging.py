@@ -7,8 +7,9 @@ label and predicts it; the other sub-tokens, [CLS], [SEP] and padding are ignore
 
 A sentence longer than `max_seq_length` keeps its first words; the words cut off are predicted `O` at
 evaluation (so a gold entity there counts as missed) and the number of such sentences is reported. Dev
-scores are entity-level precision/recall/F1 for BIO tags (bertdist.finetune.metrics.entity_scores) and word
-accuracy; for tags that are not BIO (POS tags, say) only the accuracy means anything, and it is the headline.
+scores are entity-level precision/recall/F1 for BIO, IOBES or BILOU tags (bertdist.finetune.metrics.entity_scores)
+and word accuracy; for tags that mark no entities (POS tags, say) only the accuracy means anything, and it is the
+headline.
 """
 
 from __future__ import annotations
@@ -155,6 +156,6 @@ def scores(outputs: list[np.ndarray], dev: Tagged, labels: list[str]) -> dict[st
     return {"accuracy": metrics.accuracy(flat_p, flat_g), **metrics.entity_scores(predicted_tags, gold)}
 
 
-def is_bio(labels: list[str]) -> bool:
-    """Entity scores mean something: the tags are B-X / I-X / O."""
-    return any(name.startswith(("B-", "I-")) for name in labels)
+def marks_entities(labels: list[str]) -> bool:
+    """Entity scores mean something: the tags are X-TYPE with a prefix of an entity scheme (BIO, IOBES, BILOU)."""
+    return any(name.partition("-")[0] in metrics.SCHEME_PREFIXES and "-" in name for name in labels)

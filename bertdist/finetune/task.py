@@ -4,8 +4,8 @@ task: files; head; dev metrics (headline first)
 - classification: CSV/TSV/JSONL, one text or a pair; SequenceClassification; accuracy, matthews, f1 (2 labels) or
   macro_f1
 - regression: CSV/TSV/JSONL, a score per row; SequenceClassification (MSE); pearson, spearman, mse
-- token_classification: CoNLL (word ... label); TokenClassification; f1 (BIO tags; else accuracy), precision,
-  recall, accuracy
+- token_classification: CoNLL (word ... label); TokenClassification; f1 (BIO, IOBES or BILOU tags; else
+  accuracy), precision, recall, accuracy
 - question_answering: SQuAD v1.1/v2.0 JSON; QuestionAnswering; f1, exact_match (v2.0: HasAns/NoAns, best_threshold)
 - multiple_choice: CSV/TSV/JSONL, context + endings; MultipleChoice; accuracy
 - embedding: CSV/TSV/JSONL, query + positive (+ hard negatives); a pooled encoder (bertdist.model.sentence), InfoNCE
@@ -137,13 +137,13 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
     labels = tagging.tag_names(train)
     dev = tagging.known_tags(dev, labels, dev_report, skip)
     encoded_train, encoded_dev = (tagging.encode(s, labels, vocab_file, cased, length) for s in (train, dev))
-    bio = tagging.is_bio(labels)
+    entity_tags = tagging.marks_entities(labels)
 
     def score(outputs: list[np.ndarray]) -> dict[str, float]:
         s = tagging.scores(outputs, encoded_dev, labels)
         return (
             {"f1": s["f1"], "precision": s["precision"], "recall": s["recall"], "accuracy": s["accuracy"]}
-            if bio
+            if entity_tags
             else {"accuracy": s["accuracy"]}
         )
 

@@ -67,6 +67,53 @@ def test_entity_scores_follow_seqeval():
     assert scores == pytest.approx({"precision": 0.5, "recall": 1.0, "f1": 2 / 3})
 
 
+def test_iobes_and_bilou_entities_follow_conlleval():
+    """E- ends an entity, S- is one, BILOU's L-/U- are E-/S-; ill-formed sequences as seqeval's default mode (1.2.2)
+    chunks them (its get_entities, run on these sequences)."""
+    assert metrics.entities(["B-LOC", "I-LOC", "E-LOC"]) == {("LOC", 0, 2)}
+    assert metrics.entities(["S-PER", "O", "U-LOC", "B-ORG", "L-ORG"]) == {("PER", 0, 0), ("LOC", 2, 2), ("ORG", 3, 4)}
+    tags = ["E-PER", "I-PER", "S-PER", "S-PER", "B-LOC", "E-LOC", "E-LOC", "I-LOC", "B-ORG", "S-ORG", "I-ORG"]
+    assert metrics.entities(tags) == {
+        *(("PER", i, i) for i in range(4)),
+        ("LOC", 4, 5),
+        ("LOC", 6, 6),
+        ("LOC", 7, 7),
+        *(("ORG", i, i) for i in range(8, 11)),
+    }
+    assert metrics.entities(["I-PER", "E-LOC", "S-LOC", "I-LOC", "E-LOC", "B-PER", "E-PER", "I-PER"]) == {
+        ("PER", 0, 0),
+        ("LOC", 1, 1),
+        ("LOC", 2, 2),
+        ("LOC", 3, 4),
+        ("PER", 5, 6),
+        ("PER", 7, 7),
+    }
+    # A wrong boundary is a miss, a single-token entity counts (a B/I-only chunker scored these 1.0 and 0.0).
+    scores = metrics.entity_scores([["B-LOC", "I-LOC", "O"]], [["B-LOC", "I-LOC", "E-LOC"]])
+    assert scores == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+    scores = metrics.entity_scores([["S-PER", "O", "O"]], [["S-PER", "O", "S-LOC"]])
+    assert scores == pytest.approx({"precision": 1.0, "recall": 0.5, "f1": 2 / 3})
+
+
+def test_well_formed_bio_iobes_and_bilou_spell_the_same_entities():
+    rng = np.random.default_rng(0)
+    spellings = {"BIO": ("B", "I", "I", "B"), "IOBES": ("B", "I", "E", "S"), "BILOU": ("B", "I", "L", "U")}
+    for _ in range(300):
+        spans, position = set(), int(rng.integers(0, 3))
+        while position < 30:
+            length = int(rng.integers(1, 5))
+            spans.add((str(rng.choice(["PER", "LOC"])), position, position + length - 1))
+            position += length + int(rng.integers(0, 3))  # entities may touch
+        length = max(last for _, _, last in spans) + 1
+        for first_tag, inside, last_tag, single in spellings.values():
+            tags = ["O"] * length
+            for kind, first, last in spans:
+                for i in range(first, last + 1):
+                    prefix = single if first == last else first_tag if i == first else last_tag if i == last else inside
+                    tags[i] = f"{prefix}-{kind}"
+            assert metrics.entities(tags) == spans, tags
+
+
 def test_squad_official_normalisation_and_scores():
     assert metrics.normalize_answer("The  Denver Broncos!") == "denver broncos"
     assert metrics.normalize_answer("an apple, a pear") == "apple pear"

@@ -82,6 +82,12 @@ def _encoded(tmp_path, max_seq_length: int = 32):
     )
 
 
+def test_entity_scores_are_the_headline_for_bio_iobes_and_bilou_tags_only():
+    assert tagging.marks_entities(["O", "B-PER", "I-PER"]) and tagging.marks_entities(["O", "E-PER", "S-PER"])
+    assert tagging.marks_entities(["O", "U-LOC"])
+    assert not tagging.marks_entities(["NN", "VBZ", "DT", "-NONE-", "O"])
+
+
 def test_the_first_sub_token_of_each_word_carries_its_label(tmp_path):
     sentences, labels, tagged = _encoded(tmp_path)
     # [CLS] the sh ##util module copies [SEP]
