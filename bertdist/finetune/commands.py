@@ -215,7 +215,11 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--split", default=d.split, help="the judgments: qrels/SPLIT.tsv")
     r.add_argument(
-        "--pooling", choices=POOLINGS, default=d.pooling, help="a text's vector: the mean of the last layer, or [CLS]"
+        "--pooling",
+        choices=POOLINGS,
+        default=d.pooling,
+        help="a text's vector: the mean of the last layer, or [CLS]; default: a sentence-transformers model's, "
+        "else mean",
     )
     r.add_argument("--batch-size", type=int, default=d.batch_size)
     r.add_argument(

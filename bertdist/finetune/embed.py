@@ -155,6 +155,17 @@ class Encoder:
             rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length
         )
 
+    def pooling(self, asked: str, default: str) -> str:
+        """`asked` where given; else a sentence-transformers directory's own pooling (its own vectors are then what
+        is asked for, so every module of its pipeline must be one bertdist computes), else `default`. A CLS-trained
+        model read with mean pooling gives vectors it was never trained to produce."""
+        if asked:
+            return asked
+        if self.sentence is None:
+            return default
+        self.sentence.own_vectors()
+        return self.sentence.pooling
+
     def finite(self, vectors: Any) -> Any:
         """`vectors`, or a UserError naming the model when any is NaN or infinite: damaged weights or an overflow,
         which scored or written as features would pass for results (a NaN retriever ranks in corpus order)."""

@@ -107,10 +107,7 @@ def vectors_of(o: PairSearchOptions, command: str) -> Callable[[list[str]], np.n
     from bertdist.finetune.retrieval import CORPUS_BLOCK_ROWS, embed_blocks
 
     encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
-    own = encoder.sentence if not o.pooling else None
-    if own is not None:
-        own.own_vectors()  # the directory's own vectors: a module bertdist does not compute is refused
-    pooling = o.pooling or (own.pooling if own else "mean")
+    pooling = encoder.pooling(o.pooling, "mean")
 
     def vectors(texts: list[str]) -> np.ndarray:
         blocks = (texts[i : i + CORPUS_BLOCK_ROWS] for i in range(0, len(texts), CORPUS_BLOCK_ROWS))

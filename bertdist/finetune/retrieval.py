@@ -45,8 +45,9 @@ class RetrievalOptions:
     """results.json, run.trec and (unless tracking.tracking_uri) the MLflow store."""
     split: str = "test"
     """The judgments: qrels/<split>.tsv."""
-    pooling: str = "mean"
-    """mean (of the last layer over the tokens) or cls."""
+    pooling: str = ""
+    """mean (of the last layer over the tokens) or cls; empty: a sentence-transformers directory's own pooling, else
+    mean."""
     batch_size: int = 64
     max_seq_length: int = 0
     """0: 256, or the model's positions where it has fewer; longer texts are cut."""
@@ -62,7 +63,7 @@ def check(o: RetrievalOptions) -> None:
     from bertdist.finetune.embed import POOLINGS
 
     problems = []
-    if o.pooling not in POOLINGS:
+    if o.pooling and o.pooling not in POOLINGS:
         problems.append(f"--pooling: {o.pooling!r} is not {' or '.join(POOLINGS)}")
     if o.batch_size <= 0:
         problems.append(f"--batch-size: must be positive, got {o.batch_size}")
@@ -93,9 +94,10 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
     started = time.monotonic()
     encoder = open_encoder(o.model, o.max_seq_length, default_length=256)
     widths = _dims(o, encoder)  # before the corpus is embedded
-    queries = sentence_vectors(encoder, list(collection.queries.values()), o.pooling, o.batch_size)
+    pooling = encoder.pooling(o.pooling, "mean")
+    queries = sentence_vectors(encoder, list(collection.queries.values()), pooling, o.batch_size)
     blocks = corpus_texts(collection, CORPUS_BLOCK_ROWS)
-    corpus = embed_blocks(encoder, blocks, len(collection.doc_ids), o.pooling, o.batch_size, "evaluate", "passages")
+    corpus = embed_blocks(encoder, blocks, len(collection.doc_ids), pooling, o.batch_size, "evaluate", "passages")
     embedded = time.monotonic()
     run = _run(collection, *top_k(queries, corpus, TOP_K + 1))
     scores = retrieval_scores(run, collection.qrels)
@@ -112,7 +114,7 @@ def evaluate_retrieval(o: RetrievalOptions) -> int:
         "pretraining_run_id": encoder.source.pretraining_run_id,
         "data_dir": o.data_dir,
         "split": o.split,
-        "pooling": o.pooling,
+        "pooling": pooling,
         "max_seq_length": encoder.max_seq_length,
         "queries": len(collection.queries),
         "passages": len(collection.doc_ids),

@@ -182,6 +182,33 @@ def test_a_query_that_is_its_passage_is_found_first(collection, random_model, tm
     }
 
 
+def test_a_sentence_transformers_directory_is_scored_with_its_own_pooling(collection, random_model, tmp_path, capsys):
+    """A CLS-pooled sentence-transformers directory is scored on its [CLS] vectors unless --pooling says otherwise
+    (the suite read every model with mean pooling: vectors it was never trained to produce); a module bertdist
+    does not compute is refused there, before a passage is embedded."""
+    from sentence_transformers import SentenceTransformer, models
+
+    directory = tmp_path / "st-cls"
+    modules = [models.Transformer(str(random_model)), models.Pooling(64, pooling_mode="cls")]
+    SentenceTransformer(modules=modules, device="cpu").save(str(directory))
+    scored = {}
+    for pooling in ("", "cls", "mean"):
+        out = tmp_path / f"out-{pooling or 'own'}"
+        extra = ["--pooling", pooling] if pooling else []
+        assert _evaluate(collection, directory, out, *extra, "tracking.enabled=false") == 0
+        results = json.loads((out / "results.json").read_text())
+        scored[pooling] = (results["pooling"], results["metrics"], _trec(out / "run.trec"))
+    assert scored[""] == scored["cls"] and scored["cls"][0] == "cls"
+    assert scored["mean"][0] == "mean" and scored["mean"][2] != scored["cls"][2]
+    listing = json.loads((directory / "modules.json").read_text())
+    listing.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (directory / "modules.json").write_text(json.dumps(listing))
+    capsys.readouterr()
+    assert _evaluate(collection, directory, tmp_path / "dense", "tracking.enabled=false") == USAGE_EXIT_CODE
+    printed = capsys.readouterr()
+    assert "module Dense is not supported yet" in printed.err and "passages" not in printed.err
+
+
 def _edit(path: Path, line: int, new: str | None) -> None:
     """Line `line` (1-based) of `path` replaced by `new`, or a copy of it inserted before it when `new` is None."""
     lines = path.read_text().splitlines()
