@@ -25,6 +25,7 @@ How an epoch is laid out, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Iterator
 
@@ -208,6 +209,17 @@ class PretrainingLoader:
         (sentence-order pairs) or mlm (full sentences; no sentence labels to learn)."""
         self.masking_mode = options.get("masking", "static")
         """static (the masks are in the shards) or dynamic (masked here, by `masking`)."""
+        defaults = MaskingConfig()
+        self.shard_masking = (
+            None
+            if self.masking_mode == "dynamic"
+            else dataclasses.replace(
+                defaults,
+                **{f.name: options.get(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(defaults)},
+            )
+        )
+        """The rules the masks in static shards were made by (`bertdist prepare`'s masking flags); None for dynamic
+        shards, which `masking` masks."""
         masker = None
         if self.masking_mode == "dynamic":
             masker = Masker(masking, VocabInfo.from_tokenizer(open_tokenizer(vocab_file)), span_bounds)

@@ -8,9 +8,10 @@ before anything starts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
-from bertdist.config import Config, ConfigError, PhaseConfig
+from bertdist.config import Config, ConfigError, MaskingConfig, PhaseConfig
 from bertdist.config.objectives import OBJECTIVES
 
 if TYPE_CHECKING:
@@ -50,15 +51,8 @@ def phase_loader(
         streaming=streaming,
         span_bounds="masked_lm_span_bounds" in OBJECTIVES[cfg.model.objective].fields,
     )
-    if masking != cfg.data.masking and loader.masking_mode != "dynamic":
-        index = next(i for i, p in enumerate(cfg.data.phases) if p is phase)
-        raise ConfigError(
-            [
-                f"data.phases.{index}: its own masking rate or split needs shards masked at load time, and "
-                f"{shard_dir} was prepared with --masking {loader.masking_mode}: its masks are in the shards; prepare "
-                "them with --masking dynamic, or leave the phase's masking to data.masking"
-            ]
-        )
+    if loader.shard_masking is not None:
+        _check_static_masks(cfg, phase, masking, loader.shard_masking, shard_dir)
     wanted = OBJECTIVES[cfg.model.objective]
     if loader.samples not in wanted.samples:
         raise ConfigError(
@@ -69,6 +63,33 @@ def phase_loader(
             ]
         )
     return loader
+
+
+def _check_static_masks(
+    cfg: Config, phase: PhaseConfig, masking: MaskingConfig, made: MaskingConfig, shard_dir: str
+) -> None:
+    """Shards prepared with --masking static carry their masks: a masking rule the config asks for that differs
+    from the one they were made by would be silently ignored (the run trains on the shards' masks and reports the
+    config's). A setting left at its default defers to the shards."""
+    if masking != cfg.data.masking:
+        index = next(i for i, p in enumerate(cfg.data.phases) if p is phase)
+        raise ConfigError(
+            [
+                f"data.phases.{index}: its own masking rate or split needs shards masked at load time, and "
+                f"{shard_dir} was prepared with --masking static: its masks are in the shards; prepare them with "
+                "--masking dynamic, or leave the phase's masking to data.masking"
+            ]
+        )
+    defaults = MaskingConfig()
+    differ = [
+        f"data.masking.{f.name}: {getattr(masking, f.name)!r}, and the masks in {shard_dir} (prepared with "
+        f"--masking static) were made with {getattr(made, f.name)!r}; they are in the shards: prepare them with "
+        "--masking dynamic, set it to the shards' value, or leave it at its default"
+        for f in dataclasses.fields(MaskingConfig)
+        if getattr(masking, f.name) not in (getattr(defaults, f.name), getattr(made, f.name))
+    ]
+    if differ:
+        raise ConfigError(differ)
 
 
 def train_loader(

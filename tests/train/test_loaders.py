@@ -77,7 +77,7 @@ def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(
 ):
     """mmBERT lowers the masking rate by phase (30% -> 15% -> 5%): a phase's loader masks at its rate and split
     (within 2 points over a few thousand tokens), the plan says so, and shards whose masks were made at prepare
-    time refuse a phase rate in one line naming the phase."""
+    time refuse a phase rate in one line naming the phase, and any data.masking rule other than theirs."""
     import numpy as np
 
     from bertdist.config import load_config
@@ -109,6 +109,13 @@ def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(
     err = capsys.readouterr().err
     assert "data.phases.0: its own masking rate or split needs shards masked at load time" in err
     assert "Traceback" not in err and tiny_shards in err
+    # The run-wide rules too: the shards' masks (15%, 80/10/10, token by token) would be trained on regardless.
+    asked = ["data.masking.masked_lm_prob=0.4", "data.masking.whole_word_mask=true"]
+    assert main(["train", "--config", str(static), "--dry-run", *asked]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert f"data.masking.masked_lm_prob: 0.4, and the masks in {tiny_shards} (prepared with --masking static) " in err
+    assert "were made with 0.15;" in err and "data.masking.whole_word_mask: True, " in err and "made with False" in err
+    assert main(["train", "--config", str(static), "--dry-run", "data.masking.masked_lm_prob=0.15"]) == 0
     assert main(["train", "--config", str(config), "--dry-run", "data.phases.0.masked_lm_prob=1.5"]) == USAGE_EXIT_CODE
     assert "data.phases.0.masked_lm_prob: must be in (0, 1)" in capsys.readouterr().err
     capped = ["data.phases.0.masked_lm_prob=0.4", "data.masking.max_predictions_per_seq=5"]  # 0.4 x 32 = 13 > 5
