@@ -27,6 +27,7 @@ import gzip
 import json
 import os
 import re
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
@@ -40,6 +41,12 @@ _BLOCK_BYTES = 1 << 20
 
 _KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki"}
 _COMPRESSIONS = {".gz": "gz", ".bz2": "bz2"}
+_WIKI_PART = re.compile(r"\.xml-p\d+p\d+")
+"""The part files of a Wikipedia dump (`enwiki-latest-pages-articles1.xml-p1p41242.bz2`): XML, each a page range."""
+_UNREAD_FORMATS = (".zst", ".zstd", ".xz", ".lzma", ".lz4", ".7z", ".zip", ".tar", ".tgz", ".parquet", ".arrow")
+"""Data files bertdist does not read: found under an input directory they are refused, not left out with the other
+files of no input type (a corpus shipped as .jsonl.zst parts, as The Pile's and Dolma's are, would otherwise lose
+every part unnoticed, or all but a stray .jsonl)."""
 _LANGUAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A language names a shard directory (`prepare --split-by-language`): no path separators, no leading dot."""
 
@@ -76,7 +83,7 @@ def file_kind(path: str) -> tuple[str, str]:
     compression = _COMPRESSIONS.get(ext.lower(), "")
     if compression:
         stem, ext = os.path.splitext(stem)
-    kind = _KINDS.get(ext.lower())
+    kind = _KINDS.get(ext.lower()) or ("wiki" if _WIKI_PART.fullmatch(ext) else None)
     if kind is None:
         raise DataError(f"{path}: unknown input type; expected .txt, .jsonl or .xml, optionally .gz/.bz2")
     return kind, compression
@@ -93,7 +100,7 @@ def expand_inputs(patterns: list[str], languages_from_dirs: bool = False) -> lis
         if storage.is_file(pattern):
             paths.append(pattern)
         elif storage.is_dir(pattern):
-            paths.extend(p for p in storage.find(pattern) if _is_known(p))
+            paths.extend(_found(pattern))
         else:
             matches = storage.glob(pattern)
             if not matches:
@@ -115,7 +122,7 @@ def _language_inputs(parents: list[str]) -> list[InputFile]:
         if not storage.is_dir(parent):
             raise DataError(f"{parent}: not a directory (--languages-from-dirs reads PARENT/<language>/...)")
         base = storage.absolute(parent).rstrip("/") + "/"
-        for path in (storage.absolute(p) for p in storage.find(parent) if _is_known(p)):
+        for path in (storage.absolute(p) for p in _found(parent)):
             language, sep, _ = path[len(base) :].partition("/")
             if not sep:
                 raise DataError(f"{path}: not inside a language directory of {parent} (--languages-from-dirs)")
@@ -127,6 +134,29 @@ def _language_inputs(parents: list[str]) -> list[InputFile]:
     if not files:
         raise DataError(f"no input files (.txt, .jsonl, .xml[.gz|.bz2]) in {', '.join(parents)}")
     return files
+
+
+def _found(directory: str) -> list[str]:
+    """The files of input types under `directory`. A data file of a format bertdist does not read is a DataError;
+    the other files (a README, Hadoop's _SUCCESS) are left out and counted on stderr, by name."""
+    known, other = [], []
+    for path in storage.find(directory):
+        (known if _is_known(path) else other).append(path)
+    unread = [p for p in other if os.path.splitext(p)[1].lower() in _UNREAD_FORMATS]
+    if unread:
+        more = f" (and {len(unread) - 1} more such files)" if len(unread) > 1 else ""
+        raise DataError(
+            f"{unread[0]}{more}: a format bertdist does not read (.txt, .jsonl, .json or .xml, optionally .gz or "
+            f".bz2), found in the input directory {directory}: convert it, or give the files to read (a glob)"
+        )
+    if other:
+        names = ", ".join(os.path.basename(p) for p in other[:3]) + (", ..." if len(other) > 3 else "")
+        print(
+            f"bertdist: {directory}: left out {len(other)} file(s) of no input type ({names}); input files end in "
+            ".txt, .jsonl, .json or .xml, optionally .gz or .bz2",
+            file=sys.stderr,
+        )
+    return known
 
 
 def check_language(language: str, where: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+from pathlib import Path
 from xml.sax.saxutils import escape
 
 import pytest
@@ -13,6 +14,7 @@ from bertdist.data import DataError
 from bertdist.data.readers import (
     MAX_LINE_BYTES,
     expand_inputs,
+    file_kind,
     plan_units,
     read_documents,
 )
@@ -148,6 +150,30 @@ def test_bad_input_names_the_file_and_place(tmp_path, name, data, message):
     with pytest.raises(DataError, match=message) as err:
         _read(path)
     assert str(path) in str(err.value)
+
+
+def test_a_directory_s_files_of_no_input_type_are_named_and_unread_data_formats_refused(tmp_path, capsys):
+    """A .jsonl.zst part beside a .jsonl was left out unnoticed: data bertdist does not read is refused, naming
+    the file; other files (a README, _SUCCESS) are left out and counted by name."""
+    corpus = tmp_path / "corpus"
+    (corpus / "en").mkdir(parents=True)
+    (corpus / "en" / "a.jsonl").write_text('{"text": "One."}\n')
+    (corpus / "en" / "README.md").write_text("about\n")
+    (corpus / "en" / "_SUCCESS").write_text("")
+    assert [Path(f.path).name for f in expand_inputs([str(corpus)])] == ["a.jsonl"]
+    assert f"bertdist: {corpus}: left out 2 file(s) of no input type (" in capsys.readouterr().err
+    assert [f.language for f in expand_inputs([str(corpus)], languages_from_dirs=True)] == ["en"]
+    (corpus / "en" / "b.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd")
+    for languages_from_dirs in (False, True):
+        with pytest.raises(DataError, match="b.jsonl.zst: a format bertdist does not read") as err:
+            expand_inputs([str(corpus)], languages_from_dirs)
+        assert str(corpus) in str(err.value)
+
+
+def test_wikipedia_part_files_are_dumps():
+    """docs/data.md points at a dump's part files for a cluster: their names end .xml-pFIRSTpLAST.bz2."""
+    assert file_kind("enwiki-latest-pages-articles-multistream1.xml-p1p41242.bz2") == ("wiki", "bz2")
+    assert file_kind("dewiki-20260101-pages-articles3.xml-p3p12") == ("wiki", "")
 
 
 def test_unknown_types_and_missing_inputs(tmp_path):
