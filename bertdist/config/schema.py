@@ -154,7 +154,12 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     weight_decay: float = 0.01
-    """Not applied to LayerNorm weights and biases."""
+    """Not applied to LayerNorm weights and biases. How it scales with the rate: weight_decay_mode."""
+    weight_decay_mode: Literal["adamw", "independent"] = "adamw"
+    """adamw (the paper's AdamWeightDecay, torch's AdamW): each step shrinks a matrix by lr x weight_decay.
+    independent (ModernBERT's StableAdamW, optimi's decouple_lr): by weight_decay x lr / the peak lr, so
+    weight_decay is the shrink per step at the peak (ModernBERT's 1e-5; as an adamw value it would be about
+    1,000 times weaker, and in fp32 it rounds away to nothing)."""
     grad_clip_norm: float = 1.0
     """0 disables clipping."""
     warmup_steps: int = 100

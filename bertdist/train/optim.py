@@ -65,9 +65,25 @@ def scheduled_learning_rate(cfg: Config, step: int) -> float:
     return learning_rate(step, o.lr, o.warmup_steps, cfg.total_steps(), o.schedule, o.decay_fraction, o.decay_shape)
 
 
-def set_learning_rate(param_groups: Iterable[dict[str, Any]], lr: float) -> None:
+def peak_learning_rate(cfg: Config, step: int) -> float:
+    """The peak of the schedule optimizer step `step` follows: its phase's own lr, or the run's."""
+    _, phase = cfg.phase_at(step)
+    return phase.lr or cfg.optim.lr
+
+
+def weight_decay_at(optim: OptimConfig, peak_lr: float) -> float:
+    """The decaying groups' `weight_decay` under a schedule peaking at `peak_lr` (optim.weight_decay_mode):
+    AdamW shrinks a matrix by lr x this value each step, so `independent` divides by the peak."""
+    return optim.weight_decay / peak_lr if optim.weight_decay_mode == "independent" else optim.weight_decay
+
+
+def set_learning_rate(param_groups: Iterable[dict[str, Any]], lr: float, weight_decay: float | None = None) -> None:
+    """`lr` on every group; `weight_decay`, where given, on the groups that decay (LayerNorm weights and biases
+    stay at 0)."""
     for group in param_groups:
         group["lr"] = lr
+        if weight_decay is not None and group["weight_decay"]:
+            group["weight_decay"] = weight_decay
 
 
 def param_groups(model: Any, weight_decay: float) -> list[dict]:
@@ -96,8 +112,9 @@ def build_optimizer(model: Any, optim: OptimConfig, device_type: str) -> Any:
     """
     import torch
 
-    groups = param_groups(model, optim.weight_decay)
-    kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
+    weight_decay = weight_decay_at(optim, optim.lr)
+    groups = param_groups(model, weight_decay)
+    kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=weight_decay)
     if optim.name == "lamb":
         from bertdist.train.lamb import Lamb
 

@@ -71,8 +71,10 @@ from bertdist.train.distributed import DistributedEnv
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.loaders import continue_sources, phase_loader, source_positions, train_loader
 from bertdist.train.optim import (
+    peak_learning_rate,
     scheduled_learning_rate,
     set_learning_rate,
+    weight_decay_at,
 )
 from bertdist.train.restart_event import RestartEvent
 from bertdist.train.watchdog import StallWatchdog
@@ -248,7 +250,9 @@ class Trainer(scaffold.Run):
                 self.stragglers.restart()
             ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
             lr = scheduled_learning_rate(cfg, step) * self.rollbacks.lr_scale
-            set_learning_rate(engine.optimizer.param_groups, lr)
+            set_learning_rate(
+                engine.optimizer.param_groups, lr, weight_decay_at(cfg.optim, peak_learning_rate(cfg, step))
+            )
             self.rollbacks.position = self.loaders[index].state_dict()
             sums = self._train_step(batches, self.loaders[index])
             step = self.step = step + 1

@@ -82,10 +82,46 @@ def test_cpu_optimizer_is_adamw_without_decay_on_layernorm_and_biases():
     assert opt.defaults["eps"] == cfg.optim.eps
 
 
+def test_independent_weight_decay_shrinks_by_its_value_times_lr_over_the_phase_peak(tmp_path):
+    """ModernBERT's 1e-5 is StableAdamW's fully decoupled decay (optimi's decouple_lr): 1e-5 of a matrix per step at
+    the peak, scaled by lr / peak through the schedule, each phase by its own peak. As AdamW's value it shrinks by
+    lr x 1e-5 = 8e-9 a step, which fp32 rounds away entirely: the recipe trained without weight decay."""
+    from bertdist.train.optim import peak_learning_rate, scheduled_learning_rate, set_learning_rate, weight_decay_at
+
+    (tmp_path / "c.yaml").write_text(
+        "optim: {lr: 8.0e-4, weight_decay: 1.0e-5, weight_decay_mode: independent, schedule: wsd, warmup_steps: 2,"
+        " decay_fraction: 0.5}\ndata: {phases: [{steps: 6}, {steps: 4, lr: 3.0e-4, warmup_steps: 0}]}\n"
+    )
+    cfg = load_config(str(tmp_path / "c.yaml"), ["optim.fused=off"])
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    optimizer = build_optimizer(model, cfg.optim, "cpu")
+    for step in range(cfg.total_steps()):
+        lr, peak = scheduled_learning_rate(cfg, step), peak_learning_rate(cfg, step)
+        set_learning_rate(optimizer.param_groups, lr, weight_decay_at(cfg.optim, peak))
+        before = [p.detach().clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)  # Adam's own update is 0: what moves the weights is the decay alone
+        optimizer.step()
+        weight, *vectors = model.parameters()
+        assert (1 - weight.detach() / before[0]).mean().item() == pytest.approx(1e-5 * lr / peak, rel=0.02), step
+        assert all(torch.equal(p.detach(), b) for p, b in zip(vectors, before[1:]))  # biases, LayerNorm: no decay
+    assert peak_learning_rate(cfg, 5) == 8e-4 and peak_learning_rate(cfg, 6) == 3e-4
+
+    adamw = build_optimizer(model, load_config(None, ["optim.lr=8e-4", "optim.weight_decay=1e-5"]).optim, "cpu")
+    before = model[0].weight.detach().clone()
+    model[0].weight.grad = torch.zeros_like(before)
+    adamw.step()
+    assert torch.equal(model[0].weight.detach(), before)  # the fp32 shrink of 8e-9 is lost
+
+
 @pytest.mark.parametrize(
     "overrides, problem",
     [
         (["optim.schedule=cosine"], "optim.schedule: 'cosine' is not one of linear, wsd"),
+        (
+            ["optim.name=lamb", "optim.weight_decay_mode=independent", "train.zero_stage=0"],
+            "optim.weight_decay_mode: independent is Adam's decoupled decay; lamb puts its decay inside",
+        ),
         (["optim.schedule=wsd", "optim.decay_shape=sqrt"], "optim.decay_shape: 'sqrt' is not one of linear, 1-sqrt"),
         (["optim.schedule=wsd", "optim.decay_fraction=1.5"], "optim.decay_fraction: must be in [0, 1], got 1.5"),
         (

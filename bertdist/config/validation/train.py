@@ -340,6 +340,11 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
             "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)"
         )
+    if o.name == "lamb" and o.weight_decay_mode != "adamw":
+        p.append(
+            f"optim.weight_decay_mode: {o.weight_decay_mode} is Adam's decoupled decay; lamb puts its decay inside "
+            "the trust ratio: use adamw"
+        )
     if o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):
         p.append(
             f"optim.name: lamb scales each parameter tensor by its own trust ratio, and ZeRO (train.zero_stage="
