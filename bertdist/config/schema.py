@@ -33,8 +33,9 @@ class PhaseConfig:
     """Read several of data.sources instead of train_dir: source name -> weight (> 0), its micro batches' share
     being weight / the sum of the weights (bertdist.data.mixture); {}: train_dir alone."""
     mixture_temperature: float | None = None
-    """Temperature sampling over the mixture's sources: a source's share is proportional to weight x tokens^τ (its
-    prepared tokens, from its manifest; τ 1: by size, towards 0: uniform; XLM-R's 0.3). With every weight 1 that is
+    """Temperature sampling over the mixture's sources: a source's share is proportional to weight x tokens^τ (the
+    tokens of one pass over its text: its manifest's sample tokens over its dupe factor; τ 1: by size, towards 0:
+    uniform; XLM-R's 0.3). With every weight 1 that is
     plain temperature sampling. Unset: the weights alone."""
     eval_dir: str = ""
     """Held-out shards for periodic evaluation; empty disables evaluation in this phase."""

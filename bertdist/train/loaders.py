@@ -138,8 +138,9 @@ def continue_sources(loader: PretrainingLoader | MixtureLoader, positions: dict[
 
 
 def phase_shares(cfg: Config, index: int) -> dict[str, float]:
-    """Each source's share of phase `index`'s micro batches; with a temperature, from the tokens their manifests
-    count (bertdist.data.mixture.mixture_shares)."""
+    """Each source's share of phase `index`'s micro batches; with a temperature, from the tokens of one pass over
+    each source's text (bertdist.data.mixture.mixture_shares): its manifest's sample tokens over its dupe factor,
+    so that the same text prepared with 5 passes (static masks) and with 1 (masks at load time) weighs the same."""
     from bertdist.data.mixture import mixture_shares
     from bertdist.data.shards import read_manifest
     from bertdist.errors import DataError
@@ -149,13 +150,14 @@ def phase_shares(cfg: Config, index: int) -> dict[str, float]:
     if phase.mixture_temperature is not None:
         tokens = {}
         for name in phase.mixture:
-            totals = read_manifest(cfg.data.sources[name])["totals"]
+            manifest = read_manifest(cfg.data.sources[name])
+            totals = manifest["totals"]
             if "sample_tokens" not in totals:
                 raise DataError(
                     f"{cfg.data.sources[name]}: its manifest does not count its tokens (prepared by an older "
                     f"bertdist), which data.phases.{index}.mixture_temperature needs; prepare it again, or set weights"
                 )
-            tokens[name] = int(totals["sample_tokens"])
+            tokens[name] = int(totals["sample_tokens"]) // max(int(manifest["options"].get("dupe_factor", 1)), 1)
     return mixture_shares(phase.mixture, tokens, phase.mixture_temperature)
 
 

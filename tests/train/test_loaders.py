@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -141,6 +142,29 @@ def test_the_dry_run_shows_each_source_share_tokens_and_epochs(tmp_path, tiny_sh
 
     assert main([*args, "data.phases.0.mixture_temperature=0.5"]) == 0
     assert "mixture web 75.0% (" in capsys.readouterr().out  # the same tokens in both: the weights decide
+
+
+def test_temperature_shares_weigh_one_pass_over_each_source(tmp_path, tiny_shards, tiny_vocab):
+    """The same text prepared with five passes (static masks, the default) and with one (masks at load time):
+    its manifest counts five times the sample tokens, and a temperature weighed it 5^τ times as much."""
+    from bertdist.config import load_config
+    from bertdist.train.loaders import phase_shares
+
+    passes = tmp_path / "five-passes"
+    passes.mkdir()
+    manifest = json.loads((Path(tiny_shards) / MANIFEST).read_text())
+    once = manifest["options"]["dupe_factor"]
+    manifest["options"]["dupe_factor"] = 5 * once
+    manifest["totals"]["sample_tokens"] *= 5
+    (passes / MANIFEST).write_text(json.dumps(manifest))
+    config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1)
+    for temperature in (1.0, 0.3):
+        mixture = [
+            *_mixture_overrides(one=tiny_shards, five=str(passes)),
+            f"data.phases.0.mixture_temperature={temperature}",
+        ]
+        mixture = [m.replace("=3", "=1") for m in mixture]  # equal weights: the temperature alone decides
+        assert phase_shares(load_config(config, mixture), 0) == pytest.approx({"one": 0.5, "five": 0.5})
 
 
 @pytest.mark.parametrize("reader", ["train --dry-run", "train"])
