@@ -167,6 +167,7 @@ class Rollbacks:
         before, count = loader.state_dict(), self.pending_skip
         for _ in range(count):
             next(batches)
+        loader.take_tokens()  # a mixture's per-source tokens of what is skipped: never trained on, so not counted
         after = loader.state_dict()
         pending, self.pending_skip, self.pending = self.pending, 0, {}
         if not pending:

@@ -430,6 +430,7 @@ class Trainer(scaffold.Run):
         state = starting.restore(self.engine, self.loaders, self.cfg, self.env, latest, saved.step, False)
         rng.restore_rng_state(state.rng_states[self.env.rank])
         self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
+        self.source_tokens = dict(state.source_tokens)  # the discarded steps' tokens are counted again in the replay
         self.rollbacks.begin(step, reason, state.step, loss, batch)
         self.step = state.step
         self.watchdog.progress(step)

@@ -20,7 +20,7 @@ class Reader:
     """A loader as Rollbacks.skip sees it: a position, and batches that move it."""
 
     def __init__(self):
-        self.done = 0
+        self.done = self.tokens = 0
 
     def state_dict(self):
         return {"epoch": 0, "batches_done": self.done}
@@ -28,7 +28,12 @@ class Reader:
     def batches(self):
         while True:
             self.done += 1
+            self.tokens += 64  # what a mixture counts per source as it yields a batch
             yield {}
+
+    def take_tokens(self) -> dict[str, int]:
+        taken, self.tokens = self.tokens, 0
+        return {"web": taken}
 
 
 def rollbacks(tmp_path, resumed=None, **train) -> tuple[Rollbacks, list[str]]:
@@ -124,6 +129,7 @@ def test_a_replay_that_goes_bad_again_names_the_batch_skips_it_and_counts_once(t
     reader = Reader()
     watch.skip(reader.batches(), reader)
     assert (reader.done, watch.done, watch.lr_scale, watch.replaying) == (4, 1, 0.5, {})
+    assert reader.take_tokens() == {"web": 0}  # skipped, never trained on: not counted as the source's tokens
     assert said[-1] == (
         "step 6: the loss is nan again in its replay: the data, not a transient fault (its batch: 4 samples: "
         "shard_00001.bin 3, 9, 1; shard_00004.bin 7): rolled back to the checkpoint of step 4 and skipped the 4 micro "
