@@ -5,8 +5,10 @@ How an epoch is laid out, and why:
   all shards are permuted, then samples are permuted within consecutive windows of `shuffle_buffer_size`
   (a deterministic stand-in for a shuffle buffer, so the order is reproducible from a position alone).
 - The ranks split that order into contiguous equal parts, so a rank decodes only the blocks of its part.
-  Every rank yields the same number of batches per epoch (the few samples that do not fill a batch on every
-  rank wait for the next epoch's order), so no rank runs out early.
+  Every rank yields the same number of batches per epoch, so no rank runs out early: the few samples that do not
+  fill a batch on every rank (fewer than ranks x (micro batch + 1)) are not read in that epoch, as a DataLoader's
+  drop_last leaves them; the next epoch's order is a new permutation, so which samples those are changes. An
+  evaluation reads at most one epoch (bertdist.train.evaluation).
 - DataLoader workers take turns: worker w makes the rank's batches t+w, t+w+W, ..., and PyTorch returns them
   in order, so the batch sequence does not depend on the number of workers.
 - Shards prepared with `--masking dynamic` hold no masks: each sample is masked as it is batched, with

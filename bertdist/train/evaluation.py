@@ -6,7 +6,7 @@ run stays identical to an uninterrupted one whatever was evaluated in between.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -14,10 +14,13 @@ from bertdist.train import metrics, rng
 
 
 def evaluate(
-    engine: Any, batches: Iterator[dict[str, Any]], count: int, device: torch.device, progress: Callable[[], None]
+    engine: Any, loader: Any, count: int, device: torch.device, progress: Callable[[], None]
 ) -> dict[str, float]:
-    """`metrics.quality` of `count` batches, summed over the ranks; `progress` after each batch (the stall
-    watchdog's: a long evaluation is not a stall)."""
+    """`metrics.quality` of the first `count` batches of `loader` (a PretrainingLoader), summed over the ranks, at
+    most one epoch's (more would score samples of the eval set twice, in the next epoch's order); `progress` after
+    each batch (the stall watchdog's: a long evaluation is not a stall)."""
+    count = min(count, loader.batches_per_epoch)  # the same on every rank: each makes as many forward passes
+    batches = iter(loader)
     saved = rng.capture_rng_state()
     engine.eval()
     sums = metrics.StepSums(device)

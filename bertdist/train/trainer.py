@@ -363,9 +363,9 @@ class Trainer(scaffold.Run):
     def _evaluate(self, step: int, phase: PhaseConfig) -> None:
         """Losses and accuracies on the first eval_batches batches of the phase's eval shards, RNG-neutral
         (bertdist.train.evaluation)."""
-        batches = iter(self._loader(phase, phase.eval_dir, workers=0))
+        loader = self._loader(phase, phase.eval_dir, workers=0)
         progress = functools.partial(self.watchdog.progress, self.step)
-        values = evaluation.evaluate(self.engine, batches, self.cfg.train.eval_batches, self.device, progress)
+        values = evaluation.evaluate(self.engine, loader, self.cfg.train.eval_batches, self.device, progress)
         self.tracker.log_metrics(values, step=step)
         self.console.eval(step, values)
 
