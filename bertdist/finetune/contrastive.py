@@ -109,8 +109,10 @@ def dev_rows(
             query_texts.append(e.text)
         queries.setdefault(same_text(e.text), {})[passages[same_text(e.pair or "")]] = 1
     relevant = list(queries.values())
+    own = [passages.get(same_text(text), -1) for text in query_texts]  # a query that is also a passage ...
+    own = [-1 if row in positives else row for row, positives in zip(own, relevant)]  # ... and not its positive
     sequences = _sequences(query_texts + passage_texts, vocab_file, cased, length, group=1)
-    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(relevant), relevant, dims)
+    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(relevant), relevant, dims, own)
 
 
 def collection_dev_rows(
@@ -123,17 +125,25 @@ def collection_dev_rows(
 
     row = {doc: r for r, doc in enumerate(collection.doc_ids)}
     judged = [{row[doc]: grade for doc, grade in collection.qrels[q].items()} for q in collection.queries]
+    own = [row.get(q, -1) for q in collection.queries]  # a passage with the query's id (Quora, ArguAna)
     texts = list(collection.queries.values()) + [t for block in corpus_texts(collection, 4096) for t in block]
     sequences = _sequences(texts, vocab_file, cased, length, group=1)
-    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(judged), judged, dims)
+    return sequences, lambda outputs: retrieval_metrics(np.stack(outputs), len(judged), judged, dims, own)
 
 
 def retrieval_metrics(
-    vectors: np.ndarray, queries: int, relevant: Sequence[int | dict[int, int]], dims: tuple[int, ...] = ()
+    vectors: np.ndarray,
+    queries: int,
+    relevant: Sequence[int | dict[int, int]],
+    dims: tuple[int, ...] = (),
+    own: Sequence[int] = (),
 ) -> dict[str, float]:
     """nDCG@10, MRR@10 and Recall@100 of the first `queries` vectors searching the rest, by cosine similarity;
-    query i's relevant passages are `relevant[i]`: one passage row, or passage row -> grade. With Matryoshka
-    `dims`, nDCG@10 of the vectors cut to each dimension narrower than the whole is added as
+    query i's relevant passages are `relevant[i]`: one passage row, or passage row -> grade. `own[i]`, where
+    given and not -1, is a passage row that is query i itself (its text, or its id in a BEIR collection): it is
+    left out of query i's results, as BEIR and `evaluate --suite retrieval` leave it, since it would rank first
+    at similarity 1 (pairs of neighbouring sentences make one row's query the next row's positive). With
+    Matryoshka `dims`, nDCG@10 of the vectors cut to each dimension narrower than the whole is added as
     `ndcg_at_10_dim<D>` (each prefix normalised after the cut, as cosine similarity of truncated vectors is)."""
     from bertdist.finetune.metrics import retrieval_scores
     from bertdist.finetune.retrieval import TOP_K, top_k
@@ -143,11 +153,16 @@ def retrieval_metrics(
         for q, r in enumerate(relevant)
     }
 
+    skip = list(own) or [-1] * queries
+
     def scores(width: int) -> dict[str, float]:
         cut = vectors[:, :width]
         unit = (cut / np.linalg.norm(cut, axis=1, keepdims=True)).astype(np.float32)
-        found, rows = top_k(unit[:queries], unit[queries:], TOP_K)
-        run = {str(q): {str(p): float(s) for p, s in zip(rows[q], found[q])} for q in range(queries)}
+        found, rows = top_k(unit[:queries], unit[queries:], TOP_K + 1)
+        run = {
+            str(q): dict([(str(p), float(s)) for p, s in zip(rows[q], found[q]) if p != skip[q]][:TOP_K])
+            for q in range(queries)
+        }
         return retrieval_scores(run, qrels)
 
     whole = scores(vectors.shape[1])

@@ -84,6 +84,42 @@ def test_a_dev_query_on_several_rows_is_one_query_with_every_positive_relevant(t
     assert score(vectors) == {"ndcg_at_10": 1.0, "mrr_at_10": 1.0, "recall_at_100": 1.0}
 
 
+def test_a_dev_query_that_is_another_rows_passage_does_not_retrieve_itself(tiny_vocab):
+    """Neighbouring sentences as pairs (bertdist pairs): s1 is the positive of s0 and the query of s2. As a query
+    it scored similarity 1 against itself, ranked first, and a retriever that ranks every true positive first
+    scored nDCG@10 0.71. It is left out of its own results, as BEIR and the retrieval suite leave it."""
+    from bertdist.finetune.contrastive import dev_rows
+    from bertdist.finetune.data import Example, Examples
+
+    rows = [("s0 a", "s1 b"), ("s1 b", "s2 c"), ("s2 c", "s3 d")]
+    examples = Examples("dev.jsonl", [Example(q, p, "", f"dev.jsonl:{i}") for i, (q, p) in enumerate(rows, 1)])
+    sequences, score = dev_rows(examples, tiny_vocab, False, 16)
+    assert len(sequences.ids) == 3 + 3  # queries s0 s1 s2, passages s1 s2 s3
+    axes = np.eye(4, dtype=np.float32)
+    near = [axes[i] + 0.9 * axes[i + 1] for i in range(3)]  # each query nearer its positive than any other text
+    vectors = [near[0], near[1], near[2], near[1], near[2], axes[3] + 0.9 * axes[2]]
+    assert score(vectors) == {"ndcg_at_10": 1.0, "mrr_at_10": 1.0, "recall_at_100": 1.0}
+    vectors[3] = near[0]  # the passage s1 made identical to the query s0: its one relevant passage, kept
+    assert score(vectors)["mrr_at_10"] == 1.0
+
+
+def test_a_beir_dev_query_does_not_retrieve_the_passage_with_its_id(tmp_path, tiny_vocab):
+    """Quora-style collections hold each query as a passage under its own id; BEIR leaves that passage out of the
+    query's results (the retrieval suite does), and so does fine-tuning's dev score."""
+    from bertdist.finetune.beir import read_collection
+    from bertdist.finetune.contrastive import collection_dev_rows
+
+    (tmp_path / "qrels").mkdir()
+    corpus = [("q1", "how do cats purr"), ("d1", "cats purr with their larynx"), ("d2", "dogs bark")]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in corpus))
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "how do cats purr"}) + "\n")
+    (tmp_path / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    _, score = collection_dev_rows(read_collection(str(tmp_path), "dev", False), tiny_vocab, False, 16)
+    axes = np.eye(3, dtype=np.float32)
+    query = axes[0] + 0.5 * axes[1]
+    assert score([query, query, axes[0] + 0.6 * axes[1], axes[2]])["mrr_at_10"] == 1.0  # q1 itself ranks first
+
+
 @pytest.fixture(scope="module")
 def pairs(tiny_documents, tmp_path_factory) -> tuple[Path, Path]:
     directory = tmp_path_factory.mktemp("pairs")
