@@ -88,6 +88,11 @@ class FinetuneConfig:
     through a gradient cache (bertdist.finetune.grad_cache), so that memory follows N and the negatives the step.
     N must divide batch_size / ranks; micro_batch_size then sets only the dev batches."""
     epochs: float = 3.0
+    best_metric: str = ""
+    """The dev metric (on dev_file) whose best evaluation is kept: the model exported, the `best/` metrics, what a
+    suite reports. Empty: the task's headline (accuracy, pearson, entity f1, SQuAD f1, nDCG@10). A GLUE suite sets
+    each task's reported metric (CoLA's matthews, QQP's and MRPC's f1, STS-B's spearman), so that the epoch it
+    reports is the best one by that metric, not by accuracy."""
     eval_every_steps: int = 0
     """0: the dev set is scored after every epoch; N: also every N steps (a checkpoint with it, and the best model
     exported as soon as it is found), so that a one-epoch contrastive pretraining has a curve and a best step."""

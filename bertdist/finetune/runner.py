@@ -37,7 +37,7 @@ import torch
 
 from bertdist.config import Config, ConfigError, FinetuneConfig
 from bertdist.config.validation import data_problems, source_problems, validate_finetune
-from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE
+from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, UserError
 from bertdist.finetune import task as tasks
 from bertdist.finetune.batches import step_rows
 from bertdist.finetune.best_model import export_best
@@ -95,6 +95,9 @@ class Finetuning(Run):
         self.task: tasks.Task = tasks.build(
             ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file)
         )
+        if ft.best_metric and ft.best_metric not in tasks.METRICS[ft.task]:
+            named = ", ".join(tasks.METRICS[ft.task])
+            raise ConfigError([f"finetune.best_metric: {ft.best_metric!r} is not one {ft.task} reports ({named})"])
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
         self.pad_id = pad_id(self.source.vocab_file)
         if problems := data_problems(ft, len(self.train)):
@@ -194,10 +197,20 @@ class Finetuning(Run):
         self.tracker.close("FINISHED")
         return OK_EXIT_CODE
 
+    def _headline(self, scores: dict[str, float]) -> float:
+        """The dev score that picks the best evaluation: finetune.best_metric's, else the task's headline."""
+        chosen = self.cfg.finetune.best_metric
+        if not chosen:
+            return next(iter(scores.values()))
+        if f"dev/{chosen}" not in scores:  # a metric of the task that this data does not give (f1 of 3 classes)
+            offered = ", ".join(k.removeprefix("dev/") for k in scores if k.startswith("dev/"))
+            raise UserError(f"finetune.best_metric: {chosen!r} is not among this task's dev scores ({offered})")
+        return scores[f"dev/{chosen}"]
+
     def _evaluate(self, step: int, epochs_done: int, when: str) -> None:
         """Score the dev set after `step`, log it beside the training loss since the last evaluation, keep the
         checkpoint (the epoch's, or one within it: finetune.eval_every_steps) and export the model if it is the
-        best so far by the task's headline metric."""
+        best so far by finetune.best_metric (the task's headline metric by default)."""
         ft = self.cfg.finetune
         scores = dev_scores(self.engine, self.task, self.pad_id, ft.micro_batch_size, self.env, self.device)
         train_loss = float(np.mean(self.losses))
@@ -206,7 +219,7 @@ class Finetuning(Run):
             f"{when}: train loss {train_loss:.4f}, {_listed(scores)} ({time.perf_counter() - self.started:.0f} s)"
         )
         self.losses = []
-        headline = next(iter(scores.values()))  # the task's headline metric on dev_file
+        headline = self._headline(scores)
         if self.best is None or improves(headline, self.best[0]):
             self.best = (headline, step, scores)
         state = checkpoint.TrainState(

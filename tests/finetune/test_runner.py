@@ -155,6 +155,23 @@ def test_the_best_evaluation_is_the_highest_headline_and_a_nan_one_is_beaten():
     assert improves(0.1, float("nan")) and not improves(float("nan"), 0.1) and not improves(float("nan"), float("nan"))
 
 
+def test_the_best_evaluation_is_picked_by_finetune_best_metric():
+    """CoLA reports Matthews correlation: its best epoch is the best by Matthews, not by accuracy."""
+    from bertdist.config import load_config
+    from bertdist.errors import UserError
+    from bertdist.finetune.runner import Finetuning
+
+    run = Finetuning.__new__(Finetuning)  # the choice alone: no model, data or process group
+    scores = {"dev/accuracy": 0.9, "dev/matthews": 0.3, "dev/f1": 0.8, "dev_mismatched/accuracy": 0.7}
+    run.cfg = load_config(None, [])
+    assert run._headline(scores) == 0.9
+    run.cfg = load_config(None, ["finetune.best_metric=matthews"])
+    assert run._headline(scores) == 0.3
+    run.cfg = load_config(None, ["finetune.best_metric=macro_f1"])  # a classification metric, of 3 labels or more
+    with pytest.raises(UserError, match=r"'macro_f1' is not among this task's dev scores \(accuracy, matthews, f1\)"):
+        run._headline(scores)
+
+
 def _modernbert_export(directory: Path, vocab: str) -> Path:
     from bertdist.config import ModelConfig
     from bertdist.model.modernbert.hf import write_directory
@@ -242,6 +259,16 @@ def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, ti
     )
     code = main(["finetune", *_overrides(train, dev, tmp_path / "x", f"finetune.init_from={tmp_path / 'nowhere'}")])
     assert code == USAGE_EXIT_CODE and "is not a directory" in capsys.readouterr().err
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
+
+    save = tmp_path / "pretrained"
+    save_pretrained(BertForPreTraining(tiny_model_config()), save, tiny_vocab)
+    args = _overrides(train, dev, tmp_path / "y", f"finetune.init_from={save}", "finetune.best_metric=ndcg_at_10")
+    assert main(["finetune", *args, "tracking.enabled=false"]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "finetune.best_metric: 'ndcg_at_10' is not one classification reports (accuracy, matthews, f1" in err, err
+    assert not (tmp_path / "y" / "checkpoints").exists()
 
 
 def _two_ranks(logs: Path, *args: str) -> runs.Ranks:

@@ -114,6 +114,14 @@ def test_glue_layout_sweep_table_and_nested_runs(tmp_path, tiny_corpus, pretrain
         "glue-CoLA-lr0.0001-seed1234",
         "glue-STS-B-lr0.0003-seed1234",
     }
+    # Each run keeps its best epoch by the metric its column reports, not by accuracy (or Pearson)
+    chosen = {r.data.tags["mlflow.runName"].split("-lr")[0]: r.data.params["finetune.best_metric"] for r in children}
+    assert chosen == {
+        "glue-MNLI": "accuracy",
+        "glue-SST-2": "accuracy",
+        "glue-CoLA": "matthews",
+        "glue-STS-B": "spearman",
+    }
     assert (
         parent.data.metrics["average"] == pytest.approx(scores[-1], abs=0.06)
         and "MNLI/dev_mismatched/accuracy" in parent.data.metrics
