@@ -11,9 +11,10 @@ come last). metrics.jsonl uses the same names. Runs logged before bertdist 0.2 u
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from bertdist.config import ModelConfig
 from bertdist.model.flops import train_flops_of_batch
@@ -149,14 +150,30 @@ class Interval:
     start: float = field(default_factory=time.perf_counter)
     steps: int = 0
     totals: dict[str, float] = field(default_factory=dict)
+    paused_s: float = 0.0
+    """Time in the window spent on what is not a training step (an evaluation, a checkpoint's save)."""
 
     def add(self, step_sums: dict[str, float]) -> None:
         self.steps += 1
         for key, value in step_sums.items():
             self.totals[key] = self.totals.get(key, 0.0) + value
 
-    def seconds(self) -> float:
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time inside is left out of `seconds()`: throughput, MFU and the data wait are of the steps' time (the
+        evaluation and save counted in made every window after one read low), the ETA of the wall's."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_s += time.perf_counter() - began
+
+    def wall_seconds(self) -> float:
         return time.perf_counter() - self.start
+
+    def seconds(self) -> float:
+        """The window's training time: its wall time less what was paused."""
+        return self.wall_seconds() - self.paused_s
 
     def throughput(self, world_size: int, peak: Any) -> dict[str, float]:
         """Rates of the interval; `peak` is the rank's bertdist.model.flops.PeakFlops."""

@@ -229,7 +229,6 @@ class Trainer(scaffold.Run):
         phase_index = -1
         batches: Iterator[dict[str, Any]] = iter(())
         nonfinite_streak = 0
-        interval = metrics.Interval()
         step = self.step = self.start_step
         self.console.line(
             f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}"
@@ -237,6 +236,7 @@ class Trainer(scaffold.Run):
         first_phase = cfg.data.phases[0]
         if step == 0 and first_phase.eval_dir:
             self._evaluate(0, first_phase)  # the untrained baseline that later evaluations are read against
+        interval = metrics.Interval()
         while step < total_steps:
             index, phase = cfg.phase_at(step)
             if index != phase_index:
@@ -279,13 +279,15 @@ class Trainer(scaffold.Run):
                 self._log_interval(step, total_steps, lr, interval)
                 interval = metrics.Interval()
             if phase.eval_dir and due(step, cfg.train.eval_every_steps, total_steps):
-                self._evaluate(step, phase)
+                with interval.paused():
+                    self._evaluate(step, phase)
             if sums["stop_requested"] > 0:
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
             if self.saver.pending and not sums["checkpoint_writing"]:  # every rank's background write is done
                 self.saver.complete()
             if due(step, cfg.checkpoint.every_steps, total_steps):
-                self._save(step, phase_index, nonfinite_streak)
+                with interval.paused():
+                    self._save(step, phase_index, nonfinite_streak)
         self.saver.finish()
         if self.uploader:
             self.uploader.wait()
@@ -356,7 +358,7 @@ class Trainer(scaffold.Run):
             self.console.line(self.peak_flops.notice)
             self.peak_flops.notice = ""
         self._log_downstream(self.downstream.finished())
-        eta_s = interval.seconds() / interval.steps * (total_steps - step)
+        eta_s = interval.wall_seconds() / interval.steps * (total_steps - step)  # evaluations and saves recur
         self.console.train(step, total_steps, values, eta_s, loader.state_dict())
         self.data_wait.judge(step, values[metrics.DATA_WAIT], interval, loader)
 
