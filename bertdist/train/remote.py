@@ -170,7 +170,25 @@ def latest_in_store(uri: str) -> str | None:
 
 def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
     """Checkpoint `tag` of the store, downloaded into `local_root/tag` and checked; CheckpointError if it
-    is incomplete or damaged. Ranks of one node download once: the others wait on a lock, then find it."""
+    is incomplete or damaged. Ranks of one node download once: the others wait on a lock, then find it.
+
+    A local copy with the store's train state is taken as it is (the run's own staging copy: no download); if
+    it then fails the check, it is the local copy that is damaged (a node that crashed before its page cache
+    reached the disk), not necessarily the store's: each file whose bytes differ from the record is downloaded
+    again, and only a fresh copy that fails makes the checkpoint damaged. Marking the store's good copy damaged
+    for a local fault sent this node back to an older checkpoint while the other nodes resumed the newer one."""
+    try:
+        _download(uri, tag, local_root, changed_only=True)
+        verify_files(local_root / tag, verify)
+    except CheckpointError:
+        _download(uri, tag, local_root, changed_only=False)
+        verify_files(local_root / tag, verify)
+    return local_root / tag
+
+
+def _download(uri: str, tag: str, local_root: Path, changed_only: bool) -> None:
+    """The files of the store's checkpoint `tag` into `local_root/tag` that are not there with their recorded
+    sha256; `changed_only`: nothing when the local train state is already the store's."""
     source, target = storage.join(uri, tag), local_root / tag
     local_root.mkdir(parents=True, exist_ok=True)
     with _NodeLock(local_root / ".download.lock", timeout_s=object_store.RETRY_SECONDS * 10):
@@ -181,18 +199,17 @@ def fetch(uri: str, tag: str, local_root: Path, verify: str) -> Path:
         recorded = json.loads(raw).get("files", {})
         target.mkdir(exist_ok=True)
         state_path = target / TRAIN_STATE_FILENAME
-        if not state_path.is_file() or state_path.read_bytes() != raw:
-            in_store = storage.sizes(source)
-            for name, facts in sorted(recorded.items()):
-                if name not in in_store:
-                    raise CheckpointError(f"{storage.join(source, name)}: missing from the store")
-                if not integrity.problems(target, {name: facts}, "sha256"):
-                    continue  # already here, with the recorded bytes
-                storage.download_file(storage.join(source, name), str(target / name))
-            with storage.atomic_write(state_path, "wb") as f:
-                f.write(raw)
-    verify_files(target, verify)
-    return target
+        if changed_only and state_path.is_file() and state_path.read_bytes() == raw:
+            return
+        in_store = storage.sizes(source)
+        for name, facts in sorted(recorded.items()):
+            if name not in in_store:
+                raise CheckpointError(f"{storage.join(source, name)}: missing from the store")
+            if not integrity.problems(target, {name: facts}, "sha256"):
+                continue  # already here, with the recorded bytes
+            storage.download_file(storage.join(source, name), str(target / name))
+        with storage.atomic_write(state_path, "wb") as f:
+            f.write(raw)
 
 
 def resume_point(

@@ -29,6 +29,27 @@ if TYPE_CHECKING:  # the types of the engine and the loaders, without importing 
     from bertdist.data.mixture import MixtureLoader
 
 
+def check_same_start(resume_from: Path | None, world_size: int) -> None:
+    """Every rank continues from the same checkpoint, or every rank starts fresh; CheckpointError naming who
+    would start where otherwise. Each rank finds its start before the process group exists (from its node's
+    copy and the store), and one that fell back to an older checkpoint would train another model beside the
+    others until the loop ended at different steps."""
+    import torch.distributed as dist
+
+    starts: list[str | None] = [None] * world_size
+    dist.all_gather_object(starts, resume_from.name if resume_from else None)
+    if len(set(starts)) > 1:
+        by_start: dict[str, list[int]] = {}
+        for rank, start in enumerate(starts):
+            by_start.setdefault(start or "a fresh start", []).append(rank)
+        raise checkpoint.CheckpointError(
+            "the ranks would not resume from one checkpoint: "
+            + "; ".join(f"{start}: rank(s) {', '.join(map(str, ranks))}" for start, ranks in by_start.items())
+            + ". Each node found its own (a damaged or missing copy on some); remove the odd ones out, or set "
+            "checkpoint.resume to the checkpoint to continue"
+        )
+
+
 def build_engine(
     cfg: Config, env: DistributedEnv, device: torch.device, start_step: int, resume_from: Path | None, resharding: bool
 ) -> DeepSpeedEngine:

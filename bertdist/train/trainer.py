@@ -160,6 +160,7 @@ class Trainer(scaffold.Run):
         self.sources_read: dict[str, dict] = {}  # a source -> where the phases before this one left it
         self.grad_norm = float("nan")
         self.device = self.start_process_group(cfg.train)
+        starting.check_same_start(self.resume_from, env.world_size)
         self.engine = starting.build_engine(cfg, env, self.device, self.start_step, self.resume_from, self.resharding)
         if self.resume_from is not None:
             state = starting.restore(

@@ -242,3 +242,29 @@ def test_a_staging_directory_holding_another_runs_checkpoints_is_refused(tmp_pat
         r"settings: optim.lr",
     ):
         remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mine.to_dict())
+
+
+def test_a_damaged_local_copy_is_downloaded_again_and_the_stores_good_copy_kept(tmp_path, s3):
+    """The node's staging copy of the newest checkpoint lost its tail in a crash, the store's is intact: the
+    local copy was taken as the store's (the same train state), failed, and the store's good checkpoint was
+    marked DAMAGED, sending this node back a checkpoint while a fresh node resumed the newer one."""
+    from tests.train.test_checkpoint import _recorded
+
+    uri = storage.join(s3.bucket("local-damage"), "run")
+    root = tmp_path / "out" / "checkpoints"
+    for step in (10, 20):
+        storage.upload_directory(_recorded(root, step), storage.join(uri, tag_for(step)))
+    storage.write_text(storage.join(uri, "latest"), tag_for(20))
+    damaged = root / tag_for(20) / "mp_rank_00_model_states.pt"
+    damaged.write_bytes(damaged.read_bytes()[:100] + bytes(damaged.stat().st_size - 100))
+    found = remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mark_damaged=True)
+    assert found.name == tag_for(20) and damaged.read_bytes() == bytes(range(256)) * 20
+    assert remote.complete_in_store(uri) == [tag_for(10), tag_for(20)]
+    assert not storage.exists(storage.join(uri, tag_for(20), DAMAGED_FILENAME))
+    fresh = remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "elsewhere"))
+    assert fresh.name == found.name  # every node continues from the same checkpoint
+
+    damaged.write_bytes(b"cut")
+    storage.upload_file(str(damaged), storage.join(uri, tag_for(20), damaged.name))  # the store's copy too now
+    found = remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mark_damaged=True)
+    assert found.name == tag_for(10) and storage.exists(storage.join(uri, tag_for(20), DAMAGED_FILENAME))
