@@ -289,7 +289,7 @@ def complete_save(pending: PendingSave, keep_last: int) -> Path:
         with _write_failure_stops_the_run(target):
             write_text(target / TRAIN_STATE_FILENAME, state_json(state))
             write_text(target.parent / LATEST_FILENAME, target.name)
-        prune(target.parent, keep_last)
+        prune(target, keep_last)
     dist.barrier()
     return target
 
@@ -388,11 +388,17 @@ def load(engine: Any, checkpoint_dir: Path, world_size: int) -> TrainState:
     return state
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Keep the `keep_last` newest complete checkpoints; remove older ones and incomplete leftovers. Damaged
-    ones (a DAMAGED file) are neither counted nor removed: they are left for inspection."""
-    complete = complete_checkpoints(root)
-    leftovers = [p for p in root.glob("step_*") if p.is_dir() and (is_partial(p) or not is_complete(p))]
+def prune(current: Path, keep_last: int) -> None:
+    """After `current` is complete: keep it and the `keep_last` - 1 newest complete checkpoints before it; remove
+    older ones and incomplete leftovers. Damaged ones (a DAMAGED file) are neither counted nor removed: they are
+    left for inspection. Checkpoints of later steps (a run resumed explicitly from an older checkpoint: they
+    are of its abandoned continuation) are neither counted nor removed: counted, they pruned the checkpoint just
+    completed, and `latest` named a checkpoint that was gone."""
+    root = current.parent
+    complete = [p for p in complete_checkpoints(root) if p.name <= current.name]
+    leftovers = [
+        p for p in root.glob("step_*") if p.is_dir() and p != current and (is_partial(p) or not is_complete(p))
+    ]
     doomed = complete[:-keep_last] + leftovers
     for path in doomed:
         # Renamed first: a reader (an export while the run trains) sees it vanish, not files going one by one (damage).

@@ -135,11 +135,12 @@ class Uploader:
         storage.write_text(storage.join(self.uri, LATEST_FILENAME), tag)
         for name in names:
             storage.remove(storage.join(self.uri, UPLOADS, name))
-        self._prune()
+        self._prune(tag)
 
-    def _prune(self) -> None:
-        """Keep the `keep_last` newest published checkpoints in the store (damaged ones are not counted, and left)."""
-        complete = complete_in_store(self.uri)
+    def _prune(self, current: str) -> None:
+        """Keep `current` and the `keep_last` - 1 newest published checkpoints before it in the store; damaged ones
+        and those of later steps (an abandoned continuation: checkpoint.prune) are not counted, and left."""
+        complete = [t for t in complete_in_store(self.uri) if t <= current]
         for tag in complete[: -self.keep_last]:
             storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))  # no longer complete, first
             storage.remove_tree(storage.join(self.uri, tag))

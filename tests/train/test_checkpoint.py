@@ -51,8 +51,20 @@ def test_prune_keeps_the_newest_complete_and_drops_leftovers(tmp_path):
     for step in (1, 2, 3):
         _fake_complete(root, step)
     _fake_complete(root, 4, with_state=False)
-    checkpoint.prune(root, keep_last=2)
+    checkpoint.prune(root / checkpoint.tag_for(3), keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == [checkpoint.tag_for(2), checkpoint.tag_for(3)]
+
+
+def test_a_run_resumed_from_an_older_checkpoint_keeps_what_it_saves_and_leaves_its_abandoned_future(tmp_path):
+    """checkpoint.resume=<step 100> where the run had reached 300 (back past a loss spike), keep_last=1: its save
+    of step 200 pruned itself, 300 being newer by name, and `latest` named a checkpoint that was gone."""
+    root = checkpoint.checkpoints_dir(tmp_path)
+    for step in (100, 300):
+        _recorded(root, step)
+    _recorded(root, 200)  # what the resumed run saves; `latest` names it
+    checkpoint.prune(root / checkpoint.tag_for(200), keep_last=1)
+    assert sorted(p.name for p in root.glob("step_*")) == [checkpoint.tag_for(200), checkpoint.tag_for(300)]
+    assert checkpoint.resolve_resume(tmp_path, "auto") == root / checkpoint.tag_for(200)
 
 
 def _recorded(root: Path, step: int, config: dict | None = None) -> Path:
@@ -82,7 +94,7 @@ def test_after_a_fallback_resume_only_intact_checkpoints_count_toward_keep_last(
     assert checkpoint.resolve_resume(tmp_path, "auto", mark_damaged=True) == root / checkpoint.tag_for(20)
     assert "sha256" in (root / checkpoint.tag_for(30) / checkpoint.DAMAGED_FILENAME).read_text()
     _recorded(root, 25)
-    checkpoint.prune(root, keep_last=2)
+    checkpoint.prune(root / checkpoint.tag_for(25), keep_last=2)
     assert sorted(p.name for p in root.glob("step_*")) == [checkpoint.tag_for(s) for s in (20, 25, 30)]
     assert checkpoint.complete_checkpoints(root) == [root / checkpoint.tag_for(s) for s in (20, 25)]
     assert checkpoint.resolve_resume(tmp_path, "auto") == root / checkpoint.tag_for(25)

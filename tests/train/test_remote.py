@@ -268,3 +268,15 @@ def test_a_damaged_local_copy_is_downloaded_again_and_the_stores_good_copy_kept(
     storage.upload_file(str(damaged), storage.join(uri, tag_for(20), damaged.name))  # the store's copy too now
     found = remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mark_damaged=True)
     assert found.name == tag_for(10) and storage.exists(storage.join(uri, tag_for(20), DAMAGED_FILENAME))
+
+
+def test_the_store_keeps_the_checkpoint_just_published_beside_an_abandoned_newer_one(tmp_path, s3):
+    """The store's prune counted a newer checkpoint of an abandoned continuation (a resume from an older one)
+    and removed the one just published."""
+    from tests.train.test_checkpoint import _recorded
+
+    uri = storage.join(s3.bucket("abandoned"), "run")
+    for step in (100, 200, 300):
+        storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
+    remote.Uploader(uri, 0, 1, 1, 30.0, None)._prune(tag_for(200))
+    assert remote.complete_in_store(uri) == [tag_for(200), tag_for(300)]
