@@ -73,6 +73,17 @@ class Uploader:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    def forget_marks(self, tag: str) -> None:
+        """Rank 0, as a save of `tag` begins: remove the upload marks of `tag` left by an attempt killed before it
+        published. Kept, they let this save's `latest` move before the other ranks had uploaded its files again
+        (their old bytes, of the same sizes, passed the check). The save's barrier orders this before any rank's
+        upload of `tag`."""
+        if self.rank == 0:
+            marks = storage.join(self.uri, UPLOADS)
+            for name in storage.listdir(marks):  # [] where there is none
+                if name.startswith(f"{tag}.rank-"):
+                    storage.remove(storage.join(marks, name))
+
     def start(self, checkpoint_dir: Path) -> None:
         """Upload this rank's files of `checkpoint_dir` in the background. The caller has `wait()`ed for the
         previous upload before saving (the save prunes what an upload may still be reading)."""

@@ -48,6 +48,8 @@ class Saver:
         waited = self.uploader.wait() if self.uploader else 0.0
         if waited > 1:
             self.say(f"step {state.step}: waited {waited:.1f} s for the previous checkpoint's upload")
+        if self.uploader:
+            self.uploader.forget_marks(checkpoint.tag_for(state.step))  # before begin_save's barrier
         self.pending = checkpoint.begin_save(self.engine, self.output_dir, state, local, self.snapshots)
         if self.snapshots is None:
             self.complete()

@@ -280,3 +280,17 @@ def test_the_store_keeps_the_checkpoint_just_published_beside_an_abandoned_newer
         storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
     remote.Uploader(uri, 0, 1, 1, 30.0, None)._prune(tag_for(200))
     assert remote.complete_in_store(uri) == [tag_for(200), tag_for(300)]
+
+
+def test_upload_marks_left_by_a_killed_attempt_are_forgotten_when_its_step_is_saved_again(tmp_path, s3):
+    """An attempt killed after its ranks marked step 200 uploaded, before rank 0 published: the next attempt's
+    rank 0 found every mark present and moved `latest` while rank 1's files in the store were still the old
+    bytes. The marks of the step being saved are removed as its save begins; other steps' are left."""
+    uri = storage.join(s3.bucket("marks"), "run")
+    for name in (f"{tag_for(200)}.rank-00000", f"{tag_for(200)}.rank-00001", f"{tag_for(100)}.rank-00001"):
+        storage.write_json(storage.join(uri, remote.UPLOADS, name), ["mp_rank_00_model_states.pt"])
+    remote.Uploader(uri, 1, 2, 2, 30.0, None).forget_marks(tag_for(200))  # rank 1: not its to do
+    assert len(storage.listdir(storage.join(uri, remote.UPLOADS))) == 3
+    remote.Uploader(uri, 0, 2, 2, 30.0, None).forget_marks(tag_for(200))
+    assert storage.listdir(storage.join(uri, remote.UPLOADS)) == [f"{tag_for(100)}.rank-00001"]
+    remote.Uploader(storage.join(s3.bucket("marks"), "fresh"), 0, 2, 2, 30.0, None).forget_marks(tag_for(200))
