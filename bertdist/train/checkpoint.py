@@ -276,7 +276,8 @@ def complete_save(pending: PendingSave, keep_last: int) -> Path:
     target, state = pending.target, pending.state
     if pending.snapshots is not None:
         own: dict[str, Any] | str = _joined(pending.snapshots, target)
-    else:
+    else:  # written by DeepSpeed's torch.save, which does not fsync (the background writer does)
+        integrity.make_durable(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME})
         own = integrity.describe_own_files(target, dist.get_rank(), exclude={TRAIN_STATE_FILENAME})
     # Every rank's files are written once all ranks get here; only then is the checkpoint declared complete.
     every: list[Any] = [None] * dist.get_world_size()
@@ -288,7 +289,9 @@ def complete_save(pending: PendingSave, keep_last: int) -> Path:
     if dist.get_rank() == 0:
         with _write_failure_stops_the_run(target):
             write_text(target / TRAIN_STATE_FILENAME, state_json(state))
+            integrity.sync_directory(target)  # the train state's name: the checkpoint is complete once it is
             write_text(target.parent / LATEST_FILENAME, target.name)
+            integrity.sync_directory(target.parent)  # `latest`, before the older checkpoints are pruned
         prune(target, keep_last)
     dist.barrier()
     return target
@@ -299,7 +302,9 @@ def _joined(snapshots: SnapshotEngine, target: Path) -> dict[str, Any] | str:
     gather that follows, so that all of them stop on one rank's failure instead of waiting for it."""
     try:
         with _write_failure_stops_the_run(target):
-            return snapshots.join()
+            facts = snapshots.join()  # each file fsynced by the writer
+            integrity.sync_directory(target)  # and its name
+            return facts
     except CheckpointSaveError as e:
         return str(e)
 

@@ -36,6 +36,28 @@ def describe_own_files(checkpoint_dir: Path, rank: int, exclude: set[str]) -> di
     return out
 
 
+def make_durable(checkpoint_dir: Path, rank: int, exclude: set[str]) -> None:
+    """fsync the files of `checkpoint_dir` that `rank` wrote, and the directory: DeepSpeed's torch.save leaves
+    them in the page cache, and a checkpoint declared complete (older ones pruned) must survive a crash."""
+    for path in sorted(checkpoint_dir.iterdir()):
+        if path.is_file() and path.name not in exclude and owner(path.name) == rank:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    sync_directory(checkpoint_dir)
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync a directory: the names created or renamed in it (a checkpoint's files, `latest`) survive a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def problems(checkpoint_dir: Path, recorded: dict[str, dict[str, int | str]], mode: str = "sha256") -> list[str]:
     """Every recorded file that is missing, has another size, or (mode sha256) other bytes."""
     found = []

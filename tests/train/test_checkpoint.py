@@ -4,6 +4,7 @@ round trips, and (with real DeepSpeed ranks) a crash while saving leaving the pr
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import asdict
 from pathlib import Path
@@ -187,3 +188,35 @@ def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path_fact
     assert f"resumed from {run.out / 'checkpoints' / run.notes['terminated_latest']}" in run.notes["final"]
     assert run.exit_codes["final"] == [0, 0]
     assert checkpoint.read_train_state(run.out / "checkpoints" / checkpoint.tag_for(runs.STEPS)).step == runs.STEPS
+
+
+def test_a_synchronous_save_is_on_the_disk_before_it_is_declared_complete(tmp_path, monkeypatch):
+    """checkpoint.write: sync leaves DeepSpeed's torch.save in the page cache: `latest` moved and the older
+    checkpoints were pruned while a crash could still cut the new one's files. Each file and both directories are
+    fsynced before `latest` names the checkpoint."""
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
+    from bertdist.train.ports import free_tcp_port
+
+    class Engine:  # DeepSpeed's save, as far as the files go
+        def save_checkpoint(self, root, tag, save_latest):
+            (Path(root) / tag).mkdir(parents=True, exist_ok=True)
+            (Path(root) / tag / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+
+    synced: list[tuple[str, bool]] = []  # (what, whether `latest` named the checkpoint yet)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        latest = checkpoint.checkpoints_dir(tmp_path) / checkpoint.LATEST_FILENAME
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), latest.is_file()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none"), "gloo", rendezvous_timeout_s=10)
+    try:
+        state = TrainState(7, 0, 0, 1, [], [], {"train": {"zero_stage": 1}})
+        target = checkpoint.save(Engine(), tmp_path, state, {"phase": 0}, keep_last=1)
+    finally:
+        destroy_process_group()
+    before_latest = {path for path, latest in synced if not latest}
+    assert {str(target / "mp_rank_00_model_states.pt"), str(target)} <= before_latest, synced
+    assert str(target.parent) in {path for path, _ in synced}, synced
