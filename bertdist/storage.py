@@ -254,19 +254,36 @@ def upload_directory(local: str | os.PathLike, url: str, last: str = "") -> None
         upload_file(str(path), join(url, *path.relative_to(local).parts))
 
 
+DOWNLOADED_VERSIONS = ".bertdist-versions.json"
+"""In a downloaded directory: each file's object version (ETag) when it was downloaded."""
+
+
 def download_directory(url: str) -> str:
-    """A local copy of every object under `url`, in `cache_path("downloads", url)`; files already
-    there with the object's size are kept. Returns the local directory."""
+    """A local copy of every object under `url`, in `cache_path("downloads", url)`; a file already there is kept
+    only when it is of the object's version (its ETag, recorded in DOWNLOADED_VERSIONS): a model exported again
+    to the same URL has files of the same sizes, which the cache served stale. Files no longer under `url` are
+    removed. Returns the local directory."""
     local = cache_path("downloads", url)
     prefix = url.rstrip("/") + "/"
     found = find(url)
     if not found:
         raise StorageError(f"{url}: nothing there")
+    record = os.path.join(local, DOWNLOADED_VERSIONS)
+    kept = json.loads(open(record, encoding="utf-8").read()) if os.path.isfile(record) else {}
+    versions = {}
     for object_url in found:
-        target = os.path.join(local, *object_url[len(prefix) :].split("/"))
+        name = object_url[len(prefix) :]
+        target = os.path.join(local, *name.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        if not (os.path.isfile(target) and os.path.getsize(target) == size(object_url)):
+        versions[name] = version(object_url)
+        if not (os.path.isfile(target) and kept.get(name) == versions[name]):
             download_file(object_url, target)
+    for folder, _, files in os.walk(local):
+        for file in files:
+            name = os.path.relpath(os.path.join(folder, file), local).replace(os.sep, "/")
+            if name not in versions and name != DOWNLOADED_VERSIONS:
+                os.remove(os.path.join(folder, file))
+    write_json(record, versions)
     return local
 
 

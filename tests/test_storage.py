@@ -378,3 +378,22 @@ def test_a_task_naming_the_same_endpoint_keeps_the_processs_s3_client(s3, monkey
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)  # restored after the test
     object_store.use_endpoint("http://127.0.0.1:9")
     assert object_store.filesystem(url)[0] is not first
+
+
+def test_a_downloaded_model_is_fetched_again_when_its_objects_change(s3, tmp_path, monkeypatch):
+    """finetune.init_from=s3://...: a model exported again to the same URL has files of the same sizes; the
+    cache kept a file of the object's size and served the old weights. A file removed from the URL goes too."""
+    monkeypatch.setattr(storage.tempfile, "gettempdir", lambda: str(tmp_path))  # the cache under this test
+    url = storage.join(s3.bucket("models"), "sst2")
+    for name, data in (("model.safetensors", b"OLD-WEIGHTS-"), ("extra/notes.txt", b"old")):
+        (tmp_path / "export" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "export" / name).write_bytes(data)
+    storage.upload_directory(tmp_path / "export", url)
+    local = Path(storage.download_directory(url))
+    assert (local / "model.safetensors").read_bytes() == b"OLD-WEIGHTS-"
+    (tmp_path / "export" / "model.safetensors").write_bytes(b"NEW-WEIGHTS-")  # the same size
+    storage.upload_file(str(tmp_path / "export" / "model.safetensors"), storage.join(url, "model.safetensors"))
+    storage.remove(storage.join(url, "extra", "notes.txt"))
+    assert storage.download_directory(url) == str(local)
+    assert (local / "model.safetensors").read_bytes() == b"NEW-WEIGHTS-"
+    assert not (local / "extra" / "notes.txt").exists()
