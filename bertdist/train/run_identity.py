@@ -53,6 +53,10 @@ schedule, the global batch, the masking, the seed, the precision) makes another 
 that differs in one would silently continue someone else's training under this run's name."""
 
 
+USER_KEYED = ("data.sources", "data.phases.*.mixture")
+"""Dicts whose keys the user names (not schema fields): compared key by key, both ways."""
+
+
 def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The fields of `current` (a resolved Config.to_dict()) that differ from `saved` (a checkpoint's) outside
     RESUMABLE_FIELDS, as dotted names: empty when the checkpoint is this run's."""
@@ -63,7 +67,11 @@ def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
             return
         if isinstance(a, dict) and isinstance(b, dict):
             # A field only one side has was added (or removed) by another bertdist version: the checkpoint was
-            # written with its default, which says nothing about the run.
+            # written with its default, which says nothing about the run. The keys of a dict the user names
+            # (a mixture's sources) are the run's own: one added or removed is another run.
+            for key in sorted(set(a) ^ set(b) if pattern in USER_KEYED else ()):
+                there, here = (json.dumps(side[key]) if key in side else "absent" for side in (a, b))
+                differ.append(f"{path}.{key} ({there} there, {here} here)")
             for key in sorted(set(a) & set(b)):
                 walk(a[key], b[key], f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a and isinstance(a[0], dict):
