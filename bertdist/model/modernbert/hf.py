@@ -23,6 +23,7 @@ from bertdist.model.modernbert.model import ModernBertForMaskedLM
 
 _DECODER_BIAS = ("head.decoder_bias", "decoder.bias")
 _TIED = "decoder.weight"
+_WORDS = "model.embeddings.tok_embeddings.weight"
 _CONFIG_KEYS = {
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
@@ -43,8 +44,10 @@ _ARCHITECTURE_FIELDS = (
     "local_attention",
     "global_rope_theta",
     "local_rope_theta",
+    "layer_norm_eps",
 )
-"""Fields that change the math or the shapes: a run's ModelConfig must agree with the checkpoint on these."""
+"""Fields that change the math or the shapes: a run's ModelConfig must agree with the checkpoint on these (not
+max_position_embeddings: rotary positions have no table, and a context extension raises it)."""
 
 
 def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> dict:
@@ -133,10 +136,12 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def from_hf_state_dict(tensors: dict[str, torch.Tensor], source: str = "state dict") -> dict[str, torch.Tensor]:
-    """A ModernBERT checkpoint's tensors -> bertdist names. `source` (the file read) is every adapter's argument,
-    for the refusals of those whose maps can fail; this one cannot."""
+    """A ModernBERT checkpoint's tensors -> bertdist names; CheckpointFormatError naming `source` (the file read)
+    for a decoder matrix other than the word embedding (`tie_word_embeddings: false`), which dropped for the tied
+    one gave other MLM logits, unsaid."""
     ours, theirs = _DECODER_BIAS
-    return {(ours if k == theirs else k): v for k, v in tensors.items() if k != _TIED}
+    state = hf_io.untied(tensors, _TIED, _WORDS, source, "ModernBERT")
+    return {(ours if k == theirs else k): v for k, v in state.items()}
 
 
 def write_directory(

@@ -208,6 +208,25 @@ def test_an_export_continues_pretraining_through_the_registry(tmp_path, tiny_voc
         registry.load_pretrained(tmp_path, dataclasses.replace(model.config, num_layers=2))
     with pytest.raises(UserError, match="a modernbert checkpoint, and model.arch is 'bert'"):
         registry.load_pretrained(tmp_path, dataclasses.replace(model.config, arch="bert"))
+    # The norms' eps changes the math (it was kept from the run, unsaid); the positions do not (rotary: a context
+    # extension raises them)
+    with pytest.raises(UserError, match="model.layer_norm_eps=0.01 but 1e-05 in the checkpoint"):
+        registry.load_pretrained(tmp_path, dataclasses.replace(model.config, layer_norm_eps=1e-2))
+    longer = registry.load_pretrained(tmp_path, dataclasses.replace(model.config, max_position_embeddings=8192))
+    assert longer.config.max_position_embeddings == 8192
+
+
+def test_a_decoder_other_than_the_word_embedding_is_refused(tmp_path, tiny_vocab):
+    """transformers writes decoder.weight for a ModernBERT saved with tie_word_embeddings: false: it was dropped
+    for the word embedding, and the MLM logits were another model's, unsaid."""
+    from bertdist.errors import UserError
+
+    hf = reference()
+    hf.config.tie_word_embeddings = False
+    hf.decoder.weight = torch.nn.Parameter(hf.model.embeddings.tok_embeddings.weight.detach() + 0.5)
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="decoder.weight differs from model.embeddings.tok_embeddings.weight"):
+        modernbert_hf.load_pretrained(tmp_path)
 
 
 def test_4096_tokens_train_a_step_with_activation_checkpointing_as_without():
