@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,9 @@ def task_model_from_pretrained(
 
 def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
     """Copy the pretrained weights a task model starts from (its family's `pretrained` prefixes) out of a
-    pretrained state dict; the rest (the pretraining heads, a classifier) is left out.
+    pretrained state dict; the rest (the pretraining heads, a classifier) is left out. The optional weights the
+    state lacks (a pooler, ModernBERT's head) start fresh, said in a warning where the model reads them (a model
+    whose `reads_optional_weights` is False, a sentence encoder's pooling, does not).
 
     `model` is a task model, or a module holding a bare encoder under the same name (`pretrained_encoder`)."""
     family = family_of(model.config.arch)
@@ -151,6 +154,9 @@ def load_encoder(model: Any, state: dict[str, Any], source: str) -> None:
     problems = state_problems({k: v.shape for k, v in wanted.items()}, state, family.optional, family.pretrained)
     if problems:
         raise CheckpointFormatError(f"{source}: the {model.config.arch} encoder: " + "; ".join(problems))
+    fresh = sorted(set(wanted) - set(state))  # optional weights: said as pretraining says them (check_weights)
+    if fresh and getattr(model, "reads_optional_weights", True):  # an MLM-only export has no pooler to read
+        warnings.warn(f"{source}: no weights for {', '.join(fresh)}; they start fresh", stacklevel=3)
     model.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
 
 
@@ -166,6 +172,8 @@ def _encoder_holder(cfg: ModelConfig) -> torch.nn.Module:
     family = family_of(cfg.arch)
     holder = torch.nn.Module()
     holder.config = cfg
+    holder.reads_optional_weights = False  # features of the encoder (`bertdist embed --features pooled` refuses
+    # a model without a pooler itself)
     setattr(holder, family.encoder_name, family.encoder(cfg))
     return holder
 

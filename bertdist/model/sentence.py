@@ -39,6 +39,10 @@ class SentenceEmbedder(nn.Module):
     """`forward(input_ids, attention_mask, token_type_ids) -> TaskOutput(None, vectors)`: (rows, [group,] hidden)
     vectors for (rows, [group,] seq) inputs; a group is a query with its passages (contrastive training)."""
 
+    reads_optional_weights = False
+    """Its pooling is of the last layer: a pooler (or ModernBERT's head) the encoder holds is never read
+    (bertdist.model.hf_heads.load_encoder)."""
+
     def __init__(self, cfg: ModelConfig, pooling: str = "mean", normalize: bool = False):
         """`normalize`: unit-length vectors, as a released directory whose pipeline ends in Normalize gives them
         (read back by `read_sentence_embedder`; bertdist's own training leaves them unnormalised)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -123,13 +124,20 @@ def assert_computes_alike_and_back(theirs, ours, loaded, batch: dict, case: str,
 
 def fresh_from_export(export: Path, pretrained, architecture: str, encoder_name: str):
     """The task model started from `export` (of `pretrained`), the encoder's weights and the names started fresh:
-    the encoder is the pretrained one, and what is fresh here is what transformers starts fresh."""
-    model = task_model_from_pretrained(export, architecture, ["a", "b", "c"])
+    the encoder is the pretrained one, and what is fresh here is what transformers starts fresh. Those of the
+    encoder (an MLM export's pooler, which a classifier reads) are named in a warning, as transformers names
+    them; the task head is fresh by design and not named."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = task_model_from_pretrained(export, architecture, ["a", "b", "c"])
     encoder = {k: v for k, v in pretrained.state_dict().items() if k.startswith(f"{encoder_name}.")}
     assert all(torch.equal(model.state_dict()[k], v) for k, v in encoder.items())
     fresh = set(model.state_dict()) - set(encoder)
     _, info = getattr(transformers, architecture).from_pretrained(export, output_loading_info=True)
     assert set(info["missing_keys"]) == fresh, info
+    named = [str(w.message).split("no weights for ", 1)[1] for w in said if "no weights for " in str(w.message)]
+    started = {k for k in fresh if k.startswith(f"{encoder_name}.")}
+    assert {k for line in named for k in line.split("; ")[0].split(", ")} == started, named
     return model, encoder, fresh
 
 
