@@ -151,7 +151,10 @@ def write_directory(
             raise hf_io.CheckpointFormatError(problem)
     if "architectures" in config_updates:
         prefix = CLASS_PREFIXES[config_updates.get("model_type", config["model_type"])]
-        architectures = [f"{prefix}For{name.split('For', 1)[1]}" for name in config_updates["architectures"]]
+        architectures = [  # RobertaForMaskedLM -> XLMRobertaForMaskedLM; a sentence encoder's RobertaModel too
+            prefix + (f"For{name.split('For', 1)[1]}" if "For" in name else name.removeprefix("Roberta"))
+            for name in config_updates["architectures"]
+        ]
         config_updates = {**config_updates, "architectures": architectures}
     positions = model.config.max_position_embeddings - model.config.pad_token_id - 1
     hf_io.write_export(
