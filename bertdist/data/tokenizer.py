@@ -249,12 +249,30 @@ def wordpiece_is_cased(vocab_file: Path, tokens: list[str]) -> bool:
     sibling = vocab_file.parent / TOKENIZER_CONFIG
     if sibling.exists():
         try:
-            value = json.loads(sibling.read_text()).get("do_lower_case")
+            settings = json.loads(sibling.read_text())
+            value = settings.get("do_lower_case")
         except (json.JSONDecodeError, AttributeError):
-            value = None
+            settings, value = {}, None
         if isinstance(value, bool):
+            _refuse_other_normalisation(sibling, settings, value)
             return not value
     return any(t != t.lower() for t in tokens if not (t.startswith("[") and t.endswith("]")))
+
+
+def _refuse_other_normalisation(config: Path, settings: dict, lowercase: bool) -> None:
+    """DataError for a released WordPiece tokenizer whose BERT normaliser is not one bertdist builds from a
+    vocab.txt (accents stripped exactly when lower-casing, CJK characters split): read as if it were, `año` became
+    `ano` for a model that was trained on `año`."""
+    strip = settings.get("strip_accents")
+    said = [f"strip_accents: {str(strip).lower()}"] if isinstance(strip, bool) and strip != lowercase else []
+    said += ["tokenize_chinese_chars: false"] if settings.get("tokenize_chinese_chars") is False else []
+    if said:
+        raise DataError(
+            f"{config}: {', '.join(said)} (with do_lower_case: {str(lowercase).lower()}): bertdist reads a "
+            "vocab.txt with accents stripped exactly when lower-casing and CJK characters split; a tokenizer.json "
+            "beside it carries any normaliser: write one (transformers: "
+            "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
+        )
 
 
 def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | None = None) -> str:

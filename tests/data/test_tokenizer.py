@@ -97,6 +97,24 @@ def test_a_tokenizer_without_a_special_token_is_refused_naming_the_file(tmp_path
         open_tokenizer(tmp_path / "tokenizer.json")
 
 
+def test_a_released_wordpiece_vocab_with_another_normaliser_is_refused(tmp_path, tiny_vocab):
+    """A vocab.txt whose tokenizer_config.json keeps accents while lower-casing (Spanish and Italian uncased BERTs):
+    read with accents stripped, `año` became `ano` for a model trained on `año`. Without a tokenizer.json, whose
+    normaliser bertdist reads as it is, it is refused naming the setting."""
+    (tmp_path / "vocab.txt").write_text(Path(tiny_vocab).read_text())
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"do_lower_case": True}))
+    assert not open_tokenizer(tmp_path).cased
+    config.write_text(json.dumps({"do_lower_case": True, "strip_accents": False}))
+    with pytest.raises(DataError, match="tokenizer_config.json: strip_accents: false \\(with do_lower_case: true\\)"):
+        open_tokenizer(tmp_path)
+    config.write_text(json.dumps({"do_lower_case": False, "tokenize_chinese_chars": False}))
+    with pytest.raises(DataError, match="tokenize_chinese_chars: false"):
+        open_tokenizer(tmp_path)
+    config.write_text(json.dumps({"do_lower_case": True, "strip_accents": True}))  # the same as stripping: read
+    assert not open_tokenizer(tmp_path).cased
+
+
 def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both(tiny_bpe, tiny_vocab, high_id_tokenizer):
     assert vocab_mismatch(tiny_bpe, TEST_VOCAB_SIZE) == ""
     assert (
