@@ -164,14 +164,17 @@ class OptimConfig:
     grad_clip_norm: float = 1.0
     """0 disables clipping."""
     warmup_steps: int = 100
-    schedule: Literal["linear", "wsd"] = "linear"
-    """After warmup: linear (to 0 at the last step: the paper) or wsd (warmup-stable-decay: the peak rate until the
-    last decay_fraction of the steps, then down to 0; ModernBERT's trapezoidal schedule). For the run's one
-    schedule, or each phase's own (phase.lr)."""
+    schedule: Literal["linear", "wsd", "poly"] = "linear"
+    """After warmup: linear (to 0 at the last step: the paper), wsd (warmup-stable-decay: the peak rate until the
+    last decay_fraction of the steps, then down to 0; ModernBERT's trapezoidal schedule) or poly (NVIDIA's
+    PolyWarmUpScheduler for LAMB: the peak x (1 - step / steps)^decay_power, the whole schedule's progress, so the
+    rate starts below the peak where warmup ends). For the run's one schedule, or each phase's own (phase.lr)."""
     decay_fraction: float = 0.1
     """wsd: the share of the schedule's steps spent decaying (ModernBERT-style runs: 0.1-0.2)."""
     decay_shape: Literal["linear", "1-sqrt"] = "linear"
     """wsd: how the rate falls, linear or 1-sqrt (Hägele et al. 2024)."""
+    decay_power: float = 0.5
+    """poly: the power of the decay (NVIDIA's BERT: 0.5)."""
     fused: Literal["auto", "on", "off"] = "auto"
     """auto: DeepSpeed's FusedAdam on GPU, torch AdamW elsewhere; on/off force it."""
 

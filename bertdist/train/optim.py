@@ -23,6 +23,7 @@ def learning_rate(
     schedule: str = "linear",
     decay_fraction: float = 0.0,
     decay_shape: str = "linear",
+    decay_power: float = 0.5,
 ) -> float:
     """Rate for optimizer step `step` (0-based) of `total_steps`.
 
@@ -32,7 +33,10 @@ def learning_rate(
     - `wsd` (warmup-stable-decay, ModernBERT's "trapezoidal"): the rate stays at its peak until the last
       `decay_steps(total_steps, decay_fraction)` steps, over which it falls to 0 at `total_steps`, linearly or
       as 1 - sqrt (`decay_shape`: Hägele et al. 2024 find 1-sqrt better), so that a checkpoint from the stable
-      part can be decayed later, on other data (continued pretraining).
+      part can be decayed later, on other data (continued pretraining);
+    - `poly` (NVIDIA's PolyWarmUpScheduler, its LAMB recipe): peak x (1 - step / total_steps)^decay_power, of the
+      whole schedule's progress as NVIDIA computes it, so where warmup ends the rate steps down from the peak to
+      peak x (1 - warmup / total)^power.
     """
     if not 0 <= step < total_steps:
         raise ValueError(f"step {step} is outside the run's {total_steps} steps")
@@ -40,6 +44,8 @@ def learning_rate(
         return peak_lr * (step + 1) / warmup_steps
     if schedule == "linear":
         return peak_lr * (total_steps - step) / (total_steps - warmup_steps)
+    if schedule == "poly":
+        return peak_lr * (1.0 - step / total_steps) ** decay_power
     decay = decay_steps(total_steps, decay_fraction)
     if step < total_steps - decay:
         return peak_lr
@@ -59,10 +65,10 @@ def scheduled_learning_rate(cfg: Config, step: int) -> float:
     o = cfg.optim
     if phase.lr:
         fraction = o.decay_fraction if phase.decay_fraction < 0 else phase.decay_fraction
-        return learning_rate(
-            step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps, o.schedule, fraction, o.decay_shape
-        )
-    return learning_rate(step, o.lr, o.warmup_steps, cfg.total_steps(), o.schedule, o.decay_fraction, o.decay_shape)
+        shape = (o.schedule, fraction, o.decay_shape, o.decay_power)
+        return learning_rate(step - cfg.first_step(index), phase.lr, phase.warmup_steps, phase.steps, *shape)
+    shape = (o.schedule, o.decay_fraction, o.decay_shape, o.decay_power)
+    return learning_rate(step, o.lr, o.warmup_steps, cfg.total_steps(), *shape)
 
 
 def peak_learning_rate(cfg: Config, step: int) -> float:

@@ -106,6 +106,8 @@ def _after_warmup(cfg: Config, warmup_steps: int, steps: int, phase_fraction: fl
     o = cfg.optim
     if o.schedule == "linear":
         return f"{warmup_steps:,} warmup steps then linear decay to 0 at step {steps:,}"
+    if o.schedule == "poly":
+        return f"{warmup_steps:,} warmup steps then (1 - step/{steps:,})^{o.decay_power:g} (poly)"
     decay = decay_steps(steps, o.decay_fraction if phase_fraction < 0 else phase_fraction)
     return (
         f"{warmup_steps:,} warmup steps, stable to step {steps - decay:,}, then {o.decay_shape} decay to 0 over "

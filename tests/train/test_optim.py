@@ -47,6 +47,26 @@ def test_warmup_stable_decay_holds_the_peak_then_decays_the_last_fraction_to_zer
     assert [learning_rate(s, 1.0, 0, 4, "wsd", 0.0) for s in range(4)] == [1.0] * 4  # a stable phase: no decay
 
 
+def test_the_lamb_recipe_follows_nvidias_polynomial_decay():
+    """NVIDIA's PolyWarmUpScheduler: after warmup, lr x (1 - step / total)^0.5 of the phase's whole progress (the
+    rate steps down where warmup ends). bertdist decayed linearly from the end of warmup: 10x lower at step
+    7,000 of phase 1. configs/bert-large-lamb.yaml is NVIDIA's recipe."""
+    from pathlib import Path
+
+    from bertdist.train.optim import scheduled_learning_rate
+
+    cfg = load_config(str(Path(__file__).parents[2] / "configs" / "bert-large-lamb.yaml"), [])
+    nvidia = {
+        1999: 6e-3,  # the end of warmup (ours: (step + 1) / warmup steps)
+        2000: 6e-3 * (1 - 2000 / 7038) ** 0.5,
+        7000: 6e-3 * (1 - 7000 / 7038) ** 0.5,
+    }
+    nvidia |= {7038 + 1400: 4e-3 * (1 - 1400 / 1563) ** 0.5}
+    assert {s: scheduled_learning_rate(cfg, s) for s in nvidia} == pytest.approx(nvidia, rel=1e-12)
+    assert learning_rate(0, 1.0, 0, 4, "poly", decay_power=1.0) == 1.0  # power 1 without warmup: linear to 0
+    assert learning_rate(3, 1.0, 0, 4, "poly", decay_power=1.0) == 0.25
+
+
 def test_each_phase_decays_its_own_fraction_under_wsd(tmp_path):
     from bertdist.train.optim import scheduled_learning_rate
 
@@ -117,7 +137,8 @@ def test_independent_weight_decay_shrinks_by_its_value_times_lr_over_the_phase_p
 @pytest.mark.parametrize(
     "overrides, problem",
     [
-        (["optim.schedule=cosine"], "optim.schedule: 'cosine' is not one of linear, wsd"),
+        (["optim.schedule=cosine"], "optim.schedule: 'cosine' is not one of linear, wsd, poly"),
+        (["optim.schedule=poly", "optim.decay_power=0"], "optim.decay_power: must be a positive number, got 0"),
         (
             ["optim.name=lamb", "optim.weight_decay_mode=independent", "train.zero_stage=0"],
             "optim.weight_decay_mode: independent is Adam's decoupled decay; lamb puts its decay inside",

@@ -360,6 +360,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"optim.lr: must be positive, got {o.lr}")
     if not o.eps > 0:
         p.append(f"optim.eps: must be positive, got {o.eps}")
+    if o.schedule == "poly" and not (o.decay_power > 0 and math.isfinite(o.decay_power)):
+        p.append(f"optim.decay_power: must be a positive number, got {o.decay_power}")
     if not o.weight_decay >= 0:
         p.append(f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
     if len(o.betas) == 2 and not all(0.0 <= b < 1.0 for b in o.betas):
