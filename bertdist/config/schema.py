@@ -50,8 +50,9 @@ class PhaseConfig:
     BERT-Large: 65,536 at length 128, then 32,768 at 512.)"""
     lr: float = 0.0
     """0: the phase follows the run's one schedule (optim.lr and optim.warmup_steps over all phases, the paper).
-    Positive: the phase has its own, linear warmup over `warmup_steps` to `lr` then linear decay to 0 at its
-    last step (NVIDIA's recipe). Either every phase sets it or none does."""
+    Positive: the phase has its own, linear warmup over `warmup_steps` to `lr` then optim.schedule's decay over
+    the phase's steps (linear: reaching 0 one step past its last; NVIDIA's recipe: poly). Either every phase
+    sets it or none does."""
     warmup_steps: int = 0
     """Warmup of the phase's own schedule (with `lr`)."""
     decay_fraction: float = -1.0

@@ -235,8 +235,9 @@ class Trainer(scaffold.Run):
             f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}"
         )
         first_phase = cfg.data.phases[0]
-        if step == 0 and first_phase.eval_dir:
-            self._evaluate(0, first_phase)  # the untrained baseline that later evaluations are read against
+        if step == 0 and first_phase.eval_dir:  # the untrained baseline that later evaluations are read against,
+            registry.enter_phase(engine.module, phase_model_config(cfg.model, first_phase))  # at its RoPE thetas
+            self._evaluate(0, first_phase)
         interval = metrics.Interval()
         while step < total_steps:
             index, phase = cfg.phase_at(step)
