@@ -66,7 +66,8 @@ def inspect_directory(shard_dir: str, examples: int = 3, vocab_file: str | None 
         f"({min(stats['per_shard'])}-{max(stats['per_shard'])} per shard), checksums OK",
         "options: " + ", ".join(f"{k}={v}" for k, v in opts.items()),
         f"inputs: {len(manifest['inputs'])} files, {totals['documents']:,} documents, "
-        f"{totals['duplicate_documents']:,} duplicates dropped, {len(manifest['skipped_inputs'])} files skipped",
+        f"{totals['duplicate_documents']:,} duplicates and {totals.get('empty_documents', 0):,} without a token "
+        f"dropped, {len(manifest['skipped_inputs'])} files skipped",
     ]
     out += [f"  skipped {s['reason']}" for s in manifest["skipped_inputs"]]
     out.append(

@@ -49,9 +49,16 @@ class GroupPlan:
     """Per group: (piece, the indices of its documents in that piece) for each piece it reads."""
     group_languages: list[str]
     document_stats: dict[str, int]
-    """documents (kept) and duplicate_documents; sentences, tokens and unk_tokens of every document read."""
+    """documents (kept), duplicate_documents and empty_documents (dropped); sentences (with a token), tokens and
+    unk_tokens of every document read."""
     language_stats: dict[str, dict[str, int]]
     """The same per language, for a corpus whose documents have one ({} otherwise)."""
+
+
+def _empty(results: list[dict], good_units: list[int]) -> int:
+    """Documents whose sentences all tokenized to nothing (zero-width or soft-hyphen text that survives a strip):
+    dropped, as Google's reference drops them, and counted (a unit read by an older bertdist counted none)."""
+    return sum(results[k].get("empty_documents", 0) for k in good_units)
 
 
 def plan_groups(work_dir: str, good_units: list[int], results: list[dict], group_bytes: int, unk_id: int) -> GroupPlan:
@@ -66,7 +73,9 @@ def plan_groups(work_dir: str, good_units: list[int], results: list[dict], group
                 columns[name].append(column)
         owner.append(np.full(len(columns["bytes"][-1]), p, dtype=np.int64))
     if not pieces:
-        return GroupPlan([], [], dict(documents=0, duplicate_documents=0), {})
+        return GroupPlan(
+            [], [], dict(documents=0, duplicate_documents=0, empty_documents=_empty(results, good_units)), {}
+        )
     hashes, sizes, languages = (np.concatenate(columns[name]) for name in ("hashes", "bytes", "languages"))
     _, first = np.unique(np.ascontiguousarray(hashes).view("V16").ravel(), return_index=True)
     keep = np.zeros(len(sizes), dtype=bool)
@@ -92,6 +101,7 @@ def plan_groups(work_dir: str, good_units: list[int], results: list[dict], group
     stats = dict(
         documents=int(keep.sum()),
         duplicate_documents=int((~keep).sum()),
+        empty_documents=_empty(results, good_units),
         sentences=sum(results[k]["sentences"] for k in good_units),
         tokens=sum(results[k]["tokens"] for k in good_units),
         unk_tokens=sum(results[k]["unk_tokens"] for k in good_units),

@@ -27,7 +27,8 @@ def summary_text(report: PrepareReport) -> str:
     lines = [
         f"wrote {len(m['shards'])} shards, {t['samples']:,} samples to {report.output_dir}",
         f"  input: {len(m['inputs'])} files, {t['input_bytes'] / 1e6:,.1f} MB, {t['documents']:,} documents "
-        f"({t['duplicate_documents']:,} duplicates dropped), {t['tokens']:,} tokens, "
+        f"({t['duplicate_documents']:,} duplicates and {t.get('empty_documents', 0):,} without a token dropped), "
+        f"{t['tokens']:,} tokens, "
         f"{100 * t['unk_tokens'] / max(t['tokens'], 1):.2f}% [UNK]",
         f"  skipped inputs: {len(m['skipped_inputs'])}" + "".join(f"\n    {s['reason']}" for s in m["skipped_inputs"]),
         f"  samples: mean length {t['sample_tokens'] / n:.1f}, {t['masked_tokens'] / n:.2f} masked per sample, "

@@ -56,7 +56,9 @@ def read_unit(
 
     tokenizer = open_tokenizer(vocab_file, cased)
     encoder, unk_id, token_dtype = tokenizer.sentence_encoder(), tokenizer.unk_id, _token_dtype(tokenizer.size)
-    summary: dict[str, Any] = dict(pieces=[], error=None, documents=0, sentences=0, tokens=0, unk_tokens=0)
+    summary: dict[str, Any] = dict(
+        pieces=[], error=None, documents=0, empty_documents=0, sentences=0, tokens=0, unk_tokens=0
+    )
     writer = _PieceWriter(work_dir, unit.name, token_dtype, unk_id)
     batch: list[tuple[str, list[str]]] = []
     batch_bytes = 0
@@ -162,8 +164,9 @@ def _tokenize_into(encoder: Any, batch: list[tuple[str, list[str]]], writer: _Pi
         elif kept:
             texts.append("\n".join(s for s, keep in zip(document, nonempty[k : k + len(document)]) if keep))
         k += len(document)
-    summary["sentences"] += len(lengths)
+    summary["sentences"] += int(nonempty.sum())  # those kept, as the per-language counts count them
     summary["documents"] += len(texts)
+    summary["empty_documents"] += len(batch) - len(texts)  # no sentence with a token: dropped, counted
     writer.add(ids, lengths[nonempty], kept_per_document[kept_per_document > 0], texts, languages)
 
 
