@@ -13,7 +13,8 @@ tests/model/test_onnx.py runs the graphs in onnxruntime at two batch sizes and l
 Inputs, int64: `input_ids`, `attention_mask` (1 a token, 0 padding: one sample per row, no packing) and BERT's
 `token_type_ids`, each (batch, sequence), or (batch, choices, sequence) for multiple choice. Outputs: `logits`, or
 `start_logits` and `end_logits` for question answering, or `sentence_embedding` (batch, hidden) for a sentence
-encoder (`finetune.task=embedding`'s sentence-transformers directory: the pooled vector, not normalised)
+encoder (a sentence-transformers directory, `finetune.task=embedding`'s: the pooled vector, normalised where its
+pipeline ends in Normalize and cut to its truncate_dim where it sets one, as `SentenceTransformer.encode` gives it)
 (`OUTPUTS`). Logits at padding slots mean nothing.
 
 Deliberately not: a converter of other models (an architecture or task bertdist does not load is refused in one

@@ -43,15 +43,19 @@ class SentenceEmbedder(nn.Module):
     """Its pooling is of the last layer: a pooler (or ModernBERT's head) the encoder holds is never read
     (bertdist.model.hf_heads.load_encoder)."""
 
-    def __init__(self, cfg: ModelConfig, pooling: str = "mean", normalize: bool = False):
-        """`normalize`: unit-length vectors, as a released directory whose pipeline ends in Normalize gives them
-        (read back by `read_sentence_embedder`; bertdist's own training leaves them unnormalised)."""
+    def __init__(
+        self, cfg: ModelConfig, pooling: str = "mean", normalize: bool = False, truncate_dim: int | None = None
+    ):
+        """`normalize`: unit-length vectors, as a released directory whose pipeline ends in Normalize gives them;
+        `truncate_dim`: the first components only, cut after that, as its config_sentence_transformers.json's
+        truncate_dim cuts them (both read back by `read_sentence_embedder`; bertdist's own training leaves the
+        vectors whole and unnormalised)."""
         super().__init__()
         if pooling not in ("mean", "cls"):  # finetune.pooling
             raise ValueError(f"pooling must be mean or cls, got {pooling!r}")
         family = family_of(cfg.arch)
         self.config, self.pooling, self.inputs, self.encoder_name = cfg, pooling, family.inputs, family.encoder_name
-        self.normalize = normalize
+        self.normalize, self.truncate_dim = normalize, truncate_dim
         setattr(self, family.encoder_name, family.encoder(cfg))  # the name the family's checkpoints use
         self.apply(lambda module: family.init_weights(module, cfg))  # a random start; pretrained weights overwrite
 
@@ -71,6 +75,8 @@ class SentenceEmbedder(nn.Module):
         vectors = pool(states, layout, flat.get("attention_mask"), self.pooling)
         if self.normalize:
             vectors = nn.functional.normalize(vectors, dim=-1)
+        if self.truncate_dim:
+            vectors = vectors[..., : self.truncate_dim]
         return TaskOutput(None, vectors.reshape(*input_ids.shape[:-1], vectors.shape[-1]))
 
 
@@ -138,7 +144,8 @@ def read_sentence_embedder(directory: str | os.PathLike, unpad: bool = True) -> 
         raise CheckpointFormatError(f"{directory}: no sentence-transformers Pooling module: not a sentence encoder")
     pipeline.own_vectors()
     cfg, state, source = read_pretrained(directory)
-    model = SentenceEmbedder(dataclasses.replace(cfg, unpad=unpad), pipeline.pooling, pipeline.normalize)
+    settings = (pipeline.pooling, pipeline.normalize, pipeline.truncate_dim)
+    model = SentenceEmbedder(dataclasses.replace(cfg, unpad=unpad), *settings)
     load_encoder(model, state, source)
     return model
 

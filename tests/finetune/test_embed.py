@@ -287,6 +287,16 @@ def test_a_released_sentence_encoder_gives_its_own_vectors_and_tokens(normalize,
     batch = transformers.AutoTokenizer.from_pretrained(released)(texts[:-1], padding=True, return_tensors="np")
     (got,) = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})
     np.testing.assert_allclose(got, expected[:-1], atol=1e-4, rtol=1e-4)
+    # cut to its truncate_dim, as SentenceTransformer.encode cuts (after Normalize): the graph gave the whole vector
+    shutil.copytree(released, tmp_path / "cut")
+    settings = tmp_path / "cut" / "config_sentence_transformers.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "truncate_dim": 32}))
+    cut = SentenceTransformer(str(tmp_path / "cut"), device="cpu").encode(texts[:-1], convert_to_numpy=True)
+    write_onnx(tmp_path / "cut")
+    session = ort.InferenceSession(str(tmp_path / "cut" / ONNX_FILE))
+    (got,) = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})
+    assert got.shape == cut.shape == (len(texts) - 1, 32)
+    np.testing.assert_allclose(got, cut, atol=1e-4, rtol=1e-4)
 
 
 def test_a_sentence_encoder_with_a_module_bertdist_does_not_compute_is_refused(tmp_path, tiny_vocab, capsys):
