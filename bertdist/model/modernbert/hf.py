@@ -140,7 +140,8 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], source: str = "state di
     for a decoder matrix other than the word embedding (`tie_word_embeddings: false`), which dropped for the tied
     one gave other MLM logits, unsaid."""
     ours, theirs = _DECODER_BIAS
-    state = hf_io.untied(tensors, _TIED, _WORDS, source, "ModernBERT")
+    heads = ("head.", "decoder.")  # a bare ModernBertModel's (sentence-transformers') are put under `model.`
+    state = hf_io.untied(hf_io.under_prefix(tensors, "model.", heads), _TIED, _WORDS, source, "ModernBERT")
     return {(ours if k == theirs else k): v for k, v in state.items()}
 
 

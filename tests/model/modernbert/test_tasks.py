@@ -190,6 +190,18 @@ def test_a_task_model_starts_from_an_export_as_transformers_does(tmp_path, tiny_
     )
 
 
+def test_a_bare_modernbert_model_starts_a_task_model_and_names_the_head_it_lacks(tmp_path, tiny_vocab):
+    """A ModernBertModel saved by transformers or sentence-transformers has no `model.` prefix (refused before, as
+    missing every weight) and no MLM head: its encoder is loaded, and the head a classifier reads starts fresh,
+    named, as transformers names it."""
+    hf = reference()
+    hf.model.save_pretrained(tmp_path / "bare")
+    with pytest.warns(UserWarning, match=r"no weights for head.dense.weight, head.norm.weight; they start fresh"):
+        model = task_model_from_pretrained(tmp_path / "bare", "ModernBertForSequenceClassification", ["a", "b"])
+    encoder = {f"model.{k}": v for k, v in hf.model.state_dict().items()}
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in encoder.items())
+
+
 def test_a_family_mismatch_and_a_bad_pooling_are_refused():
     from bertdist.errors import UserError
     from bertdist.model.hf_heads import build_task_model
