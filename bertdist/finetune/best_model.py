@@ -35,7 +35,7 @@ def export_best(
 
     out = f"{ft.output_dir}/model"
     with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout
-        model = new_model(source.model_cfg, task, ft.pooling)
+        model = new_model(source, task, ft.pooling)
     model.load_state_dict(consolidate.consolidated_state_dict(saved), strict=True)
     provenance = {
         "bertdist_init_from": ft.init_from,

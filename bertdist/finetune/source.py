@@ -39,6 +39,9 @@ class Source:
     """Pretrained weights in bertdist names; None: random initialisation."""
     pretraining_run_id: str | None = None
     checkpoint: str | None = None
+    classifier_pooling: str | None = None
+    """A Hugging Face directory's config.json's (a released ModernBERT's `mean`): its sequence classifier pools as
+    transformers' would from the same directory; None: the model's default."""
 
 
 def resolve(cfg: Config) -> Source:
@@ -91,6 +94,7 @@ def _from_hf(path: Path, cfg: Config) -> Source:
         state,
         pretraining_run_id=raw.get("bertdist_run_id"),
         checkpoint=raw.get("bertdist_checkpoint"),
+        classifier_pooling=raw.get("classifier_pooling"),
     )
 
 

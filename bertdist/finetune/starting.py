@@ -18,19 +18,19 @@ from bertdist.finetune.task import Task
 from bertdist.train import checkpoint, rng
 
 if TYPE_CHECKING:
-    from bertdist.config import ModelConfig
     from bertdist.train.distributed import DistributedEnv
 
 
-def new_model(model_cfg: ModelConfig, task: Task, pooling: str) -> Any:
-    """The task's model, freshly initialised: a `transformers`-named task model, or a sentence encoder."""
+def new_model(source: Source, task: Task, pooling: str) -> Any:
+    """The task's model, freshly initialised: a `transformers`-named task model (ModernBERT's classifier pooling
+    as the source's config.json says), or a sentence encoder."""
     from bertdist.model.hf_heads import build_task_model, task_architecture
     from bertdist.model.sentence import SENTENCE_EMBEDDING, SentenceEmbedder
 
     if task.head == SENTENCE_EMBEDDING:
-        return SentenceEmbedder(model_cfg, pooling)
-    architecture = task_architecture(model_cfg.arch, task.head)
-    return build_task_model(architecture, model_cfg, task.labels, task.problem_type)
+        return SentenceEmbedder(source.model_cfg, pooling)
+    architecture = task_architecture(source.model_cfg.arch, task.head)
+    return build_task_model(architecture, source.model_cfg, task.labels, task.problem_type, source.classifier_pooling)
 
 
 def build_engine(cfg: Config, env: DistributedEnv, device_type: str, source: Source, task: Task) -> Any:
@@ -45,7 +45,7 @@ def build_engine(cfg: Config, env: DistributedEnv, device_type: str, source: Sou
 
     ft = cfg.finetune
     torch.manual_seed(cfg.train.seed)  # the same head on every rank
-    model = new_model(source.model_cfg, task, ft.pooling)
+    model = new_model(source, task, ft.pooling)
     if source.state is not None:
         load_encoder(model, source.state, source.description)
     optim = dataclasses.replace(cfg.optim, lr=ft.lr)

@@ -137,7 +137,8 @@ def task_model_from_pretrained(
 ) -> Any:
     """A task model whose encoder comes from the pretrained model in `directory`; the classifier is fresh."""
     cfg, state, source = read_pretrained(directory)
-    model = build_task_model(architecture, cfg, labels, problem_type)
+    raw, _ = model_config(directory)  # ModernBERT's classifier pooling, as transformers reads it from there
+    model = build_task_model(architecture, cfg, labels, problem_type, raw.get("classifier_pooling"))
     load_encoder(model, state, source)
     return model
 

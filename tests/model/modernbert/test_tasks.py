@@ -202,6 +202,31 @@ def test_a_bare_modernbert_model_starts_a_task_model_and_names_the_head_it_lacks
     assert all(torch.equal(model.state_dict()[k], v) for k, v in encoder.items())
 
 
+def test_a_released_modernberts_classifier_pooling_is_the_task_models(tmp_path, tiny_vocab):
+    """Released ModernBERT-base's config.json says classifier_pooling: mean; transformers' classifier from that
+    directory pools by the mean, and bertdist's started from it pooled [CLS], unsaid."""
+    import json
+
+    from bertdist.config import load_config
+    from bertdist.finetune.source import resolve
+    from bertdist.finetune.starting import new_model
+    from bertdist.finetune.task import Task
+
+    model = ours_from(reference())
+    small = tmp_path / "vocab" / "vocab.txt"  # no more tokens than the reference's embeddings
+    small.parent.mkdir()
+    small.write_text("".join(open(tiny_vocab).readlines()[: model.config.vocab_size]))
+    modernbert_hf.write_directory(model, tmp_path, small, {})
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "classifier_pooling": "mean"}))
+    theirs = transformers.ModernBertForSequenceClassification.from_pretrained(tmp_path)
+    ours = task_model_from_pretrained(tmp_path, "ModernBertForSequenceClassification", ["a", "b"])
+    assert ours.classifier_pooling == theirs.config.classifier_pooling == "mean"
+    source = resolve(load_config(None, [f"finetune.init_from={tmp_path}"]))
+    task = Task("SequenceClassification", ["a", "b"], None, None, lambda out: {})  # what new_model reads of it
+    assert new_model(source, task, "mean").classifier_pooling == "mean"
+
+
 def test_a_family_mismatch_and_a_bad_pooling_are_refused():
     from bertdist.errors import UserError
     from bertdist.model.hf_heads import build_task_model
