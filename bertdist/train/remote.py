@@ -153,8 +153,10 @@ class Uploader:
         and those of later steps (an abandoned continuation: checkpoint.prune) are not counted, and left."""
         complete = [t for t in complete_in_store(self.uri) if t <= current]
         for tag in complete[: -self.keep_last]:
-            storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))  # no longer complete, first
-            storage.remove_tree(storage.join(self.uri, tag))
+            state = storage.join(self.uri, tag, TRAIN_STATE_FILENAME)
+            storage.remove(state)  # no longer complete, first
+            if not storage.exists(state):  # a delete the store refused (storage.remove says nothing) keeps it
+                storage.remove_tree(storage.join(self.uri, tag))  # whole, not "complete" with its files gone
 
 
 def _missing(names: list[str], present: list[str]) -> list[int]:
