@@ -261,8 +261,8 @@ DOWNLOADED_VERSIONS = ".bertdist-versions.json"
 def download_directory(url: str) -> str:
     """A local copy of every object under `url`, in `cache_path("downloads", url)`; a file already there is kept
     only when it is of the object's version (its ETag, recorded in DOWNLOADED_VERSIONS): a model exported again
-    to the same URL has files of the same sizes, which the cache served stale. Files no longer under `url` are
-    removed. Returns the local directory."""
+    to the same URL has files of the same sizes, which the cache served stale. Files downloaded before and no
+    longer under `url` are removed. Returns the local directory."""
     local = cache_path("downloads", url)
     prefix = url.rstrip("/") + "/"
     found = find(url)
@@ -278,11 +278,10 @@ def download_directory(url: str) -> str:
         versions[name] = version(object_url)
         if not (os.path.isfile(target) and kept.get(name) == versions[name]):
             download_file(object_url, target)
-    for folder, _, files in os.walk(local):
-        for file in files:
-            name = os.path.relpath(os.path.join(folder, file), local).replace(os.sep, "/")
-            if name not in versions and name != DOWNLOADED_VERSIONS:
-                os.remove(os.path.join(folder, file))
+    for name in set(kept) - set(versions):  # downloaded before and gone from the URL since; nothing else is
+        # touched: the ranks of a node download into this directory at once, each file by a private partial name
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(local, *name.split("/")))
     write_json(record, versions)
     return local
 

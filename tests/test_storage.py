@@ -397,3 +397,27 @@ def test_a_downloaded_model_is_fetched_again_when_its_objects_change(s3, tmp_pat
     assert storage.download_directory(url) == str(local)
     assert (local / "model.safetensors").read_bytes() == b"NEW-WEIGHTS-"
     assert not (local / "extra" / "notes.txt").exists()
+
+    # The ranks of a node download at once (each before the process group exists): none removes another's
+    # partial file, which a cleanup of every unlisted name did
+    fresh, original, errors = storage.join(url, "again"), storage.download_file, []
+    storage.upload_directory(tmp_path / "export", fresh)
+
+    def slow(object_url: str, target: str) -> None:
+        time.sleep(0.3)
+        original(object_url, target)
+
+    monkeypatch.setattr(storage, "download_file", slow)
+
+    def rank() -> None:
+        try:
+            storage.download_directory(fresh)
+        except Exception as e:  # noqa: BLE001  what the other rank's cleanup did to this one
+            errors.append(repr(e))
+
+    ranks = [threading.Thread(target=rank) for _ in range(2)]
+    for thread in ranks:
+        thread.start()
+    for thread in ranks:
+        thread.join(timeout=60)
+    assert errors == [] and (Path(storage.download_directory(fresh)) / "model.safetensors").is_file()
