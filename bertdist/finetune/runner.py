@@ -83,6 +83,11 @@ class Finetuning(Run):
         cfg, env, ft = self.cfg, self.env, self.cfg.finetune
         if cfg.checkpoint.resume == "none":  # its pruning would delete the checkpoints of whatever run is there
             checkpoint.refuse_foreign_checkpoints(ft.output_dir, "finetune.output_dir")
+        scores = [m for m in tasks.METRICS[ft.task] if m not in tasks.NOT_SCORES]  # the higher the better
+        if ft.best_metric and ft.best_metric not in scores:
+            raise ConfigError(
+                [f"finetune.best_metric: {ft.best_metric!r} is not a score {ft.task} reports ({', '.join(scores)})"]
+            )
         self.source: Source = resolve(cfg)
         device_type = "cuda" if torch.cuda.is_available() else "cpu"  # as start_process_group picks it
         if problems := attention.model_problems(self.source.model_cfg, device_type, cfg.train.precision):
@@ -95,9 +100,6 @@ class Finetuning(Run):
         self.task: tasks.Task = tasks.build(
             ft, ft.sequence_length(positions), self.source.vocab_file, cased_vocabulary(self.source.vocab_file)
         )
-        if ft.best_metric and ft.best_metric not in tasks.METRICS[ft.task]:
-            named = ", ".join(tasks.METRICS[ft.task])
-            raise ConfigError([f"finetune.best_metric: {ft.best_metric!r} is not one {ft.task} reports ({named})"])
         self.train, self.dev, self.skipped = self.task.train, self.task.dev, self.task.skipped
         self.pad_id = pad_id(self.source.vocab_file)
         if problems := data_problems(ft, len(self.train)):

@@ -256,9 +256,11 @@ def _settings(task: SuiteTask, data_dir: str, model: str, lr: float, output_dir:
     `data_dir`, and its best evaluation picked by the metric its column reports (CoLA's at the best-accuracy epoch
     read lower than its best)."""
     extra = ",".join(str(Path(data_dir) / f) for f in str(task.settings.get("extra_dev_files", "")).split(",") if f)
+    from bertdist.finetune.task import NOT_SCORES
+
     dev_set, _, metric = task.metrics[0].partition("/") if task.metrics else ("", "", "")
     return {
-        **({"best_metric": metric} if dev_set == "dev" else {}),
+        **({"best_metric": metric} if dev_set == "dev" and metric not in NOT_SCORES else {}),
         **task.settings,
         **{k: str(Path(data_dir) / v) for k, v in task.settings.items() if k.endswith("_file")},
         "extra_dev_files": extra,

@@ -51,6 +51,9 @@ METRICS = {
     EMBEDDING: contrastive.METRICS,
 }
 """The dev metrics each task reports (a suite's `metric:` must be one of its task's)."""
+NOT_SCORES = ("mse", "best_threshold")
+"""Reported metrics that are not better when higher (an error, SQuAD v2's no-answer threshold): never the one that
+picks the best evaluation (finetune.best_metric)."""
 
 
 @dataclass

@@ -267,7 +267,10 @@ def test_bad_settings_and_unknown_tasks_fail_before_anything_starts(tmp_path, ti
     args = _overrides(train, dev, tmp_path / "y", f"finetune.init_from={save}", "finetune.best_metric=ndcg_at_10")
     assert main(["finetune", *args, "tracking.enabled=false"]) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
-    assert "finetune.best_metric: 'ndcg_at_10' is not one classification reports (accuracy, matthews, f1" in err, err
+    assert "finetune.best_metric: 'ndcg_at_10' is not a score classification reports (accuracy, matthews, f1" in err
+    args = _overrides(train, dev, tmp_path / "y", f"finetune.init_from={save}", "finetune.task=regression")
+    assert main(["finetune", *args, "finetune.best_metric=mse", "tracking.enabled=false"]) == USAGE_EXIT_CODE
+    assert "'mse' is not a score regression reports (pearson, spearman)" in capsys.readouterr().err  # lower: better
     assert not (tmp_path / "y" / "checkpoints").exists()
 
 
