@@ -62,25 +62,44 @@ def foreign_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     RESUMABLE_FIELDS, as dotted names: empty when the checkpoint is this run's."""
     differ: list[str] = []
 
-    def walk(a: Any, b: Any, path: str, pattern: str) -> None:
-        if any(pattern == f or pattern.startswith(f + ".") for f in RESUMABLE_FIELDS):
+    def same(x: Any, y: Any) -> bool:
+        return json.loads(json.dumps(x)) == json.loads(json.dumps(y))  # tuples and lists alike
+
+    def resumable(pattern: str) -> bool:
+        return any(pattern == f or pattern.startswith(f + ".") for f in RESUMABLE_FIELDS)
+
+    def walk(a: Any, b: Any, default: Any, path: str, pattern: str) -> None:
+        if resumable(pattern):
             return
         if isinstance(a, dict) and isinstance(b, dict):
-            # A field only one side has was added (or removed) by another bertdist version: the checkpoint was
-            # written with its default, which says nothing about the run. The keys of a dict the user names
-            # (a mixture's sources) are the run's own: one added or removed is another run.
-            for key in sorted(set(a) ^ set(b) if pattern in USER_KEYED else ()):
-                there, here = (json.dumps(side[key]) if key in side else "absent" for side in (a, b))
-                differ.append(f"{path}.{key} ({there} there, {here} here)")
+            # A field only the current side has was added by a later bertdist: the checkpoint's run did what its
+            # default does, so this run is that run only at the default (optim.weight_decay_mode: independent on
+            # an older checkpoint would raise its decay a thousandfold mid-run). A field only the checkpoint has
+            # was removed since: nothing to compare. The keys of a dict the user names (a mixture's sources) are
+            # the run's own: one added or removed is another run.
+            if pattern in USER_KEYED:
+                for key in sorted(set(a) ^ set(b)):
+                    there, here = (json.dumps(side[key]) if key in side else "absent" for side in (a, b))
+                    differ.append(f"{path}.{key} ({there} there, {here} here)")
+            else:
+                defaults = default if isinstance(default, dict) else {}
+                added = (k for k in set(b) - set(a) if not resumable(f"{pattern}.{k}".lstrip(".")))
+                for key in sorted(k for k in added if k in defaults and not same(b[k], defaults[k])):
+                    where = f"{path}.{key}".lstrip(".")
+                    differ.append(
+                        f"{where} (not a setting there: {json.dumps(defaults[key])}; {json.dumps(b[key])} here)"
+                    )
             for key in sorted(set(a) & set(b)):
-                walk(a[key], b[key], f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
+                below = default.get(key) if isinstance(default, dict) else None
+                walk(a[key], b[key], below, f"{path}.{key}".lstrip("."), f"{pattern}.{key}".lstrip("."))
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a and isinstance(a[0], dict):
+            item = default[0] if isinstance(default, list) and default else None  # a phase's defaults
             for i, (x, y) in enumerate(zip(a, b)):
-                walk(x, y, f"{path}.{i}", f"{pattern}.*")
-        elif json.loads(json.dumps(a)) != json.loads(json.dumps(b)):  # tuples and lists alike
+                walk(x, y, item, f"{path}.{i}", f"{pattern}.*")
+        elif not same(a, b):
             differ.append(f"{path} ({json.dumps(a)} there, {json.dumps(b)} here)")
 
-    walk(saved, current, "", "")
+    walk(saved, current, Config().to_dict(), "", "")
     return differ
 
 

@@ -211,9 +211,9 @@ class Trainer(scaffold.Run):
             rng.seed_everything(cfg.train.seed + env.rank)  # different dropout masks per rank
 
     def _loader(self, phase: PhaseConfig, shard_dir: str, workers: int) -> PretrainingLoader:
-        return phase_loader(
-            self.cfg, phase, shard_dir, workers, self.env.rank, self.env.world_size, self.device_type == "cuda"
-        )
+        """A loader of eval shards."""
+        env, pin = self.env, self.device_type == "cuda"
+        return phase_loader(self.cfg, phase, shard_dir, workers, env.rank, env.world_size, pin, training=False)
 
     def _build_tracker(self) -> Tracker:
         return run_tracking.open_tracker(

@@ -117,6 +117,9 @@ def test_each_phase_masks_at_its_own_rate_and_static_shards_refuse_one(
     assert f"data.masking.masked_lm_prob: 0.4, and the masks in {tiny_shards} (prepared with --masking static) " in err
     assert "were made with 0.15;" in err and "data.masking.whole_word_mask: True, " in err and "made with False" in err
     assert main(["train", "--config", str(static), "--dry-run", "data.masking.masked_lm_prob=0.15"]) == 0
+    # Eval shards' masks are the evaluation's own (ModernBERT trains at 30% and evaluates at 15%): not refused
+    at_30 = ["data.masking.masked_lm_prob=0.3", f"data.phases.0.eval_dir={tiny_shards}"]
+    assert main(["train", "--config", str(config), "--dry-run", *at_30]) == 0, capsys.readouterr().err
     assert main(["train", "--config", str(config), "--dry-run", "data.phases.0.masked_lm_prob=1.5"]) == USAGE_EXIT_CODE
     assert "data.phases.0.masked_lm_prob: must be in (0, 1)" in capsys.readouterr().err
     capped = ["data.phases.0.masked_lm_prob=0.4", "data.masking.max_predictions_per_seq=5"]  # 0.4 x 32 = 13 > 5
