@@ -161,7 +161,7 @@ class OptimConfig:
     """adamw (the paper's AdamWeightDecay, torch's AdamW): each step shrinks a matrix by lr x weight_decay.
     independent (ModernBERT's StableAdamW, optimi's decouple_lr): by weight_decay x lr / the peak lr, so
     weight_decay is the shrink per step at the peak (ModernBERT's 1e-5; as an adamw value it would be about
-    1,000 times weaker, and in fp32 it rounds away to nothing)."""
+    1,000 times weaker, and torch's AdamW, the CPU path, rounds that away to nothing in fp32)."""
     grad_clip_norm: float = 1.0
     """0 disables clipping."""
     warmup_steps: int = 100

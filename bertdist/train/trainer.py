@@ -286,7 +286,8 @@ class Trainer(scaffold.Run):
             if sums["stop_requested"] > 0:
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
             if self.saver.pending and not sums["checkpoint_writing"]:  # every rank's background write is done
-                self.saver.complete()
+                with interval.paused():
+                    self.saver.complete()
             if due(step, cfg.checkpoint.every_steps, total_steps):
                 with interval.paused():
                     self._save(step, phase_index, nonfinite_streak)
