@@ -11,7 +11,7 @@ from bertdist.config import load_config
 from bertdist.model.registry import build_model
 from bertdist.train import checkpoint
 from bertdist.train import deepspeed as ds
-from bertdist.train.consolidate import consolidated_state_dict
+from bertdist.train.consolidate import consolidated_state_dict, stage0_masters
 from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
 from bertdist.train.optim import build_optimizer
 from bertdist.train.ports import free_tcp_port
@@ -51,3 +51,9 @@ def test_a_zero0_bf16_checkpoint_exports_its_fp32_master_weights(tmp_path):
     got = consolidated_state_dict(target)
     assert all(got[name].dtype == torch.float32 and torch.equal(got[name], w) for name, w in want.items())
     assert any(not torch.equal(w, w.bfloat16().float()) for w in want.values())  # what bf16 would have rounded
+    # On a GPU, DeepSpeed's fused FP16 optimizer (FusedAdam) keeps each group flat: the same weights, split back
+    saved = torch.load(target / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
+    optimizer = saved["optimizer"]
+    optimizer["fp32_groups_flat"] = [torch.cat([t.reshape(-1) for t in g]) for g in optimizer.pop("fp32_groups")]
+    flat = stage0_masters(saved, target)
+    assert flat.keys() == want.keys() and all(torch.equal(flat[name], w) for name, w in want.items())
