@@ -76,9 +76,9 @@ def test_the_large_batch_recipe_reaches_its_batches_by_accumulation(gpus, accumu
     assert (cfg.global_batch_size(first), cfg.global_batch_size(second)) == (65536, 32768)
     assert (cfg.gradient_accumulation_steps(first, gpus), cfg.gradient_accumulation_steps(second, gpus)) == accumulation
     assert cfg.optim.name == "lamb" and (first.steps, second.steps) == (7038, 1563)
-    # each phase its own warmup (28.43% and 12.8%) then linear decay to 0
+    # each phase its own warmup (28.43% and 12.8%) then NVIDIA's decay, (1 - step / phase steps)^0.5
     assert scheduled_learning_rate(cfg, 1999) == pytest.approx(6e-3)
-    assert scheduled_learning_rate(cfg, 7037) == pytest.approx(6e-3 / (7038 - 2000))
+    assert scheduled_learning_rate(cfg, 7037) == pytest.approx(6e-3 * (1 - 7037 / 7038) ** 0.5)
     assert scheduled_learning_rate(cfg, 7038) == pytest.approx(4e-3 / 200)
     assert scheduled_learning_rate(cfg, 7038 + 199) == pytest.approx(4e-3)
     assert math.isclose(2000 / 7038, 0.2843, abs_tol=1e-3) and math.isclose(200 / 1563, 0.128, abs_tol=1e-3)
