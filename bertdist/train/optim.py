@@ -71,12 +71,6 @@ def scheduled_learning_rate(cfg: Config, step: int) -> float:
     return learning_rate(step, o.lr, o.warmup_steps, cfg.total_steps(), *shape)
 
 
-def peak_learning_rate(cfg: Config, step: int) -> float:
-    """The peak of the schedule optimizer step `step` follows: its phase's own lr, or the run's."""
-    _, phase = cfg.phase_at(step)
-    return phase.lr or cfg.optim.lr
-
-
 def weight_decay_at(optim: OptimConfig, peak_lr: float) -> float:
     """The decaying groups' `weight_decay` under a schedule peaking at `peak_lr` (optim.weight_decay_mode):
     AdamW shrinks a matrix by lr x this value each step, so `independent` divides by the peak."""
@@ -90,6 +84,15 @@ def set_learning_rate(param_groups: Iterable[dict[str, Any]], lr: float, weight_
         group["lr"] = lr
         if weight_decay is not None and group["weight_decay"]:
             group["weight_decay"] = weight_decay
+
+
+def apply_schedule(param_groups: Iterable[dict[str, Any]], cfg: Config, step: int, lr_scale: float = 1.0) -> float:
+    """Set optimizer step `step`'s rate (x `lr_scale`, a rollback's) and the decaying groups' weight decay on the
+    optimizer; returns the rate. Both are functions of the step alone: a resumed run cannot drift."""
+    _, phase = cfg.phase_at(step)
+    lr = scheduled_learning_rate(cfg, step) * lr_scale
+    set_learning_rate(param_groups, lr, weight_decay_at(cfg.optim, phase.lr or cfg.optim.lr))  # its schedule's peak
+    return lr
 
 
 def param_groups(model: Any, weight_decay: float) -> list[dict]:

@@ -70,12 +70,7 @@ from bertdist.train.deepspeed import device_problems
 from bertdist.train.distributed import DistributedEnv
 from bertdist.train.downstream import DownstreamEvaluator
 from bertdist.train.loaders import continue_sources, phase_loader, source_positions, train_loader
-from bertdist.train.optim import (
-    peak_learning_rate,
-    scheduled_learning_rate,
-    set_learning_rate,
-    weight_decay_at,
-)
+from bertdist.train.optim import apply_schedule
 from bertdist.train.restart_event import RestartEvent
 from bertdist.train.watchdog import StallWatchdog
 
@@ -251,10 +246,7 @@ class Trainer(scaffold.Run):
                 self.rollbacks.skip(batches, self.loaders[index])  # what a rollback skips, recorded
                 self.stragglers.restart()
             ds.set_batch(engine, phase, global_batch_at(cfg, step))  # a phase's, or a batch warmup's
-            lr = scheduled_learning_rate(cfg, step) * self.rollbacks.lr_scale
-            set_learning_rate(
-                engine.optimizer.param_groups, lr, weight_decay_at(cfg.optim, peak_learning_rate(cfg, step))
-            )
+            lr = apply_schedule(engine.optimizer.param_groups, cfg, step, self.rollbacks.lr_scale)
             self.rollbacks.position = self.loaders[index].state_dict()
             sums = self._train_step(batches, self.loaders[index])
             step = self.step = step + 1

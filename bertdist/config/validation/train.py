@@ -24,6 +24,7 @@ from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.health import health_problems
 from bertdist.config.validation.mixture import mixture_problems
 from bertdist.config.validation.model import architecture_problems, compile_problems, pretrained_arch_problem
+from bertdist.config.validation.optim import optim_problems
 from bertdist.credentials import credentials_problem
 from bertdist.errors import UserError
 from bertdist.model import registry
@@ -112,41 +113,6 @@ def credential_problems(values: Any, where: str = "") -> list[str]:
         return [p for i, value in enumerate(values) for p in credential_problems(value, f"{where}.{i}")]
     problem = credentials_problem(values, where) if isinstance(values, str) else ""
     return [problem] if problem else []
-
-
-def schedule_problems(cfg: Config) -> list[str]:
-    """A wsd decay that fits beside the warmup of each schedule (the run's one, or every phase's own); a phase's
-    decay_fraction where nothing reads it is refused. (The schedule's kind and shape: `choice_problems`.)"""
-    o, found = cfg.optim, []
-    if not 0.0 <= o.decay_fraction <= 1.0:
-        found.append(f"optim.decay_fraction: must be in [0, 1], got {o.decay_fraction}")
-    own = [
-        (
-            f"data.phases.{i}",
-            ph.steps,
-            ph.warmup_steps,
-            o.decay_fraction if ph.decay_fraction < 0 else ph.decay_fraction,
-        )
-        for i, ph in enumerate(cfg.data.phases)
-        if ph.lr
-    ]
-    for i, ph in enumerate(cfg.data.phases):
-        if ph.decay_fraction >= 0 and not (ph.lr and o.schedule == "wsd"):
-            found.append(
-                f"data.phases.{i}.decay_fraction: applies only to a phase's own wsd schedule (data.phases.{i}.lr "
-                "with optim.schedule: wsd)"
-            )
-        elif ph.decay_fraction > 1:
-            found.append(f"data.phases.{i}.decay_fraction: must be in [0, 1], got {ph.decay_fraction}")
-    if o.schedule == "wsd" and not found:
-        for name, steps, warmup, fraction in own or [("optim", cfg.total_steps(), o.warmup_steps, o.decay_fraction)]:
-            decay = round(fraction * steps)
-            if warmup + decay > steps:
-                found.append(
-                    f"{name}: {warmup} warmup steps and a decay of {decay} ({fraction:g} of {steps}) do not fit "
-                    f"in its {steps} steps; lower the decay_fraction or the warmup"
-                )
-    return found
 
 
 def batch_warmup_problems(cfg: Config, world: int) -> list[str]:
@@ -340,35 +306,7 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
             f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
             "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)"
         )
-    if o.name == "lamb" and o.weight_decay_mode != "adamw":
-        p.append(
-            f"optim.weight_decay_mode: {o.weight_decay_mode} is Adam's decoupled decay; lamb puts its decay inside "
-            "the trust ratio: use adamw"
-        )
-    if o.name == "lamb" and (t.zero_stage != 0 or t.precision == "bf16"):
-        p.append(
-            f"optim.name: lamb scales each parameter tensor by its own trust ratio, and ZeRO (train.zero_stage="
-            f"{t.zero_stage}) and DeepSpeed's bf16 optimizer hand the optimizer flattened partitions instead; "
-            "use train.zero_stage: 0 with fp32 or fp16"
-        )
-    total = cfg.total_steps()
-    if o.warmup_steps < 0:
-        p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
-    elif total > 0 and o.warmup_steps > total:
-        p.append(f"optim.warmup_steps: {o.warmup_steps} is longer than the run (sum of data.phases.*.steps = {total})")
-    if not o.lr > 0:
-        p.append(f"optim.lr: must be positive, got {o.lr}")
-    if not o.eps > 0:
-        p.append(f"optim.eps: must be positive, got {o.eps}")
-    if o.schedule == "poly" and not (o.decay_power > 0 and math.isfinite(o.decay_power)):
-        p.append(f"optim.decay_power: must be a positive number, got {o.decay_power}")
-    if not o.weight_decay >= 0:
-        p.append(f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
-    if len(o.betas) == 2 and not all(0.0 <= b < 1.0 for b in o.betas):
-        p.append(f"optim.betas: each must be in [0, 1), got {list(o.betas)}")
-    if o.grad_clip_norm < 0:
-        p.append(f"optim.grad_clip_norm: must be >= 0, got {o.grad_clip_norm}")
-    p.extend(schedule_problems(cfg))
+    p.extend(optim_problems(cfg))
     p.extend(batch_warmup_problems(cfg, world))
 
     p.extend(deepspeed_passthrough_problems(cfg))
