@@ -6,6 +6,7 @@ then quoted with shlex.quote by the backend; commands run as argv lists, never t
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -30,6 +31,14 @@ _RULES = {
     "override key": "key.sub=value with a dotted key of letters, digits and '_'",
     "ray address": "the HTTP address of the Ray dashboard, e.g. http://127.0.0.1:8265",
 }
+
+
+def check_remote_paths(problems: list[str], jobs_dir: str) -> None:
+    """The working directory and the resolved jobs dir, which a batch script (an #SBATCH line no quoting
+    protects) or DeepSpeed's pdsh runner (`cd {cwd}; ... --config {jobs_dir}/...`, unquoted, on every host) put
+    into a shell on the job's nodes."""
+    check(problems, "working directory", os.getcwd(), PATH_RE, "path")
+    check(problems, "--jobs-dir (resolved)", jobs_dir, PATH_RE, "path")
 
 
 class SubmitError(UserError, ValueError):

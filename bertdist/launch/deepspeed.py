@@ -26,7 +26,9 @@ SHIPS_PACKAGE = False
 
 
 def check(ctx: JobContext, problems: list[str]) -> None:
-    """The hostfile: present, a safe path, readable, and with enough hosts and slots for the job."""
+    """The hostfile: present, a safe path, readable, and with enough hosts and slots for the job; the paths that
+    reach the remote shell (checks.check_remote_paths)."""
+    checks.check_remote_paths(problems, str(ctx.config_file.parent))
     if not ctx.hostfile:
         problems.append("--hostfile: the deepspeed backend needs a hostfile (see cluster/hostfile.example)")
         return

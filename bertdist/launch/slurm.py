@@ -19,7 +19,7 @@ from typing import TextIO
 
 from bertdist.errors import REQUEUE_EXIT_CODE
 from bertdist.launch import checks
-from bertdist.launch.checks import PATH_RE, SubmitError, check_job_id, render_template
+from bertdist.launch.checks import SubmitError, check_job_id, render_template
 from bertdist.launch.elastic import batch_problems
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
 from bertdist.launch.log_file import print_log_file
@@ -37,6 +37,7 @@ def check(ctx: JobContext, problems: list[str]) -> None:
         problems.append(
             f"--signal-before: {ctx.req.signal_seconds} s must be positive and shorter than --time {ctx.time_limit}"
         )
+    checks.check_remote_paths(problems, str(ctx.config_file.parent))
     if ctx.cfg is None:
         return
     if ctx.cfg.checkpoint.resume != "auto":
@@ -62,12 +63,6 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
         directives.append(f"#SBATCH --gpus-per-node={ctx.gpus_per_node}")
     job.log_file = str(Path(job.jobs_dir) / f"{job.stem}.log")
     workdir = os.getcwd()
-    problems: list[str] = []
-    # Both appear in the batch script, the jobs dir inside an #SBATCH line that no quoting protects.
-    checks.check(problems, "working directory", workdir, PATH_RE, "path")
-    checks.check(problems, "--jobs-dir (resolved)", job.jobs_dir, PATH_RE, "path")
-    if problems:
-        raise SubmitError(problems)
     script_file = Path(job.jobs_dir) / f"{job.stem}.sbatch"
     template = shipped("launch") / "slurm_train.sbatch"
     job.files[str(script_file)] = render_template(

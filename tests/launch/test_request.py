@@ -225,6 +225,23 @@ def test_backend_specific_refusals(tmp_path, capsys):
     assert "runs as a Ray job" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("backend", ["slurm", "deepspeed"])
+def test_a_working_directory_that_would_reach_a_remote_shell_unquoted_is_refused(
+    backend, tmp_path, capsys, monkeypatch
+):
+    """DeepSpeed's pdsh runner runs `cd {cwd}; ... --config {jobs_dir}/...` unquoted on every host, as a batch
+    script's #SBATCH line holds the jobs dir: a `$(...)` there would run on the nodes."""
+    hostile = tmp_path / "proj$(touch${IFS}PWNED)"
+    hostile.mkdir()
+    (tmp_path / "hosts").write_text("node-a slots=1\n")
+    monkeypatch.chdir(hostile)
+    argv = ["submit", "--config", str(TINY_CONFIG), "--dry-run", "--backend", backend, "--gpus-per-node", "1"]
+    assert main([*argv, "--hostfile", str(tmp_path / "hosts")] if backend == "deepspeed" else argv) == 2
+    err = capsys.readouterr().err
+    assert "working directory" in err and "--jobs-dir (resolved)" in err
+    assert not list(tmp_path.rglob("PWNED"))
+
+
 def test_submitting_without_slurm_commands_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
