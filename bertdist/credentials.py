@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 
-_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s]*@", re.IGNORECASE)
-"""The `user:password@` of a URL (anywhere in a text), up to the last `@` before the path (a password may hold an
-unencoded `@`): what `redacted` hides and `credentials_problem` refuses."""
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)(?:[^/\s]*@|[^:/@\s]*:(?!\d+(?:[/?#\s]|$))[^@\s]*@)", re.IGNORECASE)
+"""The `user:password@` of a URL (anywhere in a text): up to the last `@` before the path (a password may hold an
+unencoded `@`), or, when the password holds an unencoded `/` (AWS secret keys often do), `user:` then up to the
+first `@` (`host:port/path@x` is not one: a port is digits then the path). What `redacted` hides and
+`credentials_problem` refuses."""
 
 
 def redacted(text: str) -> str:

@@ -976,6 +976,9 @@ def test_a_url_with_credentials_is_refused_redacted_and_written_nowhere(tmp_path
         ("http://alice:s3cret@mlflow.example:5000/x", "http://***@mlflow.example:5000/x"),
         ("https://bob:p@ss@host/path@v1", "https://***@host/path@v1"),  # an unencoded @ in the password
         ("postgresql://u:pw@db/mlflow and s3://k:v@bucket/key", "postgresql://***@db/mlflow and s3://***@bucket/key"),
+        # AWS secret keys often hold a `/`
+        ("s3://AKIAX:wJalrX/K7MDENG/bPxRfi@bucket/ckpt@v2", "s3://***@bucket/ckpt@v2"),
+        ("http://127.0.0.1:5000/runs@2 s3://bucket/a:b@c", "http://127.0.0.1:5000/runs@2 s3://bucket/a:b@c"),
     ],
 )
 def test_a_urls_user_and_password_are_hidden_up_to_the_host(url, shown):
