@@ -110,6 +110,16 @@ def _transient(error: BaseException) -> bool:
     )
 
 
+def no_such_bucket(error: BaseException) -> bool:
+    """Whether a FileNotFoundError from s3fs is S3's NoSuchBucket (its message is the server's: "The specified
+    bucket does not exist") rather than a missing key, whose message is the path asked for: a path that merely
+    holds the word (`s3://my-bucket/run/latest`) is a missing key."""
+    text = str(error).lower()
+    return isinstance(error, FileNotFoundError) and (
+        "specified bucket does not exist" in text or "nosuchbucket" in text
+    )
+
+
 def _explain(url: str, error: BaseException) -> str:
     kind = type(error).__name__
     text = str(error).strip().splitlines()[0][:200] if str(error).strip() else kind
@@ -118,7 +128,7 @@ def _explain(url: str, error: BaseException) -> str:
             f"{url}: no credentials for the object store (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
         )
     if isinstance(error, FileNotFoundError):
-        return f"{url}: {'no such bucket' if 'bucket' in text.lower() else 'no such object'} ({text})"
+        return f"{url}: {'no such bucket' if no_such_bucket(error) else 'no such object'} ({text})"
     if isinstance(error, PermissionError):
         return f"{url}: access denied ({text})"
     return f"{url}: {kind}: {text}"
@@ -161,7 +171,7 @@ def info(url: str) -> dict | None:
         try:
             return fs.info(inside)
         except FileNotFoundError as e:
-            if "bucket" in str(e).lower():
+            if no_such_bucket(e):
                 raise
             return None
 
@@ -177,7 +187,7 @@ def entries(url: str) -> dict[str, dict]:
         try:
             entries = fs.ls(inside.rstrip("/"), detail=True, refresh=True)
         except FileNotFoundError as e:
-            if "bucket" in str(e).lower():
+            if no_such_bucket(e):
                 raise
             return {}
         return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries}

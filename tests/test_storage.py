@@ -338,6 +338,16 @@ def test_threads_writing_to_one_bucket_at_once_each_read_back_their_own_bytes(s3
     assert write_concurrently([storage.join(bucket, f"key-{i}.json") for i in range(3)], rounds=25) == []
 
 
+def test_a_missing_key_in_a_bucket_named_with_the_word_bucket_is_missing_not_an_error(s3):
+    """s3fs names a missing key by its path: in `my-bucket` that path holds the word "bucket", which once read as a
+    missing bucket, so that a fresh run with checkpoint.uri there could not start."""
+    bucket = s3.bucket("my-bucket")
+    assert not storage.exists(storage.join(bucket, "run1", "latest"))
+    assert storage.listdir(storage.join(bucket, "run1")) == []
+    with pytest.raises(storage.StorageError, match="no such bucket"):
+        storage.exists("s3://no-such-bucket/run1/latest")
+
+
 def test_threads_writing_one_local_file_at_once_leave_one_whole_record(tmp_path):
     """Several threads replacing one local file: every write completes (none finds its staging file renamed away
     by another) and the file holds one whole record, never a mix."""
