@@ -305,12 +305,17 @@ def makedirs(path: str) -> None:
 
 
 def remove(path: str) -> None:
-    """Remove a file or object; one already gone is fine."""
+    """Remove a file or object; one already gone is fine, a delete the store refuses (access denied) or keeps
+    failing is a StorageError: callers rely on the object being gone (upload marks, an earlier export's files)."""
     path = local_path(path)
     if is_url(path):
         fs, inside = object_store.filesystem(path)
-        with contextlib.suppress(StorageError):  # only "no such object" is permanent for a delete
-            retrying(path, lambda: fs.rm_file(inside))
+
+        def delete() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(inside)
+
+        retrying(path, delete)
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -154,9 +155,11 @@ class Uploader:
         complete = [t for t in complete_in_store(self.uri) if t <= current]
         for tag in complete[: -self.keep_last]:
             state = storage.join(self.uri, tag, TRAIN_STATE_FILENAME)
-            storage.remove(state)  # no longer complete, first
-            if not storage.exists(state):  # a delete the store refused (storage.remove says nothing) keeps it
-                storage.remove_tree(storage.join(self.uri, tag))  # whole, not "complete" with its files gone
+            try:
+                storage.remove(state)  # no longer complete first: a refused delete keeps it whole
+                storage.remove_tree(storage.join(self.uri, tag))
+            except storage.StorageError as e:  # the store refused a delete: the run goes on, saying so
+                print(f"checkpoint.keep_last: {tag} is left in the store: {e}", file=sys.stderr, flush=True)
 
 
 def _missing(names: list[str], present: list[str]) -> list[int]:

@@ -282,6 +282,33 @@ def test_the_store_keeps_the_checkpoint_just_published_beside_an_abandoned_newer
     assert remote.complete_in_store(uri) == [tag_for(200), tag_for(300)]
 
 
+def test_a_delete_the_store_refuses_is_an_error_and_the_prune_keeps_that_checkpoint_whole(
+    tmp_path, s3, monkeypatch, capsys
+):
+    """storage.remove said nothing when the store refused a delete, so that stale upload marks and an earlier
+    export's files could stay behind unseen. moto grants every delete (it enforces no policy without IAM), so the
+    store's refusal is injected at the s3fs call; the rest is the real server."""
+    from bertdist import object_store
+    from tests.train.test_checkpoint import _recorded
+
+    uri = storage.join(s3.bucket("refused"), "run")
+    for step in (100, 200):
+        storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
+    fs, _ = object_store.filesystem(uri)
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(f"Access Denied: {path}")
+
+    monkeypatch.setattr(fs, "rm_file", refuse)
+    with pytest.raises(storage.StorageError, match="access denied"):
+        storage.remove(storage.join(uri, tag_for(100), "train_state.json"))
+    remote.Uploader(uri, 0, 1, 1, 30.0, None)._prune(tag_for(200))  # the run goes on, saying so
+    assert remote.complete_in_store(uri) == [tag_for(100), tag_for(200)]
+    assert f"{tag_for(100)} is left in the store" in capsys.readouterr().err
+    monkeypatch.undo()
+    storage.remove(storage.join(uri, tag_for(100), "no-such-object"))  # one already gone is fine
+
+
 def test_upload_marks_left_by_a_killed_attempt_are_forgotten_when_its_step_is_saved_again(tmp_path, s3):
     """An attempt killed after its ranks marked step 200 uploaded, before rank 0 published: the next attempt's
     rank 0 found every mark present and moved `latest` while rank 1's files in the store were still the old
