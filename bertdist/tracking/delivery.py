@@ -67,20 +67,37 @@ def send(client: MlflowClient, run_id: str, kind: str, items: list[Any]) -> None
         raise ValueError(f"unknown tracking record kind {kind!r}")
 
 
+EVENT_PREFIXES = ("run/", "plan/")
+"""Metrics that record an event of a start (bertdist.train.timeline: the world size, a restart, the forecast), logged
+at the start's first step. Two relaunches from one checkpoint share that step, so another value at the last step
+of such a key is the next start's, not a replayed step; the same value there is a replay."""
+
+
 class RunContents:
-    """What the MLflow run already holds, so that a resumed run gets each metric step once and keeps the
-    first value of each parameter (MLflow forbids changing one; the new value becomes a tag)."""
+    """What the MLflow run already holds, so that a resumed run gets each metric step once (an event's, each
+    value once: EVENT_PREFIXES) and keeps the first value of each parameter (MLflow forbids changing one; the new
+    value becomes a tag)."""
 
     def __init__(self) -> None:
         self.last_step: dict[str, int] = {}
+        self.last_value: dict[str, float] = {}
         self.params: dict[str, str] = {}
 
     def read(self, run: Any) -> None:
         # The latest value of each metric carries its step (MLflow's own system-metrics resume reads it the
         # same way); reading the full histories instead would be unbounded.
         for metric in getattr(run.data, "_metric_objs", []):
-            self.last_step[metric.key] = max(metric.step, self.last_step.get(metric.key, -1))
+            self._note(metric)
         self.params = dict(run.data.params)
+
+    def _note(self, metric: Any) -> None:
+        if metric.step >= self.last_step.get(metric.key, -1):
+            self.last_step[metric.key], self.last_value[metric.key] = metric.step, metric.value
+
+    def _new(self, metric: Any, last_step: int, last_value: float | None) -> bool:
+        if metric.step > last_step:
+            return True
+        return metric.step == last_step and metric.key.startswith(EVENT_PREFIXES) and metric.value != last_value
 
     def next_step(self, prefix: str) -> int:
         """One past the last step of any metric whose name starts with `prefix`."""
@@ -91,14 +108,15 @@ class RunContents:
         steps followed by the resumed attempt's rerun of the same steps."""
         kept, last = [], {}
         for m in metrics:
-            if m.step > last.get(m.key, self.last_step.get(m.key, -1)):
+            step, value = last.get(m.key, (self.last_step.get(m.key, -1), self.last_value.get(m.key)))
+            if self._new(m, step, value):
                 kept.append(m)
-                last[m.key] = m.step
+                last[m.key] = m.step, m.value
         return kept
 
     def sent_metrics(self, metrics: list[Any]) -> None:
         for m in metrics:
-            self.last_step[m.key] = max(m.step, self.last_step.get(m.key, -1))
+            self._note(m)
 
     def split_params(self, items: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """(new parameters to log, `resumed_with.*` tags for the ones the run has with another value)."""

@@ -151,6 +151,28 @@ def test_a_resumed_run_continues_the_same_mlflow_run_without_duplicate_steps(mlf
     assert mlflow_server.tags(first.run_id)["resumed_with.checkpoint.resume"] == "/ckpt/step_00000006"
 
 
+def test_each_relaunch_from_one_checkpoint_records_its_own_world_size_and_restart(mlflow_server, tmp_path):
+    """Two elastic relaunches resuming from the same checkpoint share its step: the second's world size and restart
+    count were taken for a replayed step and dropped. The same value again (a spool replay) is still dropped."""
+    from bertdist.train import timeline
+    from bertdist.train.restart_event import RestartEvent
+
+    cfg = tracking_config(mlflow_server, "unit-relaunches")
+    run_id = None
+    for world_size, start_step, restart in ((16, 0, 0), (8, 100, 1), (4, 100, 2), (4, 100, 2)):
+        event = None
+        if restart:
+            event = RestartEvent(restart, "lost a host", 16, world_size, ["a"], 105, 100, time.time(), time.time())
+        tracker = build_tracker(cfg, str(tmp_path), rank=0, run_id=run_id)
+        run_id = tracker.run_id
+        timeline.log_start(tracker, event, start_step, world_size, 0.0)
+        tracker.log_metrics({"loss": 1.0}, step=start_step + 5)
+        tracker.close()
+    assert mlflow_server.history(run_id, "run/world_size") == [(0, 16.0), (100, 8.0), (100, 4.0)]
+    assert mlflow_server.history(run_id, "run/restarts") == [(100, 1.0), (100, 2.0)]
+    assert mlflow_server.history(run_id, "loss") == [(5, 1.0), (105, 1.0)]
+
+
 def test_a_resume_with_an_unknown_run_id_starts_a_new_run(mlflow_server, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
