@@ -121,6 +121,9 @@ class JobRecord:
     log_file: str = ""
     pid: int = 0
     """local/deepspeed: the supervising process (its process group holds the whole job)."""
+    pid_started: str = ""
+    """When `pid` started (bertdist.processes.start_time): a supervisor killed without a word leaves its pid to be
+    reused, and an unrelated process there is not the job ("" in a record written before this was kept)."""
     exit_code_file: str = ""
     address: str = ""
     state_file: str = ""

@@ -26,7 +26,7 @@ from typing import TextIO
 
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
 from bertdist.launch.log_file import print_log_file
-from bertdist.processes import running
+from bertdist.processes import running, same_process, start_time
 from bertdist.storage import write_text
 
 JOB_ENV = "BERTDIST_SUPERVISED_JOB"
@@ -52,11 +52,12 @@ def start(job: PlannedJob, record: JobRecord) -> None:
             env={**os.environ, **job.env},
             start_new_session=True,
         )
-    record.pid = proc.pid
+    record.pid, record.pid_started = proc.pid, start_time(proc.pid)
 
 
 def status(record: JobRecord) -> JobStatus:
-    alive = running(record.pid)  # before the exit file, which the supervisor writes before it ends
+    # before the exit file, which the supervisor writes before it ends
+    alive = same_process(record.pid, record.pid_started) if record.pid_started else running(record.pid)
     exit_file = Path(record.exit_code_file)
     if exit_file.exists():
         code, *signalled = exit_file.read_text().split()
