@@ -50,6 +50,20 @@ WARMUP_STEPS = 2
 """Calibration steps not timed as steady state (JIT builds, allocator warm-up); counted into the start-up."""
 
 
+def evaluation_count(cfg: Config) -> int:
+    """The evaluations a run makes (bertdist.train.trainer.Trainer.run): the untrained baseline when the first
+    phase has eval shards; then, after each step of a phase that has them, every `eval_every_steps` and after the
+    run's last step."""
+    every, total = cfg.train.eval_every_steps, cfg.total_steps()
+    count = 1 if cfg.data.phases[0].eval_dir else 0
+    for i, phase in enumerate(cfg.data.phases):
+        if phase.eval_dir:
+            start = cfg.first_step(i)
+            end = start + phase.steps
+            count += end // every - start // every + (end == total and total % every != 0)
+    return count
+
+
 @dataclass
 class Forecast:
     source: str
@@ -70,7 +84,7 @@ class Forecast:
     def parts(self, cfg: Config) -> dict[str, float]:
         total_steps = cfg.total_steps()
         checkpoints = total_steps // cfg.checkpoint.every_steps + (total_steps % cfg.checkpoint.every_steps > 0)
-        evals = sum(p.steps // cfg.train.eval_every_steps + 1 for p in cfg.data.phases if p.eval_dir)
+        evals = evaluation_count(cfg)
         return {
             **{f"phase {i}": n * s for i, (n, s) in enumerate(zip(full_batch_steps(cfg), self.step_seconds))},
             "checkpoints": checkpoints * self.checkpoint_seconds,

@@ -3,6 +3,7 @@ calibration whose projection is the sum of the parts it measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -126,3 +127,29 @@ def test_calibration_times_every_phase_at_the_runs_accumulation_and_projects_the
     assert re.search(
         r"^projected wall time: .* on 1 node\(s\) x 2 rank\(s\); the all-reduce between ranks is not in it$", out, re.M
     ), out
+
+
+@pytest.mark.parametrize(
+    "phases, every",
+    [
+        ([(105, True)], 10),  # the last step, off the interval, is evaluated too
+        ([(100, True)], 10),
+        ([(100, True), (60, True)], 50),
+        ([(100, False), (65, True)], 20),  # no baseline without the first phase's eval shards
+        ([(30, True), (45, False), (12, True)], 7),
+    ],
+)
+def test_the_forecast_counts_the_evaluations_the_trainer_makes(phases, every):
+    from bertdist.config import load_config
+    from bertdist.train.trainer import due
+
+    cfg = load_config(REPO / "configs" / "bert-tiny.yaml", [f"train.eval_every_steps={every}"])
+    first = cfg.data.phases[0]
+    cfg.data.phases = [
+        dataclasses.replace(first, steps=steps, eval_dir=first.eval_dir if has_eval else "")
+        for steps, has_eval in phases
+    ]
+    total = cfg.total_steps()
+    made = 1 if phases[0][1] else 0  # Trainer.run: the baseline, then after each step of a phase with eval shards
+    made += sum(1 for step in range(total) if cfg.phase_at(step)[1].eval_dir and due(step + 1, every, total))
+    assert forecast.evaluation_count(cfg) == made
