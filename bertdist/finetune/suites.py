@@ -303,10 +303,17 @@ def _check_every_task(
             if not Path(path).is_file():
                 problems.append(f"task {task.name}: finetune.{name} {path} does not exist")
         for metric in task.metrics:
-            if metric.split("/", 1)[1] not in kinds.METRICS[ft.task]:
+            name = metric.split("/", 1)[1]
+            if name not in kinds.METRICS[ft.task]:
                 problems.append(
-                    f"task {task.name}: metric {metric.split('/', 1)[1]!r} is not one that {ft.task} reports "
+                    f"task {task.name}: metric {name!r} is not one that {ft.task} reports "
                     f"({', '.join(kinds.METRICS[ft.task])})"
+                )
+            elif name in kinds.NOT_SCORES:  # the sweep would pick the rate of its highest value
+                problems.append(
+                    f"task {task.name}: metric {name!r} is not a score (a column is the higher the better, in "
+                    f"percent, and picks the learning rate); one of "
+                    f"{', '.join(m for m in kinds.METRICS[ft.task] if m not in kinds.NOT_SCORES)}"
                 )
     if problems:
         raise UserError("the suite cannot run: " + "; ".join(problems))

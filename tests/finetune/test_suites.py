@@ -266,6 +266,8 @@ def test_a_suite_is_checked_whole_before_any_run_and_an_exported_master_port_is_
     suite.write_text(
         "tasks:\n  a:\n    metric: acuracy\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
         "  b:\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/missing.tsv, epochs: 0}\n"
+        "  c:\n    metric: mse\n"
+        "    finetune: {task: regression, train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
     )
     monkeypatch.setenv("MASTER_PORT", str(free_tcp_port()))  # a user's shell often exports one
     args = [
@@ -286,6 +288,7 @@ def test_a_suite_is_checked_whole_before_any_run_and_an_exported_master_port_is_
     assert (
         "metric 'acuracy' is not one that classification reports" in err
         and "finetune.epochs: must be a positive" in err
+        and "task c: metric 'mse' is not a score" in err  # the sweep would have picked the worst rate
     ), err
     assert (
         "SST-2/missing.tsv does not exist" not in err
