@@ -15,6 +15,7 @@ sweep, writes results.json and results.md, and logs to MLflow).
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import Any, Protocol
 
@@ -84,6 +85,9 @@ class Spread:
 
     @classmethod
     def of(cls, values: list[float]) -> Spread:
+        """A setting with a NaN result (a run that diverged) is NaN throughout: it ranks last (`task_score`)."""
+        if any(math.isnan(v) for v in values):
+            return cls(math.nan, math.nan, math.nan, math.nan)
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         return cls(statistics.median(values), min(values), max(values), std)
 
@@ -118,8 +122,13 @@ def task_score(runs: list[Run], headline: str) -> TaskScore:
         lr: {metric: Spread.of([r.results[metric] for r in group]) for metric in group[0].results}
         for lr, group in by_lr.items()
     }
-    best = max(settings, key=lambda lr: settings[lr][headline].median)  # max keeps the first of equals
+    best = max(settings, key=lambda lr: _rank(settings[lr][headline].median))  # max keeps the first of equals
     return TaskScore(best, settings[best])
+
+
+def _rank(median: float) -> tuple[bool, float]:
+    """A NaN median (a run that diverged) below every number: max() would keep a NaN met first."""
+    return (False, 0.0) if math.isnan(median) else (True, median)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 
 import numpy as np
@@ -45,6 +46,18 @@ def test_the_best_rate_is_the_best_median_not_the_luckiest_seed():
     assert score.metrics["dev/f1"].median == pytest.approx(0.5)  # every metric at the chosen rate
     tie = scorecard.task_score(_runs("RTE", {lucky: [0.6, 0.6], steady: [0.6, 0.6]}), "dev/accuracy")
     assert tie.lr == lucky  # the first of the sweep, as with one seed
+
+
+def test_a_rate_whose_runs_diverged_ranks_last_and_its_spread_reads_nan():
+    """Regression's correlations read NaN when a run diverged: one seed's NaN won at the first rate (max keeps a
+    NaN met first), and two seeds' crashed the scorecard after the whole sweep had run."""
+    diverged, fine = 2e-5, 3e-5
+    for seeds in ([math.nan], [math.nan, 0.8], [0.8, math.nan]):
+        score = scorecard.task_score(_runs("STS-B", {diverged: seeds, fine: [0.5] * len(seeds)}), "dev/accuracy")
+        assert score.lr == fine and score.metrics["dev/accuracy"].median == 0.5, seeds
+    assert all(math.isnan(v) for v in dataclasses.astuple(Spread.of([0.7, math.nan])))
+    alone = scorecard.task_score(_runs("STS-B", {diverged: [math.nan, math.nan]}), "dev/accuracy")
+    assert alone.lr == diverged and math.isnan(alone.metrics["dev/accuracy"].median)
 
 
 def test_columns_are_the_papers_in_percent_and_the_average_is_the_mean_of_the_medians():
