@@ -50,8 +50,10 @@ class FinetuneConfig:
     negative_columns: str = ""
     """Embedding: columns of hard-negative passages, comma-separated (text_column: the query; text_pair_column: its
     positive)."""
-    pooling: Literal["mean", "cls"] = "mean"
-    """Embedding: a text's vector is the mean of the last layer over its tokens, or its [CLS] state."""
+    pooling: Literal["", "mean", "cls"] = ""
+    """Embedding: a text's vector is the mean of the last layer over its tokens, or its [CLS] state; empty: the
+    pooling of a sentence-transformers directory in init_from (a CLS-trained model fine-tuned with mean pooling
+    starts from vectors it was never trained to give), else mean."""
     temperature: float = 0.05
     """Embedding: InfoNCE's softmax temperature over cosine similarities (sentence-transformers' scale 20)."""
     matryoshka_dims: str = ""

@@ -43,7 +43,7 @@ from bertdist.config.choices import choices
 from bertdist.config.finetune import FinetuneConfig
 from bertdist.errors import UserError
 
-POOLINGS = choices(FinetuneConfig, "pooling")
+POOLINGS = tuple(c for c in choices(FinetuneConfig, "pooling") if c)
 """mean (of a layer over each row's tokens) or cls (its first token's state)."""
 PROGRESS_EVERY_S = 30.0
 """A line of progress in a log this often, and none before a run has taken this long."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, ModelConfig
@@ -28,6 +28,9 @@ from bertdist.data.tokenizer import (
     tokenizer_file,
     vocab_mismatch,
 )
+
+if TYPE_CHECKING:
+    from bertdist.model.sentence import SentencePipeline
 
 
 @dataclass
@@ -42,6 +45,23 @@ class Source:
     classifier_pooling: str | None = None
     """A Hugging Face directory's config.json's (a released ModernBERT's `mean`): its sequence classifier pools as
     transformers' would from the same directory; None: the model's default."""
+    sentence: SentencePipeline | None = None
+    """A sentence-transformers directory's pipeline (its pooling), None for any other source."""
+
+    def pooling(self, asked: str) -> str:
+        """An embedding model's pooling: finetune.pooling where given; else a sentence-transformers directory's own
+        (which must be one bertdist computes), else mean."""
+        if asked:
+            return asked
+        if self.sentence is None:
+            return "mean"
+        from bertdist.model.hf_io import CheckpointFormatError
+
+        try:
+            self.sentence.own_vectors()
+        except CheckpointFormatError as e:
+            raise ConfigError([f"finetune.pooling: {e}; set mean or cls to fine-tune its encoder alone"]) from None
+        return self.sentence.pooling
 
 
 def resolve(cfg: Config) -> Source:
@@ -74,6 +94,7 @@ def _local(init_from: str) -> str:
 
 def _from_hf(path: Path, cfg: Config) -> Source:
     from bertdist.model.hf_heads import read_pretrained
+    from bertdist.model.sentence import read_sentence_pipeline
 
     checkpoint_cfg, state, _ = read_pretrained(path)
     model_cfg = _with_dropout(checkpoint_cfg, cfg.model)
@@ -95,6 +116,7 @@ def _from_hf(path: Path, cfg: Config) -> Source:
         pretraining_run_id=raw.get("bertdist_run_id"),
         checkpoint=raw.get("bertdist_checkpoint"),
         classifier_pooling=raw.get("classifier_pooling"),
+        sentence=read_sentence_pipeline(path),
     )
 
 
