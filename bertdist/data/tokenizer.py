@@ -135,6 +135,14 @@ class TextTokenizer:
         backend.encode_special_tokens = True
         return backend.encode_batch(texts, is_pretokenized=is_pretokenized, add_special_tokens=False)
 
+    def encode_words(self, sentences: list[list[str]]) -> list[Encoding]:
+        """`encode_batch` of sentences given as words (tagging's), each token's word in `word_ids`: the tokens the
+        words' text, joined by spaces, gives. Each word after the first goes in with the space before it: without
+        it, a byte-level BPE without a prefix space (ModernBERT's) or a Metaspace that does not prepend encodes
+        each word as glued to the one before, into sub-words pretraining never saw."""
+        spaced = [[word if i == 0 else " " + word for i, word in enumerate(words)] for words in sentences]
+        return self.encode_batch(spaced, is_pretokenized=True)
+
     def sentence_encoder(self) -> Any:
         """An object whose `encode(sentences)` gives (all ids concatenated, int32; ids per sentence, int64):
         `WordPieceEncoder` for a vocab.txt (fast on ASCII), the tokenizer's own batch encode otherwise."""

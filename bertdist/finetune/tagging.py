@@ -121,7 +121,7 @@ def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased:
     tokenizer = open_tokenizer(vocab_file, cased)
     cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
     index = {name: i for i, name in enumerate(labels)}
-    encodings = tokenizer.encode_batch([s.words for s in sentences], is_pretokenized=True)
+    encodings = tokenizer.encode_words([s.words for s in sentences])
     ids, first_lengths, token_labels, positions, truncated = [], [], [], [], 0
     budget = max_seq_length - 2
     for s, enc in zip(sentences, encodings):

@@ -71,6 +71,36 @@ def test_bpe_word_starts_follow_the_space_marker(tiny_bpe):
     assert tokenizer.starts_word[[tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id]].all()
 
 
+def _unigram(tmp_path: Path, prepend_scheme: str) -> str:
+    """A SentencePiece-style tokenizer.json: Unigram behind a Metaspace pre-tokenizer (XLM-R's, DeBERTa-v3's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=prepend_scheme)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.UnigramTrainer(vocab_size=200, special_tokens=special, unk_token="[UNK]", show_progress=False)
+    tokenizer.train_from_iterator(SENTENCES * 20, trainer=trainer)
+    path = tmp_path / prepend_scheme / "tokenizer.json"
+    path.parent.mkdir()
+    tokenizer.save(str(path))
+    return str(path)
+
+
+def test_words_encode_as_their_text_does_with_every_kind_of_tokenizer(
+    tiny_vocab, tiny_bpe, high_id_tokenizer, tmp_path
+):
+    """Tagging's words went in without the space between them: a byte-level BPE without a prefix space
+    (ModernBERT's, `high_id_tokenizer`) encoded "John Smith lives" as John|Sm|ith|liv|es, sub-words pretraining
+    never saw. Words now give the tokens of their text, each token marked with its word."""
+    sentences = [s.split() for s in SENTENCES if s] + [["New", "York", "(", "NY", ")", "Café"]]
+    for path in (tiny_vocab, tiny_bpe, high_id_tokenizer, _unigram(tmp_path, "always"), _unigram(tmp_path, "first")):
+        tokenizer = open_tokenizer(path)
+        as_text = tokenizer.encode_batch([" ".join(words) for words in sentences])
+        for words, text, encoding in zip(sentences, as_text, tokenizer.encode_words(sentences)):
+            assert encoding.ids == text.ids, (path, words, encoding.tokens, text.tokens)
+            assert sorted(set(encoding.word_ids)) == list(range(len(words))), (path, encoding.word_ids)
+
+
 def test_special_ids_are_looked_up_where_they_sit(high_id_tokenizer, tiny_vocab):
     tokenizer = open_tokenizer(high_id_tokenizer)
     assert (tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id) == (
