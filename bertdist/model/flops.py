@@ -29,14 +29,20 @@ def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positio
     return 3.0 * forward_flops_per_sequence(model, seq_length, masked_positions)
 
 
-def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, masked_positions: int) -> Any:
-    """Training FLOPs of `samples` sequences holding `tokens` real tokens in all (padding is not counted).
+def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, predictions: Any) -> Any:
+    """Training FLOPs of `samples` sequences holding `tokens` real tokens and `predictions` real MLM predictions in
+    all: padding is not counted, of the tokens nor of the prediction slots (a batch's rows hold as many slots as
+    its most predicting sample).
 
     Attention is counted as if every sequence had the mean length, which undercounts it a little for mixed
-    lengths. `tokens` may be a device tensor: the result is then one too, with no host sync, in float64 so that it
-    is the exact count (a float32 one rounds above 2^24)."""
-    mean_length = (tokens.double() if hasattr(tokens, "double") else tokens) / samples
-    return samples * train_flops_per_sequence(model, mean_length, masked_positions)
+    lengths. `tokens` and `predictions` may be device tensors: the result is then one too, with no host sync, in
+    float64 so that it is the exact count (a float32 one rounds above 2^24)."""
+    mean_length, mean_predictions = (_exact(n) / samples for n in (tokens, predictions))
+    return samples * train_flops_per_sequence(model, mean_length, mean_predictions)
+
+
+def _exact(count: Any) -> Any:
+    return count.double() if hasattr(count, "double") else count
 
 
 def parameter_counts(model: ModelConfig) -> tuple[int, int]:

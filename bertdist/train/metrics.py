@@ -83,11 +83,11 @@ class StepSums:
 
 def accumulate(sums: StepSums, out: Any, batch: dict[str, Any], model: ModelConfig | None = None) -> None:
     """Add one micro batch's losses and prediction counts to `sums` without a host sync; given the model's
-    config (a training step), also its training FLOPs over the real tokens."""
+    config (a training step), also its training FLOPs over the real tokens and predictions."""
     import torch
 
     tokens = (batch["attention_mask"] > 0).sum()
-    samples, predictions = batch["masked_lm_ids"].shape
+    samples = batch["masked_lm_ids"].shape[0]
     values = {
         "loss": out.loss.detach(),
         "micro_batches": 1,
@@ -101,7 +101,7 @@ def accumulate(sums: StepSums, out: Any, batch: dict[str, Any], model: ModelConf
         values[f"correct:{name}"] = scored.correct().sum()
         values[f"count:{name}"] = (scored.labels != -100).sum()
     if model is not None:
-        values["flops"] = train_flops_of_batch(model, tokens, samples, predictions)
+        values["flops"] = train_flops_of_batch(model, tokens, samples, (batch["masked_lm_ids"] != -100).sum())
     for name, value in values.items():
         sums.add(name, value.double() if isinstance(value, torch.Tensor) else value)
 

@@ -55,10 +55,13 @@ def test_the_counts_are_those_of_the_formulas_they_replaced(cfg, length, predict
     ids=["bert", "modernbert"],
 )
 def test_a_batchs_count_from_a_device_tensor_of_tokens_is_a_tensor_and_the_same_number(cfg, expected):
-    """What the trainer calls with (batch["attention_mask"] > 0).sum(), with no host sync: 4 samples of 25 tokens."""
+    """What the trainer calls with (batch["attention_mask"] > 0).sum() and the predictions not labelled -100, with
+    no host sync: 4 samples of 25 tokens and 5 predictions; a padded prediction slot is not counted."""
     tokens = torch.ones(4, 32, dtype=torch.int64)[:, :25].sum()
-    counted = train_flops_of_batch(cfg, tokens, 4, 5)
-    assert isinstance(counted, torch.Tensor) and counted.item() == expected == train_flops_of_batch(cfg, 100, 4, 5)
+    predictions = (torch.tensor([[7, 7, 7, 7, 7, -100]] * 4) != -100).sum()  # 5 of 6 slots a sample
+    counted = train_flops_of_batch(cfg, tokens, 4, predictions)
+    assert isinstance(counted, torch.Tensor) and counted.item() == expected == train_flops_of_batch(cfg, 100, 4, 20)
+    assert train_flops_of_batch(cfg, 100, 4, 20) == 4 * 3 * forward_flops_per_sequence(cfg, 25, 5)
 
 
 def test_the_model_classes_count_themselves_through_the_registry():
