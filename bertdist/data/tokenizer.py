@@ -91,11 +91,16 @@ class TextTokenizer:
         starts_word: np.ndarray,
         cased: bool,
         backend: Tokenizer | None,
+        pair_separators: int = 1,
     ):
         self.path, self.tokens, self.names, self.starts_word, self.cased = path, tokens, names, starts_word, cased
         """`path`: the file itself (a directory resolved); `names`: special-token role -> its token;
         `starts_word`: bool per id (see the module docstring); `cased`: for a vocab.txt, BERT's normaliser keeps
         case (a tokenizer.json's normaliser is its own: True, nothing lower-cases text before it)."""
+        self.pair_separators = pair_separators
+        """[SEP]s between the two texts of a pair by the tokenizer's own rule (its post-processor): BERT's 1,
+        RoBERTa's and XLM-R's 2 (`<s> A </s></s> B </s>`); what fine-tuning builds and the export's tokenizer
+        gives at inference (bertdist.finetune.features.Layout)."""
         self._backend = backend
         ids = {t: i for i, t in enumerate(tokens)}
         missing = [name for name in names.values() if name not in ids]
@@ -205,7 +210,27 @@ def _from_json(file: str) -> TextTokenizer:
     for added in spec.get("added_tokens", []):
         if added.get("special") and added["id"] < len(starts):
             starts[added["id"]] = True
-    return TextTokenizer(file, tokens, names, starts, True, backend)
+    return TextTokenizer(file, tokens, names, starts, True, backend, _pair_separators(spec.get("post_processor")))
+
+
+def _pair_separators(post: Any) -> int:
+    """Special tokens between A and B in a tokenizer.json's pair rule (see TextTokenizer.pair_separators); 1 for
+    BERT's processor, a template without a pair rule or no processor at all."""
+    if not isinstance(post, dict):
+        return 1
+    kind = post.get("type")
+    if kind == "RobertaProcessing":
+        return 2
+    if kind == "Sequence":
+        counts = [_pair_separators(p) for p in post.get("processors", []) if isinstance(p, dict)]
+        return max(counts, default=1)
+    if kind == "TemplateProcessing":
+        pieces = [next(iter(piece.items())) for piece in post.get("pair") or [] if isinstance(piece, dict) and piece]
+        sequences = [i for i, (kind, value) in enumerate(pieces) if kind == "Sequence"]
+        if len(sequences) == 2:
+            between = pieces[sequences[0] + 1 : sequences[1]]
+            return max(1, sum(1 for kind, _ in between if kind == "SpecialToken"))
+    return 1
 
 
 def _configured_names(config_file: Path) -> dict[str, str]:

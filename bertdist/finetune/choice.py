@@ -13,7 +13,7 @@ import numpy as np
 
 from bertdist.finetune import metrics
 from bertdist.finetune.data import Example, Examples, bad_row
-from bertdist.finetune.features import Sequences, bert_sequence, truncate_pair
+from bertdist.finetune.features import Layout, Sequences, truncate_pair
 
 
 def answers(examples: Examples, choices: int, skip_bad: bool) -> tuple[list[Example], np.ndarray]:
@@ -32,7 +32,7 @@ def encode(rows: list[Example], labels: np.ndarray, vocab_file: str, cased: bool
     from bertdist.data.tokenizer import open_tokenizer
 
     tokenizer = open_tokenizer(vocab_file, cased)
-    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    layout = Layout.of(tokenizer)
     contexts = tokenizer.encode_batch([e.text for e in rows])
     endings = tokenizer.encode_batch([" ".join(filter(None, (e.pair, c))) for e in rows for c in e.choices])
     group = len(rows[0].choices)
@@ -40,8 +40,8 @@ def encode(rows: list[Example], labels: np.ndarray, vocab_file: str, cased: bool
     for r, context in enumerate(contexts):
         for c in range(group):
             a, b = list(context.ids), list(endings[r * group + c].ids)
-            truncate_pair(a, b, max_seq_length - 3)
-            sequence, first = bert_sequence(cls_id, sep_id, a, b)
+            truncate_pair(a, b, max_seq_length - layout.specials(True))
+            sequence, first = layout.sequence(a, b)
             ids.append(sequence)
             first_lengths.append(first)
     return Sequences(ids, np.asarray(first_lengths, dtype=np.int64), {"labels": labels}, group=group)

@@ -254,11 +254,9 @@ class _GatherWithGradient(torch.autograd.Function):
 
 def _sequences(texts: list[str], vocab_file: str, cased: bool, length: int, group: int) -> Sequences:
     from bertdist.data.tokenizer import open_tokenizer
-    from bertdist.finetune.features import bert_sequence
+    from bertdist.finetune.features import Layout
 
     tokenizer = open_tokenizer(vocab_file, cased)
-    ids = [
-        bert_sequence(tokenizer.cls_id, tokenizer.sep_id, e.ids[: length - 2], None)[0]
-        for e in tokenizer.encode_batch(texts)
-    ]
+    layout = Layout.of(tokenizer)
+    ids = [layout.sequence(e.ids[: length - 2])[0] for e in tokenizer.encode_batch(texts)]
     return Sequences(ids, np.asarray([len(s) for s in ids], dtype=np.int64), group=group)

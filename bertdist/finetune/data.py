@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from bertdist.data import DataError
-from bertdist.finetune.features import Sequences, bert_sequence, truncate_pair
+from bertdist.finetune.features import Layout, Sequences, truncate_pair
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 
@@ -254,19 +254,20 @@ def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) ->
 
 
 def encode(rows: list[Example], targets_: np.ndarray, vocab_file: str, cased: bool, max_seq_length: int) -> Sequences:
-    """[CLS] A [SEP] (B [SEP]) of every row, pairs truncated to `max_seq_length`; targets as `labels`."""
+    """[CLS] A [SEP] (B [SEP]) of every row by the tokenizer's Layout, pairs truncated to `max_seq_length`;
+    targets as `labels`."""
     from bertdist.data.tokenizer import open_tokenizer
 
     tokenizer = open_tokenizer(vocab_file, cased)
-    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    layout = Layout.of(tokenizer)
     a_ids = [enc.ids for enc in tokenizer.encode_batch([e.text for e in rows])]
     has_pair = rows[0].pair is not None
     b_ids = [enc.ids for enc in tokenizer.encode_batch([e.pair or "" for e in rows])] if has_pair else None
     ids, first = [], []
     for i, a in enumerate(a_ids):
         a, b = list(a), list(b_ids[i]) if b_ids is not None else []
-        truncate_pair(a, b, max_seq_length - (3 if has_pair else 2))
-        sequence, first_length = bert_sequence(cls_id, sep_id, a, b if has_pair else None)
+        truncate_pair(a, b, max_seq_length - layout.specials(has_pair))
+        sequence, first_length = layout.sequence(a, b if has_pair else None)
         ids.append(sequence)
         first.append(first_length)
     return Sequences(ids, np.asarray(first, dtype=np.int64), {"labels": targets_})

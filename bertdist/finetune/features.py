@@ -13,6 +13,7 @@ gathered as plain arrays and scored by the task.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,10 +21,30 @@ import torch
 from bertdist.model.ops import IGNORE_INDEX
 
 
-def bert_sequence(cls_id: int, sep_id: int, a: list[int], b: list[int] | None) -> tuple[np.ndarray, int]:
-    """[CLS] A [SEP] (B [SEP]) and the length of its first segment ([CLS] A [SEP])."""
-    first = [cls_id, *a, sep_id]
-    return np.asarray(first + ([*b, sep_id] if b is not None else []), dtype=np.int64), len(first)
+@dataclass(frozen=True)
+class Layout:
+    """How a text or a pair becomes one sequence, by the tokenizer's own rule, so that the exported tokenizer
+    gives at inference what fine-tuning trained on: `[CLS] A [SEP]`, and for a pair `[CLS] A [SEP] B [SEP]`
+    (BERT's) or with the tokenizer's further separators before B (RoBERTa's and XLM-R's `<s> A </s></s> B </s>`)."""
+
+    cls_id: int
+    sep_id: int
+    pair_separators: int = 1
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> Layout:
+        """A bertdist.data.tokenizer.TextTokenizer's."""
+        return cls(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pair_separators)
+
+    def specials(self, pair: bool) -> int:
+        """The special tokens of a sequence: what truncation leaves room for."""
+        return 2 + (self.pair_separators if pair else 0)
+
+    def sequence(self, a: list[int], b: list[int] | None = None) -> tuple[np.ndarray, int]:
+        """The sequence, and the tokens before B (all of it without B): its first segment, and where a QA
+        passage starts."""
+        first = [self.cls_id, *a, self.sep_id] + [self.sep_id] * (self.pair_separators - 1 if b is not None else 0)
+        return np.asarray(first + ([*b, self.sep_id] if b is not None else []), dtype=np.int64), len(first)
 
 
 def truncate_pair(a: list[int], b: list[int], budget: int) -> None:
@@ -37,7 +58,7 @@ class Sequences:
     ids: list[np.ndarray]
     """Token ids of every sequence; a row is `group` consecutive sequences."""
     first_lengths: np.ndarray
-    """Tokens of [CLS] A [SEP] per sequence; the rest of a sequence is segment 1."""
+    """Tokens before B per sequence (Layout.sequence); the rest of a sequence is segment 1."""
     targets: dict[str, np.ndarray] = field(default_factory=dict)
     """One value per row, under the name the model's forward takes (labels, start_positions, ...)."""
     token_targets: dict[str, list[np.ndarray]] = field(default_factory=dict)

@@ -31,7 +31,7 @@ import numpy as np
 from bertdist.data import DataError
 from bertdist.finetune import metrics
 from bertdist.finetune.data import Examples, bad_row
-from bertdist.finetune.features import Sequences
+from bertdist.finetune.features import Layout, Sequences
 
 
 @dataclass
@@ -171,7 +171,7 @@ def encode(
     from bertdist.data.tokenizer import open_tokenizer
 
     tokenizer = open_tokenizer(vocab_file, cased)
-    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    layout = Layout.of(tokenizer)
     asked = tokenizer.encode_batch([q.question for q in questions])
     passages = tokenizer.encode_batch([q.context for q in questions])
     ids, first_lengths, starts, ends, question_of, window_start, best_context, offsets = [], [], [], [], [], [], [], []
@@ -180,12 +180,10 @@ def encode(
         spans = np.asarray(passage.offsets, dtype=np.int64).reshape(-1, 2)
         offsets.append(spans)
         answer = _answer_tokens(spans, q.answers[0]) if q.answers else None
-        windows = _windows(len(passage.ids), max_seq_length - len(query_ids) - 3, doc_stride)
+        windows = _windows(len(passage.ids), max_seq_length - len(query_ids) - layout.specials(True), doc_stride)
         for start, length in windows:
-            first = len(query_ids) + 2
-            ids.append(
-                np.asarray([cls_id, *query_ids, sep_id, *passage.ids[start : start + length], sep_id], dtype=np.int64)
-            )
+            sequence, first = layout.sequence(query_ids, passage.ids[start : start + length])
+            ids.append(sequence)
             first_lengths.append(first)
             inside = answer is not None and start <= answer[0] and answer[1] < start + length
             starts.append(first + answer[0] - start if inside else 0)

@@ -21,7 +21,7 @@ import numpy as np
 from bertdist.data import DataError
 from bertdist.finetune import metrics
 from bertdist.finetune.data import Examples, bad_row, not_utf8
-from bertdist.finetune.features import Sequences, bert_sequence
+from bertdist.finetune.features import Layout, Sequences
 from bertdist.model.ops import IGNORE_INDEX
 
 OUTSIDE = "O"
@@ -119,7 +119,7 @@ def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased:
     from bertdist.data.tokenizer import open_tokenizer
 
     tokenizer = open_tokenizer(vocab_file, cased)
-    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    layout = Layout.of(tokenizer)
     index = {name: i for i, name in enumerate(labels)}
     encodings = tokenizer.encode_words([s.words for s in sentences])
     ids, first_lengths, token_labels, positions, truncated = [], [], [], [], 0
@@ -127,7 +127,7 @@ def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased:
     for s, enc in zip(sentences, encodings):
         word_ids = enc.word_ids[:budget]
         truncated += len(enc.ids) > budget
-        sequence, first_length = bert_sequence(cls_id, sep_id, enc.ids[:budget], None)
+        sequence, first_length = layout.sequence(enc.ids[:budget])
         first = np.full(len(s.words), -1, dtype=np.int64)
         labels_here = np.full(len(sequence), IGNORE_INDEX, dtype=np.int64)
         previous = None

@@ -131,6 +131,57 @@ def test_a_tokenizer_json_gives_its_own_cls_and_sep(high_id_tokenizer):
     assert encoded.batch(np.array([0]), pad_id=tokenizer.pad_id)["input_ids"][0].tolist() == encoded.ids[0].tolist()
 
 
+def _with_pair_rule(source: str, directory, processor) -> str:
+    """`source`'s tokenizer.json with another post-processor (its pair rule), in `directory`."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(f"{source}/tokenizer.json")
+    tokenizer.post_processor = processor(tokenizer)
+    directory.mkdir()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return str(directory)
+
+
+@pytest.mark.parametrize("rule", ["bert", "roberta", "xlm-r template"])
+def test_pairs_are_built_by_the_tokenizers_own_rule_as_its_export_gives_them(rule, high_id_tokenizer, tmp_path):
+    """A RoBERTa or XLM-R tokenizer joins a pair as `<s> A </s></s> B </s>`: fine-tuning built `<s> A </s> B </s>`,
+    so the exported tokenizer (its tokenizer.json, copied) fed the model at inference a layout it never trained
+    on. Pairs now follow the tokenizer's rule, as transformers' AutoTokenizer of the export gives them; so do
+    choices and QA windows (squad: the passage starts after both separators)."""
+    from tokenizers import processors
+
+    from bertdist.data.tokenizer import open_tokenizer
+    from bertdist.data.vocab import bert_template
+    from bertdist.finetune import choice, squad
+
+    def roberta(t):
+        return processors.RobertaProcessing(("[SEP]", t.token_to_id("[SEP]")), ("[CLS]", t.token_to_id("[CLS]")))
+
+    def xlm_r(t):
+        ids = [("[CLS]", t.token_to_id("[CLS]")), ("[SEP]", t.token_to_id("[SEP]"))]
+        return processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] [SEP] $B [SEP]", special_tokens=ids
+        )
+
+    processor = {"bert": bert_template, "roberta": roberta, "xlm-r template": xlm_r}[rule]
+    vocab = _with_pair_rule(high_id_tokenizer, tmp_path / "tok", processor)
+    tokenizer = open_tokenizer(vocab)
+    assert tokenizer.pair_separators == (1 if rule == "bert" else 2)
+    text, pair = "the cat sat", "on the mat"
+    theirs = tokenizer.backend.encode(text, pair).ids  # the tokenizer's own pair, as the export's gives it
+    ours = data.encode([data.Example(text, pair, "pos", "x:2")], np.array([1]), vocab, cased=False, max_seq_length=64)
+    assert ours.ids[0].tolist() == theirs
+    chosen = choice.encode([data.Example(text, None, "", "x:2", [pair])], np.array([0]), vocab, False, 64)
+    assert chosen.ids[0].tolist() == theirs
+    question = squad.Question("q1", text, pair, [("mat", 7)], "x:2")
+    windows = squad.encode([question], vocab, False, 64, 16, 16)
+    assert windows.sequences.ids[0].tolist() == theirs
+    start, end = (int(windows.sequences.targets[k][0]) for k in ("start_positions", "end_positions"))
+    assert tokenizer.backend.decode(theirs[start : end + 1]).strip() == "mat"  # after both separators
+    truncated = data.encode([data.Example(text * 9, pair * 9, "pos", "x:2")], np.array([1]), vocab, False, 24)
+    assert len(truncated.ids[0]) == 24
+
+
 def test_non_utf8_bytes_and_non_text_fields_name_their_line_and_field_and_can_be_skipped(tmp_path):
     csv_file = tmp_path / "t.csv"
     csv_file.write_bytes(b"sentence,label\ngood one,a\nbad \xff byte,b\nanother,a\n")
