@@ -34,6 +34,8 @@ class HeldOut:
     def training_texts(self) -> Iterator[str]:
         for unit in plan_units(self.files, unit_bytes=1 << 62):
             for language, sentences in read_language_documents(unit, self.language_field):
+                if not sentences:
+                    continue
                 k = self._seen[language] = self._seen.get(language, -1) + 1
                 if (
                     self.every

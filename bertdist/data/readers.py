@@ -188,12 +188,15 @@ def plan_units(files: list[InputFile], unit_bytes: int) -> list[ReadUnit]:
 def read_documents(unit: ReadUnit) -> Iterator[list[str]]:
     """The documents (non-empty lists of sentences) of one unit, in file order."""
     for _, sentences in read_language_documents(unit, language_field=""):
-        yield sentences
+        if sentences:
+            yield sentences
 
 
 def read_language_documents(unit: ReadUnit, language_field: str) -> Iterator[tuple[str, list[str]]]:
     """(language, sentences) of each document of one unit, in file order; a JSON line without a string
-    `language_field` is a DataError naming the field, the file and the line's byte."""
+    `language_field` is a DataError naming the field, the file and the line's byte. A document the input holds
+    without text (a JSON line's empty or blank 'text', a Wikipedia article of markup only) comes as [], for the
+    caller to count: a plain text file has no such document (blank lines only separate documents)."""
     f = unit.file
     if f.size_bytes == 0:
         raise DataError(f"{f.path}: empty file")
@@ -333,8 +336,7 @@ def _jsonl_documents(lines: _Lines, language_field: str, file_language: str) -> 
                 f"{lines.path}: line at byte {start}: field 'text' holds an unpaired surrogate "
                 f"({e.object[e.start : e.end].encode('unicode_escape').decode()}: a character cut in half), not text"
             ) from None
-        if sentences:
-            yield language, sentences
+        yield language, sentences  # [] for a text of no sentence: counted by the caller, never lost unseen
 
 
 def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:
@@ -343,9 +345,7 @@ def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:
 
     try:
         for article in iter_wiki_articles(stream, path):
-            sentences = split_sentences(article)
-            if sentences:
-                yield sentences
+            yield split_sentences(article)  # [] for an article of markup only: counted by the caller
     except (EOFError, OSError, zlib.error) as e:
         raise DataError(f"{path}: truncated or corrupt compressed stream ({e})") from None
 

@@ -64,6 +64,9 @@ def read_unit(
     batch_bytes = 0
     try:
         for language, document in read_language_documents(unit, language_field):
+            if not document:  # no text at all; one whose text has no token is counted at tokenizing
+                summary["empty_documents"] += 1
+                continue
             batch.append((language, document))
             batch_bytes += sum(len(s) for s in document)
             if batch_bytes >= _TOKENIZE_BATCH_BYTES:

@@ -35,7 +35,8 @@ def test_groups_are_numbered_consecutively_and_none_holds_one_document_of_severa
 
 def test_a_document_without_a_token_is_dropped_and_counted_and_the_sentences_add_up(tmp_path, tiny_vocab):
     """Zero-width and soft-hyphen text survives a strip and tokenizes to nothing: such a document was dropped and
-    counted nowhere, and the run's sentence count included empty sentences its languages' counts did not."""
+    counted nowhere, and the run's sentence count included empty sentences its languages' counts did not. So was
+    a JSON line whose text is empty or blank."""
     import json
 
     from bertdist.data.pipeline.planning import plan_groups
@@ -45,11 +46,12 @@ def test_a_document_without_a_token_is_dropped_and_counted_and_the_sentences_add
 
     (tmp_path / "in").mkdir()
     (tmp_path / "work" / "docs").mkdir(parents=True)
-    documents = ["The cat sat on the mat.\n\u200b\u200b\nThe dog ran.", "\u00ad\u200b", "A bird flew."]
+    # a text of no sentence at all (empty, blank, a no-break space) was dropped by the reader, uncounted too
+    documents = ["The cat sat on the mat.\n\u200b\u200b\nThe dog ran.", "\u00ad\u200b", "A bird flew.", "", " \u00a0\n"]
     (tmp_path / "in" / "a.jsonl").write_text("".join(json.dumps({"text": t, "lang": "en"}) + "\n" for t in documents))
     units = plan_units(expand_inputs([str(tmp_path / "in")]), 1 << 30)
     results = [read_unit(u, str(tmp_path / "work"), tiny_vocab, False, 1 << 20, "lang") for u in units]
     plan = plan_groups(str(tmp_path / "work"), [0], results, 1 << 20, open_tokenizer(tiny_vocab).unk_id)
     totals = plan.document_stats
-    assert (totals["documents"], totals["empty_documents"], totals["sentences"]) == (2, 1, 3), totals
+    assert (totals["documents"], totals["empty_documents"], totals["sentences"]) == (2, 3, 3), totals
     assert totals["sentences"] == sum(s["sentences"] for s in plan.language_stats.values())
