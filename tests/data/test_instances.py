@@ -76,6 +76,17 @@ def test_random_next_comes_from_another_document(pairs_and_docs):
     assert 0.5 < rnd.mean() < 0.8
 
 
+def test_random_next_comes_from_the_other_document_of_a_group_of_two():
+    """Ten draws from a group of two miss the other document one time in 1,024: the reference then keeps the
+    document itself, labelled NotNext (rare in its corpus-wide draws; a group can hold two big documents)."""
+    docs = _documents(num_docs=2, seed=3)
+    opts = InstanceOptions(max_seq_length=64)
+    for seed in range(40):
+        pairs = make_pairs(docs, opts, RandomStream(np.random.default_rng(seed)))
+        rnd = pairs.is_random_next == 1
+        assert (pairs.random_document[rnd] != pairs.document[rnd]).all(), seed
+
+
 def test_sentence_order_pairs_are_consecutive_segments_swapped_half_the_time():
     """ALBERT's SOP: the same chunks as NSP, B always A's continuation in its document, and half the pairs of a
     chunk of two or more sentences swapped; a one-sentence chunk takes B from another document, as ALBERT's
