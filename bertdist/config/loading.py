@@ -123,7 +123,9 @@ def _apply_override(raw: dict[str, Any], item: str, defaults: dict[str, Any]) ->
         if last:
             node[part] = value
         elif isinstance(node, dict) and node.get(part) is None:
-            node[part] = [{} for _ in default] if isinstance(default, list) else {}
+            # a list of sections (data.phases) takes the defaults entry by entry; a list of values (optim.betas)
+            # keeps the defaults' values beside the one overridden
+            node[part] = [{} if isinstance(d, dict) else d for d in default] if isinstance(default, list) else {}
         node = node[part]
 
 
@@ -251,12 +253,14 @@ def _coerce(value: Any, hint: Any, name: str, problems: list[str]) -> Any:
         if not isinstance(value, list):
             problems.append(f"{name}: expected a list, got {type(value).__name__} {value!r}")
             return _INVALID
-        return [_coerce(v, args[0], f"{name}.{i}", problems) for i, v in enumerate(value)]
+        items = [_coerce(v, args[0], f"{name}.{i}", problems) for i, v in enumerate(value)]
+        return _INVALID if any(v is _INVALID for v in items) else items
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             problems.append(f"{name}: expected a list of {len(args)} numbers, got {value!r}")
             return _INVALID
-        return tuple(_coerce(v, a, f"{name}.{i}", problems) for i, (v, a) in enumerate(zip(value, args)))
+        items = [_coerce(v, a, f"{name}.{i}", problems) for i, (v, a) in enumerate(zip(value, args))]
+        return _INVALID if any(v is _INVALID for v in items) else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
             problems.append(f"{name}: expected a mapping, got {type(value).__name__} {value!r}")

@@ -154,6 +154,14 @@ def test_unknown_key_wrong_type_and_indivisible_batch_are_all_reported_at_once(t
     assert "train.global_batch_size: 30 is not divisible by data.phases.0.micro_batch_size x world size = 4 x 2" in text
 
 
+def test_one_entry_of_a_list_of_values_is_overridden_and_a_bad_entry_is_named():
+    """`optim.betas.1=0.98` (no betas in the YAML) and a list with a bad entry crashed the loader with a
+    TypeError; the entry overridden keeps the others' defaults."""
+    assert load_config(None, ["optim.betas.1=0.98"]).optim.betas == (0.9, 0.98)
+    with pytest.raises(ConfigError, match=r"optim.betas.1: expected float, got str 'abc'"):
+        load_config(None, ["optim.betas=[0.9,abc]"])
+
+
 def test_unknown_section_and_bad_override_syntax(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(None, ["optimiser.lr=1", "train.seed"])
@@ -278,3 +286,18 @@ def test_a_schedule_setting_that_would_not_apply_is_refused(vocab):
     assert "data.phases.0.warmup_steps: applies only to a phase's own schedule (data.phases.0.lr)" in str(err.value)
     validate(load_config(None, [*base, "data.phases.0.lr=1e-3", "data.phases.0.warmup_steps=50"]), world_size=1)
     validate(load_config(None, [*base, "data.phases.0.lr=1e-3", "optim.warmup_steps=0"]), world_size=1)
+    # a run warmup beside phase warmups: the default may stand, another value would be dropped
+    own = [*base, "data.phases.0.lr=1e-3", "data.phases.0.warmup_steps=50"]
+    with pytest.raises(ConfigError, match="optim.warmup_steps: 500 does not apply"):
+        validate(load_config(None, [*own, "optim.warmup_steps=500"]), world_size=1)
+    # another schedule's settings: the rate was the same as without them
+    for setting, schedule in (
+        ("optim.decay_fraction=0.5", "linear"),
+        ("optim.decay_shape=1-sqrt", "poly"),
+        ("optim.decay_power=2", "linear"),
+        ("optim.decay_power=2", "wsd"),
+    ):
+        with pytest.raises(ConfigError, match=rf"{setting.split('=')[0]}: .* applies only to optim.schedule: "):
+            validate(load_config(None, [*base, setting, f"optim.schedule={schedule}"]), world_size=1)
+    validate(load_config(None, [*base, "optim.decay_power=2", "optim.schedule=poly"]), world_size=1)
+    validate(load_config(None, [*base, "optim.decay_shape=1-sqrt", "optim.schedule=wsd"]), world_size=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from bertdist.config.schema import Config
+from bertdist.config.schema import Config, OptimConfig
 
 
 def optim_problems(cfg: Config) -> list[str]:
@@ -46,11 +46,19 @@ def optim_problems(cfg: Config) -> list[str]:
 
 
 def schedule_problems(cfg: Config) -> list[str]:
-    """A wsd decay that fits beside the warmup of each schedule (the run's one, or every phase's own); a phase's
-    decay_fraction where nothing reads it is refused. (The schedule's kind and shape: `choice_problems`.)"""
+    """A wsd decay that fits beside the warmup of each schedule (the run's one, or every phase's own); a setting
+    of another schedule than the run's (a decay_fraction of wsd under linear), or a phase's decay_fraction where
+    nothing reads it, is refused rather than dropped. (The schedule's kind and shape: `choice_problems`.)"""
     o, found = cfg.optim, []
     if not 0.0 <= o.decay_fraction <= 1.0:
         found.append(f"optim.decay_fraction: must be in [0, 1], got {o.decay_fraction}")
+    defaults = OptimConfig()
+    for name, reader in (("decay_fraction", "wsd"), ("decay_shape", "wsd"), ("decay_power", "poly")):
+        if o.schedule != reader and getattr(o, name) != getattr(defaults, name):  # would be dropped unread
+            found.append(
+                f"optim.{name}: {getattr(o, name)} applies only to optim.schedule: {reader}, and this run's is "
+                f"{o.schedule}"
+            )
     own = [
         (
             f"data.phases.{i}",

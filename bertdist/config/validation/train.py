@@ -19,7 +19,7 @@ from bertdist.config.choices import choice_problems, choices
 from bertdist.config.errors import ConfigError
 from bertdist.config.model import ARCHITECTURES
 from bertdist.config.objectives import OBJECTIVES
-from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, TrainConfig
+from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, OptimConfig, TrainConfig
 from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.health import health_problems
 from bertdist.config.validation.mixture import mixture_problems
@@ -300,7 +300,8 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         own_schedules
         and len(own_schedules) == len(d.phases)
         and o.warmup_steps
-        and not any(ph.warmup_steps for ph in d.phases)
+        # the default's 100 may stand beside phases with warmups of their own; another value would be dropped
+        and (not any(ph.warmup_steps for ph in d.phases) or o.warmup_steps != OptimConfig().warmup_steps)
     ):
         p.append(
             f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
