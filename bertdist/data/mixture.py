@@ -37,12 +37,19 @@ GOLDEN_FRACTION = (math.sqrt(5.0) - 1.0) / 2.0
 def mixture_shares(weights: dict[str, float], tokens: dict[str, int] | None, temperature: float | None):
     """Each source's share of the micro batches: weight x tokens^temperature, normalised (the weights alone when
     `temperature` is None)."""
-    raw = {
-        name: w * (float(tokens[name]) ** temperature if temperature is not None and tokens else 1.0)
+    # in logarithms, scaled by the largest: tokens^temperature overflows a float at a temperature of 50
+    logs = {
+        name: math.log(w) + (temperature * _log(tokens[name]) if temperature is not None and tokens else 0.0)
         for name, w in weights.items()
     }
+    top = max(logs.values())
+    raw = {name: math.exp(value - top) for name, value in logs.items()}
     total = sum(raw.values())
     return {name: value / total for name, value in raw.items()}
+
+
+def _log(count: int) -> float:
+    return math.log(count) if count > 0 else -math.inf  # a source without tokens: no share
 
 
 class SourceSchedule:

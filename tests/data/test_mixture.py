@@ -40,6 +40,10 @@ def test_a_temperature_weighs_sources_by_their_tokens():
     assert shares == pytest.approx({"a": 1 / 3, "b": 2 / 3})
     assert mixture_shares({"a": 3.0, "b": 1.0}, None, None) == pytest.approx({"a": 0.75, "b": 0.25})
     assert mixture_shares({"a": 2.0, "b": 1.0}, {"a": 100, "b": 400}, 1.0) == pytest.approx({"a": 1 / 3, "b": 2 / 3})
+    # a high temperature: tokens^50 overflowed a float (an OverflowError as the loaders were built)
+    assert mixture_shares({"a": 1.0, "b": 1.0}, {"a": 10**9, "b": 2 * 10**9}, 50.0) == pytest.approx(
+        {"a": 1 / (1 + 2**50), "b": 2**50 / (1 + 2**50)}
+    )
 
 
 def _mixture(shards, vocab, rank=0, world_size=1, exhausted="repeat", micro_batch_size=4):

@@ -3,13 +3,16 @@ vocabulary and sample kind, is checked where their loaders are built: bertdist.t
 
 from __future__ import annotations
 
+import math
 import re
 
 from bertdist.config.schema import Config
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number: an infinite weight or temperature made every share NaN, and each micro batch then read the
+    last source."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def mixture_problems(cfg: Config) -> list[str]:
@@ -27,7 +30,7 @@ def mixture_problems(cfg: Config) -> list[str]:
         if ph.mixture_temperature is not None and not (
             _is_number(ph.mixture_temperature) and ph.mixture_temperature > 0
         ):
-            found.append(f"{where}.mixture_temperature: must be a number > 0, got {ph.mixture_temperature!r}")
+            found.append(f"{where}.mixture_temperature: must be a finite number > 0, got {ph.mixture_temperature!r}")
         if not ph.mixture:
             if ph.mixture_temperature is not None:
                 found.append(f"{where}.mixture_temperature: applies only to a mixture ({where}.mixture)")
@@ -37,5 +40,5 @@ def mixture_problems(cfg: Config) -> list[str]:
                 declared = ", ".join(d.sources) or "none"
                 found.append(f"{where}.mixture.{name}: no such source in data.sources (declared: {declared})")
             if not (_is_number(weight) and weight > 0):
-                found.append(f"{where}.mixture.{name}: a weight must be a number > 0, got {weight!r}")
+                found.append(f"{where}.mixture.{name}: a weight must be a finite number > 0, got {weight!r}")
     return found
