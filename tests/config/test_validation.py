@@ -213,6 +213,14 @@ CASES = [
         ["model.num_attention_heads=3"],
         "model.hidden_size: 128 is not divisible by model.num_attention_heads=3",
     ),
+    (  # each built and crashed later: a traceback at the dry run, or at the first forward
+        "intermediate-size-negative",
+        "bert-tiny",
+        ["model.intermediate_size=-4"],
+        "model.intermediate_size: must be >= 0, got -4",
+    ),
+    ("no-segment-rows", "bert-tiny", ["model.type_vocab_size=0"], "model.type_vocab_size: must be at least 1"),
+    ("eps-negative", "bert-tiny", ["model.layer_norm_eps=-1"], "model.layer_norm_eps: must be a positive number"),
     (
         "mixture-of-an-undeclared-source",
         "bert-tiny",

@@ -180,6 +180,13 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
     for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
         if getattr(m, name) <= 0:
             p.append(f"model.{name}: must be positive, got {getattr(m, name)}")
+    for name in ("intermediate_size", "initializer_range"):  # 0: 4 x hidden_size; 0: weights start at zero
+        if not getattr(m, name) >= 0:
+            p.append(f"model.{name}: must be >= 0, got {getattr(m, name)}")
+    if m.type_vocab_size < 1:
+        p.append(f"model.type_vocab_size: must be at least 1 (the segment embedding's rows), got {m.type_vocab_size}")
+    if not (m.layer_norm_eps > 0 and math.isfinite(m.layer_norm_eps)):
+        p.append(f"model.layer_norm_eps: must be a positive number, got {m.layer_norm_eps}")
     if m.mlm_logits_mib < 0:
         p.append(f"model.mlm_logits_mib: must be >= 0 (0: the whole logits always), got {m.mlm_logits_mib}")
     p.extend(architecture_problems(m, d.phases))
