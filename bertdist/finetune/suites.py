@@ -40,7 +40,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from bertdist.config import Config, load_config
+from bertdist.config import Config, load_config, yaml_core
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, UserError
 from bertdist.finetune import scorecard
 
@@ -103,7 +103,7 @@ def read_suite(suite: str) -> list[SuiteTask]:
     if suite == "glue":
         return GLUE
     try:
-        raw = yaml.safe_load(Path(suite).read_text(encoding="utf-8"))
+        raw = yaml_core.load(Path(suite).read_text(encoding="utf-8"))
     except OSError as e:
         raise UserError(f"--suite: {suite} is not glue and cannot be read as a suite file ({e.strerror})") from None
     except yaml.YAMLError as e:

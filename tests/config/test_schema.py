@@ -162,6 +162,19 @@ def test_one_entry_of_a_list_of_values_is_overridden_and_a_bad_entry_is_named():
         load_config(None, ["optim.betas=[0.9,abc]"])
 
 
+def test_yaml_plain_scalars_are_read_by_the_core_schema_not_yaml_1_1(tmp_path):
+    """YAML 1.1 made an unquoted 48:00:00 the base-60 number 172800 (submit then refused '172800' as --time),
+    010 octal 8 (the override gives 10), and left 1e-1 a string that a mixture weight refused."""
+    path = write_yaml(
+        tmp_path,
+        "launch:\n  time_limit: 48:00:00\ntrain:\n  seed: 010\ncheckpoint:\n  resume: off\n"
+        "data:\n  sources:\n    web: runs/web\n  phases:\n    - steps: 10\n      mixture: {web: 1e-1}\n",
+    )
+    cfg = load_config(path)
+    assert (cfg.launch.time_limit, cfg.train.seed, cfg.checkpoint.resume) == ("48:00:00", 10, "off")
+    assert cfg.data.phases[0].mixture == {"web": 0.1}
+
+
 def test_unknown_section_and_bad_override_syntax(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(None, ["optimiser.lr=1", "train.seed"])
