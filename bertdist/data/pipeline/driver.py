@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -110,6 +111,14 @@ def _run(
     groups = plan.groups
     if not groups:
         raise DataError(f"no documents in {', '.join(opts.inputs)} (after skipping bad input and duplicates)")
+    if opts.instances.samples != "mlm":
+        for language in plan.lone_documents():
+            print(
+                f"bertdist prepare: {f'language {language}' if language else 'the corpus'} has one document: its "
+                "NotNext segments come from that document itself (there is no other), labelled NotNext; add "
+                "documents, or leave it out",
+                file=sys.stderr,
+            )
 
     group_results = run(
         "instances",

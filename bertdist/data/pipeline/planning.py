@@ -54,6 +54,16 @@ class GroupPlan:
     language_stats: dict[str, dict[str, int]]
     """The same per language, for a corpus whose documents have one ({} otherwise)."""
 
+    def lone_documents(self) -> list[str]:
+        """The languages ("" for a corpus without) whose group holds one document: a language with one document
+        of its own. Groups hold one language each, so its NotNext segments (a random other document's) can only
+        come from that document itself, labelled NotNext: said at prepare (driver)."""
+        return [
+            language
+            for language, members in zip(self.group_languages, self.groups)
+            if sum(len(kept) for _, kept in members) == 1
+        ]
+
 
 def _empty(results: list[dict], good_units: list[int]) -> int:
     """Documents whose sentences all tokenized to nothing (zero-width or soft-hyphen text that survives a strip):

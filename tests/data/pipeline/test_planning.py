@@ -55,3 +55,23 @@ def test_a_document_without_a_token_is_dropped_and_counted_and_the_sentences_add
     totals = plan.document_stats
     assert (totals["documents"], totals["empty_documents"], totals["sentences"]) == (2, 3, 3), totals
     assert totals["sentences"] == sum(s["sentences"] for s in plan.language_stats.values())
+    assert plan.lone_documents() == []  # its two documents with text, of one language, are one group
+
+
+def test_a_language_with_one_document_is_named_for_its_notnext_segments(tmp_path, tiny_vocab):
+    """A group holds one language; a language with one document makes NotNext pairs from that document itself."""
+    import json
+
+    from bertdist.data.pipeline.planning import plan_groups
+    from bertdist.data.pipeline.stages import read_unit
+    from bertdist.data.readers import expand_inputs, plan_units
+    from bertdist.data.tokenizer import open_tokenizer
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "work" / "docs").mkdir(parents=True)
+    rows = [("The cat sat.", "en"), ("The dog ran.", "en"), ("Le chat dort.", "fr")]
+    (tmp_path / "in" / "a.jsonl").write_text("".join(json.dumps({"text": t, "lang": g}) + "\n" for t, g in rows))
+    units = plan_units(expand_inputs([str(tmp_path / "in")]), 1 << 30)
+    results = [read_unit(u, str(tmp_path / "work"), tiny_vocab, False, 1 << 20, "lang") for u in units]
+    plan = plan_groups(str(tmp_path / "work"), [0], results, 1 << 20, open_tokenizer(tiny_vocab).unk_id)
+    assert plan.lone_documents() == ["fr"]
