@@ -72,8 +72,9 @@ class _ChunkedVocabCrossEntropy(torch.autograd.Function):
             flat = chunk.t()  # (E, r): logits vocabulary-major, (V, r), as `ops.tied_logits` lays them out
             scores = (weight @ flat if bias is None else torch.addmm(bias[:, None], weight, flat)).to(fp32)
             maxes, label_scores, exps, sums = vocab_softmax(scores, chunk_targets)
+            alone = (scores == maxes).sum(0) == 1  # a tie (bf16 logits tie often) is not a right prediction
             del scores  # the chunk's budget is two (V, r) tensors: the scores until here, then the gradient
-            hits[rows] = (label_scores == maxes) & chunk_valid
+            hits[rows] = (label_scores == maxes) & alone & chunk_valid
             total += ((sums.log() + maxes - label_scores) * chunk_valid).sum()
             if wanted:  # (V, r) softmax - one-hot, zero at -100 rows
                 grad = softmax_minus_one_hot_(exps, sums, chunk_targets, chunk_valid.to(fp32))
