@@ -20,6 +20,7 @@ which is reported and skipped; keep keep_last >= 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -103,11 +104,14 @@ class DownstreamEvaluator:
         if self.pending is not None:
             self._start(*self.pending)
             self.pending = None
-        try:
-            results = json.loads((out / "results.json").read_text())
-        except (OSError, json.JSONDecodeError):
+        results = None
+        if process.returncode == 0:  # results.json is written at each new best epoch: a run stopped or failed
+            with contextlib.suppress(OSError, json.JSONDecodeError):  # later holds an early epoch's
+                results = json.loads((out / "results.json").read_text())
+        if results is None:
             self.say(
-                f"downstream {self.cfg.name} of step {step}: failed (exit {process.returncode}), see {out / 'log.txt'}"
+                f"downstream {self.cfg.name} of step {step}: failed (exit {process.returncode}), nothing logged; "
+                f"see {out / 'log.txt'}"
             )
             return {}
         metrics = {f"downstream/{self.cfg.name}/{k.removeprefix('dev/')}": v for k, v in results.items()}

@@ -5,6 +5,8 @@ checkpoint's step; a bad downstream config fails before training starts."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,9 @@ import pytest
 import yaml
 
 from bertdist.cli import main
+from bertdist.config import DownstreamConfig
 from bertdist.errors import USAGE_EXIT_CODE
+from bertdist.train.downstream import DownstreamEvaluator
 from tests import training_runs as runs
 
 
@@ -102,3 +106,19 @@ def test_a_bad_downstream_config_fails_before_training(tmp_path, tiny_shards, ti
         == USAGE_EXIT_CODE
     )
     assert "task.yaml: finetune.train_file is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ending", ["exit 1", "timeout"])
+def test_a_fine_tuning_that_failed_or_was_stopped_logs_no_result(ending, tmp_path):
+    """results.json is written at each new best epoch: a fine-tuning that crashed in a later epoch, or was stopped
+    at eval.downstream.timeout_s, left an early epoch's score, which was logged as the checkpoint's result."""
+    said: list[str] = []
+    evaluator = DownstreamEvaluator(DownstreamConfig(config="task.yaml", name="task"), str(tmp_path), True, said.append)
+    out = tmp_path / "step_00000100"
+    out.mkdir()
+    after = "sys.exit(1)" if ending == "exit 1" else "time.sleep(60)"
+    script = f"import json, sys, time; json.dump({{'dev/accuracy': 0.51}}, open('{out}/results.json', 'w')); {after}"
+    process = subprocess.Popen([sys.executable, "-c", script])
+    evaluator.job = (100, process, out)
+    assert evaluator.finished(wait_s=30 if ending == "exit 1" else 5) == {}
+    assert (out / "results.json").exists() and "failed" in said[-1] and "nothing logged" in said[-1], said
