@@ -75,9 +75,11 @@ def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
 GPU_PEAK_FLOPS: list[tuple[str, float, float]] = [
     ("H200", 989e12, 67e12),
     ("H100 PCIe", 756e12, 51e12),
+    ("H100 NVL", 835e12, 60e12),
     ("H100", 989e12, 67e12),
     ("A100", 312e12, 19.5e12),
     ("L40S", 362e12, 91.6e12),
+    ("L40", 181e12, 90.5e12),  # before L4, which its name holds
     ("L4", 121e12, 30.3e12),
     ("A10", 125e12, 31.2e12),
     ("V100", 125e12, 15.7e12),

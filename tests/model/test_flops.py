@@ -172,3 +172,12 @@ def test_an_mfu_above_a_datasheet_peak_is_printed_as_unknown_with_one_notice(mon
     assert ["MFU ?" in line for line in lines] == [True, True, False] and "MFU 47%" in lines[2], lines
     assert peak.value == 19.5e12  # a datasheet peak is not moved
     assert flops.PEAK_FLOPS_ENV in peak.notice and not [w for w in recwarn if "MFU" in str(w.message)]
+
+
+def test_a_gpu_gets_its_own_datasheet_peak_not_one_whose_name_its_name_holds():
+    """An L40 read the L4's 121 TFLOP/s (its MFU 1.5x too high), an H100 NVL the SXM's 989."""
+    from bertdist.model.flops import peak_flops_per_second
+
+    named = {"NVIDIA L40": 181e12, "NVIDIA L40S": 362e12, "NVIDIA L4": 121e12, "NVIDIA H100 NVL": 835e12}
+    named |= {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA A100-SXM4-80GB": 312e12}
+    assert {name: peak_flops_per_second(name, "bf16") for name in named} == named
