@@ -163,7 +163,8 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cased",
         action="store_true",
-        help="the vocab.txt was trained with --cased (a tokenizer.json carries its own normaliser)",
+        help="the vocab.txt keeps case and accents (default: as its tokenizer_config.json's do_lower_case says, "
+        "else as its tokens show; a tokenizer.json carries its own normaliser)",
     )
     p.add_argument("--seed", type=int, default=i.seed)
     p.add_argument("--workers", type=int, default=o.workers, help="concurrent Ray tasks (default: every CPU)")

@@ -59,8 +59,12 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     validate_prepare(opts)  # before Ray starts: a bad value must not fail inside a task
     from bertdist.data.tokenizer import open_tokenizer
 
-    tokenizer = open_tokenizer(opts.vocab_file, opts.cased)  # a directory given: the tasks read the file it holds
-    opts = dataclasses.replace(opts, vocab_file=tokenizer.path)
+    # Unasked, a vocab.txt keeps case as its tokenizer_config.json says (else as its tokens show), as fine-tuning
+    # and the export read it: a --cased left off lower-cased the shards of a cased vocabulary. A directory given:
+    # the tasks read the file it holds.
+    tokenizer = open_tokenizer(opts.vocab_file, True if opts.cased else None)
+    cased = tokenizer.cased if tokenizer.is_wordpiece_vocab else opts.cased
+    opts = dataclasses.replace(opts, vocab_file=tokenizer.path, cased=cased)
     files = expand_inputs(opts.inputs, opts.languages_from_dirs)
     if opts.language_field:
         not_json = [f.path for f in files if f.kind != "jsonl"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,3 +261,16 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
         if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")
     ]
     assert exposed == []
+
+
+def test_a_vocab_txt_keeps_case_as_its_config_says_without_cased(tiny_corpus, tiny_vocab, ray_local, tmp_path):
+    """prepare read a vocab.txt lower-cased unless --cased, while fine-tuning and the export read its
+    tokenizer_config.json's do_lower_case: the shards of a cased vocabulary were lower-cased."""
+    for lower in (True, False):
+        vocab = tmp_path / f"vocab-lower-{lower}"
+        vocab.mkdir()
+        shutil.copy(tiny_vocab, vocab / "vocab.txt")
+        (vocab / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))
+        out = tmp_path / f"out-lower-{lower}"
+        report = prepare(tiny_prepare_options(tiny_corpus, str(vocab / "vocab.txt"), str(out)))
+        assert report.manifest["options"]["cased"] is not lower, report.manifest["options"]
