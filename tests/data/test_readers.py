@@ -114,8 +114,23 @@ def test_a_dumps_pages_are_let_go_of_as_they_are_read():
             "Before.\nAfter a template left open.",
         ),
         ('Before.\n| bgcolor = "#ffffff" | a row\n! scope="col" | a header\n|-\nAfter.', "Before.\nAfter."),
+        ("Code:\n<source lang=python>def f(a):\n    return a</source>\nDone.", "Code:\nDone."),
+        ("Intro.\n<div>\n== Early life ==\n</div>\nBorn here.", "Intro.\nBorn here."),
+        ("__NOTOC__Text.__NOEDITSECTION__", "Text."),
+        ("See [[:Category:Rivers]] and [[:Category:Rivers|the rivers]].", "See and the rivers."),
+        ("Berlin is a city.\n[[fr:Berlin]]\n[[zh-min-nan:Berlin]]", "Berlin is a city."),
     ],
-    ids=["file-in-div", "image-in-center", "open-template", "stray-table-rows"],
+    ids=[
+        "file-in-div",
+        "image-in-center",
+        "open-template",
+        "stray-table-rows",
+        "source-tag",
+        "nested-heading",
+        "magic-words",
+        "category-page-links",
+        "interlanguage-links",
+    ],
 )
 def test_nested_and_unpaired_markup_leaves_no_trace(wikitext, text):
     """1.6% of the samples prepared from a dump carried `thumb | right | upright | ...` or `| bgcolor = ...`."""
@@ -168,6 +183,23 @@ def test_a_directory_s_files_of_no_input_type_are_named_and_unread_data_formats_
         with pytest.raises(DataError, match="b.jsonl.zst: a format bertdist does not read") as err:
             expand_inputs([str(corpus)], languages_from_dirs)
         assert str(corpus) in str(err.value)
+
+
+def test_a_dumps_own_names_for_files_and_categories_are_dropped_as_the_english_ones(tmp_path):
+    """A German, French or Spanish dump writes [[Datei:...|mini|...]] and [[Kategorie:...]]: their options and
+    category names became sentences of nearly every article. The names come from the dump's <siteinfo>."""
+    article = (
+        "Berlin ist die Hauptstadt.\n[[Datei:Tor.jpg|mini|links|hochkant=1.2|Das Tor am Abend]]\n"
+        "Die Stadt ist groß.\n[[Kategorie:Hauptstadt in Europa]]\n[[Kategorie:Ort in Berlin]]\n[[fr:Berlin]]"
+    )
+    dump = f"""<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><siteinfo><namespaces>
+<namespace key="-2" case="first-letter">Medium</namespace><namespace key="0" case="first-letter" />
+<namespace key="6" case="first-letter">Datei</namespace><namespace key="14" case="first-letter">Kategorie</namespace>
+</namespaces></siteinfo>
+<page><title>Berlin</title><ns>0</ns><revision><text>{escape(article)}</text></revision></page></mediawiki>"""
+    path = tmp_path / "dewiki.xml"
+    path.write_text(dump)
+    assert _read(path) == [["Berlin ist die Hauptstadt.", "Die Stadt ist groß."]]
 
 
 def test_wikipedia_part_files_are_dumps():
