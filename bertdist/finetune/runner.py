@@ -62,6 +62,13 @@ def finetune(cfg: Config, results: dict[str, float] | None = None) -> int:
     return run_command("bertdist finetune", cfg.launch.master_port, lambda env: Finetuning(cfg, env, results))
 
 
+def planned_steps(epochs: float, steps_per_epoch: int, warmup_proportion: float) -> tuple[int, int]:
+    """(the run's optimizer steps, its warmup steps), counted to a millionth of a step: 1.4 x 85 is
+    118.99999999999999 in floats, which int() made 118 steps, not 119."""
+    total = max(1, math.floor(round(epochs * steps_per_epoch, 6)))
+    return total, math.floor(round(warmup_proportion * total, 6))
+
+
 class Finetuning(Run):
     """Every component of a fine-tuning, built in `__init__` (validation first, then the output directory, the
     source, the task, the process group, the engine, a resumed checkpoint, the tracker); `run()` is its loop."""
@@ -105,8 +112,7 @@ class Finetuning(Run):
         if problems := data_problems(ft, len(self.train)):
             raise ConfigError(problems)
         self.steps_per_epoch = len(self.train) // ft.batch_size
-        self.total_steps = max(1, int(ft.epochs * self.steps_per_epoch))
-        self.warmup_steps = int(ft.warmup_proportion * self.total_steps)
+        self.total_steps, self.warmup_steps = planned_steps(ft.epochs, self.steps_per_epoch, ft.warmup_proportion)
         self.device = self.start_process_group(cfg.train)
         self.engine = build_engine(cfg, env, self.device.type, self.source, self.task)
         self.start_step, self.start_epoch, self.best, run_id = 0, 0, None, None
@@ -159,7 +165,9 @@ class Finetuning(Run):
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         done_in_epoch = self.start_step - self.start_epoch * self.steps_per_epoch  # a checkpoint within an epoch
         for epoch in range(self.start_epoch, epochs):
-            order = np.random.default_rng(self.cfg.train.seed + epoch).permutation(len(self.train))
+            # (seed, epoch), not seed + epoch: seed 0's second epoch was seed 1's first, so a seed sweep's runs
+            # shared their orders
+            order = np.random.default_rng([self.cfg.train.seed, epoch]).permutation(len(self.train))
             rows, repeated = step_rows(order, ft.batch_size, self.steps_per_epoch, self.task.row_texts)
             if repeated:
                 say(f"epoch {epoch + 1}: {repeated} step(s) hold a text twice (too few rows left without one)")
@@ -173,8 +181,9 @@ class Finetuning(Run):
                     rate = (s - first) / (said - epoch_started)
                     left = min(self.steps_per_epoch, self.total_steps - step + s) - s
                     say(
-                        f"epoch {epoch + 1}/{epochs}: step {s}/{self.steps_per_epoch}, train loss "
-                        f"{np.mean(self.losses[-50:]):.4f}, {rate:.2f} steps/s, epoch done in {duration(left / rate)}"
+                        f"epoch {epoch + 1}/{epochs}: step {s}/{self.steps_per_epoch}, "
+                        + (f"train loss {np.mean(self.losses[-50:]):.4f}, " if self.losses else "")
+                        + f"{rate:.2f} steps/s, epoch done in {duration(left / rate)}"
                     )
                 set_learning_rate(
                     engine.optimizer.param_groups, learning_rate(step, ft.lr, self.warmup_steps, self.total_steps)

@@ -472,3 +472,11 @@ def test_a_killed_two_rank_embedding_finetuning_resumes_bit_identically(tmp_path
     )
     for other in ("finetune.lr=3e-4", "train.seed=7"):  # the same directory for another fine-tuning
         assert main(["finetune", *args(out), other]) == USAGE_EXIT_CODE, other
+
+
+def test_fractional_epochs_and_warmup_count_every_whole_step():
+    """1.4 epochs of 85 steps is 119 steps: 1.4 x 85 is 118.99999999999999 in floats, and int() made it 118."""
+    from bertdist.finetune.runner import planned_steps
+
+    assert planned_steps(1.4, 85, 0.1) == (119, 11)
+    assert planned_steps(3, 100, 0.29) == (300, 87) and planned_steps(0.01, 10, 0.5) == (1, 0)
