@@ -11,7 +11,7 @@ from bertdist.config import ModelConfig
 from bertdist.config.choices import choices
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
-from bertdist.data.tokenizer import TOKENIZER_MODELS
+from bertdist.data.tokenizer import TOKENIZER_MODELS, count_tokens
 from bertdist.errors import USAGE_EXIT_CODE, DataError
 from bertdist.flags import Renamed, add_corpus_inputs, from_args
 
@@ -78,7 +78,14 @@ def _run_vocab(args: argparse.Namespace) -> int:
     if first is None:  # a vocabulary of the special tokens alone would pass for one; prepare refuses this input too
         raise DataError(f"{' '.join(args.input)}: contains no text (an empty file, or a dump of redirects only)")
     path = train(itertools.chain([first], texts), args.output, args.vocab_size, cased=args.cased)
-    print(f"wrote {path}")
+    size = count_tokens(path)
+    print(f"wrote {path}: {size:,} tokens")
+    if size > args.vocab_size:  # WordPiece keeps every character of the corpus, however many
+        print(
+            f"bertdist vocab: {size:,} tokens, more than --vocab-size {args.vocab_size:,}: the corpus has that many "
+            f"distinct characters; a model needs model.vocab_size >= {size:,}",
+            file=sys.stderr,
+        )
     if report:
         print("per language, on held-out documents:")
         print("\n".join(language_report(args.output, held_out.documents, args.cased)))

@@ -132,3 +132,16 @@ def test_unigram_with_byte_fallback_spells_unseen_characters_as_bytes_and_finds_
     assert raw.decode(encoding.ids, skip_special_tokens=True) == "the cat Γάτα"
     starts = [bool(tokenizer.starts_word[i]) for i in encoding.ids]
     assert starts[0] and encoding.tokens[0].startswith("▁")
+
+
+def test_a_wordpiece_vocabulary_larger_than_asked_says_so(tmp_path, capsys):
+    """WordPiece keeps every character of the corpus: asked for 300 over 600 distinct characters, it wrote 615
+    tokens and said only "wrote vocab.txt"; the model sized to 300 was refused later."""
+    from bertdist.cli import main
+
+    (tmp_path / "corpus.txt").write_text("".join(chr(0x4E00 + i) * 3 + "\n" for i in range(60)) + "a b c\n")
+    args = ["vocab", "--input", str(tmp_path / "corpus.txt"), "--output", str(tmp_path / "v"), "--vocab-size", "40"]
+    assert main(args) == 0
+    said = capsys.readouterr()
+    size = len((tmp_path / "v" / "vocab.txt").read_text().splitlines())
+    assert size > 40 and f"{size} tokens" in said.out and "more than --vocab-size 40" in said.err, said
