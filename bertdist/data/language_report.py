@@ -10,6 +10,7 @@ benchmark of the model: only of how the tokenizer cuts held-out text.
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 from bertdist.data.readers import InputFile, plan_units, read_language_documents
@@ -60,7 +61,7 @@ def language_report(tokenizer_path: str, held_out: dict[str, list[str]], cased: 
     for language in sorted(held_out):
         texts = held_out[language]
         ids, _ = encoder.encode(texts)
-        unsegmented = language.split("_")[0] in UNSEGMENTED_LANGUAGES
+        unsegmented = re.split(r"[_-]", language)[0].lower() in UNSEGMENTED_LANGUAGES  # zh_CN, zh-TW, ja-JP
         units = sum(len("".join(t.split())) if unsegmented else len(t.split()) for t in texts)
         per = "character" if unsegmented else "word"
         unknown = int((ids == tokenizer.unk_id).sum())
