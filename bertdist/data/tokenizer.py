@@ -140,6 +140,12 @@ class TextTokenizer:
         backend.encode_special_tokens = True
         return backend.encode_batch(texts, is_pretokenized=is_pretokenized, add_special_tokens=False)
 
+    def normalized(self, text: str) -> str:
+        """`text` as the model reads it before splitting: the normaliser's output (an uncased vocab.txt's lower-cased,
+        accents stripped), the text itself where the tokenizer has none."""
+        normalizer = self.backend.normalizer
+        return normalizer.normalize_str(text) if normalizer is not None else text
+
     def encode_words(self, sentences: list[list[str]]) -> list[Encoding]:
         """`encode_batch` of sentences given as words (tagging's), each token's word in `word_ids`: the tokens the
         words' text, joined by spaces, gives. Each word after the first goes in with the space before it: without

@@ -48,18 +48,21 @@ METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 """The dev metrics, headline first."""
 
 
-def checked_pairs(examples: Examples, negative_columns: tuple[str, ...], skip_bad: bool) -> Examples:
+def checked_pairs(
+    examples: Examples, negative_columns: tuple[str, ...], skip_bad: bool, normalize: Callable[[str], str]
+) -> Examples:
     """`examples` without the rows that would teach nothing or the opposite of what they mean: a query equal to
-    its positive (whitespace aside), a hard negative equal to its positive (a false negative). DataError naming
+    its positive, a hard negative equal to its positive (a false negative), as the model reads them (whitespace
+    aside, and case and accents for an uncased one: `normalize`, finetune.data.same_text). DataError naming
     FILE:LINE, or with finetune.on_bad_input=skip skipped and counted; DataError when no row is left."""
     from bertdist.data import DataError
     from bertdist.finetune.data import bad_row, same_text
 
     kept = []
     for e in examples.rows:
-        positive = same_text(e.pair or "")
-        same = [column for column, text in zip(negative_columns, e.choices) if same_text(text) == positive]
-        if same_text(e.text) == positive:
+        positive = same_text(e.pair or "", normalize)
+        same = [c for c, text in zip(negative_columns, e.choices) if same_text(text, normalize) == positive]
+        if same_text(e.text, normalize) == positive:
             bad_row(examples, e.where, "the query is the same text as its positive", skip_bad)
         elif same:
             bad_row(examples, e.where, f"the hard negative {same[0]!r} is the same text as the positive", skip_bad)
@@ -77,13 +80,14 @@ def training_rows(examples: Examples, vocab_file: str, cased: bool, length: int)
     return _sequences(texts, vocab_file, cased, length, group=2 + len(examples.rows[0].choices))
 
 
-def row_texts(examples: Examples) -> list[frozenset[int]]:
-    """Each row's query, positive and negatives as text ids, the same id for the same text whitespace aside."""
+def row_texts(examples: Examples, normalize: Callable[[str], str]) -> list[frozenset[int]]:
+    """Each row's query, positive and negatives as text ids, the same id for the same text as the model reads it
+    (`normalize`: finetune.data.same_text)."""
     from bertdist.finetune.data import same_text
 
     ids: dict[str, int] = {}
     return [
-        frozenset(ids.setdefault(same_text(t), len(ids)) for t in (e.text, e.pair or "", *e.choices))
+        frozenset(ids.setdefault(same_text(t, normalize), len(ids)) for t in (e.text, e.pair or "", *e.choices))
         for e in examples.rows
     ]
 

@@ -18,7 +18,7 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -198,11 +198,13 @@ def _blank(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def same_text(text: str) -> str:
+def same_text(text: str, normalize: Callable[[str], str] | None = None) -> str:
     """What two texts share when they are the same text to a contrastive loss: their words, whitespace aside. One
     rule for `bertdist mine-negatives` (which never offers the positive or the query as a negative) and for the
-    fine-tuning that refuses such rows (checked_pairs), so that what one writes the other takes."""
-    return " ".join(text.split())
+    fine-tuning that refuses such rows (checked_pairs), so that what one writes the other takes. Given the model's
+    tokenizer's `normalize` (TextTokenizer.normalized), also case and accents aside where the model reads none:
+    to an uncased model, a negative that is its positive in capitals is the positive itself."""
+    return " ".join((normalize(text) if normalize else text).split())
 
 
 def bad_row(out: Examples, where: str, reason: str, skip_bad: bool) -> None:

@@ -168,16 +168,18 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
 
 
 def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip: bool) -> Task:
+    from bertdist.data.tokenizer import open_tokenizer
     from bertdist.finetune.beir import read_collection
 
+    normalize = open_tokenizer(vocab_file, cased).normalized  # the same text as the model reads it
     columns = (ft.text_column, ft.text_pair_column, "", skip, ft.negatives(), ft.header())
-    train = contrastive.checked_pairs(data.read_examples(ft.train_file, *columns), ft.negatives(), skip)
+    train = contrastive.checked_pairs(data.read_examples(ft.train_file, *columns), ft.negatives(), skip, normalize)
     if Path(ft.dev_file).is_dir():  # a BEIR-format collection: its queries search its whole corpus
         collection = read_collection(ft.dev_file, "dev", skip)
         dev_rows, score = contrastive.collection_dev_rows(collection, vocab_file, cased, length, ft.dims())
         dev_queries, dev_skipped = len(collection.queries), collection.skipped
     else:
-        dev = contrastive.checked_pairs(data.read_examples(ft.dev_file, *columns), ft.negatives(), skip)
+        dev = contrastive.checked_pairs(data.read_examples(ft.dev_file, *columns), ft.negatives(), skip, normalize)
         dev_rows, score = contrastive.dev_rows(dev, vocab_file, cased, length, ft.dims())
         dev_queries, dev_skipped = len({data.same_text(e.text) for e in dev.rows}), dev.skipped
     negatives = f", {len(ft.negatives())} hard negative(s) each" if ft.negatives() else ""
@@ -194,7 +196,7 @@ def _embedding(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, sk
         ],
         loss=lambda vectors: contrastive.info_nce(vectors, ft.temperature, ft.dims()),
         cached_loss=lambda vectors: contrastive.info_nce_backward(vectors, ft.temperature, ft.dims(), ft.cache_rows),
-        row_texts=contrastive.row_texts(train) if ft.no_duplicates else None,
+        row_texts=contrastive.row_texts(train, normalize) if ft.no_duplicates else None,
     )
 
 

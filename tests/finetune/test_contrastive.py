@@ -240,26 +240,39 @@ def test_an_empty_passage_is_named_by_file_and_line(pairs, tiny_vocab, tmp_path,
     assert f"{bad}:3: empty 'passage'" in err, err
 
 
-def test_a_query_or_a_negative_equal_to_its_positive_is_named_or_skipped_and_counted(pairs, tmp_path):
+def test_a_query_or_a_negative_equal_to_its_positive_is_named_or_skipped_and_counted(pairs, tiny_vocab, tmp_path):
     """Such a row teaches nothing (the query) or pushes the positive away from itself (the negative): refused
-    with FILE:LINE, or skipped and counted with finetune.on_bad_input=skip; never silently trained on."""
+    with FILE:LINE, or skipped and counted with finetune.on_bad_input=skip; never silently trained on. Equal as
+    the model reads them: to an uncased model, the positive in capitals is the positive (it was kept)."""
     from bertdist.data import DataError
-    from bertdist.finetune.contrastive import checked_pairs
+    from bertdist.data.tokenizer import open_tokenizer
+    from bertdist.finetune.contrastive import checked_pairs, row_texts
     from bertdist.finetune.data import read_examples
 
     train, _ = pairs
     rows = [json.loads(line) for line in train.read_text().splitlines()]
     rows[1]["query"] = " " + rows[1]["passage"]
     rows[4]["negative"] = rows[4]["passage"] + "  "
+    rows[6]["negative"] = rows[6]["passage"].upper()
     bad = tmp_path / "train.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    uncased, cased = open_tokenizer(tiny_vocab, False).normalized, open_tokenizer(tiny_vocab, True).normalized
     with pytest.raises(DataError, match=f"{bad}:2: the query is the same text as its positive"):
-        checked_pairs(read_examples(str(bad), "query", "passage", "", False, ("negative",)), ("negative",), False)
-    kept = checked_pairs(read_examples(str(bad), "query", "passage", "", True, ("negative",)), ("negative",), True)
-    assert len(kept.rows) == len(rows) - 2 and kept.skipped == [
+        checked_pairs(
+            read_examples(str(bad), "query", "passage", "", False, ("negative",)), ("negative",), False, uncased
+        )
+    examples = read_examples(str(bad), "query", "passage", "", True, ("negative",))
+    kept = checked_pairs(examples, ("negative",), True, uncased)
+    assert len(kept.rows) == len(rows) - 3 and kept.skipped == [
         f"{bad}:2: the query is the same text as its positive",
         f"{bad}:5: the hard negative 'negative' is the same text as the positive",
+        f"{bad}:7: the hard negative 'negative' is the same text as the positive",
     ]
+    examples = read_examples(str(bad), "query", "passage", "", True, ("negative",))
+    assert len(checked_pairs(examples, ("negative",), True, cased).rows) == len(rows) - 2  # a cased model: apart
+    one = read_examples(str(bad), "query", "passage", "", True, ("negative",))
+    one.rows = [one.rows[6]]
+    assert len(row_texts(one, uncased)[0]) == 2 and len(row_texts(one, cased)[0]) == 3
 
 
 def test_the_gradient_cache_trains_as_one_micro_batch_of_the_whole_step(pairs, tiny_vocab, tmp_path, capsys):
