@@ -114,10 +114,18 @@ def render_man_page(path: str, groff: str | None) -> tuple[str, str]:
     return _paragraphs(rendered), ""
 
 
+BODY_INDENT = 7
+"""The columns groff's man macros indent body text by (IN, 7n); a .SS sub-heading sits at 3 (SN)."""
+
+
 def _paragraphs(rendered: str) -> str:
-    """groff's page -> one line per paragraph. Body text is indented; headings, the running header and the
-    footer start at column 0 and are not sentences."""
-    return _joined(line.strip() if line.strip() and line[0].isspace() else None for line in rendered.splitlines())
+    """groff's page -> one line per paragraph. Body text is indented by BODY_INDENT or more; headings (.SH at
+    column 0, .SS at 3), the running header and the footer are not sentences: a .SS sub-heading read as body was
+    glued onto its section's first sentence."""
+    return _joined(
+        line.strip() if line.strip() and len(line) - len(line.lstrip()) >= BODY_INDENT else None
+        for line in rendered.splitlines()
+    )
 
 
 def _joined(lines: Iterable[str | None]) -> str:

@@ -97,3 +97,13 @@ def test_a_real_page_renders_to_plain_paragraphs():
     text, reason = corpus.render_man_page("/usr/share/man/man1/ls.1.gz", shutil.which("groff"))
     assert reason == "" and "list directory contents" in text
     assert "\x1b" not in text and "\b" not in text and "LS(1)" not in text
+
+
+def test_a_sub_heading_is_not_glued_onto_its_sections_first_sentence(tmp_path):
+    page = tmp_path / "man1" / "frob.1.gz"
+    _page(
+        page,
+        '.TH FROB 1 "2024" "frob 1.0"\n.SH DESCRIPTION\nFrob does things.\n.SS Pattern Syntax\nPatterns are words.\n',
+    )
+    text, reason = corpus.render_man_page(str(page), shutil.which("groff"))
+    assert reason == "" and text.splitlines() == ["Frob does things.", "Patterns are words."], text
