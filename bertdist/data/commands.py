@@ -44,7 +44,11 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
         "unigram: a Unigram tokenizer.json with byte fallback (no unknown text), as Gemma's",
     )
     p.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size)
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
+    p.add_argument(
+        "--cased",
+        action="store_true",
+        help="keep case and accents (default: lower-case; WordPiece also strips accents, BPE and Unigram keep them)",
+    )
     _add_language_flags(
         p,
         "holds out every 20th document of each language and reports, per language, tokens per "
