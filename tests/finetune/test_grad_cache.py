@@ -166,3 +166,6 @@ def test_bad_cache_rows_are_refused_naming_the_field(extra, world_size, expected
     named = [p for p in refused.value.problems if p.startswith("finetune.cache_rows")]
     assert len(named) == 1 and expected in named[0], refused.value.problems
     validate_finetune(load_config(None, [*base, *files, "finetune.cache_rows=8"]), world_size=2)  # 16 rows each
+    # the docs' setup: micro_batch_size sets the dev batches only, and needs not divide a rank's rows
+    dev_batches = ["finetune.micro_batch_size=32", "finetune.cache_rows=8"]
+    validate_finetune(load_config(None, [*base, *files[1:], *dev_batches]), world_size=2)

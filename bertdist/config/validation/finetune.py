@@ -52,7 +52,13 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
             p.append(f"finetune.{name}: must be positive, got {getattr(ft, name)}")
     if ft.max_seq_length < 0:
         p.append(f"finetune.max_seq_length: must be 0 (the task's default) or positive, got {ft.max_seq_length}")
-    if ft.batch_size > 0 and ft.micro_batch_size > 0 and ft.batch_size % (ft.micro_batch_size * world_size):
+    # with the gradient cache, micro_batch_size sets the dev batches only: cache_rows splits the step (below)
+    if (
+        not ft.cache_rows
+        and ft.batch_size > 0
+        and ft.micro_batch_size > 0
+        and ft.batch_size % (ft.micro_batch_size * world_size)
+    ):
         p.append(
             f"finetune.batch_size: {ft.batch_size} is not divisible by finetune.micro_batch_size "
             f"({ft.micro_batch_size}) x {world_size} rank(s)"
