@@ -154,7 +154,10 @@ def write_directory(
     """model.safetensors and config.json for `ModernBertForMaskedLM`, and the tokenizer files of `vocab_file`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    token_ids: dict[str, int] = {}
+    # Without a tokenizer its ids are unknown: none, rather than transformers' defaults (pad 50283), which a
+    # smaller vocabulary cannot hold (from_pretrained then fails on the padding index).
+    roles = ("pad_token_id", "cls_token_id", "bos_token_id", "sep_token_id", "eos_token_id")
+    token_ids: dict[str, int | None] = dict.fromkeys(roles)
     if vocab_file is not None:
         tokenizer = hf_io.write_tokenizer_files(
             Path(vocab_file), directory, model.config.max_position_embeddings, hf_io.NO_SEGMENT_INPUTS

@@ -194,6 +194,15 @@ def test_export_loads_in_transformers_with_every_key_and_round_trips(tmp_path, t
     )
 
 
+def test_an_export_without_a_tokenizer_names_no_token_ids_and_loads(tmp_path):
+    """Without a vocab file the ids were left to transformers' defaults (pad 50283), which a smaller vocabulary
+    cannot hold: from_pretrained failed on the padding index."""
+    model = ours_from(reference())
+    modernbert_hf.write_directory(model, tmp_path / "export", None, {})
+    loaded = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "export")
+    assert loaded.config.pad_token_id is None and loaded.config.vocab_size < 50283
+
+
 def test_an_export_continues_pretraining_through_the_registry(tmp_path, tiny_vocab):
     """checkpoint.init_from_pretrained: the directory's model_type picks the adapter; the run's model must match."""
     from bertdist.errors import UserError
