@@ -181,14 +181,32 @@ def top_k(
         block = torch.from_numpy(corpus[first : first + corpus_block]).to(device)
         for start in range(0, len(q), query_block):
             part = slice(start, start + query_block)
-            top = torch.topk(q[part] @ block.T, min(k, len(block)), dim=1)  # (queries, passages of the block)
-            scores = torch.cat([best[part], top.values], dim=1)
-            rows = torch.cat([best_rows[part], top.indices + first], dim=1)
-            keep = torch.topk(scores, k, dim=1)
-            best[part], best_rows[part] = keep.values, rows.gather(1, keep.indices)
+            values, columns = _first_largest(q[part] @ block.T, min(k, len(block)))  # a column is a block's row
+            scores = torch.cat([best[part], values], dim=1)
+            rows = torch.cat([best_rows[part], columns + first], dim=1)
+            by_row = torch.argsort(rows, dim=1, stable=True)  # so that a tie keeps the earlier corpus row
+            scores, rows = scores.gather(1, by_row), rows.gather(1, by_row)
+            values, columns = _first_largest(scores, k)
+            best[part], best_rows[part] = values, rows.gather(1, columns)
     scores, rows = best.cpu().numpy(), best_rows.cpu().numpy()
     order = np.lexsort((rows, -scores))  # per query: score, highest first; then corpus row
     return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
+
+
+def _first_largest(scores: Any, k: int) -> tuple[Any, Any]:
+    """The `k` largest of each row of `scores` and their columns, equal values the first columns: topk picks any
+    of the values tied at the k-th place (of 50 equal passages, rows 41, 44, 45, 48, 49), so a row where a tie
+    spills past k is sorted whole, stably."""
+    import torch
+
+    top = torch.topk(scores, k, dim=1)
+    values, columns = top.values, top.indices
+    spill = (scores >= values[:, -1:]).sum(1) > k
+    if bool(spill.any()):
+        values, columns = values.clone(), columns.clone()
+        ordered = torch.sort(scores[spill], dim=1, descending=True, stable=True)
+        values[spill], columns[spill] = ordered.values[:, :k], ordered.indices[:, :k]
+    return values, columns
 
 
 def _run(collection: Any, scores: np.ndarray, rows: np.ndarray) -> dict[str, dict[str, float]]:

@@ -86,6 +86,11 @@ def test_top_k_in_blocks_equals_a_full_sort():
     assert rows[0, :2].tolist() == [3, 40]
     assert top_k(queries, corpus[:4], 10)[1].shape == (11, 4)
 
+    # equal passages tied at the k-th place: corpus order, whatever the blocks (topk chose any of them)
+    copies = np.repeat(corpus[:1], 50, axis=0)
+    for corpus_block in (7, 16, 50):
+        assert top_k(corpus[:1], copies, 5, corpus_block=corpus_block)[1].tolist() == [[0, 1, 2, 3, 4]]
+
 
 @pytest.fixture
 def collection(tmp_path, tiny_documents) -> Path:
