@@ -92,7 +92,11 @@ def read_lines(path: str, skip_bad: bool) -> tuple[Examples, list[int]]:
     line that is not UTF-8 stops with FILE:LINE or, with `skip_bad`, is skipped and listed; DataError for a file
     that cannot be read or holds no text."""
     try:
-        lines = Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
+        # split at line ends only: splitlines() also splits at a form feed, \x1c-\x1e, U+0085, U+2028 and U+2029
+        # inside a line, and every later row moved off its line (embed's row r is line r + 1)
+        lines = Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape").split("\n")
+        if lines[-1] == "":
+            lines.pop()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
     if not any(line.strip() for line in lines):

@@ -206,3 +206,14 @@ def test_a_csv_field_longer_than_pythons_default_limit_is_an_ordinary_long_text(
     path.write_text("sentence,label\n" + f'"{"word " * 40_000}",a\nshort,b\n')  # 200 KB: over csv's 128 KiB default
     rows = data.read_examples(str(path), "sentence", "", "label", skip_bad=False).rows
     assert len(rows) == 2 and len(rows[0].text) == 200_000
+
+
+def test_a_txt_files_rows_are_its_lines_whatever_separator_characters_a_line_holds(tmp_path):
+    """splitlines() also split at a form feed, \\x1c-\\x1e, U+0085, U+2028 and U+2029 inside a line: five lines made
+    seven rows, and every later row's features sat on another line's row."""
+    lines = ["first", "a\x0cform feed", "a line\u2028separator", "para\u2029graph", "fifth"]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    rows, _ = data.read_lines(str(tmp_path / "t.txt"), False)
+    assert [r.text for r in rows.rows] == lines and rows.rows[-1].where.endswith(":5")
+    assert [r.text for r in data.read_lines(str(tmp_path / "crlf.txt"), False)[0].rows] == ["one", "two"]
