@@ -119,6 +119,8 @@ def _documents(
         doc_id = "" if problem else str(row["_id"]).strip()  # type: ignore[index]
         if doc_id in seen:
             problem = f"_id {doc_id!r} appears on an earlier line"
+        elif any(c.isspace() for c in doc_id):  # the run file (TREC format) separates its fields by whitespace
+            problem = f"_id {doc_id!r} holds whitespace, which a TREC run file cannot carry"
         if problem:
             bad_row(report, f"{path}:{line}", problem, skip_bad)
             yield line, row, None, doc_id

@@ -231,6 +231,12 @@ BAD = {
     ),
     "corpus duplicate id": ("corpus.jsonl", 5, None, "corpus.jsonl:6: _id 'd4' appears on an earlier line"),
     "corpus not JSON": ("corpus.jsonl", 4, '{"_id": "x",', "corpus.jsonl:4: not valid JSON"),
+    "corpus id with a space": (  # run.trec's fields are whitespace-separated: the line would have 8
+        "corpus.jsonl",
+        2,
+        '{"_id": "doc 1", "text": "t"}',
+        "corpus.jsonl:2: _id 'doc 1' holds whitespace",
+    ),
     "queries without id": ("queries.jsonl", 1, '{"text": "a question"}', "queries.jsonl:1: no '_id' field"),
     "queries duplicate id": ("queries.jsonl", 1, None, "queries.jsonl:2: _id"),
     "qrels unknown document": (
