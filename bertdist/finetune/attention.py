@@ -100,6 +100,7 @@ def attention_maps(o: AttentionOptions) -> AttentionMaps:
     from bertdist.data.tokenizer import open_tokenizer
     from bertdist.finetune.data import Example
     from bertdist.finetune.embed import open_encoder
+    from bertdist.finetune.features import Layout
 
     encoder = open_encoder(o.model, o.max_seq_length)
     encoded = encoder.encode([Example(o.text, o.pair, "", "--text")])
@@ -109,7 +110,8 @@ def attention_maps(o: AttentionOptions) -> AttentionMaps:
     tokenizer = open_tokenizer(encoder.source.vocab_file, encoder.cased)
     ids = encoded.ids[0]
     texts = [o.text] + ([o.pair] if o.pair is not None else [])
-    whole = sum(len(e.ids) for e in tokenizer.encode_batch(texts)) + len(texts) + 1  # with [CLS] and each [SEP]
+    specials = Layout.of(tokenizer).specials(o.pair is not None)  # a RoBERTa pair's two separators included
+    whole = sum(len(e.ids) for e in tokenizer.encode_batch(texts)) + specials
     return AttentionMaps(
         encoder.source.description,
         [tokenizer.tokens[i] for i in ids],

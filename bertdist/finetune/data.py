@@ -266,8 +266,13 @@ def encode(rows: list[Example], targets_: np.ndarray, vocab_file: str, cased: bo
 
     tokenizer = open_tokenizer(vocab_file, cased)
     layout = Layout.of(tokenizer)
+    has_pair = bool(rows) and rows[0].pair is not None
+    if max_seq_length < layout.specials(has_pair):
+        raise DataError(
+            f"max_seq_length {max_seq_length} is shorter than the {layout.specials(has_pair)} special tokens of a "
+            f"{'pair' if has_pair else 'text'} ([CLS] and [SEP]s): it must be at least that"
+        )
     a_ids = [enc.ids for enc in tokenizer.encode_batch([e.text for e in rows])]
-    has_pair = rows[0].pair is not None
     b_ids = [enc.ids for enc in tokenizer.encode_batch([e.pair or "" for e in rows])] if has_pair else None
     ids, first = [], []
     for i, a in enumerate(a_ids):

@@ -180,6 +180,9 @@ def test_pairs_are_built_by_the_tokenizers_own_rule_as_its_export_gives_them(rul
     assert tokenizer.backend.decode(theirs[start : end + 1]).strip() == "mat"  # after both separators
     truncated = data.encode([data.Example(text * 9, pair * 9, "pos", "x:2")], np.array([1]), vocab, False, 24)
     assert len(truncated.ids[0]) == 24
+    too_short = len(theirs) - len(ours.ids[0]) + (3 if rule == "bert" else 4) - 1  # one below the specials
+    with pytest.raises(DataError, match=f"max_seq_length {too_short} is shorter than the"):  # an IndexError before
+        data.encode([data.Example(text, pair, "pos", "x:2")], np.array([1]), vocab, False, too_short)
 
 
 def test_non_utf8_bytes_and_non_text_fields_name_their_line_and_field_and_can_be_skipped(tmp_path):
