@@ -74,7 +74,8 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--pooling",
         default=d.pooling,
-        help="sequence level: cls or mean (of the layer's tokens); default: a sentence-transformers model's, else cls",
+        help="sequence level: cls or mean (of the layer's tokens); default: with --features last, a "
+        "sentence-transformers model's own (its vectors), else cls",
     )
     p.add_argument("--max-seq-length", type=int, default=d.max_seq_length)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -138,7 +139,10 @@ def add_attention(sub: argparse._SubParsersAction) -> None:
         help=f"directory for attention.png and attention.html (default {d.output_dir}; they are replaced)",
     )
     p.add_argument(
-        "--max-seq-length", type=int, default=d.max_seq_length, help="0: 128, or the model's positions where fewer"
+        "--max-seq-length",
+        type=int,
+        default=d.max_seq_length,
+        help="0: a sentence-transformers directory's own length, else 128; the model's positions where fewer",
     )
     p.set_defaults(func=_run_attention, interrupted="each file is written whole or not at all")
 
@@ -228,7 +232,10 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         help="Matryoshka widths scored besides the whole vector, e.g. 128,64 (default: the model's trained ones)",
     )
     r.add_argument(
-        "--max-seq-length", type=int, default=d.max_seq_length, help="0: 256, or the model's positions where fewer"
+        "--max-seq-length",
+        type=int,
+        default=d.max_seq_length,
+        help="0: a sentence-transformers directory's own length, else 256; the model's positions where fewer",
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
     p.set_defaults(
