@@ -77,6 +77,15 @@ def check(o: RetrievalOptions) -> None:
         problems.append(
             "--suite retrieval runs in one process (on one GPU when there is one); start it without a launcher"
         )
+    out = Path(o.output)
+    if out.exists() and not out.is_dir():
+        problems.append(f"--output: {out} is a file, not a directory")
+    elif earlier := [name for name in ("results.json", "run.trec", "results.md") if (out / name).exists()]:
+        # the default runs/evaluate is shared with the GLUE suite: its results.json was replaced without a word
+        problems.append(
+            f"--output: {out} holds an earlier evaluation's {', '.join(earlier)}; choose another --output or remove "
+            "them"
+        )
     if problems:
         raise UserError("; ".join(problems))
 

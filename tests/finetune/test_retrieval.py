@@ -164,7 +164,7 @@ def test_retrieval_suite_end_to_end(collection, random_model, tmp_path, capsys):
         [100 * narrow[k] for k in ("ndcg_at_10", "recall_at_100", "mrr_at_10")], abs=0.051
     )
     assert parent.data.metrics["ndcg_at_10_dim16"] == pytest.approx(narrow["ndcg_at_10"])
-    assert _evaluate(collection, random_model, out, "--dims", "128") == USAGE_EXIT_CODE
+    assert _evaluate(collection, random_model, tmp_path / "wide", "--dims", "128") == USAGE_EXIT_CODE
     assert "--dims: 128 is wider than the model's vectors (64)" in capsys.readouterr().err
 
 
@@ -266,6 +266,20 @@ def test_bad_collections_fail_before_the_model_is_loaded(case, collection, tmp_p
     err = capsys.readouterr().err
     assert code == USAGE_EXIT_CODE and message in err and "no-model" not in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_an_output_holding_an_earlier_evaluation_is_refused_before_the_model_loads(collection, tmp_path, capsys):
+    """runs/evaluate, the default, is shared with the GLUE suite: its results.json was replaced without a word."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"CoLA": 1}')
+    assert _evaluate(collection, tmp_path / "no-model", out) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "holds an earlier evaluation's results.json" in err and "no-model" not in err, err
+    assert (out / "results.json").read_text() == '{"CoLA": 1}'
+    (tmp_path / "a-file").write_text("")
+    assert _evaluate(collection, tmp_path / "no-model", tmp_path / "a-file") == USAGE_EXIT_CODE
+    assert "is a file, not a directory" in capsys.readouterr().err
 
 
 def test_skip_counts_and_names_every_skipped_line(collection, random_model, tmp_path, capsys):
