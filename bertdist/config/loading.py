@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from bertdist.config import yaml_core
 from bertdist.config.errors import ConfigError
 from bertdist.config.schema import Config
 from bertdist.config.validation import validate
+from bertdist.config.yaml_core import load as load_yaml
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -34,7 +34,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     problems: list[str] = []
     if path is not None:
         try:
-            loaded = yaml_core.load(resolve_config_path(path).read_text()) or {}
+            loaded = load_yaml(resolve_config_path(path).read_text()) or {}
         except FileNotFoundError:
             raise ConfigError(
                 [f"config file {path}: not found (shipped configs: {', '.join(shipped_config_names())})"]
@@ -147,7 +147,7 @@ def _override_value(item: str, text: str, hint: Any) -> Any:
     if hint is bool:
         return {"true": True, "false": False}.get(text.strip().lower(), text)
     try:
-        return yaml_core.load(text) if text.strip() else ""
+        return load_yaml(text) if text.strip() else ""
     except yaml.YAMLError as e:
         reason = " ".join(str(e).split())
         raise ValueError(f"override {item!r}: the value is not valid YAML ({reason})") from None
@@ -158,7 +158,7 @@ def _unquoted(text: str) -> str:
     `bertdist evaluate`'s own runs quote a value holding `#` or spaces: `"runs/x #2"`)."""
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
         try:
-            value = yaml_core.load(text)
+            value = load_yaml(text)
         except yaml.YAMLError:
             return text
         if isinstance(value, str):
