@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import torch
 
+from bertdist.train import deepspeed as ds
+
 
 def cached_step(
     engine: Any, chunks: list[dict[str, torch.Tensor]], loss_backward: Callable[[torch.Tensor], float]
@@ -57,7 +59,7 @@ def cached_step(
     for batch, state, grad in zip(chunks, states, cached.grad.split([len(v) for v in vectors])):
         _set_rng_state(state)
         out = engine(**batch).logits
-        engine.backward((out.float() * grad.float()).sum(), scale_wrt_gas=False)
+        ds.backward(engine, (out.float() * grad.float()).sum(), scale_wrt_gas=False)
         engine.step()
     _set_rng_state(after)  # where pass 1 left it: what follows draws as if each chunk had run once
     return value

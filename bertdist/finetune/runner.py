@@ -47,6 +47,7 @@ from bertdist.finetune.source import Source, cased_vocabulary, pad_id, resolve
 from bertdist.finetune.starting import build_engine, resume
 from bertdist.model import attention
 from bertdist.train import checkpoint, stopping
+from bertdist.train import deepspeed as ds
 from bertdist.train.console import duration
 from bertdist.train.scaffold import Run, run_command
 
@@ -267,7 +268,7 @@ class Finetuning(Run):
             for batch in batches:
                 out = engine(**batch)
                 loss = out.loss if self.task.loss is None else self.task.loss(out.logits)
-                engine.backward(loss)
+                ds.backward(engine, loss)
                 engine.step()
                 total[0] += loss.detach().double().cpu() / len(micros)
         total[1] = 1.0 if self.stop.signum else 0.0

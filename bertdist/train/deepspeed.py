@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
 # fp16 dynamic loss scaling as in NVIDIA's and DeepSpeed's BERT recipes: start at 2^16, halve on an
-# overflow (after `hysteresis` of them), double after 1000 clean steps.
+# overflow (after `hysteresis` of them; DeepSpeed's fp16 optimizers without ZeRO have no hysteresis and halve on
+# the first), double after 1000 clean steps.
 FP16_LOSS_SCALING = {
     "loss_scale": 0,
     "initial_scale_power": 16,
@@ -115,6 +116,23 @@ def initialize(
     return engine
 
 
+def backward(engine: Any, loss: Any, scale_wrt_gas: bool = True) -> None:
+    """`engine.backward(loss)`, with fp16's loss scale where DeepSpeed leaves it out: it multiplies the loss by the
+    scale for ZeRO optimizers only (0.19; deepspeedai/DeepSpeed#8393), while its fp16 optimizers without ZeRO (the
+    fused one around Adam, the unfused one around LAMB) still divide the gradients by it. Unscaled, their
+    gradients reached the update 65,536x too small and clipping never fired (the LAMB recipes: fp16 at ZeRO-0).
+    tests/train/test_fp16.py checks that the gradients are scaled exactly once, so a DeepSpeed that scales them
+    itself fails there, not in a run."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    unscaled = (
+        engine.fp16_enabled()
+        and not isinstance(engine.optimizer, ZeROOptimizer)
+        and getattr(engine, "torch_autocast_z0_gradscaler", None) is None
+    )
+    engine.backward(loss * loss_scale(engine) if unscaled else loss, scale_wrt_gas=scale_wrt_gas)
+
+
 def set_batch(engine: Any, phase: PhaseConfig, global_batch_size: int) -> None:
     """Train the next step on `phase`'s micro batch and `global_batch_size` sequences (the phase's, or a size of its
     batch warmup: bertdist.config.batch_warmup); the accumulation follows.
@@ -136,6 +154,17 @@ def grad_norm_before_step(engine: Any, train: TrainConfig) -> float:
     import torch
 
     return float(torch.nn.utils.get_total_norm([p.grad for p in engine.module.parameters() if p.grad is not None]))
+
+
+def global_grad_norm(engine: Any) -> float | None:
+    """The step's global gradient norm as DeepSpeed keeps it (None where it keeps none), unscaled: its unfused fp16
+    optimizer (LAMB's) reports the norm of the scaled gradients that `backward` gives it."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    norm = engine.get_global_grad_norm()
+    if norm is not None and isinstance(engine.optimizer, FP16_UnfusedOptimizer):
+        return float(norm) / loss_scale(engine)
+    return norm
 
 
 def loss_scale(engine: Any) -> float:

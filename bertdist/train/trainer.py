@@ -312,7 +312,7 @@ class Trainer(scaffold.Run):
             out = engine(**batch)
             forward.stop()
             self.rollbacks.micro_batches_since_save += 1
-            engine.backward(out.loss)
+            ds.backward(engine, out.loss)
             if engine.is_gradient_accumulation_boundary():
                 self.grad_norm = ds.grad_norm_before_step(engine, self.cfg.train)
             engine.step()
@@ -332,7 +332,7 @@ class Trainer(scaffold.Run):
         return sums
 
     def _log_interval(self, step: int, total_steps: int, lr: float, interval: metrics.Interval) -> None:
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = ds.global_grad_norm(self.engine)
         loader = self.loaders[self.cfg.phase_at(step - 1)[0]]
         values = {
             **metrics.quality(interval.totals, "train"),

@@ -79,3 +79,56 @@ def test_overflows_are_skipped_and_counted_and_a_nan_loss_stops_the_run(tmp_path
     rates = [metrics[s]["optimizer/learning_rate"] for s in range(1, 8)]
     assert rates == pytest.approx([learning_rate(s, runs.PEAK_LR, runs.WARMUP_STEPS, runs.STEPS) for s in range(7)])
     assert runs.latest_tag(tmp_path / "out") == f"step_{runs.CHECKPOINT_EVERY:08d}"  # the last good checkpoint
+
+
+@pytest.mark.parametrize("optimizer", ["lamb", "adamw"])
+def test_without_zero_the_gradients_are_scaled_by_the_loss_scale_exactly_once(optimizer):
+    """DeepSpeed multiplies the loss by fp16's scale for ZeRO optimizers only, while its fp16 optimizers without
+    ZeRO still divide the gradients by it: the LAMB recipes (fp16, ZeRO-0) updated with gradients 65,536x too
+    small and never clipped. The gradients after bertdist's backward are the fp32 ones times the scale: once, so a
+    DeepSpeed that starts scaling them itself fails here. fp16 runs on this CPU as in the test above."""
+    import dataclasses
+
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from bertdist.config import load_config
+    from bertdist.data.batching import batch_of
+    from bertdist.model.registry import build_model
+    from bertdist.train import deepspeed as ds
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
+    from bertdist.train.optim import build_optimizer
+    from bertdist.train.ports import free_tcp_port
+    from tests.conftest import TEST_VOCAB_SIZE
+    from tests.model.test_layout import SEQ, random_samples
+
+    supported = get_accelerator().is_fp16_supported
+    get_accelerator().is_fp16_supported = lambda: True
+    batch = batch_of(random_samples(8, seed=1), SEQ)
+    init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none"), "gloo", rendezvous_timeout_s=10)
+    grads, scales, norms = {}, {}, {}
+    try:
+        for precision in ("fp32", "fp16"):
+            overrides = ["model.size=tiny", "model.hidden_dropout_prob=0", "model.attention_dropout_prob=0"]
+            overrides += [f"train.precision={precision}", "train.zero_stage=0", f"optim.name={optimizer}"]
+            overrides += ["optim.fused=off", "train.deepspeed.fp16.initial_scale_power=8"]
+            cfg = load_config(None, overrides)
+            torch.manual_seed(0)
+            model = build_model(dataclasses.replace(cfg.model, vocab_size=TEST_VOCAB_SIZE))
+            with torch.no_grad():  # weights fp16 holds exactly: the same start for both
+                for p in model.parameters():
+                    p.copy_(p.half().float())
+            engine = ds.initialize(model, build_optimizer(model, cfg.optim, "cpu"), ds.engine_config(cfg, 8, 8, 1))
+            ds.backward(engine, engine(**batch).loss)
+            grads[precision] = torch.cat([p.grad.float().reshape(-1) for p in engine.module.parameters()])
+            scales[precision] = ds.loss_scale(engine)
+            engine.step()
+            norms[precision] = ds.global_grad_norm(engine)
+    finally:
+        destroy_process_group()
+        get_accelerator().is_fp16_supported = supported
+    assert scales == {"fp32": 1.0, "fp16": 256.0}
+    ratio = grads["fp16"].norm() / grads["fp32"].norm()
+    assert ratio == pytest.approx(256.0, rel=2e-3), ratio
+    # the logged norm is the unscaled one (LAMB's unfused fp16 optimizer reports the scaled gradients' norm)
+    assert norms["fp16"] == pytest.approx(float(grads["fp32"].norm()), rel=2e-3), norms
