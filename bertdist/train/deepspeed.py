@@ -113,7 +113,31 @@ def initialize(
             model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
         )
     shm_buffers.release_allreduce_buffers()  # DeepSpeed would leave them in /dev/shm (RAM) for good
+    _undo_initial_step(engine.optimizer)
     return engine
+
+
+def _undo_initial_step(optimizer: Any) -> None:
+    """DeepSpeed's fp16/bf16 optimizers without ZeRO take one step on zero gradients as they are built (to make
+    their state): Adam then starts its bias correction a step late (the first update 0.74x), and LAMB, whose update
+    of a zero gradient is the weight decay alone with a trust ratio of 1 / decay, scales every decayed matrix by
+    1 - lr before the first batch. The fp32 masters are set back to the model's weights and the state cleared, so
+    the first batch takes the first step."""
+    import torch
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    with torch.no_grad():
+        if isinstance(optimizer, FP16_UnfusedOptimizer):
+            for low, masters in zip(optimizer.fp16_groups, optimizer.fp32_groups):
+                for weight, master in zip(low, masters):
+                    master.copy_(weight)
+        elif isinstance(optimizer, FP16_Optimizer):  # each group's masters one flat tensor, in the group's order
+            for i, low in enumerate(optimizer.fp16_groups):
+                optimizer.fp32_groups_flat[i].copy_(torch.cat([w.reshape(-1) for w in low]))
+        else:
+            return
+    optimizer.optimizer.state.clear()
 
 
 def backward(engine: Any, loss: Any, scale_wrt_gas: bool = True) -> None:

@@ -85,7 +85,8 @@ def test_overflows_are_skipped_and_counted_and_a_nan_loss_stops_the_run(tmp_path
 def test_without_zero_the_gradients_are_scaled_by_the_loss_scale_exactly_once(optimizer):
     """DeepSpeed multiplies the loss by fp16's scale for ZeRO optimizers only, while its fp16 optimizers without
     ZeRO still divide the gradients by it: the LAMB recipes (fp16, ZeRO-0) updated with gradients 65,536x too
-    small and never clipped. The gradients after bertdist's backward are the fp32 ones times the scale: once, so a
+    small and never clipped; and those optimizers took a step on zero gradients as they were built. The gradients
+    after bertdist's backward are the fp32 ones times the scale: once, so a
     DeepSpeed that starts scaling them itself fails here. fp16 runs on this CPU as in the test above."""
     import dataclasses
 
@@ -106,29 +107,41 @@ def test_without_zero_the_gradients_are_scaled_by_the_loss_scale_exactly_once(op
     get_accelerator().is_fp16_supported = lambda: True
     batch = batch_of(random_samples(8, seed=1), SEQ)
     init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none"), "gloo", rendezvous_timeout_s=10)
-    grads, scales, norms = {}, {}, {}
+    grads, scales, norms, updates = {}, {}, {}, {}
     try:
         for precision in ("fp32", "fp16"):
             overrides = ["model.size=tiny", "model.hidden_dropout_prob=0", "model.attention_dropout_prob=0"]
             overrides += [f"train.precision={precision}", "train.zero_stage=0", f"optim.name={optimizer}"]
-            overrides += ["optim.fused=off", "train.deepspeed.fp16.initial_scale_power=8"]
+            overrides += ["optim.fused=off", "train.deepspeed.fp16.initial_scale_power=12"]
             cfg = load_config(None, overrides)
             torch.manual_seed(0)
             model = build_model(dataclasses.replace(cfg.model, vocab_size=TEST_VOCAB_SIZE))
             with torch.no_grad():  # weights fp16 holds exactly: the same start for both
                 for p in model.parameters():
                     p.copy_(p.half().float())
+            start = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
             engine = ds.initialize(model, build_optimizer(model, cfg.optim, "cpu"), ds.engine_config(cfg, 8, 8, 1))
+            assert not getattr(engine.optimizer, "optimizer", engine.optimizer).state  # no step before the first batch
             ds.backward(engine, engine(**batch).loss)
             grads[precision] = torch.cat([p.grad.float().reshape(-1) for p in engine.module.parameters()])
             scales[precision] = ds.loss_scale(engine)
             engine.step()
             norms[precision] = ds.global_grad_norm(engine)
+            # the fp32 masters: a half weight rounds away much of an update as small as LAMB's (lr x the weight)
+            groups = zip(getattr(engine.optimizer, "fp16_groups", []), getattr(engine.optimizer, "fp32_groups", []))
+            masters = {id(low): master for lows, fp32 in groups for low, master in zip(lows, fp32)}
+            weights = torch.cat(
+                [masters.get(id(p), p).detach().float().reshape(-1) for p in engine.module.parameters()]
+            )
+            updates[precision] = (weights - start).norm()
     finally:
         destroy_process_group()
         get_accelerator().is_fp16_supported = supported
-    assert scales == {"fp32": 1.0, "fp16": 256.0}
+    assert scales == {"fp32": 1.0, "fp16": 4096.0}
     ratio = grads["fp16"].norm() / grads["fp32"].norm()
-    assert ratio == pytest.approx(256.0, rel=2e-3), ratio
+    assert ratio == pytest.approx(4096.0, rel=2e-3), ratio
     # the logged norm is the unscaled one (LAMB's unfused fp16 optimizer reports the scaled gradients' norm)
     assert norms["fp16"] == pytest.approx(float(grads["fp32"].norm()), rel=2e-3), norms
+    # and the first batch takes the first step: DeepSpeed's own step on zero gradients, as it built the optimizer,
+    # made Adam's first update 0.74x and scaled LAMB's decayed matrices by 1 - lr
+    assert float(updates["fp16"] / updates["fp32"]) == pytest.approx(1.0, abs=0.02), updates
