@@ -196,10 +196,17 @@ def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> 
 
     source = resolve(Config(finetune=FinetuneConfig(init_from=model)))
     assert source.state is not None  # init_from is not empty
-    positions = source.model_cfg.max_position_embeddings
-    if max_seq_length > positions:
-        raise UserError(f"--max-seq-length: {max_seq_length} is longer than the model's {positions} positions")
     network = pretrained_encoder(source.model_cfg, source.state, source.description)
+    # the longest row the model's positions hold: a module that holds fewer says so (RoBERTa's, past its padding
+    # index: 512 of its 514 positions)
+    positions = min(
+        (m.max_tokens for m in network.modules() if hasattr(m, "max_tokens")),
+        default=source.model_cfg.max_position_embeddings,
+    )
+    if max_seq_length > positions:
+        raise UserError(
+            f"--max-seq-length: {max_seq_length} is longer than the {positions} tokens the model's rows hold"
+        )
     network.eval()
     network.to(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     inputs = family_of(source.model_cfg.arch).inputs

@@ -325,3 +325,22 @@ def test_embedding_many_rows_shows_its_progress(pretrained, tmp_path, capsys, mo
     assert main([*arguments, "--batch-size", "2"]) == 0
     err = capsys.readouterr().err
     assert "embed: 100%" in err and f"{len(TEXTS)}/{len(TEXTS)}" in err and "rows/s" in err, err
+
+
+def test_a_roberta_is_held_to_the_tokens_its_positions_hold_past_the_padding_index(tiny_vocab, tmp_path, capsys):
+    """RoBERTa's positions start past its padding index: with padding index 0, 64 of them hold 63 tokens (514 hold
+    512 in the released models). --max-seq-length 64 passed the check against 64 and failed in the model with a
+    traceback, as did 0 (the default, 64 here); 0 now cuts to what the rows hold."""
+    from bertdist.model.roberta import hf as roberta_hf
+    from bertdist.model.roberta.model import RobertaForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = tiny_model_config(arch="roberta", objective="mlm", type_vocab_size=1, pad_token_id=0)  # tiny_vocab's
+    roberta_hf.write_directory(RobertaForMaskedLM(cfg), tmp_path / "roberta", tiny_vocab, {})
+    (tmp_path / "long.txt").write_text(" ".join(["the cat sat on the mat"] * 30) + "\n")
+    args = ["embed", "--model", str(tmp_path / "roberta"), "--input", str(tmp_path / "long.txt")]
+    holds = cfg.max_position_embeddings - 1
+    too_long = [*args, "--output", str(tmp_path / "a"), "--max-seq-length", str(holds + 1)]
+    assert main(too_long) == USAGE_EXIT_CODE
+    assert f"is longer than the {holds} tokens the model's rows hold" in capsys.readouterr().err
+    assert main([*args, "--output", str(tmp_path / "b")]) == 0
