@@ -139,7 +139,7 @@ def serve(run_dir: str | None, tracking_uri: str | None, host: str, port: int) -
         )
         previous = {s: signal.signal(s, _exit_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
-            url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+            url = served_url(host, port)
             wait_until_serving(url, server, STARTUP_TIMEOUT_S, log)
             print(f"MLflow dashboard for {redacted(store)}: {url}  (Ctrl-C to stop)", flush=True)
             for line in dashboard_links(store, url):
@@ -250,3 +250,10 @@ def _stop(server: subprocess.Popen) -> None:
         server.wait()
     except ProcessLookupError:
         pass
+
+
+def served_url(host: str, port: int) -> str:
+    """The dashboard's address as a browser takes it: a wildcard host read at loopback, an IPv6 one in brackets
+    (`http://::1:5000` is no URL)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"

@@ -216,3 +216,13 @@ def test_ui_serves_the_same_store_for_a_run_and_for_its_project_directory(run_di
         f"sqlite:///{old_run.resolve() / STORE_FILENAME}",
         str(old_run.resolve() / ARTIFACTS_DIRNAME),
     )
+
+
+def test_the_printed_address_is_a_url_for_ipv6_and_wildcard_hosts_too():
+    from urllib.parse import urlsplit
+
+    from bertdist.tracking.ui import served_url
+
+    assert served_url("::1", 5000) == "http://[::1]:5000" and urlsplit(served_url("::1", 5000)).port == 5000
+    assert served_url("0.0.0.0", 5000) == served_url("::", 5000) == "http://127.0.0.1:5000"
+    assert served_url("127.0.0.1", 8080) == "http://127.0.0.1:8080"
