@@ -98,6 +98,12 @@ def check(o: EmbedOptions) -> None:
             problems.append(f"--{name.replace('_', '-')}: must be positive, got {getattr(o, name)}")
     if o.dtype not in ("float32", "float16"):
         problems.append(f"--dtype: {o.dtype!r} is not float32 or float16")
+    text_file = Path(o.input).suffix.lower() == ".txt"
+    if text_file and (o.text_pair_column or o.text_column != EmbedOptions.text_column):
+        problems.append(
+            f"--text-column/--text-pair-column: {o.input} is plain text, one text per line, without columns; "
+            "give a .csv, .tsv or .jsonl to read columns"
+        )
     output = Path(o.output_dir)
     if storage.is_url(o.output_dir):
         problems.append(
@@ -334,7 +340,9 @@ def _rows(o: EmbedOptions) -> tuple[list[Any], list[str], list[int]]:
     """The rows, the skipped ones' reasons, and the line numbers of blank lines of a .txt input.
 
     Row r of the output is line r + 1 of a .txt input, blank lines included (they are embedded as an empty
-    text, [CLS] [SEP], and listed), so vectors stay aligned with the lines they came from.
+    text, [CLS] [SEP], and listed), so vectors stay aligned with the lines they came from; a line skipped as bad
+    input (--on-bad-input skip: not UTF-8) is left out and named in the index's `skipped`, and the rows after it
+    move up by one.
     """
     from bertdist.finetune.data import read_examples, read_lines
 

@@ -139,6 +139,9 @@ def test_bad_options_fail_before_writing(pretrained, tmp_path, capsys):
     assert main([*args, "--output", str(tmp_path / "b"), "--features", "layer:9"]) == USAGE_EXIT_CODE
     assert "the model has layers 0..4" in capsys.readouterr().err
     assert main([*args, "--output", str(pretrained)]) == USAGE_EXIT_CODE and "is not empty" in capsys.readouterr().err
+    # a .txt input has no columns: a column asked for was ignored without a word
+    assert main([*args, "--output", str(tmp_path / "c"), "--text-pair-column", "b"]) == USAGE_EXIT_CODE
+    assert "is plain text, one text per line, without columns" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
 
 
