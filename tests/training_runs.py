@@ -45,7 +45,7 @@ RECIPES = {
     # MLM only on shards masked at load time, LAMB (whole tensors: ZeRO stage 0), each phase its own schedule
     "fast": {
         "model": {"objective": "mlm"},
-        "optim": {"name": "lamb"},
+        "optim": {"name": "lamb", "warmup_steps": 0},  # each phase's own warmup: the run's is not read
         "phase": {"lr": 10 * PEAK_LR, "warmup_steps": WARMUP_STEPS},
     },  # LAMB's step is lr x |w| per tensor
     # ModernBERT at the tiny width: layers 0 and 3 global, 1-2 within an 8-token half window of the 32 tokens;

@@ -124,6 +124,8 @@ def _undo_initial_step(optimizer: Any) -> None:
     1 - lr before the first batch. The fp32 masters are set back to the model's weights and the state cleared, so
     the first batch takes the first step."""
     import torch
+
+    import_deepspeed()
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
@@ -147,6 +149,7 @@ def backward(engine: Any, loss: Any, scale_wrt_gas: bool = True) -> None:
     gradients reached the update 65,536x too small and clipping never fired (the LAMB recipes: fp16 at ZeRO-0).
     tests/train/test_fp16.py checks that the gradients are scaled exactly once, so a DeepSpeed that scales them
     itself fails there, not in a run."""
+    import_deepspeed()
     from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
     unscaled = (
@@ -183,6 +186,7 @@ def grad_norm_before_step(engine: Any, train: TrainConfig) -> float:
 def global_grad_norm(engine: Any) -> float | None:
     """The step's global gradient norm as DeepSpeed keeps it (None where it keeps none), unscaled: its unfused fp16
     optimizer (LAMB's) reports the norm of the scaled gradients that `backward` gives it."""
+    import_deepspeed()
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
     norm = engine.get_global_grad_norm()
