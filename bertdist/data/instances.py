@@ -144,9 +144,8 @@ def make_pairs(docs: Documents, opts: InstanceOptions, rs: RandomStream) -> Pair
                     other = int(random() * num_docs)
                     if other != d:
                         break
-                else:  # the reference keeps its own document here, labelled NotNext: a group has few documents
-                    if num_docs > 1:
-                        other = (d + 1 + int(random() * (num_docs - 1))) % num_docs
+                if other == d and num_docs > 1:  # the reference keeps its own document, labelled NotNext
+                    other = (d + 1 + int(random() * (num_docs - 1))) % num_docs
                 o_first, o_end = doc_sentences[other], doc_sentences[other + 1]
                 j = o_first + int(random() * (o_end - o_first))
                 b_lo = bounds[j]

@@ -232,10 +232,10 @@ def _pair_separators(post: Any) -> int:
         return max(counts, default=1)
     if kind == "TemplateProcessing":
         pieces = [next(iter(piece.items())) for piece in post.get("pair") or [] if isinstance(piece, dict) and piece]
-        sequences = [i for i, (kind, value) in enumerate(pieces) if kind == "Sequence"]
+        sequences = [i for i, (piece, _) in enumerate(pieces) if piece == "Sequence"]
         if len(sequences) == 2:
             between = pieces[sequences[0] + 1 : sequences[1]]
-            return max(1, sum(1 for kind, _ in between if kind == "SpecialToken"))
+            return max(1, sum(1 for piece, _ in between if piece == "SpecialToken"))
     return 1
 
 

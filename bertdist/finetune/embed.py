@@ -162,15 +162,10 @@ class Encoder:
         )
 
     def pooling(self, asked: str, default: str) -> str:
-        """`asked` where given; else a sentence-transformers directory's own pooling (its own vectors are then what
-        is asked for, so every module of its pipeline must be one bertdist computes), else `default`. A CLS-trained
-        model read with mean pooling gives vectors it was never trained to produce."""
-        if asked:
-            return asked
-        if self.sentence is None:
-            return default
-        self.sentence.own_vectors()
-        return self.sentence.pooling
+        """bertdist.model.sentence.chosen_pooling of this encoder's directory."""
+        from bertdist.model.sentence import chosen_pooling
+
+        return chosen_pooling(self.sentence, asked, default)
 
     def finite(self, vectors: Any) -> Any:
         """`vectors`, or a UserError naming the model when any is NaN or infinite: damaged weights or an overflow,

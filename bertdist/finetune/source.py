@@ -49,19 +49,15 @@ class Source:
     """A sentence-transformers directory's pipeline (its pooling), None for any other source."""
 
     def pooling(self, asked: str) -> str:
-        """An embedding model's pooling: finetune.pooling where given; else a sentence-transformers directory's own
-        (which must be one bertdist computes), else mean."""
-        if asked:
-            return asked
-        if self.sentence is None:
-            return "mean"
+        """An embedding model's pooling (bertdist.model.sentence.chosen_pooling, mean by default), its problem
+        named as finetune.pooling's."""
         from bertdist.model.hf_io import CheckpointFormatError
+        from bertdist.model.sentence import chosen_pooling
 
         try:
-            self.sentence.own_vectors()
+            return chosen_pooling(self.sentence, asked, "mean")
         except CheckpointFormatError as e:
             raise ConfigError([f"finetune.pooling: {e}; set mean or cls to fine-tune its encoder alone"]) from None
-        return self.sentence.pooling
 
 
 def resolve(cfg: Config) -> Source:

@@ -245,8 +245,18 @@ def _pooling_mode(config: Any) -> str:
 def read_pooling(directory: str | os.PathLike) -> str | None:
     """The pooling of a sentence-transformers directory (mean or cls), or None where `directory` is not one."""
     pipeline = read_sentence_pipeline(directory)
+    return None if pipeline is None else chosen_pooling(pipeline, "", "")
+
+
+def chosen_pooling(pipeline: SentencePipeline | None, asked: str, default: str) -> str:
+    """`asked` where given; else a sentence-transformers directory's own pooling (its own vectors are then what is
+    asked for, so every module of its pipeline must be one bertdist computes: CheckpointFormatError otherwise),
+    else `default`. A CLS-trained model read or fine-tuned with mean pooling gives vectors it was never trained to
+    produce."""
+    if asked:
+        return asked
     if pipeline is None:
-        return None
+        return default
     pipeline.own_vectors()
     return pipeline.pooling
 

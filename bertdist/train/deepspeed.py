@@ -149,15 +149,13 @@ def backward(engine: Any, loss: Any, scale_wrt_gas: bool = True) -> None:
     gradients reached the update 65,536x too small and clipping never fired (the LAMB recipes: fp16 at ZeRO-0).
     tests/train/test_fp16.py checks that the gradients are scaled exactly once, so a DeepSpeed that scales them
     itself fails there, not in a run."""
-    import_deepspeed()
-    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+    if engine.fp16_enabled():  # every micro batch: fp32 and bf16 runs ask nothing more
+        import_deepspeed()
+        from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
-    unscaled = (
-        engine.fp16_enabled()
-        and not isinstance(engine.optimizer, ZeROOptimizer)
-        and getattr(engine, "torch_autocast_z0_gradscaler", None) is None
-    )
-    engine.backward(loss * loss_scale(engine) if unscaled else loss, scale_wrt_gas=scale_wrt_gas)
+        scaled = isinstance(engine.optimizer, ZeROOptimizer) or getattr(engine, "torch_autocast_z0_gradscaler", None)
+        loss = loss if scaled else loss * loss_scale(engine)
+    engine.backward(loss, scale_wrt_gas=scale_wrt_gas)
 
 
 def set_batch(engine: Any, phase: PhaseConfig, global_batch_size: int) -> None:
