@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -291,7 +292,11 @@ def test_the_gradient_cache_trains_as_one_micro_batch_of_the_whole_step(pairs, t
     epochs = [next(line for line in out.splitlines() if "epoch 1/1: train loss" in line) for out in printed]
     losses = [float(line.split("train loss ")[1].split(",")[0]) for line in epochs]
     assert losses[0] == pytest.approx(losses[1], abs=2e-4), epochs
-    assert epochs[0].split(", ", 1)[1].split(" (")[0] == epochs[1].split(", ", 1)[1].split(" (")[0], epochs
+    # The two runs differ by float rounding (the chunks sum in another order), which can swap two near-tied passages
+    # of the dev ranking: a swap moves a score by well under 0.01, a wrongly cached step by far more.
+    scores = [dict(re.findall(r"(\w+) (\d\.\d{4})", line.split("dev ", 1)[1])) for line in epochs]
+    assert scores[0].keys() == scores[1].keys() and len(scores[0]) == 5, epochs
+    assert all(float(scores[0][k]) == pytest.approx(float(scores[1][k]), abs=0.01) for k in scores[0]), epochs
 
 
 def test_matryoshka_dims_are_trained_scored_every_n_steps_on_a_beir_dev_set_and_recorded_in_the_export(
