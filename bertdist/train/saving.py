@@ -35,10 +35,14 @@ class Saver:
         say: Callable[[str], None],
         tracker: Tracker,
         downstream: DownstreamEvaluator,
+        resumed_from: Path | None,
     ):
         self.engine, self.cfg, self.output_dir, self.uploader = engine, cfg, output_dir, uploader
         self.watchdog, self.say, self.tracker, self.downstream = watchdog, say, tracker, downstream
         self.pending: checkpoint.PendingSave | None = None
+        self.restore_point = resumed_from
+        """This run's newest complete checkpoint, else the one it started from: where a rollback goes. Not
+        `latest`, which still names an abandoned later checkpoint after `checkpoint.resume=<an older one>`."""
         self.snapshots = SnapshotEngine(engine.checkpoint_engine) if cfg.write == "background" else None
 
     def begin(self, state: checkpoint.TrainState, local: dict[str, Any]) -> None:
@@ -70,6 +74,7 @@ class Saver:
         assert pending is not None
         step = pending.state.step
         path = checkpoint.complete_save(pending, self.cfg.keep_last)
+        self.restore_point = path
         if self.uploader:
             self.uploader.start(path)
         self.say(f"step {step}: checkpoint {path}" + (f", uploading to {self.cfg.uri}" if self.uploader else ""))

@@ -183,6 +183,7 @@ class Trainer(scaffold.Run):
             self.console.line,
             self.tracker,
             self.downstream,
+            self.resume_from,
         )
         self.loss_watch = rollback.LossWatch(cfg.train.loss_spike_sigmas, cfg.train.loss_spike_window_steps)
         self.rollbacks = rollback.Rollbacks(
@@ -386,7 +387,7 @@ class Trainer(scaffold.Run):
             input_models=self.input_models,
             rollbacks=self.rollbacks.done,
             lr_scale=self.rollbacks.lr_scale,
-            source_tokens=self.source_tokens,
+            source_tokens=dict(self.source_tokens),  # a background save writes it steps later
         )
         read = {**self.sources_read, **source_positions(self.loaders[phase_index])}
         self.saver.begin(state, {"phase": phase_index, "loader": self.loaders[phase_index].state_dict(), "read": read})
@@ -414,7 +415,8 @@ class Trainer(scaffold.Run):
         self.saver.finish()  # a save still being written is of a good step: the newest one to go back to
         accumulation, world_size = self.engine.gradient_accumulation_steps(), self.env.world_size
         batch = self.rollbacks.name_batch(self.loaders[phase_index], accumulation, world_size)
-        latest = checkpoint.resolve_resume(self.output_dir, "auto")
+        point = self.saver.restore_point
+        latest = checkpoint.newest_intact(point) if point else None
         saved = checkpoint.read_train_state(latest) if latest else None
         same_phase = saved is not None and saved.loader_states[self.env.rank]["phase"] == phase_index
         refusal = self.rollbacks.refusal(step, reason, saved and saved.step, same_phase)
@@ -435,7 +437,7 @@ class Trainer(scaffold.Run):
 
     def _stop_nonfinite(self, step: int, streak: int) -> int:
         self.saver.finish()
-        latest = checkpoint.resolve_resume(self.output_dir, "auto")
+        latest = self.saver.restore_point
         message = (
             f"stopping at step {step}: the loss was non-finite for {streak} consecutive steps "
             f"(train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}). Last good checkpoint: "

@@ -97,3 +97,48 @@ def test_what_it_does_not_change_is_asked_of_deepspeeds_engine(tmp_path):
     assert not engine.preserves_storage_sharing()
     torch.save({"x": torch.ones(1)}, tmp_path / "f.pt")
     assert torch.equal(engine.load(str(tmp_path / "f.pt"))["x"], torch.ones(1))
+
+
+def test_a_background_save_records_the_source_tokens_of_the_step_that_saved(tmp_path):
+    """The train state is written when the save completes, steps after `Trainer._save` captured it: the tokens read
+    from each source in between were in the checkpoint of the step before (a resumed run logged them twice)."""
+    import time
+    from types import SimpleNamespace
+
+    from bertdist.config import CheckpointConfig
+    from bertdist.train import checkpoint, metrics, saving
+    from bertdist.train.distributed import DistributedEnv, destroy_process_group, init_process_group
+    from bertdist.train.ports import free_tcp_port
+    from bertdist.train.trainer import Trainer
+
+    class Engine:  # DeepSpeed's save_checkpoint, as far as its checkpoint engine sees it
+        checkpoint_engine = TorchCheckpointEngine()
+
+        def save_checkpoint(self, root, tag, save_latest):
+            (Path(root) / tag).mkdir(parents=True)
+            self.checkpoint_engine.create(tag)
+            self.checkpoint_engine.save({"w": torch.ones(2)}, str(Path(root) / tag / "mp_rank_00_model_states.pt"))
+            self.checkpoint_engine.commit(tag)
+
+    nothing = SimpleNamespace(progress=lambda step: None, after_checkpoint=lambda path, step: None)
+    tracker = SimpleNamespace(log_checkpoint=lambda path, step: None, run_id=None)
+    saver = saving.Saver(
+        Engine(), CheckpointConfig(write="background"), tmp_path, None, nothing, print, tracker, nothing, None
+    )
+    loader = SimpleNamespace(state_dict=lambda: {}, sources=lambda: {})
+    trainer = SimpleNamespace(
+        tokens_seen=400, sequences_seen=4, env=SimpleNamespace(world_size=1), cfg=SimpleNamespace(to_dict=dict),
+        tracker=tracker, elapsed_before=0.0, started=time.monotonic(), input_models={}, saver=saver,
+        rollbacks=SimpleNamespace(done=0, lr_scale=1.0), source_tokens={"wiki": 300, "books": 100},
+        sources_read={}, loaders=[loader],
+    )  # fmt: skip
+    init_process_group(DistributedEnv(0, 1, 0, "127.0.0.1", free_tcp_port(), "none"), "gloo", rendezvous_timeout_s=10)
+    try:
+        Trainer._save(trainer, 4, 0, 0)
+        metrics.count_source_tokens(trainer.source_tokens, {"tokens:wiki": 200.0, "tokens:books": 50.0})  # step 5
+        saver.finish()
+    finally:
+        destroy_process_group()
+    saved = checkpoint.read_train_state(tmp_path / "checkpoints" / "step_00000004")
+    assert (saved.step, saved.source_tokens) == (4, {"wiki": 300, "books": 100})
+    assert saver.restore_point == tmp_path / "checkpoints" / "step_00000004"

@@ -192,3 +192,39 @@ def test_a_non_finite_loss_is_written_as_its_name_so_the_record_is_strict_json(t
         "loss": "nan",
         "steps": [1.0, "inf"],
     }
+
+
+def test_a_rollback_goes_to_the_checkpoint_the_run_resumed_from_not_to_an_abandoned_later_one(tmp_path, monkeypatch):
+    """A run resumed with checkpoint.resume=<step 4> where an earlier attempt had reached step 8 (`latest` still
+    names it) goes bad at step 6 before its first save: the rollback restores step 4. It had restored step 8, the
+    continuation the user stepped back from."""
+    from types import SimpleNamespace
+
+    from bertdist.train import checkpoint, rng, starting
+    from bertdist.train.trainer import Trainer
+
+    root = checkpoint.checkpoints_dir(tmp_path)
+    for step in (4, 8):
+        saved = root / checkpoint.tag_for(step)
+        saved.mkdir(parents=True)
+        state = train_state.TrainState(step, 0, 0, 1, [{"phase": 0}], [rng.capture_rng_state()], {})
+        (saved / checkpoint.TRAIN_STATE_FILENAME).write_text(checkpoint.state_json(state))
+        (root / checkpoint.LATEST_FILENAME).write_text(saved.name)
+    restored = []
+    monkeypatch.setattr(
+        starting, "restore", lambda *args: restored.append(args[4].name) or checkpoint.read_train_state(args[4])
+    )
+    watch, said = rollbacks(tmp_path)
+    trainer = SimpleNamespace(
+        saver=SimpleNamespace(finish=lambda: None, restore_point=root / "step_00000004"),
+        engine=SimpleNamespace(gradient_accumulation_steps=lambda: 2),
+        env=SimpleNamespace(world_size=1, rank=0),
+        loaders=[Reader()],
+        cfg=None,
+        rollbacks=watch,
+        watchdog=SimpleNamespace(progress=lambda step: None),
+        step=6,
+    )
+    watch.micro_batches_since_save = 4
+    assert Trainer._roll_back(trainer, 6, "the loss is nan", 0, NAN) is None
+    assert restored == ["step_00000004"] and trainer.step == 4 and "rolled back to the checkpoint of step 4" in said[0]
