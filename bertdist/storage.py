@@ -268,11 +268,14 @@ def download_directory(url: str) -> str:
     found = find(url)
     if not found:
         raise StorageError(f"{url}: nothing there")
+    names = {object_url: object_url[len(prefix) :] for object_url in found}
+    unsafe = [name for name in names.values() if {"", ".", ".."} & set(name.split("/"))]
+    if unsafe:  # S3 keys are plain strings: `model/../../x` would be written outside the cache
+        raise StorageError(f"{url}: refused to download, the object name {unsafe[0]!r} leaves its directory")
     record = os.path.join(local, DOWNLOADED_VERSIONS)
     kept = json.loads(open(record, encoding="utf-8").read()) if os.path.isfile(record) else {}
     versions = {}
-    for object_url in found:
-        name = object_url[len(prefix) :]
+    for object_url, name in names.items():
         target = os.path.join(local, *name.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         versions[name] = version(object_url)

@@ -431,3 +431,16 @@ def test_a_downloaded_model_is_fetched_again_when_its_objects_change(s3, tmp_pat
     for thread in ranks:
         thread.join(timeout=60)
     assert errors == [] and (Path(storage.download_directory(fresh)) / "model.safetensors").is_file()
+
+
+def test_an_object_named_out_of_its_directory_is_refused_before_anything_is_downloaded(s3, tmp_path, monkeypatch):
+    """S3 keys are strings: `model/../../x` was joined into the cache as it is and written outside it."""
+    monkeypatch.setattr(storage.tempfile, "gettempdir", lambda: str(tmp_path / "cache"))
+    bucket = s3.bucket("escape")
+    s3.client().put_object(Bucket=bucket[len("s3://") :], Key="model/config.json", Body=b"{}")
+    s3.client().put_object(
+        Bucket=bucket[len("s3://") :], Key="model/../../../../escaped.txt", Body=b"outside"
+    )  # into tmp_path
+    with pytest.raises(storage.StorageError, match=r"model: refused to download, the object name '\.\./\.\./"):
+        storage.download_directory(storage.join(bucket, "model"))
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
