@@ -356,11 +356,12 @@ def holds_checkpoints(url: str) -> bool:
 
 def fetch_for_reading(url: str) -> Path:
     """A checkpoint in a store, for export or fine-tuning: `url` is a checkpoint, or a checkpoint.uri whose
-    newest intact checkpoint is taken. Downloaded (and verified) under TMPDIR/bertdist-cache/checkpoints."""
+    newest intact checkpoint is taken. Downloaded (and verified) under TMPDIR/bertdist-cache/checkpoints. A
+    checkpoint named by the user that is damaged is refused, as a local one is: not swapped for an older one."""
     if storage.exists(storage.join(url, TRAIN_STATE_FILENAME)):
         uri, tag = url.rstrip("/").rsplit("/", 1)
-    else:
-        uri, tag = url, latest_in_store(url)
-        if tag is None:
-            raise CheckpointError(f"{url}: neither a checkpoint nor a checkpoint.uri with a `latest` marker")
-    return _newest_intact_in_store(uri, tag, Path(storage.cache_path("checkpoints", uri)), "sha256")
+        return fetch(uri, tag, Path(storage.cache_path("checkpoints", uri)), "sha256")
+    tag = latest_in_store(url)
+    if tag is None:
+        raise CheckpointError(f"{url}: neither a checkpoint nor a checkpoint.uri with a `latest` marker")
+    return _newest_intact_in_store(url, tag, Path(storage.cache_path("checkpoints", url)), "sha256")

@@ -321,3 +321,24 @@ def test_upload_marks_left_by_a_killed_attempt_are_forgotten_when_its_step_is_sa
     remote.Uploader(uri, 0, 2, 2, 30.0, None).forget_marks(tag_for(200))
     assert storage.listdir(storage.join(uri, remote.UPLOADS)) == [f"{tag_for(100)}.rank-00001"]
     remote.Uploader(storage.join(s3.bucket("marks"), "fresh"), 0, 2, 2, 30.0, None).forget_marks(tag_for(200))
+
+
+def test_a_damaged_checkpoint_named_in_the_store_is_refused_not_swapped_for_an_older_one(tmp_path, s3, monkeypatch):
+    """`bertdist export s3://.../step_20` (or finetune.init_from) with step 20 damaged exported step 10, saying only
+    "resuming from the older one" on stderr; a local checkpoint named so is refused. The run's URI (its `latest`)
+    still falls back to the newest intact one."""
+    from bertdist.train.export import find_checkpoint
+    from tests.train.test_checkpoint import _recorded
+
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(storage.tempfile, "gettempdir", lambda: str(tmp_path / "cache"))
+    uri = storage.join(s3.bucket("named"), "run")
+    for step in (10, 20):
+        storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
+    storage.write_text(storage.join(uri, "latest"), tag_for(20))
+    weights = tmp_path / "copies" / tag_for(20) / "mp_rank_00_model_states.pt"
+    weights.write_bytes(b"X" + weights.read_bytes()[1:])  # the same size, other bytes
+    storage.upload_file(str(weights), storage.join(uri, tag_for(20), weights.name))
+    with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt: sha256 differs"):
+        find_checkpoint(storage.join(uri, tag_for(20)))
+    assert find_checkpoint(uri).name == tag_for(10)
