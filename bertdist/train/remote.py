@@ -339,7 +339,7 @@ class _NodeLock:
             except OSError:
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise CheckpointError(
+                    raise object_store.StoreUnavailableError(  # not the checkpoint's damage: never marked so
                         f"{self.path}: another rank of this node held it for {self.timeout_s:.0f} s "
                         "while downloading a checkpoint"
                     ) from None

@@ -342,3 +342,32 @@ def test_a_damaged_checkpoint_named_in_the_store_is_refused_not_swapped_for_an_o
     with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt: sha256 differs"):
         find_checkpoint(storage.join(uri, tag_for(20)))
     assert find_checkpoint(uri).name == tag_for(10)
+
+
+def test_a_download_lock_held_too_long_ends_the_run_to_be_requeued_and_marks_nothing_damaged(tmp_path, s3, monkeypatch):
+    """The wait for another rank of the node downloading was a CheckpointError: the store's intact newest checkpoint
+    was marked DAMAGED for good and the run went back to an older one."""
+    from bertdist import object_store
+    from tests.train.test_checkpoint import _recorded
+
+    uri = storage.join(s3.bucket("held-lock"), "run")
+    for step in (10, 20):
+        storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
+    storage.write_text(storage.join(uri, "latest"), tag_for(20))
+    root = tmp_path / "out" / "checkpoints"
+    root.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)", str(root / ".download.lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(object_store, "RETRY_SECONDS", 0.1)  # the lock's deadline: 1 s
+        with pytest.raises(object_store.StoreUnavailableError, match="another rank of this node held it for 1 s"):
+            remote.resume_point(CheckpointConfig(uri=uri), str(tmp_path / "out"), mark_damaged=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert remote.complete_in_store(uri) == [tag_for(10), tag_for(20)]
+    assert not storage.exists(storage.join(uri, tag_for(20), DAMAGED_FILENAME))
