@@ -77,6 +77,8 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
             work_dir = claim_output(opts.output_dir, fingerprint, work_stamp(fingerprint, opts))
             try:
                 return _run(opts, files, fingerprint, tokenizer, work_dir, t_start)
+            except object_store.StoreUnavailableError:
+                raise  # the store was down, the input is fine: the rerun resumes this work
             except UserError:
                 # Bad input found on the way: nothing of this run is worth resuming (fixing the input changes
                 # the fingerprint), and leftovers would make the corrected command refuse the directory.

@@ -169,6 +169,33 @@ def test_a_rerun_with_another_unit_size_does_not_take_the_unfinished_runs_record
     assert claim_output(out, fingerprint, work_stamp(fingerprint, options(unit_bytes=4096)))
 
 
+def test_a_store_outage_keeps_the_work_so_that_the_same_command_resumes(tiny_corpus, tiny_vocab, tmp_path, monkeypatch):
+    """The store down past its retries (StoreUnavailableError, a requeue) is no bad input: the work directory was
+    removed as for bad input, and the shards already in OUTPUT made the same command refuse the directory. The
+    outage is injected into the run's stages (raised after one shard is written); the rerun's run is recorded."""
+    from bertdist.data.pipeline import driver
+    from bertdist.object_store import StoreUnavailableError
+
+    out = tmp_path / "data"
+    opts = tiny_prepare_options(tiny_corpus, tiny_vocab, str(out))
+    claimed = []
+
+    def down(opts, files, fingerprint, tokenizer, work_dir, t_start):
+        (out / "shard-000000.tar").write_bytes(b"written before the outage")
+        claimed.append(work_dir)
+        raise StoreUnavailableError("s3://bucket/data: EndpointConnectionError (still failing after 120 s)")
+
+    monkeypatch.setattr(driver, "_run", down)
+    with pytest.raises(StoreUnavailableError):
+        prepare(opts)
+    assert storage.is_dir(claimed[0])
+    monkeypatch.setattr(
+        driver, "_run", lambda opts, files, fingerprint, tokenizer, work_dir, t: claimed.append(work_dir)
+    )
+    prepare(opts)  # refused before: "exists and is not empty"
+    assert claimed[1] == claimed[0]
+
+
 def test_duplicates_are_dropped_and_counted(tiny_corpus, tiny_vocab, ray_local, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
