@@ -10,12 +10,15 @@ rank 0 writes alone, and the weights are right under bf16 and ZeRO-3 alike.
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertdist.finetune.source import Source
 from bertdist.finetune.starting import new_model
 from bertdist.finetune.task import Task
-from bertdist.storage import write_json
+from bertdist.storage import PARTIAL_MARKER, write_json
 from bertdist.train import consolidate
 
 if TYPE_CHECKING:
@@ -33,7 +36,10 @@ def export_best(
     from bertdist.model.hf_heads import save_task_model
     from bertdist.model.sentence import SentenceEmbedder, save_sentence_transformer
 
-    out = f"{ft.output_dir}/model"
+    out = Path(ft.output_dir) / "model"
+    for stale in out.parent.glob(f"model*{PARTIAL_MARKER}*"):  # of a run killed while it wrote or swapped
+        shutil.rmtree(stale)
+    staging = out.with_name(f"model{PARTIAL_MARKER}{os.getpid()}")
     with torch.random.fork_rng(devices=[]):  # its random init, overwritten below, must not move the dropout
         model = new_model(source, task, ft.pooling)
     model.load_state_dict(consolidate.consolidated_state_dict(saved), strict=True)
@@ -43,8 +49,19 @@ def export_best(
     }
     if isinstance(model, SentenceEmbedder):
         length = ft.sequence_length(source.model_cfg.max_position_embeddings)
-        save_sentence_transformer(model, out, source.vocab_file, length, provenance, ft.dims())
+        save_sentence_transformer(model, staging, source.vocab_file, length, provenance, ft.dims())
     else:
-        save_task_model(model, out, task.labels, source.vocab_file, provenance)
+        save_task_model(model, staging, task.labels, source.vocab_file, provenance)
+    _replace(out, staging)
     write_json(f"{ft.output_dir}/results.json", scores, indent=1)
-    tracker.set_tags({"bertdist.model_dir": out})
+    tracker.set_tags({"bertdist.model_dir": str(out)})
+
+
+def _replace(out: Path, staging: Path) -> None:
+    """`staging` becomes `out` by renames: written in place, a kill left the last best's config and weights beside
+    a cut vocab.txt, which loaded (the tokenizer turning most words into [UNK])."""
+    old = out.with_name(f"model.old{PARTIAL_MARKER}{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -480,3 +480,51 @@ def test_fractional_epochs_and_warmup_count_every_whole_step():
 
     assert planned_steps(1.4, 85, 0.1) == (119, 11)
     assert planned_steps(3, 100, 0.29) == (300, 87) and planned_steps(0.01, 10, 0.5) == (1, 0)
+
+
+def test_a_kill_while_a_new_best_model_is_written_keeps_the_last_one_whole(
+    tmp_path, tiny_corpus, tiny_vocab, monkeypatch
+):
+    """The best model was rewritten in place: a kill in the middle of its vocab.txt left the last best's config and
+    weights beside a cut vocabulary, which loaded (most words [UNK]). It is written beside and swapped in. The
+    kill is injected into the vocabulary's copy; the model, its checkpoint and the export are the run's own."""
+    from types import SimpleNamespace
+
+    from bertdist.config import load_config
+    from bertdist.finetune import task as tasks
+    from bertdist.finetune.best_model import export_best
+    from bertdist.finetune.source import resolve
+    from bertdist.model import hf_io
+    from bertdist.model.bert.hf import save_pretrained
+    from bertdist.model.bert.model import BertForPreTraining
+    from bertdist.train.checkpoint import checkpoints_dir, latest
+
+    save_pretrained(BertForPreTraining(tiny_model_config()), tmp_path / "pretrained", tiny_vocab)
+    train, dev = _task(tmp_path, tiny_corpus)
+    out = tmp_path / "run"
+    overrides = [
+        *_overrides(train, dev, out, f"finetune.init_from={tmp_path / 'pretrained'}"),
+        "tracking.enabled=false",
+    ]
+    assert main(["finetune", *overrides, "finetune.epochs=1"]) == 0
+    before = {p.name: p.read_bytes() for p in (out / "model").iterdir()}
+    cfg = load_config(None, overrides)
+    source = resolve(cfg)
+    length = cfg.finetune.sequence_length(source.model_cfg.max_position_embeddings)
+    task = tasks.build(cfg.finetune, length, source.vocab_file, True)
+    real_copy = hf_io.shutil.copyfile
+
+    def killed(source_file, target):
+        Path(target).write_bytes(Path(source_file).read_bytes()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hf_io.shutil, "copyfile", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_best(latest(checkpoints_dir(out)), {"accuracy": 1.0}, cfg.finetune, source, task, None)
+    assert {p.name: p.read_bytes() for p in (out / "model").iterdir()} == before
+    monkeypatch.setattr(hf_io.shutil, "copyfile", real_copy)
+    export_best(
+        latest(checkpoints_dir(out)), {"accuracy": 1.0}, cfg.finetune, source, task, SimpleNamespace(set_tags=dict)
+    )
+    assert sorted(p.name for p in out.iterdir() if "partial" in p.name) == []
+    assert (out / "model" / "vocab.txt").read_bytes() == Path(tiny_vocab).read_bytes()
