@@ -74,16 +74,31 @@ class Uploader:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def forget_marks(self, tag: str) -> None:
-        """Rank 0, as a save of `tag` begins: remove the upload marks of `tag` left by an attempt killed before it
-        published. Kept, they let this save's `latest` move before the other ranks had uploaded its files again
-        (their old bytes, of the same sizes, passed the check). The save's barrier orders this before any rank's
-        upload of `tag`."""
-        if self.rank == 0:
-            marks = storage.join(self.uri, UPLOADS)
-            for name in storage.listdir(marks):  # [] where there is none
-                if name.startswith(f"{tag}.rank-"):
-                    storage.remove(storage.join(marks, name))
+    def before_save(self, tag: str) -> None:
+        """Rank 0, as a save of `tag` begins (the save's barrier orders this before any rank's upload of `tag`):
+
+        - the upload marks of `tag` left by an attempt killed before it published are removed. Kept, they let
+          this save's `latest` move before the other ranks had uploaded its files again (their old bytes, of the
+          same sizes, passed the check);
+        - a published `tag` (a step saved again after checkpoint.resume=<an older one>) stops being complete
+          before any rank uploads over it, and `latest` leaves it for the newest complete one before it. Kept,
+          a kill before this save published left a train state and `latest` naming files of two saves."""
+        if self.rank != 0:
+            return
+        marks = storage.join(self.uri, UPLOADS)
+        for name in storage.listdir(marks):  # [] where there is none
+            if name.startswith(f"{tag}.rank-"):
+                storage.remove(storage.join(marks, name))
+        if not storage.exists(storage.join(self.uri, tag, TRAIN_STATE_FILENAME)):
+            return
+        if latest_in_store(self.uri) == tag:
+            older = [t for t in complete_in_store(self.uri) if t < tag]
+            marker = storage.join(self.uri, LATEST_FILENAME)
+            if older:
+                storage.write_text(marker, older[-1])
+            else:
+                storage.remove(marker)
+        storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))
 
     def start(self, checkpoint_dir: Path) -> None:
         """Upload this rank's files of `checkpoint_dir` in the background. The caller has `wait()`ed for the

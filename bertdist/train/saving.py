@@ -53,7 +53,7 @@ class Saver:
         if waited > 1:
             self.say(f"step {state.step}: waited {waited:.1f} s for the previous checkpoint's upload")
         if self.uploader:
-            self.uploader.forget_marks(checkpoint.tag_for(state.step))  # before begin_save's barrier
+            self.uploader.before_save(checkpoint.tag_for(state.step))  # before begin_save's barrier
         self.pending = checkpoint.begin_save(self.engine, self.output_dir, state, local, self.snapshots)
         if self.snapshots is None:
             self.complete()

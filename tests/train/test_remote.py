@@ -316,11 +316,30 @@ def test_upload_marks_left_by_a_killed_attempt_are_forgotten_when_its_step_is_sa
     uri = storage.join(s3.bucket("marks"), "run")
     for name in (f"{tag_for(200)}.rank-00000", f"{tag_for(200)}.rank-00001", f"{tag_for(100)}.rank-00001"):
         storage.write_json(storage.join(uri, remote.UPLOADS, name), ["mp_rank_00_model_states.pt"])
-    remote.Uploader(uri, 1, 2, 2, 30.0, None).forget_marks(tag_for(200))  # rank 1: not its to do
+    remote.Uploader(uri, 1, 2, 2, 30.0, None).before_save(tag_for(200))  # rank 1: not its to do
     assert len(storage.listdir(storage.join(uri, remote.UPLOADS))) == 3
-    remote.Uploader(uri, 0, 2, 2, 30.0, None).forget_marks(tag_for(200))
+    remote.Uploader(uri, 0, 2, 2, 30.0, None).before_save(tag_for(200))
     assert storage.listdir(storage.join(uri, remote.UPLOADS)) == [f"{tag_for(100)}.rank-00001"]
-    remote.Uploader(storage.join(s3.bucket("marks"), "fresh"), 0, 2, 2, 30.0, None).forget_marks(tag_for(200))
+    remote.Uploader(storage.join(s3.bucket("marks"), "fresh"), 0, 2, 2, 30.0, None).before_save(tag_for(200))
+
+
+def test_a_step_saved_again_stops_being_complete_in_the_store_before_any_rank_uploads_over_it(tmp_path, s3):
+    """checkpoint.resume=<step 100> where the store has 100 and 200 (`latest` 200): saving 200 again uploaded over
+    the store's 200 while its train state and `latest` still named it; a kill before this save published left a
+    checkpoint of two saves' files, resumed silently under checkpoint.verify=size."""
+    from tests.train.test_checkpoint import _recorded
+
+    uri = storage.join(s3.bucket("again"), "run")
+    for step in (100, 200, 300):
+        storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
+    storage.write_text(storage.join(uri, "latest"), tag_for(200))  # 300: an older abandoned continuation's
+    remote.Uploader(uri, 1, 2, 2, 30.0, None).before_save(tag_for(200))  # rank 1: not its to do
+    assert remote.complete_in_store(uri) == [tag_for(100), tag_for(200), tag_for(300)]
+    remote.Uploader(uri, 0, 2, 2, 30.0, None).before_save(tag_for(200))
+    assert remote.complete_in_store(uri) == [tag_for(100), tag_for(300)]
+    assert remote.latest_in_store(uri) == tag_for(100)
+    remote.Uploader(uri, 0, 2, 2, 30.0, None).before_save(tag_for(100))
+    assert remote.latest_in_store(uri) is None and remote.complete_in_store(uri) == [tag_for(300)]
 
 
 def test_a_damaged_checkpoint_named_in_the_store_is_refused_not_swapped_for_an_older_one(tmp_path, s3, monkeypatch):
