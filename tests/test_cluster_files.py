@@ -149,3 +149,34 @@ def test_cluster_file(name: str):
     path = CLUSTER / name
     assert path.read_text().startswith("#"), f"{name}: starts with a comment saying how to use it"
     CHECKS[name](path)
+
+
+def _submit_examples() -> list[tuple[str, list[str]]]:
+    """Every `bertdist submit ... --config ...` example in docs/cluster.md and in cluster/'s comments, its
+    continuation lines joined: (where, its arguments)."""
+    found = []
+    for path in [REPO / "docs" / "cluster.md", *sorted(p for p in CLUSTER.rglob("*") if p.is_file())]:
+        lines = [re.sub(r"^#\s*", "", line).strip() for line in path.read_text().splitlines()]
+        for number, line in enumerate(lines, 1):
+            if not line.startswith("bertdist submit "):
+                continue
+            command, at = line, number
+            while command.endswith("\\"):
+                command, at = command[:-1] + " " + lines[at], at + 1
+            if "--config" in command:
+                found.append((f"{path.relative_to(REPO)}:{number}", command.split("#")[0].split()[2:]))
+    return found
+
+
+@pytest.mark.parametrize("where, args", _submit_examples(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_submit_example_of_a_training_job_passes_the_submissions_checks(where, args, tmp_path, monkeypatch):
+    """The multi-node examples ran configs/bert-base.yaml (32 x 8 GPUs = its batch of 256) on 16 and 32 GPUs:
+    each was refused at submission, exit 2. A `hosts` file is one of as many hosts as the example asks for."""
+    from bertdist.cli import main
+
+    monkeypatch.chdir(REPO)
+    if "--hostfile" in args and args[args.index("--hostfile") + 1] == "hosts":
+        nodes = int(args[args.index("--nodes") + 1].split("-")[-1])
+        (tmp_path / "hosts").write_text("".join(f"host{i} slots=8\n" for i in range(nodes)))
+        args[args.index("--hostfile") + 1] = str(tmp_path / "hosts")
+    assert main(["submit", *[a for a in args if a != "--dry-run"], "--dry-run"]) == 0, where
