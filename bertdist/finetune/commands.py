@@ -210,7 +210,9 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "their median (papers report the median of 5 or more for the small GLUE tasks)",
     )
     p.add_argument(
-        "--output", default="runs/evaluate", help="runs, exports and the MLflow store (unless tracking.tracking_uri)"
+        "--output",
+        default="runs/evaluate",
+        help="runs and exports (the MLflow store is the project's, beside it, unless tracking.tracking_uri)",
     )
     p.add_argument("--config", help="YAML file applied to every run (train.*, optim.*, tracking.*, finetune.*)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher

@@ -23,7 +23,7 @@ MLflow: one parent run for the suite (`bertdist.kind = evaluate`: the suite, the
 overrides as parameters), with each task, learning rate and seed a child run nested under it (the
 fine-tuning run itself, with its finetune.* settings and train.seed, which keeps its link to the pretraining
 run); the parent holds the scorecard's metrics and results.json / results.md. All runs go to one store:
-tracking.tracking_uri, else `{output}/mlruns.db`.
+tracking.tracking_uri, else the project's `mlflow.db` in the directory that holds `output` (tracking.store).
 """
 
 from __future__ import annotations
