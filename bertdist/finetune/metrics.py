@@ -180,7 +180,9 @@ def squad_scores(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
         "f1": 100 * np.mean(list(f.values())),
         "total": len(gold),
     }
-    has_answer = [q for q, answers in gold.items() if any(normalize_answer(a) for a in answers)]
+    # Answerable as the v2.0 script counts it: any gold text at all (one of "the" or "." is scored as [""] above,
+    # and still counted answerable); a v1.1 set, every question answerable, gets no split
+    has_answer = [q for q, answers in gold.items() if any(answers)]
     no_answer = [q for q in gold if q not in set(has_answer)]
     if no_answer:
         for name, ids in (("HasAns", has_answer), ("NoAns", no_answer)):

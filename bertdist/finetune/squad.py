@@ -261,7 +261,9 @@ def predict(
     texts = []
     for qi, span in enumerate(best_span):
         spans = dev.offsets[qi]
-        texts.append("" if span is None else dev.questions[qi].context[spans[span[0], 0] : spans[span[1], 1]])
+        # .strip(): a byte-level BPE token's span starts at the space before its word unless the tokenizer trims
+        # offsets (RoBERTa's does, `bertdist vocab --model bpe`'s does not)
+        texts.append("" if span is None else dev.questions[qi].context[spans[span[0], 0] : spans[span[1], 1]].strip())
     return texts, null_score - best_score
 
 
@@ -279,7 +281,7 @@ def scores(outputs: list[np.ndarray], dev: Windows, n_best_size: int, max_answer
 
 def best_threshold(predictions: dict[str, str], gold: dict[str, list[str]], null_margin: dict[str, float]) -> float:
     """tau maximising F1 when "" is predicted wherever null_margin > tau (the v2.0 script's find_best_thresh)."""
-    answerable = {q for q, answers in gold.items() if any(metrics.normalize_answer(a) for a in answers)}
+    answerable = {q for q, answers in gold.items() if any(answers)}  # as squad_scores splits them
     score = best = float(len(gold) - len(answerable))  # tau below every margin: all null
     tau = min(null_margin.values()) - 1.0
     for qid in sorted(null_margin, key=lambda q: null_margin[q]):

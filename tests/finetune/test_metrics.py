@@ -134,3 +134,8 @@ def test_squad_v2_splits_answerable_and_unanswerable_questions():
     assert scores["exact_match"] == 50.0
     with pytest.raises(ValueError, match="no prediction for 1 question"):
         metrics.squad_scores({"a": "Paris"}, {"a": ["Paris"], "z": ["x"]})
+    # A gold answer that normalises to nothing ("the", ".") is scored as "" but its question is answerable, as the
+    # v2.0 script counts it (it was NoAns); a v1.1 set with one gets no split at all
+    scores = metrics.squad_scores({"a": "Paris", "b": "", "e": "x"}, {"a": ["Paris"], "b": [""], "e": ["the"]})
+    assert (scores["HasAns_total"], scores["NoAns_total"], scores["HasAns_exact"]) == (2, 1, 50.0)
+    assert "HasAns_total" not in metrics.squad_scores({"a": "Paris", "e": "x"}, {"a": ["Paris"], "e": ["."]})

@@ -112,6 +112,20 @@ def test_the_best_span_over_windows_is_the_answer(long_questions):
     assert all(len(t.split()) <= 1 for t in texts)  # the longest span a prediction may be, in tokens
 
 
+def test_a_byte_level_bpe_answer_is_the_context_text_without_the_space_before_it(tiny_bpe):
+    """`bertdist vocab --model bpe` does not trim offsets: the answer's first token ("ĠParis") spans the space
+    before it, and the prediction was " Paris"."""
+    context = "the cat sat on a mat near Paris"
+    question = squad.Question("1", "where", context, [("Paris", context.index("Paris"))], "x")
+    windows = squad.encode([question], tiny_bpe, None, 64, 32, 8)
+    logits = np.zeros((len(windows.sequences.ids[0]), 2))
+    logits[windows.sequences.targets["start_positions"][0], 0] = 10.0
+    logits[windows.sequences.targets["end_positions"][0], 1] = 10.0
+    first, _ = squad._answer_tokens(windows.offsets[0], question.answers[0])
+    assert context[windows.offsets[0][first][0]] == " "  # the untrimmed offset
+    assert squad.predict([logits], windows, 20, 30)[0] == ["Paris"]
+
+
 def test_v2_null_answers_are_chosen_by_the_dev_best_threshold(tmp_path, tiny_documents, tiny_vocab):
     span_questions(tiny_documents, tmp_path / "qa.json", questions=30, seed=5, unanswerable=0.4)
     questions, _ = squad.read_squad(str(tmp_path / "qa.json"), skip_bad=False)
