@@ -113,6 +113,9 @@ class Tagged:
     sentences: list[Sentence]
     truncated: int
     """Sentences longer than max_seq_length."""
+    tokenless: int
+    """Words the tokenizer's normaliser removes whole (U+FFFD, a soft hyphen under BERT's): no token carries
+    them, so they are predicted O (transformers' run_ner leaves them out of the score instead)."""
 
 
 def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased: bool, max_seq_length: int) -> Tagged:
@@ -122,11 +125,12 @@ def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased:
     layout = Layout.of(tokenizer)
     index = {name: i for i, name in enumerate(labels)}
     encodings = tokenizer.encode_words([s.words for s in sentences])
-    ids, first_lengths, token_labels, positions, truncated = [], [], [], [], 0
+    ids, first_lengths, token_labels, positions, truncated, tokenless = [], [], [], [], 0, 0
     budget = max_seq_length - 2
     for s, enc in zip(sentences, encodings):
         word_ids = enc.word_ids[:budget]
         truncated += len(enc.ids) > budget
+        tokenless += len(s.words) - len(set(enc.word_ids) - {None})
         sequence, first_length = layout.sequence(enc.ids[:budget])
         first = np.full(len(s.words), -1, dtype=np.int64)
         labels_here = np.full(len(sequence), IGNORE_INDEX, dtype=np.int64)
@@ -141,7 +145,7 @@ def encode(sentences: list[Sentence], labels: list[str], vocab_file: str, cased:
         token_labels.append(labels_here)
         positions.append(first)
     sequences = Sequences(ids, np.asarray(first_lengths, dtype=np.int64), token_targets={"labels": token_labels})
-    return Tagged(sequences, positions, sentences, truncated)
+    return Tagged(sequences, positions, sentences, truncated, tokenless)
 
 
 def scores(outputs: list[np.ndarray], dev: Tagged, labels: list[str]) -> dict[str, float]:

@@ -154,6 +154,11 @@ def _tagging(ft: FinetuneConfig, vocab_file: str, cased: bool, length: int, skip
         f"{t.truncated} {name} sentence(s) longer than {length} tokens were cut (their last words are predicted O)"
         for name, t in (("training", encoded_train), ("dev", encoded_dev))
         if t.truncated
+    ] + [
+        f"{t.tokenless} {name} word(s) have no token once the tokenizer normalises them (U+FFFD, a soft hyphen): "
+        "predicted O"
+        for name, t in (("training", encoded_train), ("dev", encoded_dev))
+        if t.tokenless
     ]
     return Task(
         hf_heads.TOKEN_CLASSIFICATION,

@@ -125,3 +125,24 @@ def test_scores_follow_each_word_s_first_sub_token(tmp_path):
         and got["recall"] == pytest.approx(1 / 2)
         and got["accuracy"] == pytest.approx(6 / 7)
     )
+
+
+def test_a_word_the_normaliser_removes_whole_is_counted_and_said(tmp_path):
+    """A soft hyphen or U+FFFD alone is no token for BERT's normaliser: it was predicted O (a gold entity there
+    missed) without a word in the log."""
+    from bertdist.config import FinetuneConfig
+    from bertdist.finetune import task as tasks
+
+    conll = CONLL.replace("copies VBZ B-VP O", "copies VBZ B-VP O\n\u00ad X X B-CODE\n\ufffd X X O")
+    for name in ("train.conll", "dev.conll"):
+        (tmp_path / name).write_text(conll)
+    sentences, _ = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
+    tagged = tagging.encode(sentences, tagging.tag_names(sentences), _vocab(tmp_path), cased=False, max_seq_length=32)
+    assert tagged.first_positions[0].tolist() == [1, 2, 4, 5, -1, -1] and tagged.tokenless == 2
+    ft = FinetuneConfig(
+        task=tasks.TAGGING, train_file=str(tmp_path / "train.conll"), dev_file=str(tmp_path / "dev.conll")
+    )
+    notes = tasks.build(ft, 32, _vocab(tmp_path), False).notes
+    assert (
+        "2 dev word(s) have no token once the tokenizer normalises them (U+FFFD, a soft hyphen): predicted O" in notes
+    )
