@@ -166,6 +166,23 @@ def latest(root: Path) -> Path | None:
     return checkpoint
 
 
+def step_back_latest(root: Path, resumed: Path) -> bool:
+    """After checkpoint.resume=<an older checkpoint of `root`>: `latest` names it instead of the later checkpoint
+    of the continuation the run stepped back from. Else a relaunch before this run's first save (the elastic
+    supervisor's `checkpoint.resume=auto`, a requeue) trained that abandoned continuation on. Its checkpoints are
+    left on disk (the prune does not count them). A damaged marker (the reason to name a checkpoint) is replaced
+    too. True when `latest` moved."""
+    marker = root / LATEST_FILENAME
+    if resumed.resolve().parent != root.resolve() or not marker.is_file():
+        return False
+    with contextlib.suppress(CheckpointError):
+        if read_marker(marker) <= resumed.name:
+            return False
+    write_text(marker, resumed.name)
+    integrity.sync_directory(root)
+    return True
+
+
 def read_marker(marker: Path) -> str:
     """The tag in `latest`: one line of the form step_NNNNNNNN, or a CheckpointError naming the file."""
     try:

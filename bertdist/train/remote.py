@@ -100,6 +100,19 @@ class Uploader:
                 storage.remove(marker)
         storage.remove(storage.join(self.uri, tag, TRAIN_STATE_FILENAME))
 
+    def step_back(self, tag: str) -> None:
+        """The store's side of checkpoint.step_back_latest (rank 0, as the run starts from the older `tag`): its
+        `latest` names `tag`, or is removed when `tag` is not complete there (a relaunch then refuses to start
+        rather than continue the abandoned run)."""
+        newest = latest_in_store(self.uri)
+        if self.rank != 0 or newest is None or newest <= tag:
+            return
+        marker = storage.join(self.uri, LATEST_FILENAME)
+        if tag in complete_in_store(self.uri):
+            storage.write_text(marker, tag)
+        else:
+            storage.remove(marker)
+
     def start(self, checkpoint_dir: Path) -> None:
         """Upload this rank's files of `checkpoint_dir` in the background. The caller has `wait()`ed for the
         previous upload before saving (the save prunes what an upload may still be reading)."""

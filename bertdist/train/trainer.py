@@ -227,6 +227,10 @@ class Trainer(scaffold.Run):
         batches: Iterator[dict[str, Any]] = iter(())
         nonfinite_streak = 0
         step = self.step = self.start_step
+        if self.env.is_main and self.resume_from is not None:  # after checkpoint.resume=<an older checkpoint>
+            checkpoint.step_back_latest(checkpoint.checkpoints_dir(self.output_dir), self.resume_from)
+            if self.uploader:
+                self.uploader.step_back(self.resume_from.name)
         self.console.line(
             f"training steps {step}..{total_steps - 1} on {self.env.world_size} rank(s), output {self.output_dir}"
         )

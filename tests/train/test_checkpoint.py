@@ -190,6 +190,25 @@ def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path_fact
     assert checkpoint.read_train_state(run.out / "checkpoints" / checkpoint.tag_for(runs.STEPS)).step == runs.STEPS
 
 
+def test_a_run_resumed_from_an_older_checkpoint_moves_latest_back_to_it(tmp_path):
+    """checkpoint.resume=<step 100> where `latest` names 300: a relaunch with checkpoint.resume=auto before this
+    run's first save (the elastic supervisor's, a requeue's) continued the abandoned 300. `latest` names the
+    checkpoint resumed from as the run starts; a damaged marker is replaced, another directory's is not touched."""
+    root = checkpoint.checkpoints_dir(tmp_path)
+    for step in (100, 300):
+        _recorded(root, step)
+    older = root / checkpoint.tag_for(100)
+    assert checkpoint.step_back_latest(root, older) and checkpoint.resolve_resume(tmp_path, "auto") == older
+    assert not checkpoint.step_back_latest(root, older)  # already there
+    assert not checkpoint.step_back_latest(root, root / checkpoint.tag_for(300))  # never forward
+    (root / checkpoint.LATEST_FILENAME).write_bytes(b"\x00garbage")
+    assert checkpoint.step_back_latest(root, older) and checkpoint.resolve_resume(tmp_path, "auto") == older
+    elsewhere = checkpoint.checkpoints_dir(tmp_path / "other")
+    _recorded(elsewhere, 300)
+    assert not checkpoint.step_back_latest(elsewhere, older)
+    assert checkpoint.resolve_resume(tmp_path / "other", "auto") == elsewhere / checkpoint.tag_for(300)
+
+
 def test_a_synchronous_save_is_on_the_disk_before_it_is_declared_complete(tmp_path, monkeypatch):
     """checkpoint.write: sync leaves DeepSpeed's torch.save in the page cache: `latest` moved and the older
     checkpoints were pruned while a crash could still cut the new one's files. Each file and both directories are

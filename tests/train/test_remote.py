@@ -342,6 +342,24 @@ def test_a_step_saved_again_stops_being_complete_in_the_store_before_any_rank_up
     assert remote.latest_in_store(uri) is None and remote.complete_in_store(uri) == [tag_for(300)]
 
 
+def test_the_stores_latest_steps_back_to_the_checkpoint_a_run_resumed_from(tmp_path, s3):
+    """The store's side of checkpoint.step_back_latest: with checkpoint.uri, an elastic relaunch resumes from the
+    store's `latest`, which named the abandoned continuation; one the store does not hold removes the marker."""
+    from tests.train.test_checkpoint import _recorded
+
+    uri = storage.join(s3.bucket("step-back"), "run")
+    for step in (100, 300):
+        storage.upload_directory(_recorded(tmp_path / "copies", step), storage.join(uri, tag_for(step)))
+    storage.write_text(storage.join(uri, "latest"), tag_for(300))
+    remote.Uploader(uri, 1, 2, 2, 30.0, None).step_back(tag_for(100))  # rank 1: not its to do
+    assert remote.latest_in_store(uri) == tag_for(300)
+    remote.Uploader(uri, 0, 2, 2, 30.0, None).step_back(tag_for(100))
+    assert remote.latest_in_store(uri) == tag_for(100)
+    storage.write_text(storage.join(uri, "latest"), tag_for(300))
+    remote.Uploader(uri, 0, 2, 2, 30.0, None).step_back(tag_for(50))
+    assert remote.latest_in_store(uri) is None and remote.complete_in_store(uri) == [tag_for(100), tag_for(300)]
+
+
 def test_a_damaged_checkpoint_named_in_the_store_is_refused_not_swapped_for_an_older_one(tmp_path, s3, monkeypatch):
     """`bertdist export s3://.../step_20` (or finetune.init_from) with step 20 damaged exported step 10, saying only
     "resuming from the older one" on stderr; a local checkpoint named so is refused. The run's URI (its `latest`)
