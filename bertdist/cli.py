@@ -88,11 +88,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--restart-event", help=argparse.SUPPRESS
     )  # passed by the elastic supervisor (bertdist.train.restart_event)
+    p.add_argument("--secrets-file", help=argparse.SUPPRESS)  # likewise (bertdist.launch.secret_env)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.set_defaults(func=_run_train, interrupted="the checkpoints written before are kept (--resume auto continues)")
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    if args.secrets_file:
+        from bertdist.launch.secret_env import load_secrets
+
+        load_secrets(args.secrets_file)
     overrides = list(args.overrides)
     if args.resume:
         overrides.append(f"checkpoint.resume={args.resume}")

@@ -416,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.state_file).with_suffix(""),
             timeout_s,
         )
-        return Supervisor(cfg, fleet, args.state_file).run()
+        try:
+            return Supervisor(cfg, fleet, args.state_file).run()
+        finally:
+            fleet.close()
     except UserError as e:
         print(f"bertdist elastic: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE

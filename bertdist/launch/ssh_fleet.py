@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bertdist.launch.checks import parse_hostfile
+from bertdist.launch.secret_env import carried_secrets, write_secrets
 
 _PDSH_EXIT = re.compile(r"pdsh@\S+: (\S+): ssh exited with exit code (\d+)")
 
@@ -54,6 +55,15 @@ class SshFleet:
         self.stem = stem
         """Path prefix of this job's files (runs/jobs/<stem>): each launch writes <stem>.hosts-<n>."""
         self.launches = 0
+        self.secrets = carried_secrets(os.environ)
+        self.secrets_file = Path(f"{stem}.secrets")
+        """The secrets DeepSpeed would have put on the pdsh command line (bertdist.launch.secret_env)."""
+        if self.secrets:
+            write_secrets(self.secrets_file, self.secrets)
+
+    def close(self) -> None:
+        """The job is over: its secrets file goes."""
+        self.secrets_file.unlink(missing_ok=True)
 
     def hosts(self) -> list[str]:
         return list(self.slots)
@@ -73,7 +83,7 @@ class SshFleet:
         hostfile = Path(f"{self.stem}.hosts-{self.launches}")
         hostfile.write_text("".join(f"{h} slots={ranks_per_host}\n" for h in hosts))
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in self.secrets},
             "HOSTFILE": str(hostfile),
             "NUM_NODES": str(len(hosts)),
             "GPUS_PER_NODE": str(ranks_per_host),
@@ -81,7 +91,8 @@ class SshFleet:
             "MASTER_PORT": str(self.master_port),
             "PYTHON": sys.executable,
         }
-        command = ["bash", self.launch_script, "--config", self.config_file, *trainer_args]
+        carried = ["--secrets-file", str(self.secrets_file.resolve())] if self.secrets else []
+        command = ["bash", self.launch_script, "--config", self.config_file, *carried, *trainer_args]
         return SshAttempt(hosts, command, env, ranks_pattern(self.config_file), self.timeout_s)
 
 

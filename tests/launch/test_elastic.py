@@ -33,6 +33,8 @@ GLOBAL_BATCH = 32
 """Micro batch 8: gradient accumulation 2 on two ranks, 4 on one: the global batch is kept. 150 steps of it
 stay within the first epoch of the test shards (5,299 samples) and take long enough to act mid-run."""
 FAULT_AFTER_STEP = 20
+TOKEN = "bertdist-test-token-never-logged"
+"""In the submitting shell: DeepSpeed's launcher wrote it into the job log (bertdist.launch.secret_env)."""
 JOB_TIMEOUT_S = 480
 RECOVERY_BOUND_S = 120
 """From the fault to the first step on the hosts left: probes (2 x 2 s, SSH timeouts 2 s), backoff 1 s, and a
@@ -82,7 +84,7 @@ def _job(
                 *overrides,
             ]
         ),
-        env=two_hosts.env(DS_ENV_FILE=str(ds_env)),
+        env=two_hosts.env(DS_ENV_FILE=str(ds_env), MLFLOW_TRACKING_TOKEN=TOKEN),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -197,6 +199,7 @@ def test_a_host_whose_ranks_are_killed_is_dropped_and_the_job_finishes_on_the_ot
     text = log.read_text()
     status = _status(job_id, jobs)
     assert status.startswith("succeeded"), status + text[-6000:]
+    assert TOKEN not in text and not list(jobs.glob("*.secrets")), "the secrets file outlived the job"
     assert_in = f"restart 1: lost {two_hosts.hosts[1].address}: its ranks were killed (exit code"
     assert assert_in in text and "world size 2 -> 1" in text, text[-6000:]
     assert "world size 1 on" in status and "1 restart(s)" in status, status
