@@ -979,9 +979,18 @@ def test_a_url_with_credentials_is_refused_redacted_and_written_nowhere(tmp_path
         # AWS secret keys often hold a `/`
         ("s3://AKIAX:wJalrX/K7MDENG/bPxRfi@bucket/ckpt@v2", "s3://***@bucket/ckpt@v2"),
         ("http://127.0.0.1:5000/runs@2 s3://bucket/a:b@c", "http://127.0.0.1:5000/runs@2 s3://bucket/a:b@c"),
+        # a token or a presigned signature in the query: were accepted, written and echoed
+        ("https://mlflow.example/?token=SECRET-1&x=1", "https://mlflow.example/?token=***&x=1"),
+        (
+            "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=dead&X-Amz-Expires=60",
+            "https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Expires=60",
+        ),
+        ("https://h/p?api_key=k1;access_token=t2", "https://h/p?api_key=***;access_token=***"),
+        ("https://h/p?tokens=3&keyword=x", "https://h/p?tokens=3&keyword=x"),
     ],
 )
 def test_a_urls_user_and_password_are_hidden_up_to_the_host(url, shown):
-    from bertdist.credentials import redacted
+    from bertdist.credentials import credentials_problem, redacted
 
     assert redacted(url) == shown
+    assert bool(credentials_problem(url, "tracking.tracking_uri")) == (shown != url)
