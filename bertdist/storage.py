@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
@@ -61,8 +62,18 @@ def absolute(path: str) -> str:
 
 
 def cache_path(kind: str, key: str) -> str:
-    """The local directory where copies of `key` (a URL) of one kind are kept: TMPDIR/bertdist-cache/KIND/<hash>."""
-    return os.path.join(tempfile.gettempdir(), "bertdist-cache", kind, hashlib.sha256(key.encode()).hexdigest()[:16])
+    """The local directory where copies of `key` (a URL) of one kind are kept: TMPDIR/bertdist-cache-UID/KIND/<hash>.
+
+    The user's own (0700, checked): a shared TMPDIR/bertdist-cache, whose paths anyone can predict, let another
+    user plant a download record that made the run delete files it named, or swap the weights it downloaded."""
+    root = os.path.join(tempfile.gettempdir(), f"bertdist-cache-{os.getuid()}")
+    os.makedirs(root, 0o700, exist_ok=True)
+    found = os.lstat(root)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise StorageError(
+            f"{root}: refused as the download cache: it must be a directory of this user's alone (mode 0700)"
+        )
+    return os.path.join(root, kind, hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
 # ---- reading -----------------------------------------------------------------------------------------------
@@ -269,7 +280,7 @@ def download_directory(url: str) -> str:
     if not found:
         raise StorageError(f"{url}: nothing there")
     names = {object_url: object_url[len(prefix) :] for object_url in found}
-    unsafe = [name for name in names.values() if {"", ".", ".."} & set(name.split("/"))]
+    unsafe = [name for name in names.values() if _leaves_its_directory(name)]
     if unsafe:  # S3 keys are plain strings: `model/../../x` would be written outside the cache
         raise StorageError(f"{url}: refused to download, the object name {unsafe[0]!r} leaves its directory")
     record = os.path.join(local, DOWNLOADED_VERSIONS)
@@ -281,12 +292,17 @@ def download_directory(url: str) -> str:
         versions[name] = version(object_url)
         if not (os.path.isfile(target) and kept.get(name) == versions[name]):
             download_file(object_url, target)
-    for name in set(kept) - set(versions):  # downloaded before and gone from the URL since; nothing else is
-        # touched: the ranks of a node download into this directory at once, each file by a private partial name
+    # Downloaded before and gone from the URL since; nothing else is touched: the ranks of a node download into
+    # this directory at once, each file by a private partial name
+    for name in {n for n in kept if not _leaves_its_directory(n)} - set(versions):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(local, *name.split("/")))
     write_json(record, versions)
     return local
+
+
+def _leaves_its_directory(name: str) -> bool:
+    return bool({"", ".", ".."} & set(name.split("/")))
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -444,3 +444,28 @@ def test_an_object_named_out_of_its_directory_is_refused_before_anything_is_down
     with pytest.raises(storage.StorageError, match=r"model: refused to download, the object name '\.\./\.\./"):
         storage.download_directory(storage.join(bucket, "model"))
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_the_download_cache_is_the_users_own_and_its_record_names_nothing_outside_it(s3, tmp_path, monkeypatch):
+    """The cache was TMPDIR/bertdist-cache, shared and predictable: another user could plant a record naming
+    `../../x`, which the next download deleted, or swap the files it had downloaded. It is the user's own (0700),
+    checked, and names leaving it in its record are ignored."""
+    import stat
+
+    monkeypatch.setattr(storage.tempfile, "gettempdir", lambda: str(tmp_path))
+    root = tmp_path / f"bertdist-cache-{os.getuid()}"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    with pytest.raises(storage.StorageError, match="must be a directory of this user's alone"):
+        storage.cache_path("downloads", "s3://b/model")
+    root.chmod(0o700)
+    bucket = s3.bucket("planted")
+    url = storage.join(bucket, "model")
+    s3.client().put_object(Bucket=bucket[len("s3://") :], Key="model/config.json", Body=b"{}")
+    local = Path(storage.cache_path("downloads", url))
+    local.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (local / storage.DOWNLOADED_VERSIONS).write_text(json.dumps({"../../../victim.txt": "x"}))
+    assert storage.download_directory(url) == str(local) and victim.read_text() == "keep me"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700

@@ -136,7 +136,7 @@ class StorageConfig:
     endpoint_url: str = ""
     """An S3-compatible store (MinIO, Ceph, R2, GCS's S3 interface); empty: AWS_ENDPOINT_URL_S3, else AWS."""
     cache_dir: str = ""
-    """Where shard blocks read from a store are kept; empty: TMPDIR/bertdist-cache/blocks/<hash of the URL>."""
+    """Where shard blocks read from a store are kept; empty: TMPDIR/bertdist-cache-UID/blocks/<hash of the URL>."""
     cache_mb: int = 4096
     """Bound of that cache, shared by the loader processes of a node that use the same directory."""
     prefetch_samples: int = 16384

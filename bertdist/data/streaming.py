@@ -37,7 +37,7 @@ class StreamSettings:
     """How a loader process reads shards from a store (`storage` in the config)."""
 
     cache_dir: str = ""
-    """Empty: TMPDIR/bertdist-cache/blocks/<hash of the shard URL>."""
+    """Empty: TMPDIR/bertdist-cache-UID/blocks/<hash of the shard URL>."""
     cache_bytes: int = 4 << 30
     prefetch_samples: int = 16384
     """How far ahead of its consumption each loader process fetches, in samples."""

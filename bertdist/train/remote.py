@@ -384,7 +384,7 @@ def holds_checkpoints(url: str) -> bool:
 
 def fetch_for_reading(url: str) -> Path:
     """A checkpoint in a store, for export or fine-tuning: `url` is a checkpoint, or a checkpoint.uri whose
-    newest intact checkpoint is taken. Downloaded (and verified) under TMPDIR/bertdist-cache/checkpoints. A
+    newest intact checkpoint is taken. Downloaded (and verified) under TMPDIR/bertdist-cache-UID/checkpoints. A
     checkpoint named by the user that is damaged is refused, as a local one is: not swapped for an older one."""
     if storage.exists(storage.join(url, TRAIN_STATE_FILENAME)):
         uri, tag = url.rstrip("/").rsplit("/", 1)
