@@ -25,9 +25,11 @@ node sees. The state for `bertdist status` is written to {train.output_dir}/elas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -57,8 +59,7 @@ def _run_ranks(
     trainer_args: list[str],
 ) -> int:
     """One node's ranks of `bertdist train`; the worst exit code, a signal as 128 + its number."""
-    Path(config_file).parent.mkdir(parents=True, exist_ok=True)
-    Path(config_file).write_text(config_yaml)
+    write_private(Path(config_file), config_yaml)
     procs = []
     for local in range(nproc):
         env = {
@@ -77,6 +78,20 @@ def _run_ranks(
         )
     codes = [p.wait() for p in procs]
     return max((128 - c if c < 0 else c for c in codes), key=lambda c: (c != 0, c))
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, in a directory of this user's alone: the path is in every rank's command line (`ps`) and
+    reused on every node the job launches on, so another user could create the directory first, with the file a
+    link to one of ours (overwritten with the config) or swapped before the ranks read it."""
+    with contextlib.suppress(FileExistsError):
+        path.parent.mkdir(mode=0o700)
+    found = os.lstat(path.parent)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise UserError(f"{path.parent}: refused for the job's config: not a directory of this user's alone (0700)")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _signal_ranks(pattern: str, signum: int) -> None:
