@@ -63,8 +63,10 @@ class Objective:
     summary: str
     setup: str | None = None
     """A module with `set_up(cfg, model, device, fresh)`, which the run calls after building the model and
-    before its engine, and `plan_lines(cfg)`, what `bertdist train --dry-run` says of it (distillation's teacher:
-    bertdist.model.distilbert.teacher). None: nothing to set up."""
+    before its engine, `plan_lines(cfg)`, what `bertdist train --dry-run` says of it, and
+    `side_forward_flops(cfg, seq_length, predictions)`, the forward FLOPs per sequence it runs beside the model's
+    (MFU leaves them out; a forecast of the step's time cannot), or None when they cannot be read here
+    (distillation's teacher: bertdist.model.distilbert.teacher). None: nothing to set up."""
 
     @property
     def sentence_task(self) -> str | None:
@@ -90,6 +92,10 @@ class Objective:
     def plan_lines(self, cfg: Any) -> list[str]:
         """What the plan says of the objective's own settings; [] for most."""
         return importlib.import_module(self.setup).plan_lines(cfg) if self.setup else []
+
+    def side_forward_flops(self, cfg: Any, seq_length: int, predictions: int) -> float | None:
+        """Forward FLOPs per sequence run beside the model's (a teacher's); 0 for most, None if unknown here."""
+        return importlib.import_module(self.setup).side_forward_flops(cfg, seq_length, predictions) if self.setup else 0
 
 
 ANY = ("mlm", "nsp", "sop")

@@ -12,7 +12,9 @@ comparable across implementations. Parameters are counted on the model itself, b
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from typing import Any
 
 from bertdist.config import ModelConfig
@@ -29,20 +31,28 @@ def train_flops_per_sequence(model: ModelConfig, seq_length: int, masked_positio
     return 3.0 * forward_flops_per_sequence(model, seq_length, masked_positions)
 
 
-def train_flops_of_batch(model: ModelConfig, tokens: Any, samples: int, predictions: Any) -> Any:
-    """Training FLOPs of `samples` sequences holding `tokens` real tokens and `predictions` real MLM predictions in
-    all: padding is not counted, of the tokens nor of the prediction slots (a batch's rows hold as many slots as
-    its most predicting sample).
+def train_flops_of_batch(model: ModelConfig, attention_mask: Any, masked_lm_ids: Any) -> Any:
+    """Training FLOPs of a batch (bertdist.data.batching): each sample counted at its own length and its own
+    real predictions, so neither padding (of the rows, of the prediction slots) nor a mean length (attention
+    grows with the square of it: a mean undercounted an 8,192-token document packed with short ones by 27%)
+    enters the count.
 
-    Attention is counted as if every sequence had the mean length, which undercounts it a little for mixed
-    lengths. `tokens` and `predictions` may be device tensors: the result is then one too, with no host sync, in
-    float64 so that it is the exact count (a float32 one rounds above 2^24)."""
-    mean_length, mean_predictions = (_exact(n) / samples for n in (tokens, predictions))
-    return samples * train_flops_per_sequence(model, mean_length, mean_predictions)
+    `attention_mask` numbers each row's samples 1, 2, ... (0 is padding), and its samples are the batch's in
+    order, row by row; `masked_lm_ids` is (samples, slots), -100 in an unused slot. Device tensors in, a device
+    float64 tensor out (exact: float32 rounds above 2^24), with no host sync: each sample's length lands in its
+    (row, number) slot of a rows x seq grid, and the grid's occupied slots, counted in order, are the samples."""
+    import torch
 
-
-def _exact(count: Any) -> Any:
-    return count.double() if hasattr(count, "double") else count
+    rows, seq = attention_mask.shape
+    numbers = attention_mask.long()
+    slot = torch.arange(rows, device=numbers.device)[:, None] * seq + (numbers - 1).clamp(min=0)
+    lengths = torch.zeros(rows * seq, dtype=torch.float64, device=numbers.device)
+    lengths.scatter_add_(0, slot.flatten(), (numbers > 0).flatten().double())
+    occupied = lengths > 0
+    predictions = (masked_lm_ids != -100).sum(-1).double()
+    sample = (occupied.cumsum(0) - 1).clamp(min=0, max=predictions.numel() - 1)
+    flops = train_flops_per_sequence(model, lengths, predictions[sample])
+    return (flops * occupied).sum()
 
 
 def parameter_counts(model: ModelConfig) -> tuple[int, int]:
@@ -70,8 +80,9 @@ def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
     return int(20 * seq_length / 128)
 
 
-# Dense peak FLOP/s per GPU (no sparsity) by a substring of torch.cuda.get_device_name(), most specific
-# first: (fp16/bf16 tensor cores, plain fp32). Vendor datasheet numbers.
+# Dense peak FLOP/s per GPU (no sparsity) by a whole word (or words) of torch.cuda.get_device_name(), most
+# specific first: (fp16/bf16 tensor cores, plain fp32). Vendor datasheet numbers. Whole words: a substring gave an
+# L40 the L4's peak, a T400 the T4's, an A10G the A10's.
 GPU_PEAK_FLOPS: list[tuple[str, float, float]] = [
     ("H200", 989e12, 67e12),
     ("H100 PCIe", 756e12, 51e12),
@@ -79,7 +90,7 @@ GPU_PEAK_FLOPS: list[tuple[str, float, float]] = [
     ("H100", 989e12, 67e12),
     ("A100", 312e12, 19.5e12),
     ("L40S", 362e12, 91.6e12),
-    ("L40", 181e12, 90.5e12),  # before L4, which its name holds
+    ("L40", 181e12, 90.5e12),
     ("L4", 121e12, 30.3e12),
     ("A10", 125e12, 31.2e12),
     ("V100", 125e12, 15.7e12),
@@ -92,7 +103,7 @@ PEAK_FLOPS_ENV = "BERTDIST_PEAK_FLOPS"
 def peak_flops_per_second(device_name: str, precision: str) -> float | None:
     """Datasheet peak of one GPU for `precision`, or None for a device not in GPU_PEAK_FLOPS."""
     for key, half, single in GPU_PEAK_FLOPS:
-        if key in device_name:
+        if re.search(rf"\b{re.escape(key)}\b", device_name):
             return single if precision == "fp32" else half
     return None
 
@@ -136,6 +147,7 @@ class PeakFlops:
         import torch
 
         self.value = peak_flops_for(device_type, precision)
+        self.precision = precision
         self.from_datasheet = (
             not os.environ.get(PEAK_FLOPS_ENV)
             and device_type == "cuda"
@@ -147,7 +159,15 @@ class PeakFlops:
 
     def mfu(self, achieved_flops_per_second: float) -> float:
         """The fraction of the peak reached, below 1.0; 1.0 (unknown) once a rate reached or exceeded the peak, or
-        for a datasheet peak, in each interval that does."""
+        for a datasheet peak, in each interval that does; 1.0 for a GPU whose peak bertdist does not know."""
+        if math.isnan(self.value):
+            if not self.exceeded:
+                self.exceeded = True
+                self.notice = (
+                    f"MFU unknown: no datasheet peak for this GPU in bertdist.model.flops.GPU_PEAK_FLOPS; set "
+                    f"{PEAK_FLOPS_ENV} to its dense peak FLOP/s at {self.precision}"
+                )
+            return 1.0
         if achieved_flops_per_second < self.value and not (self.exceeded and not self.from_datasheet):
             return achieved_flops_per_second / self.value
         if not self.exceeded:
@@ -166,8 +186,6 @@ def peak_flops_for(device_type: str, precision: str) -> float:
 
     if os.environ.get(PEAK_FLOPS_ENV):
         return float(os.environ[PEAK_FLOPS_ENV])
-    if device_type == "cuda":
-        peak = peak_flops_per_second(torch.cuda.get_device_name(), precision)
-        if peak:
-            return peak
+    if device_type == "cuda":  # a GPU not in the table: unknown, not this machine's CPU (every MFU read 100%)
+        return peak_flops_per_second(torch.cuda.get_device_name(), precision) or math.nan
     return measure_matmul_flops_per_second()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from bertdist.config import Config
 from bertdist.config.batch_warmup import phase_sequences
+from bertdist.config.objectives import objective
 from bertdist.errors import UserError
 from bertdist.model.flops import (
     GPU_PEAK_FLOPS,
@@ -164,17 +165,18 @@ def estimate(cfg: Config) -> Forecast:
         peak = single if cfg.train.precision == "fp32" else half
     world = cfg.launch.world_size()
     sequences = [cfg.global_batch_size(p) / world for p in cfg.data.phases]
-    step_flops = [
-        n
-        * train_flops_per_sequence(
-            cfg.model, p.max_seq_length, masked_positions_for(p.max_seq_length, cfg.masking(p).masked_lm_prob)
-        )
-        for p, n in zip(cfg.data.phases, sequences)
-    ]
+    step_flops, unknown_side = [], False
+    for p, n in zip(cfg.data.phases, sequences):
+        predictions = masked_positions_for(p.max_seq_length, cfg.masking(p).masked_lm_prob)
+        side = objective(cfg.model).side_forward_flops(cfg, p.max_seq_length, predictions)  # a teacher's forward
+        unknown_side |= side is None
+        per_sequence = train_flops_per_sequence(cfg.model, p.max_seq_length, predictions) + (side or 0)
+        step_flops.append(n * per_sequence)
     source = (
         f"estimated, not measured: the training FLOPs of a step over the peak of one {name}, {peak / 1e12:g} TFLOP/s "
         f"in {cfg.train.precision}, at an assumed MFU of {ASSUMED_MFU:.0%}; --calibrate measures it"
     )
+    missing = "; without the forward of the objective's teacher, whose config.json is not readable here"
     note = ""
     if not _cuda():  # planned here for a GPU cluster, or about to run on this CPU: both are said
         # The node's ranks share this CPU: each trains at its share of the matmul peak measured here.
@@ -196,7 +198,11 @@ def estimate(cfg: Config) -> Forecast:
                 "the same MFU"
             )
     return Forecast(
-        source, [f / (peak * ASSUMED_MFU) for f in step_flops], [0.0] * len(step_flops), sequences, note=note
+        source + (missing if unknown_side else ""),
+        [f / (peak * ASSUMED_MFU) for f in step_flops],
+        [0.0] * len(step_flops),
+        sequences,
+        note=note,
     )
 
 

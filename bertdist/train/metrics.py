@@ -101,7 +101,7 @@ def accumulate(sums: StepSums, out: Any, batch: dict[str, Any], model: ModelConf
         values[f"correct:{name}"] = scored.correct().sum()
         values[f"count:{name}"] = (scored.labels != -100).sum()
     if model is not None:
-        values["flops"] = train_flops_of_batch(model, tokens, samples, (batch["masked_lm_ids"] != -100).sum())
+        values["flops"] = train_flops_of_batch(model, batch["attention_mask"], batch["masked_lm_ids"])
     for name, value in values.items():
         sums.add(name, value.double() if isinstance(value, torch.Tensor) else value)
 

@@ -62,9 +62,11 @@ class DistilBertForMaskedLM(BertForPreTraining):
 
     @staticmethod
     def forward_flops(cfg: ModelConfig, seq_length: Any, masked_positions: int) -> Any:
-        """The student's forward: every layer at every token (the cosine reads the last layer's states
-        everywhere) and the MLM head at the predictions. The teacher's forward is not counted: MFU is the
-        student's."""
+        """The student's forward. With objective `distill`: every layer at every token (the cosine reads the last
+        layer's states everywhere) and the MLM head at the predictions; the teacher's forward is not counted: MFU
+        is the student's. Otherwise BERT's masked LM runs (`losses`): its last layer at the predictions only."""
+        if cfg.objective != "distill":
+            return BertForPreTraining.forward_flops(cfg, seq_length, masked_positions)
         layers = cfg.num_layers * BertLayer.forward_flops(cfg, seq_length, seq_length)
         return 1.0 * (layers + BertLMPredictionHead.forward_flops(cfg, masked_positions))
 

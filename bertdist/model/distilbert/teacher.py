@@ -10,6 +10,10 @@ being frozen it is the same teacher. It runs at the run's precision (bf16 or fp1
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import torch
 
 from bertdist.config import Config
@@ -39,3 +43,15 @@ def plan_lines(cfg: Config) -> list[str]:
         f"FLOPs below); the student starts from {layers}; loss {x.kd_weight:g} x soft targets at temperature "
         f"{x.temperature:g} + {x.mlm_weight:g} x MLM + {x.cos_weight:g} x hidden-state cosine"
     ]
+
+
+def side_forward_flops(cfg: Config, seq_length: int, predictions: int) -> float | None:
+    """The teacher's forward per sequence (every layer at every token, the MLM head at the predictions): about 60%
+    of a step's FLOPs beside the student's training, left out of MFU but not of the time a step takes. None when
+    its config.json cannot be read here (a path on the cluster, the forecast made elsewhere)."""
+    try:
+        depth = int(json.loads((Path(cfg.distill.teacher) / "config.json").read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    teacher = dataclasses.replace(cfg.model, num_layers=depth)  # the student's width, heads and vocabulary (checked)
+    return DistilBertForMaskedLM.forward_flops(teacher, seq_length, predictions)
