@@ -38,6 +38,11 @@ class Tracker:
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Tags of the run (unlike parameters, a later value replaces an earlier one)."""
 
+    def rewind(self, step: int) -> None:
+        """A rollback went back to `step`: the steps after it are trained again, and their new values are logged
+        beside the discarded ones (MLflow keeps every value; the rollback's tag names the steps). Without it,
+        the values of the steps a resumed run logs again are taken for repeats and dropped."""
+
     def log_run_start(self, cfg: Config, world_size: int, nodes: int) -> None:
         """Everything known before the first step: parameters, the resolved config, the vocabulary."""
 

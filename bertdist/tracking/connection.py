@@ -117,6 +117,9 @@ class RunConnection:
         """Drop what a resumed run already has: metric steps logged before the interruption, params."""
         if record.kind == "metrics":
             return self.contents.unsent_metrics(record.items)
+        if record.kind == "rewind":
+            self.contents.rewind(record.items[0][0])
+            return []
         if record.kind == "params":
             new, changed = self.contents.split_params(record.items)
             if changed:
@@ -128,6 +131,8 @@ class RunConnection:
         send(self._client, self.run_id, kind, items)
         if kind == "metrics":  # a step is sent once per run (see RunContents)
             self.contents.sent_metrics(items)
+        elif kind == "params":  # a later value of one (a spooled attempt's, then this one's) is a resumed_with tag
+            self.contents.params.update(items)
 
     def _with_retry(self, action: Callable[[], Any]) -> Any:
         """Run `action` until it succeeds or fails for a non-transient reason; back off while it can't."""

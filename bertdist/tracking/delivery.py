@@ -30,7 +30,7 @@ MAX_TAG_VALUE_CHARS = 8000
 class Record:
     """One queued request. `kind` picks how it is sent; `items` can be split to isolate a rejected one."""
 
-    kind: str  # metrics | params | tags | artifact | text | terminate
+    kind: str  # metrics | params | tags | artifact | text | rewind (nothing sent: RunContents.rewind) | terminate
     items: list[Any]
 
 
@@ -98,6 +98,13 @@ class RunContents:
         if metric.step > last_step:
             return True
         return metric.step == last_step and metric.key.startswith(EVENT_PREFIXES) and metric.value != last_value
+
+    def rewind(self, step: int) -> None:
+        """The training steps after `step` are logged again (a rollback): they are no longer repeats. The node's
+        system metrics count their own samples, not steps, and are left."""
+        for key, last in self.last_step.items():
+            if last > step and not key.startswith("system/"):
+                self.last_step[key] = step
 
     def next_step(self, prefix: str) -> int:
         """One past the last step of any metric whose name starts with `prefix`."""

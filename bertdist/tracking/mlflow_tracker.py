@@ -137,6 +137,9 @@ class MLflowTracker(Tracker):
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._queue.put(Record("tags", [(str(k), truncate(str(v), MAX_TAG_VALUE_CHARS)) for k, v in tags.items()]))
 
+    def rewind(self, step: int) -> None:
+        self._queue.put(Record("rewind", [(int(step),)]))  # in order with the metrics around it, spooled with them
+
     def log_run_start(self, cfg: Config, world_size: int, nodes: int) -> None:
         """Everything known before the first step: parameters, the resolved config and the vocabulary."""
         try:

@@ -31,9 +31,11 @@ MODEL_REQUIREMENTS = ["mlflow", "torch", "transformers", "tokenizers", "pandas"]
 
 
 def log_export(
-    cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | None, export_dir: str | os.PathLike
+    cfg: TrackingConfig, run_dir: str | os.PathLike, run_id: str | None, export_dir: str | os.PathLike, step: int
 ) -> str | None:
-    """Log `export_dir` as the run's MLflow Model (and register it if asked); returns the model URI or None."""
+    """Log `export_dir`, the model of the checkpoint of `step`, as the run's MLflow Model (and register it if
+    asked); returns the model URI or None. The step links the model to that step's metrics: left out, MLflow
+    took step 0 and showed the untrained model's evaluation as the export's."""
     if not cfg.enabled or not run_id:
         return None
     uri = store.resolve_tracking_uri(cfg.tracking_uri, run_dir)
@@ -57,6 +59,7 @@ def log_export(
                 signature=ModelSignature(inputs=Schema([ColSpec("string", "text")])),
                 pip_requirements=MODEL_REQUIREMENTS,
                 registered_model_name=cfg.register_model_name or None,
+                step=step,
             )
         client.set_tag(run_id, EXPORT_TAG, str(Path(export_dir).resolve()))
     except Exception as e:

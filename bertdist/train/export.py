@@ -147,7 +147,7 @@ def export_directory(
         staging.rmdir()
     if state is not None:
         run_dir = source.parent.parent  # {output_dir}/checkpoints/step_N: found even when exporting from elsewhere
-        log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output)
+        log_export(TrackingConfig(**state.config["tracking"]), run_dir, state.tracking_run_id, output, state.step)
     return output
 
 

@@ -281,6 +281,8 @@ class Trainer(scaffold.Run):
                 with interval.paused():
                     self._evaluate(step, phase)
             if sums["stop_requested"] > 0:
+                if interval.steps:  # the steps since the last log line: lost to the run's record otherwise
+                    self._log_interval(step, total_steps, lr, interval)
                 return self._stop_preempted(step, nonfinite_streak, phase_index)
             if self.saver.pending and not sums["checkpoint_writing"]:  # every rank's background write is done
                 with interval.paused():
@@ -434,6 +436,7 @@ class Trainer(scaffold.Run):
         rng.restore_rng_state(state.rng_states[self.env.rank])
         self.tokens_seen, self.sequences_seen = state.tokens_seen, state.sequences_seen
         self.source_tokens = dict(state.source_tokens)  # the discarded steps' tokens are counted again in the replay
+        self.tracker.rewind(state.step)
         self.rollbacks.begin(step, reason, state.step, loss, batch)
         self.step = state.step
         self.watchdog.progress(step)

@@ -151,6 +151,39 @@ def test_a_resumed_run_continues_the_same_mlflow_run_without_duplicate_steps(mlf
     assert mlflow_server.tags(first.run_id)["resumed_with.checkpoint.resume"] == "/ckpt/step_00000006"
 
 
+def test_the_steps_a_rollback_trains_again_are_logged_beside_the_discarded_ones(mlflow_server, tmp_path):
+    """A rollback to step 4 from a bad step 6 skips its data and trains 5..8 again: those values were taken for
+    a resumed run's repeats and dropped, so MLflow held only the discarded attempt's. The spooled record keeps
+    its place among the metrics; the node's system metrics, counted in samples, are not rewound."""
+    cfg = tracking_config(mlflow_server, "unit-rewind")
+    tracker = build_tracker(cfg, str(tmp_path), rank=0)
+    for step in range(1, 7):
+        tracker.log_metrics({"loss/train": float(step), "system/node_0/cpu": 1.0}, step=step)
+    tracker.rewind(4)
+    for step in range(5, 9):
+        tracker.log_metrics({"loss/train": 100.0 + step, "system/node_0/cpu": 2.0}, step=step)
+    tracker.close()
+    history = sorted(mlflow_server.history(tracker.run_id, "loss/train"))
+    assert history == sorted([(s, float(s)) for s in range(1, 7)] + [(s, 100.0 + s) for s in range(5, 9)])
+    assert sorted(mlflow_server.history(tracker.run_id, "system/node_0/cpu")) == [(s, 1.0) for s in range(1, 7)] + [
+        (s, 2.0) for s in (7, 8)
+    ]
+
+
+def test_a_param_logged_again_with_another_value_in_one_run_is_a_resumed_with_tag(mlflow_server, tmp_path):
+    """A run that delivered a killed attempt's spooled params, then its own: the store was read when the run was
+    created (no params), so the second value was sent as a param, which MLflow refused with a warning."""
+    cfg = tracking_config(mlflow_server, "unit-params-again")
+    tracker = build_tracker(cfg, str(tmp_path), rank=0)
+    tracker.log_params({"tracking.tracking_uri": "http://127.0.0.1:9", "train.seed": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tracker.log_params({"tracking.tracking_uri": "sqlite:///mlflow.db", "train.seed": 1})
+        tracker.close()
+    assert mlflow_server.params(tracker.run_id) == {"tracking.tracking_uri": "http://127.0.0.1:9", "train.seed": "1"}
+    assert mlflow_server.tags(tracker.run_id)["resumed_with.tracking.tracking_uri"] == "sqlite:///mlflow.db"
+
+
 def test_each_relaunch_from_one_checkpoint_records_its_own_world_size_and_restart(mlflow_server, tmp_path):
     """Two elastic relaunches resuming from the same checkpoint share its step: the second's world size and restart
     count were taken for a replayed step and dropped. The same value again (a spool replay) is still dropped."""

@@ -38,7 +38,7 @@ def test_checkpoints_and_models_land_in_the_bucket(s3, tmp_path, tiny_vocab):
         tracker.close()
         export_dir = tmp_path / "hf"
         save_pretrained(BertForPreTraining(tiny_model_config()), export_dir, vocab_file=tiny_vocab)
-        assert log_export(cfg, tmp_path, tracker.run_id, export_dir)
+        assert log_export(cfg, tmp_path, tracker.run_id, export_dir, step=0)
     finally:
         server.stop()
     objects = [url.rsplit("/", 1)[-1] for url in storage.find(bucket)]

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from bertdist.config.schema import TrainConfig
+from bertdist.tracking.base import Tracker
 from bertdist.train import run_events, train_state
 from bertdist.train.rollback import LossWatch, Rollbacks
 
@@ -223,6 +224,7 @@ def test_a_rollback_goes_to_the_checkpoint_the_run_resumed_from_not_to_an_abando
         cfg=None,
         rollbacks=watch,
         watchdog=SimpleNamespace(progress=lambda step: None),
+        tracker=Tracker(),
         step=6,
     )
     watch.micro_batches_since_save = 4
