@@ -22,6 +22,7 @@ import yaml
 from bertdist.config.errors import ConfigError
 from bertdist.config.schema import Config
 from bertdist.config.validation import validate
+from bertdist.config.yaml_core import describe as describe_yaml_error
 from bertdist.config.yaml_core import load as load_yaml
 
 
@@ -42,7 +43,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         except (UnicodeDecodeError, OSError) as e:
             raise ConfigError([f"config file {path}: unreadable ({type(e).__name__}: {e})"]) from None
         except yaml.YAMLError as e:
-            raise ConfigError([f"config file {path}: not valid YAML ({e})"]) from None
+            raise ConfigError([f"config file {path}: not valid YAML ({describe_yaml_error(e)})"]) from None
         if not isinstance(loaded, dict):
             raise ConfigError([f"config file {path}: top level must be a mapping of sections"])
         raw = loaded
@@ -149,8 +150,7 @@ def _override_value(item: str, text: str, hint: Any) -> Any:
     try:
         return load_yaml(text) if text.strip() else ""
     except yaml.YAMLError as e:
-        reason = " ".join(str(e).split())
-        raise ValueError(f"override {item!r}: the value is not valid YAML ({reason})") from None
+        raise ValueError(f"override {item!r}: the value is not valid YAML ({describe_yaml_error(e)})") from None
 
 
 def _unquoted(text: str) -> str:

@@ -17,7 +17,23 @@ _BOOL, _INT, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:ya
 
 
 class _CoreLoader(yaml.SafeLoader):
-    pass
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """A key given twice is refused, naming both lines: PyYAML keeps the last, so a second `optim:` section
+        silently replaced the whole first one (a merge `<<` may still be overridden, as YAML means it)."""
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"{key!r} is given twice (first on line {first_line[key] + 1}); the second would replace the first",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
 
 
 _CoreLoader.yaml_implicit_resolvers = {
@@ -41,6 +57,14 @@ def _integer(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 
 
 _CoreLoader.add_constructor(_INT, _integer)
+
+
+def describe(error: yaml.YAMLError) -> str:
+    """One line for a YAML error: `line L, column C: the problem`, not PyYAML's block of lines and carets."""
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(error).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(str(problem).split())}"
 
 
 def load(text: str) -> Any:

@@ -107,7 +107,7 @@ def read_suite(suite: str) -> list[SuiteTask]:
     except OSError as e:
         raise UserError(f"--suite: {suite} is not glue and cannot be read as a suite file ({e.strerror})") from None
     except yaml.YAMLError as e:
-        raise UserError(f"--suite: {suite} is not valid YAML ({e})") from None
+        raise UserError(f"--suite: {suite} is not valid YAML ({yaml_core.describe(e)})") from None
     tasks = raw.get("tasks") if isinstance(raw, dict) else None
     if not isinstance(tasks, dict) or not tasks:
         raise UserError(f"--suite: {suite} needs a `tasks:` mapping of name -> {{finetune: {{...}}, metric: ...}}")

@@ -175,6 +175,22 @@ def test_yaml_plain_scalars_are_read_by_the_core_schema_not_yaml_1_1(tmp_path):
     assert cfg.data.phases[0].mixture == {"web": 0.1}
 
 
+def test_a_key_given_twice_is_refused_in_one_line_naming_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second `optim:` replaced the whole first section (lr 1e-3 back to
+    the default), a second `size:` made a tiny model base-sized, and the dry run said nothing. A merge may still
+    be overridden, and an error is one line, not PyYAML's block of carets."""
+    path = write_yaml(tmp_path, "optim:\n  lr: 1e-3\ntrain:\n  seed: 1\noptim:\n  weight_decay: 0.0\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).splitlines()[-1].endswith(
+        "not valid YAML (line 5, column 1: 'optim' is given twice (first on line 1); the second would replace the "
+        "first)"
+    )
+    path = write_yaml(tmp_path, "base: &b {lr: 1e-3, eps: 1e-6}\noptim:\n  <<: *b\n  lr: 2e-3\n")
+    with pytest.raises(ConfigError, match="base: unknown key"):  # read past the merge: the anchor's section
+        load_config(path)
+
+
 def test_unknown_section_and_bad_override_syntax(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(None, ["optimiser.lr=1", "train.seed"])
