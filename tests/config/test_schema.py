@@ -182,9 +182,13 @@ def test_a_key_given_twice_is_refused_in_one_line_naming_both_lines(tmp_path):
     path = write_yaml(tmp_path, "optim:\n  lr: 1e-3\ntrain:\n  seed: 1\noptim:\n  weight_decay: 0.0\n")
     with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert str(err.value).splitlines()[-1].endswith(
-        "not valid YAML (line 5, column 1: 'optim' is given twice (first on line 1); the second would replace the "
-        "first)"
+    assert (
+        str(err.value)
+        .splitlines()[-1]
+        .endswith(
+            "not valid YAML (line 5, column 1: 'optim' is given twice (first on line 1); the second would replace the "
+            "first)"
+        )
     )
     path = write_yaml(tmp_path, "base: &b {lr: 1e-3, eps: 1e-6}\noptim:\n  <<: *b\n  lr: 2e-3\n")
     with pytest.raises(ConfigError, match="base: unknown key"):  # read past the merge: the anchor's section
