@@ -214,7 +214,11 @@ def _fine_tuned_model(source: Path) -> Path | None:
 
 def _copy_model(model: Path, staging: Path, vocab_file: str | None) -> None:
     """The files of the Hugging Face directory `model`, as they are (its tokenizer is the model's), with its
-    subdirectories (an ELECTRA's generator/)."""
+    subdirectories (an ELECTRA's generator/). A model bertdist does not read (a GPT-2) is refused, as fine-tuning,
+    embed and attention refuse it: it was copied and said exported."""
+    from bertdist.model.hf_heads import model_config
+
+    model_config(model)
     if vocab_file:
         raise checkpoint.CheckpointError(
             f"--vocab: {model} is a Hugging Face directory, exported with its own tokenizer; "

@@ -56,3 +56,9 @@ def test_export_of_something_that_is_not_a_checkpoint_is_an_error(tmp_path, caps
     assert "neither a complete checkpoint" in capsys.readouterr().err
     with pytest.raises(CheckpointError):
         find_checkpoint(tmp_path)
+    # A Hugging Face directory of a model bertdist does not read was copied and said exported, exit 0
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text('{"model_type": "gpt2"}')
+    assert main(["export", str(tmp_path / "gpt2"), "--output", str(tmp_path / "out")]) == 2
+    assert "config.json: model_type 'gpt2' is not one bertdist reads" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
