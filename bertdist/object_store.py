@@ -74,7 +74,13 @@ def filesystem(url: str) -> tuple[Any, str]:
             options.update(config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}})
             if endpoint():  # bound now, not at the first request: the filesystem is cached under this endpoint
                 options.update(endpoint_url=endpoint())
-        _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
+        try:
+            _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
+        except (ImportError, ValueError, OSError) as e:  # gcsfs not installed, a scheme fsspec does not know, no JVM
+            why = " ".join(str(e).split())[:200]
+            raise StorageError(
+                f"{url}: a {protocol}:// URL cannot be opened here ({type(e).__name__}: {why})"
+            ) from None
     return _FILESYSTEMS[key], url.split("://", 1)[1]
 
 

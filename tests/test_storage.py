@@ -469,3 +469,17 @@ def test_the_download_cache_is_the_users_own_and_its_record_names_nothing_outsid
     (local / storage.DOWNLOADED_VERSIONS).write_text(json.dumps({"../../../victim.txt": "x"}))
     assert storage.download_directory(url) == str(local) and victim.read_text() == "keep me"
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/corpus.txt", "foo://bucket/corpus.txt"])
+def test_a_url_whose_scheme_cannot_be_opened_here_is_one_line_and_exit_2(url, tmp_path, capsys):
+    """fsspec's ImportError (gcsfs not installed) or ValueError (a scheme it does not know) was a traceback, exit 1,
+    from vocab, inspect, train and finetune alike."""
+    from bertdist.cli import main
+
+    assert main(["vocab", "--input", url, "--output", str(tmp_path / "vocab")]) == 2
+    err = capsys.readouterr().err
+    scheme = url.split(":")[0]
+    assert f"{url}: a {scheme}:// URL cannot be opened here (" in err and "Traceback" not in err, err
+    with pytest.raises(storage.StorageError, match=f"a {scheme}:// URL cannot be opened here"):
+        storage.exists(url)
