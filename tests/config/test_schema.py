@@ -249,11 +249,13 @@ def test_a_url_where_only_a_local_path_works_is_refused_by_name(vocab):
             "finetune.output_dir=s3://bucket/ft",
             "finetune.train_file=t.tsv",
             "finetune.dev_file=d.tsv",
+            "tracking.tracking_uri=s3://bucket/mlruns",  # trained 3 steps untracked, exit 0
         ],
     )
     with pytest.raises(ConfigError) as err:
         validate(cfg, world_size=1)
     problems = "\n".join(err.value.problems)
+    assert "tracking.tracking_uri: s3:// is not an MLflow tracking store (http, https, file, sqlite" in problems
     assert (
         "train.output_dir: s3://bucket/run is a URL; the run directory" in problems and "set checkpoint.uri" in problems
     )
