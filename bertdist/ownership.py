@@ -59,14 +59,15 @@ def holder_text(record: dict) -> str:
 def owned(directory: str | os.PathLike, remove_on_failure: bool = False) -> Iterator[Path]:
     """Hold `directory` (created if missing) for the block; refuse with the holder named if another process does.
 
-    With `remove_on_failure`, an exception in the block removes what the block added to the directory (and
-    the directory, if this call created it), so that a failed `embed` or `export` leaves no partial output.
+    With `remove_on_failure`, an exception in the block removes what the block added to the directory, so that a
+    failed `embed` or `export` leaves no partial output. Either way, the directories this call created are
+    removed when they are left empty: a run refused at its first check left an empty run directory (and `runs/`).
     """
     if storage.is_url(directory):
         yield directory
         return
     directory = Path(directory)
-    created = not directory.exists()
+    created = [p for p in (directory, *directory.parents) if not p.exists()]  # the deepest first
     directory.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(directory)
     if key in _HELD:
@@ -87,8 +88,9 @@ def owned(directory: str | os.PathLike, remove_on_failure: bool = False) -> Iter
         with contextlib.suppress(FileNotFoundError):
             os.remove(directory / LOCK_FILENAME)  # while still holding it: see the module docstring
         os.close(fd)
-        if created and remove_on_failure and directory.is_dir() and not os.listdir(directory):
-            directory.rmdir()
+        for made in created:  # a run refused before it wrote anything leaves no empty directories behind
+            with contextlib.suppress(OSError):  # one that holds something stays, and so do those above it
+                made.rmdir()
 
 
 _HELD: dict[str, str] = {}

@@ -91,6 +91,23 @@ def test_a_failure_removes_only_what_the_block_added(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_run_refused_before_it_writes_leaves_no_empty_directories_it_made(tmp_path):
+    """`bertdist train` with a missing train_dir (or finetune with a bad file) left an empty run directory, and
+    an empty runs/ above it; a directory that was there, or that holds anything, stays."""
+    from bertdist.errors import UserError
+
+    with pytest.raises(UserError):
+        with ownership.owned(tmp_path / "runs" / "ft" / "run"):
+            raise UserError("finetune.train_file: not found")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs").mkdir()
+    with ownership.owned(tmp_path / "runs" / "run"):
+        (tmp_path / "runs" / "run" / "metrics.jsonl").write_text("{}")
+    with ownership.owned(tmp_path / "runs" / "empty"):
+        pass
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run"]
+
+
 @pytest.mark.slow
 def test_a_second_train_on_the_same_output_is_refused_and_the_first_finishes(tmp_path, tiny_shards, tiny_vocab):
     config = runs.write_config(tmp_path, tiny_shards, tiny_vocab, 1, eval_every_steps=10_000)
