@@ -40,6 +40,9 @@ def describe_plan(cfg: Config, world_size: int) -> str:
         tokens = sequences * ph.max_seq_length
         mk = cfg.masking(ph)
         predictions = masked_positions_for(ph.max_seq_length, mk.masked_lm_prob)
+        cut = mk.max_predictions_per_seq and predictions > mk.max_predictions_per_seq
+        if cut:  # the cap wins (ALBERT's 20 at 512, on purpose): said, and counted at what is trained
+            predictions = mk.max_predictions_per_seq
         flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, predictions)
         total_tokens += tokens
         total_flops += flops
@@ -48,7 +51,7 @@ def describe_plan(cfg: Config, world_size: int) -> str:
             f"global batch {cfg.global_batch_size(ph):,}, micro batch {ph.micro_batch_size}, "
             f"gradient accumulation {cfg.gradient_accumulation_steps(ph, world_size)}, "
             + (
-                f"lr {ph.lr:g} with {_after_warmup(cfg, ph.warmup_steps, ph.steps, ph.decay_fraction)}, "
+                f"lr {ph.lr:g} with {_after_warmup(cfg, ph.warmup_steps, ph.steps, ph.decay_fraction, first)}, "
                 if ph.lr
                 else ""
             )
@@ -56,6 +59,12 @@ def describe_plan(cfg: Config, world_size: int) -> str:
                 f"masking {mk.masked_lm_prob:.0%} ({mk.mask_token_fraction:.0%} [MASK], {mk.random_token_fraction:.0%} "
                 "random), "
                 if mk != cfg.data.masking
+                else ""
+            )
+            + (
+                f"masking cut to {predictions} predictions a sample by max_predictions_per_seq (an effective "
+                f"{predictions / ph.max_seq_length:.1%} of {mk.masked_lm_prob:.0%}), "
+                if cut
                 else ""
             )
             + f"{sequences:,} sequences, {tokens:,.0f} tokens, {flops:.3e} FLOPs, "
@@ -101,15 +110,17 @@ def _ramp(cfg: Config, world_size: int) -> str:
     )
 
 
-def _after_warmup(cfg: Config, warmup_steps: int, steps: int, phase_fraction: float) -> str:
-    """`2,000 warmup steps then linear decay to 0 at step 100,000`, or the stable and decay steps of `wsd`."""
+def _after_warmup(cfg: Config, warmup_steps: int, steps: int, phase_fraction: float, first: int = 0) -> str:
+    """`2,000 warmup steps then linear decay to 0 at step 100,000`, or the stable and decay steps of `wsd`; of a
+    phase's own schedule, its steps start at `first` (the run's step numbers, as the phase line's range)."""
     o = cfg.optim
     if o.schedule == "linear":
-        return f"{warmup_steps:,} warmup steps then linear decay to 0 at step {steps:,}"
+        return f"{warmup_steps:,} warmup steps then linear decay to 0 at step {first + steps:,}"
     if o.schedule == "poly":
-        return f"{warmup_steps:,} warmup steps then (1 - step/{steps:,})^{o.decay_power:g} (poly)"
+        since = f"(step - {first:,})" if first else "step"
+        return f"{warmup_steps:,} warmup steps then (1 - {since}/{steps:,})^{o.decay_power:g} (poly)"
     decay = decay_steps(steps, o.decay_fraction if phase_fraction < 0 else phase_fraction)
     return (
-        f"{warmup_steps:,} warmup steps, stable to step {steps - decay:,}, then {o.decay_shape} decay to 0 over "
-        f"{decay:,} steps (wsd)"
+        f"{warmup_steps:,} warmup steps, stable to step {first + steps - decay:,}, then {o.decay_shape} decay to 0 "
+        f"over {decay:,} steps (wsd)"
     )
