@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
+from pathlib import Path
 
+from bertdist.errors import USAGE_EXIT_CODE
 from bertdist.launch.backends import REGISTRY, offering
 from bertdist.launch.checks import SubmitError
 from bertdist.launch.job import DEFAULT_JOBS_DIR, DEFAULT_SIGNAL_SECONDS, JOB_KINDS
@@ -143,8 +146,18 @@ def _run_status(args: argparse.Namespace) -> int:
     from bertdist.launch.status import job_status, run_event_lines
 
     if args.job_id is None:
-        for record in list_jobs(args.jobs_dir):
+        if not Path(args.jobs_dir).is_dir() and (Path(args.jobs_dir).exists() or args.jobs_dir != DEFAULT_JOBS_DIR):
+            what = "is not a directory" if Path(args.jobs_dir).exists() else "does not exist"
+            print(f"bertdist status: --jobs-dir {args.jobs_dir} {what} (no job was submitted with it)", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        records, unreadable = list_jobs(args.jobs_dir)
+        for record in records:
             print(f"{record.job_id}\t{record.backend}\t{record.job}\t{record.name}\t{record.submitted_at}")
+        if unreadable:
+            print(
+                f"bertdist status: {len(unreadable)} unreadable job record(s) skipped: {', '.join(unreadable)}",
+                file=sys.stderr,
+            )
         return 0
     record = JobRecord.load(args.job_id, args.jobs_dir)
     status = job_status(record)

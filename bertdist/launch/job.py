@@ -147,7 +147,11 @@ class JobRecord:
             ) from None
         except json.JSONDecodeError as e:
             raise SubmitError(f"job {job_id}: record {path} is not valid JSON ({e})") from None
-        return cls(**data)
+        try:
+            return cls(**data)
+        except TypeError:  # another file's JSON, or a record edited by hand
+            fields = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise SubmitError(f"job {job_id}: {path} is not a job record (it holds {fields})") from None
 
 
 TERMINAL_STATES = ("succeeded", "failed", "stopped")
@@ -161,11 +165,15 @@ class JobStatus:
     """The backend's own words: SLURM state and exit code, Ray status message, process id."""
 
 
-def list_jobs(jobs_dir: str = DEFAULT_JOBS_DIR) -> list[JobRecord]:
-    records = []
+def list_jobs(jobs_dir: str = DEFAULT_JOBS_DIR) -> tuple[list[JobRecord], list[str]]:
+    """The job records of `jobs_dir`, oldest first, and the names of the record files that could not be read
+    (said, not skipped unseen). A job's other JSON files (`<id>.elastic.json`) are not records."""
+    records, unreadable = [], []
     for path in sorted(Path(jobs_dir).glob("*.json"), key=lambda p: p.stat().st_mtime):
+        if "." in path.stem:
+            continue
         try:
             records.append(JobRecord(**json.loads(path.read_text())))
-        except (json.JSONDecodeError, TypeError):
-            continue
-    return records
+        except (OSError, json.JSONDecodeError, TypeError):
+            unreadable.append(path.name)
+    return records, unreadable

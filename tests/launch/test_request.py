@@ -274,6 +274,27 @@ def test_status_and_logs_of_unknown_or_hostile_job_ids(tmp_path, capsys):
     assert "job id: '../../etc/passwd' is not allowed" in capsys.readouterr().err
 
 
+def test_status_names_a_missing_jobs_dir_and_records_it_cannot_read(tmp_path, capsys, monkeypatch):
+    """`--jobs-dir /nonexistent`, a file, and records that are not records: exit 0 and nothing printed, a record
+    of the wrong shape a TypeError traceback. A job's own elastic.json is no record and is not counted."""
+    assert main(["status", "--jobs-dir", str(tmp_path / "nowhere")]) == 2
+    assert "--jobs-dir " + str(tmp_path / "nowhere") + " does not exist" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["status", "--jobs-dir", str(tmp_path / "file")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "job1.json").write_text('{"x": 1}')
+    (jobs / "job2.json").write_text("{not json")
+    (jobs / "job3.elastic.json").write_text('{"restarts": 0}')
+    assert main(["status", "--jobs-dir", str(jobs)]) == 0
+    assert "2 unreadable job record(s) skipped: job1.json, job2.json" in capsys.readouterr().err
+    assert main(["status", "job1", "--jobs-dir", str(jobs)]) == 2
+    assert "is not a job record (it holds ['x'])" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # no job submitted from here yet: nothing to say
+    assert main(["status"]) == 0 and capsys.readouterr().err == ""
+
+
 def test_status_prints_the_runs_rollbacks_and_replays_after_its_state(tmp_path, capsys, monkeypatch):
     """A training job's record keeps its train.output_dir; `bertdist status JOB` reads the run's events there
     (bertdist.train.run_events) and prints a line for each after the state line."""
