@@ -34,6 +34,7 @@ from bertdist.errors import UserError
 from bertdist.tracking.store import (
     ARTIFACTS_DIRNAME,
     STORE_FILENAME,
+    local_database,
     local_store_uri,
     store_dir,
 )
@@ -62,9 +63,9 @@ def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str |
     holding `mlflow.db`, such as the project directory itself.
     """
     if tracking_uri:
-        return tracking_uri, None
+        return _existing(tracking_uri, "--tracking-uri"), None
     if not run_dir and os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"], None
+        return _existing(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"), None
     from bertdist.config import TrainConfig
 
     directory = Path(run_dir or TrainConfig().output_dir)
@@ -76,6 +77,21 @@ def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str |
             "run's output directory or at the directory holding mlflow.db, or pass --tracking-uri"
         )
     return local_store_uri(directory), str(home / ARTIFACTS_DIRNAME)
+
+
+def _existing(uri: str, where: str) -> str:
+    """`uri` when the dashboard can show it: a store that is there (a dashboard over a path that did not exist made
+    a new, empty database there and served it), of a scheme MLflow serves."""
+    from bertdist.config.validation.train import MLFLOW_STORE_SCHEMES
+
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme and scheme not in MLFLOW_STORE_SCHEMES:
+        raise UIError(f"{where} {redacted(uri)}: {scheme}:// is not an MLflow tracking store")
+    database = local_database(uri)
+    local = database if database is not None else Path(uri.removeprefix("file://")) if scheme in ("", "file") else None
+    if local is not None and not local.exists():
+        raise UIError(f"{where} {redacted(uri)}: {local} does not exist; nothing to show")
+    return uri
 
 
 def check_host(host: str) -> str:

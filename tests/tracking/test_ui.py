@@ -160,6 +160,24 @@ def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
     assert f"--run-dir {tmp_path / 'run'}" in err and "mlflow.db does not exist" in err
 
 
+@pytest.mark.parametrize(
+    "uri, said",
+    [
+        ("sqlite:///{tmp}/nowhere/x.db", "nowhere/x.db does not exist; nothing to show"),
+        ("{tmp}/no-store", "no-store does not exist; nothing to show"),
+        ("gs://bucket/mlruns", "gs:// is not an MLflow tracking store"),
+    ],
+)
+def test_ui_refuses_a_tracking_uri_with_nothing_to_show_before_starting_a_server(uri, said, tmp_path, capsys):
+    """A path that did not exist became a new, empty database served until Ctrl-C; gs:// started MLflow's server and
+    relayed its 20-line traceback."""
+    uri = uri.format(tmp=tmp_path)
+    assert main(["ui", "--tracking-uri", uri, "--port", str(free_tcp_port())]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ui_refuses_a_port_in_use(run_dir, capsys):
     directory, _ = run_dir
     with socket.socket() as busy:
