@@ -711,6 +711,17 @@ def test_prepare_refuses_bad_values_before_starting_and_leaves_nothing(tmp_path,
         == USAGE_EXIT_CODE
     )
     assert "is a file, not a directory" in capsys.readouterr().err
+    # An output inside the input (its next read took the shards for text) and a Ray address with no port that
+    # can be (it waited past two minutes), refused before Ray starts or anything is written
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    for extra, said in (
+        (["--output", str(corpus / "shards")], f"--output: {corpus / 'shards'} is inside an --input"),
+        (["--output", str(output), "--ray-address", "127.0.0.1:99999"], "--ray-address: '127.0.0.1:99999' is not"),
+    ):
+        assert main(["prepare", "--input", str(corpus), "--vocab", tiny_vocab, *extra]) == USAGE_EXIT_CODE
+        assert said in capsys.readouterr().err
+    assert not output.exists() and not (corpus / "shards").exists()
 
 
 def test_a_failed_prepare_leaves_no_work_behind_so_the_fixed_command_runs(tmp_path, tiny_vocab, ray_local, capsys):
@@ -800,6 +811,42 @@ def test_fuzzed_shards_and_manifests_give_an_error_or_the_exact_data(target, tin
         assert got == original, "damaged input read as other data without an error"
         outcomes["exact"] += 1
     assert outcomes["error"] > 0  # the mutations reached checked bytes
+
+
+def _retyped(value, path=()):
+    """(path, replacement) for every field of a JSON value: each replaced by values of other types and ranges."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _retyped(inner, (*path, key))
+    elif isinstance(value, list):
+        for i, inner in enumerate(value[:1]):
+            yield from _retyped(inner, (*path, i))
+    for other in (None, "x", 5, -1, 0, 1.5, [], {}, True):
+        if other != value or type(other) is not type(value):
+            yield path, other
+
+
+def test_every_field_of_a_manifest_retyped_is_one_line_from_inspect_not_a_traceback(tiny_shards, tmp_path, capsys):
+    """A manifest edited by hand (a list for the whole file, a name that is a number, samples_per_block 0, a null
+    document count) crashed `inspect` and the loader with tracebacks in 39 of 150 variants."""
+    d = _one_shard_dir(tiny_shards, tmp_path)
+    pristine = json.loads((d / "manifest.json").read_text())
+    variants = list(_retyped(pristine))
+    assert len(variants) > 100
+    for path, replacement in variants:
+        manifest = json.loads(json.dumps(pristine))
+        if path:
+            holder = manifest
+            for key in path[:-1]:
+                holder = holder[key]
+            holder[path[-1]] = replacement
+        else:
+            manifest = replacement
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        code = main(["inspect", str(d), "--examples", "0"])
+        err = capsys.readouterr().err
+        assert code in (0, 2) and "Traceback" not in err, (path, replacement, err[-2000:])
+        assert code == 0 or len(err.strip().splitlines()) == 1, (path, replacement, err)
 
 
 def test_fuzzed_resume_state_gives_an_error_or_the_original_checkpoint(tmp_path):

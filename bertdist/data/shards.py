@@ -14,17 +14,21 @@ The directory may be a local path or an object-store URL (`bertdist.storage`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import struct
 import tarfile
 import zlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from bertdist import storage
+from bertdist.config.choices import choices
+from bertdist.config.schema import MaskingConfig
+from bertdist.data.instances import InstanceOptions
 from bertdist.data.samples import Samples
 from bertdist.errors import DataError
 
@@ -244,25 +248,87 @@ def read_manifest(shard_dir: str) -> dict:
         manifest = storage.read_json(path)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: the manifest is a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DataError(
             f"{path}: format_version {manifest.get('format_version')!r}, this bertdist reads {FORMAT_VERSION}"
         )
     if not manifest.get("shards"):
         raise DataError(f"{path}: the manifest lists no shards")
-    try:
-        listed = sum(int(s["num_samples"]) for s in manifest["shards"])
-        total = manifest["totals"]["samples"]
-        manifest["options"]["samples_per_block"], manifest["options"]["max_seq_length"], manifest["vocab_sha256"]
-        [(s["name"], s["bytes"], s["sha256"]) for s in manifest["shards"]]
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataError(f"{path}: incomplete manifest ({type(e).__name__}: {e})") from None
+    problem = _shape_problem(manifest)
+    if problem:  # one line naming the field, not a traceback from whichever reader met it first
+        raise DataError(f"{path}: {problem} (edited or damaged manifest)")
+    listed, total = sum(s["num_samples"] for s in manifest["shards"]), manifest["totals"]["samples"]
     if listed != total:
         raise DataError(f"{path}: its shards hold {listed} samples but totals.samples says {total} (edited manifest?)")
     if any("/" in s["name"] or s["name"].startswith(".") for s in manifest["shards"]):
         raise DataError(f"{path}: a shard name points outside the directory")
     manifest["options"] = upgrade_options(manifest["options"])
     return manifest
+
+
+_COUNT = "a whole number >= 0"
+SAMPLE_KINDS = choices(InstanceOptions, "samples")
+
+
+def _of_type(value: Any, kind: type) -> bool:
+    """`value` read from JSON as a `kind`: a float may be written as an integer, a bool is no number."""
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _shape_problem(manifest: dict) -> str:
+    """The first field of `manifest` (as prepare writes it) that is missing or of another type, named; ''."""
+
+    def count(value: Any, positive: bool = False) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= (1 if positive else 0)
+
+    options, totals, shards = manifest.get("options"), manifest.get("totals"), manifest.get("shards")
+    if not isinstance(options, dict) or not isinstance(totals, dict) or not isinstance(shards, list):
+        return "options and totals must be objects and shards a list"
+    for name in ("samples_per_block", "max_seq_length"):
+        if not count(options.get(name), positive=True):
+            return f"options.{name} must be a whole number >= 1, got {options.get(name)!r}"
+    for rule in dataclasses.fields(MaskingConfig):  # the masking rules prepare used, read back by inspect
+        if rule.name in options and not _of_type(options[rule.name], type(getattr(MaskingConfig(), rule.name))):
+            return f"options.{rule.name} must be a {type(getattr(MaskingConfig(), rule.name)).__name__}, got " + repr(
+                options[rule.name]
+            )
+    samples = options.get("samples", options.get("objective", "nsp"))
+    if samples not in SAMPLE_KINDS:
+        return f"options.samples must be one of {', '.join(SAMPLE_KINDS)}, got {samples!r}"
+    if not isinstance(manifest.get("vocab_sha256"), str):
+        return "vocab_sha256 must be a string"
+    if "mask_id" in manifest and not count(manifest["mask_id"]):
+        return f"mask_id must be {_COUNT}, got {manifest['mask_id']!r}"
+    for name in ("samples", "documents", "duplicate_documents", "empty_documents"):
+        if name in totals or name == "samples":
+            if not count(totals.get(name)):
+                return f"totals.{name} must be {_COUNT}, got {totals.get(name)!r}"
+    for name in ("inputs", "skipped_inputs"):
+        if not isinstance(manifest.get(name, []), list):
+            return f"{name} must be a list"
+    if not all(
+        isinstance(s, dict) and isinstance(s.get("reason", ""), str) for s in manifest.get("skipped_inputs", [])
+    ):
+        return "skipped_inputs must be objects with a reason"
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            return f"shards[{i}] must be an object"
+        if not isinstance(shard.get("name"), str) or not isinstance(shard.get("sha256"), str):
+            return f"shards[{i}].name and .sha256 must be strings"
+        for name in ("bytes", "num_samples"):
+            if not count(shard.get(name)):
+                return f"shards[{i}].{name} must be {_COUNT}, got {shard.get(name)!r}"
+        blocks = shard.get("blocks", [])
+        if not isinstance(blocks, list) or not all(
+            isinstance(b, list) and len(b) == 3 and count(b[0]) and count(b[1]) and isinstance(b[2], str)
+            for b in blocks
+        ):
+            return f"shards[{i}].blocks must be [offset, size, sha256] triples"
+    return ""
 
 
 def iter_directory_samples(shard_dir: str, verify_checksums: bool = False) -> Iterator[dict[str, np.ndarray]]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 from bertdist import chatter, object_store
 from bertdist.data.pipeline.options import PrepareOptions
+from bertdist.errors import UserError
 
 
 def start_ray(opts: PrepareOptions) -> tuple[Any, float]:
@@ -27,8 +28,12 @@ def start_ray(opts: PrepareOptions) -> tuple[Any, float]:
 
     if not ray.is_initialized():
         if opts.ray_address:
-            with loopback_ray() if _is_loopback(opts.ray_address) else contextlib.nullcontext(), chatter.quiet():
-                ray.init(address=opts.ray_address, log_to_driver=False)
+            try:
+                with loopback_ray() if _is_loopback(opts.ray_address) else contextlib.nullcontext(), chatter.quiet():
+                    ray.init(address=opts.ray_address, log_to_driver=False)
+            except (ConnectionError, TimeoutError, RuntimeError) as e:  # Ray's own, after its connect timeout
+                why = " ".join(str(e).split())[:200]
+                raise UserError(f"--ray-address {opts.ray_address}: cannot join that Ray ({why})") from None
         elif os.environ.get("RAY_ADDRESS"):  # under `ray job submit`
             with chatter.quiet():
                 ray.init(log_to_driver=False)
