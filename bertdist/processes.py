@@ -6,6 +6,11 @@ whoever watches a process here (a rank its launchers, a loader worker its rank) 
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+from collections.abc import Callable
+
 
 def _read_stat(pid: int) -> list[str]:
     """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses); OSError if unread."""
@@ -49,3 +54,28 @@ def same_process(pid: int, started: str) -> bool:
     except OSError:
         return True
     return fields[0] != "Z" and fields[19] == started
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def sigterm_when_i_die() -> Callable[[], None]:
+    """A preexec_fn that has the kernel send the child SIGTERM when this process dies, by any death.
+
+    PR_SET_PDEATHSIG's three catches: it fires when the *thread* that forked the child ends, so the caller forks
+    from its main thread, which lives as long as the process (bertdist.launch.process's supervisor waits there,
+    the elastic supervisor launches from there); an exec of a set-user-ID program clears it, and the commands
+    (bash, python, torchrun, DeepSpeed's launcher) are none; forks do not inherit it, so it reaches the command
+    alone, which passes the signal on (torchrun and DeepSpeed's launcher to their ranks). The child does nothing
+    but two system calls before its exec (no lock another thread could hold is taken). The parent may die
+    between the fork and prctl: the child checks its parent after arming and gives up if it changed."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
+    supervisor = os.getpid()
+
+    def arm() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != supervisor:
+            raise ChildProcessError("the supervisor ended before its command started")
+
+    return arm

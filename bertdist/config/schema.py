@@ -303,13 +303,15 @@ class LaunchConfig:
     """Fewest nodes the job continues on after losing hosts (0: `nodes`, never fewer than asked); below it the
     job stops with its last checkpoint kept. `bertdist submit --nodes 2-4` sets min_nodes 2 and nodes 4."""
     max_restarts: int = 10
-    """Relaunches (after a lost host, a stall, or to grow back) before the job gives up."""
+    """Relaunches (after a lost host, a stall, or to grow back) before the job gives up; a grow-back is only
+    started while another relaunch would be left after it."""
     restart_backoff_s: float = 10.0
     """Wait before relaunching after a failure; doubles after each failure with no new checkpoint between."""
     grow_back: bool = True
     """Take a lost host back (at a checkpoint the job asks for) once it has answered for `readmit_after_s`."""
     readmit_after_s: float = 60.0
-    """How long a lost host must answer every probe before it is taken back (a flapping host stays out)."""
+    """How long a lost host must answer every probe before it is taken back, doubled for each time it was lost
+    before (a flapping host stays out longer each time)."""
     host_probe_interval_s: float = 10.0
     """How often every host is probed (SSH or the Ray node table); two failed probes in a row lose it."""
     stop_timeout_s: float = 600.0

@@ -101,6 +101,11 @@ class Supervisor:
         self.away: dict[str, float] = {}
         """Lost hosts, and since when each has answered every probe (0: it does not answer)."""
         self.failed_probes: dict[str, int] = {}
+        self.losses: dict[str, int] = {}
+        """How often each host was lost: its wait before being taken back doubles each time (a flapping host)."""
+        self.idle: list[str] = []
+        """Hosts that answer but sat out the launch (their number would not keep the global batch); they count
+        toward growing back as a returning host does."""
         self.checkpoint = (_latest_checkpoint(cfg), time.time())
         self.stop_signal = 0
 
@@ -136,6 +141,7 @@ class Supervisor:
             self.say(
                 f"launching {len(hosts) * self.ranks_per_host} rank(s) on {len(hosts)} host(s): {', '.join(hosts)}"
             )
+            launched_from = self.checkpoint[0]
             outcome = self._watch(self.fleet.launch(hosts, self.ranks_per_host, trainer_args), hosts)
             if outcome.kind in ("done", "failed"):
                 self._save_state("succeeded" if outcome.kind == "done" else "failed", hosts)
@@ -156,8 +162,10 @@ class Supervisor:
                 return FAILED_EXIT_CODE
             for host in outcome.hosts:
                 self.away.setdefault(host, 0.0)
+                self.losses[host] = self.losses.get(host, 0) + 1
             stopped = (outcome, len(hosts) * self.ranks_per_host, time.time())
-            progressed = self._refresh_checkpoint()
+            self._refresh_checkpoint()
+            progressed = self.checkpoint[0] != launched_from  # checkpoints the watch loop saw count too
             failures_in_a_row = 0 if outcome.kind == "grow" or progressed else failures_in_a_row + 1
             if failures_in_a_row:
                 backoff_s = min(MAX_BACKOFF_S, self.cfg.launch.restart_backoff_s * 2 ** (failures_in_a_row - 1))
@@ -186,9 +194,13 @@ class Supervisor:
             self._refresh_checkpoint()
             lost = self._probe(hosts)
             if lost:
+                codes = attempt.wait(0)  # the ranks may have finished as the host went: a finished job is done
+                if codes is not None:
+                    return self._classify(codes, hosts, asked_to_stop=False)
                 attempt.kill()
                 return _Outcome("lost", "; ".join(f"lost {h}: {why}" for h, why in lost.items()), list(lost))
-            back = self._ready_to_return(len(hosts))
+            # Growing back costs a relaunch: only while one is left after it for a failure on the larger world
+            back = self._ready_to_return(len(hosts)) if self.restarts + 1 < self.cfg.launch.max_restarts else []
             if not back:
                 waiting_from = None
                 continue
@@ -199,7 +211,7 @@ class Supervisor:
                 continue
             for host in back:
                 self.fleet.clean(host)  # ranks of an earlier launch that were cut off with the host
-                del self.away[host]
+                self.away.pop(host, None)
                 self.failed_probes[host] = 0
             self.say(f"checkpoint {self.checkpoint[0]} written: asking the ranks to stop at the next step to grow back")
             attempt.request_stop()
@@ -256,7 +268,14 @@ class Supervisor:
         answering = [h for h in candidates if h not in down]
         counts = [n for n in self.node_counts if n <= len(answering)]
         if counts:
-            return answering[: counts[-1]], ""
+            used, self.idle = answering[: counts[-1]], answering[counts[-1] : max(self.node_counts)]
+            if self.idle:
+                n = len(used) + len(self.idle)
+                self.say(
+                    f"{', '.join(self.idle)} answer(s) but sit this launch out: {n} node(s): "
+                    f"{batch_problems(self.cfg, n * self.cfg.launch.gpus_per_node)[0]}"
+                )
+            return used, ""
         lc = self.cfg.launch
         if len(answering) >= lc.fewest_nodes():
             skipped = [n for n in range(lc.fewest_nodes(), len(answering) + 1) if n not in self.node_counts]
@@ -277,15 +296,20 @@ class Supervisor:
         return {h: f"does not answer ({why[h]})" for h in hosts if self.failed_probes[h] >= PROBES_TO_LOSE}
 
     def _ready_to_return(self, running: int) -> list[str]:
-        """Lost hosts that have answered for launch.readmit_after_s, when taking them back adds nodes."""
+        """Lost hosts that have answered for launch.readmit_after_s (doubled for each time the host was lost
+        before), with the hosts that sat the launch out and still answer, when taking them adds nodes."""
         lc = self.cfg.launch
-        if not self.away or not lc.grow_back:
+        if not (self.away or self.idle) or not lc.grow_back:
             return []
         now = time.monotonic()
-        down = self.fleet.probe(list(self.away))
+        down = self.fleet.probe([*self.away, *self.idle])
         for host, since in self.away.items():
             self.away[host] = 0.0 if host in down else (since or now)
-        ready = [h for h, since in self.away.items() if since and now - since >= lc.readmit_after_s]
+        ready = [
+            h
+            for h, since in self.away.items()
+            if since and now - since >= lc.readmit_after_s * 2 ** (self.losses.get(h, 1) - 1)
+        ] + [h for h in self.idle if h not in down]
         return ready if [n for n in self.node_counts if running < n <= running + len(ready)] else []
 
     # --- reporting ---------------------------------------------------------------------------------

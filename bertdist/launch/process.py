@@ -15,24 +15,21 @@ job's processes is left.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from bertdist.launch.job import JobContext, JobRecord, JobStatus, PlannedJob, command_lines
 from bertdist.launch.log_file import print_log_file
-from bertdist.processes import running, same_process, start_time
+from bertdist.processes import running, same_process, sigterm_when_i_die, start_time
 from bertdist.storage import write_text
 
 JOB_ENV = "BERTDIST_SUPERVISED_JOB"
 """Set by the supervisor, in its command's environment, to the job's exit-code file; torchrun and DeepSpeed's
 launcher pass it on to the ranks, so `status` can find the job's processes once the supervisor is gone."""
-PR_SET_PDEATHSIG = 1
 
 
 def add_cpu_env(job: PlannedJob, ctx: JobContext) -> None:
@@ -115,7 +112,7 @@ def supervise(argv: list[str]) -> int:
         print(f"usage: python -m {__name__} --exit-code-file FILE -- COMMAND...", file=sys.stderr)
         return 2
     exit_code_file, command = argv[1], argv[3:]
-    proc = subprocess.Popen(command, env={**os.environ, JOB_ENV: exit_code_file}, preexec_fn=_sigterm_when_i_die())
+    proc = subprocess.Popen(command, env={**os.environ, JOB_ENV: exit_code_file}, preexec_fn=sigterm_when_i_die())
     received: list[str] = []
 
     def pass_on(signum: int, _frame: object) -> None:
@@ -129,27 +126,6 @@ def supervise(argv: list[str]) -> int:
         exit_code_file, f"{code}\n" + (f"{received[0]}\n" if received else "")
     )  # the signal: a stop, not a failure
     return code
-
-
-def _sigterm_when_i_die() -> Callable[[], None]:
-    """A preexec_fn that has the kernel send the child SIGTERM when this process dies, by any death.
-
-    Safe here, for PR_SET_PDEATHSIG's three catches: it fires when the *thread* that forked the child ends, and
-    the supervisor forks from its main thread, which lives as long as the process (it waits there); an exec
-    of a set-user-ID program clears it, and the command (bash, python, torchrun) is none; forks do not inherit
-    it, so it reaches the command alone: `single_node.sh` execs torchrun (the setting survives an exec),
-    which signals its ranks. A preexec_fn is safe in this single-threaded process. The supervisor may die
-    between the fork and prctl: the child checks its parent after arming and gives up if it changed."""
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
-    supervisor = os.getpid()
-
-    def arm() -> None:
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-        if os.getppid() != supervisor:
-            raise ChildProcessError("the supervisor ended before its command started")
-
-    return arm
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bertdist.launch.checks import parse_hostfile
 from bertdist.launch.secret_env import carried_secrets, write_secrets
+from bertdist.processes import sigterm_when_i_die
 
 _PDSH_EXIT = re.compile(r"pdsh@\S+: (\S+): ssh exited with exit code (\d+)")
 
@@ -109,6 +110,7 @@ class SshAttempt:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=sigterm_when_i_die(),  # the supervisor SIGKILLed: the launch stops too, not left unwatched
         )
         self.reader = threading.Thread(target=self._relay, daemon=True)
         self.reader.start()
