@@ -71,11 +71,22 @@ def filesystem(url: str) -> tuple[Any, str]:
         # exists() answered from an earlier listing would be stale.
         options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if protocol in ("s3", "s3a"):
-            options.update(config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}})
+            # `retrying` is the retry policy, with its deadline: s3fs's two retry loops (5 x 5 attempts) around
+            # botocore's, each waiting out a read timeout, kept a store that stopped answering 20 minutes on one
+            # block. One s3fs attempt, botocore's two, and 20 s without a byte is a failed attempt.
+            options.update(
+                config_kwargs={
+                    "retries": {"max_attempts": 2, "mode": "standard"},
+                    "connect_timeout": 10,
+                    "read_timeout": 20,
+                },
+            )
             if endpoint():  # bound now, not at the first request: the filesystem is cached under this endpoint
                 options.update(endpoint_url=endpoint())
         try:
             _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
+            if protocol in ("s3", "s3a"):
+                _FILESYSTEMS[key].retries = 1  # s3fs's own loops (a class attribute, not an option)
         except (ImportError, ValueError, OSError) as e:  # gcsfs not installed, a scheme fsspec does not know, no JVM
             why = " ".join(str(e).split())[:200]
             raise StorageError(
@@ -105,7 +116,10 @@ def _transient(error: BaseException) -> bool:
             errno.EPIPE,
             None,
         )
+    if "SlowDown" in str(error) or "reduce your request rate" in str(error):  # throttled, however it arrives
+        return True
     return kind in (
+        "HTTPClientError",  # botocore's for a connection-level failure under the request (a cut, a bad reply)
         "EndpointConnectionError",
         "ReadTimeoutError",
         "ClientPayloadError",

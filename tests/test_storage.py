@@ -133,6 +133,32 @@ def test_a_full_cache_disk_costs_the_cache_only(s3_shards, tiny_shards, tiny_voc
     assert str(tiny_disk / "cache") in said and "No space left on device" in said
 
 
+def test_a_cache_disk_out_of_inodes_costs_the_cache_only(s3_shards, tiny_shards, tiny_vocab, tmp_path, capsys):
+    """The cache directory could not be made (no inode left, the default directory new for each shard URL): the
+    first read raised "No space left on device" instead of reading uncached. A tmpfs of 8 inodes, filled."""
+    import subprocess
+
+    mount = tmp_path / "no-inodes"
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=8", "tmpfs", str(mount)]).returncode
+    ):
+        pytest.skip("making a file system without inodes needs root and mount (tmpfs)")
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            for i in range(100):
+                (mount / f"f{i}").write_text("")
+        per_epoch = PretrainingLoader(tiny_shards, tiny_vocab, TEST_SEQ_LENGTH, micro_batch_size=8).batches_per_epoch
+        assert same(
+            batches(s3_shards, tiny_vocab, per_epoch, 0, cache_dir=str(mount / "cache")),
+            batches(tiny_shards, tiny_vocab, per_epoch),
+        )
+        assert capsys.readouterr().err.count("is on a full disk; blocks are read from the store uncached") == 1
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 def test_the_endpoint_going_away_and_coming_back_mid_epoch_is_retried_and_exact(
     s3, s3_shards, tiny_shards, tiny_vocab, tmp_path
 ):

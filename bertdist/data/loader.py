@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bertdist import storage
+from bertdist import object_store, storage
 from bertdist.config.schema import MaskingConfig
 from bertdist.data import load_cost, worker_processes
 from bertdist.data.batching import FIELDS, Picked, buffer_size, collate, picked_from, views
@@ -52,10 +52,11 @@ BATCHES_TRANSFER_SAMPLES = 1024
 """About how many samples a DataLoader worker sends per transfer (whole batches)."""
 
 
-def _worker_message(error: DataError) -> str:
-    """The one line a DataError said in a DataLoader worker, without torch's "Caught ... Original Traceback"."""
+def _worker_message(error: Exception) -> str:
+    """The one line a DataError (or a store's error) said in a DataLoader worker, without torch's "Caught ...
+    Original Traceback"."""
     text = str(error)
-    marker = f"{DataError.__name__}: "
+    marker = f"{type(error).__name__}: "
     return text.rsplit(marker, 1)[1].strip() if "Original Traceback" in text and marker in text else text
 
 
@@ -304,8 +305,8 @@ class PretrainingLoader:
                     at += buffer_size(shape)
                     self._segment.batches_done += 1
                     yield dict(zip(FIELDS, fields))
-        except DataError as e:
-            raise DataError(_worker_message(e)) from None
+        except (DataError, object_store.StorageError) as e:  # the same class, so a store outage is still a requeue
+            raise type(e)(_worker_message(e)) from None
         finally:  # the workers end now, not whenever the garbage collector reaches an abandoned iterator
             shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:

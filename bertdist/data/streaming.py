@@ -16,6 +16,7 @@ Transient store errors are retried by `bertdist.storage` (backoff, then one line
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -64,12 +65,17 @@ class BlockStream:
     def _start(self) -> None:
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            os.makedirs(self.cache_dir, exist_ok=True)
+            self._full = False
+            try:
+                os.makedirs(self.cache_dir, exist_ok=True)
+            except OSError as e:  # a full disk (out of inodes too) costs the cache only, as in _keep
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise write_error(self.cache_dir, e) from None
+                self._say_full(e)
             self._pool = ThreadPoolExecutor(self.settings.threads, thread_name_prefix="bertdist-fetch")
             self._pending: dict[int, Future] = {}
             self._lock = threading.Lock()
             self._writes = 0
-            self._full = False
             self.hits = self.fetched = 0
             self.wait_seconds = 0.0
             self._taken = (0.0, 0)
@@ -115,7 +121,8 @@ class BlockStream:
             return data
         if block_digest(data) == self.blocks[block_id][3]:
             self.hits += 1
-            os.utime(path)  # recently used
+            with contextlib.suppress(FileNotFoundError):  # evicted since it was read: the bytes are in hand
+                os.utime(path)  # recently used
             return data
         storage.remove(path)  # damaged on local disk: fetch it again
         return self._fetch(block_id)
@@ -152,27 +159,35 @@ class BlockStream:
         try:
             with storage.atomic_write(self._cached(block_id), "wb") as f:
                 f.write(data)
+        except FileNotFoundError:  # the cache directory, or the file being written, gone: not cached this time
+            return
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise write_error(self._cached(block_id), e) from None
-            if not self._full:
-                self._full = True
-                print(
-                    f"bertdist: WARNING {write_error(self._cached(block_id), e)}: the block cache {self.cache_dir} "
-                    "is on a full disk; blocks are read from the store uncached (set storage.cache_dir elsewhere or "
-                    "lower storage.cache_mb)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            self._say_full(e)
             return
         self._writes += 1
         if self._writes % _EVICT_EVERY_WRITES == 0:
             self._evict()
 
+    def _say_full(self, error: OSError) -> None:
+        if not self._full:
+            self._full = True
+            print(
+                f"bertdist: WARNING {write_error(error.filename or self.cache_dir, error)}: the block cache "
+                f"{self.cache_dir} is on a full disk; blocks are read from the store uncached (set storage.cache_dir "
+                "elsewhere or lower storage.cache_mb)",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def _evict(self) -> None:
-        """Remove the least recently used cache files while the cache holds more than `cache_bytes`."""
+        """Remove the least recently used cache files while the cache holds more than `cache_bytes`; another
+        fetch's file still being written (a partial name) is not one of them."""
         entries = []
         for entry in os.scandir(self.cache_dir):
+            if storage.is_partial(entry.path):
+                continue
             try:
                 stat = entry.stat()
             except FileNotFoundError:  # another process evicted it

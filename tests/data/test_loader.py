@@ -355,3 +355,21 @@ def test_a_position_names_the_shard_and_sample_of_every_sample_it_reads(tiny_sha
     assert loader.epoch == 1 and len(named) == 3 * 8
     held = [row[: int(mask.sum())].tolist() for b in read for row, mask in zip(b["input_ids"], b["attention_mask"])]
     assert [tokens[sample] for sample in named] == held
+
+
+def test_a_store_error_in_a_worker_is_its_own_one_line_and_keeps_its_class():
+    """torch re-raises a worker's exception as its class with "Caught ... Original Traceback ..." around the
+    message: a store outage (a requeue) arrived as that block; only a DataError was cut to its line."""
+    from torch.utils.data._utils import ExceptionWrapper
+
+    from bertdist.data.loader import _worker_message
+    from bertdist.object_store import StoreUnavailableError
+
+    try:
+        raise StoreUnavailableError("s3://b/shard-000001.tar: down (still failing after 120 s of retries)")
+    except StoreUnavailableError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(StoreUnavailableError) as raised:
+        wrapped.reraise()
+    assert "Original Traceback" in str(raised.value)
+    assert _worker_message(raised.value) == "s3://b/shard-000001.tar: down (still failing after 120 s of retries)"
