@@ -92,11 +92,15 @@ class TextTokenizer:
         cased: bool,
         backend: Tokenizer | None,
         pair_separators: int = 1,
+        spaced_sentences: bool = False,
     ):
         self.path, self.tokens, self.names, self.starts_word, self.cased = path, tokens, names, starts_word, cased
         """`path`: the file itself (a directory resolved); `names`: special-token role -> its token;
         `starts_word`: bool per id (see the module docstring); `cased`: for a vocab.txt, BERT's normaliser keeps
         case (a tokenizer.json's normaliser is its own: True, nothing lower-cases text before it)."""
+        self.spaced_sentences = spaced_sentences
+        """A byte-level BPE that adds no prefix space (RoBERTa's, ModernBERT's): a sentence after the first of a
+        document is encoded with the space before it, as the model meets it in running text (`ĠThe`, not `The`)."""
         self.pair_separators = pair_separators
         """[SEP]s between the two texts of a pair by the tokenizer's own rule (its post-processor): BERT's 1,
         RoBERTa's and XLM-R's 2 (`<s> A </s></s> B </s>`); what fine-tuning builds and the export's tokenizer
@@ -166,7 +170,11 @@ class _BatchEncoder:
     def __init__(self, tokenizer: TextTokenizer):
         self.tokenizer = tokenizer
 
-    def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, sentences: list[str], firsts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`firsts`: which sentences open a document; the others get the space before them when the tokenizer
+        needs it (TextTokenizer.spaced_sentences). A byte-level BPE gives a non-empty sentence tokens either way."""
+        if self.tokenizer.spaced_sentences and firsts is not None:
+            sentences = [s if first or not s else " " + s for s, first in zip(sentences, firsts.tolist())]
         ids = [e.ids for e in self.tokenizer.encode_batch(sentences)]
         lengths = np.array([len(i) for i in ids], dtype=np.int64)
         return np.fromiter((t for i in ids for t in i), dtype=np.int32, count=int(lengths.sum())), lengths
@@ -216,7 +224,11 @@ def _from_json(file: str) -> TextTokenizer:
     for added in spec.get("added_tokens", []):
         if added.get("special") and added["id"] < len(starts):
             starts[added["id"]] = True
-    return TextTokenizer(file, tokens, names, starts, True, backend, _pair_separators(spec.get("post_processor")))
+    byte_level = _find(spec.get("pre_tokenizer"), "ByteLevel")
+    spaced = bool(byte_level) and not byte_level.get("add_prefix_space", True)
+    return TextTokenizer(
+        file, tokens, names, starts, True, backend, _pair_separators(spec.get("post_processor")), spaced
+    )
 
 
 def _pair_separators(post: Any) -> int:
@@ -331,8 +343,13 @@ def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | Non
         return ""
     try:
         theirs_file = tokenizer_file(trained_with)
-    except DataError:
-        return ""
+    except DataError:  # weights without their tokenizer: the sizes are all there is to compare
+        if embedding_rows - ours.size < 64:  # the same, or the padding to a multiple of 64 (ModernBERT's)
+            return ""
+        return (
+            f"{vocab_file} has {ours.size} tokens for the {embedding_rows} token embeddings of {trained_with}, which "
+            "holds no tokenizer to compare it with: not the vocabulary those weights were trained with (give theirs)"
+        )
     if not os.path.isfile(theirs_file) or os.path.realpath(theirs_file) == os.path.realpath(ours.path):
         return ""
     tokens, theirs = ours.tokens, open_tokenizer(theirs_file).tokens

@@ -123,8 +123,9 @@ class WordPieceEncoder:
         self._controls = {c: None for c in [*range(0, 9), 11, 12, *range(14, 32), 127]}
         self._cache = _ChunkCache(self.tokenizer.model, cased, self._MAX_CACHED_CHUNKS, {self._BOUNDARY: _BOUNDARY_ID})
 
-    def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(the ids of all sentences concatenated, int32; the number of ids of each sentence, int64)."""
+    def encode(self, sentences: list[str], firsts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of all sentences concatenated, int32; the number of ids of each sentence, int64). `firsts`
+        (which sentences open a document) matters to byte-level BPE only: WordPiece drops the space before a word."""
         if not sentences:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         fast = [s.isascii() and "\n" not in s for s in sentences]

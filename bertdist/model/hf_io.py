@@ -3,7 +3,7 @@
 
 Each family's adapter (`bertdist.model.<arch>.hf`) says what its format holds (config keys, weight names, what it
 refuses) and calls these for the rest: the checks config.json readers share (`other_model_type`, `not_gelu`,
-`not_absolute`, `missing_sizes`, `raise_problems`) and `config_values` / `hf_config` both ways; the maps weights
+`not_absolute`, `not_an_encoder`, `missing_sizes`, `raise_problems`) and `config_values` / `hf_config` both ways; the maps weights
 share (a bare encoder's prefix, `under_prefix`; the tied decoder older checkpoints write, `untied`); a run's
 config against a checkpoint's (`agreeing_config`); and the two halves of every `load_pretrained`
 (`read_checkpoint`, `load_weights`) and of every `write_directory` (`write_export`). Weights are read from
@@ -105,6 +105,16 @@ def not_absolute(hf: dict) -> list[str]:
     """Positions other than absolute (learned) ones, the only kind of BERT's config keys bertdist computes."""
     kind = hf.get("position_embedding_type", "absolute")
     return [] if kind == "absolute" else [f"position_embedding_type is {kind!r}; only 'absolute' is supported"]
+
+
+def not_an_encoder(hf: dict) -> list[str]:
+    """A decoder's config (causal attention, cross-attention): transformers runs it causally, bertdist would read
+    it as a bidirectional encoder, silently another model (an encoder-decoder's decoder half)."""
+    return [
+        f"{key} is true (a decoder); bertdist reads encoders only"
+        for key in ("is_decoder", "add_cross_attention")
+        if hf.get(key)
+    ]
 
 
 def missing_sizes(hf: dict, keys: tuple[str, ...] = BERT_SIZES) -> list[str]:

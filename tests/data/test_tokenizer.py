@@ -101,6 +101,32 @@ def test_words_encode_as_their_text_does_with_every_kind_of_tokenizer(
             assert sorted(set(encoding.word_ids)) == list(range(len(words))), (path, encoding.word_ids)
 
 
+def test_a_documents_sentences_encode_as_its_text_does_with_every_kind_of_tokenizer(
+    tiny_vocab, tiny_bpe, high_id_tokenizer, tmp_path
+):
+    """prepare encodes a document sentence by sentence: a byte-level BPE without a prefix space (RoBERTa's,
+    ModernBERT's) gave each sentence after the first its no-space first token (`The`, where the document's text,
+    and the checkpoint's tokenizer at fine-tuning and inference, give `ĠThe`)."""
+    import numpy as np
+
+    from bertdist.data.pipeline.stages import _tokenize_into
+
+    documents = [["The dog sat.", "The cat ran.", "This is it."], ["New York (NY) is big.", "Café au lait."]]
+    for path in (tiny_vocab, tiny_bpe, high_id_tokenizer, _unigram(tmp_path, "always")):
+        tokenizer = open_tokenizer(path)
+        assert tokenizer.spaced_sentences == (path == high_id_tokenizer)
+
+        class Writer:
+            def add(self, ids, lengths, sentences, texts, languages):
+                self.ids, self.lengths = ids, lengths
+
+        writer, summary = Writer(), {"sentences": 0, "documents": 0, "empty_documents": 0}
+        _tokenize_into(tokenizer.sentence_encoder(), [("en", d) for d in documents], writer, summary)
+        as_text = [i for d in documents for i in tokenizer.encode_batch([" ".join(d)])[0].ids]
+        assert writer.ids.tolist() == as_text, path
+        assert np.array_equal(writer.lengths > 0, np.ones(5, dtype=bool))
+
+
 def test_special_ids_are_looked_up_where_they_sit(high_id_tokenizer, tiny_vocab):
     tokenizer = open_tokenizer(high_id_tokenizer)
     assert (tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id) == (
@@ -156,6 +182,19 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both(tiny_bpe, 
     )
     # the WordPiece tokenizer.json `bertdist vocab` writes beside vocab.txt has the same tokens by id
     assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE, str(Path(tiny_vocab).parent / "tokenizer.json")) == ""
+
+
+def test_weights_without_their_tokenizer_take_one_of_their_size_or_its_padding_only(tiny_vocab, tmp_path):
+    """A checkpoint of weights alone: any smaller tokenizer passed, so a foreign 55-token one trained a 121-row
+    model on other tokens' embeddings without a word. Its size, or up to the padding to a multiple of 64."""
+    weights = tmp_path / "weights-only"
+    weights.mkdir()
+    assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE, str(weights)) == ""
+    assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE + 63, str(weights)) == ""
+    assert (
+        f"has {TEST_VOCAB_SIZE} tokens for the {TEST_VOCAB_SIZE + 64} token embeddings of {weights}, which holds no"
+        in vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE + 64, str(weights))
+    )
 
 
 def test_config_validation_refuses_a_tokenizer_larger_than_the_model(tiny_bpe, tmp_path):

@@ -153,8 +153,10 @@ def _tokenize_into(encoder: Any, batch: list[tuple[str, list[str]]], writer: _Pi
     reference)."""
     if not batch:
         return
-    ids, lengths = encoder.encode([s for _, document in batch for s in document])
     sentences_per_document = np.array([len(d) for _, d in batch])
+    firsts = np.zeros(int(sentences_per_document.sum()), dtype=bool)
+    firsts[offsets(sentences_per_document)[:-1][sentences_per_document > 0]] = True
+    ids, lengths = encoder.encode([s for _, document in batch for s in document], firsts)
     nonempty = lengths > 0
     kept_per_document = np.add.reduceat(nonempty, offsets(sentences_per_document)[:-1])
     texts, languages = [], []

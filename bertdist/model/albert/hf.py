@@ -72,7 +72,7 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     problems = hf_io.other_model_type(hf, "albert")
     if hf.get("hidden_act", _ACTIVATIONS[0]) not in _ACTIVATIONS:
         problems.append(f"hidden_act is {hf['hidden_act']!r}; bertdist's ALBERT uses GELU's tanh form, 'gelu_new'")
-    problems += hf_io.not_absolute(hf)
+    problems += hf_io.not_absolute(hf) + hf_io.not_an_encoder(hf)
     if hf.get("inner_group_num", 1) != 1:
         problems.append(f"inner_group_num is {hf['inner_group_num']}; bertdist's layer groups hold one layer")
     problems += hf_io.missing_sizes(hf)

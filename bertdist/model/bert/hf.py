@@ -60,7 +60,12 @@ def config_to_hf(cfg: ModelConfig, pad_token_id: int = 0) -> dict:
 
 def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     """A ModelConfig from a parsed config.json; CheckpointFormatError naming `source` and the field otherwise."""
-    problems = hf_io.other_model_type(hf, "bert", default="bert") + hf_io.not_gelu(hf, "BERT") + hf_io.not_absolute(hf)
+    problems = (
+        hf_io.other_model_type(hf, "bert", default="bert")
+        + hf_io.not_gelu(hf, "BERT")
+        + hf_io.not_absolute(hf)
+        + hf_io.not_an_encoder(hf)
+    )
     hf_io.raise_problems(source, problems + hf_io.missing_sizes(hf))
     values = hf_io.config_values(hf, hf_io.BERT_CONFIG_KEYS)
     dims = (values["num_layers"], values["hidden_size"], values["num_attention_heads"])

@@ -108,6 +108,7 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
         hf_io.other_model_type(hf, "electra")
         + hf_io.not_gelu(hf, "ELECTRA")
         + hf_io.not_absolute(hf)
+        + hf_io.not_an_encoder(hf)
         + hf_io.missing_sizes(hf)
     )
     if "ElectraForMultipleChoice" in (hf.get("architectures") or []):

@@ -87,6 +87,7 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
         )
     if not hf.get("decoder_bias", True):
         problems.append("decoder_bias is false; bertdist's decoder has a bias")
+    problems += _rope_problems(hf)
     every_n, global_theta, local_theta = _layer_pattern(hf)
     if every_n is None:
         problems.append(
@@ -115,11 +116,29 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     )
 
 
+def _rope_problems(hf: dict) -> list[str]:
+    """A scaled rotary embedding (linear, yarn, dynamic) is one bertdist does not compute: refused, not read as
+    the unscaled one; and the two generations' thetas, when both are there and disagree (transformers reads
+    rope_parameters)."""
+    rope = hf.get("rope_parameters") or {}
+    found = [
+        f"rope_parameters.{kind}: rope_type {params.get('rope_type')!r} (scaled rotary positions) is not supported "
+        "yet; bertdist computes the unscaled (default) rotary embedding"
+        for kind, params in rope.items()
+        if isinstance(params, dict) and params.get("rope_type", "default") != "default"
+    ]
+    for legacy, kind in (("global_rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention")):
+        theta = (rope.get(kind) or {}).get("rope_theta")
+        if hf.get(legacy) is not None and theta is not None and float(hf[legacy]) != float(theta):
+            found.append(f"{legacy} {hf[legacy]} and rope_parameters.{kind}.rope_theta {theta} disagree")
+    return found
+
+
 def _layer_pattern(hf: dict) -> tuple[int | None, float, float]:
     """(global_attn_every_n_layers, global theta, local theta) from either generation of config.json."""
     rope = hf.get("rope_parameters") or {}
-    global_theta = float(hf.get("global_rope_theta", rope.get("full_attention", {}).get("rope_theta", 160000.0)))
-    local_theta = float(hf.get("local_rope_theta", rope.get("sliding_attention", {}).get("rope_theta", 10000.0)))
+    global_theta = float(rope.get("full_attention", {}).get("rope_theta") or hf.get("global_rope_theta") or 160000.0)
+    local_theta = float(rope.get("sliding_attention", {}).get("rope_theta") or hf.get("local_rope_theta") or 10000.0)
     types = hf.get("layer_types")
     if not types:
         return int(hf.get("global_attn_every_n_layers", 3)), global_theta, local_theta

@@ -83,7 +83,12 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
     model's; CheckpointFormatError naming `source` and every field it cannot represent otherwise. Keys it leaves
     out take RobertaConfig's defaults (pad_token_id 1, type_vocab_size 2)."""
     model_type = hf.get("model_type")
-    problems = hf_io.other_model_type(hf, *CLASS_PREFIXES) + hf_io.not_gelu(hf, "RoBERTa") + hf_io.not_absolute(hf)
+    problems = (
+        hf_io.other_model_type(hf, *CLASS_PREFIXES)
+        + hf_io.not_gelu(hf, "RoBERTa")
+        + hf_io.not_absolute(hf)
+        + hf_io.not_an_encoder(hf)
+    )
     if hf.get("type_vocab_size", 2) != 1:
         problems.append(
             f"type_vocab_size is {hf.get('type_vocab_size', 2)!r} (2 when absent); bertdist's RoBERTa reads no token "

@@ -210,6 +210,8 @@ def test_run_config_must_match_the_checkpoint(tmp_path):
         ({"model_type": "roberta"}, "model_type is 'roberta'"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ({"num_hidden_layers": None}, "num_hidden_layers is missing"),
+        ({"is_decoder": True}, "is_decoder is true \\(a decoder\\); bertdist reads encoders only"),  # ran causally
+        ({"add_cross_attention": True}, "add_cross_attention is true"),
     ],
 )
 def test_unsupported_configs_name_the_field(change, message):

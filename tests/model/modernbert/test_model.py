@@ -268,3 +268,25 @@ def test_4096_tokens_train_a_step_with_activation_checkpointing_as_without():
         weights.append(model.state_dict())
     for name, value in weights[0].items():
         torch.testing.assert_close(weights[1][name], value, atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_scaled_rotary_embedding_or_disagreeing_thetas_are_refused_not_read_as_another_model():
+    """rope_parameters with rope_type linear (a context extension by scaling) was read as the unscaled model
+    (logits 5e-2 off transformers'); with both generations' thetas disagreeing, bertdist took the legacy keys and
+    transformers rope_parameters."""
+    from bertdist.model.hf_io import CheckpointFormatError
+
+    config = reference().config.to_dict()
+    assert modernbert_hf.config_from_hf(config).global_rope_theta == 160000.0
+    scaled = dict(
+        config,
+        rope_parameters={
+            **config["rope_parameters"],
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 160000.0},
+        },
+    )
+    with pytest.raises(CheckpointFormatError, match="rope_parameters.full_attention: rope_type 'linear'"):
+        modernbert_hf.config_from_hf(scaled)
+    both = dict(config, global_rope_theta=80000.0)
+    with pytest.raises(CheckpointFormatError, match="global_rope_theta 80000.0 and rope_parameters.full_attention"):
+        modernbert_hf.config_from_hf(both)

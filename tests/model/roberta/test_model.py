@@ -229,6 +229,7 @@ def test_what_bertdist_or_transformers_cannot_build_is_refused_naming_the_file(t
         ({"pad_token_id": 0}, "pad_token_id is 0, but in .*model.safetensors the padding row of roberta.embeddings"),
         ({"type_vocab_size": 2}, "type_vocab_size is 2"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type is 'relative_key'"),
+        ({"is_decoder": True}, "is_decoder is true"),
         ({"hidden_act": "relu"}, "hidden_act is 'relu'"),
         ({"model_type": "bert"}, "model_type is 'bert'"),
         ({"pad_token_id": 65}, "pad_token_id is 65; RoBERTa's positions start past it"),
