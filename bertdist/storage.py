@@ -301,6 +301,16 @@ def download_directory(url: str) -> str:
     return local
 
 
+def inside(path: str | os.PathLike, source: str | os.PathLike) -> bool:
+    """`path` is `source` or lies under it (a URL by its text, a local path resolved): an output there is read back
+    as input by the next command over `source`."""
+    path, source = os.fspath(path), os.fspath(source)
+    if is_url(path) or is_url(source):
+        return path.rstrip("/") == source.rstrip("/") or path.startswith(source.rstrip("/") + "/")
+    path, source = os.path.realpath(path), os.path.realpath(source)
+    return path == source or path.startswith(source.rstrip(os.sep) + os.sep)
+
+
 def _leaves_its_directory(name: str) -> bool:
     return bool({"", ".", ".."} & set(name.split("/")))
 

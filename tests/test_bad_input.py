@@ -724,6 +724,34 @@ def test_prepare_refuses_bad_values_before_starting_and_leaves_nothing(tmp_path,
     assert not output.exists() and not (corpus / "shards").exists()
 
 
+def test_an_output_inside_its_input_is_refused_by_vocab_pairs_and_embed(tmp_path, tiny_corpus, capsys):
+    """`vocab --output corpus/sub`, `pairs --output corpus/p.jsonl`: exit 0, and the next read of the corpus took
+    the tokenizer or the pairs for text; `embed --output MODEL/emb` wrote into the model's directory."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    (tmp_path / "model").mkdir()
+    for argv, said in (
+        (["vocab", "--input", str(corpus), "--output", str(corpus / "sub")], "is inside the --input"),
+        (["pairs", "--input", str(corpus), "--output", str(corpus / "p.jsonl")], "is inside the --input"),
+        (
+            [
+                "embed",
+                "--model",
+                str(tmp_path / "model"),
+                "--input",
+                str(corpus / "x.txt"),
+                "--output",
+                str(tmp_path / "model" / "emb"),
+            ],
+            "is inside the --model",
+        ),
+    ):
+        assert main(argv) == USAGE_EXIT_CODE, argv
+        assert said in capsys.readouterr().err, argv
+    assert sorted(p.name for p in corpus.iterdir()) == sorted(p.name for p in Path(tiny_corpus).iterdir())
+    assert list((tmp_path / "model").iterdir()) == []
+
+
 def test_a_failed_prepare_leaves_no_work_behind_so_the_fixed_command_runs(tmp_path, tiny_vocab, ray_local, capsys):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -7,6 +7,7 @@ import argparse
 import itertools
 import sys
 
+from bertdist import storage
 from bertdist.config import ModelConfig
 from bertdist.config.choices import choices
 from bertdist.data.instances import InstanceOptions
@@ -73,6 +74,14 @@ def _run_vocab(args: argparse.Namespace) -> int:
         return USAGE_EXIT_CODE
     if args.language_field and args.languages_from_dirs:
         print("bertdist vocab: --language-field and --languages-from-dirs: give one", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    inputs = [source for source in args.input if storage.inside(args.output, source)]
+    if inputs:
+        print(
+            f"bertdist vocab: --output {args.output} is inside the --input {inputs[0]}: its next read would take the "
+            "tokenizer's files for text; write them beside it",
+            file=sys.stderr,
+        )
         return USAGE_EXIT_CODE
     report = bool(args.language_field or args.languages_from_dirs)
     files = expand_inputs(args.input, args.languages_from_dirs)

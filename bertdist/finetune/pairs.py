@@ -115,6 +115,9 @@ def check(opts: PairsOptions) -> None:
         problems.append(f"--per-document: {opts.per_document}, must be at least 1")
     if opts.passage_words < 2:
         problems.append(f"--passage-words: {opts.passage_words}, must be at least 2")
+    inputs = [source for source in opts.inputs if storage.inside(opts.output, source)]
+    if inputs:
+        problems.append(f"--output: {opts.output} is inside the --input {inputs[0]}; its next read would take it")
     if not opts.output.lower().endswith((".jsonl", ".json")):
         problems.append(f"--output: {opts.output} must end in .jsonl (bertdist finetune reads a file by its extension)")
     if opts.dev_documents < 0:

@@ -3,9 +3,9 @@
 
 Each family's adapter (`bertdist.model.<arch>.hf`) says what its format holds (config keys, weight names, what it
 refuses) and calls these for the rest: the checks config.json readers share (`other_model_type`, `not_gelu`,
-`not_absolute`, `not_an_encoder`, `missing_sizes`, `raise_problems`) and `config_values` / `hf_config` both ways; the maps weights
-share (a bare encoder's prefix, `under_prefix`; the tied decoder older checkpoints write, `untied`); a run's
-config against a checkpoint's (`agreeing_config`); and the two halves of every `load_pretrained`
+`not_absolute`, `not_an_encoder`, `missing_sizes`, `raise_problems`) and `config_values` / `hf_config` both ways;
+the maps weights share (a bare encoder's prefix, `under_prefix`; the tied decoder older checkpoints write,
+`untied`); a run's config against a checkpoint's (`agreeing_config`); and the two halves of every `load_pretrained`
 (`read_checkpoint`, `load_weights`) and of every `write_directory` (`write_export`). Weights are read from
 `model.safetensors` or `pytorch_model.bin` (also their sharded `*.index.json` forms); `.bin` files go through
 `torch.load(weights_only=True)`, which refuses anything but tensors and plain containers, so a checkpoint cannot

@@ -8,7 +8,6 @@ so the config package stays free of the data pipeline.
 from __future__ import annotations
 
 import math
-import os
 from typing import TYPE_CHECKING
 
 from bertdist import storage
@@ -56,7 +55,7 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ("--output", storage.is_file(opts.output_dir), f"{opts.output_dir} is a file, not a directory"),
             (
                 "--output",
-                any(inside(opts.output_dir, source) for source in opts.inputs),
+                any(storage.inside(opts.output_dir, source) for source in opts.inputs),
                 f"{opts.output_dir} is inside an --input: the next read of that input would take the shards for "
                 "text; write them beside it",
             ),
@@ -92,14 +91,6 @@ def _ray_address(address: str) -> bool:
         return True
     host, _, port = address.removeprefix("ray://").rpartition(":")
     return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
-
-
-def inside(path: str, source: str) -> bool:
-    """`path` is `source` or lies under it (a URL by its text, a local path resolved)."""
-    if storage.is_url(path) or storage.is_url(source):
-        return path.rstrip("/") == source.rstrip("/") or path.startswith(source.rstrip("/") + "/")
-    path, source = os.path.realpath(path), os.path.realpath(source)
-    return path == source or path.startswith(source.rstrip(os.sep) + os.sep)
 
 
 def _one_of(options: type, name: str) -> str:
