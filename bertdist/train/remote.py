@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from bertdist import object_store, storage
 from bertdist.config import CheckpointConfig, Config
@@ -53,6 +54,10 @@ from bertdist.train.train_state import CheckpointError, TrainState, parse_train_
 
 UPLOADS = ".uploads"
 WAIT_POLL_SECONDS = 0.5
+
+
+WAIT_ALIVE_SECONDS = 5.0
+"""How often a wait for an upload tells the stall watchdog the rank is alive."""
 
 
 class Uploader:
@@ -120,11 +125,17 @@ class Uploader:
         self._thread = threading.Thread(target=self._run, args=(checkpoint_dir,), name="bertdist-upload", daemon=True)
         self._thread.start()
 
-    def wait(self) -> float:
-        """Wait (at most `wait_timeout_s`) for the upload in flight; re-raise its error. Returns the seconds waited."""
+    def wait(self, alive: Callable[[], None] = lambda: None) -> float:
+        """Wait (at most `wait_timeout_s`) for the upload in flight; re-raise its error. Returns the seconds waited.
+        `alive` is called every few seconds meanwhile: the stall watchdog's progress, since an upload may take
+        longer than train.stall_timeout_s (checkpoint.upload_timeout_s is 3600 s), and a rank waiting for it is
+        no stalled rank."""
         t0 = time.perf_counter()
         if self._thread is not None:
-            self._thread.join(self.wait_timeout_s)
+            deadline = time.monotonic() + self.wait_timeout_s
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                self._thread.join(min(WAIT_ALIVE_SECONDS, max(0.0, deadline - time.monotonic())))
+                alive()
             if self._thread.is_alive():
                 raise CheckpointError(
                     f"{self.uri}: the upload of a checkpoint did not finish in {self.wait_timeout_s:.0f} s"

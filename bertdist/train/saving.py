@@ -49,7 +49,7 @@ class Saver:
         """Save `state` (every rank); a save still being written is completed first, so one is in flight."""
         self.finish()
         self.watchdog.progress(state.step)
-        waited = self.uploader.wait() if self.uploader else 0.0
+        waited = self.uploader.wait(lambda: self.watchdog.progress(state.step)) if self.uploader else 0.0
         if waited > 1:
             self.say(f"step {state.step}: waited {waited:.1f} s for the previous checkpoint's upload")
         if self.uploader:

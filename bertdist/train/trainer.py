@@ -292,7 +292,7 @@ class Trainer(scaffold.Run):
                     self._save(step, phase_index, nonfinite_streak)
         self.saver.finish()
         if self.uploader:
-            self.uploader.wait()
+            self.uploader.wait(lambda: self.watchdog.progress(step))
         self.console.line(f"done: {step} steps, {self.tokens_seen:,} tokens")
         timeline.log_end(
             self.tracker,
@@ -407,7 +407,7 @@ class Trainer(scaffold.Run):
         self._save(step, phase_index, nonfinite_streak)
         self.saver.finish()
         if self.uploader:  # the job may end now
-            self.uploader.wait()
+            self.uploader.wait(lambda: self.watchdog.progress(step))
         why = self.stop.reason or "another rank was signalled"
         self.console.line(
             f"stopped ({why}): checkpoint at step {step}; exiting with {REQUEUE_EXIT_CODE} to be requeued "

@@ -408,3 +408,18 @@ def test_a_download_lock_held_too_long_ends_the_run_to_be_requeued_and_marks_not
         holder.wait()
     assert remote.complete_in_store(uri) == [tag_for(10), tag_for(20)]
     assert not storage.exists(storage.join(uri, tag_for(20), DAMAGED_FILENAME))
+
+
+def test_a_rank_waiting_for_a_slow_upload_tells_the_stall_watchdog_it_is_alive(monkeypatch):
+    """The wait for the previous checkpoint's upload (up to checkpoint.upload_timeout_s, 3600 s) sent no progress:
+    past train.stall_timeout_s (600 s) the watchdog stopped every rank of a healthy job."""
+    import threading
+
+    monkeypatch.setattr(remote, "WAIT_ALIVE_SECONDS", 0.05)
+    uploader = remote.Uploader("s3://unused/run", 0, 1, 1, 30.0, None)
+    uploader._thread = threading.Thread(target=time.sleep, args=(0.5,))
+    uploader._thread.start()
+    beats: list[float] = []
+    waited = uploader.wait(lambda: beats.append(time.monotonic()))
+    assert waited >= 0.45 and len(beats) >= 5
+    assert max(b - a for a, b in zip(beats, beats[1:])) < 0.3
