@@ -71,9 +71,10 @@ def filesystem(url: str) -> tuple[Any, str]:
         # exists() answered from an earlier listing would be stale.
         options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if protocol in ("s3", "s3a"):
-            # `retrying` is the retry policy, with its deadline: s3fs's two retry loops (5 x 5 attempts) around
-            # botocore's, each waiting out a read timeout, kept a store that stopped answering 20 minutes on one
-            # block. One s3fs attempt, botocore's two, and 20 s without a byte is a failed attempt.
+            # `retrying` is the retry policy, with its deadline: s3fs's two nested retry loops (5 x 5 attempts)
+            # around botocore's, each waiting out a read timeout, kept a store that stopped answering 20 minutes on
+            # one block. Two s3fs attempts each (one resumes a cut download from the byte it reached), botocore's
+            # two, and 20 s without a byte is a failed attempt: at most 8 x 20 s in one call.
             options.update(
                 config_kwargs={
                     "retries": {"max_attempts": 2, "mode": "standard"},
@@ -86,7 +87,7 @@ def filesystem(url: str) -> tuple[Any, str]:
         try:
             _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
             if protocol in ("s3", "s3a"):
-                _FILESYSTEMS[key].retries = 1  # s3fs's own loops (a class attribute, not an option)
+                _FILESYSTEMS[key].retries = 2  # s3fs's own loops (a class attribute, not an option)
         except (ImportError, ValueError, OSError) as e:  # gcsfs not installed, a scheme fsspec does not know, no JVM
             why = " ".join(str(e).split())[:200]
             raise StorageError(
@@ -118,8 +119,10 @@ def _transient(error: BaseException) -> bool:
         )
     if "SlowDown" in str(error) or "reduce your request rate" in str(error):  # throttled, however it arrives
         return True
+    if kind == "HTTPClientError":  # aiobotocore wraps whatever failed under the request: a cut is transient, a
+        # reply that is no HTTP at all (an endpoint_url of another service) is not: it is bad input, exit 2
+        return _transient(getattr(error, "kwargs", {}).get("error") or ValueError())
     return kind in (
-        "HTTPClientError",  # botocore's for a connection-level failure under the request (a cut, a bad reply)
         "EndpointConnectionError",
         "ReadTimeoutError",
         "ClientPayloadError",
@@ -157,7 +160,8 @@ def _explain(url: str, error: BaseException) -> str:
 def retrying(url: str, call: Callable[[], T], seconds: float | None = None) -> T:
     """`call()`, retried on transient errors with exponential backoff (0.5 s doubling to 8 s, with jitter)
     for up to `seconds`; then, or at once for a permanent error, a StorageError naming `url`."""
-    deadline = time.monotonic() + (RETRY_SECONDS if seconds is None else seconds)
+    budget = RETRY_SECONDS if seconds is None else seconds
+    deadline = None  # counted from the first failure: a download that ran 5 minutes before its cut is retried too
     delay = 0.5
     while True:
         try:
@@ -167,6 +171,7 @@ def retrying(url: str, call: Callable[[], T], seconds: float | None = None) -> T
         except Exception as e:  # noqa: BLE001  the store's library raises many kinds; each is classified
             if not _transient(e):
                 raise StorageError(_explain(url, e)) from None
+            deadline = deadline or time.monotonic() + budget
             if time.monotonic() + delay > deadline:
                 waited = RETRY_SECONDS if seconds is None else seconds
                 raise StoreUnavailableError(

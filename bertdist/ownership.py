@@ -100,7 +100,11 @@ _HELD: dict[str, str] = {}
 def _lock(directory: Path) -> int:
     path = directory / LOCK_FILENAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # a run refused there removed the empty directory it had made: make it again
+            directory.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

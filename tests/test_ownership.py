@@ -167,3 +167,18 @@ def test_every_writing_command_refuses_an_owned_output(command, held, tmp_path, 
     assert main(args) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
     assert "is in use by another run (host" in err and f"pid {pid}" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_directory_removed_under_a_run_about_to_lock_it_is_made_again(tmp_path, monkeypatch):
+    """A run refused at its first check removes the empty directory it made; another run that had just made or
+    seen it then failed to open its lock file with a FileNotFoundError traceback."""
+    real_lock = ownership._lock
+
+    def removed_first(directory):
+        directory.rmdir()  # the other run's cleanup lands between this run's mkdir and its lock
+        return real_lock(directory)
+
+    monkeypatch.setattr(ownership, "_lock", removed_first)
+    with ownership.owned(tmp_path / "run") as held:
+        (held / "metrics.jsonl").write_text("{}")
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()

@@ -509,3 +509,30 @@ def test_a_url_whose_scheme_cannot_be_opened_here_is_one_line_and_exit_2(url, tm
     assert f"{url}: a {scheme}:// URL cannot be opened here (" in err and "Traceback" not in err, err
     with pytest.raises(storage.StorageError, match=f"a {scheme}:// URL cannot be opened here"):
         storage.exists(url)
+
+
+def test_a_cut_after_a_long_transfer_is_retried_and_a_reply_that_is_no_http_is_not():
+    """The retry deadline ran from the first call, so a download cut after running past it (a multi-GB
+    checkpoint) failed at once; an endpoint answering something other than HTTP (another service) was retried as
+    a store that is down, and requeued, where it is bad input."""
+    from aiohttp import ServerDisconnectedError
+    from botocore.exceptions import HTTPClientError
+
+    from bertdist import object_store
+
+    attempts = []
+
+    def long_then_cut():
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            time.sleep(1.2)  # longer than the whole retry budget below
+            raise HTTPClientError(error=ServerDisconnectedError())
+        return b"the rest"
+
+    assert object_store.retrying("s3://b/ckpt/model.pt", long_then_cut, seconds=1.0) == b"the rest"
+    assert len(attempts) == 2
+    with pytest.raises(storage.StorageError, match="HTTPClientError") as refused:
+        object_store.retrying(
+            "s3://b/k", lambda: (_ for _ in ()).throw(HTTPClientError(error=ValueError("Bad status line"))), 5.0
+        )
+    assert not isinstance(refused.value, object_store.StoreUnavailableError)

@@ -17,9 +17,21 @@ _BOOL, _INT, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:ya
 
 
 class _CoreLoader(yaml.SafeLoader):
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
         """A key given twice is refused, naming both lines: PyYAML keeps the last, so a second `optim:` section
-        silently replaced the whole first one (a merge `<<` may still be overridden, as YAML means it)."""
+        silently replaced the whole first one. Checked here, on the mapping's own keys before PyYAML merges `<<`
+        ones into it in place (each node once: an alias may flatten its anchor first), so that a merged key may
+        still be overridden, as YAML means it."""
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            self._refuse_repeated_keys(node)
+        super().flatten_mapping(node)
+
+    def _refuse_repeated_keys(self, node: yaml.MappingNode) -> None:
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
@@ -33,7 +45,6 @@ class _CoreLoader(yaml.SafeLoader):
                     key_node.start_mark,
                 )
             first_line[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
 
 
 _CoreLoader.yaml_implicit_resolvers = {

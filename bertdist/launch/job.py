@@ -167,10 +167,10 @@ class JobStatus:
 
 def list_jobs(jobs_dir: str = DEFAULT_JOBS_DIR) -> tuple[list[JobRecord], list[str]]:
     """The job records of `jobs_dir`, oldest first, and the names of the record files that could not be read
-    (said, not skipped unseen). A job's other JSON files (`<id>.elastic.json`) are not records."""
+    (said, not skipped unseen). A job's other JSON file, its elastic supervisor's state, is no record."""
     records, unreadable = [], []
     for path in sorted(Path(jobs_dir).glob("*.json"), key=lambda p: p.stat().st_mtime):
-        if "." in path.stem:
+        if path.name.endswith(".elastic.json"):  # a job's name may hold dots (bert-v1.5): only this is skipped
             continue
         try:
             records.append(JobRecord(**json.loads(path.read_text())))

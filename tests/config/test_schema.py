@@ -14,6 +14,7 @@ from bertdist.config import (
     flatten,
     load_config,
     validate,
+    yaml_core,
 )
 from tests.conftest import REPO
 
@@ -193,6 +194,9 @@ def test_a_key_given_twice_is_refused_in_one_line_naming_both_lines(tmp_path):
     path = write_yaml(tmp_path, "base: &b {lr: 1e-3, eps: 1e-6}\noptim:\n  <<: *b\n  lr: 2e-3\n")
     with pytest.raises(ConfigError, match="base: unknown key"):  # read past the merge: the anchor's section
         load_config(path)
+    # an anchor that overrides its own merge, aliased before PyYAML has built it, is read as YAML means it
+    text = "data:\n  phases:\n    - masking: &m\n        <<: {rate: 0.15, max: 20}\n        max: 80\nother:\n  <<: *m\n"
+    assert yaml_core.load(text)["other"] == {"rate": 0.15, "max": 80}
 
 
 def test_unknown_section_and_bad_override_syntax(tmp_path):

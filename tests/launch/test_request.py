@@ -655,3 +655,18 @@ def test_ship_package_uploads_this_installations_bertdist_and_only_for_ray(tmp_p
     assert "py_modules" not in plan(SubmitRequest(backend="ray", config=config, jobs_dir=str(tmp_path))).runtime_env
     with pytest.raises(SubmitError, match="--ship-package: only Ray jobs"):
         plan(SubmitRequest(backend="local", config=config, ship_package=True, jobs_dir=str(tmp_path)))
+
+
+def test_status_lists_a_job_whose_name_holds_dots(tmp_path, capsys):
+    """Names may hold dots (bert-v1.5): skipping every *.x.json as a job's elastic state hid such jobs."""
+    import dataclasses
+
+    from bertdist.launch.job import JobRecord
+
+    fields = {f.name: "" for f in dataclasses.fields(JobRecord) if f.default is dataclasses.MISSING}
+    for job_id in ("bert-20260101-120000-ab12", "bert-v1.5-20260101-120000-cd34"):
+        JobRecord(**{**fields, "job_id": job_id, "backend": "local", "job": "train", "name": "x"}).save(tmp_path)
+    (tmp_path / "bert-20260101-120000-ab12.elastic.json").write_text('{"restarts": 0}')
+    assert main(["status", "--jobs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "bert-v1.5-20260101-120000-cd34" in out.out and "unreadable" not in out.err

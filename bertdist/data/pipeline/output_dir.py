@@ -18,7 +18,7 @@ from bertdist import ownership, storage
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.data.readers import InputFile
 from bertdist.data.shards import FORMAT_VERSION, MANIFEST, SAMPLES_PER_BLOCK, earlier_names
-from bertdist.data.tokenizer import is_tokenizer_json, tokenizer_file
+from bertdist.data.tokenizer import is_tokenizer_json, open_tokenizer, tokenizer_file
 from bertdist.errors import DataError
 
 WORK_DIR = ".work"
@@ -36,6 +36,8 @@ def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str
         # Special tokens written in the text became text (TextTokenizer.encode_batch, 2026-11-28): an unfinished
         # run of the bertdist before must not be resumed with the other encoding. A vocab.txt's never changed.
         described["special_tokens_in_text"] = "text"
+        if open_tokenizer(opts.vocab_file).spaced_sentences:  # likewise, the space before a sentence (2026-11-29)
+            described["sentence_spacing"] = "spaced"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 

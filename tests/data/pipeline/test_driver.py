@@ -149,6 +149,20 @@ def test_a_run_begun_while_samples_was_called_objective_resumes():
     assert fingerprint_of(opts, [], "0" * 64) == "222b24beb60a091a97e7e3956e8668f04c9014d4ecf05d083cd6a4fb59ee56cb"
 
 
+def test_a_tokenizer_whose_sentences_are_spaced_now_gets_another_fingerprint(tiny_bpe, high_id_tokenizer):
+    """Sentences after a document's first are encoded with the space before them for a byte-level BPE without a
+    prefix space (2026-11-29): an unfinished run of the bertdist before must not be resumed, mixing both."""
+    from bertdist.data.instances import InstanceOptions
+    from bertdist.data.pipeline.options import PrepareOptions
+    from bertdist.data.pipeline.output_dir import fingerprint_of
+
+    def fingerprint(vocab: str) -> str:
+        opts = PrepareOptions(inputs=[], output_dir="", vocab_file=vocab, instances=InstanceOptions())
+        return fingerprint_of(opts, [], "0" * 64)  # the same vocabulary hash: only the spacing may differ
+
+    assert fingerprint(high_id_tokenizer) != fingerprint(tiny_bpe)
+
+
 def test_a_rerun_with_another_unit_size_does_not_take_the_unfinished_runs_records(tmp_path):
     """.work keeps the read stage's records by unit number: a rerun cutting the files in other units took them for
     its own (it read 219 of 400 documents). The output's fingerprint does not change; the work's stamp does."""
