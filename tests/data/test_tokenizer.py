@@ -184,19 +184,6 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both(tiny_bpe, 
     assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE, str(Path(tiny_vocab).parent / "tokenizer.json")) == ""
 
 
-def test_weights_without_their_tokenizer_take_one_of_their_size_or_its_padding_only(tiny_vocab, tmp_path):
-    """A checkpoint of weights alone: any smaller tokenizer passed, so a foreign 55-token one trained a 121-row
-    model on other tokens' embeddings without a word. Its size, or up to the padding to a multiple of 64."""
-    weights = tmp_path / "weights-only"
-    weights.mkdir()
-    assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE, str(weights)) == ""
-    assert vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE + 63, str(weights)) == ""
-    assert (
-        f"has {TEST_VOCAB_SIZE} tokens for the {TEST_VOCAB_SIZE + 64} token embeddings of {weights}, which holds no"
-        in vocab_mismatch(tiny_vocab, TEST_VOCAB_SIZE + 64, str(weights))
-    )
-
-
 def test_config_validation_refuses_a_tokenizer_larger_than_the_model(tiny_bpe, tmp_path):
     from bertdist.config import ConfigError, load_config, validate
 
