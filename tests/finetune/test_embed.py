@@ -138,7 +138,12 @@ def test_bad_options_fail_before_writing(pretrained, tmp_path, capsys):
     assert "--features pooled is one vector per sequence" in err and "--batch-size: must be positive" in err
     assert main([*args, "--output", str(tmp_path / "b"), "--features", "layer:9"]) == USAGE_EXIT_CODE
     assert "the model has layers 0..4" in capsys.readouterr().err
-    assert main([*args, "--output", str(pretrained)]) == USAGE_EXIT_CODE and "is not empty" in capsys.readouterr().err
+    assert main([*args, "--output", str(pretrained)]) == USAGE_EXIT_CODE
+    assert f"--output: {pretrained} is inside the --model" in capsys.readouterr().err  # before anything is read
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept.txt").write_text("x")
+    assert main([*args, "--output", str(tmp_path / "full")]) == USAGE_EXIT_CODE
+    assert "is not empty" in capsys.readouterr().err
     # a .txt input has no columns: a column asked for was ignored without a word
     assert main([*args, "--output", str(tmp_path / "c"), "--text-pair-column", "b"]) == USAGE_EXIT_CODE
     assert "is plain text, one text per line, without columns" in capsys.readouterr().err
