@@ -65,19 +65,12 @@ def problems(o: PairSearchOptions) -> list[str]:
     elif not storage.is_url(o.output) and Path(storage.local_path(o.output)).is_dir():
         found.append(f"--output: {o.output} is a directory, not a file")
     for flag, read in (("--pairs", o.pairs), ("--corpus", o.corpus)):
-        if read and _same_file(o.output, read):  # it is read whole first, then replaced by what was kept
+        # it is read whole first, then replaced by what was kept (a file holds no other: "inside" is the file)
+        if read and storage.inside(o.output, read):
             found.append(f"--output: {o.output} is the {flag} file; write the result to a new file")
     if o.corpus and Path(o.corpus).suffix.lower() not in (".txt", ".jsonl"):
         found.append(f"--corpus: {o.corpus} is neither a BEIR corpus.jsonl nor a .txt of one passage per line")
     return found
-
-
-def _same_file(a: str, b: str) -> bool:
-    from bertdist import storage
-
-    if storage.is_url(a) or storage.is_url(b):
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(storage.local_path(a)) == os.path.realpath(storage.local_path(b))
 
 
 def read_pairs(o: PairSearchOptions) -> tuple[list[Any], list[str]]:

@@ -82,11 +82,12 @@ def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str |
 def _existing(uri: str, where: str) -> str:
     """`uri` when the dashboard can show it: a store that is there (a dashboard over a path that did not exist made
     a new, empty database there and served it), of a scheme MLflow serves."""
-    from bertdist.config.validation.train import MLFLOW_STORE_SCHEMES
+    from bertdist.config.validation.train import tracking_store_problem
 
-    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
-    if scheme and scheme not in MLFLOW_STORE_SCHEMES:
-        raise UIError(f"{where} {redacted(uri)}: {scheme}:// is not an MLflow tracking store")
+    problem = tracking_store_problem(uri)
+    if problem:
+        raise UIError(f"{where} {redacted(uri)}: {problem}")
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     database = local_database(uri)
     local = database if database is not None else Path(uri.removeprefix("file://")) if scheme in ("", "file") else None
     if local is not None and not local.exists():

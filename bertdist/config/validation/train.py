@@ -37,6 +37,15 @@ VERIFY_MODES = choices(CheckpointConfig, "verify")
 MLFLOW_STORE_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 """The URL schemes MLflow keeps runs in; another (`foo://`, `s3://`) was accepted and the run trained untracked."""
 
+
+def tracking_store_problem(uri: str) -> str:
+    """Why `uri` is no MLflow tracking store (a URL of another scheme: `s3://`, `foo://`), or ''."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme and scheme not in MLFLOW_STORE_SCHEMES:
+        return f"{scheme}:// is not an MLflow tracking store ({', '.join(MLFLOW_STORE_SCHEMES)}, or a directory)"
+    return ""
+
+
 LOCAL_ONLY_FIELDS = (
     "data.vocab_file",
     "checkpoint.init_from_pretrained",
@@ -344,13 +353,9 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
 
     if not t.forecast_hours >= 0:
         p.append(f"train.forecast_hours: must be >= 0 (0: no forecast), got {t.forecast_hours}")
-    uri = cfg.tracking.tracking_uri
-    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
-    if cfg.tracking.enabled and scheme and scheme not in MLFLOW_STORE_SCHEMES:
-        p.append(
-            f"tracking.tracking_uri: {scheme}:// is not an MLflow tracking store ({', '.join(MLFLOW_STORE_SCHEMES)}, "
-            "or a directory); the run would train untracked"
-        )
+    problem = tracking_store_problem(cfg.tracking.tracking_uri)
+    if cfg.tracking.enabled and problem:
+        p.append(f"tracking.tracking_uri: {problem}; the run would train untracked")
     lc = cfg.launch
     if not 1 <= lc.master_port <= 65535:
         p.append(f"launch.master_port: {lc.master_port} is not a TCP port")
