@@ -40,43 +40,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from bertdist import storage
 from bertdist.config import Config, ConfigError, load_config, validate
 from bertdist.errors import FAILED_EXIT_CODE, OK_EXIT_CODE, REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from bertdist.launch.fleet import Attempt, Fleet
 from bertdist.train.restart_event import RestartEvent
 
 PROBES_TO_LOSE = 2
 """Failed probes in a row that lose a host: one can be a dropped packet, two at the probe interval are not."""
 MAX_BACKOFF_S = 600.0
-
-
-class Attempt(Protocol):
-    """The ranks of one launch, on a fixed set of hosts."""
-
-    def wait(self, timeout_s: float) -> dict[str, int] | None:
-        """Each host's exit code once every rank has ended; None while any runs."""
-
-    def request_stop(self) -> None:
-        """Ask every rank to checkpoint and exit (SIGTERM: the trainer's preemption path)."""
-
-    def kill(self) -> None:
-        """End every rank of this launch that can still be reached, now."""
-
-
-class Fleet(Protocol):
-    def hosts(self) -> list[str]:
-        """Every host the job may use, in order of preference."""
-
-    def probe(self, hosts: list[str]) -> dict[str, str]:
-        """Why each host that does not answer now does not (hosts that answer are absent)."""
-
-    def clean(self, host: str) -> None:
-        """Kill whatever this job left running on `host` (before it is used again)."""
-
-    def launch(self, hosts: list[str], ranks_per_host: int, trainer_args: list[str]) -> Attempt:
-        """Start the job's ranks on `hosts`, the first as the rendezvous master."""
 
 
 @dataclass
