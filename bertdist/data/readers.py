@@ -15,7 +15,7 @@ XML cannot be split and are one unit.
 A document's language comes from its JSON field (`prepare --language-field`) or from the directory its file is in
 (`--languages-from-dirs`: INPUT/<language>/...); without either it is "".
 
-Every problem raises `DataError` naming the file and the byte offset (in the decompressed stream).
+Every problem raises `DataError` naming the file, the line and the byte offset (in the decompressed stream).
 Inputs may be object-store URLs (`s3://bucket/prefix/`, `s3://bucket/wiki-*.xml.bz2`), read through
 `bertdist.storage` in ranged GETs as the stream advances.
 """
@@ -33,11 +33,15 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
 
 from bertdist import storage
-from bertdist.errors import DataError
+from bertdist.errors import DataError, UserError
 
 MAX_LINE_BYTES = 8 << 20
 """A longer line is an error: a binary file, or text without line breaks that would exhaust memory."""
 _BLOCK_BYTES = 1 << 20
+LINE_NUMBER_LIMIT_BYTES = 1 << 30
+"""A unit of a file cut into byte ranges does not know how many lines come before it, so an error's line number
+is counted only once an error is found, by reading the file again up to the bad byte; past this many bytes (a few
+seconds of reading, more from a store) the message names the byte alone."""
 
 _KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki"}
 _COMPRESSIONS = {".gz": "gz", ".bz2": "bz2"}
@@ -227,7 +231,8 @@ class _Lines:
     (the reader stops at the first document it does not own); a bad byte there belongs to the same file."""
 
     def __init__(self, stream: BinaryIO, unit: ReadUnit):
-        self.stream, self.path, self.compression = stream, unit.file.path, unit.file.compression
+        self.stream, self.file = stream, unit.file
+        self.path, self.compression = unit.file.path, unit.file.compression
         self.end_byte = unit.end_byte
         self.offset = 0
         if unit.start_byte > 0:  # align to the first line that starts at or after start_byte
@@ -236,7 +241,7 @@ class _Lines:
             partial = self._read(stream.readline, MAX_LINE_BYTES + 1)
             if len(partial) > MAX_LINE_BYTES:
                 raise DataError(
-                    f"{self.path}: line before byte {unit.start_byte} is longer than {MAX_LINE_BYTES} bytes"
+                    f"{self.path}: the line before {self.where(unit.start_byte)} is longer than {MAX_LINE_BYTES} bytes"
                 )
             self.offset += len(partial)
 
@@ -255,7 +260,7 @@ class _Lines:
         last_line = len(block) - (block.rfind(b"\n", 0, len(block) - 1) + 1)
         if last_line > MAX_LINE_BYTES:  # lines before the last are shorter than a block
             raise DataError(
-                f"{self.path}: line at byte {self.offset + len(block) - last_line} is longer than {MAX_LINE_BYTES} "
+                f"{self.path}: {self.where(self.offset + len(block) - last_line)} is longer than {MAX_LINE_BYTES} "
                 "bytes (binary data, or text without line breaks?)"
             )
         nul = block.find(b"\x00")
@@ -265,9 +270,9 @@ class _Lines:
         except UnicodeDecodeError as e:
             bad_utf8 = e.start
         if 0 <= nul and (bad_utf8 < 0 or nul < bad_utf8):
-            raise DataError(f"{self.path}: NUL byte at byte {self.offset + nul} (binary file?)")
+            raise DataError(f"{self.path}: NUL byte at {self.where(self.offset + nul)} (binary file?)")
         if bad_utf8 >= 0:
-            raise DataError(f"{self.path}: invalid UTF-8 at byte {self.offset + bad_utf8} (binary file?)")
+            raise DataError(f"{self.path}: invalid UTF-8 at {self.where(self.offset + bad_utf8)} (binary file?)")
         return block
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
@@ -285,8 +290,29 @@ class _Lines:
                 yield start, text.lstrip("\ufeff") if start == 0 else text
             self.offset = start + len(raw) + (1 if block.endswith(b"\n") else 0)
 
+    def where(self, byte: int) -> str:
+        """'line N (byte B)' for an error message, the line counted from the start of the file."""
+        line = _line_number(self.file, byte)
+        return f"line {line} (byte {byte})" if line else f"byte {byte}"
+
     def owns(self, line_start: int) -> bool:
         return self.end_byte < 0 or line_start < self.end_byte
+
+
+def _line_number(f: InputFile, byte: int) -> int | None:
+    """The number of the line holding `byte` (from 1), read again from the file's start; None past
+    LINE_NUMBER_LIMIT_BYTES or if the file cannot be read again (the error then names the byte alone)."""
+    if byte > LINE_NUMBER_LIMIT_BYTES:
+        return None
+    newlines = 0
+    try:
+        with storage.open_binary(f.path) as raw, _decompressed(raw, f) as stream:
+            while byte > 0 and (block := stream.read(min(byte, _BLOCK_BYTES))):
+                newlines += block.count(b"\n")
+                byte -= len(block)
+    except (EOFError, OSError, zlib.error, UserError):
+        return None
+    return newlines + 1
 
 
 def _txt_documents(lines: _Lines, unit: ReadUnit) -> Iterator[list[str]]:
@@ -319,24 +345,29 @@ def _jsonl_documents(lines: _Lines, language_field: str, file_language: str) -> 
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{lines.path}: line at byte {start} is not valid JSON ({e.msg})") from None
+            raise DataError(f"{_at(lines, start)} is not valid JSON ({e.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise DataError(f"{lines.path}: line at byte {start}: expected an object with a string field 'text'")
+            raise DataError(f"{_at(lines, start)}: expected an object with a string field 'text'")
         language = file_language
         if language_field:
             if not isinstance(record.get(language_field), str):
-                raise DataError(
-                    f"{lines.path}: line at byte {start} has no string field {language_field!r} (--language-field)"
-                )
-            language = check_language(record[language_field], f"{lines.path}: line at byte {start}")
+                raise DataError(f"{_at(lines, start)} has no string field {language_field!r} (--language-field)")
+            language = record[language_field]
+            if not _LANGUAGE_NAME.fullmatch(language):
+                check_language(language, _at(lines, start))
         try:
             sentences = split_sentences(record["text"])
         except UnicodeEncodeError as e:  # JSON's \ud83d escapes decode to lone surrogates, which are not text
             raise DataError(
-                f"{lines.path}: line at byte {start}: field 'text' holds an unpaired surrogate "
+                f"{_at(lines, start)}: field 'text' holds an unpaired surrogate "
                 f"({e.object[e.start : e.end].encode('unicode_escape').decode()}: a character cut in half), not text"
             ) from None
         yield language, sentences  # [] for a text of no sentence: counted by the caller, never lost unseen
+
+
+def _at(lines: _Lines, byte: int) -> str:
+    """'FILE: line N (byte B)', counted only for an error (it reads the file again)."""
+    return f"{lines.path}: {lines.where(byte)}"
 
 
 def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:

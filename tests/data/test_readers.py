@@ -142,8 +142,8 @@ def test_nested_and_unpaired_markup_leaves_no_trace(wikitext, text):
 @pytest.mark.parametrize(
     "name, data, message",
     [
-        ("utf8.txt", b"fine\n\xc3\x28 broken\n", "invalid UTF-8 at byte 5"),
-        ("nul.txt", b"fine\nbin\x00ary\n", "NUL byte at byte 8"),
+        ("utf8.txt", b"fine\n\xc3\x28 broken\n", r"invalid UTF-8 at line 2 \(byte 5\)"),
+        ("nul.txt", b"fine\nbin\x00ary\n", r"NUL byte at line 2 \(byte 8\)"),
         ("empty.txt", b"", "empty file"),
         ("binary.txt", bytes(range(1, 256)) * 4, "invalid UTF-8"),
         ("huge.txt", b"x" * (MAX_LINE_BYTES + 10), "longer than"),
@@ -151,7 +151,7 @@ def test_nested_and_unpaired_markup_leaves_no_trace(wikitext, text):
         (  # a JSON escape of half an emoji: a lone surrogate, which crashed the sentence splitter
             "surrogate.jsonl",
             b'{"text": "ok"}\n{"text": "Cut \\ud83d here."}\n',
-            r"line at byte 15: field 'text' holds an unpaired surrogate \(\\ud83d",
+            r"line 2 \(byte 15\): field 'text' holds an unpaired surrogate \(\\ud83d",
         ),
         ("trunc.txt.bz2", bz2.compress(b"Some sentence here.\n" * 5000)[:-50], "truncated or corrupt bz2"),
         ("trunc.txt.gz", gzip.compress(b"Some sentence here.\n" * 5000)[:-50], "truncated or corrupt gz"),
@@ -165,6 +165,22 @@ def test_bad_input_names_the_file_and_place(tmp_path, name, data, message):
     with pytest.raises(DataError, match=message) as err:
         _read(path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("name, compress", [("late.jsonl", bytes), ("late.jsonl.gz", gzip.compress)])
+def test_a_bad_line_is_numbered_from_the_file_s_start_in_a_unit_cut_from_its_middle(tmp_path, name, compress):
+    """Errors named a byte offset only: a unit read from the middle of a file does not know its line number. It
+    is counted once an error is found, so the user can open the file at the line (`vim +N`)."""
+    lines = [json.dumps({"text": f"Line {i} of the corpus is fine."}) for i in range(3000)]
+    lines[2716] = '{"text": "cut short'
+    data = ("\n".join(lines) + "\n").encode()
+    path = tmp_path / name
+    path.write_bytes(compress(data))
+    at = data.index(b'{"text": "cut short')
+    units = plan_units(expand_inputs([str(path)]), unit_bytes=16 << 10)
+    assert len(units) == (1 if name.endswith(".gz") else -(-len(data) // (16 << 10)))
+    with pytest.raises(DataError, match=rf"line 2717 \(byte {at}\) is not valid JSON"):
+        [doc for unit in units for doc in read_documents(unit)]
 
 
 def test_a_directory_s_files_of_no_input_type_are_named_and_unread_data_formats_refused(tmp_path, capsys):

@@ -179,7 +179,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     out = tmp_path / "out"
     source, flags, named = {
         "missing corpus": (str(tmp_path / "gone.txt"), [], "gone.txt: no such file"),
-        "binary corpus": (corpus(tmp_path, "one\x00two\n", "binary.txt"), [], "NUL byte at byte 3"),
+        "binary corpus": (corpus(tmp_path, "one\x00two\n", "binary.txt"), [], "NUL byte at line 1 (byte 3)"),
         "too many dev documents": (
             corpus(tmp_path),
             ["--dev-dir", str(out / "dev"), "--dev-documents", "3"],

@@ -116,7 +116,7 @@ def test_a_document_without_the_language_field_names_field_file_and_line(
     assert main([*base, "--input", str(bad), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     at = len(labelled.read_text().splitlines()[0]) + 1
-    assert f"{bad}: line at byte {at} has no string field 'lang' (--language-field)" in err
+    assert f"{bad}: line 2 (byte {at}) has no string field 'lang' (--language-field)" in err
     assert not (tmp_path / "out").exists()
     txt = tmp_path / "plain.txt"
     txt.write_text("A sentence.\n")
