@@ -148,7 +148,8 @@ class BlockStream:
                 raise DataError(
                     f"{url}: the block at byte {offset}: {what}; prepare the data again or restore the object"
                 )
-        self.fetched += 1
+        with self._lock:  # fetch threads count together: `+=` on an attribute is not atomic
+            self.fetched += 1
         self._keep(block_id, data)
         return data
 
