@@ -356,10 +356,11 @@ def interrupted(
 
 def assert_terminated_with_a_checkpoint(scenario: Scenario) -> None:
     """`interrupted`'s SIGTERM leg: every rank finished its step, saved a checkpoint after the first and before the
-    last, and asked to be requeued."""
+    last, asked to be requeued, and logged the steps since its last log line (it logs every 1,000 steps)."""
     assert scenario.exit_codes["terminated"] == [REQUEUE_EXIT_CODE] * 2, scenario.notes["terminated"][-3000:]
     stopped_at = read_train_state(scenario.out / "checkpoints" / scenario.notes["terminated_latest"]).step
     assert CHECKPOINT_EVERY < stopped_at < STEPS
+    assert scenario.notes["terminated_logged"] == str(stopped_at), scenario.notes["terminated"][-3000:]
 
 
 @functools.cache
@@ -383,11 +384,15 @@ def _interrupted(
     codes["killed"] = ranks.wait()
     assert latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", ranks.output(0)[-3000:]
 
-    if terminate:
-        ranks = start_ranks(config, "terminated", "--resume", "auto", python_code=TERMINATE_AFTER_RESUME)
+    if terminate:  # logging too seldom to log before the stop: the stop logs the steps since the last log line
+        logged_before = set(read_metrics(out))
+        ranks = start_ranks(
+            config, "terminated", "--resume", "auto", "train.log_every_steps=1000", python_code=TERMINATE_AFTER_RESUME
+        )
         codes["terminated"] = ranks.wait()
         notes["terminated"] = ranks.output(0)
         notes["terminated_latest"] = latest_tag(out) or ""
+        notes["terminated_logged"] = " ".join(str(s) for s in sorted(set(read_metrics(out)) - logged_before))
 
     if crash_during_save:
         ranks = start_ranks(config, "crashed", "--resume", "auto", python_code=CRASH_DURING_SAVE)
