@@ -63,6 +63,10 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """NaN when a value is not finite, as Pearson's is: ranks would give a NaN its own finite rank in row order, and a
+    diverged regression's evaluation a correlation that could beat the trained model's as the best one."""
+    if not (np.isfinite(np.asarray(x, dtype=np.float64)).all() and np.isfinite(np.asarray(y, dtype=np.float64)).all()):
+        return float("nan")
     return pearson(_ranks(x), _ranks(y))
 
 

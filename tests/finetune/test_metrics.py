@@ -3,6 +3,8 @@ README example and a broken entity worked by hand, and SQuAD's official normalis
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -47,6 +49,17 @@ def test_correlations_equal_scipy_with_ties(seed):
     assert metrics.pearson(x, y) == pytest.approx(scipy_stats.pearsonr(x, y)[0], abs=1e-12)
     assert metrics.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y)[0], abs=1e-12)
     assert metrics.spearman(x, np.round(y)) == pytest.approx(scipy_stats.spearmanr(x, np.round(y))[0], abs=1e-12)
+
+
+def test_a_regression_of_nan_predictions_has_no_correlation_and_is_never_the_best():
+    """Spearman gave NaN outputs ranks in row order: a diverged STS-B epoch scored 1.0 on a dev set sorted by score
+    and was kept as the best model (the GLUE suite picks STS-B's best by Spearman)."""
+    from bertdist.finetune.runner import improves
+
+    gold = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    for predictions in ([math.nan] * 6, [math.nan, 1.1, math.nan, 2.9, math.nan, 5.2], [0.0, 1, 2, 3, 4, math.inf]):
+        assert math.isnan(metrics.spearman(predictions, gold)), predictions
+        assert not improves(metrics.spearman(predictions, gold), 0.70)
 
 
 def test_entity_scores_follow_seqeval():
