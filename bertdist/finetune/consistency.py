@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -86,16 +86,16 @@ def filter_pairs(o: FilterOptions) -> str:
 
 
 def consistency_ranks(
-    rows: list[Any], passages: list[str], vectors: Callable[[list[str]], np.ndarray], o: FilterOptions
+    rows: list[Any], passages: list[str], vectors: pair_search.TextVectors, o: FilterOptions
 ) -> list[int]:
     """Each row's rank: how many passages of the pool, other than its query's positives and a copy of its query,
     score above its positive for its query (by more than TIE: float32 sums of one vector need not agree to the
     last bit). `rows` are Examples (query `text`, positive `pair`); `vectors` gives unit-length vectors of texts.
     The search stops at `o.top_k`: a rank of `o.top_k` means that many or more."""
-    from bertdist.finetune.data import same_text
     from bertdist.finetune.retrieval import top_k
 
-    distinct = pair_search.distinct([*passages, *(e.pair for e in rows)])
+    same_text = vectors.key
+    distinct = vectors.distinct([*passages, *(e.pair for e in rows)])
     keys = list(distinct)
     if o.pool and len(keys) > o.pool:
         keys = [keys[i] for i in sorted(random.Random(o.seed).sample(range(len(keys)), o.pool))]
@@ -104,7 +104,7 @@ def consistency_ranks(
     for e in rows:
         own.setdefault(same_text(e.text), set()).add(same_text(e.pair))
     excluded = [{pool[t] for t in {q, *positives} if t in pool} for q, positives in own.items()]
-    query_vectors = np.asarray(vectors(list(pair_search.distinct(e.text for e in rows).values())), dtype=np.float32)
+    query_vectors = np.asarray(vectors(list(vectors.distinct(e.text for e in rows).values())), dtype=np.float32)
     pool_vectors = np.asarray(vectors([distinct[k] for k in keys]), dtype=np.float32)
     undrawn = list(dict.fromkeys(same_text(e.pair) for e in rows if same_text(e.pair) not in pool))
     undrawn_vectors = np.asarray(vectors([distinct[k] for k in undrawn]), dtype=np.float32) if undrawn else None

@@ -16,7 +16,8 @@ tokens (`mean`, [CLS] and [SEP] included, as sentence-transformers' mean pooling
 the model's own pooling when it is a sentence-transformers directory (`finetune.task=embedding` writes one), else
 `cls`. So a sentence-transformers directory, bertdist's or a released one, gives here what
 `SentenceTransformer(DIR).encode` gives: its pooling, its Normalize module when it has one, its truncate_dim, texts
-cut at its max_seq_length (a module bertdist does not compute, such as Dense, is refused rather than left out).
+with its default prompt before them and lower-cased where it says so, cut at its max_seq_length (a module bertdist
+does not compute, such as Dense, is refused rather than left out).
 `level=token` one per WordPiece token of each row, [CLS] and [SEP] included, with the token ids beside them so
 the user can align words. Output: `features-NNNNN.npy` shards of at most `shard_rows` rows, and for token level
 `tokens-NNNNN.npy` (ids) and `offsets-NNNNN.npy` (row r's vectors are [offsets[r], offsets[r + 1]) of its
@@ -155,10 +156,24 @@ class Encoder:
     """bertdist.model.sentence.SentencePipeline of a sentence-transformers directory (its pooling, normalisation and
     length), else None."""
 
+    @property
+    def width(self) -> int:
+        """The length of its sentence vectors: a sentence-transformers directory's truncate_dim, else its width."""
+        hidden = self.source.model_cfg.hidden_size
+        return min(self.sentence.truncate_dim or hidden, hidden) if self.sentence else hidden
+
     def encode(self, rows: list[Any]) -> Any:
-        """bertdist.finetune.features.Sequences of `rows` (Examples), cut to max_seq_length."""
+        """bertdist.finetune.features.Sequences of `rows` (Examples), cut to max_seq_length; a sentence-transformers
+        directory's texts as it reads them (its default prompt, its lower-casing)."""
         from bertdist.finetune.data import encode
 
+        if self.sentence is not None:
+            rows = [
+                dataclasses.replace(
+                    e, text=self.sentence.text(e.text), pair=e.pair and self.sentence.text(e.pair, False)
+                )
+                for e in rows
+            ]
         return encode(
             rows, np.zeros(len(rows), dtype=np.int64), self.source.vocab_file, self.cased, self.max_seq_length
         )
@@ -220,21 +235,22 @@ def open_encoder(model: str, max_seq_length: int, default_length: int = 128) -> 
 
 
 def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_size: int) -> np.ndarray:
-    """(len(texts), hidden) float32 of unit length: the mean of the last layer over each text's tokens ([CLS] and
-    [SEP] included, padding not), or its [CLS] vector. Texts are batched by length, so little is padding."""
+    """(len(texts), encoder.width) float32 of unit length: the mean of the last layer over each text's tokens ([CLS]
+    and [SEP] included, padding not), or its [CLS] vector, cut at a sentence-transformers directory's truncate_dim
+    (the vectors it scores by). Texts are batched by length, so little is padding."""
     import torch
 
     from bertdist.finetune.data import Example
 
     encoded = encoder.encode([Example(t, None, "", "") for t in texts])
-    out = np.empty((len(texts), encoder.source.model_cfg.hidden_size), dtype=np.float32)
+    out = np.empty((len(texts), encoder.width), dtype=np.float32)
     by_length = np.argsort([len(ids) for ids in encoded.ids], kind="stable")
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
             rows = by_length[start : start + batch_size]
             batch = encoder.batch(encoded, rows)
             states = encoder.model.hidden_states(**batch)[-1].float()  # (batch, seq, hidden)
-            vectors = encoder.finite(_pooled(states, batch["attention_mask"], pooling))
+            vectors = encoder.finite(_pooled(states, batch["attention_mask"], pooling))[:, : encoder.width]
             out[rows] = torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
     return out
 

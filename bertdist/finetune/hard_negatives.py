@@ -29,13 +29,15 @@ Deliberate differences from sentence-transformers:
   window widens by the largest number of positives any query has); the two agree where range_min is 0 and
   the window holds the negatives;
 - a candidate equal to the query is never a negative (theirs only when a filter removes it); texts are
-  compared whitespace aside (finetune.data.same_text, the rule fine-tuning refuses a negative equal to its
-  positive by), so the same passage with a trailing or a doubled space is one candidate;
+  compared as the model reads them, whitespace aside (finetune.data.same_text with the tokenizer's normaliser,
+  the rule fine-tuning refuses a negative equal to its positive by), so the same passage with a trailing or a
+  doubled space, or in capitals to an uncased model, is one candidate;
 - one output row per input row, in the file's order, repeated rows kept (theirs: one per distinct query and
   positive, grouped by query); a row without `negatives` negatives stops the command naming FILE:LINE, or
   with `skip_short` is skipped and counted (theirs drops it, printing a count);
-- equal scores rank in corpus order (theirs: torch.topk's, unspecified); no prompts are prepended (bertdist's
-  models have none).
+- equal scores rank in corpus order (theirs: torch.topk's, unspecified); a sentence-transformers directory's
+  default prompt is put before queries and passages alike, as its `encode` does (theirs: the query prompt
+  before queries only).
 tests/finetune/test_hard_negatives.py checks the choices against theirs on the same model and pairs.
 
 Output: one JSON object per kept row, `{"query", "positive", "negative_1", ..., "negative_N"}`, written
@@ -47,7 +49,7 @@ stay in memory (passages x hidden x 4 bytes), as for `bertdist evaluate --suite 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -151,16 +153,16 @@ def mine_negatives(o: MineOptions) -> str:
 
 
 def mine_rows(
-    rows: list[Any], passages: list[str], vectors: Callable[[list[str]], np.ndarray], o: MineOptions
+    rows: list[Any], passages: list[str], vectors: pair_search.TextVectors, o: MineOptions
 ) -> tuple[list[Mined], Removed]:
     """Every row's negatives, in the rows' order, among the distinct positives of `rows` and `passages`.
 
-    `rows` are Examples (query `text`, positive `pair`); `vectors` gives unit-length vectors of texts. The rows
-    of one query text share its search, its positives and its negatives."""
-    from bertdist.finetune.data import same_text
+    `rows` are Examples (query `text`, positive `pair`); `vectors` gives unit-length vectors of texts, and when two
+    texts are one. The rows of one query text share its search, its positives and its negatives."""
     from bertdist.finetune.retrieval import top_k
 
-    candidates = pair_search.distinct([*passages, *(e.pair for e in rows)])  # the corpus first, as theirs
+    same_text = vectors.key
+    candidates = vectors.distinct([*passages, *(e.pair for e in rows)])  # the corpus first, as theirs
     corpus = {key: row for row, key in enumerate(candidates)}  # a candidate's text, whitespace aside -> its row
     texts = list(candidates.values())
     queries: dict[str, list[int]] = {}  # a query text, whitespace aside -> the corpus rows of its positives
@@ -169,7 +171,7 @@ def mine_rows(
         if corpus[same_text(e.pair)] not in own:
             own.append(corpus[same_text(e.pair)])
     excluded = [set(own) | ({corpus[q]} if q in corpus else set()) for q, own in queries.items()]
-    query_vectors = np.asarray(vectors(list(pair_search.distinct(e.text for e in rows).values())), dtype=np.float32)
+    query_vectors = np.asarray(vectors(list(vectors.distinct(e.text for e in rows).values())), dtype=np.float32)
     corpus_vectors = np.asarray(vectors(texts), dtype=np.float32)
     _, found = top_k(query_vectors, corpus_vectors, o.range_max + max(len(x) for x in excluded))
     removed, chosen, positive_scores = Removed(), {}, {}

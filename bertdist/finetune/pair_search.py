@@ -104,9 +104,39 @@ def read_passages(o: PairSearchOptions) -> tuple[list[str], list[str]]:
     return [e.text for e in documents.rows], documents.skipped
 
 
-def vectors_of(o: PairSearchOptions, command: str) -> Callable[[list[str]], np.ndarray]:
-    """The model's unit vectors of texts, (texts, hidden) float32, embedded a block at a time with a progress
-    line (`bertdist COMMAND: embedded ...`) on long inputs. Loads the model: call it after reading the input."""
+@dataclass(frozen=True)
+class TextVectors:
+    """A model's unit vectors of texts, and its rule for two texts being one: finetune.data.same_text with the
+    model's tokenizer's normalisation, the rule fine-tuning refuses a negative equal to its positive by. Without
+    it, an uncased model's positive in capitals was written as its own hard negative, and fine-tuning then refused
+    the file mine-negatives wrote."""
+
+    vectors: Callable[[list[str]], np.ndarray]
+    """Texts -> (texts, width) float32 of unit length."""
+    normalize: Callable[[str], str] | None = None
+    """The tokenizer's normaliser (TextTokenizer.normalized); None: whitespace alone."""
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        return self.vectors(texts)
+
+    def key(self, text: str) -> str:
+        from bertdist.finetune.data import same_text
+
+        return same_text(text, self.normalize)
+
+    def distinct(self, texts: Iterable[str]) -> dict[str, str]:
+        """Each text once: its key -> the text as first given, in the order first seen. The text as given is the
+        one embedded: a byte-level BPE reads a leading space."""
+        out: dict[str, str] = {}
+        for text in texts:
+            out.setdefault(self.key(text), text)
+        return out
+
+
+def vectors_of(o: PairSearchOptions, command: str) -> TextVectors:
+    """The model's unit vectors of texts, embedded a block at a time with a progress line (`bertdist COMMAND:
+    embedded ...`) on long inputs. Loads the model: call it after reading the input."""
+    from bertdist.data.tokenizer import open_tokenizer
     from bertdist.finetune.embed import open_encoder
     from bertdist.finetune.retrieval import CORPUS_BLOCK_ROWS, embed_blocks
 
@@ -117,19 +147,7 @@ def vectors_of(o: PairSearchOptions, command: str) -> Callable[[list[str]], np.n
         blocks = (texts[i : i + CORPUS_BLOCK_ROWS] for i in range(0, len(texts), CORPUS_BLOCK_ROWS))
         return embed_blocks(encoder, blocks, len(texts), pooling, o.batch_size, command, "texts", False)
 
-    return vectors
-
-
-def distinct(texts: Iterable[str]) -> dict[str, str]:
-    """Each text once, whitespace aside (finetune.data.same_text, the rule fine-tuning refuses a negative equal to
-    its positive by): that key -> the text as first given, in the order first seen. The text as given is the one
-    embedded: a byte-level BPE reads a leading space."""
-    from bertdist.finetune.data import same_text
-
-    out: dict[str, str] = {}
-    for text in texts:
-        out.setdefault(same_text(text), text)
-    return out
+    return TextVectors(vectors, open_tokenizer(encoder.source.vocab_file, encoder.cased).normalized)
 
 
 def write_rows(path: str, rows: Iterable[dict[str, Any]]) -> None:

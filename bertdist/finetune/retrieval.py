@@ -161,7 +161,7 @@ def embed_blocks(
     more when all are done (evaluate's record of the corpus embedded), however quick."""
     from bertdist.finetune.embed import sentence_vectors
 
-    matrix = np.empty((total, encoder.source.model_cfg.hidden_size), dtype=np.float32)
+    matrix = np.empty((total, encoder.width), dtype=np.float32)
     done, started, reported = 0, time.monotonic(), time.monotonic()
     for texts in blocks:
         matrix[done : done + len(texts)] = sentence_vectors(encoder, texts, pooling, batch_size)
@@ -267,7 +267,7 @@ def _log(o: RetrievalOptions, base: Any, results: dict[str, Any], out: Path) -> 
 def _dims(o: RetrievalOptions, encoder: Any) -> list[int]:
     """The Matryoshka widths to score besides the whole vector: --dims, else the model's recorded ones; a width
     beyond the vector is refused."""
-    hidden = encoder.source.model_cfg.hidden_size
+    hidden = encoder.width  # a directory's truncate_dim: the vectors it scores by
     asked = [int(d) for d in o.dims.split(",") if d.strip()]
     widths = asked or list(encoder.sentence.matryoshka_dims if encoder.sentence else ())
     if any(w > hidden for w in asked):

@@ -164,10 +164,22 @@ class SentencePipeline:
     """The vector prefixes the model was trained to retrieve with (bertdist's record; () for other directories)."""
     truncate_dim: int | None = None
     """config_sentence_transformers.json's truncate_dim: sentence-transformers cuts every vector to it."""
+    prompt: str = ""
+    """The text of config_sentence_transformers.json's default prompt (`default_prompt_name`), which
+    `SentenceTransformer.encode` puts before every text not given a prompt of its own; "" where none is named."""
+    lower_case: bool = False
+    """sentence_bert_config.json's do_lower_case: texts are lower-cased (a lower-casing normaliser before the
+    tokenizer's own), a cased vocabulary's model included."""
     unsupported: str = ""
     """Why bertdist cannot compute this directory's own vectors (a Dense module, max pooling), or "". Asked only
     where those vectors are wanted (`embed` with the directory's pooling, an ONNX sentence encoder): the length
     and the encoder's layers serve `attention`, token features and retrieval all the same."""
+
+    def text(self, text: str, prompted: bool = True) -> str:
+        """`text` as `SentenceTransformer(DIR).encode` gives it to the tokenizer: its default prompt before it
+        (`prompted`: the first text of a pair only), lower-cased where the directory says so (prompt included)."""
+        text = self.prompt + text if prompted else text
+        return text.lower() if self.lower_case else text
 
     def own_vectors(self) -> None:
         """CheckpointFormatError when bertdist cannot compute this directory's own vectors."""
@@ -209,15 +221,35 @@ def read_sentence_pipeline(directory: str | os.PathLike) -> SentencePipeline | N
             f"{directory / pooling_dir / 'config.json'}: pooling {pooling or 'none'} is not supported yet "
             "(bertdist pools by mean or cls)"
         )
-    dims, truncate_dim = _read_dimensions(directory / "config_sentence_transformers.json")
-    return SentencePipeline(pooling, normalize, _read_max_seq_length(directory), dims, truncate_dim, unsupported)
+    dims, truncate_dim, prompt = _read_model_config(directory / "config_sentence_transformers.json")
+    if prompt and config.get("include_prompt") is False and not unsupported:
+        unsupported = (
+            f"{directory / pooling_dir / 'config.json'}: include_prompt false (pooling that leaves out the default "
+            "prompt's tokens) is not supported yet"
+        )
+    return SentencePipeline(
+        pooling,
+        normalize,
+        _read_max_seq_length(directory),
+        dims,
+        truncate_dim,
+        prompt,
+        _read_lower_case(directory),
+        unsupported,
+    )
 
 
-def _read_dimensions(path: Path) -> tuple[tuple[int, ...], int | None]:
-    """(matryoshka_dims, truncate_dim) of a config_sentence_transformers.json; checked, as both cut vectors."""
+def _read_model_config(path: Path) -> tuple[tuple[int, ...], int | None, str]:
+    """(matryoshka_dims, truncate_dim, the default prompt's text) of a config_sentence_transformers.json; checked,
+    as each changes the vectors."""
     config = _read_json(path)
     if not isinstance(config, dict):
-        return (), None
+        return (), None, ""
+    prompts, name = config.get("prompts") or {}, config.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise CheckpointFormatError(f"{path}: prompts must map names to texts, got {prompts!r}")
+    if name is not None and name not in prompts:
+        raise CheckpointFormatError(f"{path}: default_prompt_name {name!r} is not one of the prompts {list(prompts)}")
     dims, truncate_dim = config.get("matryoshka_dims") or [], config.get("truncate_dim")
     if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
         raise CheckpointFormatError(f"{path}: matryoshka_dims must be a list of positive integers, got {dims!r}")
@@ -225,7 +257,15 @@ def _read_dimensions(path: Path) -> tuple[tuple[int, ...], int | None]:
         isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim <= 0
     ):
         raise CheckpointFormatError(f"{path}: truncate_dim must be a positive integer, got {truncate_dim!r}")
-    return tuple(dims), truncate_dim
+    return tuple(dims), truncate_dim, prompts[name] if name is not None else ""
+
+
+def _read_lower_case(directory: Path) -> bool:
+    config = _read_json(directory / "sentence_bert_config.json")
+    lower = config.get("do_lower_case", False) if isinstance(config, dict) else False
+    if not isinstance(lower, bool):
+        raise CheckpointFormatError(f"{directory / 'sentence_bert_config.json'}: do_lower_case must be true or false")
+    return lower
 
 
 def _pooling_mode(config: Any) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from bertdist.finetune.pair_search import TextVectors
 from tests.conftest import tiny_model_config
 
 
@@ -32,7 +33,7 @@ def exact_vectors(scores: dict[str, dict[str, float]]):
         v[len(queries) + candidates.index(text)] = np.sqrt(1 - (v**2).sum())
         return v
 
-    return lambda texts: np.stack([vector(t) for t in texts]).astype(np.float32)
+    return TextVectors(lambda texts: np.stack([vector(t) for t in texts]).astype(np.float32))
 
 
 def pair_command(command: str, model: Path, data: Path, output: Path, *extra: str) -> list[str]:

@@ -220,7 +220,7 @@ def test_modernbert_features_equal_transformers_hidden_states(tmp_path, tiny_voc
     assert code == USAGE_EXIT_CODE and "has no pooler weights (ModernBERT" in capsys.readouterr().err
 
 
-def _released_sentence_encoder(directory, vocab, normalize: bool):
+def _released_sentence_encoder(directory, vocab, normalize: bool, cased: bool = False):
     """A sentence-transformers BERT as someone else makes one, not through bertdist: heads of 32 dimensions (not
     the tiny model's), layer-norm eps 1e-7, and a tokenizer.json that pads every text to 64 and cuts at 64 itself,
     as sentence-transformers' MiniLM's does (128 there); texts cut at 48 tokens (sentence_bert_config.json)."""
@@ -238,7 +238,7 @@ def _released_sentence_encoder(directory, vocab, normalize: bool):
     )
     bare = directory / "bare"
     transformers.BertModel(config).save_pretrained(bare)
-    tokenizer = transformers.BertTokenizerFast(vocab, do_lower_case=True)
+    tokenizer = transformers.BertTokenizerFast(vocab, do_lower_case=not cased)
     tokenizer.save_pretrained(bare)
     spec = json.loads((bare / "tokenizer.json").read_text())
     spec["truncation"] = {"direction": "Right", "max_length": 64, "strategy": "LongestFirst", "stride": 0}
@@ -252,7 +252,7 @@ def _released_sentence_encoder(directory, vocab, normalize: bool):
     }
     (bare / "tokenizer.json").write_text(json.dumps(spec))
     modules = [models.Transformer(str(bare), max_seq_length=48), models.Pooling(96, pooling_mode="mean")]
-    released = directory / ("normalized" if normalize else "released")
+    released = directory / (("cased-" if cased else "") + ("normalized" if normalize else "released"))
     SentenceTransformer(modules=modules + ([models.Normalize()] if normalize else []), device="cpu").save(str(released))
     return released
 
@@ -305,6 +305,41 @@ def test_a_released_sentence_encoder_gives_its_own_vectors_and_tokens(normalize,
     (got,) = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})
     assert got.shape == cut.shape == (len(texts) - 1, 32)
     np.testing.assert_allclose(got, cut, atol=1e-4, rtol=1e-4)
+
+
+def test_a_released_encoder_s_prompt_lower_casing_and_truncate_dim_are_applied_as_its_encode_applies_them(
+    tmp_path, tiny_vocab
+):
+    """A directory whose config names a default prompt, lower-cases its texts (sentence_bert_config.json's
+    do_lower_case, over a cased tokenizer) and cuts its vectors (truncate_dim): `embed` ignored the first two, and
+    `evaluate --suite retrieval` and `mine-negatives` all three, giving vectors the model does not give."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertdist.finetune.embed import open_encoder, sentence_vectors
+
+    released = _released_sentence_encoder(tmp_path, tiny_vocab, normalize=True, cased=True)
+    settings = released / "config_sentence_transformers.json"
+    prompts = {"prompts": {"query": "Find The ", "document": ""}, "default_prompt_name": "query", "truncate_dim": 32}
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), **prompts}))
+    module = released / "sentence_bert_config.json"
+    module.write_text(json.dumps({**json.loads(module.read_text()), "do_lower_case": True}))
+    texts = [t.upper() for t in TEXTS]
+    expected = SentenceTransformer(str(released), device="cpu").encode(texts, convert_to_numpy=True)
+    assert expected.shape == (len(texts), 32)
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    out = tmp_path / "vectors"
+    assert main(["embed", "--model", str(released), "--input", str(tmp_path / "texts.txt"), "--output", str(out)]) == 0
+    np.testing.assert_allclose(_load(out, "features")[1], expected, atol=1e-5, rtol=1e-5)
+    scored = sentence_vectors(open_encoder(str(released), 0), texts, "mean", batch_size=4)  # retrieval's, mining's
+    unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)  # what cosine similarity compares
+    np.testing.assert_allclose(scored, unit, atol=1e-5, rtol=1e-5)
+    (released / "1_Pooling" / "config.json").write_text(
+        json.dumps({**json.loads((released / "1_Pooling" / "config.json").read_text()), "include_prompt": False})
+    )
+    assert (
+        main(["embed", "--model", str(released), "--input", str(tmp_path / "texts.txt"), "--output", str(out) + "2"])
+        == 2
+    )
 
 
 def test_a_sentence_encoder_with_a_module_bertdist_does_not_compute_is_refused(tmp_path, tiny_vocab, capsys):

@@ -5,6 +5,7 @@ the same negatives as sentence-transformers' mine_hard_negatives on the same mod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -62,6 +63,18 @@ def test_the_range_counts_ranks_before_the_margins():
     assert (row.negatives, removed.margin) == (["b", "c", "d"], 0)  # a, above the positive, is outside the range
     (row,), removed = _mine([("q", "p")], ONE, PASSAGES, range_min=1, range_max=4)
     assert (row.negatives, row.usable, removed.margin) == (["c", "d"], 2, 1)  # short of 3: b dropped, e out of range
+
+
+def test_a_positive_in_capitals_is_the_positive_itself_to_an_uncased_model():
+    """An uncased model reads "P" as "p": mine-negatives wrote it as p's hard negative (at margin 0, an equal
+    score is kept), and fine-tuning then refused the file as a negative equal to its positive."""
+    scores = {"q": {"p": 0.8, "P": 0.8, "a": 0.9, "b": 0.7, "c": 0.6, "d": 0.5}}
+    uncased = dataclasses.replace(exact_vectors(scores), normalize=str.lower)
+    options = MineOptions(model="", pairs="", output="", margin=0.0)
+    (row,), _ = mine_rows([Example("q", "p", "", "pairs.jsonl:1")], ["P", *"abcd"], uncased, options)
+    assert row.negatives == ["b", "c", "d"]
+    (row,), _ = _mine([("q", "p")], scores, ["P", *"abcd"], margin=0.0)  # to a cased model, two texts
+    assert row.negatives == ["P", "b", "c"]
 
 
 def test_a_querys_own_positives_and_copies_of_it_are_never_negatives():
