@@ -179,17 +179,54 @@ def read_json(path: str) -> Any:
 
 
 def open_binary(path: str) -> IO[bytes]:
-    """A seekable binary stream with the standard library's methods (an object is read in ranged GETs of a
-    few MB as the stream advances).
+    """A seekable binary stream with the standard library's methods (an object is read in ranged GETs of 8 MB
+    as the stream advances, each retried as every call to the store is).
 
-    An object's stream is wrapped in `io.BufferedReader`: fsspec's file lacks parts of the io interface
-    (`readline(size)`, `peek`), so a reader written against local files failed on the first object larger
-    than one read."""
+    An object's stream is `io.BufferedReader` over bertdist's own reader: fsspec's file lacks parts of the io
+    interface (`readline(size)`, `peek`), so a reader written against local files failed on the first object
+    larger than one read; and it retried only its opening, so a store down for seconds while `prepare` streamed a
+    corpus ended the run with botocore's traceback."""
     path = local_path(path)
     if not is_url(path):
         return open(path, "rb")
-    fs, inside = object_store.filesystem(path)
-    return io.BufferedReader(retrying(path, lambda: fs.open(inside, "rb", block_size=8 << 20)), buffer_size=1 << 20)
+    return io.BufferedReader(_ObjectReader(path), buffer_size=_OBJECT_READ_BYTES)
+
+
+_OBJECT_READ_BYTES = 8 << 20
+
+
+class _ObjectReader(io.RawIOBase):
+    """An object read by ranged GETs from the current position, each through `retrying`: a cut or an outage
+    mid-stream is retried where it happened, and one that lasts is a StoreUnavailableError naming the object."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.fs, self.inside = object_store.filesystem(url)
+        self.size = int(retrying(url, lambda: self.fs.size(self.inside)))
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        start, end = self.position, min(self.position + len(buffer), self.size)
+        if start >= end:
+            return 0
+        data = retrying(self.url, lambda: self.fs.cat_file(self.inside, start=start, end=end))
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -308,6 +308,28 @@ def test_uncompressed_objects_over_a_read_block_are_read_in_units_like_local_fil
     assert sum(len(docs) for docs in here) == 2 * len(documents)
 
 
+def test_a_store_throttling_a_corpus_object_mid_stream_is_retried_where_the_read_stopped(s3, tmp_path):
+    """`prepare` streaming a corpus object: only its opening was retried, and a store throttling (or down for
+    seconds) at the next ranged GET, 8 MB in, ended the run as a corrupt file, or with botocore's traceback."""
+    from bertdist.data.readers import expand_inputs, plan_units, read_documents
+
+    documents = [[f"Document {d} sentence {k} has some words." for k in range(5)] for d in range(50_000)]
+    local = tmp_path / "corpus"
+    local.mkdir()
+    (local / "big.txt").write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
+    assert (local / "big.txt").stat().st_size > 9 << 20  # past the first 8 MB read
+    store = storage.join(s3.bucket("throttled"), "corpus")
+    upload_tree(str(local), store)
+    (unit,) = plan_units(expand_inputs([store + "/"]), unit_bytes=1 << 40)
+    stream = read_documents(unit)
+    got = [next(stream) for _ in range(100)]
+    before = s3.endpoint.throttled
+    s3.endpoint.throttle(6)  # the next six connections answer 503 SlowDown
+    got += list(stream)
+    assert s3.endpoint.throttled - before == 6
+    assert got == documents
+
+
 def test_webdataset_reads_bertdist_shards_straight_from_the_store(s3, s3_shards, tiny_shards):
     """bertdist's shards are plain WebDataset tars: the `webdataset` library reads them over HTTP from the
     store (presigned URLs, fetched by curl), each member a block of samples as a pickle-free .npz."""
