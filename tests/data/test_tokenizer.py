@@ -228,6 +228,37 @@ def test_whole_word_masking_with_bpe_masks_whole_words(which, request):
     assert (out.input_ids[chosen] == vocab.mask_id).mean() > 0.7 and not special[chosen].any()
 
 
+UNSPACED = ["我们今天去北京大学学习中文。", "東京の夜景はとても美しいです。", "ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ"]
+
+
+@pytest.mark.parametrize("model", ["bpe", "unigram"])
+def test_a_sentence_of_a_script_without_spaces_is_many_words_not_one(model, tmp_path):
+    """A Chinese, Japanese or Thai sentence has a space marker at its start only: the whole sentence was one word,
+    over every sample's budget, and whole-word masking masked none of 200 such samples (a review, November 2026).
+    A token that begins with an ideograph, kana or Thai now starts a word; English keeps its words."""
+    from bertdist.data.bpe import train_bpe
+    from bertdist.data.unigram import train_unigram
+
+    train = train_bpe if model == "bpe" else train_unigram
+    tokenizer = open_tokenizer(train((UNSPACED + SENTENCES) * 30, str(tmp_path), vocab_size=400))
+    for text in UNSPACED:
+        encoding = tokenizer.encode_batch([text])[0]
+        starts = np.flatnonzero(tokenizer.starts_word[encoding.ids])
+        longest = np.diff(np.append(starts, len(encoding.ids))).max()  # a byte-level token may begin mid-character
+        assert len(starts) > 1 and longest <= 4, encoding.tokens
+    english = tokenizer.encode_batch(["the cat sat on the mat"])[0]
+    assert tokenizer.starts_word[english.ids].sum() == 6, english.tokens
+    ids = [tokenizer.encode_batch([t])[0].ids for t in UNSPACED * 20]
+    lengths = np.array([len(i) for i in ids])
+    docs = Documents(
+        np.concatenate(ids).astype(np.uint16), np.concatenate([[0], np.cumsum(lengths)]), np.arange(len(ids) + 1)
+    )
+    vocab = VocabInfo.from_tokenizer(tokenizer)
+    samples = full_sentences(docs, InstanceOptions(max_seq_length=24), vocab)
+    out = apply_masks(samples, MaskingConfig(whole_word_mask=True), vocab, KeyedDraws(1, 0, np.arange(len(samples))))
+    assert (out.masked_counts > 0).all(), out.masked_counts
+
+
 @pytest.fixture(scope="module", params=["static", "dynamic"])
 def high_id_shards(request, tiny_corpus, high_id_tokenizer, ray_local, tmp_path_factory) -> tuple[str, str]:
     from bertdist.data.pipeline.driver import prepare

@@ -38,6 +38,9 @@ def fingerprint_of(opts: PrepareOptions, files: list[InputFile], vocab_hash: str
         described["special_tokens_in_text"] = "text"
         if open_tokenizer(opts.vocab_file).spaced_sentences:  # likewise, the space before a sentence (2026-11-29)
             described["sentence_spacing"] = "spaced"
+        i = opts.instances
+        if i.masking == "static" and (i.whole_word_mask or i.span_masking):  # and words of unspaced scripts (11-29)
+            described["unspaced_words"] = "split"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
