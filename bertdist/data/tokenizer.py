@@ -26,6 +26,7 @@ tokenizer makes it one; in the other scripts, which mark no word boundary at all
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -352,6 +353,20 @@ def wordpiece_is_cased(vocab_file: Path, tokens: list[str]) -> bool:
             _refuse_other_normalisation(sibling, settings, value)
             return not value
     return any(t != t.lower() for t in tokens if not (t.startswith("[") and t.endswith("]")))
+
+
+def uncased_evidence(vocab_file: Path, tokens: list[str]) -> str:
+    """Why a WordPiece vocabulary is certainly uncased, or "": its tokenizer_config.json says do_lower_case, or it
+    holds lower-case letters and no upper-case one. A vocabulary of scripts without case has neither, and may be read
+    cased to keep its marks (a Devanagari virama, a Thai tone mark), which BERT's uncased normaliser strips."""
+    sibling = vocab_file.parent / TOKENIZER_CONFIG
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if json.loads(sibling.read_text()).get("do_lower_case") is True:
+            return f"{sibling} says do_lower_case: true"
+    words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]
+    if any(t != t.upper() for t in words) and all(t == t.lower() for t in words):
+        return "its tokens hold lower-case letters and no upper-case one"
+    return ""
 
 
 def _refuse_other_normalisation(config: Path, settings: dict, lowercase: bool) -> None:

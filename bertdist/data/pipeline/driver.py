@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,12 +58,19 @@ def prepare(opts: PrepareOptions) -> PrepareReport:
     t_start = time.perf_counter()
     object_store.use_endpoint(opts.endpoint_url)
     validate_prepare(opts)  # before Ray starts: a bad value must not fail inside a task
-    from bertdist.data.tokenizer import open_tokenizer
+    from bertdist.data.tokenizer import open_tokenizer, uncased_evidence
 
     # Unasked, a vocab.txt keeps case as its tokenizer_config.json says (else as its tokens show), as fine-tuning
     # and the export read it: a --cased left off lower-cased the shards of a cased vocabulary. A directory given:
     # the tasks read the file it holds.
     tokenizer = open_tokenizer(opts.vocab_file, True if opts.cased else None)
+    if opts.cased and tokenizer.is_wordpiece_vocab:  # read cased, an uncased vocabulary's capitals are [UNK]
+        uncased = uncased_evidence(Path(tokenizer.path), tokenizer.tokens)
+        if uncased:
+            raise DataError(
+                f"--cased: {tokenizer.path} is an uncased vocabulary ({uncased}): read cased, every capital would "
+                "be [UNK] (over half the tokens of English text); leave --cased off"
+            )
     cased = tokenizer.cased if tokenizer.is_wordpiece_vocab else opts.cased
     opts = dataclasses.replace(opts, vocab_file=tokenizer.path, cased=cased)
     files = expand_inputs(opts.inputs, opts.languages_from_dirs)

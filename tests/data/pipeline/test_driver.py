@@ -20,6 +20,7 @@ from bertdist.data import DataError, iter_samples
 from bertdist.data.inspect import shard_statistics
 from bertdist.data.pipeline.driver import prepare
 from bertdist.data.shards import permute, shard_instances
+from bertdist.data.tokenizer import uncased_evidence
 from tests.conftest import TEST_SEQ_LENGTH, tiny_prepare_options
 
 pytestmark = pytest.mark.slow
@@ -315,3 +316,16 @@ def test_a_vocab_txt_keeps_case_as_its_config_says_without_cased(tiny_corpus, ti
         out = tmp_path / f"out-lower-{lower}"
         report = prepare(tiny_prepare_options(tiny_corpus, str(vocab / "vocab.txt"), str(out)))
         assert report.manifest["options"]["cased"] is not lower, report.manifest["options"]
+    # --cased over an uncased vocabulary: every capital would be [UNK] (56% of a corpus's tokens), refused; a
+    # vocabulary of scripts without case may be read cased (to keep its marks)
+    with pytest.raises(DataError, match=r"--cased: .* is an uncased vocabulary \(.*do_lower_case: true\)"):
+        prepare(
+            tiny_prepare_options(
+                tiny_corpus, str(tmp_path / "vocab-lower-True" / "vocab.txt"), str(tmp_path / "x"), cased=True
+            )
+        )
+    caseless = tmp_path / "caseless.txt"
+    caseless.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "क", "##्या", "ไม", "##่", "1"]))
+    assert uncased_evidence(caseless, caseless.read_text().split("\n")) == ""
+    assert "no upper-case one" in uncased_evidence(caseless, ["[CLS]", "the", "##s"])
+    assert uncased_evidence(caseless, ["[CLS]", "The", "the"]) == ""
