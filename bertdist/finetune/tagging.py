@@ -14,6 +14,7 @@ headline.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,9 @@ from bertdist.finetune.features import Layout, Sequences
 from bertdist.model.ops import IGNORE_INDEX
 
 OUTSIDE = "O"
+_COLUMNS = re.compile(r"[ \t]+")
+"""Columns are apart by ASCII spaces and tabs, as CoNLL's tools split them: str.split() also cut a word at a
+no-break or ideographic space (`10\u00a0000`, `東京\u3000タワー`) and kept its first part, unseen."""
 
 
 @dataclass
@@ -52,7 +56,8 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
 
     with f:
         for line_number, line in enumerate(f, start=1):
-            fields = line.split()
+            fields = _COLUMNS.split(line.strip(" \t\r\n"))  # a no-break space (10\u00a0000) is part of a word
+            fields = [] if fields == [""] else fields
             if not fields:
                 end_sentence()
                 broken = False

@@ -52,6 +52,15 @@ def test_reads_words_and_last_column_tags_skipping_docstart(tmp_path):
     assert tagging.tag_names(sentences) == ["B-CODE", "B-NAME", "I-NAME", "O"] and not report.skipped
 
 
+def test_a_word_holding_a_no_break_or_ideographic_space_is_one_word(tmp_path):
+    """Columns were cut at any Unicode space: `10\u00a0000` became the word `10` and `東京\u3000タワー` `東京`, the
+    rest dropped unseen. CoNLL columns are apart by ASCII spaces and tabs."""
+    (tmp_path / "train.conll").write_text("10\u00a0000\tB-NUM\n東京\u3000タワー B-LOC\nend\tO\r\n\n")
+    sentences, report = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
+    assert [s.words for s in sentences] == [["10\u00a0000", "東京\u3000タワー", "end"]] and not report.skipped
+    assert sentences[0].tags == ["B-NUM", "B-LOC", "O"]
+
+
 def test_a_line_without_a_label_names_its_line_or_drops_its_sentence_counted(tmp_path):
     (tmp_path / "train.conll").write_text(CONLL.replace("module NN I-NP O", "module"))
     with pytest.raises(DataError, match=r"train.conll:5: 'module' has no label"):
