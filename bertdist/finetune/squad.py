@@ -24,6 +24,7 @@ file, line and question id and the field (or is skipped and counted with `finetu
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -263,8 +264,18 @@ def predict(
         spans = dev.offsets[qi]
         # .strip(): a byte-level BPE token's span starts at the space before its word unless the tokenizer trims
         # offsets (RoBERTa's does, `bertdist vocab --model bpe`'s does not)
-        texts.append("" if span is None else dev.questions[qi].context[spans[span[0], 0] : spans[span[1], 1]].strip())
+        context = dev.questions[qi].context
+        texts.append("" if span is None else context[spans[span[0], 0] : _whole(context, spans[span[1], 1])].strip())
     return texts, null_score - best_score
+
+
+def _whole(context: str, end: int) -> int:
+    """`end` moved past the combining marks and joiners that follow it: a normaliser that strips accents (an
+    uncased vocabulary's) gives `Zoe` of a decomposed `Zoë` the offsets of `Zoe`, and the prediction lost the
+    diaeresis, scoring 0 for the gold span."""
+    while end < len(context) and (unicodedata.combining(context[end]) or context[end] in "\u200d\ufe0f\ufe0e"):
+        end += 1
+    return end
 
 
 def scores(outputs: list[np.ndarray], dev: Windows, n_best_size: int, max_answer_length: int) -> dict[str, float]:

@@ -126,6 +126,20 @@ def test_a_byte_level_bpe_answer_is_the_context_text_without_the_space_before_it
     assert squad.predict([logits], windows, 20, 30)[0] == ["Paris"]
 
 
+@pytest.mark.parametrize("which", ["tiny_vocab", "tiny_bpe"])
+def test_an_answer_ending_in_a_combining_mark_keeps_it(which, request):
+    """A decomposed `café` (e + U+0301): the tokenizer's offsets end before the accent, and the prediction was
+    `cafe`, 0 exact match for a perfect span."""
+    context = "the cat sat in a cafe\u0301 near the mat"
+    answer = "cafe\u0301"
+    question = squad.Question("1", "where", context, [(answer, context.index(answer))], "x")
+    windows = squad.encode([question], request.getfixturevalue(which), None, 64, 32, 8)
+    logits = np.zeros((len(windows.sequences.ids[0]), 2))
+    logits[windows.sequences.targets["start_positions"][0], 0] = 10.0
+    logits[windows.sequences.targets["end_positions"][0], 1] = 10.0
+    assert squad.predict([logits], windows, 20, 30)[0] == [answer]
+
+
 def test_v2_null_answers_are_chosen_by_the_dev_best_threshold(tmp_path, tiny_documents, tiny_vocab):
     span_questions(tiny_documents, tmp_path / "qa.json", questions=30, seed=5, unanswerable=0.4)
     questions, _ = squad.read_squad(str(tmp_path / "qa.json"), skip_bad=False)
