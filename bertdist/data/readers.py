@@ -283,11 +283,15 @@ class _Lines:
             lines = block.split(b"\n")
             if not lines[-1]:  # the block ends with a line break
                 lines.pop()
+            odd = b"\r" in block or b"\xef\xbb\xbf" in block  # once a block: most text has neither
             for raw in lines:
                 start = self.offset
                 self.offset += len(raw) + 1
                 text = raw.decode("utf-8")
-                yield start, text.lstrip("\ufeff") if start == 0 else text
+                if odd:
+                    yield from ((start, part) for part in _lines_of(text))
+                else:
+                    yield start, text
             self.offset = start + len(raw) + (1 if block.endswith(b"\n") else 0)
 
     def where(self, byte: int) -> str:
@@ -297,6 +301,14 @@ class _Lines:
 
     def owns(self, line_start: int) -> bool:
         return self.end_byte < 0 or line_start < self.end_byte
+
+
+def _lines_of(text: str) -> list[str]:
+    """The lines of a line that holds a carriage return before its end, or byte-order marks: a file with classic Mac
+    line endings (CR alone) was one line, all its sentences and documents one sentence; a BOM at a line's start
+    (files concatenated) became a token. The offsets the caller keeps are the whole line's."""
+    body = text[:-1] if text.endswith("\r") else text  # CRLF
+    return [part.lstrip("\ufeff") for part in body.split("\r")]
 
 
 def _line_number(f: InputFile, byte: int) -> int | None:

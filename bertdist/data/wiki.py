@@ -17,9 +17,14 @@ import mwparserfromhell
 
 from bertdist.errors import DataError
 
-# Wiki links to these namespaces are media or metadata, not text: the English names, valid on every wiki, and the
-# dump's own (its <siteinfo>: Datei, Kategorie, Fichier, Catégorie, ...).
-_DROPPED_LINK_PREFIXES = ("file:", "image:", "category:", "media:")
+# Wiki links to these namespaces are media or metadata, not text: the English names, valid on every wiki, the
+# dump's own (its <siteinfo>: Datei, Kategorie, Fichier, Catégorie, ...) and the aliases that the largest wikis
+# accept beside them, which <siteinfo> does not list (German articles write [[Bild:...]], Japanese [[画像:...]]).
+_DROPPED_LINK_PREFIXES = (
+    *("file:", "image:", "category:", "media:"),
+    *("bild:", "immagine:", "imagen:", "imagem:", "afbeelding:", "plik:", "grafika:", "изображение:", "画像:"),
+    *("图像:", "圖像:", "图片:", "그림:", "resim:", "hình:", "تصویر:", "صورة:"),
+)
 _DROPPED_NAMESPACES = {"6", "14", "-2"}  # File, Category, Media
 _DROPPED_TAGS = {
     "ref",
@@ -37,9 +42,17 @@ _DROPPED_TAGS = {
     "templatedata",
 }
 _SPACES = re.compile(r"[ \t]{2,}")
-_MAGIC_WORD = re.compile(r"__[A-Z]+__")
-_INTERLANGUAGE = re.compile(r"[a-z]{2,3}(?:-[a-z]{2,8})*:")
-"""The prefix of an interlanguage link, `[[fr:Berlin]]`: no text of the article's."""
+_MAGIC_WORD = re.compile(r"__(\w+?)__")
+"""A behaviour switch, `__NOTOC__`, in any language (`__KEIN_INHALTSVERZEICHNIS__`, `__БЕЗ_ОГЛАВЛЕНИЯ__`,
+`__目次非表示__`): word characters without a lower-case letter between double underscores."""
+_INTERLANGUAGE = re.compile(r"[a-z]{2,3}(?:-[a-z]{2,8})*:(?!\s)")
+"""The prefix of an interlanguage link, `[[fr:Berlin]]`: no text of the article's. A space after the colon makes it
+an article's title (`[[Ray: Die Legende]]`), which keeps its text."""
+
+
+def _drop_magic_word(match: re.Match) -> str:
+    word = match.group(1)
+    return "" if word == word.upper() and not word.strip("_").isdigit() else match.group(0)
 
 
 def _local(tag: str) -> str:
@@ -97,7 +110,7 @@ def wikitext_to_text(wikitext: str, dropped_prefixes: tuple[str, ...] = _DROPPED
             _remove(code, link)  # [[Datei:...]], [[Kategorie:...]], [[fr:Berlin]], [[:Category:Rivers]]
         elif title.startswith(dropped_prefixes):
             _remove(code, link)  # a file's options and caption: [[File:x.jpg|thumb|right|...]]
-    text = _MAGIC_WORD.sub("", code.strip_code(normalize=True, collapse=True))
+    text = _MAGIC_WORD.sub(_drop_magic_word, code.strip_code(normalize=True, collapse=True))
     lines = (_SPACES.sub(" ", line).strip() for line in text.split("\n"))
     return "\n".join(line for line in lines if line and not _MARKUP_LINE.match(line))
 

@@ -119,6 +119,13 @@ def test_a_dumps_pages_are_let_go_of_as_they_are_read():
         ("__NOTOC__Text.__NOEDITSECTION__", "Text."),
         ("See [[:Category:Rivers]] and [[:Category:Rivers|the rivers]].", "See and the rivers."),
         ("Berlin is a city.\n[[fr:Berlin]]\n[[zh-min-nan:Berlin]]", "Berlin is a city."),
+        (  # the magic words of other languages: sentences of their own before
+            "Text.\n__KEIN_INHALTSVERZEICHNIS__\n__БЕЗ_ОГЛАВЛЕНИЯ__\n__目次非表示__\nCall __init__ here.",
+            "Text.\nCall __init__ here.",
+        ),
+        ("Der Film [[Ray: Die Legende]] lief.", "Der Film Ray: Die Legende lief."),  # a title, not a language
+        ("Die Stadt.\n[[Bild:Tor.jpg|mini|links|Das Tor]]\nEnde.", "Die Stadt.\nEnde."),  # aliases <siteinfo> omits
+        ("東京。[[画像:Tokyo.jpg|サムネイル|東京の夜景]]", "東京。"),
     ],
     ids=[
         "file-in-div",
@@ -130,6 +137,10 @@ def test_a_dumps_pages_are_let_go_of_as_they_are_read():
         "magic-words",
         "category-page-links",
         "interlanguage-links",
+        "localised-magic-words",
+        "title-with-a-colon",
+        "german-file-alias",
+        "japanese-file-alias",
     ],
 )
 def test_nested_and_unpaired_markup_leaves_no_trace(wikitext, text):
@@ -165,6 +176,31 @@ def test_bad_input_names_the_file_and_place(tmp_path, name, data, message):
     with pytest.raises(DataError, match=message) as err:
         _read(path)
     assert str(path) in str(err.value)
+
+
+def test_classic_mac_line_endings_and_byte_order_marks_inside_a_file_are_lines_and_nothing(tmp_path):
+    """A file of CR line endings was one line: its two documents one sentence. A BOM at a line's start (files
+    concatenated) became a token of BPE and Unigram vocabularies."""
+    (tmp_path / "mac.txt").write_bytes(b"Line one.\rLine two.\r\rDoc two.\rLine b.\r")
+    assert _read(tmp_path / "mac.txt") == [["Line one.", "Line two."], ["Doc two.", "Line b."]]
+    (tmp_path / "cat.txt").write_bytes(b"\xef\xbb\xbfFirst.\r\nSecond.\r\n\r\n\xef\xbb\xbfThird file.\n")
+    assert _read(tmp_path / "cat.txt") == [["First.", "Second."], ["Third file."]]
+    (tmp_path / "mac.jsonl").write_bytes(b'{"text": "One. Two."}\r{"text": "Three.\\rFour."}\r')
+    assert _read(tmp_path / "mac.jsonl") == [["One.", "Two."], ["Three.", "Four."]]
+
+
+def test_sentences_end_at_the_full_stops_of_scripts_blingfire_does_not_know():
+    """A Hindi document was one sentence (the danda): every pair NotNext, most of its text cut away."""
+    from bertdist.data.sentences import split_sentences
+
+    assert split_sentences("यह पहला वाक्य है। यह दूसरा है। तीसरा॥ चौथा") == [
+        "यह पहला वाक्य है।",
+        "यह दूसरा है।",
+        "तीसरा॥",
+        "चौथा",
+    ]
+    assert split_sentences("ሰላም ነው። ደህና ነህ።") == ["ሰላም ነው።", "ደህና ነህ።"]
+    assert split_sentences("One. Two.\u2028Three") == ["One.", "Two.", "Three"]
 
 
 @pytest.mark.parametrize("name, compress", [("late.jsonl", bytes), ("late.jsonl.gz", gzip.compress)])
