@@ -99,6 +99,13 @@ def _run_vocab(args: argparse.Namespace) -> int:
             f"distinct characters; a model needs model.vocab_size >= {size:,}",
             file=sys.stderr,
         )
+    if report and args.model == "wordpiece" and not args.cased:
+        print(
+            "bertdist vocab: an uncased WordPiece strips accents and every other combining mark, which in Devanagari, "
+            "Thai, Arabic or Hebrew tells words apart (क्या 'what' reads कया); Google's multilingual BERT is cased for "
+            "this reason: --cased keeps them",
+            file=sys.stderr,
+        )
     if report:
         print("per language, on held-out documents:")
         print("\n".join(language_report(args.output, held_out.documents, args.cased)))

@@ -100,6 +100,8 @@ def test_vocab_reports_each_language_on_held_out_documents(model, tmp_path, caps
     assert "(2 held-out documents" in report["en"]
     assert "0.00% unknown" in report["en"]
     assert ("0.00% unknown" in report["el"]) is (model == "bpe")
+    assert main([*args, "--vocab-size", "300", "--language-field", "lang", "--output", str(tmp_path / "u")]) == 0
+    assert ("strips accents and every other combining mark" in capsys.readouterr().err) is (model == "wordpiece")
 
 
 def test_unigram_with_byte_fallback_spells_unseen_characters_as_bytes_and_finds_word_starts(tmp_path, capsys):
