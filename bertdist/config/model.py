@@ -89,6 +89,10 @@ class ModelConfig:
     local_rope_theta: float = 10000.0
     bias: bool = False
     """Biases in the linear layers and LayerNorms (ModernBERT has none; the decoder keeps its own either way)."""
+    classifier_pooling: Literal["cls", "mean"] = "cls"
+    """How a sequence classifier or multiple-choice model fine-tuned from this model pools a row: its first token
+    or the mean of its tokens. Read from a released config.json (ModernBERT-base's says mean) and written into the
+    exports, so that a model continued from it and exported fine-tunes as it did (transformers' default is cls)."""
     # ALBERT and ELECTRA only; the others refuse it set away from its default.
     embedding_size: int = 0
     """Width E of the token, position and segment embeddings, projected to hidden_size by one E x H matrix

@@ -68,6 +68,7 @@ def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> d
         attention_bias=cfg.bias,
         mlp_bias=cfg.bias,
         classifier_bias=cfg.bias,
+        classifier_pooling=cfg.classifier_pooling,
         decoder_bias=True,
         **(token_ids or {}),
     )
@@ -87,6 +88,9 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
         )
     if not hf.get("decoder_bias", True):
         problems.append("decoder_bias is false; bertdist's decoder has a bias")
+    pooling = hf.get("classifier_pooling", "cls")
+    if pooling not in ("cls", "mean"):
+        problems.append(f"classifier_pooling {pooling!r} is not supported yet (cls or mean)")
     problems += _rope_problems(hf)
     every_n, global_theta, local_theta = _layer_pattern(hf)
     if every_n is None:
@@ -102,6 +106,7 @@ def config_from_hf(hf: dict, source: str = hf_io.CONFIG_FILE) -> ModelConfig:
         objective="mlm",
         intermediate_size=hf["intermediate_size"],
         bias=biases.pop(),
+        classifier_pooling=pooling,
         global_attn_every_n_layers=every_n,
         global_rope_theta=global_theta,
         local_rope_theta=local_theta,

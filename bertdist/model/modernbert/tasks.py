@@ -90,10 +90,11 @@ class ModernBertForSequenceClassification(_ModernBertTaskModel, task_heads.Seque
         cfg: ModelConfig,
         num_labels: int,
         problem_type: str = task_heads.SINGLE_LABEL,
-        classifier_pooling: str = "cls",
+        classifier_pooling: str | None = None,
     ):
+        """`classifier_pooling` None: the model's (`model.classifier_pooling`, from the checkpoint's config.json)."""
         super().__init__(cfg, num_labels, problem_type)
-        self.classifier_pooling = _check_pooling(classifier_pooling)
+        self.classifier_pooling = _check_pooling(classifier_pooling or cfg.classifier_pooling)
 
 
 class ModernBertForTokenClassification(_ModernBertTaskModel, task_heads.TokenTagger):
@@ -112,9 +113,9 @@ class ModernBertForQuestionAnswering(_ModernBertTaskModel, task_heads.SpanPredic
 
 
 class ModernBertForMultipleChoice(_ModernBertTaskModel, task_heads.ChoiceScorer):
-    def __init__(self, cfg: ModelConfig, classifier_pooling: str = "cls"):
+    def __init__(self, cfg: ModelConfig, classifier_pooling: str | None = None):
         super().__init__(cfg, 1)
-        self.classifier_pooling = _check_pooling(classifier_pooling)
+        self.classifier_pooling = _check_pooling(classifier_pooling or cfg.classifier_pooling)
 
 
 TASK_MODELS = task_heads.by_name(

@@ -208,6 +208,7 @@ def test_a_released_modernberts_classifier_pooling_is_the_task_models(tmp_path, 
     import json
 
     from bertdist.config import load_config
+    from bertdist.errors import UserError
     from bertdist.finetune.source import resolve
     from bertdist.finetune.starting import new_model
     from bertdist.finetune.task import Task
@@ -225,6 +226,16 @@ def test_a_released_modernberts_classifier_pooling_is_the_task_models(tmp_path, 
     source = resolve(load_config(None, [f"finetune.init_from={tmp_path}"]))
     task = Task("SequenceClassification", ["a", "b"], None, None, lambda out: {})  # what new_model reads of it
     assert new_model(source, task, "mean").classifier_pooling == "mean"
+    # continued from it: the model's config keeps it, its exports write it (they fell back to transformers' cls),
+    # and a classifier started from its checkpoint pools as the release does
+    from bertdist.model.hf_heads import read_pretrained
+
+    cfg = read_pretrained(tmp_path)[0]
+    assert cfg.classifier_pooling == "mean" and modernbert_hf.config_to_hf(cfg)["classifier_pooling"] == "mean"
+    assert ModernBertForSequenceClassification(cfg, 2).classifier_pooling == "mean"
+    (tmp_path / "config.json").write_text(json.dumps({**config, "classifier_pooling": "max"}))
+    with pytest.raises(UserError, match="classifier_pooling 'max' is not supported yet"):
+        read_pretrained(tmp_path)
 
 
 def test_a_family_mismatch_and_a_bad_pooling_are_refused():
