@@ -57,7 +57,15 @@ class TokenLayout:
         self.position_ids = self.token_index - self.grid_starts[sample_of_token]
         if self.unpadded:
             self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
-            self.max_seqlen = int(self.lengths.max())
+            late = self.grid_starts.remainder(seq).max() if not self.packed else self.lengths.new_zeros(())
+            longest, first_slot = torch.stack([self.lengths.max(), late]).tolist()  # one host sync for both
+            self.max_seqlen = int(longest)
+            if first_slot:
+                raise ValueError(
+                    "attention_mask: a row's padding comes before its tokens (left padding); bertdist reads rows "
+                    "right-padded, as its batches and tokenizers make them: unpadded, a left-padded row's positions "
+                    "would count from its first token, padded from slot 0 (transformers')"
+                )
         else:  # packed: block-diagonal; a padding query attends to its row's real keys to stay finite
             keys = slots[:, None, None, :]
             queries = slots[:, None, :, None]
