@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -56,6 +57,7 @@ from bertdist.launch.commands import (
     add_submit,
     forecast,
 )
+from bertdist.stop_signals import Terminated, terminated_as_interrupted
 from bertdist.tracking.ui import DEFAULT_PORT as DEFAULT_UI_PORT
 
 
@@ -363,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose:  # through the environment, so that the processes a command starts see it too
         os.environ[VERBOSE_ENV] = "1"
     try:
-        return int(args.func(args) or 0)
+        with terminated_as_interrupted():
+            return int(args.func(args) or 0)
     except UserError as e:  # bad input, config, paths or flags: the message names what to fix
         print(f"bertdist {args.command}: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE
@@ -372,10 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bertdist {args.command}: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    except KeyboardInterrupt:  # Ctrl-C: what was kept, not a traceback
-        # Once running, train and finetune stop on SIGINT themselves (a checkpoint, one line, exit 75).
-        print(
-            f"\nbertdist {args.command}: interrupted; {getattr(args, 'interrupted', 'nothing was kept')}",
-            file=sys.stderr,
-        )
-        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: what was kept, not a traceback
+        # Once running, train and finetune stop on these themselves (a checkpoint, one line, exit 75).
+        signum = e.signum if isinstance(e, Terminated) else 0
+        how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
+        print(f"\nbertdist {args.command}: {how}; {getattr(args, 'interrupted', 'nothing was kept')}", file=sys.stderr)
+        return 128 + signum if signum else INTERRUPTED_EXIT_CODE

@@ -59,8 +59,10 @@ def holder_text(record: dict) -> str:
 def owned(directory: str | os.PathLike, remove_on_failure: bool = False) -> Iterator[Path]:
     """Hold `directory` (created if missing) for the block; refuse with the holder named if another process does.
 
-    With `remove_on_failure`, an exception in the block removes what the block added to the directory, so that a
-    failed `embed` or `export` leaves no partial output. Either way, the directories this call created are
+    Once held, the directory's temporary files (storage.PARTIAL_MARKER) are removed: they are a killed writer's,
+    which made an export's or an embed's rerun refuse the directory as not empty. With `remove_on_failure`, an
+    exception in the block removes what the block added to the directory, so that a failed `embed` or `export`
+    leaves no partial output. Either way, the directories this call created are
     removed when they are left empty: a run refused at its first check left an empty run directory (and `runs/`).
     """
     if storage.is_url(directory):
@@ -74,8 +76,11 @@ def owned(directory: str | os.PathLike, remove_on_failure: bool = False) -> Iter
         raise DirectoryBusyError(
             f"{directory} is in use by this same process ({_HELD[key]}); choose another output directory"
         )
-    before = set(os.listdir(directory))
     fd = _lock(directory)
+    for name in os.listdir(directory):  # a killed writer's temporary files: the lock proves that none is alive
+        if storage.is_partial(name):
+            remove(directory / name)
+    before = set(os.listdir(directory))
     _HELD[key] = _command()
     try:
         yield directory

@@ -7,7 +7,59 @@ process group reaches them too, and one that ended them would fail the rank befo
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 """SIGTERM (kill, SLURM's preemption, the launchers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal)."""
+
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+"""What ends a command that has no stop of its own (all but train's and finetune's loops and ui, which handle them):
+`kill`, `timeout`, `docker stop`, SLURM's end of a job, a closed terminal."""
+_installed = False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to a command: handled as Ctrl-C is (its clean-up, one line saying what was kept), with the
+    exit code of the signal (128 + its number). Left to the default action, they ended export and embed silently,
+    leaving a locked, half-written output directory that the same command then refused."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated while the block runs, where their action is the default (not under
+    `nohup`, which ignores SIGHUP, nor in a program that set its own); the handlers before are put back after."""
+    global _installed
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in TERMINATING}
+    taken = [s for s, handler in previous.items() if handler == signal.SIG_DFL]
+    for s in taken:
+        signal.signal(s, _raise)
+    _installed = True
+    try:
+        yield
+    finally:
+        _installed = False
+        for s in taken:
+            signal.signal(s, previous[s])
+
+
+def take_back() -> None:
+    """Put the handlers of `terminated_as_interrupted` back after a library replaced them: `ray.init` installs a
+    SIGTERM handler that dumps a crash report and exits 15, past bertdist's clean-up."""
+    if _installed and threading.current_thread() is threading.main_thread():
+        for s in TERMINATING:
+            if signal.getsignal(s) not in (signal.SIG_IGN, _raise):
+                signal.signal(s, _raise)

@@ -395,3 +395,16 @@ def remove_tree(path: str) -> None:
         return
     for url in find(path):
         remove(url)
+
+
+def replace_directory(target: str | os.PathLike, staging: str | os.PathLike) -> None:
+    """`staging`, written whole, becomes `target` by renames (local paths): a directory of several files rewritten in
+    place and interrupted held some files of each version, and loaded (a cut vocab.txt beside the last best model's
+    weights; a BEIR collection's new corpus beside the old queries). A kill between the two renames leaves the old
+    directory under a partial name (PARTIAL_MARKER), for the next writer to remove, and no `target`."""
+    target, staging = Path(target), Path(staging)
+    old = target.with_name(f"{target.name}.old{PARTIAL_MARKER}{os.getpid()}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)

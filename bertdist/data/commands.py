@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
+from pathlib import Path
 
-from bertdist import storage
+from bertdist import ownership, storage
 from bertdist.config import ModelConfig
 from bertdist.config.choices import choices
 from bertdist.data.instances import InstanceOptions
 from bertdist.data.pipeline.options import PrepareOptions
-from bertdist.data.tokenizer import TOKENIZER_MODELS, count_tokens
+from bertdist.data.tokenizer import TOKENIZER_JSON, TOKENIZER_MODELS, count_tokens
 from bertdist.errors import USAGE_EXIT_CODE, DataError
 from bertdist.flags import Renamed, add_corpus_inputs, from_args
 
@@ -90,7 +92,16 @@ def _run_vocab(args: argparse.Namespace) -> int:
     first = next((text for text in texts if text.strip()), None)
     if first is None:  # a vocabulary of the special tokens alone would pass for one; prepare refuses this input too
         raise DataError(f"{' '.join(args.input)}: contains no text (an empty file, or a dump of redirects only)")
-    path = train(itertools.chain([first], texts), args.output, args.vocab_size, cased=args.cased)
+    with ownership.owned(args.output, remove_on_failure=True) as out:
+        # Written aside, then each file renamed in: tokenizers' save writes in place, and an interrupt replacing a
+        # tokenizer left an empty tokenizer.json where a good one was. Its tokenizer.json last: what a directory
+        # is read by first.
+        staging = out / f".vocab{storage.PARTIAL_MARKER}{os.getpid()}"
+        staged = train(itertools.chain([first], texts), str(staging), args.vocab_size, cased=args.cased)
+        for made in sorted(staging.iterdir(), key=lambda p: p.name == TOKENIZER_JSON):
+            os.replace(made, out / made.name)
+        staging.rmdir()
+    path = str(Path(args.output) / Path(staged).name)
     size = count_tokens(path)
     print(f"wrote {path}: {size:,} tokens")
     if size > args.vocab_size:  # WordPiece keeps every character of the corpus, however many

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from bertdist.finetune.source import Source
 from bertdist.finetune.starting import new_model
 from bertdist.finetune.task import Task
-from bertdist.storage import PARTIAL_MARKER, write_json
+from bertdist.storage import PARTIAL_MARKER, replace_directory, write_json
 from bertdist.train import consolidate
 
 if TYPE_CHECKING:
@@ -52,16 +52,6 @@ def export_best(
         save_sentence_transformer(model, staging, source.vocab_file, length, provenance, ft.dims())
     else:
         save_task_model(model, staging, task.labels, source.vocab_file, provenance)
-    _replace(out, staging)
+    replace_directory(out, staging)
     write_json(f"{ft.output_dir}/results.json", scores, indent=1)
     tracker.set_tags({"bertdist.model_dir": str(out)})
-
-
-def _replace(out: Path, staging: Path) -> None:
-    """`staging` becomes `out` by renames: written in place, a kill left the last best's config and weights beside
-    a cut vocab.txt, which loaded (the tokenizer turning most words into [UNK])."""
-    old = out.with_name(f"model.old{PARTIAL_MARKER}{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(staging, out)
-    shutil.rmtree(old, ignore_errors=True)

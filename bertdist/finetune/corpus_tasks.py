@@ -25,9 +25,12 @@ the tests), one per kind of `bertdist finetune` task. Each reads documents from 
 from __future__ import annotations
 
 import csv
+import glob
 import json
+import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 from bertdist import storage
@@ -172,7 +175,21 @@ def write_held_out(output_dir: str | Path, split: str, documents: list[list[str]
     """A collection in BEIR's layout (bertdist.finetune.beir) from the sentences of `documents`: every document is
     the passage `d<doc>`; each `doc: sentence` of `held_out` (in its order) is the query `q<doc>`, that sentence,
     taken out of its passage, which is its one relevant passage (qrels/SPLIT.tsv). Each file is written whole or
-    not at all (bertdist.storage: a URL too)."""
+    not at all (bertdist.storage: a URL too), and a local directory as a whole: written aside and renamed in, so that
+    an interrupted rewrite never leaves one version's corpus beside another's queries."""
+    if storage.is_url(str(output_dir)):
+        _write_collection(str(output_dir), split, documents, held_out)
+        return
+    out = Path(output_dir)
+    for prefix in (out.name, f"{out.name}.old"):  # what a writer killed mid-write or mid-rename left
+        for stale in out.parent.glob(f"{glob.escape(prefix)}{storage.PARTIAL_MARKER}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = out.with_name(f"{out.name}{storage.PARTIAL_MARKER}{os.getpid()}")
+    _write_collection(str(staging), split, documents, held_out)
+    storage.replace_directory(out, staging)
+
+
+def _write_collection(output_dir: str, split: str, documents: list[list[str]], held_out: dict[int, int]) -> None:
     qrels = storage.join(str(output_dir), "qrels")
     storage.makedirs(qrels)
     passages = [

@@ -50,6 +50,8 @@ PROGRESS_EVERY_S = 30.0
 """A line of progress in a log this often, and none before a run has taken this long."""
 FEATURES = re.compile(r"last|layer:-?\d+|last4-concat|last4-sum|pooled")
 LEVELS = ("sequence", "token")
+_SHARD = re.compile(r"(features|tokens|offsets)-\d{5}\.npy")
+"""The files of a shard; without index.json (written last) they are an interrupted embed's."""
 
 
 @dataclass
@@ -135,7 +137,14 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
             "or a BERT tagging, QA or MLM-only model); choose a layer"
         )
     with ownership.owned(o.output_dir, remove_on_failure=True) as out:  # a failure leaves no partial output
-        if ownership.contents(out):
+        left = ownership.contents(out)
+        if left and all(_SHARD.fullmatch(p.name) for p in left):  # a killed embed's shards, without their index
+            for path in left:
+                ownership.remove(path)
+            print(
+                f"bertdist embed: removed {len(left)} shard file(s) of an interrupted embed in {out}", file=sys.stderr
+            )
+        elif left:
             raise UserError(f"--output: {out} is not empty")
         return _embed(o, encoder, out, normalize, truncate_dim)
 

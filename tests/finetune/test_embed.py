@@ -387,3 +387,37 @@ def test_a_roberta_is_held_to_the_tokens_its_positions_hold_past_the_padding_ind
     assert main(too_long) == USAGE_EXIT_CODE
     assert f"is longer than the {holds} tokens the model's rows hold" in capsys.readouterr().err
     assert main([*args, "--output", str(tmp_path / "b")]) == 0
+
+
+def test_a_terminated_or_killed_embed_leaves_nothing_that_stops_the_same_command(pretrained, tmp_path):
+    """SIGTERM (kill, timeout, SLURM) ended embed at the signal's default action: no message, and a locked directory
+    of shards and a partial file, which the same command then refused as not empty. Now SIGTERM is Ctrl-C's clean-up
+    and one line (exit 143); after a SIGKILL, the rerun removes the killed run's shards and temporary files."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    texts = tmp_path / "many.txt"
+    texts.write_text("".join(f"{TEXTS[i % len(TEXTS)]} {i}\n" for i in range(40_000)))
+    out = tmp_path / "features"
+    command = [sys.executable, "-m", "bertdist", "embed", "--model", str(pretrained), "--input", str(texts)]
+    command += ["--output", str(out), "--shard-rows", "200"]
+
+    def started_then(signum: int) -> subprocess.CompletedProcess:
+        process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (out / "features-00001.npy").exists():  # a shard written, another on its way
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-2000:]
+            time.sleep(0.05)
+        process.send_signal(signum)
+        return subprocess.CompletedProcess(command, process.wait(timeout=60), "", process.stderr.read())
+
+    stopped = started_then(signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    assert "bertdist embed: stopped by SIGTERM" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert not out.exists()
+    killed = started_then(signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    subprocess.run([*command[:-2], "--shard-rows", "20000"], check=True, timeout=600, capture_output=True)
+    assert sorted(p.name for p in out.iterdir()) == ["features-00000.npy", "features-00001.npy", "index.json"]

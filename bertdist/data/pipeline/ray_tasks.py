@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-from bertdist import chatter, object_store
+from bertdist import chatter, object_store, stop_signals
 from bertdist.data.pipeline.options import PrepareOptions
 from bertdist.errors import UserError
 
@@ -39,6 +39,7 @@ def start_ray(opts: PrepareOptions) -> tuple[Any, float]:
                 ray.init(log_to_driver=False)
         else:
             start_local_ray(opts.workers or None)
+        stop_signals.take_back()  # SIGTERM: bertdist's one line and clean-up, not Ray's crash report
     return ray, time.perf_counter() - t0
 
 
