@@ -15,6 +15,24 @@ from typing import Iterator
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 """SIGTERM (kill, SLURM's preemption, the launchers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal)."""
 
+_stop_requested = threading.Event()
+
+
+def request_stop() -> None:
+    """Record that this process was asked to stop (a stop signal came): what a wait that a run's own loop does not
+    watch asks (bertdist.tracking's drain of its last records, up to minutes against a store that does not answer)."""
+    _stop_requested.set()
+
+
+def stop_requested() -> bool:
+    return _stop_requested.is_set()
+
+
+def forget_stop() -> None:
+    """A new run starts with no stop requested (a fine-tuning of `bertdist evaluate` after the one before)."""
+    _stop_requested.clear()
+
+
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 """What ends a command that has no stop of its own (all but train's and finetune's loops and ui, which handle them):
 `kill`, `timeout`, `docker stop`, SLURM's end of a job, a closed terminal."""

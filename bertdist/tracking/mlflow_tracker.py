@@ -23,12 +23,14 @@ import atexit
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from bertdist import stop_signals
 from bertdist.config import Config, TrackingConfig, dump_yaml
 from bertdist.credentials import redacted
 from bertdist.tracking import store, system
@@ -39,6 +41,8 @@ from bertdist.tracking.params import run_params
 from bertdist.tracking.record_queue import RecordQueue
 
 RUN_DIR_TAG = "bertdist.run_dir"
+DRAIN_NOTICE_S = 5.0
+"""A close that has waited this long for the store says what it waits for, and how to stop waiting."""
 CHECKPOINT_TAG = "bertdist.checkpoint.latest"
 
 
@@ -174,7 +178,18 @@ class MLflowTracker(Tracker):
         if not self._queue.close(status, self._drain_timeout_s):
             return
         atexit.unregister(self._close_at_exit)
-        self._thread.join(self._drain_timeout_s + 5.0)
+        deadline = time.monotonic() + self._drain_timeout_s + 5.0
+        self._thread.join(min(DRAIN_NOTICE_S, self._drain_timeout_s + 5.0))
+        if self._thread.is_alive():  # minutes of silence after "done" looked like a hang, and ignored Ctrl-C
+            print(
+                f"bertdist: waiting up to {self._drain_timeout_s:.0f} s for {self.shown_uri} to take the run's last "
+                "records (Ctrl-C stops the wait; what it has not taken is kept, and sent by the attempt that "
+                "continues the run)",
+                file=sys.stderr,
+                flush=True,
+            )
+        while self._thread.is_alive() and time.monotonic() < deadline and not stop_signals.stop_requested():
+            self._thread.join(0.5)  # in slices: a stop signal a run's handler only records ends the wait
         left = self._queue.undelivered()
         if left or self._queue.dropped_metrics:
             spool = self._queue.leftover_spool()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bertdist.config import DownstreamConfig
+from bertdist.processes import sigterm_when_i_die
 
 
 class DownstreamEvaluator:
@@ -79,7 +80,13 @@ class DownstreamEvaluator:
             f"launch.master_port={free_tcp_port()}",
         ]
         with open(out / "log.txt", "w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=standalone_environment())
+            process = subprocess.Popen(  # it ends with the trainer, however the trainer ends (a SIGKILL, an OOM)
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=standalone_environment(),
+                preexec_fn=sigterm_when_i_die(),
+            )
         self.job = (step, process, out)
 
     def finished(self, wait_s: float = 0.0) -> dict[int, dict[str, float]]:

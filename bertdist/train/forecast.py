@@ -42,6 +42,7 @@ from bertdist.model.flops import (
     peak_flops_per_second,
     train_flops_per_sequence,
 )
+from bertdist.processes import sigterm_when_i_die
 from bertdist.train.console import duration
 
 ASSUMED_MFU = 0.40
@@ -49,6 +50,9 @@ ASSUMED_MFU = 0.40
 and MosaicML's published runs report 40-50%)."""
 WARMUP_STEPS = 2
 """Calibration steps not timed as steady state (JIT builds, allocator warm-up); counted into the start-up."""
+CALIBRATION_TIMEOUT_S = 1800.0
+"""The longest one phase's calibration may take (a first DeepSpeed build is ~90 s; a hung one would hang the dry
+run for good)."""
 
 
 def evaluation_count(cfg: Config) -> int:
@@ -223,20 +227,27 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
             config_file = Path(tmp) / f"phase{index}.yaml"
             config_file.write_text(dump_yaml(one))
             started = time.monotonic()
-            child = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    __name__,
-                    str(config_file),
-                    str(steps),
-                    "first" if index == 0 else "steps",
-                    str(cfg.launch.gpus_per_node),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            try:
+                child = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        __name__,
+                        str(config_file),
+                        str(steps),
+                        "first" if index == 0 else "steps",
+                        str(cfg.launch.gpus_per_node),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=CALIBRATION_TIMEOUT_S,
+                    preexec_fn=sigterm_when_i_die(),  # a dry run killed takes its calibration (and its GPU) along
+                )
+            except subprocess.TimeoutExpired:
+                raise UserError(
+                    f"--calibrate: the calibration of phase {index} did not finish within {CALIBRATION_TIMEOUT_S:.0f} s"
+                ) from None
             wall_s = time.monotonic() - started
             found = [line for line in child.stdout.splitlines() if line.startswith(_RESULT)]
             if child.returncode or not found:

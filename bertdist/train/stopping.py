@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from bertdist import processes
+from bertdist import processes, stop_signals
 from bertdist.stop_signals import STOP_SIGNALS
 
 POLL_SECONDS = 1.0
@@ -50,6 +50,7 @@ class StopFlag:
         self.signum = 0
         self.reason = ""
         self._who, self._stderr = who, sys.stderr
+        stop_signals.forget_stop()
         self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
@@ -59,6 +60,7 @@ class StopFlag:
             threading.Thread(target=self._watch, name="bertdist-launcher-watch", daemon=True).start()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        stop_signals.request_stop()
         if not self.signum:
             self.signum, self.reason = signum, signal.Signals(signum).name
 

@@ -275,6 +275,34 @@ def test_close_gives_up_after_the_drain_timeout_when_the_store_never_answers(tmp
     assert "not started within" in messages and "1 queued items undelivered" in messages
 
 
+def test_a_long_close_says_what_it_waits_for_and_a_stop_signal_ends_the_wait(tmp_path, capfd, monkeypatch):
+    """After "done", a run against a store that never answered sat five minutes silent, and Ctrl-C or SIGTERM
+    (recorded by the run's stop flag, which nothing read any more) did not end the wait."""
+    import os
+    import signal
+    import threading
+
+    from bertdist.tracking import mlflow_tracker
+    from bertdist.train.stopping import StopFlag
+
+    monkeypatch.setattr(mlflow_tracker, "DRAIN_NOTICE_S", 0.5)
+    cfg = TrackingConfig(tracking_uri="http://127.0.0.1:9", experiment_name="nowhere", log_system_metrics=False)
+    flag = StopFlag("test")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tracker = MLflowTracker(cfg, str(tmp_path), startup_wait_s=0.1, drain_timeout_s=120.0)
+            tracker.log_metrics({"loss": 1.0}, step=1)
+            threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            started = time.monotonic()
+            tracker.close()
+    finally:
+        flag.close()
+    assert 1.5 < time.monotonic() - started < 10  # not the 120 s drain
+    assert flag.signum == signal.SIGTERM
+    assert "waiting up to 120 s for http://127.0.0.1:9 to take the run's last records (Ctrl-C" in capfd.readouterr().err
+
+
 def test_the_buffer_is_bounded_during_an_outage(tmp_path):
     def log(tracker):
         for step in range(1000):
