@@ -17,8 +17,9 @@ import contextlib
 import json
 import os
 import shlex
+import threading
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO, TypeVar
 
 import bertdist
 from bertdist.config import dump_yaml
@@ -63,18 +64,22 @@ def render(job: PlannedJob, ctx: JobContext) -> None:
 def start(job: PlannedJob, record: JobRecord) -> None:
     client = _client(job.address)
     with _errors(job.address):
-        record.job_id = client.submit_job(
-            entrypoint=job.entrypoint,
-            submission_id=job.stem,
-            runtime_env=job.runtime_env,
-            metadata={"bertdist_job": job.job},
+        record.job_id = _answered(
+            job.address,
+            SUBMIT_TIMEOUT_S,
+            lambda: client.submit_job(
+                entrypoint=job.entrypoint,
+                submission_id=job.stem,
+                runtime_env=job.runtime_env,
+                metadata={"bertdist_job": job.job},
+            ),
         )
 
 
 def status(record: JobRecord) -> JobStatus:
     client = _client(record.address)
     with _errors(record.address):
-        info = client.get_job_info(record.job_id)
+        info = _answered(record.address, API_TIMEOUT_S, lambda: client.get_job_info(record.job_id))
     state = str(info.status.value).lower()
     detail = f"Ray job {record.job_id}: {info.status.value}" + (f" ({info.message})" if info.message else "")
     return JobStatus(state, detail + elastic_summary(record.state_file))
@@ -114,7 +119,7 @@ def logs(record: JobRecord, follow: bool, out: TextIO) -> None:
         if follow:
             asyncio.run(tail())
         else:
-            out.write(client.get_job_logs(record.job_id))
+            out.write(_answered(record.address, API_TIMEOUT_S, lambda: client.get_job_logs(record.job_id)))
 
 
 def _address(ctx: JobContext) -> str:
@@ -140,7 +145,36 @@ def _client(address: str):
     from ray.job_submission import JobSubmissionClient
 
     with _errors(address):
-        return JobSubmissionClient(address)
+        return _answered(address, API_TIMEOUT_S, lambda: JobSubmissionClient(address))
+
+
+API_TIMEOUT_S = 30.0
+"""How long a call to the Ray job API may take (a status, a log, the client's version check)."""
+SUBMIT_TIMEOUT_S = 300.0
+"""How long a submission may take: it uploads the package (`--ship-package`) and the job's files."""
+T = TypeVar("T")
+
+
+def _answered(address: str, timeout_s: float, call: Callable[[], T]) -> T:
+    """`call()`, or a SubmitError when it has not returned within `timeout_s`: Ray's client sends its requests
+    without a timeout, so an address that accepts connections and never answers (a proxy, a stopped process)
+    kept `bertdist status` waiting for good. The call runs in a daemon thread, which a stuck request leaves."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as e:  # noqa: BLE001  re-raised in the caller's thread, as it came
+            result["error"] = e
+
+    thread = threading.Thread(target=run, name="bertdist-ray-job-api", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise SubmitError(f"Ray job API at {address}: no answer within {timeout_s:.0f} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 @contextlib.contextmanager

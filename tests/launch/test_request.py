@@ -670,3 +670,26 @@ def test_status_lists_a_job_whose_name_holds_dots(tmp_path, capsys):
     assert main(["status", "--jobs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr()
     assert "bert-v1.5-20260101-120000-cd34" in out.out and "unreadable" not in out.err
+
+
+def test_a_ray_job_api_that_accepts_and_never_answers_is_one_line_not_a_wait_for_good(tmp_path, capsys, monkeypatch):
+    """Ray's client sends its requests without a timeout: `bertdist status` of a Ray job whose address accepted
+    connections and never answered (a proxy, a stopped dashboard) waited until Ctrl-C."""
+    import socket
+
+    from bertdist.launch import ray as ray_backend
+    from bertdist.launch.job import JobRecord
+
+    monkeypatch.setattr(ray_backend, "API_TIMEOUT_S", 2.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        JobRecord("ray-job-1", "ray", "train", "x", "", address=address).save(tmp_path)
+        started = time.monotonic()
+        assert main(["status", "ray-job-1", "--jobs-dir", str(tmp_path)]) == 2
+        assert time.monotonic() - started < 30
+        assert f"Ray job API at {address}: no answer within 2 s" in capsys.readouterr().err
+    finally:
+        silent.close()
