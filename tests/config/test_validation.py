@@ -449,3 +449,16 @@ def test_sentence_pairs_longer_than_bert_positions_are_refused_before_anything_s
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
     assert main([*base, "--max-seq-length", "1024", "--samples", "sop"]) == 2
     assert "sentence pairs (--samples sop) stay at <= 512 tokens" in capsys.readouterr().err
+
+
+def test_two_dev_sets_of_one_name_are_refused():
+    """Each extra dev set is scored under its file's name: x/dev.csv replaced dev_file's scores (the best epoch and
+    the exported model chosen on it), and of x/extra.csv and y/extra.csv one went unscored, unsaid."""
+    from bertdist.config.validation import validate_finetune
+
+    base = ["finetune.train_file=t.tsv", "finetune.dev_file=d.tsv"]
+    for extra, clash in (("x/dev.csv", "dev"), ("x/extra.csv,y/extra.csv", "extra")):
+        cfg = load_config(None, [*base, f"finetune.extra_dev_files={extra}"])
+        with pytest.raises(ConfigError, match=rf"finetune.extra_dev_files: two dev sets would be named '{clash}'"):
+            validate_finetune(cfg, world_size=1)
+    validate_finetune(load_config(None, [*base, "finetune.extra_dev_files=a/dev_matched.csv,b/dev_mm.csv"]), 1)

@@ -9,6 +9,7 @@ and the runner calls them at the first moment it can.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from bertdist.config.choices import choice_problems
 from bertdist.config.errors import ConfigError
@@ -27,6 +28,13 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
     p = choice_problems(ft, "finetune.")
     if ft.extra_dev() and ft.task not in EXTRA_DEV_TASKS:
         p.append(f"finetune.extra_dev_files: only for classification and regression, not {ft.task}")
+    names = [Path(f).stem for f in ft.extra_dev()]  # each set's metrics go under its file's name, dev_file's "dev"
+    clash = next((n for n in names if n == "dev" or names.count(n) > 1), None)
+    if clash is not None:
+        p.append(
+            f"finetune.extra_dev_files: two dev sets would be named {clash!r} (each is scored under its file's name, "
+            "finetune.dev_file as 'dev'): one replaced the other's scores, unsaid; rename a file"
+        )
     if ft.task == "multiple_choice" and len(ft.choices()) < 2:
         p.append(
             f"finetune.choice_columns: multiple_choice needs two or more columns of endings, got {ft.choice_columns!r}"
