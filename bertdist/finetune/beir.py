@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bertdist.data import DataError
-from bertdist.finetune.data import Example, Examples, bad_row, field_problem, read_rows
+from bertdist.finetune.data import Example, Examples, bad_row, field_problem, is_integer, read_rows
 
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 
@@ -156,7 +156,7 @@ def _qrels(
             continue
         query, doc, score = (str(row[c]).strip() for c in QRELS_COLUMNS)
         problem = field_problem([(c, row[c]) for c in QRELS_COLUMNS])
-        if not problem and not score.lstrip("-").isdigit():
+        if not problem and not is_integer(score):
             problem = f"score {score!r} is not an integer"
         elif not problem and query not in queries:
             problem = f"query-id {query!r} is not in queries.jsonl"

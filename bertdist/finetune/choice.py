@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertdist.data import DataError
 from bertdist.finetune import metrics
-from bertdist.finetune.data import Example, Examples, bad_row
+from bertdist.finetune.data import Example, Examples, bad_row, is_integer
 from bertdist.finetune.features import Layout, Sequences, truncate_pair
 
 
@@ -20,11 +21,13 @@ def answers(examples: Examples, choices: int, skip_bad: bool) -> tuple[list[Exam
     """The rows whose label is the index of one of their choices, and those indices."""
     kept, values = [], []
     for e in examples.rows:
-        if e.label.isdigit() and int(e.label) < choices:
+        if is_integer(e.label) and 0 <= int(e.label) < choices:
             kept.append(e)
             values.append(int(e.label))
         else:
             bad_row(examples, e.where, f"label {e.label!r} is not a choice index 0..{choices - 1}", skip_bad)
+    if not kept:
+        raise DataError(f"{examples.path}: no row with a usable label ({len(examples.skipped)} skipped)")
     return kept, np.asarray(values, dtype=np.int64)
 
 

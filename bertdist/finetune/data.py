@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -74,6 +75,8 @@ def read_examples(
         if problem:
             bad_row(out, where, problem, skip_bad)
             continue
+        if isinstance(label, float) and label.is_integer():  # JSON's 1.0 (pandas writes an int column with a NaN
+            label = int(label)  # so) is the class 1, not a class of its own beside it
         out.rows.append(
             Example(
                 str(text), None if pair is None else str(pair), str(label).strip(), where, [str(c) for c in choices]
@@ -226,7 +229,16 @@ def label_names(task: str, train: Examples) -> list[str]:
         raise DataError(
             f"{train.path}: one label ({', '.join(names)}) in the whole file; classification needs two or more"
         )
-    return sorted(names, key=lambda n: (0, int(n), n) if n.lstrip("-").isdigit() else (1, 0, n))
+    return sorted(names, key=lambda n: (0, int(n), n) if is_integer(n) else (1, 0, n))
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def is_integer(text: str) -> bool:
+    """Whether `text` is an integer in ASCII digits: str.isdigit() also holds for "²" and "१", which int() refuses
+    (a traceback where a bad row was meant)."""
+    return _INTEGER.fullmatch(text) is not None
 
 
 def targets(task: str, examples: Examples, labels: list[str], skip_bad: bool) -> tuple[list[Example], np.ndarray]:

@@ -60,6 +60,7 @@ class RetrievalOptions:
 
 
 def check(o: RetrievalOptions) -> None:
+    from bertdist.finetune.data import is_integer
     from bertdist.finetune.embed import POOLINGS
 
     problems = []
@@ -71,7 +72,7 @@ def check(o: RetrievalOptions) -> None:
         problems.append(
             f"--max-seq-length: must be 0 (256 or the model's positions) or positive, got {o.max_seq_length}"
         )
-    if o.dims.strip() and not all(d.strip().isdigit() and int(d) > 0 for d in o.dims.split(",")):
+    if o.dims.strip() and not all(is_integer(d.strip()) and int(d) > 0 for d in o.dims.split(",")):
         problems.append(f"--dims: {o.dims!r} is not a comma-separated list of positive integers")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         problems.append(

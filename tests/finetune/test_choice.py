@@ -23,6 +23,11 @@ def test_labels_are_choice_indices_named_by_line(tmp_path):
         choice.answers(read, 2, skip_bad=False)
     kept, labels = choice.answers(read, 2, skip_bad=True)
     assert labels.tolist() == [0, 1] and len(read.skipped) == 1
+    # every row skipped: one line, not an IndexError in the encoding; a "²" is a bad label, not a traceback
+    (tmp_path / "bad.csv").write_text("context,start,e0,e1,label\nthe cat sat,on,mat,moon,5\na dog,far,away,off,²\n")
+    bad = data.read_examples(str(tmp_path / "bad.csv"), "context", "start", "label", False, ("e0", "e1"))
+    with pytest.raises(DataError, match=r"bad.csv: no row with a usable label \(2 skipped\)"):
+        choice.answers(bad, 2, skip_bad=True)
 
 
 def test_each_choice_is_a_pair_and_a_batch_groups_them(tmp_path, tiny_vocab):

@@ -220,3 +220,20 @@ def test_a_txt_files_rows_are_its_lines_whatever_separator_characters_a_line_hol
     rows, _ = data.read_lines(str(tmp_path / "t.txt"), False)
     assert [r.text for r in rows.rows] == lines and rows.rows[-1].where.endswith(":5")
     assert [r.text for r in data.read_lines(str(tmp_path / "crlf.txt"), False)[0].rows] == ["one", "two"]
+
+
+def test_labels_that_are_the_same_number_are_one_class_and_unicode_digits_are_a_bad_row(tmp_path):
+    """JSON's 1.0 (pandas writes an int column holding a NaN so) became a class beside 1: a 4-way head for two
+    classes. A label "²" passed str.isdigit() and stopped the run in int() with a traceback."""
+    rows = [{**ROWS[i % 3], "label": label} for i, label in enumerate([1, "1", 1.0, 0, "0", 0.0])]
+    train = data.read_examples(_write(tmp_path / "train.jsonl", rows, "jsonl"), "sentence", "", "label", False)
+    assert data.label_names("classification", train) == ["0", "1"]
+    odd = data.read_examples(
+        _write(tmp_path / "odd.csv", [{**ROWS[0], "label": "²"}, ROWS[1], ROWS[2]], "csv"),
+        "sentence",
+        "",
+        "label",
+        False,
+    )
+    assert data.label_names("classification", odd) == ["neg", "pos", "²"]
+    assert not data.is_integer("²") and not data.is_integer("१") and data.is_integer("-12")
