@@ -393,10 +393,14 @@ def _wiki_documents(stream: BinaryIO, path: str) -> Iterator[list[str]]:
         raise DataError(f"{path}: truncated or corrupt compressed stream ({e})") from None
 
 
-def iter_documents(files: list[InputFile]) -> Iterator[list[str]]:
-    """Every document of every file, in order, in one process (streams; bad input raises)."""
+def iter_documents(files: list[InputFile], keep_empty: bool = False) -> Iterator[list[str]]:
+    """Every document of every file, in order, in one process (streams; bad input raises). `keep_empty`: a document
+    the input holds without text (a JSON line's empty 'text') comes as [], for the caller to count."""
     for unit in plan_units(files, unit_bytes=1 << 62):
-        yield from read_documents(unit)
+        if keep_empty:
+            yield from (sentences for _, sentences in read_language_documents(unit, language_field=""))
+        else:
+            yield from read_documents(unit)
 
 
 def iter_texts(files: list[InputFile]) -> Iterator[str]:

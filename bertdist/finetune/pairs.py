@@ -73,6 +73,8 @@ class PairsSummary:
     """Pairs written, by kind."""
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)
     """kind -> reason -> documents that gave no pair of that kind."""
+    without_text: int = 0
+    """Documents of the input without text (an empty JSON 'text'): left out, counted."""
     repeated: dict[str, int] = field(default_factory=dict)
     """kind -> pairs not written because a kind before it gave the same pair from the same document (a neighbour
     pair cut after the first sentence is the first-sentence pair): written twice, they would count double."""
@@ -83,8 +85,9 @@ class PairsSummary:
         held_out = f", {self.held_out} held out in {opts.dev_dir}" if self.held_out else ""
         repeated = ", ".join(f"{kind} {n}" for kind, n in self.repeated.items() if n)
         repeated = f"; pairs another kind gave, not written again: {repeated}" if repeated else ""
+        empty = f" ({self.without_text} more without text left out)" if self.without_text else ""
         return (
-            f"{sum(self.pairs.values())} pairs ({kinds}) from {self.documents} documents{held_out}; "
+            f"{sum(self.pairs.values())} pairs ({kinds}) from {self.documents} documents{empty}{held_out}; "
             f"documents skipped: {self.describe_skipped()}{repeated}; wrote {opts.output}"
         )
 
@@ -141,7 +144,7 @@ def mine_pairs(opts: PairsOptions) -> PairsSummary:
     usable = 0  # documents that can be held out, counted as `_draw_dev` counts them
     storage.makedirs(os.path.dirname(opts.output) or ".")
     with storage.atomic_write(opts.output) as out:
-        for ordinal, sentences in enumerate(_documents(files)):
+        for ordinal, sentences in enumerate(_documents(files, summary)):
             summary.documents += 1
             query = _dev_query(sentences, opts.seed, ordinal) if held_out else None
             if query is not None:
@@ -178,9 +181,14 @@ def mine_pairs(opts: PairsOptions) -> PairsSummary:
     return summary
 
 
-def _documents(files: list[InputFile]) -> Iterator[list[str]]:
-    """Each document's sentences, whitespace-normalised (the readers yield no empty sentence or document)."""
-    for sentences in iter_documents(files):
+def _documents(files: list[InputFile], summary: PairsSummary | None = None) -> Iterator[list[str]]:
+    """Each document's sentences, whitespace-normalised; a document without text is counted in `summary` (they
+    went unsaid: 3 of 5 documents read, "documents skipped: none")."""
+    for sentences in iter_documents(files, keep_empty=True):
+        if not sentences:
+            if summary is not None:
+                summary.without_text += 1
+            continue
         yield [" ".join(s.split()) for s in sentences]
 
 

@@ -111,6 +111,15 @@ def test_every_document_that_gives_no_pair_of_a_kind_is_counted_with_its_reason(
     )
 
 
+def test_documents_without_text_are_counted(tmp_path):
+    """Two of five JSON lines with an empty or blank text: "from 3 documents; documents skipped: none"."""
+    lines = [{"text": " ".join(CATS)}, {"text": ""}, {"text": ALONE}, {"text": "   "}, {"text": " ".join(CATS[::-1])}]
+    source = corpus(tmp_path, "".join(json.dumps(line) + "\n" for line in lines), "docs.jsonl")
+    _, summary = mine(tmp_path, source=source)
+    assert summary.documents == 3 and summary.without_text == 2
+    assert "from 3 documents (2 more without text left out)" in summary.describe(PairsOptions(inputs=[], output="x"))
+
+
 def topic_corpus(tmp_path: Path) -> str:
     """Twelve documents of three sentences, each word of document d tagged `tD` so that a text names its document;
     compressed, as the readers take it."""
