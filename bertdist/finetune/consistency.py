@@ -66,7 +66,9 @@ def filter_pairs(o: FilterOptions) -> str:
     check(o)
     rows, skipped = pair_search.read_pairs(o)
     passages, corpus_skipped = pair_search.read_passages(o)
-    ranks = consistency_ranks(rows, passages, pair_search.vectors_of(o, "filter-pairs"), o)
+    vectors = pair_search.vectors_of(o, "filter-pairs")
+    rows = pair_search.as_the_model_reads(rows, skipped, vectors, o)
+    ranks = consistency_ranks(rows, passages, vectors, o)
     kept = [e for e, rank in zip(rows, ranks) if rank < o.top_k]
     if not kept:
         raise DataError(

@@ -135,7 +135,9 @@ def mine_negatives(o: MineOptions) -> str:
     check(o)
     rows, skipped = pair_search.read_pairs(o)
     passages, corpus_skipped = pair_search.read_passages(o)
-    mined, removed = mine_rows(rows, passages, pair_search.vectors_of(o, "mine-negatives"), o)
+    vectors = pair_search.vectors_of(o, "mine-negatives")
+    rows = pair_search.as_the_model_reads(rows, skipped, vectors, o)
+    mined, removed = mine_rows(rows, passages, vectors, o)
     short = [m for m in mined if len(m.negatives) < o.negatives]
     if short and not o.skip_short:
         first = short[0]

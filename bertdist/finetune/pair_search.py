@@ -90,6 +90,24 @@ def read_pairs(o: PairSearchOptions) -> tuple[list[Any], list[str]]:
     return rows, read.skipped
 
 
+def as_the_model_reads(rows: list[Any], skipped: list[str], vectors: TextVectors, o: PairSearchOptions) -> list[Any]:
+    """`rows` without those whose query is its positive as the model reads them (an uncased model: `THE MAT` and
+    `the mat`), which fine-tuning refuses (contrastive.checked_pairs): written, the file made was one fine-tuning
+    stopped on. Such a row stops the command with FILE:LINE, or with `skip_bad` is skipped into `skipped`."""
+    kept = []
+    for e in rows:
+        if vectors.key(e.text) != vectors.key(e.pair or ""):
+            kept.append(e)
+            continue
+        reason = f"{e.where}: the query is its own positive as the model reads it ({e.text.strip()[:60]!r})"
+        if not o.skip_bad:
+            raise DataError(f"{reason} (--on-bad-input skip skips such rows and counts them)")
+        skipped.append(reason)
+    if not kept:
+        raise DataError(f"{o.pairs}: no usable rows ({len(skipped)} skipped)")
+    return kept
+
+
 def read_passages(o: PairSearchOptions) -> tuple[list[str], list[str]]:
     """The texts of `--corpus` and its skipped lines' reasons; none without one."""
     from bertdist.finetune import beir

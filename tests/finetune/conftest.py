@@ -55,9 +55,9 @@ def pair_model(tiny_vocab, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pair_data(tiny_documents, tmp_path_factory) -> Path:
-    """pairs.jsonl: 24 (query, positive) rows, q's second positive, and a row whose positive is its query in
-    capitals (the same tokens to an uncased model: a positive scoring 1, so the row is never short);
-    corpus.jsonl and corpus.txt: 16 more documents."""
+    """pairs.jsonl: 24 (query, positive) rows and q's second positive; capitals.jsonl: those and a row whose positive
+    is its query in capitals (to an uncased model the same text, which fine-tuning refuses); corpus.jsonl and
+    corpus.txt: 16 more documents."""
     from bertdist.finetune.corpus_tasks import query_passages
 
     directory = tmp_path_factory.mktemp("pairs")
@@ -65,8 +65,9 @@ def pair_data(tiny_documents, tmp_path_factory) -> Path:
     made = [json.loads(line) for line in (directory / "made.jsonl").read_text().splitlines()]
     rows = [{"query": r["query"], "positive": r["passage"]} for r in made]
     rows.append({"query": rows[0]["query"], "positive": rows[5]["positive"]})
-    rows.append({"query": rows[3]["query"], "positive": rows[3]["query"].upper()})
     (directory / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows.append({"query": rows[3]["query"], "positive": rows[3]["query"].upper()})
+    (directory / "capitals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     documents = [json.loads(line)["text"] for line in Path(tiny_documents).read_text().splitlines()][-16:]
     (directory / "corpus.txt").write_text("\n".join(documents) + "\n")
     lines = [json.dumps({"_id": f"d{i}", "title": "", "text": t}) for i, t in enumerate(documents)]

@@ -166,9 +166,9 @@ def test_short_rows_stop_before_writing_and_are_named(model, data, tmp_path, cap
     # A margin no cosine can clear leaves every row short: the first is named, the rest counted.
     assert main(_args(model, data, tmp_path / "none.jsonl", "--margin", "2")) == USAGE_EXIT_CODE
     err = capsys.readouterr().err
-    assert "pairs.jsonl:1: only 0 candidate(s) in ranks [0, 50) outside the margin, 3 negatives asked; 25 more" in err
+    assert "pairs.jsonl:1: only 0 candidate(s) in ranks [0, 50) outside the margin, 3 negatives asked; 24 more" in err
     assert main(_args(model, data, tmp_path / "none.jsonl", "--margin", "2", "--skip-short")) == USAGE_EXIT_CODE
-    assert "no row has 3 negatives (26 short); nothing was written" in capsys.readouterr().err
+    assert "no row has 3 negatives (25 short); nothing was written" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -254,3 +254,16 @@ def test_the_same_negatives_as_sentence_transformers(model, data, tmp_path, caps
     for key, negatives in ours.items():
         scores = [[float(vectors[n] @ queries[key[0]]) for n in chosen] for chosen in (negatives, theirs[key])]
         assert scores[0] == pytest.approx(scores[1], abs=1e-6), key
+
+
+@pytest.mark.parametrize("command", ["mine-negatives", "filter-pairs"])
+def test_a_row_whose_positive_is_its_query_as_the_model_reads_it_is_bad_input(command, model, data, tmp_path, capsys):
+    """`THE MAT` and `the mat` are one text to an uncased model: written, the row made a file that fine-tuning
+    refused (its query is its positive). Named with FILE:LINE, or skipped and counted."""
+    args = [command, "--model", str(model), "--pairs", str(data / "capitals.jsonl"), "--output"]
+    extra = ["--negatives", "1", "--margin", "0", "--skip-short"] if command == "mine-negatives" else []
+    assert main([*args, str(tmp_path / "out.jsonl"), *extra]) == USAGE_EXIT_CODE
+    assert "capitals.jsonl:26: the query is its own positive as the model reads it" in capsys.readouterr().err
+    assert main([*args, str(tmp_path / "out.jsonl"), *extra, "--on-bad-input", "skip"]) == 0
+    assert "capitals.jsonl:26" in capsys.readouterr().out
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) <= 25
