@@ -42,17 +42,23 @@ class Sentence:
 def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
     """The sentences of a CoNLL file; the returned Examples only carries the file's name and skipped lines."""
     report = Examples(path, [])
-    sentences, words, tags, first_line, broken = [], [], [], 0, False
+    sentences, words, tags, first_line = [], [], [], 0
+    problems: list[str] = []  # of the sentence being read: one bad line drops the whole sentence
     try:
         f = open(path, encoding="utf-8-sig", errors="surrogateescape")
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None
 
     def end_sentence() -> None:
-        if words and not broken:
+        """One sentence kept, or skipped as one (named by its first line, with its bad lines): counted per line,
+        a sentence of two bad lines counted twice and its good words nowhere."""
+        if problems:
+            bad_row(report, f"{path}:{first_line}", f"sentence dropped ({'; '.join(problems)})", skip_bad)
+        elif words:
             sentences.append(Sentence(list(words), list(tags), f"{path}:{first_line}"))
         words.clear()
         tags.clear()
+        problems.clear()
 
     with f:
         for line_number, line in enumerate(f, start=1):
@@ -60,20 +66,20 @@ def read_conll(path: str, skip_bad: bool) -> tuple[list[Sentence], Examples]:
             fields = [] if fields == [""] else fields
             if not fields:
                 end_sentence()
-                broken = False
                 continue
             if fields[0] == "-DOCSTART-":
                 continue
+            if not words and not problems:
+                first_line = line_number
             problem = not_utf8(line) or (
                 "" if len(fields) >= 2 else f"{line.strip()!r} has no label (a line is 'word ... label')"
             )
             if problem:
                 # The whole sentence goes: its other words' labels would be misaligned without this one.
-                bad_row(report, f"{path}:{line_number}", problem, skip_bad)
-                broken = True
+                if not skip_bad:
+                    bad_row(report, f"{path}:{line_number}", problem, skip_bad)
+                problems.append(f"line {line_number}: {problem}")
                 continue
-            if not words:
-                first_line = line_number
             words.append(fields[0])
             tags.append(fields[-1])
         end_sentence()

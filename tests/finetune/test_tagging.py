@@ -67,6 +67,13 @@ def test_a_line_without_a_label_names_its_line_or_drops_its_sentence_counted(tmp
         tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=False)
     sentences, report = tagging.read_conll(str(tmp_path / "train.conll"), skip_bad=True)
     assert [s.words[0] for s in sentences] == ["Guido"] and len(report.skipped) == 1
+    # Two bad lines in one sentence: one sentence skipped (it was counted twice, its good words nowhere), named by
+    # its first line with both bad ones
+    (tmp_path / "two.conll").write_text(CONLL.replace("module NN I-NP O", "module").replace("copies VBZ B-VP O", "x"))
+    sentences, report = tagging.read_conll(str(tmp_path / "two.conll"), skip_bad=True)
+    assert [s.words[0] for s in sentences] == ["Guido"]
+    assert len(report.skipped) == 1 and report.skipped[0].startswith(f"{tmp_path / 'two.conll'}:3: sentence dropped")
+    assert "line 5: 'module' has no label" in report.skipped[0] and "line 6: 'x' has no label" in report.skipped[0]
     (tmp_path / "empty.conll").write_text("\n\n")
     with pytest.raises(DataError, match="empty.conll: no sentences"):
         tagging.read_conll(str(tmp_path / "empty.conll"), skip_bad=False)
