@@ -156,6 +156,18 @@ class TextTokenizer:
         normalizer = self.backend.normalizer
         return normalizer.normalize_str(text) if normalizer is not None else text
 
+    def readable(self, ids: Any) -> list[str]:
+        """Each token as a person reads it: a byte-level token's bytes as text (`Ġthe` is " the", `ä½łå¥½` is 你好; a
+        piece of a character U+FFFD), a Metaspace token's `▁` as a space; WordPiece's as they are (`##` marks a
+        continuation). The attention pictures showed the byte alphabet, unreadable beyond ASCII."""
+        backend = self._backend
+        if backend is not None and type(backend.decoder).__name__ == "ByteLevel":
+            return [backend.decode([int(i)], skip_special_tokens=False) or self.tokens[i] for i in ids]
+        if backend is not None and "Metaspace" in repr(backend.pre_tokenizer):
+            replacement = _find(json.loads(backend.to_str()).get("pre_tokenizer"), "Metaspace").get("replacement", "▁")
+            return [self.tokens[i].replace(replacement, " ") for i in ids]
+        return [self.tokens[i] for i in ids]
+
     def encode_words(self, sentences: list[list[str]]) -> list[Encoding]:
         """`encode_batch` of sentences given as words (tagging's), each token's word in `word_ids`: the tokens the
         words' text, joined by spaces, gives. Each word after the first goes in with the space before it: without

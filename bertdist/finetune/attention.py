@@ -31,6 +31,7 @@ import numpy as np
 from bertdist import storage
 from bertdist.errors import UserError
 from bertdist.finetune.attention_page import Statistic, page
+from bertdist.finetune.data import not_utf8
 
 PNG_NAME, HTML_NAME = "attention.png", "attention.html"
 
@@ -68,6 +69,9 @@ def check(o: AttentionOptions) -> None:
         problems.append("--text: empty; give the text whose attention to draw")
     if o.pair is not None and not o.pair.strip():
         problems.append("--pair: empty; leave it out for a single text")
+    for flag, text in (("--text", o.text), ("--pair", o.pair or "")):
+        if not_utf8(text):  # an argument's bad bytes reach Python as surrogates, which the tokenizer refuses
+            problems.append(f"{flag}: {not_utf8(text)}")
     if o.max_seq_length < 0 or 0 < o.max_seq_length < 3:
         problems.append(
             f"--max-seq-length: must be 0 (128 or the model's positions) or at least 3 ([CLS] and a pair's two "
@@ -114,7 +118,7 @@ def attention_maps(o: AttentionOptions) -> AttentionMaps:
     whole = sum(len(e.ids) for e in tokenizer.encode_batch(texts)) + specials
     return AttentionMaps(
         encoder.source.description,
-        [tokenizer.tokens[i] for i in ids],
+        tokenizer.readable(ids),
         probabilities,
         head_statistics(probabilities, ids, tokenizer.cls_id, tokenizer.sep_id),
         tokens_cut=whole - len(ids),
@@ -186,7 +190,8 @@ def draw_grid(maps: AttentionMaps, f: IO[bytes]) -> None:
         axes[-1, head].set_xticklabels(labels, fontsize=fontsize, rotation=90)
     bar = figure.add_axes((1 - (colorbar_inches - 0.1) / width, 0.3, 0.15 / width, 0.4))
     figure.colorbar(image, cax=bar, label="attention weight")
-    figure.suptitle(f"Attention of {maps.description}", fontsize=11, y=1 - 0.2 / height)
+    title = f"Attention of {maps.description}".replace("$", r"\$")  # a path's pair of $ was math text, or a crash
+    figure.suptitle(title, fontsize=11, y=1 - 0.2 / height)
     figure.supylabel("attending token (query)", fontsize=9, x=0.1 / width)
     figure.supxlabel("attended token (key)", fontsize=9, y=0.1 / height)
     figure.savefig(f, format="png")

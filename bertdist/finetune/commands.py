@@ -154,9 +154,10 @@ def _run_attention(args: argparse.Namespace) -> int:
     maps = attention(from_args(AttentionOptions, args))
     layers, heads, tokens, _ = maps.probabilities.shape
     out = Path(args.output_dir)
+    whole, where = tokens + maps.tokens_cut, "the ends of the longer text first" if args.pair else "the end"
     cut = (
-        f" (the text is {tokens + maps.tokens_cut} tokens: the last {maps.tokens_cut} were cut at the length "
-        "drawn; --max-seq-length sets it)"
+        f" (the {'pair' if args.pair else 'text'} is {whole} tokens: {maps.tokens_cut} were cut from {where} at the "
+        "length drawn; --max-seq-length sets it)"
         if maps.tokens_cut
         else ""
     )

@@ -259,6 +259,21 @@ def test_a_sentence_of_a_script_without_spaces_is_many_words_not_one(model, tmp_
     assert (out.masked_counts > 0).all(), out.masked_counts
 
 
+def test_readable_tokens_are_text_not_the_byte_alphabet(tmp_path, tiny_vocab):
+    """The attention pictures labelled a byte-level BPE's tokens with its byte alphabet: `Ġä½łå¥½` for " 你好"."""
+    from bertdist.data.bpe import train_bpe
+    from bertdist.data.unigram import train_unigram
+
+    text = "the cat 你好世界 مرحبا"
+    bpe = open_tokenizer(train_bpe([text] * 50, str(tmp_path / "bpe"), vocab_size=300))
+    assert "".join(bpe.readable(bpe.encode_batch([text])[0].ids)) == " " + text
+    unigram = open_tokenizer(train_unigram([text] * 50, str(tmp_path / "uni"), vocab_size=300))
+    assert "".join(unigram.readable(unigram.encode_batch([text])[0].ids)).strip() == text
+    wordpiece = open_tokenizer(tiny_vocab)
+    ids = wordpiece.encode_batch(["the modules"])[0].ids
+    assert wordpiece.readable(ids) == [wordpiece.tokens[i] for i in ids]  # ## marks a continuation, kept
+
+
 @pytest.fixture(scope="module", params=["static", "dynamic"])
 def high_id_shards(request, tiny_corpus, high_id_tokenizer, ray_local, tmp_path_factory) -> tuple[str, str]:
     from bertdist.data.pipeline.driver import prepare

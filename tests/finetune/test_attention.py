@@ -174,7 +174,18 @@ def test_a_text_longer_than_the_length_drawn_is_said_to_be_cut(saved, tmp_path, 
     whole = json.loads(
         re.search(r'id="attention-data">(.*?)</script>', (tmp_path / "whole" / "attention.html").read_text(), re.S)[1]
     )["tokens"]
-    assert len(drawn) == 6 and f"the text is {len(whole)} tokens: the last {len(whole) - 6} were cut" in printed
+    assert len(drawn) == 6 and f"the text is {len(whole)} tokens: {len(whole) - 6} were cut from the end" in printed
+    # a pair is cut at the longer text's end first (Google's _truncate_seq_pair), not at the end of the whole
+    out = tmp_path / "pair"
+    assert (
+        run("--model", str(directory), "--text", TEXT, "--pair", "a b", "--max-seq-length", "8", "--output", str(out))
+        == 0
+    )
+    assert "were cut from the ends of the longer text first" in capsys.readouterr().out
+    # a model path holding a pair of $: matplotlib read the title as math text and the command crashed
+    dollars = tmp_path / "price_$5_$10"
+    shutil.copytree(directory, dollars)
+    assert run("--model", str(dollars), "--text", TEXT, "--output", str(tmp_path / "dollars")) == 0
 
 
 def test_the_page_shows_the_chosen_heads_attention_in_chromium(drawn, tmp_path):
@@ -279,6 +290,7 @@ def test_head_statistics_measure_what_clark_et_al_measure():
         (["--text", "  \t"], "--text: empty"),
         (["--text", "a", "--pair", ""], "--pair: empty"),
         (["--text", "a", "--max-seq-length", "2"], "--max-seq-length: must be 0"),
+        (["--text", "the \udcff cat"], "--text: not UTF-8 text (byte 0xff at character 5)"),
     ],
 )
 def test_bad_options_are_one_line_before_the_model_is_read(args, message, tmp_path, capsys):
