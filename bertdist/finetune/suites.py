@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -45,6 +46,8 @@ from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, UserError
 from bertdist.finetune import scorecard
 
 PAPER_LRS = (2e-5, 3e-5, 5e-5)
+_TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A task's name: a `|` broke the results table's columns, a `/` made another directory."""
 
 
 @dataclasses.dataclass
@@ -114,6 +117,12 @@ def read_suite(suite: str) -> list[SuiteTask]:
     out, problems = [], []
     known = {f.name for f in dataclasses.fields(Config().finetune)}
     for name, spec in tasks.items():
+        if not _TASK_NAME.fullmatch(str(name)):
+            problems.append(
+                f"{suite}: task {name!r}: a name of letters, digits, '.', '_' and '-' (it names a directory, the "
+                "MLflow metrics and a column of the results table)"
+            )
+            continue
         settings = spec.get("finetune") if isinstance(spec, dict) else None
         if not isinstance(settings, dict) or not {"train_file", "dev_file"} <= set(settings):
             problems.append(f"{suite}: task {name!r} needs finetune: {{train_file: ..., dev_file: ...}}")

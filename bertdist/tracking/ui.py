@@ -90,6 +90,8 @@ def _existing(uri: str, where: str) -> str:
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     database = local_database(uri)
     local = database if database is not None else Path(uri.removeprefix("file://")) if scheme in ("", "file") else None
+    if scheme == "sqlite" and database is None:  # sqlite:// alone: a database in memory, empty and gone at exit
+        raise UIError(f"{where} {redacted(uri)}: names no database file (sqlite:///PATH); nothing to show")
     if local is not None and not local.exists():
         raise UIError(f"{where} {redacted(uri)}: {local} does not exist; nothing to show")
     return uri
@@ -184,8 +186,10 @@ def dashboard_links(store: str, url: str) -> list[str]:
         if experiment.name == "Default":
             continue
         if run := _latest_run(mlflow, [experiment.experiment_id]):
-            lines.append(f"latest run {run.info.run_name} ({experiment.name}): {run_link(url, run)}")
-        lines.append(f"experiment {experiment.name}: {url}/#/experiments/{experiment.experiment_id}?{TRAINING_VIEW}")
+            name, experiment_name = _printable(run.info.run_name), _printable(experiment.name)
+            lines.append(f"latest run {name} ({experiment_name}): {run_link(url, run)}")
+        experiment_link = f"{url}/#/experiments/{experiment.experiment_id}?{TRAINING_VIEW}"
+        lines.append(f"experiment {_printable(experiment.name)}: {experiment_link}")
     return lines
 
 
@@ -274,3 +278,9 @@ def served_url(host: str, port: int) -> str:
     (`http://::1:5000` is no URL)."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
+
+
+def _printable(name: str) -> str:
+    """A run's or an experiment's name for the terminal: a shared store's names may hold escape sequences, which
+    a terminal would carry out (colours, a moved cursor, a retitled window)."""
+    return "".join(c if c.isprintable() else "?" for c in str(name))

@@ -7,6 +7,7 @@ arithmetic and layout: test_scorecard.py.)"""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from bertdist.cli import main
-from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE
+from bertdist.errors import REQUEUE_EXIT_CODE, USAGE_EXIT_CODE, UserError
 from bertdist.train.ports import free_tcp_port
 from tests.conftest import tiny_model_config
 
@@ -354,3 +355,14 @@ def test_a_signal_between_two_runs_stops_the_sweep_and_marks_the_suite_killed(
     assert sorted(r.info.status for r in runs_) == ["FINISHED", "KILLED"]  # the finished child, the suite
     assert not (tmp_path / "o" / "SST-2" / "lr0.0002").exists()
     assert signal.getsignal(signal.SIGTERM) == before  # given back
+
+
+def test_a_task_name_that_would_break_the_results_table_or_its_directory_is_refused(tmp_path):
+    """`ner|conll` split the results.md table's columns; a `/` would have made another directory."""
+    from bertdist.finetune.suites import read_suite
+
+    for name in ("ner|conll", "a/b", "<b>sst</b>"):
+        suite = tmp_path / "suite.yaml"
+        suite.write_text(f"tasks:\n  '{name}':\n    finetune: {{train_file: t.tsv, dev_file: d.tsv}}\n")
+        with pytest.raises(UserError, match=rf"task '{re.escape(name)}': a name of letters, digits"):
+            read_suite(str(suite))

@@ -166,6 +166,7 @@ def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
         ("sqlite:///{tmp}/nowhere/x.db", "nowhere/x.db does not exist; nothing to show"),
         ("{tmp}/no-store", "no-store does not exist; nothing to show"),
         ("gs://bucket/mlruns", "gs:// is not an MLflow tracking store"),
+        ("sqlite://", "names no database file (sqlite:///PATH); nothing to show"),  # in memory: empty, served
     ],
 )
 def test_ui_refuses_a_tracking_uri_with_nothing_to_show_before_starting_a_server(uri, said, tmp_path, capsys):
@@ -244,3 +245,9 @@ def test_the_printed_address_is_a_url_for_ipv6_and_wildcard_hosts_too():
     assert served_url("::1", 5000) == "http://[::1]:5000" and urlsplit(served_url("::1", 5000)).port == 5000
     assert served_url("0.0.0.0", 5000) == served_url("::", 5000) == "http://127.0.0.1:5000"
     assert served_url("127.0.0.1", 8080) == "http://127.0.0.1:8080"
+
+
+def test_names_from_a_shared_store_reach_the_terminal_without_their_escape_sequences():
+    from bertdist.tracking.ui import _printable
+
+    assert _printable("run \x1b[31mRED\x1b[0m\x07") == "run ?[31mRED?[0m?"
