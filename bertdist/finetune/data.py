@@ -216,7 +216,11 @@ def same_text(text: str, normalize: Callable[[str], str] | None = None) -> str:
 
 def bad_row(out: Examples, where: str, reason: str, skip_bad: bool) -> None:
     if not skip_bad:
-        raise DataError(f"{where}: {reason} (finetune.on_bad_input=skip skips such rows and counts them)")
+        # the setting where the command has one, the flag where it has that (embed, mine-negatives, filter-pairs)
+        raise DataError(
+            f"{where}: {reason} (finetune.on_bad_input=skip, or the flag --on-bad-input skip, skips such rows and "
+            "counts them)"
+        )
     out.skipped.append(f"{where}: {reason}")
 
 

@@ -124,6 +124,7 @@ def check(o: EmbedOptions) -> None:
 def embed(o: EmbedOptions) -> dict[str, Any]:
     """Write the features of every input row; returns the index."""
     check(o)
+    read = _rows(o)  # before the model: a bad row stops the command before seconds (or a download) of loading
     encoder = open_encoder(o.model, o.max_seq_length)
     own = encoder.sentence if o.level == "sequence" and o.features == "last" and not o.pooling else None
     if own is not None:
@@ -146,7 +147,7 @@ def embed(o: EmbedOptions) -> dict[str, Any]:
             )
         elif left:
             raise UserError(f"--output: {out} is not empty")
-        return _embed(o, encoder, out, normalize, truncate_dim)
+        return _embed(o, read, encoder, out, normalize, truncate_dim)
 
 
 @dataclass
@@ -264,13 +265,20 @@ def sentence_vectors(encoder: Encoder, texts: list[str], pooling: str, batch_siz
     return out
 
 
-def _embed(o: EmbedOptions, encoder: Encoder, out: Path, normalize: bool, truncate_dim: int | None) -> dict[str, Any]:
+def _embed(
+    o: EmbedOptions,
+    read: tuple[list[Any], list[str], list[int]],
+    encoder: Encoder,
+    out: Path,
+    normalize: bool,
+    truncate_dim: int | None,
+) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
     from bertdist.storage import write_json
 
-    rows, skipped, blank_lines = _rows(o)
+    rows, skipped, blank_lines = read
     encoded = encoder.encode(rows)
     shards, dimension = [], 0
     # Rows done, their rate and the time left: 100,000 lines ran 28 minutes printing nothing. Redrawn on a
