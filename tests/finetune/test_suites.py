@@ -366,3 +366,22 @@ def test_a_task_name_that_would_break_the_results_table_or_its_directory_is_refu
         suite.write_text(f"tasks:\n  '{name}':\n    finetune: {{train_file: t.tsv, dev_file: d.tsv}}\n")
         with pytest.raises(UserError, match=rf"task '{re.escape(name)}': a name of letters, digits"):
             read_suite(str(suite))
+
+
+def test_a_bad_row_of_a_later_task_stops_the_suite_before_its_first_run(tmp_path, tiny_corpus, pretrained, capsys):
+    """The files were checked to exist, their rows only when a task's turn came: a bad RTE row surfaced after the
+    MNLI, QQP and QNLI sweeps, hours in."""
+    data = _glue(tmp_path / "data", tiny_corpus)
+    with open(data / "STS-B" / "dev.tsv", "a") as f:
+        f.write("99\tg\tf\ty\t99\ts\ts\ta sentence\tanother one\thigh\n")  # a score that is no number
+    suite = tmp_path / "two.yaml"
+    suite.write_text(
+        "tasks:\n  sst:\n    finetune: {train_file: SST-2/train.tsv, dev_file: SST-2/dev.tsv}\n"
+        "  sts:\n    finetune: {task: regression, train_file: STS-B/train.tsv, dev_file: STS-B/dev.tsv,"
+        " text_column: sentence1, text_pair_column: sentence2, label_column: score}\n"
+    )
+    args = ["evaluate", "--suite", str(suite), "--data-dir", str(data), "--model", str(pretrained)]
+    assert main([*args, "--output", str(tmp_path / "o"), *RUN, "tracking.enabled=false"]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "task sts: " in err and "STS-B/dev.tsv:22" in err, err
+    assert not (tmp_path / "o").exists()  # sst did not run first
