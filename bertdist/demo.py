@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -220,6 +221,8 @@ def _run_stages(out: Path, ranks: int, steps: int, arch: str, downstream_epochs:
         return code
 
     _stage("export: Hugging Face format, logged as the run's MLflow Model")
+    # the training's accelerator (CPU ranks): unset, DeepSpeed's import warned on the console that it chose the CPU
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     model_dir = export(cfg.train.output_dir, out / "model", overwrite=True)
     print(f"  {model_dir}")
 
@@ -428,10 +431,15 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
         f"from transformers import pipeline; p = pipeline('fill-mask', {str(model_dir)!r}); "
         "print(p(f'Return a {p.tokenizer.mask_token} of the list.'))"
     )
+    run_it = f'    {shlex.quote(sys.executable)} -c "{fill_mask}"'
+    if importlib.util.find_spec("transformers") is None:  # not a dependency of bertdist: a wheel's install lacks it
+        run_it = (
+            f"    (it needs transformers: {shlex.quote(sys.executable)} -m pip install transformers)\n{run_it}"
+        )
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
-        f'    {shlex.quote(sys.executable)} -c "{fill_mask}"',
+        run_it,
         f"  dashboard: {bertdist_command} ui --run-dir {shlex.quote(str(run_dir))}   (then open {dashboard}; the model "
         "is under the run's Models)",
     ]

@@ -95,6 +95,17 @@ def test_every_config_dry_runs(config: Path, tmp_path: Path, monkeypatch, capsys
     assert "gradient accumulation" in out.out
 
 
+def test_a_shipped_config_is_found_by_its_name_or_its_checkout_path_from_any_directory(tmp_path, monkeypatch):
+    """The README writes `--config configs/bert-base.yaml`: outside a checkout (a wheel's user) that was not found,
+    though the wheel carries the file."""
+    monkeypatch.chdir(tmp_path)
+    for given in ("bert-base", "bert-base.yaml", "configs/bert-base.yaml"):
+        assert load_config(given).model.size == "base", given
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "bert-base.yaml").write_text("model: {size: tiny}\n")  # a user's own file comes first
+    assert load_config("configs/bert-base.yaml").model.size == "tiny"
+
+
 def test_dry_run_failure_names_the_field_and_exits_2(tmp_path):
     out = bertdist(
         "train",

@@ -77,9 +77,15 @@ def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("user")
 
 
-def run(venv: Path, workdir: Path, *argv: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": f"{venv}:{os.environ['PATH']}", "PYTHONNOUSERSITE": "1"}
+def run(
+    venv: Path, workdir: Path, *argv: str, timeout: float = 300, accelerator: str | None = "cpu", **kwargs
+) -> subprocess.CompletedProcess:
+    """`argv` in the wheel's environment, from `workdir`; `accelerator` None: DS_ACCELERATOR unset, as a user has it."""
+    env = {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "PYTHONNOUSERSITE": "1"}
     env.pop("PYTHONPATH", None)
+    env.pop("DS_ACCELERATOR", None)
+    if accelerator:
+        env["DS_ACCELERATOR"] = accelerator
     return subprocess.run(
         [str(venv / argv[0]), *argv[1:]],
         cwd=workdir,
@@ -99,13 +105,22 @@ def demo(venv, workdir) -> Path:
         workdir,
         *("bertdist", "demo", "--output", "runs/demo", "--steps", str(DEMO_STEPS), "--downstream-epochs", "1"),
         timeout=1200,
+        accelerator=None,  # unset, as a user has it: DeepSpeed's import warned on the console that it chose the CPU
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     model_dir = (workdir / "runs" / "demo" / "model").resolve()
     assert "MLM accuracy (held-out)" in done.stdout and f"model (Hugging Face format): {model_dir}" in done.stdout
     # A quiet first run: the libraries' chatter is in the log, not on the console.
     console = done.stdout + done.stderr
-    for chatter in ("[INFO]", "Processing zero checkpoint", "Token authentication", "UserWarning", "\x1b[", "\n\n\n"):
+    for chatter in (
+        "[INFO]",
+        "[WARNING]",
+        "Processing zero checkpoint",
+        "Token authentication",
+        "UserWarning",
+        "\x1b[",
+        "\n\n\n",
+    ):
         assert chatter not in console, f"{chatter!r} on the demo's console:\n{console[-3000:]}"
     assert "Processing zero checkpoint" in (workdir / "runs" / "demo" / "demo.log").read_text()
     assert (
@@ -152,6 +167,20 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(venv, workdir):
         and launch.startswith(str(venv.parent))
         and launch.endswith("_shipped/launch")
     )
+
+
+def test_the_suite_runs_against_the_installed_wheel_from_the_checkout(venv):
+    """The README's test command for a wheel: the tests stay in the source tree (they need its scripts, configs and
+    benchmarks), run with pytest's append import mode and without the current directory on sys.path (`python -P`),
+    so that `import bertdist` is the installed wheel's, not the checkout's."""
+    probe = "import bertdist, sys; print(bertdist.__file__)"
+    where = subprocess.run([venv / "python", "-P", "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert where.stdout.startswith(str(venv.parent)), where.stdout + where.stderr
+    command = [str(venv / "python"), "-P", "-m", "pytest", "--import-mode=append", "-q", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*command, "tests/config/test_schema.py"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_the_demo_runs_from_the_wheel_and_leaves_a_loadable_tracked_model(demo):

@@ -78,12 +78,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 def resolve_config_path(path: str | os.PathLike) -> Path:
     """`path` itself when it exists or names a directory; else a config shipped with bertdist of that name.
 
-    So `--config bert-base` (or `bert-base.yaml`) works from any directory, also from an installed wheel.
+    So `--config bert-base` (or `bert-base.yaml`, or the checkout's `configs/bert-base.yaml`, as the README writes
+    it) works from any directory, also from an installed wheel.
     """
     from bertdist.resources import shipped
 
     given = Path(path)
-    if given.exists() or given.parent != Path("."):
+    if given.exists() or given.parent not in (Path("."), Path("configs")):
         return given
     for name in (given.name, f"{given.name}.yaml"):
         candidate = shipped("configs") / name
