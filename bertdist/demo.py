@@ -433,9 +433,7 @@ def _summary(run_dir: Path, model_dir: Path, seconds: float) -> str:
     )
     run_it = f'    {shlex.quote(sys.executable)} -c "{fill_mask}"'
     if importlib.util.find_spec("transformers") is None:  # not a dependency of bertdist: a wheel's install lacks it
-        run_it = (
-            f"    (it needs transformers: {shlex.quote(sys.executable)} -m pip install transformers)\n{run_it}"
-        )
+        run_it = f"    (it needs transformers: {shlex.quote(sys.executable)} -m pip install transformers)\n{run_it}"
     lines += [
         f"  throughput: {train[-1][SEQUENCES_PER_SECOND]:.1f} sequences/s",
         f"  model (Hugging Face format): {model_dir}",
