@@ -12,8 +12,9 @@ import signal
 import threading
 from typing import Iterator
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-"""SIGTERM (kill, SLURM's preemption, the launchers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+"""SIGTERM (kill, SLURM's preemption, the launchers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal), SIGHUP (the
+terminal or ssh session closed; not under `nohup`, which ignores it: bertdist.train.stopping leaves it ignored)."""
 
 _stop_requested = threading.Event()
 
@@ -36,7 +37,8 @@ def forget_stop() -> None:
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 """What ends a command that has no stop of its own (all but train's and finetune's loops and ui, which handle them):
 `kill`, `timeout`, `docker stop`, SLURM's end of a job, a closed terminal."""
-_installed = False
+_active: list[tuple[int, ...]] = []
+"""The signals each `terminated_as_interrupted` block now running took (the outer block first)."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -56,28 +58,28 @@ def _raise(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def terminated_as_interrupted() -> Iterator[None]:
     """SIGTERM and SIGHUP raise Terminated while the block runs, where their action is the default (not under
-    `nohup`, which ignores SIGHUP, nor in a program that set its own); the handlers before are put back after."""
-    global _installed
+    `nohup`, which ignores SIGHUP, nor in a program that set its own); after it, the handlers from before are back,
+    also where a library replaced them meanwhile."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in TERMINATING}
-    taken = [s for s, handler in previous.items() if handler == signal.SIG_DFL]
+    taken = tuple(s for s, handler in previous.items() if handler == signal.SIG_DFL)
     for s in taken:
         signal.signal(s, _raise)
-    _installed = True
+    _active.append(taken)
     try:
         yield
     finally:
-        _installed = False
+        _active.pop()
         for s in taken:
             signal.signal(s, previous[s])
 
 
 def take_back() -> None:
-    """Put the handlers of `terminated_as_interrupted` back after a library replaced them: `ray.init` installs a
-    SIGTERM handler that dumps a crash report and exits 15, past bertdist's clean-up."""
-    if _installed and threading.current_thread() is threading.main_thread():
-        for s in TERMINATING:
-            if signal.getsignal(s) not in (signal.SIG_IGN, _raise):
+    """Put the handlers of the running `terminated_as_interrupted` blocks back after a library replaced them:
+    `ray.init` installs a SIGTERM handler that dumps a crash report and exits 15, past bertdist's clean-up."""
+    if threading.current_thread() is threading.main_thread():
+        for taken in _active:
+            for s in taken:
                 signal.signal(s, _raise)

@@ -209,7 +209,9 @@ def read_language_documents(unit: ReadUnit, language_field: str) -> Iterator[tup
             yield from _jsonl_documents(_Lines(stream, unit), language_field, f.language)
         else:
             documents = (
-                _wiki_documents(stream, f.path) if f.kind == "wiki" else _txt_documents(_Lines(stream, unit), unit)
+                _wiki_documents(stream, f.path)
+                if f.kind == "wiki"
+                else _txt_documents(_Lines(stream, unit, split_cr=True), unit)
             )
             for sentences in documents:
                 yield f.language, sentences
@@ -230,8 +232,10 @@ class _Lines:
     ~1 MB): per line, only a split, a decode and a yield remain. A block may reach past the unit's end
     (the reader stops at the first document it does not own); a bad byte there belongs to the same file."""
 
-    def __init__(self, stream: BinaryIO, unit: ReadUnit):
-        self.stream, self.file = stream, unit.file
+    def __init__(self, stream: BinaryIO, unit: ReadUnit, split_cr: bool = False):
+        """`split_cr`: a carriage return inside a line ends a line too (plain text; JSON lines decide per record,
+        as JSON reads a CR between its tokens as whitespace)."""
+        self.stream, self.file, self.split_cr = stream, unit.file, split_cr
         self.path, self.compression = unit.file.path, unit.file.compression
         self.end_byte = unit.end_byte
         self.offset = 0
@@ -289,7 +293,7 @@ class _Lines:
                 self.offset += len(raw) + 1
                 text = raw.decode("utf-8")
                 if odd:
-                    yield from ((start, part) for part in _lines_of(text))
+                    yield from ((start, part) for part in _lines_of(text, self.split_cr))
                 else:
                     yield start, text
             self.offset = start + len(raw) + (1 if block.endswith(b"\n") else 0)
@@ -303,12 +307,13 @@ class _Lines:
         return self.end_byte < 0 or line_start < self.end_byte
 
 
-def _lines_of(text: str) -> list[str]:
-    """The lines of a line that holds a carriage return before its end, or byte-order marks: a file with classic Mac
-    line endings (CR alone) was one line, all its sentences and documents one sentence; a BOM at a line's start
-    (files concatenated) became a token. The offsets the caller keeps are the whole line's."""
-    body = text[:-1] if text.endswith("\r") else text  # CRLF
-    return [part.lstrip("\ufeff") for part in body.split("\r")]
+def _lines_of(text: str, split_cr: bool) -> list[str]:
+    """A line without its carriage returns at the end (CRLF, and CRCRLF, a CRLF file converted once more), cut at
+    those inside it with `split_cr` (a file of classic Mac line endings, CR alone, was one line: all its sentences
+    and documents one sentence), each without a byte-order mark at its start (files concatenated: it became a
+    token). The offsets the caller keeps are the whole line's."""
+    body = text.rstrip("\r")
+    return [part.lstrip("\ufeff") for part in (body.split("\r") if split_cr else [body])]
 
 
 def _line_number(f: InputFile, byte: int) -> int | None:
@@ -347,17 +352,36 @@ def _txt_documents(lines: _Lines, unit: ReadUnit) -> Iterator[list[str]]:
 
 
 def _jsonl_documents(lines: _Lines, language_field: str, file_language: str) -> Iterator[tuple[str, list[str]]]:
-    from bertdist.data.sentences import split_sentences
+    from bertdist.data.sentences import split_sentences  # here: the CLI's parser imports this module
 
     for start, line in lines:
         if not lines.owns(start):
             return
-        if not line.strip():
-            continue
+        if line.strip():
+            yield from _jsonl_records(lines, start, line, language_field, file_language, split_sentences)
+
+
+def _jsonl_records(
+    lines: _Lines,
+    start: int,
+    line: str,
+    language_field: str,
+    file_language: str,
+    split_sentences: Callable[[str], list[str]],
+) -> Iterator[tuple[str, list[str]]]:
+    """The documents of one line: its record, or the records it holds apart by carriage returns alone (classic Mac
+    line endings), tried only when the line as a whole is no JSON (a CR between a record's tokens is whitespace)."""
+    try:
+        records = [json.loads(line)]
+    except json.JSONDecodeError as e:
+        parts = [part for part in line.split("\r") if part.strip()]
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
+            records = [json.loads(part) for part in parts] if len(parts) > 1 else []
+        except json.JSONDecodeError:
+            records = []
+        if not records:
             raise DataError(f"{_at(lines, start)} is not valid JSON ({e.msg})") from None
+    for record in records:
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{_at(lines, start)}: expected an object with a string field 'text'")
         language = file_language

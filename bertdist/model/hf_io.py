@@ -197,12 +197,17 @@ def read_checkpoint(
     state_from_hf: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]],
     family: str,
     fields: tuple[str, ...] = ARCHITECTURE_FIELDS,
+    carried: tuple[str, ...] = (),
 ) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
     """What a family's `load_pretrained` builds its model from, out of a Hugging Face directory: the config (the
-    checkpoint's, or `model_cfg` where it agrees on `fields`: `agreeing_config`), the weights in bertdist's names
-    (the adapter's `state_from_hf`) and the file they came from."""
+    checkpoint's, or `model_cfg` where it agrees on `fields`: `agreeing_config`, with the checkpoint's `carried`
+    settings where the run leaves them at their defaults), the weights in bertdist's names (the adapter's
+    `state_from_hf`) and the file they came from."""
     checkpoint_cfg = read_config(directory, parse, family)
     cfg = checkpoint_cfg if model_cfg is None else agreeing_config(model_cfg, checkpoint_cfg, directory, fields)
+    defaults = ModelConfig()
+    left = {f: getattr(checkpoint_cfg, f) for f in carried if getattr(cfg, f) == getattr(defaults, f)}
+    cfg = dataclasses.replace(cfg, **left)
     tensors, source = read_weights(directory)
     return cfg, state_from_hf(tensors, source), source
 

@@ -53,6 +53,8 @@ class StopFlag:
         stop_signals.forget_stop()
         self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and self._previous[sig] == signal.SIG_IGN:  # `nohup`: a closed terminal is no stop
+                continue
             signal.signal(sig, self._handle)
         self._launchers = launcher_chain()
         self._closed = threading.Event()

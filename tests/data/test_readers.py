@@ -187,6 +187,12 @@ def test_classic_mac_line_endings_and_byte_order_marks_inside_a_file_are_lines_a
     assert _read(tmp_path / "cat.txt") == [["First.", "Second."], ["Third file."]]
     (tmp_path / "mac.jsonl").write_bytes(b'{"text": "One. Two."}\r{"text": "Three.\\rFour."}\r')
     assert _read(tmp_path / "mac.jsonl") == [["One.", "Two."], ["Three.", "Four."]]
+    # A CRLF file converted once more (CR CR LF) keeps its lines and documents; a JSON record with a CR between its
+    # fields (whitespace to JSON) is one record
+    (tmp_path / "crcrlf.txt").write_bytes(b"First of one.\r\r\nSecond of one.\r\r\n\r\r\nFirst of two.\r\r\n")
+    assert _read(tmp_path / "crcrlf.txt") == [["First of one.", "Second of one."], ["First of two."]]
+    (tmp_path / "cr.jsonl").write_bytes(b'{"text": "One sentence here. Another one.",\r"id": 1}\n')
+    assert _read(tmp_path / "cr.jsonl") == [["One sentence here.", "Another one."]]
 
 
 def test_sentences_end_at_the_full_stops_of_scripts_blingfire_does_not_know():
@@ -201,6 +207,11 @@ def test_sentences_end_at_the_full_stops_of_scripts_blingfire_does_not_know():
     ]
     assert split_sentences("ሰላም ነው። ደህና ነህ።") == ["ሰላም ነው።", "ደህና ነህ።"]
     assert split_sentences("One. Two.\u2028Three") == ["One.", "Two.", "Three"]
+    # not at str.splitlines's other breaks: a page break inside a sentence (pdftotext), a cp1252 ellipsis as Latin-1
+    assert split_sentences("The committee met on\x0cTuesday. It agreed\x85 mostly.") == [
+        "The committee met on\x0cTuesday.",
+        "It agreed\x85 mostly.",
+    ]
 
 
 @pytest.mark.parametrize("name, compress", [("late.jsonl", bytes), ("late.jsonl.gz", gzip.compress)])

@@ -68,9 +68,16 @@ def work_stamp(fingerprint: str, opts: PrepareOptions) -> str:
     default. The shards do not depend on the unit size, but .work keeps a record per unit, by its number: a rerun
     cutting the files in other units would take the old records for its own and lose the text between them (a run
     at the default keeps the stamp of a bertdist before this)."""
-    return (
+    stamp = (
         fingerprint if opts.unit_bytes == PrepareOptions.unit_bytes else f"{fingerprint} unit_bytes={opts.unit_bytes}"
     )
+    return f"{stamp} {READER}"
+
+
+READER = "reader=2026-11-29"
+"""How the readers cut text into lines, sentences and documents, in .work's stamp: that day a carriage return alone
+began to end a line and the danda a sentence, and a run left unfinished by the bertdist before would have mixed
+its finished units with units read the new way (a finished output's fingerprint is unchanged: it is whole)."""
 
 
 def claim_output(output_dir: str, fingerprint: str, stamp_text: str = "") -> str:
@@ -88,7 +95,13 @@ def claim_output(output_dir: str, fingerprint: str, stamp_text: str = "") -> str
         )
     stamp = storage.join(work_dir, "fingerprint")
     if storage.exists(stamp):
-        if storage.read_text(stamp).strip() != stamp_text:
+        stored = storage.read_text(stamp).strip()
+        if stored != stamp_text and stored.split(" ")[0] == stamp_text.split(" ")[0] and READER not in stored:
+            raise DataError(
+                f"{output_dir}: holds an unfinished run of an earlier bertdist, which read lines and sentences "
+                "otherwise; resumed, its finished parts would mix with the rest: delete it and prepare again"
+            )
+        if stored != stamp_text:
             raise DataError(
                 f"{output_dir}: holds an unfinished run with other inputs or options; "
                 "delete it or rerun that exact command to resume"

@@ -213,6 +213,12 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: ModelConfig | None 
     given, must have the checkpoint's architecture (every field that differs is named); its other settings
     (dropout, unpadding, activation checkpointing) are used."""
     cfg, state, source = hf_io.read_checkpoint(
-        Path(directory), model_cfg, config_from_hf, from_hf_state_dict, "ModernBERT", _ARCHITECTURE_FIELDS
+        Path(directory),
+        model_cfg,
+        config_from_hf,
+        from_hf_state_dict,
+        "ModernBERT",
+        _ARCHITECTURE_FIELDS,
+        carried=("classifier_pooling",),  # the release's (ModernBERT-base: mean), which its exports then keep
     )
     return hf_io.load_weights(ModernBertForMaskedLM(cfg), state, source, (), "ModernBERT")

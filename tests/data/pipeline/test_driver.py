@@ -169,14 +169,20 @@ def test_a_rerun_with_another_unit_size_does_not_take_the_unfinished_runs_record
     its own (it read 219 of 400 documents). The output's fingerprint does not change; the work's stamp does."""
     from bertdist.data.instances import InstanceOptions
     from bertdist.data.pipeline.options import PrepareOptions
-    from bertdist.data.pipeline.output_dir import claim_output, fingerprint_of, work_stamp
+    from bertdist.data.pipeline.output_dir import READER, claim_output, fingerprint_of, work_stamp
 
     def options(**extra) -> PrepareOptions:
         return PrepareOptions(inputs=[], output_dir="", vocab_file="", instances=InstanceOptions(), **extra)
 
     fingerprint = fingerprint_of(options(), [], "0" * 64)
     assert fingerprint_of(options(unit_bytes=4096), [], "0" * 64) == fingerprint
-    assert work_stamp(fingerprint, options()) == fingerprint  # the stamp of runs begun before
+    assert work_stamp(fingerprint, options()) == f"{fingerprint} {READER}"
+    # a run left unfinished by the bertdist before the readers' change (its stamp the fingerprint alone): refused,
+    # saying why, rather than resumed with its units read the old way and the rest the new
+    earlier = str(tmp_path / "earlier")
+    claim_output(earlier, fingerprint, fingerprint)
+    with pytest.raises(DataError, match="holds an unfinished run of an earlier bertdist, which read lines"):
+        claim_output(earlier, fingerprint, work_stamp(fingerprint, options()))
     out = str(tmp_path / "data")
     claim_output(out, fingerprint, work_stamp(fingerprint, options(unit_bytes=4096)))
     with pytest.raises(DataError, match="holds an unfinished run with other inputs or options"):

@@ -233,6 +233,10 @@ def test_a_released_modernberts_classifier_pooling_is_the_task_models(tmp_path, 
     cfg = read_pretrained(tmp_path)[0]
     assert cfg.classifier_pooling == "mean" and modernbert_hf.config_to_hf(cfg)["classifier_pooling"] == "mean"
     assert ModernBertForSequenceClassification(cfg, 2).classifier_pooling == "mean"
+    import dataclasses
+
+    run = dataclasses.replace(cfg, classifier_pooling="cls", hidden_dropout_prob=0.1)  # a run's, left at the default
+    assert modernbert_hf.load_pretrained(tmp_path, run).config.classifier_pooling == "mean"  # `bertdist train`'s way
     (tmp_path / "config.json").write_text(json.dumps({**config, "classifier_pooling": "max"}))
     with pytest.raises(UserError, match="classifier_pooling 'max' is not supported yet"):
         read_pretrained(tmp_path)
