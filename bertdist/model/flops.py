@@ -80,6 +80,15 @@ def masked_positions_for(seq_length: int, masked_lm_prob: float = 0.15) -> int:
     return int(20 * seq_length / 128)
 
 
+def trained_predictions(seq_length: int, masked_lm_prob: float, max_predictions_per_seq: int) -> tuple[int, bool]:
+    """The predictions a sample trains at `seq_length`: the rate's share (masked_positions_for), cut to
+    max_predictions_per_seq where that is set and smaller (ALBERT's 20 at 512, on purpose); and whether it was cut.
+    One rule for the plan, the forecast and the FLOPs they count (the forecast counted the uncut share)."""
+    predictions = masked_positions_for(seq_length, masked_lm_prob)
+    cut = bool(max_predictions_per_seq) and predictions > max_predictions_per_seq
+    return (max_predictions_per_seq if cut else predictions), cut
+
+
 # Dense peak FLOP/s per GPU (no sparsity) by a whole word (or words) of torch.cuda.get_device_name(), most
 # specific first: (fp16/bf16 tensor cores, plain fp32). Vendor datasheet numbers. Whole words: a substring gave an
 # L40 the L4's peak, a T400 the T4's, an A10G the A10's.

@@ -37,10 +37,10 @@ from bertdist.config.objectives import objective
 from bertdist.errors import UserError
 from bertdist.model.flops import (
     GPU_PEAK_FLOPS,
-    masked_positions_for,
     measure_matmul_flops_per_second,
     peak_flops_per_second,
     train_flops_per_sequence,
+    trained_predictions,
 )
 from bertdist.processes import sigterm_when_i_die
 from bertdist.train.console import duration
@@ -171,7 +171,8 @@ def estimate(cfg: Config) -> Forecast:
     sequences = [cfg.global_batch_size(p) / world for p in cfg.data.phases]
     step_flops, unknown_side = [], False
     for p, n in zip(cfg.data.phases, sequences):
-        predictions = masked_positions_for(p.max_seq_length, cfg.masking(p).masked_lm_prob)
+        mk = cfg.masking(p)
+        predictions, _ = trained_predictions(p.max_seq_length, mk.masked_lm_prob, mk.max_predictions_per_seq)
         side = objective(cfg.model).side_forward_flops(cfg, p.max_seq_length, predictions)  # a teacher's forward
         unknown_side |= side is None
         per_sequence = train_flops_per_sequence(cfg.model, p.max_seq_length, predictions) + (side or 0)

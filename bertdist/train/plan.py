@@ -6,9 +6,9 @@ from bertdist.config import Config
 from bertdist.config.batch_warmup import batch_schedule, phase_sequences
 from bertdist.config.objectives import objective
 from bertdist.model.flops import (
-    masked_positions_for,
     parameter_counts,
     train_flops_per_sequence,
+    trained_predictions,
 )
 from bertdist.train.optim import decay_steps
 
@@ -39,10 +39,7 @@ def describe_plan(cfg: Config, world_size: int) -> str:
     for i, (ph, sequences) in enumerate(zip(cfg.data.phases, phase_sequences(cfg))):
         tokens = sequences * ph.max_seq_length
         mk = cfg.masking(ph)
-        predictions = masked_positions_for(ph.max_seq_length, mk.masked_lm_prob)
-        cut = mk.max_predictions_per_seq and predictions > mk.max_predictions_per_seq
-        if cut:  # the cap wins (ALBERT's 20 at 512, on purpose): said, and counted at what is trained
-            predictions = mk.max_predictions_per_seq
+        predictions, cut = trained_predictions(ph.max_seq_length, mk.masked_lm_prob, mk.max_predictions_per_seq)
         flops = sequences * train_flops_per_sequence(m, ph.max_seq_length, predictions)
         total_tokens += tokens
         total_flops += flops

@@ -646,6 +646,31 @@ def test_slurm_job_is_preempted_requeued_and_resumes_from_its_checkpoint(slurm_j
     assert max(training_runs.read_metrics(out)) == SLURM_STEPS
 
 
+@pytest.mark.slow
+def test_a_rank_that_crashed_beside_a_preempted_one_fails_the_slurm_job_unrequeued(slurm_job, tmp_path):
+    """srun returns its tasks' highest exit code: rank 0's preemption checkpoint (75) beside rank 1's crash (1) was
+    requeued as a preemption, and the crash was never shown. Each rank's own code now decides. The ranks are a
+    stand-in for `python -m bertdist train` (`--python`): what is tested is the job script around them."""
+    if isinstance(slurm_job, str):
+        pytest.skip(slurm_job)
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\ncodes=(75 1)\nexit "${codes[$SLURM_PROCID]}"\n')
+    fake.chmod(0o755)
+    jobs = tmp_path / "jobs"
+    submitted = bertdist(
+        *("submit", "--backend", "slurm", "--config", "bert-tiny", "--cpu-only", "--gpus-per-node", "2"),
+        *("--nodes", "1", "--time", "00:10:00", "--python", str(fake), "--name", "bertdist-crash"),
+        *("--jobs-dir", str(jobs)),
+        cwd=tmp_path,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split("submitted slurm job ", 1)[1].split()[0]
+    status, log = _follow(job_id, jobs)
+    assert status.startswith("failed") and "restarts 0" in status, status + log[-3000:]
+    assert "failed (rank 1: 1; srun's code 75); not requeued" in log and "requeueing" not in log, log[-3000:]
+    assert not (tmp_path / ".bertdist-exits" / f"{job_id}-0").exists()
+
+
 def test_ship_package_uploads_this_installations_bertdist_and_only_for_ray(tmp_path):
     import bertdist
 

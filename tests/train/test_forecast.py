@@ -181,3 +181,20 @@ def test_a_distillations_forecast_counts_the_teachers_forward_beside_the_student
     without = forecast.estimate(cfg)
     assert with_teacher.step_seconds[0] / without.step_seconds[0] == pytest.approx((student + teacher) / student)
     assert "without the forward of the objective's teacher, whose config.json is not readable here" in without.source
+
+
+def test_the_estimate_counts_the_predictions_the_cap_leaves_as_the_plan_does(monkeypatch):
+    """max_predictions_per_seq=20 at 512 (ALBERT's): the plan counted 20 predictions a sample and the estimate the
+    uncut 80, so the two disagreed on the same config."""
+    from bertdist.config import load_config
+    from bertdist.model.flops import masked_positions_for, train_flops_per_sequence
+
+    monkeypatch.setattr(forecast, "_cuda", lambda: False)
+    monkeypatch.setattr(forecast, "measure_matmul_flops_per_second", lambda: 1e11)
+    base = [f"data.phases.0.max_seq_length={512}"]
+    uncut = forecast.estimate(load_config(None, base))
+    cfg = load_config(None, [*base, "data.masking.max_predictions_per_seq=20"])
+    cut = forecast.estimate(cfg)
+    whole = masked_positions_for(512)  # 80
+    expected = train_flops_per_sequence(cfg.model, 512, 20) / train_flops_per_sequence(cfg.model, 512, whole)
+    assert cut.step_seconds[0] / uncut.step_seconds[0] == pytest.approx(expected)
