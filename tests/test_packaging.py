@@ -253,7 +253,8 @@ def test_submit_dry_run_renders_every_backend_from_the_wheel(venv, workdir, back
     elif backend == "slurm":  # the batch script is the shipped template, rendered in full
         assert (
             "#SBATCH --requeue" in done.stdout
-            and f"srun --kill-on-bad-exit=0 --wait=120 {venv / 'python'}" in done.stdout
+            and "srun --kill-on-bad-exit=0 --wait=120 bash -c" in done.stdout
+            and f"rank {venv / 'python'} -m bertdist train --config" in done.stdout
         )
     else:
         assert scripts and all(Path(s).is_file() and s.startswith(str(venv.parent)) for s in scripts), done.stdout

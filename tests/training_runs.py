@@ -385,14 +385,18 @@ def _interrupted(
     assert latest_tag(out) == f"step_{CHECKPOINT_EVERY:08d}", ranks.output(0)[-3000:]
 
     if terminate:  # logging too seldom to log before the stop: the stop logs the steps since the last log line
-        logged_before = set(read_metrics(out))
+        lines_before = len((out / "metrics.jsonl").read_text().split("\n")[:-1])
         ranks = start_ranks(
             config, "terminated", "--resume", "auto", "train.log_every_steps=1000", python_code=TERMINATE_AFTER_RESUME
         )
         codes["terminated"] = ranks.wait()
         notes["terminated"] = ranks.output(0)
         notes["terminated_latest"] = latest_tag(out) or ""
-        notes["terminated_logged"] = " ".join(str(s) for s in sorted(set(read_metrics(out)) - logged_before))
+        # the steps this leg logged (a background save completes steps after its own: the killed leg may have
+        # logged the step this one stops at, so the lines are counted, not the steps)
+        appended = (out / "metrics.jsonl").read_text().split("\n")[lines_before:-1]
+        steps = {json.loads(line)["step"] for line in appended if "loss/train" in json.loads(line)}
+        notes["terminated_logged"] = " ".join(str(s) for s in sorted(steps))
 
     if crash_during_save:
         ranks = start_ranks(config, "crashed", "--resume", "auto", python_code=CRASH_DURING_SAVE)
