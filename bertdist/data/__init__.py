@@ -7,7 +7,8 @@ The modules are small on purpose, each one concern:
     sentences  text -> sentences
     vocab      WordPiece: training a vocab.txt, BERT's tokenizer pipeline, the fast ASCII encoder
     bpe        byte-level BPE: training a tokenizer.json as ModernBERT's
-    tokenizer  the one tokenizer every stage uses (vocab.txt, tokenizer.json or a directory): special ids, word starts
+    tokenizer  the one tokenizer every stage uses (vocab.txt, tokenizer.json or a directory): special ids, encoding
+    word_starts which tokens start a word (whole-word and span masking), scripts without spaces included
     instances  documents -> masked sentence pairs, exactly the reference's rules (or MLM-only full-length text)
     masking    BERT's masking rules (80/10/10, whole words), at preparation or at load time
     samples    a batch of instances in columnar form (flat token arrays and lengths), every stage's currency

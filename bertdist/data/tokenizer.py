@@ -7,27 +7,12 @@ tokenizer.json first: a Hugging Face directory's tokenizer.json carries its norm
 
 What the stages need from it, and nothing else: tokens by id, the special-token ids (looked up by name, never
 assumed: ModernBERT's [CLS] [SEP] [MASK] are 50281, 50282, 50284, not BERT's 101-103), an encode without special
-tokens, and which tokens start a word (whole-word masking):
-- WordPiece: every token but a `##` continuation.
-- Byte-level BPE (GPT-2, RoBERTa, ModernBERT, `bertdist vocab --model bpe`): a token that starts with the
-  byte-level space marker `Ġ`, i.e. one that begins after a space. Punctuation is pre-tokenized apart but
-  carries no space, so "cat," is one word (`cat` + `,`) and "(cat" too (`Ġ(` + `cat`). The first word of a text
-  has a `Ġ` only when the pre-tokenizer adds a prefix space (`add_prefix_space`, which `bertdist vocab --model
-  bpe` sets); without it (ModernBERT's own tokenizer) a sentence's first word joins the word before it, except
-  right after [CLS] or [SEP], where the masker starts a word anyway.
-- SentencePiece-style Metaspace tokenizers: a token that starts with its `▁` replacement.
-- Any other model: every token is a word of its own (whole-word masking becomes token masking).
-Special tokens always start a word. With a byte-level BPE or a Metaspace model, so does a token that begins with a
-character of a script written without spaces (UNSPACED_SCRIPTS: CJK ideographs, kana, Thai, Lao, Khmer, Myanmar):
-their text has a space marker at a sentence's start only, so a whole Chinese or Thai sentence was one "word", over
-any sample's budget, and whole-word masking masked nothing in it. A CJK ideograph is then a word, as BERT's
-tokenizer makes it one; in the other scripts, which mark no word boundary at all, a token is.
+tokens, and which tokens start a word (whole-word masking: bertdist.data.word_starts).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -44,6 +29,7 @@ from bertdist.data.vocab import (
     load_tokenizer,
     read_vocab,
 )
+from bertdist.data.word_starts import find_component, of_tokenizer_json
 from bertdist.errors import DataError, first_line
 from bertdist.storage import write_json
 
@@ -51,8 +37,6 @@ TOKENIZER_JSON, VOCAB_TXT, TOKENIZER_CONFIG = "tokenizer.json", "vocab.txt", "to
 BERT_SPECIAL_TOKENS = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS))
 """The names bertdist looks the special tokens up by, keyed as `transformers` names them. A tokenizer.json with a
 tokenizer_config.json beside it may rename them (RoBERTa's `<s>`); ModernBERT keeps these."""
-BYTE_LEVEL_SPACE = "Ġ"
-"""How byte-level BPE spells a space: the byte 0x20 mapped to a printable character (GPT-2's byte-to-unicode)."""
 
 
 TOKENIZER_MODELS = ("wordpiece", "bpe", "unigram")
@@ -164,7 +148,9 @@ class TextTokenizer:
         if backend is not None and type(backend.decoder).__name__ == "ByteLevel":
             return [backend.decode([int(i)], skip_special_tokens=False) or self.tokens[i] for i in ids]
         if backend is not None and "Metaspace" in repr(backend.pre_tokenizer):
-            replacement = _find(json.loads(backend.to_str()).get("pre_tokenizer"), "Metaspace").get("replacement", "▁")
+            replacement = find_component(json.loads(backend.to_str()).get("pre_tokenizer"), "Metaspace").get(
+                "replacement", "▁"
+            )
             return [self.tokens[i].replace(replacement, " ") for i in ids]
         return [self.tokens[i] for i in ids]
 
@@ -238,11 +224,11 @@ def _from_json(file: str) -> TextTokenizer:
     for token, i in vocab.items():
         tokens[i] = token
     names = dict(BERT_SPECIAL_TOKENS, **_configured_names(Path(file).parent / TOKENIZER_CONFIG))
-    starts = _json_word_starts(spec, tokens)
+    starts = of_tokenizer_json(spec, tokens)
     for added in spec.get("added_tokens", []):
         if added.get("special") and added["id"] < len(starts):
             starts[added["id"]] = True
-    byte_level = _find(spec.get("pre_tokenizer"), "ByteLevel")
+    byte_level = find_component(spec.get("pre_tokenizer"), "ByteLevel")
     spaced = bool(byte_level) and not byte_level.get("add_prefix_space", True)
     return TextTokenizer(
         file, tokens, names, starts, True, backend, _pair_separators(spec.get("post_processor")), spaced
@@ -283,71 +269,6 @@ def _configured_names(config_file: Path) -> dict[str, str]:
         if isinstance(value, str):
             names[key] = value
     return names
-
-
-def _json_word_starts(spec: dict, tokens: list[str]) -> np.ndarray:
-    """Which tokens start a word, by the model and pre-tokenizer (see the module docstring)."""
-    prefix = (spec.get("model") or {}).get("continuing_subword_prefix")
-    pre = json.dumps(spec.get("pre_tokenizer"))
-    if prefix:
-        return np.array([not t.startswith(prefix) for t in tokens], dtype=bool)
-    if '"ByteLevel"' in pre:
-        text = _byte_level_text
-        return np.array([t.startswith(BYTE_LEVEL_SPACE) or _unspaced(text(t)) for t in tokens], dtype=bool)
-    if '"Metaspace"' in pre:
-        replacement = _find(spec.get("pre_tokenizer"), "Metaspace").get("replacement", "▁")
-        return np.array([t.startswith(replacement) or _unspaced(t) for t in tokens], dtype=bool)
-    return np.ones(len(tokens), dtype=bool)
-
-
-UNSPACED_SCRIPTS = (
-    (0x0E00, 0x0EFF),  # Thai, Lao
-    (0x1000, 0x109F),  # Myanmar
-    (0x1780, 0x17FF),  # Khmer
-    (0x3040, 0x30FF),  # Hiragana, Katakana
-    (0x3400, 0x4DBF),  # CJK ideographs: BERT's _is_chinese_char ranges from here on
-    (0x4E00, 0x9FFF),
-    (0xF900, 0xFAFF),
-    (0x20000, 0x2FA1F),
-)
-"""Code points of scripts written without spaces between words (see the module docstring)."""
-
-
-def _unspaced(text: str) -> bool:
-    """Whether `text` begins with a character of UNSPACED_SCRIPTS."""
-    if not text:
-        return False
-    point = ord(text[0])
-    return any(low <= point <= high for low, high in UNSPACED_SCRIPTS)
-
-
-@functools.cache
-def _byte_of_char() -> dict[str, int]:
-    """The byte-level alphabet's inverse (GPT-2's table): printable Latin-1 bytes stand for themselves, the other
-    bytes for the characters from U+0100 on, in byte order."""
-    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    moved = [b for b in range(256) if b not in kept]
-    return {**{chr(b): b for b in kept}, **{chr(0x100 + i): b for i, b in enumerate(moved)}}
-
-
-def _byte_level_text(token: str) -> str:
-    """The text a byte-level token's first bytes spell ("" where they do not begin a whole character)."""
-    table = _byte_of_char()
-    data = bytes(table[c] for c in token[:4] if c in table)
-    text = data.decode("utf-8", errors="replace")
-    return "" if text.startswith("\ufffd") else text
-
-
-def _find(node: Any, kind: str) -> dict:
-    """The first component of type `kind` in a (possibly nested Sequence) pre-tokenizer spec."""
-    if isinstance(node, dict):
-        if node.get("type") == kind:
-            return node
-        for child in node.get("pretokenizers", []):
-            found = _find(child, kind)
-            if found:
-                return found
-    return {}
 
 
 def wordpiece_is_cased(vocab_file: Path, tokens: list[str]) -> bool:
