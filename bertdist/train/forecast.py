@@ -7,8 +7,8 @@ MFU; the printout says which. On a machine without a GPU a local launch trains o
 says what this CPU would take. With `--calibrate` it is
 measured: the real trainer runs a few steps of every phase on this machine's device, one rank, at the configured
 micro batch and length and at the gradient accumulation of the requested world size, on the configured shards, and
-saves a checkpoint and runs an evaluation, each timed, in a process of its own whose whole wall time also gives
-the start-up and shutdown.
+runs an evaluation on its eval shards, each phase in a process of its own; the first also saves a checkpoint,
+and its whole wall time gives the start-up and shutdown.
 The projection adds, per phase, steps x seconds per step (which includes the loader's
 data wait, reported too), the checkpoints at `checkpoint.every_steps`, the evaluations at
 `train.eval_every_steps`, and the start-up (imports, process group, engine, loaders, the first steps'
@@ -55,18 +55,20 @@ CALIBRATION_TIMEOUT_S = 1800.0
 run for good)."""
 
 
-def evaluation_count(cfg: Config) -> int:
-    """The evaluations a run makes (bertdist.train.trainer.Trainer.run): the untrained baseline when the first
-    phase has eval shards; then, after each step of a phase that has them, every `eval_every_steps` and after the
-    run's last step."""
+def evaluation_counts(cfg: Config) -> list[int]:
+    """Per phase, the evaluations a run makes in it (bertdist.train.trainer.Trainer.run): the untrained baseline
+    (phase 0's, when it has eval shards); then, after each step of a phase that has them, every `eval_every_steps`
+    and after the run's last step."""
     every, total = cfg.train.eval_every_steps, cfg.total_steps()
-    count = 1 if cfg.data.phases[0].eval_dir else 0
+    counts = []
     for i, phase in enumerate(cfg.data.phases):
+        count = 0
         if phase.eval_dir:
             start = cfg.first_step(i)
             end = start + phase.steps
-            count += end // every - start // every + (end == total and total % every != 0)
-    return count
+            count = (i == 0) + end // every - start // every + (end == total and total % every != 0)
+        counts.append(count)
+    return counts
 
 
 @dataclass
@@ -80,7 +82,9 @@ class Forecast:
     """Per phase: the sequences one rank's step processes (micro batch x accumulation); counted by the calibration,
     whose step time is the run's only if it ran the run's accumulation."""
     checkpoint_seconds: float = 0.0
-    eval_seconds: float = 0.0
+    eval_seconds: list[float] = dataclasses.field(default_factory=list)
+    """Per phase: one evaluation on its eval shards, at its length and batch (0 without eval shards); empty when
+    estimated."""
     startup_seconds: float = 0.0
     """The rest of a run's process: imports, process group, engine, loaders, the first steps' warm-up, exit."""
     note: str = ""
@@ -89,13 +93,22 @@ class Forecast:
     def parts(self, cfg: Config) -> dict[str, float]:
         total_steps = cfg.total_steps()
         checkpoints = total_steps // cfg.checkpoint.every_steps + (total_steps % cfg.checkpoint.every_steps > 0)
-        evals = evaluation_count(cfg)
+        evals = sum(n * s for n, s in zip(evaluation_counts(cfg), self.eval_seconds))
         return {
             **{f"phase {i}": n * s for i, (n, s) in enumerate(zip(full_batch_steps(cfg), self.step_seconds))},
             "checkpoints": checkpoints * self.checkpoint_seconds,
-            "evaluations": evals * self.eval_seconds,
+            "evaluations": evals,
             "start-up": self.startup_seconds,
         }
+
+    def _evaluation_costs(self, cfg: Config) -> str:
+        """Each phase's evaluations and their time each ("3 x 0.41 s in phase 0, 2 x 1.7 s in phase 1")."""
+        costs = [
+            f"{n} x {s:.3g} s in phase {i}"
+            for i, (n, s) in enumerate(zip(evaluation_counts(cfg), self.eval_seconds))
+            if n
+        ]
+        return ", ".join(costs) or "none (no phase has eval shards)"
 
     def hours(self, cfg: Config) -> float:
         return sum(self.parts(cfg).values()) / 3600
@@ -117,7 +130,7 @@ class Forecast:
             lines += [
                 f"checkpoints: every {ck.every_steps:,} steps, {self.checkpoint_seconds:.3g} s each = "
                 f"{duration(parts['checkpoints'])}",
-                f"evaluations: {self.eval_seconds:.3g} s each = {duration(parts['evaluations'])}",
+                f"evaluations: {self._evaluation_costs(cfg)} = {duration(parts['evaluations'])}",
                 f"start-up and shutdown: {duration(self.startup_seconds)}",
             ]
         else:
@@ -218,7 +231,7 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
     from bertdist.config import dump_yaml
 
     world = cfg.launch.world_size()
-    step_s, wait, sequences = [], [], []
+    step_s, wait, sequences, eval_s = [], [], [], []
     first: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bertdist-calibrate-") as tmp:
         for index, phase in enumerate(cfg.data.phases):
@@ -260,6 +273,7 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
             step_s.append(result["step_s"])
             wait.append(result["data_wait"])
             sequences.append(result["sequences_per_step"])
+            eval_s.append(result["eval_s"])
             if index == 0:
                 first = {**result, "overhead_s": wall_s - result["timed_s"]}
     device = "cuda" if _cuda() else "cpu"
@@ -270,7 +284,7 @@ def calibrate(cfg: Config, steps: int = 20) -> Forecast:
         wait,
         sequences,
         first["checkpoint_s"],
-        first["eval_s"],
+        eval_s,
         first["overhead_s"],
     )
 
@@ -280,7 +294,8 @@ _RESULT = "bertdist-calibration: "
 
 def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int) -> dict[str, float]:
     """In the calibration's own process: the trainer on `config_file`, `steps` steps timed after WARMUP_STEPS,
-    and (`everything`) a checkpoint and an evaluation. On a CPU the node's ranks share its cores, so the one
+    an evaluation when the phase has eval shards (each phase's: its length and eval data set its cost), and
+    (`everything`) a checkpoint. On a CPU the node's ranks share its cores, so the one
     rank measured gets its share of them, as each rank of the run will."""
     import os
 
@@ -315,10 +330,10 @@ def _measure(config_file: str, steps: int, everything: bool, ranks_per_node: int
             trainer._save(steps + WARMUP_STEPS, 0, 0)
             out["checkpoint_s"] = time.perf_counter() - t  # with checkpoint.write: background, the loop's stall
             trainer.saver.finish()  # the thread's write, done before the process ends
-            if phase.eval_dir:
-                t = time.perf_counter()
-                trainer._evaluate(steps + WARMUP_STEPS, phase)
-                out["eval_s"] = time.perf_counter() - t
+        if phase.eval_dir:
+            t = time.perf_counter()
+            trainer._evaluate(steps + WARMUP_STEPS, phase)
+            out["eval_s"] = time.perf_counter() - t
         trainer.tracker.close()
     # What the run spends in steps, checkpoints and evaluations; the rest of the process's time is overhead.
     out["timed_s"] = out["step_s"] * (steps + WARMUP_STEPS) + out["checkpoint_s"] + out["eval_s"]

@@ -102,15 +102,16 @@ def test_calibration_times_every_phase_at_the_runs_accumulation_and_projects_the
     assert "calibrated: 3 timed steps per phase on this machine's cpu" in out, out[-3000:]
     assert result.sequences_per_step == [4 * 2, 2 * 4]  # micro batch x the accumulation of 2 ranks, as counted
     assert all(
-        s > 0 for s in [*result.step_seconds, result.checkpoint_seconds, result.eval_seconds, result.startup_seconds]
+        s > 0 for s in [*result.step_seconds, result.checkpoint_seconds, *result.eval_seconds, result.startup_seconds]
     )
     assert result.startup_seconds < seen["wall_s"]  # the calibration process's time less what it timed inside
-    checkpoints, evaluations = 4, 5  # 160 steps every 40; the untrained baseline, steps 50, 100, 150 and 160
+    checkpoints = 4  # 160 steps every 40
+    evaluations = [3, 2]  # the untrained baseline, steps 50 and 100; steps 150 and 160 (phase 1's length and batch)
     projected_s = (
         100 * result.step_seconds[0]
         + 60 * result.step_seconds[1]
         + checkpoints * result.checkpoint_seconds
-        + evaluations * result.eval_seconds
+        + sum(n * s for n, s in zip(evaluations, result.eval_seconds))
         + result.startup_seconds
     )
     forecast_h = float(re.findall(r"^forecast_hours: ([\d.e+-]+)", out, re.M)[-1])
@@ -123,7 +124,10 @@ def test_calibration_times_every_phase_at_the_runs_accumulation_and_projects_the
     assert re.search(
         rf"^checkpoints: every 40 steps, {re.escape(f'{result.checkpoint_seconds:.3g}')} s each = ", out, re.M
     ), out
-    assert re.search(rf"^evaluations: {re.escape(f'{result.eval_seconds:.3g}')} s each = ", out, re.M), out
+    each = [
+        re.escape(f"{n} x {s:.3g} s in phase {i}") for i, (n, s) in enumerate(zip(evaluations, result.eval_seconds))
+    ]
+    assert re.search(rf"^evaluations: {each[0]}, {each[1]} = ", out, re.M), out
     assert re.search(
         r"^projected wall time: .* on 1 node\(s\) x 2 rank\(s\); the all-reduce between ranks is not in it$", out, re.M
     ), out
@@ -150,9 +154,11 @@ def test_the_forecast_counts_the_evaluations_the_trainer_makes(phases, every):
         for steps, has_eval in phases
     ]
     total = cfg.total_steps()
-    made = 1 if phases[0][1] else 0  # Trainer.run: the baseline, then after each step of a phase with eval shards
-    made += sum(1 for step in range(total) if cfg.phase_at(step)[1].eval_dir and due(step + 1, every, total))
-    assert forecast.evaluation_count(cfg) == made
+    made = [1 if i == 0 and has_eval else 0 for i, (_, has_eval) in enumerate(phases)]  # Trainer.run: the baseline
+    for step in range(total):  # then after each step of a phase with eval shards
+        index, phase = cfg.phase_at(step)
+        made[index] += bool(phase.eval_dir and due(step + 1, every, total))
+    assert forecast.evaluation_counts(cfg) == made
 
 
 def test_a_distillations_forecast_counts_the_teachers_forward_beside_the_students_step(tmp_path, monkeypatch):
