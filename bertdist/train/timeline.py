@@ -6,14 +6,23 @@ restart count and the steps redone at its first step, and, once its first step i
 since the checkpoint it resumed from (redone work plus the time the job was down). A run with
 `train.forecast_hours` (`bertdist.train.forecast`) logs it as `plan/forecast_hours` at its start and, at its
 end, the hours its training processes ran over all launches as `plan/actual_hours` (the time between
-launches is in `run/seconds_lost`).
+launches is in `run/seconds_lost`). Each launch counts from its process's start, as the forecast's start-up
+does (imports, process group, engine and loaders come before the trainer exists).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
+import psutil
+
 from bertdist.train.restart_event import RestartEvent
+
+
+def process_started() -> float:
+    """When this process started, on `time.monotonic()`'s clock (psutil's start time is wall-clock)."""
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
 
 
 def log_start(

@@ -149,7 +149,8 @@ class Trainer(scaffold.Run):
         self.stop = stopping.StopFlag(f"bertdist train: [rank {env.rank}]")
         self.callback(self.stop.close)
         self.start_step = self.resumed.step if self.resumed else 0
-        self.elapsed_before, self.started = (self.resumed.elapsed_seconds if self.resumed else 0.0), time.monotonic()
+        self.elapsed_before = self.resumed.elapsed_seconds if self.resumed else 0.0
+        self.started = timeline.process_started()
         self.tokens_seen = self.sequences_seen = 0
         self.source_tokens: dict[str, int] = {}
         self.sources_read: dict[str, dict] = {}  # a source -> where the phases before this one left it
