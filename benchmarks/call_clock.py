@@ -50,7 +50,8 @@ class CallClock:
 
     def run(self, command: list[str], timeout_s: float, **kwargs) -> subprocess.CompletedProcess:
         """`subprocess.run(command, capture_output=True, text=True, **kwargs)` in a process group of its own, the
-        whole group killed at `timeout_s` (TimeoutExpired is raised) or at the deadline."""
+        whole group killed at `timeout_s` (TimeoutExpired is raised, with what the command printed until then) or
+        at the deadline."""
         with self.lock:  # started and registered at once: the deadline kills every group it started
             process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
@@ -60,8 +61,8 @@ class CallClock:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(process.pid)
-            process.communicate(timeout=KILLED_WAIT_S)
-            raise
+            stdout, stderr = process.communicate(timeout=KILLED_WAIT_S)
+            raise subprocess.TimeoutExpired(command, timeout_s, output=stdout, stderr=stderr) from None
         finally:
             with self.lock:  # after the deadline this waits for the exit
                 self._groups.discard(process.pid)

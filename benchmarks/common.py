@@ -68,6 +68,48 @@ def interleaved_medians(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def time_variants(
+    makers: dict[str, Callable[[], Callable[[], None]]],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Median seconds per call of each variant that builds and runs (`interleaved_medians`), and the error of each
+    that does not.
+
+    Every variant is built (`makers[name]()`) and called once, its first warm-up call, before any is timed: one that
+    fails (a kernel never run on this GPU, out of memory at a long length) is named with its error and left out,
+    so that it does not cost the row the other variants' figures."""
+    steps: dict[str, Callable[[], None]] = {}
+    failed: dict[str, str] = {}
+    for name, make in makers.items():
+        try:
+            step = make()
+            step()
+            synchronize(device)
+        except Exception as e:  # any failure of one variant; the others still run
+            failed[name] = f"{type(e).__name__}: {e}"[:300]
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        steps[name] = step
+    return interleaved_medians(steps, device, repeats, max(0, warmup - 1), clock), failed
+
+
+def mfu_peak(device: torch.device, precision: str, measured_flops: float) -> tuple[float, str]:
+    """The peak MFU is read against, and which: a GPU's datasheet peak where bertdist.model.flops knows it (what
+    the trainer's MFU and the published figures use: NVIDIA's, MosaicBERT's), else the matmul peak measured here
+    (a CPU has no datasheet figure that means anything for one process)."""
+    from bertdist.model.flops import peak_flops_per_second
+
+    if device.type == "cuda":
+        datasheet = peak_flops_per_second(torch.cuda.get_device_name(device), precision)
+        if datasheet:
+            return datasheet, "datasheet"
+    return measured_flops, "measured matmul"
+
+
 def matmul_peak_flops(
     device: torch.device,
     dtype: torch.dtype,

@@ -1,9 +1,10 @@
 """Validate a GPU machine in one command (`make gpu-check`), in under 10 minutes and with no network.
 
-1. the GPU-marked tests (`pytest -m gpu`: flash varlen attention, GPU dropout, FusedAdam, CUDA RNG state, and a
-   DeepSpeed fp16 ZeRO-2 training killed after a checkpoint and resumed bit-identically);
+1. the GPU-marked tests (`pytest -m gpu`: the attention kernels' forward and backward parity, GPU dropout,
+   FusedAdam, CUDA RNG state; stage `tests`), and later (stage `slow-tests`) a DeepSpeed fp16 ZeRO-2 training killed
+   after a checkpoint and resumed bit-identically; each test's verdict is kept, also when a stage hits its limit;
 2. DeepSpeed's FusedAdam built (JIT) or loaded, and one step;
-3. training steps (`benchmarks/model_step.py`) against `transformers` in the same run, sequences/s and MFU: BERT-Large
+3. model steps (`benchmarks/model_step.py`) against `transformers` in the same run, sequences/s and MFU: BERT-Large
    at length 128 (full rows) and 512 (half padding, 80 predictions) in bf16 and fp16, and ModernBERT-base at 1,024
    and 8,192 (a third padding) in bf16; bertdist on `auto` attention, padded, compiled and on each attention kernel
    (`model.attention`: sdpa, varlen, flex); rows with padding also against transformers padding-free (its
@@ -19,8 +20,10 @@
    against transformers' Trainer given the same recipe (bf16, fused AdamW), BERT-medium at batch 256,
    `--ttq-minutes` each (1.5), on the data `time_to_quality.py --prepare-only --runs bert-fast,bert-trainer`
    made on a machine with Ray (its OUTPUT/data, carried); with the probes and scoring ~4 minutes;
-the stages run in the order of STAGES, which is their priority on a 15-minute lease (the tests, the goals' training
-steps, the time to quality, then the model-step table and the profiles; `--stages` picks some), then a one-screen
+the stages run in the order of STAGES, which is their priority on a 15-minute lease (the fast tests, the time to
+quality, the training steps, the slow test, then the model-step table and the profiles; `--stages` picks some), each
+timed row in a process of its own (a kernel that breaks the CUDA context costs its row only) and a variant that
+fails named in its row while the others are timed; then a one-screen
 report, also written as JSON (`--json`, default docs/gpu/<date>-<device>.json, to commit) and as a markdown table
 beside it (.md, for docs/benchmarks.md), both rewritten after every row, so that a call killed at its limit keeps
 what it measured. The check ends itself at `--budget-minutes` (9) from its start, before the call's limit: rows with
@@ -44,6 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -94,29 +98,47 @@ BUDGET_MINUTES = 9.0
 interpreter's start come before the check starts its clock."""
 ROW_MIN_S = 30.0
 """A row is not started with less than this left: building BERT-Large's variants alone takes seconds."""
-TEST_TIMEOUT_S = 300
+TEST_TIMEOUT_S = {"tests": 180, "slow-tests": 150}
+"""Each test stage's limit: the fast ones (the kernels' parity grids, FusedAdam's build) before the figures, the slow
+one (a DeepSpeed fp16 run killed and resumed, three runs) after the goals' figures."""
+TEST_MARKERS = {"tests": "gpu and not slow", "slow-tests": "gpu and slow"}
 GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py", "tests/test_hf_peer.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
 of the packages the rest of the suite imports (Ray, MLflow, moto)."""
+OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
 
 
-def run_tests(prepared: str | None, clock: CallClock) -> dict:
+def run_tests(stage: str, prepared: str | None, clock: CallClock) -> dict:
+    """The GPU tests of `stage`, one verdict per test (pytest -v): a run stopped at its limit still reports the
+    tests it finished, and which one it was in."""
     start = time.perf_counter()
     env = dict(os.environ)  # DS_ACCELERATOR=cuda: main sets it, and the suite's conftest only defaults it
     if prepared:
         env["BERTDIST_TEST_PREPARED"] = str(Path(prepared).resolve())
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS]
-    clock.doing("the GPU tests")
+    command = [sys.executable, "-m", "pytest", "-v", "-m", TEST_MARKERS[stage], "-p", "no:cacheprovider", *GPU_TESTS]
+    clock.doing(f"the GPU tests ({stage})")
+    limit_s = TEST_TIMEOUT_S[stage]
     try:
-        proc = clock.run(command, TEST_TIMEOUT_S, cwd=HERE.parent, env=env)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "summary": f"stopped after {time.perf_counter() - start:.0f} s (limit {TEST_TIMEOUT_S} s)"}
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        proc = clock.run(command, limit_s, cwd=HERE.parent, env=env)
+        output, stopped = proc.stdout, None
+    except subprocess.TimeoutExpired as e:
+        output, proc = e.output or "", None
+        stopped = f"stopped after {time.perf_counter() - start:.0f} s (limit {limit_s} s)"
+    outcomes = OUTCOME.findall(output)
+    counts = {o.lower(): sum(1 for _, seen in outcomes if seen == o) for o in {seen for _, seen in outcomes}}
+    not_passed = [name for name, seen in outcomes if seen in ("FAILED", "ERROR")]
+    lines = [line for line in output.splitlines() if line.strip()]
+    if stopped:
+        summary = f"{stopped}; finished: {counts or 'none'}"
+    else:
+        summary = lines[-1] if lines else proc.stderr[-500:]
     return {
-        "ok": proc.returncode == 0,
-        "summary": lines[-1] if lines else proc.stderr[-500:],
-        "seconds": time.perf_counter() - start,
-        "output_tail": proc.stdout[-4000:],
+        "ok": stopped is None and proc.returncode == 0,
+        "summary": summary,
+        "seconds": round(time.perf_counter() - start),
+        "counts": counts,
+        "not_passed": not_passed,
+        "output_tail": output[-4000:],
     }
 
 
@@ -163,10 +185,13 @@ def row_argv(device: str, row: Row) -> list[str]:
     ]
 
 
-def run_rows(rows: list[Row], argv_of, main, clock: CallClock, out: list, save) -> None:
-    """`main(argv_of(row))` of each row appended to `out`, and `save()` after each: a failing row is recorded, not
-    raised (it must not cost the others), and a row with under ROW_MIN_S of the check's time left is recorded as
-    skipped (the clock stops one that runs into the deadline)."""
+def run_rows(rows: list[Row], argv_of, script: str, clock: CallClock, out: list, save) -> None:
+    """`benchmarks/{script}.py` of each row, each in a process of its own, its result appended to `out`, and
+    `save()` after each. A failing row is recorded, not raised, and its process takes its faults with it: a kernel
+    that leaves the CUDA context unusable (an illegal address, a device-side assert) or exits costs that row
+    only. A row with under ROW_MIN_S of the check's time left is recorded as skipped (the clock stops one that runs
+    into the deadline)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
     for row in rows:
         size, length, *_, precision = row
         where = {"size": size, "seq_length": length, "precision": precision}
@@ -174,20 +199,24 @@ def run_rows(rows: list[Row], argv_of, main, clock: CallClock, out: list, save) 
             out.append({"ok": False, **where, "error": "skipped: the check's time budget (--budget-minutes) was spent"})
             save()
             continue
-        clock.doing(f"{main.__module__} of {size} x {length}, {precision}")
-        try:
-            out.append({"ok": True, **main(argv_of(row))})
-        except Exception as e:
-            out.append({"ok": False, **where, "error": f"{type(e).__name__}: {e}"[:500]})
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        clock.doing(f"{script} of {size} x {length}, {precision}")
+        with tempfile.TemporaryDirectory(prefix="gpu-check-row-") as tmp:
+            result = Path(tmp) / "row.json"
+            command = [sys.executable, str(HERE / f"{script}.py"), *argv_of(row), "--json", str(result)]
+            try:  # past the check's deadline the clock ends it all; this limit is only a backstop
+                proc = clock.run(command, clock.left_s() + 60, cwd=HERE.parent, env=env)
+            except subprocess.TimeoutExpired as e:
+                out.append({"ok": False, **where, "error": f"stopped at its limit: {(e.output or '')[-300:]}"})
+            else:
+                if proc.returncode == 0 and result.exists():
+                    out.append({"ok": True, **json.loads(result.read_text())})
+                else:
+                    said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:]
+                    out.append({"ok": False, **where, "error": f"exit {proc.returncode}: {' | '.join(said)}"[:500]})
         save()
 
 
 def time_models(device: str, clock: CallClock, out: list, save) -> None:
-    sys.path.insert(0, str(HERE))
-    import model_step
-
     smoke = device == "cpu"
     rows = [(*row[:5], precision) for row in (SMOKE_TIMINGS if smoke else TIMINGS) for precision in row[5]]
 
@@ -201,7 +230,7 @@ def time_models(device: str, clock: CallClock, out: list, save) -> None:
             *(("--steps", "1", "--warmup-steps", "1", "--threads", "1") if smoke else ("--steps", "10")),
         ]
 
-    run_rows(rows, argv, model_step.main, clock, out, save)
+    run_rows(rows, argv, "model_step", clock, out, save)
 
 
 TRAIN_STEPS = [("large", 128, 128, 20, 1.0, "bf16"), ("large", 512, 32, 80, 0.5, "bf16")]
@@ -210,16 +239,13 @@ SMOKE_TRAIN_STEPS = [("mini", 64, 4, 10, 0.5, "fp32")]
 
 
 def time_training_steps(device: str, clock: CallClock, out: list, save) -> None:
-    sys.path.insert(0, str(HERE))
-    import train_step
-
     smoke = device == "cpu"
 
     def argv(row: Row) -> list[str]:
         steps = ("--steps", "1" if smoke else "10")
         return [*row_argv(device, row), "--zero-stage", "1", *steps, *peers(row[4], row[0])]
 
-    run_rows(SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS, argv, train_step.main, clock, out, save)
+    run_rows(SMOKE_TRAIN_STEPS if smoke else TRAIN_STEPS, argv, "train_step", clock, out, save)
 
 
 PROFILES = [("large", 512, 32, 80, 0.5, "bf16"), ("modernbert-base", 8192, 2, 2458, 0.65, "bf16")]
@@ -229,14 +255,11 @@ SMOKE_PROFILES = [("mini", 64, 4, 10, 0.5, "fp32")]
 
 
 def profile_steps(device: str, clock: CallClock, out: list, save) -> None:
-    sys.path.insert(0, str(HERE))
-    import step_profile
-
     def argv(row: Row) -> list[str]:
         peer = "padding-free" if "padding-free" in peers(row[4], row[0])[1] else "padded"
         return [*row_argv(device, row), "--no-attention-dropout", "--peers", peer, "--steps", "3"]
 
-    run_rows(SMOKE_PROFILES if device == "cpu" else PROFILES, argv, step_profile.main, clock, out, save)
+    run_rows(SMOKE_PROFILES if device == "cpu" else PROFILES, argv, "step_profile", clock, out, save)
 
 
 TTQ_RUNS = "bert-fast,bert-trainer"
@@ -301,10 +324,11 @@ def ttq_stage(prepared: str, budget_minutes: float, device: str, clock: CallCloc
     return time_to_quality(prepared, budget_minutes, device, clock)
 
 
-STAGES = ("tests", "train-steps", "time-to-quality", "model-steps", "profiles")
-"""The check's stages in the order it runs them, which is their priority when a lease is short: the GPU tests
-(with FusedAdam) say the kernels are right, the training step and the time to quality are the goals' figures,
-the model-step table and the profiles explain them."""
+STAGES = ("tests", "time-to-quality", "train-steps", "slow-tests", "model-steps", "profiles")
+"""The check's stages in the order it runs them, which is their priority when a lease is short: the fast GPU tests
+(the kernels' parity, FusedAdam) say the figures' kernels are right; the time to quality (what users judge) and the
+training step are the goals' figures; then the slow test (a DeepSpeed run killed and resumed bit-identically); the
+model-step table and the profiles explain the figures."""
 TIMED_STAGES = {
     "train-steps": (time_training_steps, "train_steps"),
     "model-steps": (time_models, "timings"),
@@ -391,22 +415,27 @@ def main(argv: list[str] | None = None) -> int:
     no_ttq = {"ok": True, "summary": "skipped: no --ttq DIR"} if "time-to-quality" in stages else None
     skipped = {"ok": True, "summary": "skipped"}
     report.update(timings=[], train_steps=[], profiles=[], tests=skipped, fused_adam=skipped)
+    report["slow-tests"] = skipped
     report["time_to_quality"] = no_ttq or skipped
     save()
-    if "tests" in stages and not args.smoke:
-        from bertdist.train.extensions import prepare
-
-        prepare()  # one TORCH_EXTENSIONS_DIR for the tests' processes and this one: FusedAdam is built once
-        report["tests"] = run_tests(args.prepared, clock)
-        save()
-        clock.doing("the FusedAdam check")
-        report["fused_adam"] = check_fused_adam()
-        save()
     for stage in STAGES:
-        if stage in TIMED_STAGES and stage in stages:
+        if stage not in stages:
+            continue
+        if stage in TEST_MARKERS and not args.smoke:
+            if stage == "tests":
+                from bertdist.train.extensions import prepare
+
+                prepare()  # one TORCH_EXTENSIONS_DIR for the tests' processes and this one: FusedAdam is built once
+            report[stage] = run_tests(stage, args.prepared, clock)
+            save()
+            if stage == "tests":
+                clock.doing("the FusedAdam check")
+                report["fused_adam"] = check_fused_adam()
+                save()
+        elif stage in TIMED_STAGES:
             run_stage, key = TIMED_STAGES[stage]
             run_stage(device, clock, report[key], save)
-        elif stage == "time-to-quality" and stage in stages and args.ttq:
+        elif stage == "time-to-quality" and args.ttq:
             report["time_to_quality"] = {"ok": False, "error": "running when the report was written"}
             save()
             report["time_to_quality"] = ttq_stage(args.ttq, args.ttq_minutes, device, clock)
@@ -414,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
     print("\n==== gpu-check report ====")
     print(f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}")
-    print(f"GPU tests:  {'ok' if report['tests']['ok'] else 'FAILED'} ({report['tests']['summary']})")
+    for stage in TEST_MARKERS:
+        print(f"GPU {stage}: {'ok' if report[stage]['ok'] else 'FAILED'} ({report[stage]['summary']})")
     print(f"FusedAdam:  {'ok' if report['fused_adam']['ok'] else 'FAILED ' + report['fused_adam']['error']}")
     ttq = report["time_to_quality"]
     if "settings" in ttq:
@@ -424,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(report))
     print(f"report: {args.json} and {md}")
     timed = report["timings"] + report["train_steps"] + report["profiles"]
-    ok = report["tests"]["ok"] and report["fused_adam"]["ok"] and ttq["ok"] and all(t["ok"] for t in timed)
+    tests_ok = all(report[stage]["ok"] for stage in TEST_MARKERS)
+    ok = tests_ok and report["fused_adam"]["ok"] and ttq["ok"] and all(t["ok"] for t in timed)
     return 0 if ok else 1
 
 

@@ -10,17 +10,20 @@ VARIANTS = ("bertdist", "bertdist padded", "bertdist+compile", "bertdist[sdpa]",
 def markdown(report: dict) -> str:
     """The timing tables for docs/benchmarks.md: sequences/s and MFU of each variant, and the speedup over
     transformers, one row per model, length and precision."""
-    names = [v for v in (*VARIANTS, *PEER_ROWS) if any(v in t for t in report["timings"])]
+    names = [v for v in (*VARIANTS, *PEER_ROWS) if any(v in t or v in t.get("failed", {}) for t in report["timings"])]
     engine = {"plain torch": "plain torch", "deepspeed": "bertdist's engine", **{p: p for p in PEER_ROWS}}
     return (
         "\n".join(
             [
-                f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU)",
+                f"{', '.join(report['gpus'])}; torch {report['torch']}, CUDA {report['cuda']}; sequences/s (MFU: "
+                f"{_peaks(report)})",
                 *([f"**Stopped:** {report['stopped']}."] if "stopped" in report else []),
                 "",
                 *_table(report["timings"], {n: n for n in names}),
                 "",
-                "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`):",
+                "The training step through DeepSpeed (ZeRO-1, clipping, AdamW; `benchmarks/train_step.py`; the "
+                "engine's weights are in the half precision with fp32 master weights, the plain loop and transformers "
+                "autocast from fp32 weights):",
                 "",
                 *_table(report.get("train_steps", []), engine),
                 *_profile_lines(report.get("profiles", [])),
@@ -29,6 +32,14 @@ def markdown(report: dict) -> str:
         )
         + "\n"
     )
+
+
+def _peaks(report: dict) -> str:
+    """What the rows' MFU is read against: the GPU's datasheet peak (as the trainer's MFU and the published
+    figures), or on a device without one the matmul peak measured in the row."""
+    rows = [t for t in report["timings"] + report.get("train_steps", []) if t["ok"]]
+    sources = sorted({f"{t['mfu_peak']} peak {t['mfu_peak_tflops']:.4g} TFLOP/s" for t in rows if "mfu_peak" in t})
+    return "; ".join(sources) or "no row ran"
 
 
 def _profile_lines(profiles: list[dict]) -> list[str]:
@@ -43,6 +54,8 @@ def _profile_lines(profiles: list[dict]) -> list[str]:
         if not p["ok"]:
             lines.append(f"{head}: failed: {p['error'][:120]}")
             continue
+        for name, error in p.get("failed", {}).items():
+            lines.append(f"{head}, {name}: failed: {error[:120]}")
         for name in ("bertdist", *PEER_ROWS):
             if name in p:
                 top = "; ".join(f"{t['name'][:60]} {t['share']:.0%}" for t in p[name]["top"][:3])
@@ -73,11 +86,16 @@ def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
         + " | vs transformers |",
         "|---" * (len(columns) + 6) + "|",
     ]
+    notes: list[str] = []  # a failed variant's error, under the table (a line inside it would end it)
     for t in timings:
         if not t["ok"]:
             lines.append(f"| {t['size']} | {t['seq_length']} | | {t['precision']} | failed: {t['error'][:80]} |")
             continue
-        cells = [f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "" for n in columns]
+        failed = t.get("failed", {})
+        cells = [
+            f"{t[n]['sequences_per_second']:.0f} ({t[n]['mfu']:.0%})" if n in t else "failed" if n in failed else ""
+            for n in columns
+        ]
         if t.get("compile_fell_back") and "bertdist+compile" in columns:  # some layer ran eager: not a compiled figure
             cells[list(columns).index("bertdist+compile")] += " eager: compile failed"
         dropout = f"{t['attention_dropout']:g}"
@@ -86,4 +104,8 @@ def _table(timings: list[dict], columns: dict[str, str]) -> list[str]:
         if "speedup_padding_free" in t:
             versus += f", {t['speedup_padding_free']:.2f}x padding-free"
         lines.append("| " + " | ".join(row) + f" | {versus} |")
-    return lines
+        notes += [
+            f"- {t['size']} x {t['seq_length']}, {t['precision']}, {name}: {error[:160]}"
+            for name, error in failed.items()
+        ]
+    return lines + (["", "Failed:", *notes] if notes else [])

@@ -7,11 +7,13 @@ users train in: the plain loops autocast from fp32 weights (as transformers' Tra
 engine runs DeepSpeed's bf16/fp16 (the module's weights in half precision, fp32 master weights in the optimizer, so
 its normalizations and softmax run in half precision too). In fp32 the engine / plain ratio is what DeepSpeed (ZeRO
 bookkeeping, its gradient buffers, the all-reduce of a 1-rank world) costs on top of the math; in bf16 it is that
-and the precision mode together. transformers / engine is bertdist's training step against the peer's. MFU counts
-the model's own FLOPs over the real tokens (`bertdist.model.flops`) against a matmul peak measured in the same
-process. `--fill` below 1 gives rows of mixed lengths (0.5: BERT's length-512 data); `--peers padded,padding-free`
-then also times transformers padding-free (its flattening collator and the FlashAttention-2 variable-length kernel,
-benchmarks/hf_peer.py; with `--no-attention-dropout`, as it has none).
+and the precision mode together, which favours the engine's speed: say so beside its figure. transformers / engine
+is bertdist's training step against the peer's. MFU counts the model's own FLOPs of each sample at its length
+(`bertdist.model.flops`) against the GPU's datasheet peak (on a CPU, a matmul peak measured in the same process). A
+variant that fails is named with its error under `failed`; the others are still timed. `--fill` below 1 gives rows
+of mixed lengths (0.5: BERT's length-512 data); `--peers padded,padding-free` then also times transformers
+padding-free (its flattening collator and the FlashAttention-2 variable-length kernel, benchmarks/hf_peer.py; with
+`--no-attention-dropout`, as it has none).
 
     DS_ACCELERATOR=cpu python benchmarks/train_step.py                 # CPU, BERT-mini, fp32, ZeRO-1
     DS_ACCELERATOR=cpu python benchmarks/train_step.py --zero-stage 2
@@ -30,12 +32,12 @@ from pathlib import Path
 
 import hf_peer  # benchmarks/ is on sys.path
 import torch
-from common import interleaved_medians, matmul_peak_flops, use_all_cores
+from common import matmul_peak_flops, mfu_peak, time_variants, use_all_cores
 from model_step import DTYPES, make_batch, training_step
 
 from bertdist.config import MODEL_SIZES, load_config
 from bertdist.model.bert.model import BertForPreTraining
-from bertdist.model.flops import train_flops_per_sequence
+from bertdist.model.flops import train_flops_of_batch
 from bertdist.train import deepspeed as engine
 from bertdist.train import distributed, ports
 from bertdist.train.optim import build_optimizer
@@ -85,40 +87,48 @@ def main(argv: list[str] | None = None) -> dict:
         else contextlib.nullcontext()
     )
 
-    torch.manual_seed(0)
-    plain_model = BertForPreTraining(model_cfg).to(device).train()
-    plain_optimizer = build_optimizer(plain_model, cfg.optim, device.type)
+    def plain() -> callable:
+        torch.manual_seed(0)
+        plain_model = BertForPreTraining(model_cfg).to(device).train()
+        plain_optimizer = build_optimizer(plain_model, cfg.optim, device.type)
 
-    def plain_step() -> None:
-        plain_optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            loss = plain_model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(plain_model.parameters(), cfg.optim.grad_clip_norm)
-        plain_optimizer.step()
+        def plain_step() -> None:
+            plain_optimizer.zero_grad(set_to_none=True)
+            with autocast:
+                loss = plain_model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(plain_model.parameters(), cfg.optim.grad_clip_norm)
+            plain_optimizer.step()
 
-    steps = {"plain torch": plain_step}
+        return plain_step
 
-    torch.manual_seed(0)
-    ds_model = BertForPreTraining(model_cfg)
-    ds_engine = engine.initialize(
-        ds_model, build_optimizer(ds_model, cfg.optim, device.type), engine.deepspeed_config(cfg, cfg.data.phases[0], 1)
-    )
+    def deepspeed() -> callable:
+        torch.manual_seed(0)
+        ds_model = BertForPreTraining(model_cfg)
+        optimizer = build_optimizer(ds_model, cfg.optim, device.type)
+        ds_engine = engine.initialize(ds_model, optimizer, engine.deepspeed_config(cfg, cfg.data.phases[0], 1))
 
-    def engine_step() -> None:
-        ds_engine.backward(ds_engine(**batch).loss)
-        ds_engine.step()
+        def engine_step() -> None:
+            ds_engine.backward(ds_engine(**batch).loss)
+            ds_engine.step()
 
-    steps["deepspeed"] = engine_step
-    for kind in [] if args.no_reference else args.peers.split(","):
+        return engine_step
+
+    def peer(kind: str) -> callable:
         torch.manual_seed(0)
         reference, loss = hf_peer.peer(model_cfg, batch, kind, device)
-        steps[hf_peer.ROWS[kind]] = training_step(reference, loss, args.precision, device, clip_norm=1.0)
-    peak = matmul_peak_flops(device, DTYPES[args.precision])
-    seconds = interleaved_medians(steps, device, repeats=args.steps, warmup=2)
+        return training_step(reference, loss, args.precision, device, clip_norm=1.0)
+
+    makers = {"plain torch": plain, "deepspeed": deepspeed}
+    for kind in [] if args.no_reference else args.peers.split(","):
+        makers[hf_peer.ROWS[kind]] = lambda kind=kind: peer(kind)
+    measured = matmul_peak_flops(device, DTYPES[args.precision])
+    peak, peak_source = mfu_peak(device, args.precision, measured)
+    seconds, failed = time_variants(makers, device, repeats=args.steps, warmup=2)
     distributed.destroy_process_group()
     mean_length = float(batch["attention_mask"].sum()) / args.batch_size
-    flops_per_sequence = train_flops_per_sequence(model_cfg, mean_length, args.masked_positions)
+    flops_per_sequence = float(train_flops_of_batch(model_cfg, batch["attention_mask"], batch["masked_lm_ids"]))
+    flops_per_sequence /= args.batch_size
     results = {
         "size": args.size,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)",
@@ -129,6 +139,10 @@ def main(argv: list[str] | None = None) -> dict:
         "padding_fraction": 1 - mean_length / args.seq_length,
         "attention_dropout": model_cfg.attention_dropout_prob,  # the padding-free peer's rows run without it
         "attention": args.attention,
+        "matmul_peak_tflops": measured / 1e12,
+        "mfu_peak_tflops": peak / 1e12,
+        "mfu_peak": peak_source,
+        **({"failed": failed} if failed else {}),
         **{
             name: {
                 "step_seconds": s,
@@ -137,10 +151,11 @@ def main(argv: list[str] | None = None) -> dict:
             }
             for name, s in seconds.items()
         },
-        "deepspeed_over_plain": seconds["deepspeed"] / seconds["plain torch"],
     }
+    if {"deepspeed", "plain torch"} <= set(seconds):
+        results["deepspeed_over_plain"] = seconds["deepspeed"] / seconds["plain torch"]
     for key, row in (("speedup", "transformers"), ("speedup_padding_free", "transformers padding-free")):
-        if row in seconds:
+        if row in seconds and "deepspeed" in seconds:
             results[key] = seconds[row] / seconds["deepspeed"]
     print(
         f"BERT-{args.size}, batch {args.batch_size} x {args.seq_length}, {args.precision}, ZeRO-{args.zero_stage}, "
@@ -149,7 +164,10 @@ def main(argv: list[str] | None = None) -> dict:
     for name, s in seconds.items():
         mfu = results[name]["mfu"]
         print(f"  {name:25s} {s * 1e3:8.1f} ms/step  {args.batch_size / s:8.1f} sequences/s  MFU {mfu:6.1%}")
-    print(f"  engine time / plain time: {results['deepspeed_over_plain']:.2f}")
+    for name, error in failed.items():
+        print(f"  {name:25s} failed: {error}")
+    if "deepspeed_over_plain" in results:
+        print(f"  engine time / plain time: {results['deepspeed_over_plain']:.2f}")
     for key, row in (("speedup", "transformers"), ("speedup_padding_free", "transformers padding-free")):
         if key in results:
             print(f"  bertdist's engine over {row}: {results[key]:.2f}x")

@@ -100,18 +100,18 @@ from call_clock import CallClock
 
 out = Path({str(tmp_path)!r})
 clock = CallClock(0.1, lambda doing: (out / "report").write_text(doing))
-spawn = "sleep 300 & echo $! > {{}}; wait"
+spawn = "echo started; sleep 300 & echo $! > {{}}; wait"
 try:
     clock.run(["bash", "-c", spawn.format(out / "first")], timeout_s=1)
-except subprocess.TimeoutExpired:
-    print("timed out", flush=True)
+except subprocess.TimeoutExpired as e:  # with what it printed: a test run's verdicts until then
+    print("timed out after", e.output.strip(), flush=True)
 clock.doing("a row that never ends")
 clock.run(["bash", "-c", spawn.format(out / "second")], timeout_s=600)
 print("not reached", flush=True)
 """
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1 and run.stdout == "timed out\n", run.stdout + run.stderr
+    assert run.returncode == 1 and run.stdout == "timed out after started\n", run.stdout + run.stderr
     assert time.monotonic() - start < 30, "the deadline (6 s) ended it"
     assert (tmp_path / "report").read_text() == "a row that never ends"
     for child in ("first", "second"):  # killed: gone once the kernel has run the kill (a loaded machine: later)
@@ -133,10 +133,10 @@ def test_stages_are_chosen_by_name_and_a_time_to_quality_the_budget_cannot_hold_
         return run.stderr.strip().splitlines()[-1]
 
     assert refused("--stages", "tests, speed").endswith(
-        "--stages: speed; the stages are tests, train-steps, time-to-quality, model-steps, profiles"
+        "--stages: speed; the stages are tests, time-to-quality, train-steps, slow-tests, model-steps, profiles"
     )
     assert refused("--stages", " ,").endswith(
-        "--stages: none given; the stages are tests, train-steps, time-to-quality, model-steps, profiles"
+        "--stages: none given; the stages are tests, time-to-quality, train-steps, slow-tests, model-steps, profiles"
     )
     assert refused("--stages", "time-to-quality").endswith(
         "--stages time-to-quality needs --ttq DIR (the data `time_to_quality.py --prepare-only` made)"
@@ -145,3 +145,24 @@ def test_stages_are_chosen_by_name_and_a_time_to_quality_the_budget_cannot_hold_
     report, _ = _smoke(tmp_path, 1, *stages, "--budget-minutes", "1")
     assert re.fullmatch(r"skipped: \d+ s of the check's budget left, 210 needed", report["time_to_quality"]["error"])
     assert report["timings"] == report["train_steps"] == report["profiles"] == []
+
+
+def test_a_variant_that_fails_is_named_and_the_rows_other_variants_are_still_timed(tmp_path):
+    """One variant of a row failing (here FlexAttention, which has no backward on a CPU; on a GPU, a kernel never run
+    there or memory at 8,192 tokens) cost the row every figure, transformers' included. It is named with its error
+    in the row, beside the others' figures, and the table marks it."""
+    from gpu_report import markdown
+
+    result = tmp_path / "row.json"
+    command = [sys.executable, "benchmarks/model_step.py", "--size", "mini", "--seq-length", "32", "--batch-size", "2"]
+    command += ["--masked-positions", "4", "--steps", "1", "--warmup-steps", "1", "--threads", "1"]
+    command += ["--attention", "sdpa,flex", "--json", str(result)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    row = json.loads(result.read_text())
+    assert list(row["failed"]) == ["bertdist[flex]"] and "backward" in row["failed"]["bertdist[flex]"], row
+    assert {"bertdist", "bertdist[sdpa]", "transformers"} <= set(row) and row["speedup"] > 0, row
+    assert row["mfu_peak"] == "measured matmul"  # a CPU has no datasheet peak
+    table = markdown({"gpus": ["CPU"], "torch": "t", "cuda": None, "timings": [{"ok": True, **row}]})
+    assert "| failed |" in table and "- mini x 32, fp32, bertdist[flex]: NotImplementedError" in table, table

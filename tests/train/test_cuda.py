@@ -54,6 +54,7 @@ def test_gpu_peak_flops_and_cuda_rng_state():
     assert torch.equal(torch.rand(4, device="cuda"), want)
 
 
+@pytest.mark.slow  # three DeepSpeed runs: the GPU check runs it after its figures (benchmarks/gpu_check.py)
 def test_fp16_zero2_run_killed_and_resumed_is_bit_identical(tmp_path, tiny_shards, tiny_vocab):
     def config(name: str):
         return runs.write_config(tmp_path / name, tiny_shards, tiny_vocab, zero_stage=2, precision="fp16")
