@@ -292,10 +292,12 @@ class _Lines:
                 start = self.offset
                 self.offset += len(raw) + 1
                 text = raw.decode("utf-8")
-                if odd:
-                    yield from ((start, part) for part in _lines_of(text, self.split_cr))
-                else:
+                if not odd:
                     yield start, text
+                elif text.find("\r", 0, len(text) - 1) < 0 and "\ufeff" not in text:  # CRLF: most of such text
+                    yield start, text.rstrip("\r")
+                else:
+                    yield from ((start, part) for part in _lines_of(text, self.split_cr))
             self.offset = start + len(raw) + (1 if block.endswith(b"\n") else 0)
 
     def where(self, byte: int) -> str:

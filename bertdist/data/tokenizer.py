@@ -29,7 +29,7 @@ from bertdist.data.vocab import (
     load_tokenizer,
     read_vocab,
 )
-from bertdist.data.word_starts import find_component, of_tokenizer_json
+from bertdist.data.word_starts import find_component, of_tokenizer_json, of_wordpiece
 from bertdist.errors import DataError, first_line
 from bertdist.storage import write_json
 
@@ -198,10 +198,8 @@ def open_tokenizer(path: str | os.PathLike, cased: bool | None = None) -> TextTo
 
 
 def wordpiece_tokens(tokens: list[str], path: str = "<tokens>", cased: bool = False) -> TextTokenizer:
-    """The WordPiece vocabulary `tokens` (by id): every token but a `##` continuation starts a word."""
-    return TextTokenizer(
-        path, tokens, BERT_SPECIAL_TOKENS, np.array([not t.startswith("##") for t in tokens], dtype=bool), cased, None
-    )
+    """The WordPiece vocabulary `tokens` (by id); which start a word: bertdist.data.word_starts."""
+    return TextTokenizer(path, tokens, BERT_SPECIAL_TOKENS, of_wordpiece(tokens), cased, None)
 
 
 def _from_json(file: str) -> TextTokenizer:

@@ -259,6 +259,24 @@ def test_a_sentence_of_a_script_without_spaces_is_many_words_not_one(model, tmp_
     assert (out.masked_counts > 0).all(), out.masked_counts
 
 
+def test_a_wordpiece_continuation_in_a_script_without_spaces_starts_a_word(tmp_path):
+    """BERT's tokenizer splits ideographs apart but not kana, Thai, Lao, Khmer or Myanmar: a Thai phrase is one
+    piece and its `##` continuations, one "word" over a sample's budget (Thai under WordPiece: 10.6% of its tokens
+    masked for 15%, some samples none). Such a continuation starts a word, from a vocab.txt as from a
+    tokenizer.json; a Latin one does not."""
+    from bertdist.data.tokenizer import wordpiece_tokens
+    from bertdist.data.word_starts import of_tokenizer_json
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ภาษา", "##ไทย", "##ไม่", "の", "##です", "cat", "##s"]
+    want = [True] * 10 + [True, False]
+    assert wordpiece_tokens(tokens).starts_word.tolist() == want
+    spec = {
+        "model": {"type": "WordPiece", "continuing_subword_prefix": "##"},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+    }
+    assert of_tokenizer_json(spec, tokens).tolist() == want
+
+
 def test_readable_tokens_are_text_not_the_byte_alphabet(tmp_path, tiny_vocab):
     """The attention pictures labelled a byte-level BPE's tokens with its byte alphabet: `Ġä½łå¥½` for " 你好"."""
     from bertdist.data.bpe import train_bpe

@@ -74,10 +74,12 @@ def work_stamp(fingerprint: str, opts: PrepareOptions) -> str:
     return f"{stamp} {READER}"
 
 
-READER = "reader=2026-11-29"
-"""How the readers cut text into lines, sentences and documents, in .work's stamp: that day a carriage return alone
-began to end a line and the danda a sentence, and a run left unfinished by the bertdist before would have mixed
-its finished units with units read the new way (a finished output's fingerprint is unchanged: it is whole)."""
+READER = "reader=2026-11-29.2"
+"""How the readers cut text into lines, sentences and documents and which tokens start a word, in .work's stamp: on
+2026-11-29 a carriage return alone began to end a line and the danda a sentence; later that day the Tibetan shad,
+the Greek question mark and a space between Thai or Lao characters began to end a sentence, and a WordPiece
+continuation in a script without spaces to start a word. A run left unfinished by the bertdist before would have
+mixed its finished units with units read the new way (a finished output's fingerprint is unchanged: it is whole)."""
 
 
 def claim_output(output_dir: str, fingerprint: str, stamp_text: str = "") -> str:
