@@ -89,10 +89,12 @@ class ModelConfig:
     local_rope_theta: float = 10000.0
     bias: bool = False
     """Biases in the linear layers and LayerNorms (ModernBERT has none; the decoder keeps its own either way)."""
-    classifier_pooling: Literal["cls", "mean"] = "cls"
+    classifier_pooling: Literal["cls", "mean"] | None = None
     """How a sequence classifier or multiple-choice model fine-tuned from this model pools a row: its first token
-    or the mean of its tokens. Read from a released config.json (ModernBERT-base's says mean) and written into the
-    exports, so that a model continued from it and exported fine-tunes as it did (transformers' default is cls)."""
+    or the mean of its tokens; unset (None), a released model's when the run continues one (its config.json:
+    ModernBERT-base's says mean), else cls (transformers' default). Written into the exports, so that a model
+    continued from a release and exported fine-tunes as the release did; a value set here is kept (an explicit cls
+    over ModernBERT-base's mean was replaced by it)."""
     # ALBERT and ELECTRA only; the others refuse it set away from its default.
     embedding_size: int = 0
     """Width E of the token, position and segment embeddings, projected to hidden_size by one E x H matrix

@@ -42,9 +42,6 @@ class Source:
     """Pretrained weights in bertdist names; None: random initialisation."""
     pretraining_run_id: str | None = None
     checkpoint: str | None = None
-    classifier_pooling: str | None = None
-    """A Hugging Face directory's config.json's (a released ModernBERT's `mean`): its sequence classifier pools as
-    transformers' would from the same directory; None: the model's default."""
     sentence: SentencePipeline | None = None
     """A sentence-transformers directory's pipeline (its pooling), None for any other source."""
 
@@ -111,7 +108,6 @@ def _from_hf(path: Path, cfg: Config) -> Source:
         state,
         pretraining_run_id=raw.get("bertdist_run_id"),
         checkpoint=raw.get("bertdist_checkpoint"),
-        classifier_pooling=raw.get("classifier_pooling"),
         sentence=read_sentence_pipeline(path),
     )
 
@@ -145,7 +141,8 @@ def _check_vocab(vocab: str, model_cfg: ModelConfig, trained_with: str) -> None:
 
 def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
     """The checkpoint's architecture with this run's dropout, activation checkpointing, attention kernel and
-    compilation (a model pretrained compiled, on FlexAttention on a GPU, fine-tunes with this machine's choices)."""
+    compilation (a model pretrained compiled, on FlexAttention on a GPU, fine-tunes with this machine's choices),
+    and its classifier pooling where the run sets one (model.classifier_pooling: it was ignored)."""
     return replace(
         model_cfg,
         hidden_dropout_prob=run.hidden_dropout_prob,
@@ -153,6 +150,7 @@ def _with_dropout(model_cfg: ModelConfig, run: ModelConfig) -> ModelConfig:
         activation_checkpointing=run.activation_checkpointing,
         attention=run.attention,
         compile=run.compile,
+        classifier_pooling=run.classifier_pooling or model_cfg.classifier_pooling,  # the run's, if it sets one
     )
 
 

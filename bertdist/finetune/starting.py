@@ -23,15 +23,15 @@ if TYPE_CHECKING:
 
 def new_model(source: Source, task: Task, pooling: str) -> Any:
     """The task's model, freshly initialised: a `transformers`-named task model (ModernBERT's classifier pooling
-    as the source's config.json says), or a sentence encoder pooling as `pooling` (finetune.pooling) or
-    `Source.pooling` says."""
+    as the run's model.classifier_pooling, else the source's config.json, says), or a sentence encoder pooling as
+    `pooling` (finetune.pooling) or `Source.pooling` says."""
     from bertdist.model.hf_heads import build_task_model, task_architecture
     from bertdist.model.sentence import SENTENCE_EMBEDDING, SentenceEmbedder
 
     if task.head == SENTENCE_EMBEDDING:
         return SentenceEmbedder(source.model_cfg, source.pooling(pooling))
     architecture = task_architecture(source.model_cfg.arch, task.head)
-    return build_task_model(architecture, source.model_cfg, task.labels, task.problem_type, source.classifier_pooling)
+    return build_task_model(architecture, source.model_cfg, task.labels, task.problem_type)
 
 
 def build_engine(cfg: Config, env: DistributedEnv, device_type: str, source: Source, task: Task) -> Any:

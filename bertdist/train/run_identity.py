@@ -46,11 +46,13 @@ RESUMABLE_FIELDS = (
     "model.compile",
     "model.mlm_logits_mib",
     "model.attention",
+    "model.classifier_pooling",
 )
 """What a run may change when it continues from a checkpoint: where things are, how it is launched, tracked and
-checked, how long it runs, how the batch is split over ranks. Every other field (the model, the optimizer and
-schedule, the global batch, the masking, the seed, the precision) makes another run: adopting a checkpoint
-that differs in one would silently continue someone else's training under this run's name."""
+checked, how long it runs, how the batch is split over ranks, how a classifier fine-tuned from it pools. Every
+other field (the model, the optimizer and schedule, the global batch, the masking, the seed, the precision) makes
+another run: adopting a checkpoint that differs in one would silently continue someone else's training under this
+run's name."""
 
 
 USER_KEYED = ("data.sources", "data.phases.*.mixture")

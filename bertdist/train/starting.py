@@ -9,6 +9,7 @@ it stopped in only.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,19 @@ if TYPE_CHECKING:  # the types of the engine and the loaders, without importing 
 
     from bertdist.data.loader import PretrainingLoader
     from bertdist.data.mixture import MixtureLoader
+
+
+def with_released_settings(cfg: Config) -> Config:
+    """`cfg` with what a released model carries where the run leaves it unset: `model.classifier_pooling`
+    (ModernBERT-base's mean). Resolved before anything records the config, so that the run's parameters, its
+    checkpoints (which `bertdist export` and fine-tunings read) and its resumes keep the release's value: an
+    export of a checkpoint wrote cls."""
+    if not cfg.checkpoint.init_from_pretrained or cfg.model.classifier_pooling is not None:
+        return cfg
+    from bertdist.model.hf_heads import model_config
+
+    _, released = model_config(Path(cfg.checkpoint.init_from_pretrained))
+    return replace(cfg, model=replace(cfg.model, classifier_pooling=released.classifier_pooling))
 
 
 def check_same_start(resume_from: Path | None, world_size: int) -> None:

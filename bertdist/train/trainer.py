@@ -106,6 +106,7 @@ class Trainer(scaffold.Run):
 
         # --- checks: everything that can fail on bad input, before any process group or model exists
         validate(cfg, world_size=env.world_size)
+        cfg = starting.with_released_settings(cfg)
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         problems = device_problems(cfg, self.device_type)
         if problems:

@@ -68,7 +68,7 @@ def config_to_hf(cfg: ModelConfig, token_ids: dict[str, int] | None = None) -> d
         attention_bias=cfg.bias,
         mlp_bias=cfg.bias,
         classifier_bias=cfg.bias,
-        classifier_pooling=cfg.classifier_pooling,
+        classifier_pooling=cfg.classifier_pooling or "cls",
         decoder_bias=True,
         **(token_ids or {}),
     )

@@ -94,7 +94,7 @@ class ModernBertForSequenceClassification(_ModernBertTaskModel, task_heads.Seque
     ):
         """`classifier_pooling` None: the model's (`model.classifier_pooling`, from the checkpoint's config.json)."""
         super().__init__(cfg, num_labels, problem_type)
-        self.classifier_pooling = _check_pooling(classifier_pooling or cfg.classifier_pooling)
+        self.classifier_pooling = _check_pooling(classifier_pooling or cfg.classifier_pooling or "cls")
 
 
 class ModernBertForTokenClassification(_ModernBertTaskModel, task_heads.TokenTagger):
@@ -115,7 +115,7 @@ class ModernBertForQuestionAnswering(_ModernBertTaskModel, task_heads.SpanPredic
 class ModernBertForMultipleChoice(_ModernBertTaskModel, task_heads.ChoiceScorer):
     def __init__(self, cfg: ModelConfig, classifier_pooling: str | None = None):
         super().__init__(cfg, 1)
-        self.classifier_pooling = _check_pooling(classifier_pooling or cfg.classifier_pooling)
+        self.classifier_pooling = _check_pooling(classifier_pooling or cfg.classifier_pooling or "cls")
 
 
 TASK_MODELS = task_heads.by_name(

@@ -235,8 +235,20 @@ def test_a_released_modernberts_classifier_pooling_is_the_task_models(tmp_path, 
     assert ModernBertForSequenceClassification(cfg, 2).classifier_pooling == "mean"
     import dataclasses
 
-    run = dataclasses.replace(cfg, classifier_pooling="cls", hidden_dropout_prob=0.1)  # a run's, left at the default
+    run = dataclasses.replace(cfg, classifier_pooling=None, hidden_dropout_prob=0.1)  # a run's, left unset
     assert modernbert_hf.load_pretrained(tmp_path, run).config.classifier_pooling == "mean"  # `bertdist train`'s way
+    # ... and recorded in the run's config, which its checkpoints keep (`bertdist export` of one wrote cls); a run
+    # or a fine-tuning that sets cls keeps it (it was replaced by the release's mean, or ignored)
+    from bertdist.train.starting import with_released_settings
+
+    continued = load_config(None, [f"checkpoint.init_from_pretrained={tmp_path}"])
+    assert with_released_settings(continued).model.classifier_pooling == "mean"
+    explicit = dataclasses.replace(continued, model=dataclasses.replace(continued.model, classifier_pooling="cls"))
+    assert with_released_settings(explicit).model.classifier_pooling == "cls"
+    cls_run = dataclasses.replace(run, classifier_pooling="cls")
+    assert modernbert_hf.load_pretrained(tmp_path, cls_run).config.classifier_pooling == "cls"
+    chosen = resolve(load_config(None, [f"finetune.init_from={tmp_path}", "model.classifier_pooling=cls"]))
+    assert new_model(chosen, task, "mean").classifier_pooling == "cls"
     (tmp_path / "config.json").write_text(json.dumps({**config, "classifier_pooling": "max"}))
     with pytest.raises(UserError, match="classifier_pooling 'max' is not supported yet"):
         read_pretrained(tmp_path)
