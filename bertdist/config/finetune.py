@@ -13,8 +13,11 @@ from typing import Literal
 class FinetuneConfig:
     """`bertdist finetune`: one downstream task on a pretrained BERT, with the paper's recipe as defaults.
 
-    Shared with pretraining: optim.betas/eps/weight_decay/grad_clip_norm, train.precision/zero_stage/seed,
-    tracking and launch. The model's dimensions come from `init_from`; model.* dropout settings apply.
+    Shared with pretraining: optim.name/betas/eps/weight_decay/weight_decay_mode/grad_clip_norm,
+    train.precision/zero_stage/seed, tracking and launch. The model's dimensions come from `init_from`; model.*
+    dropout, attention, compile and classifier_pooling settings apply. Pretraining's rate, schedule and batch
+    (optim.lr, optim.warmup_steps, optim.schedule, optim.decay_*, train.global_batch_size) are refused: finetune.lr,
+    finetune.warmup_proportion and finetune.batch_size set them.
     """
 
     task: Literal[

@@ -255,6 +255,9 @@ def _coerce(value: Any, hint: Any, name: str, problems: list[str]) -> Any:
         if not isinstance(value, list):
             problems.append(f"{name}: expected a list, got {type(value).__name__} {value!r}")
             return _INVALID
+        if dataclasses.is_dataclass(args[0]) and None in value:  # a `-` with nothing after it: not a default entry
+            problems.append(f"{name}.{value.index(None)}: empty entry (a `-` with nothing after it)")
+            return _INVALID
         items = [_coerce(v, args[0], f"{name}.{i}", problems) for i, v in enumerate(value)]
         return _INVALID if any(v is _INVALID for v in items) else items
     if origin is tuple:

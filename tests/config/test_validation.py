@@ -462,3 +462,78 @@ def test_two_dev_sets_of_one_name_are_refused():
         with pytest.raises(ConfigError, match=rf"finetune.extra_dev_files: two dev sets would be named '{clash}'"):
             validate_finetune(cfg, world_size=1)
     validate_finetune(load_config(None, [*base, "finetune.extra_dev_files=a/dev_matched.csv,b/dev_mm.csv"]), 1)
+
+
+OWN_LR = ["data.phases.0.lr=3e-4", "data.phases.0.warmup_steps=10"]
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        ([*OWN_LR, "optim.lr=1e-3"], "optim.lr: 0.001 does not apply once every phase sets its own lr"),
+        (OWN_LR, ""),
+        (["data.phases.0.global_batch_size=64", "train.global_batch_size=128"], "train.global_batch_size: 128 does"),
+        (["data.phases.0.global_batch_size=64"], ""),
+        (["data.masking.span_length_p=0.3"], "data.masking.span_length_p: applies only with data.masking.span_masking"),
+        (["data.masking.max_span_words=5"], "data.masking.max_span_words: applies only with"),
+        (["data.masking.max_span_words=5", "data.masking.span_masking=true"], ""),
+        (["train.max_rollbacks=5"], "train.max_rollbacks: applies only with train.on_bad_step: rollback, not stop"),
+        (["train.replay_bad_steps=false"], "train.replay_bad_steps: applies only with train.on_bad_step: rollback"),
+        (["train.rollback_lr_factor=0.5"], "train.rollback_lr_factor: applies only with"),
+        (["train.rollback_lr_factor=0.5", "train.on_bad_step=rollback", "checkpoint.every_steps=100"], ""),
+        (
+            ["model.arch=modernbert", "model.size=modernbert-mini", "model.classifier_pooling=max"],
+            "'max' is not one of",
+        ),
+    ],
+)
+def test_a_setting_the_run_would_not_read_is_refused(overrides, problem):
+    """Each of these was accepted and had no effect (a review of every field's readers, November 2026): a recipe's
+    optim.lr under phases with their own rates, span settings without span masking, rollback settings of a run
+    that stops at a bad step."""
+    cfg = load_config(None, ["model.size=tiny", "data.phases.0.steps=1000", *overrides])
+    if not problem:
+        validate(cfg, check_files=False)
+        return
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        validate(cfg, check_files=False)
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (["optim.lr=3e-5"], "optim.lr: a fine-tuning does not read it; set finetune.lr"),
+        (
+            ["optim.warmup_steps=10"],
+            "optim.warmup_steps: a fine-tuning does not read it; set finetune.warmup_proportion",
+        ),
+        (["optim.schedule=wsd"], "optim.schedule: a fine-tuning does not read it"),
+        (
+            ["train.global_batch_size=64"],
+            "train.global_batch_size: a fine-tuning does not read it; set finetune.batch_size",
+        ),
+        (["finetune.pooling=mean"], "finetune.pooling: only for embedding, not classification"),
+        (["finetune.temperature=0.1"], "finetune.temperature: only for embedding"),
+        (["finetune.pooling=mean", "finetune.task=embedding", "finetune.text_pair_column=b"], ""),
+        (["optim.weight_decay=0.1", "optim.name=lamb"], ""),  # what a fine-tuning shares with pretraining
+    ],
+)
+def test_a_fine_tuning_refuses_the_pretraining_settings_it_does_not_read(overrides, problem):
+    """A task YAML's `optim.lr: 3e-5` trained at finetune.lr's 2e-5, unsaid; `finetune.pooling=mean` on a
+    ModernBERT classifier pooled [CLS]."""
+    from bertdist.config.validation import validate_finetune
+
+    cfg = load_config(None, ["finetune.train_file=t.tsv", "finetune.dev_file=d.tsv", *overrides])
+    if not problem:
+        validate_finetune(cfg, world_size=1)
+        return
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        validate_finetune(cfg, world_size=1)
+
+
+def test_an_empty_phase_entry_is_refused_not_made_a_default_phase(tmp_path):
+    """A `-` with nothing after it under data.phases became a default phase: 1,000 more steps on runs/data/train."""
+    config = tmp_path / "run.yaml"
+    config.write_text("data:\n  phases:\n    - steps: 900\n    -\n")
+    with pytest.raises(ConfigError, match=re.escape("data.phases.1: empty entry")):
+        load_config(config, [])

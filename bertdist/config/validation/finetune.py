@@ -89,10 +89,43 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
         p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
     if not 0 <= ft.warmup_proportion < 1:
         p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
+    p.extend(ignored_problems(cfg))
     p.extend(local_only_problems(cfg))
     p.extend(compile_problems(cfg.model, cfg.train.zero_stage))
     if p:
         raise ConfigError(p)
+
+
+FINETUNE_INSTEAD = {
+    "optim.lr": "finetune.lr",
+    "optim.warmup_steps": "finetune.warmup_proportion",
+    "optim.schedule": "finetune.warmup_proportion (a linear warmup, then linear decay to 0)",
+    "optim.decay_fraction": "finetune.warmup_proportion (a linear warmup, then linear decay to 0)",
+    "optim.decay_shape": "finetune.warmup_proportion (a linear warmup, then linear decay to 0)",
+    "optim.decay_power": "finetune.warmup_proportion (a linear warmup, then linear decay to 0)",
+    "train.global_batch_size": "finetune.batch_size",
+}
+"""Pretraining settings a fine-tuning does not read, and what it reads instead: set, they were silently ignored (a
+task YAML's `optim.lr: 3e-5` trained at finetune.lr's 2e-5)."""
+EMBEDDING_ONLY = ("pooling", "temperature", "no_duplicates")
+"""finetune.* settings of the embedding task only (beside negative_columns, cache_rows, matryoshka_dims, refused
+above): a classifier pools as model.classifier_pooling says."""
+
+
+def ignored_problems(cfg: Config) -> list[str]:
+    """Settings a fine-tuning would ignore, set away from their defaults: refused, naming what it reads instead."""
+    defaults = Config()
+    p = []
+    for name, instead in FINETUNE_INSTEAD.items():
+        section, field = name.split(".")
+        if getattr(getattr(cfg, section), field) != getattr(getattr(defaults, section), field):
+            p.append(f"{name}: a fine-tuning does not read it; set {instead}")
+    if cfg.finetune.task != "embedding":
+        for field in EMBEDDING_ONLY:
+            if getattr(cfg.finetune, field) != getattr(defaults.finetune, field):
+                hint = " (a classifier pools as model.classifier_pooling says)" if field == "pooling" else ""
+                p.append(f"finetune.{field}: only for embedding, not {cfg.finetune.task}{hint}")
+    return p
 
 
 def source_problems(ft: FinetuneConfig, model_positions: int, hidden_size: int) -> list[str]:

@@ -3,7 +3,7 @@ threshold that can never fire or always fires, a window of no steps, a rollback 
 
 from __future__ import annotations
 
-from bertdist.config.schema import Config
+from bertdist.config.schema import Config, TrainConfig
 
 
 def health_problems(cfg: Config) -> list[str]:
@@ -18,6 +18,11 @@ def health_problems(cfg: Config) -> list[str]:
         p.append(f"train.max_rollbacks: must be >= 1, got {t.max_rollbacks}")
     if not 0 < t.rollback_lr_factor <= 1:
         p.append(f"train.rollback_lr_factor: must be in (0, 1] (1: unchanged), got {t.rollback_lr_factor}")
+    if t.on_bad_step != "rollback":
+        for name in ("max_rollbacks", "replay_bad_steps", "rollback_lr_factor"):
+            said = any(q.startswith(f"train.{name}:") for q in p)  # out of range already: one problem a field
+            if getattr(t, name) != getattr(TrainConfig(), name) and not said:
+                p.append(f"train.{name}: applies only with train.on_bad_step: rollback, not {t.on_bad_step}")
     every = cfg.checkpoint.every_steps
     if t.on_bad_step == "rollback" and not 0 < every < cfg.total_steps():
         p.append(

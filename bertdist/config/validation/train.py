@@ -19,7 +19,7 @@ from bertdist.config.choices import choice_problems, choices
 from bertdist.config.errors import ConfigError
 from bertdist.config.model import ARCHITECTURES
 from bertdist.config.objectives import OBJECTIVES
-from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, OptimConfig, TrainConfig
+from bertdist.config.schema import CheckpointConfig, Config, LaunchConfig, MaskingConfig, OptimConfig, TrainConfig
 from bertdist.config.validation.distill import distill_problems
 from bertdist.config.validation.health import health_problems
 from bertdist.config.validation.mixture import mixture_problems
@@ -262,6 +262,9 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(f"data.masking.span_length_p: must be in (0, 1], got {mk.span_length_p}")
     if mk.max_span_words < 1:
         p.append(f"data.masking.max_span_words: must be at least 1, got {mk.max_span_words}")
+    for name in ("span_length_p", "max_span_words"):
+        if not mk.span_masking and getattr(mk, name) != getattr(MaskingConfig(), name):
+            p.append(f"data.masking.{name}: applies only with data.masking.span_masking: true, which is off")
     if OBJECTIVES.get(m.objective, OBJECTIVES["mlm"]).span_boundaries and not mk.span_masking:
         p.append(
             f"data.masking.span_masking: model.objective {m.objective} predicts masked spans from their boundaries; "
@@ -324,6 +327,13 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
         p.append(
             f"optim.warmup_steps: {o.warmup_steps} does not apply once every phase sets its own lr; set "
             "data.phases.N.warmup_steps for each phase (or optim.warmup_steps: 0 for no warmup)"
+        )
+    if own_schedules and len(own_schedules) == len(d.phases) and o.lr != OptimConfig().lr:
+        p.append(f"optim.lr: {o.lr} does not apply once every phase sets its own lr (data.phases.N.lr)")
+    if all(ph.global_batch_size for ph in d.phases) and t.global_batch_size != TrainConfig().global_batch_size:
+        p.append(
+            f"train.global_batch_size: {t.global_batch_size} does not apply once every phase sets its own "
+            "(data.phases.N.global_batch_size)"
         )
     p.extend(optim_problems(cfg))
     p.extend(batch_warmup_problems(cfg, world))
