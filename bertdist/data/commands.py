@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from bertdist import ownership, storage
 from bertdist.config import ModelConfig
@@ -60,6 +62,25 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
 
 
+MARKED_SCRIPTS = re.compile("[\u0590-\u06ff\u0900-\u0eff\u0f00-\u109f\u1780-\u17ff]")
+"""Scripts whose combining marks tell words apart (Hebrew, Arabic, the Indic scripts, Thai, Lao, Tibetan, Myanmar,
+Khmer): an uncased WordPiece strips them."""
+
+
+class _MarkedScripts:
+    """The texts of `texts`, noting whether one holds MARKED_SCRIPTS: the warning was printed only with a language
+    option, so a Hindi corpus trained uncased said nothing."""
+
+    def __init__(self, texts: Iterator[str]):
+        self.texts, self.seen = texts, False
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self.texts:
+            if not self.seen and MARKED_SCRIPTS.search(text):
+                self.seen = True
+            yield text
+
+
 def _run_vocab(args: argparse.Namespace) -> int:
     from bertdist.data import bpe, unigram
     from bertdist.data.language_report import HELD_OUT_EVERY, HeldOut, language_report
@@ -92,12 +113,13 @@ def _run_vocab(args: argparse.Namespace) -> int:
     first = next((text for text in texts if text.strip()), None)
     if first is None:  # a vocabulary of the special tokens alone would pass for one; prepare refuses this input too
         raise DataError(f"{' '.join(args.input)}: contains no text (an empty file, or a dump of redirects only)")
+    marked = _MarkedScripts(texts) if args.model == "wordpiece" and not args.cased else None
     with ownership.owned(args.output, remove_on_failure=True) as out:
         # Written aside, then each file renamed in: tokenizers' save writes in place, and an interrupt replacing a
         # tokenizer left an empty tokenizer.json where a good one was. Its tokenizer.json last: what a directory
         # is read by first.
         staging = out / f".vocab{storage.PARTIAL_MARKER}{os.getpid()}"
-        staged = train(itertools.chain([first], texts), str(staging), args.vocab_size, cased=args.cased)
+        staged = train(itertools.chain([first], marked or texts), str(staging), args.vocab_size, cased=args.cased)
         for made in sorted(staging.iterdir(), key=lambda p: p.name == TOKENIZER_JSON):
             os.replace(made, out / made.name)
         staging.rmdir()
@@ -110,11 +132,11 @@ def _run_vocab(args: argparse.Namespace) -> int:
             f"distinct characters; a model needs model.vocab_size >= {size:,}",
             file=sys.stderr,
         )
-    if report and args.model == "wordpiece" and not args.cased:
+    if marked and (marked.seen or MARKED_SCRIPTS.search(first)):
         print(
             "bertdist vocab: an uncased WordPiece strips accents and every other combining mark, which in Devanagari, "
-            "Thai, Arabic or Hebrew tells words apart (क्या 'what' reads कया); Google's multilingual BERT is cased for "
-            "this reason: --cased keeps them",
+            "Thai, Arabic or Hebrew tells words apart (क्या 'what' reads कया), and this corpus has such text; "
+            "Google's multilingual BERT is cased for this reason: --cased keeps them",
             file=sys.stderr,
         )
     if report:
