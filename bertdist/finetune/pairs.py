@@ -127,8 +127,34 @@ def check(opts: PairsOptions) -> None:
         problems.append(f"--dev-documents: {opts.dev_documents}, must be at least 0")
     elif bool(opts.dev_documents) != bool(opts.dev_dir):
         problems.append("--dev-dir and --dev-documents: give both to hold documents out, or neither")
+    if opts.dev_dir:
+        problems += _dev_dir_problems(opts)
     if problems:
         raise UserError("; ".join(problems))
+
+
+COLLECTION_FILES = {"corpus.jsonl", "queries.jsonl", "qrels"}
+"""What a dev collection this command wrote holds: a rerun replaces such a directory whole, and nothing else."""
+
+
+def _dev_dir_problems(opts: PairsOptions) -> list[str]:
+    """--dev-dir is replaced whole (bertdist.storage.replace_directory): given an input, a directory holding one,
+    a file, or a directory of other files, it was replaced and they were lost (an --input file became the
+    collection's directory, exit 0); given a folder inside an input, the next read took the collection for text."""
+    dev, problems = opts.dev_dir, []
+    overlapping = [s for s in opts.inputs if storage.inside(dev, s) or storage.inside(s, dev)]
+    if overlapping:
+        problems.append(f"--dev-dir: {dev} overlaps the --input {overlapping[0]}; write the collection beside it")
+    elif storage.inside(opts.output, dev):
+        problems.append(f"--dev-dir: {dev} holds the --output {opts.output}, which replacing it would delete")
+    elif not storage.is_url(dev) and os.path.isfile(dev):
+        problems.append(f"--dev-dir: {dev} is a file; the collection is a directory")
+    elif not storage.is_url(dev) and os.path.isdir(dev) and set(os.listdir(dev)) - COLLECTION_FILES:
+        problems.append(
+            f"--dev-dir: {dev} holds other files than a dev collection ({', '.join(sorted(COLLECTION_FILES))}), "
+            "which writing it would replace; choose an empty or new directory"
+        )
+    return problems
 
 
 def mine_pairs(opts: PairsOptions) -> PairsSummary:

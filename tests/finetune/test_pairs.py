@@ -228,3 +228,29 @@ def test_every_pairs_option_has_a_flag_and_every_flag_an_option():
     assert flag_dests(_subcommand("pairs")) == {f.name for f in dataclasses.fields(PairsOptions)}
     args = build_parser().parse_args(["pairs", "--input", "c.txt", "--output", "p.jsonl"])
     assert from_args(PairsOptions, args, kinds=parse_kinds(args.kinds)) == PairsOptions(["c.txt"], "p.jsonl")
+
+
+@pytest.mark.parametrize("where", ["the input file", "a directory of other files", "a folder of the input", "a file"])
+def test_a_dev_dir_that_would_replace_or_mix_with_other_data_is_refused(where, tmp_path, capsys):
+    """--dev-dir is replaced whole: given the --input file, it became the collection's directory (the text left
+    under a partial name), exit 0; a directory of other files lost them; inside a corpus directory, the next read
+    took the collection for text. Refused in one line, nothing touched; a collection written before is rewritten."""
+    source = corpus(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "important.txt").write_text("keep me")
+    (tmp_path / "a-file").write_text("keep me too")
+    dev, named = {
+        "the input file": (source, "overlaps the --input"),
+        "a directory of other files": (str(other), "holds other files than a dev collection"),
+        "a folder of the input": (str(tmp_path / "corpus.txt" / "dev"), "overlaps the --input"),
+        "a file": (str(tmp_path / "a-file"), "is a file"),
+    }[where]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = ["pairs", "--input", source, "--output", str(tmp_path / "pairs.jsonl"), "--dev-documents", "1"]
+    assert main([*args, "--dev-dir", dev]) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert f"--dev-dir: {dev} {named}" in err and err.count("\n") == 1, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert main([*args, "--dev-dir", str(tmp_path / "dev")]) == 0
+    assert main([*args, "--dev-dir", str(tmp_path / "dev")]) == 0  # its own collection: rewritten
