@@ -348,6 +348,16 @@ def inside(path: str | os.PathLike, source: str | os.PathLike) -> bool:
     return path == source or path.startswith(source.rstrip(os.sep) + os.sep)
 
 
+def written_inside(flag: str, output: str | os.PathLike, read: dict[str, str]) -> list[str]:
+    """The problem, naming both, when `output` (given as `flag`) is or lies under one of the local locations a
+    command reads (`read`: its flag -> its path; empty ones skipped): the command's files would mix with a model's
+    or a data set's, and a next read of it take them for its own."""
+    for name, source in read.items():
+        if source and not is_url(source) and inside(output, source):
+            return [f"{flag}: {output} is inside the {name} {source}; write it beside it"]
+    return []
+
+
 def _leaves_its_directory(name: str) -> bool:
     return bool({"", ".", ".."} & set(name.split("/")))
 

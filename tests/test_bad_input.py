@@ -1069,3 +1069,30 @@ def test_a_urls_user_and_password_are_hidden_up_to_the_host(url, shown):
 
     assert redacted(url) == shown
     assert bool(credentials_problem(url, "tracking.tracking_uri")) == (shown != url)
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        ("attention --model M --text hi --output M/pics", "--output: M/pics is inside the --model M"),
+        ("filter-pairs --model M --pairs p.jsonl --output M/x.jsonl", "--output: M/x.jsonl is inside the --model M"),
+        ("mine-negatives --model M --pairs p.jsonl --output M/x.jsonl", "--output: M/x.jsonl is inside the --model M"),
+        ("evaluate --suite retrieval --model M --data-dir D --output M/e", "--output: M/e is inside the --model M"),
+        ("evaluate --model M --data-dir D --output D/out", "--output: D/out is inside the --data-dir D"),
+        ("embed --model M --input p.jsonl --output M/e", "--output: M/e is inside the --model M"),
+        (
+            "finetune finetune.init_from=M finetune.output_dir=M/ft finetune.train_file=t.tsv finetune.dev_file=d.tsv",
+            "finetune.output_dir: M/ft is inside the finetune.init_from M",
+        ),
+    ],
+)
+def test_an_output_inside_the_model_or_data_it_reads_is_refused(args, named, tmp_path, monkeypatch, capsys):
+    """attention, filter-pairs, mine-negatives, evaluate and finetune wrote their files into the model (or data)
+    directory they read, exit 0 (embed alone refused it): its next reader took them for its own."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "M").mkdir()
+    (tmp_path / "D").mkdir()
+    (tmp_path / "p.jsonl").write_text('{"query": "a", "positive": "b"}\n')
+    assert main(args.split()) == USAGE_EXIT_CODE
+    assert named in capsys.readouterr().err
+    assert not list((tmp_path / "M").iterdir()) and not list((tmp_path / "D").iterdir())

@@ -81,6 +81,8 @@ def check(o: AttentionOptions) -> None:
         problems.append(f"--output: {o.output_dir} is a URL; the pictures are written to a local directory")
     elif Path(o.output_dir).exists() and not Path(o.output_dir).is_dir():
         problems.append(f"--output: {o.output_dir} is a file, not a directory")
+    else:
+        problems += storage.written_inside("--output", o.output_dir, {"--model": o.model})
     if problems:
         raise UserError("; ".join(problems))
 

@@ -115,8 +115,8 @@ def check(o: EmbedOptions) -> None:
         )
     elif output.exists() and not output.is_dir():
         problems.append(f"--output: {output} is a file, not a directory")
-    elif storage.inside(output, o.model) and not storage.is_url(o.model):
-        problems.append(f"--output: {output} is inside the --model {o.model}; write the features beside it")
+    else:
+        problems += storage.written_inside("--output", o.output_dir, {"--model": o.model})
     if problems:
         raise UserError("; ".join(problems))
 

@@ -68,6 +68,7 @@ def problems(o: PairSearchOptions) -> list[str]:
         # it is read whole first, then replaced by what was kept (a file holds no other: "inside" is the file)
         if read and storage.inside(o.output, read):
             found.append(f"--output: {o.output} is the {flag} file; write the result to a new file")
+    found += storage.written_inside("--output", o.output, {"--model": o.model})
     if o.corpus and Path(o.corpus).suffix.lower() not in (".txt", ".jsonl"):
         found.append(f"--corpus: {o.corpus} is neither a BEIR corpus.jsonl nor a .txt of one passage per line")
     return found

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from bertdist import storage
 from bertdist.errors import OK_EXIT_CODE, UserError
 
 TOP_K = 100
@@ -81,6 +82,8 @@ def check(o: RetrievalOptions) -> None:
     out = Path(o.output)
     if out.exists() and not out.is_dir():
         problems.append(f"--output: {out} is a file, not a directory")
+    elif inside := storage.written_inside("--output", o.output, {"--model": o.model, "--data-dir": o.data_dir}):
+        problems += inside
     elif earlier := [name for name in ("results.json", "run.trec", "results.md") if (out / name).exists()]:
         # the default runs/evaluate is shared with the GLUE suite: its results.json was replaced without a word
         problems.append(

@@ -41,6 +41,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from bertdist import storage
 from bertdist.config import Config, load_config, yaml_core
 from bertdist.errors import OK_EXIT_CODE, REQUEUE_EXIT_CODE, UserError
 from bertdist.finetune import scorecard
@@ -158,6 +159,8 @@ def evaluate(
         raise UserError(f"--lrs: learning rates must be positive, got {lrs}")
     if seeds < 1:
         raise UserError(f"--seeds: fine-tunings per task and learning rate must be 1 or more, got {seeds}")
+    if inside := storage.written_inside("--output", output_dir, {"--model": model, "--data-dir": data_dir}):
+        raise UserError(inside[0])
     tasks = _present(read_suite(suite), data_dir, task_names)
     base = load_config(config, overrides)
     env = read_env(default_port=base.launch.master_port)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bertdist import storage
 from bertdist.config.choices import choice_problems
 from bertdist.config.errors import ConfigError
 from bertdist.config.finetune import FinetuneConfig
@@ -89,6 +90,9 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
         p.append(f"finetune.lr: must be a positive number, got {ft.lr}")
     if not 0 <= ft.warmup_proportion < 1:
         p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
+    p += storage.written_inside("finetune.output_dir", ft.output_dir, {"finetune.init_from": ft.init_from})
+    if cfg.train.seed < 0:
+        p.append(f"train.seed: must be >= 0, got {cfg.train.seed}")
     p.extend(ignored_problems(cfg))
     p.extend(local_only_problems(cfg))
     p.extend(compile_problems(cfg.model, cfg.train.zero_stage))

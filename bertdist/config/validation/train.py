@@ -178,6 +178,10 @@ def batch_warmup_problems(cfg: Config, world: int) -> list[str]:
     return found
 
 
+MAX_LOADER_WORKERS = 256
+"""Loader processes per rank: more was accepted (100,000 forked until the machine killed the run, unsaid)."""
+
+
 def validate(cfg: Config, world_size: int | None = None, check_files: bool = True) -> None:
     """Raise ConfigError with every impossible combination in `cfg`.
 
@@ -302,8 +306,16 @@ def validate(cfg: Config, world_size: int | None = None, check_files: bool = Tru
                 f"data.phases.{i}: mask_token_fraction and random_token_fraction must sum to <= 1, got "
                 f"{own.mask_token_fraction} and {own.random_token_fraction}"
             )
-    if d.loader_workers < 0:
-        p.append(f"data.loader_workers: must be >= 0, got {d.loader_workers}")
+    if not 0 <= d.loader_workers <= MAX_LOADER_WORKERS:
+        p.append(f"data.loader_workers: must be in [0, {MAX_LOADER_WORKERS}], got {d.loader_workers}")
+    if t.seed < 0:
+        p.append(f"train.seed: must be >= 0, got {t.seed}")
+    inputs = [s for ph in d.phases for s in (ph.train_dir, ph.eval_dir) if s and storage.inside(t.output_dir, s)]
+    if inputs:
+        p.append(
+            f"train.output_dir: {t.output_dir} is inside the shards {inputs[0]}; the run's checkpoints and logs "
+            "would mix with them: write it beside them"
+        )
 
     own_schedules = [i for i, ph in enumerate(d.phases) if ph.lr]
     if own_schedules and len(own_schedules) != len(d.phases):
