@@ -485,6 +485,9 @@ OWN_LR = ["data.phases.0.lr=3e-4", "data.phases.0.warmup_steps=10"]
             ["model.arch=modernbert", "model.size=modernbert-mini", "model.classifier_pooling=max"],
             "'max' is not one of",
         ),
+        (["train.seed=-1"], "train.seed: must be >= 0, got -1"),  # numpy's error, after DeepSpeed had started
+        (["data.loader_workers=100000"], "data.loader_workers: must be in [0, 256]"),  # forked until killed
+        (["train.output_dir=runs/data/train/run"], "train.output_dir: runs/data/train/run is inside the shards"),
     ],
 )
 def test_a_setting_the_run_would_not_read_is_refused(overrides, problem):
