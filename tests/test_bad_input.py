@@ -718,6 +718,9 @@ def test_prepare_refuses_bad_values_before_starting_and_leaves_nothing(tmp_path,
     for extra, said in (
         (["--output", str(corpus / "shards")], f"--output: {corpus / 'shards'} is inside an --input"),
         (["--output", str(output), "--ray-address", "127.0.0.1:99999"], "--ray-address: '127.0.0.1:99999' is not"),
+        # Ray's traceback after it started (its resource limit); a run that never ended
+        (["--output", str(output), "--workers", "99999999999999999999"], "--workers: must be in [0, 100000]"),
+        (["--output", str(output), "--dupe-factor", "99999999999999999999"], "--dupe-factor: must be in [1, 1000]"),
     ):
         assert main(["prepare", "--input", str(corpus), "--vocab", tiny_vocab, *extra]) == USAGE_EXIT_CODE
         assert said in capsys.readouterr().err
@@ -1096,3 +1099,21 @@ def test_an_output_inside_the_model_or_data_it_reads_is_refused(args, named, tmp
     assert main(args.split()) == USAGE_EXIT_CODE
     assert named in capsys.readouterr().err
     assert not list((tmp_path / "M").iterdir()) and not list((tmp_path / "D").iterdir())
+
+
+def test_a_hostfile_that_is_not_text_is_one_line(tmp_path, capsys):
+    """A binary --hostfile was UnicodeDecodeError's traceback."""
+    (tmp_path / "hosts").write_bytes(b"\xff\xfe\x00garbage")
+    args = [
+        "submit",
+        "--dry-run",
+        "--backend",
+        "deepspeed",
+        "--hostfile",
+        str(tmp_path / "hosts"),
+        "--config",
+        "bert-tiny",
+    ]
+    assert main(args) == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "--hostfile" in err and "not UTF-8 text (byte 0)" in err and "Traceback" not in err, err

@@ -62,6 +62,9 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_vocab, interrupted="no vocabulary was written")
 
 
+MAX_VOCAB_SIZE = 4_194_304
+"""Far above any released encoder's (XLM-R's 250,002, Gemma's 262,144); tokenizers overflowed past 2^32 with a
+traceback after the corpus was read."""
 MARKED_SCRIPTS = re.compile("[\u0590-\u06ff\u0900-\u0eff\u0f00-\u109f\u1780-\u17ff]")
 """Scripts whose combining marks tell words apart (Hebrew, Arabic, the Indic scripts, Thai, Lao, Tibetan, Myanmar,
 Khmer): an uncased WordPiece strips them."""
@@ -92,8 +95,11 @@ def _run_vocab(args: argparse.Namespace) -> int:
         "bpe": (bpe.train_bpe, bpe.MIN_VOCAB_SIZE),
         "unigram": (unigram.train_unigram, unigram.MIN_VOCAB_SIZE),
     }[args.model]
-    if args.vocab_size < smallest:
-        print(f"bertdist vocab: --vocab-size must be at least {smallest} for --model {args.model}", file=sys.stderr)
+    if not smallest <= args.vocab_size <= MAX_VOCAB_SIZE:
+        print(
+            f"bertdist vocab: --vocab-size must be in [{smallest}, {MAX_VOCAB_SIZE:,}] for --model {args.model}",
+            file=sys.stderr,
+        )
         return USAGE_EXIT_CODE
     if args.language_field and args.languages_from_dirs:
         print("bertdist vocab: --language-field and --languages-from-dirs: give one", file=sys.stderr)

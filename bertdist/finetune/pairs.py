@@ -114,8 +114,8 @@ def check(opts: PairsOptions) -> None:
     if unknown or not opts.kinds:
         given = f"{', '.join(map(repr, unknown))} is not a kind" if unknown else "none given"
         problems.append(f"--kinds: {given} (the kinds: {', '.join(KINDS)})")
-    if opts.per_document < 1:
-        problems.append(f"--per-document: {opts.per_document}, must be at least 1")
+    if not 1 <= opts.per_document <= 10_000:
+        problems.append(f"--per-document: {opts.per_document}, must be in [1, 10000]")
     if opts.passage_words < 2:
         problems.append(f"--passage-words: {opts.passage_words}, must be at least 2")
     inputs = [source for source in opts.inputs if storage.inside(opts.output, source)]

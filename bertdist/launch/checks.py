@@ -90,6 +90,10 @@ def parse_hostfile(path: str) -> dict[str, int]:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
         raise SubmitError(f"--hostfile {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise SubmitError(
+            f"--hostfile {path}: not UTF-8 text (byte {e.start}); a hostfile is `host slots=N` lines"
+        ) from None
     hosts: dict[str, int] = {}
     problems: list[str] = []
     for number, line in enumerate(lines, 1):

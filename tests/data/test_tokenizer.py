@@ -358,7 +358,7 @@ def test_bertdist_vocab_trains_bpe_on_request(tiny_corpus, tmp_path, capsys):
         )
         != 0
     )
-    assert "--vocab-size must be at least 261 for --model bpe" in capsys.readouterr().err
+    assert "--vocab-size must be in [261, 4,194,304] for --model bpe" in capsys.readouterr().err
     assert (
         main(
             [

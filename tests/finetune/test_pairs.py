@@ -167,7 +167,8 @@ def test_dev_documents_are_held_out_of_the_pairs_and_written_as_a_beir_collectio
 @pytest.mark.parametrize(
     "flags, named",
     [
-        (["--per-document", "0"], "--per-document: 0, must be at least 1"),
+        (["--per-document", "0"], "--per-document: 0, must be in [1, 10000]"),
+        (["--per-document", "99999999999999999999"], "must be in [1, 10000]"),  # ran until killed
         (["--kinds", "neighbour,sentences"], "--kinds: 'sentences' is not a kind"),
         (["--kinds", ","], "--kinds: none given"),
         (["--passage-words", "1"], "--passage-words: 1, must be at least 2"),

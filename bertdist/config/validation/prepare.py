@@ -35,7 +35,7 @@ def validate_prepare(opts: PrepareOptions) -> None:
                 f"sentence pairs (--samples {i.samples}) stay at <= {MAX_PAIR_LENGTH} tokens, BERT's positions; "
                 "longer samples are --samples mlm (full-length text, up to ModernBERT's 8,192)",
             ),
-            ("--dupe-factor", i.dupe_factor < 1, "must be at least 1"),
+            ("--dupe-factor", not 1 <= i.dupe_factor <= 1000, "must be in [1, 1000] (Google's is 10)"),
             ("--masked-lm-prob", not 0 < i.masked_lm_prob < 1, "must be in (0, 1)"),
             ("--span-length-p", not 0 < i.span_length_p <= 1, "must be in (0, 1]"),
             ("--max-span-words", i.max_span_words < 1, "must be at least 1"),
@@ -44,7 +44,7 @@ def validate_prepare(opts: PrepareOptions) -> None:
             ("--seed", not 0 <= i.seed < 2**63, "must be in [0, 2^63)"),
             ("--samples", i.samples not in choices(type(i), "samples"), _one_of(type(i), "samples")),
             ("--masking", i.masking not in choices(type(i), "masking"), _one_of(type(i), "masking")),
-            ("--workers", opts.workers < 0, "must be >= 0"),
+            ("--workers", not 0 <= opts.workers <= 100_000, "must be in [0, 100000] (0: one per CPU)"),
             ("--samples-per-shard", opts.samples_per_shard < 1, "must be at least 1"),
             ("--group-mb", not (math.isfinite(opts.group_bytes) and opts.group_bytes > 0), "must be positive"),
             (
