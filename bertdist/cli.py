@@ -75,8 +75,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config",
         required=True,
-        help="YAML file with the run's configuration, or the name of a shipped "
-        "one (bert-tiny, bert-base, bert-large, bert-large-paper)",
+        help="YAML file with the run's configuration, or the name of a shipped one (configs/: bert-tiny, bert-base, "
+        "bert-large-paper, modernbert-base, roberta-base, ...)",
     )
     p.add_argument(
         "--dry-run",
@@ -144,8 +144,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         help="write a checkpoint in the Hugging Face format (and ONNX)",
         description=(
             "Consolidate a training checkpoint (any ZeRO stage, on CPU, no GPUs needed) and write it as a "
-            "Hugging Face directory of its architecture (BERT, ModernBERT): model.safetensors, config.json, "
-            "vocab.txt and tokenizer files. "
+            "Hugging Face directory of its architecture (BERT, ModernBERT, ALBERT, ELECTRA with its generator/, "
+            "DistilBERT, RoBERTa, XLM-R): model.safetensors, config.json and the run's tokenizer files (vocab.txt "
+            "and/or tokenizer.json). "
             "CHECKPOINT is a checkpoint directory (.../checkpoints/step_00001000), or a run directory whose "
             "latest checkpoint is taken; a fine-tuning's output_dir exports its best epoch's model (output_dir/model), "
             "and a Hugging Face directory (a fine-tuned model, an earlier export) is copied. "
@@ -241,7 +242,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "demo",
         help="run the whole pipeline on Python's own documentation (CPU, offline, ~10 minutes)",
         description=(
-            "vocab -> prepare (local Ray) -> train configs/bert-tiny.yaml with 2 CPU ranks of DeepSpeed, "
+            "vocab -> prepare (local Ray) -> train configs/bert-tiny.yaml (--arch modernbert: "
+            "configs/modernbert-tiny.yaml) with 2 CPU ranks of DeepSpeed, "
             "tracked in a local MLflow store -> export to the Hugging Face format. The corpus is the "
             "documentation shipped with Python. Stages whose output exists are skipped, so a second run "
             "continues an interrupted one."

@@ -190,7 +190,8 @@ class TrainConfig:
     batch_warmup_start: int = 0
     """The ramp's first global batch, in sequences (ModernBERT: 768 rising to 4,608 over 50B tokens)."""
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
-    """fp32, fp16 (dynamic loss scaling) or bf16. fp16/bf16 are GPU paths."""
+    """fp32, fp16 (dynamic loss scaling) or bf16. fp16 needs a GPU for speed (its CPU path is for tests); bf16 runs
+    on a CPU too, fast only where the CPU has bf16 matrix units."""
     zero_stage: int = 1
     seed: int = 1234
     output_dir: str = "runs/train"

@@ -28,7 +28,8 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
         description=(
             "Train a tokenizer with Hugging Face tokenizers, streaming the input, with BERT's special tokens [PAD] "
             "[UNK] [CLS] [SEP] [MASK] first. --model wordpiece (BERT's normaliser and pre-tokenizer) writes "
-            "DIR/vocab.txt and DIR/tokenizer.json; --model bpe (byte-level BPE as ModernBERT's) and --model unigram "
+            "DIR/vocab.txt, DIR/tokenizer.json and DIR/tokenizer_config.json; --model bpe (byte-level BPE as "
+            "ModernBERT's) and --model unigram "
             "(Unigram with byte fallback as Gemma's, for many languages) write DIR/tokenizer.json, "
             "tokenizer_config.json and special_tokens_map.json. data.vocab_file (--vocab) "
             "names the file printed, or DIR."

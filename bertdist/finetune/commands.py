@@ -16,9 +16,10 @@ def add_finetune(sub: argparse._SubParsersAction) -> None:
         "finetune",
         help="fine-tune a pretrained BERT on a labelled task",
         description=(
-            "Fine-tune a checkpoint, an export or any Hugging Face BERT or ModernBERT (finetune.init_from) on "
+            "Fine-tune a checkpoint, an export or a Hugging Face directory of a family bertdist reads (BERT, "
+            "ModernBERT, ALBERT, ELECTRA, DistilBERT, RoBERTa, XLM-R; finetune.init_from) on "
             "classification or regression (CSV/TSV/JSONL), token_classification (CoNLL), "
-            "question_answering (SQuAD JSON) or multiple_choice, "
+            "question_answering (SQuAD JSON), multiple_choice, or embedding (query-passage pairs), "
             "e.g. finetune.train_file=train.tsv finetune.lr=3e-5 (docs/finetune.md)."
         ),
     )
@@ -53,7 +54,9 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory"
+        "--model",
+        required=True,
+        help="run or checkpoint directory, export, or Hugging Face directory of a family bertdist reads",
     )
     p.add_argument("--input", required=True, help=".txt (a text per line) or .csv/.tsv/.jsonl with --text-column")
     p.add_argument(
@@ -127,7 +130,9 @@ def add_attention(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory"
+        "--model",
+        required=True,
+        help="run or checkpoint directory, export, or Hugging Face directory of a family bertdist reads",
     )
     p.add_argument("--text", required=True, help="the text (the first of a pair)")
     p.add_argument("--pair", help="a second text: [CLS] TEXT [SEP] PAIR [SEP]")
@@ -199,7 +204,9 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "retrieval: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)",
     )
     p.add_argument(
-        "--model", required=True, help="run or checkpoint directory, export, or Hugging Face BERT/ModernBERT directory"
+        "--model",
+        required=True,
+        help="run or checkpoint directory, export, or Hugging Face directory of a family bertdist reads",
     )
     p.add_argument("--tasks", default="", help="comma-separated task names (default: every task found)")
     p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="learning rates of the sweep")

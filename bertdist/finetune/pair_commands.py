@@ -74,7 +74,7 @@ def _pair_search_flags(p: argparse.ArgumentParser, d, output: str, corpus: str) 
     p.add_argument(
         "--model",
         required=True,
-        help="run or checkpoint directory, export, or sentence-transformers or Hugging Face BERT/ModernBERT directory",
+        help="run or checkpoint directory, export, or sentence-transformers or Hugging Face directory bertdist reads",
     )
     p.add_argument("--pairs", required=True, help="CSV/TSV/JSONL of (query, positive) rows")
     p.add_argument("--output", required=True, help=output)

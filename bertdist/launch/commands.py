@@ -38,7 +38,9 @@ def add_submit(sub: argparse._SubParsersAction) -> None:
         default="train",
         help=f"what to run (prepare: {' or '.join(REGISTRY[n].TITLE for n in preparing)} only)",
     )
-    p.add_argument("--config", default="", help="training config YAML, or the name of a shipped one (train jobs)")
+    p.add_argument(
+        "--config", default="", help="training config YAML, or the name of a shipped one in configs/ (train jobs)"
+    )
     p.add_argument(
         "--nodes",
         help="machines, N or MIN-MAX: an elastic job continues on as few as MIN when hosts are "
