@@ -99,10 +99,12 @@ is its field (bertdist.flags), and every field has a flag."""
 
 
 def _run_embed(args: argparse.Namespace) -> int:
+    from bertdist import chatter
     from bertdist.finetune.embed import EmbedOptions, embed
     from bertdist.flags import from_args
 
-    index = embed(from_args(EmbedOptions, args, skip_bad=args.on_bad_input == "skip"))
+    with chatter.logged():  # DeepSpeed's notes as it consolidates a checkpoint: not the user's to act on
+        index = embed(from_args(EmbedOptions, args, skip_bad=args.on_bad_input == "skip"))
     summary = {k: index[k] for k in ("rows", "features", "level", "dimension")}
     blank = (
         f", {len(index['blank_lines'])} blank line(s) embedded as empty text (index.json: blank_lines)"
@@ -257,6 +259,13 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
+    from bertdist import chatter
+
+    with chatter.logged():  # MLflow's notes (its system metrics) are not the user's to act on; -v shows them
+        return _evaluate(args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
     from bertdist.errors import UserError
     from bertdist.finetune.suites import evaluate
 
