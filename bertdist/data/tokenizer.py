@@ -349,6 +349,23 @@ def vocab_mismatch(vocab_file: str, embedding_rows: int, trained_with: str | Non
     return ""
 
 
+CARRIED_TOKENIZER_SETTINGS = ("bos_token", "eos_token")
+"""What a released model's tokenizer_config.json says that bertdist's tokenizer does not hold, carried into its
+exports: XLM-R's and RoBERTa's `<s>`/`</s>` as bos/eos (transformers read None without them). Not its class: a
+`BertTokenizer` class without its do_lower_case makes transformers rebuild a cased tokenizer.json lower-casing."""
+
+
+def _released_settings(config_file: Path) -> dict[str, Any]:
+    """CARRIED_TOKENIZER_SETTINGS of the tokenizer_config.json beside a tokenizer.json (a released model's), if any."""
+    try:
+        released = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(released, dict):
+        return {}
+    return {k: released[k] for k in CARRIED_TOKENIZER_SETTINGS if released.get(k) is not None}
+
+
 def write_fast_tokenizer_files(
     tokenizer: TextTokenizer,
     directory: str | os.PathLike,
@@ -369,6 +386,7 @@ def write_fast_tokenizer_files(
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
         **special,
+        **_released_settings(Path(tokenizer.path).parent / TOKENIZER_CONFIG),
     }
     if model_max_length is not None:
         config["model_max_length"] = model_max_length

@@ -381,3 +381,19 @@ def test_bertdist_vocab_trains_bpe_on_request(tiny_corpus, tmp_path, capsys):
         "tokenizer_config.json",
     ]
     assert open_tokenizer(tmp_path / "bpe").size == 400
+
+
+def test_an_export_keeps_a_released_tokenizers_bos_and_eos(tmp_path):
+    """XLM-R's and RoBERTa's tokenizer_config.json name `<s>`/`</s>` as bos and eos; the export of a model continued
+    from one wrote neither, and transformers read bos and eos as None."""
+    transformers = pytest.importorskip("transformers")
+    from bertdist.data.bpe import train_bpe
+    from bertdist.data.tokenizer import write_fast_tokenizer_files
+
+    release = tmp_path / "release"
+    open_tokenizer(train_bpe(SENTENCES * 20, str(release), vocab_size=300))
+    config = json.loads((release / "tokenizer_config.json").read_text())
+    (release / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "[CLS]", "eos_token": "[SEP]"}))
+    write_fast_tokenizer_files(open_tokenizer(str(release)), tmp_path / "export")
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert (exported.bos_token, exported.eos_token) == ("[CLS]", "[SEP]")
