@@ -69,6 +69,8 @@ def store_for(run_dir: str | None, tracking_uri: str | None) -> tuple[str, str |
     from bertdist.config import TrainConfig
 
     directory = Path(run_dir or TrainConfig().output_dir)
+    if directory.exists() and not directory.is_dir():  # its parent's store was served in its place
+        raise UIError(f"--run-dir {directory}: a file, not a directory; point it at a run's output directory")
     home = store_dir(directory)
     database = home / STORE_FILENAME
     if not database.is_file():

@@ -158,6 +158,11 @@ def test_ui_reports_a_run_dir_without_a_store(tmp_path, capsys):
     assert main(["ui", "--run-dir", str(tmp_path / "run"), "--port", str(free_tcp_port())]) == 2
     err = capsys.readouterr().err
     assert f"--run-dir {tmp_path / 'run'}" in err and "mlflow.db does not exist" in err
+    # a file beside a store: its parent's store was served in its place
+    (tmp_path / "mlflow.db").write_bytes(b"")
+    (tmp_path / "corpus.txt").write_text("text")
+    assert main(["ui", "--run-dir", str(tmp_path / "corpus.txt"), "--port", str(free_tcp_port())]) == 2
+    assert "corpus.txt: a file, not a directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
