@@ -36,7 +36,10 @@ class PhaseConfig:
     """Temperature sampling over the mixture's sources: a source's share is proportional to weight x tokens^τ (the
     tokens of one pass over its text: its manifest's sample tokens over its dupe factor; τ 1: by size, towards 0:
     uniform; XLM-R's 0.3). With every weight 1 that is
-    plain temperature sampling. Unset: the weights alone."""
+    plain temperature sampling. Unset: the weights alone. The share is of micro batches (sequences): with
+    full-length samples (`--samples mlm`) it is the share of tokens too; with sentence pairs, whose lengths vary by
+    language, a language's token share drifts from it (by a few points: hi 0.125 of the batches, 0.111 of the
+    tokens in a review's 7-language mixture)."""
     eval_dir: str = ""
     """Held-out shards for periodic evaluation; empty disables evaluation in this phase."""
     max_seq_length: int = 128
