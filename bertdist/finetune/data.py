@@ -97,6 +97,7 @@ def read_lines(path: str, skip_bad: bool) -> tuple[Examples, list[int]]:
     try:
         # split at line ends only: splitlines() also splits at a form feed, \x1c-\x1e, U+0085, U+2028 and U+2029
         # inside a line, and every later row moved off its line (embed's row r is line r + 1)
+        _refuse_utf16(path)
         lines = Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape").split("\n")
         if lines[-1] == "":
             lines.pop()
@@ -138,6 +139,17 @@ def not_utf8(text: str) -> str:
         return f"not UTF-8 text (byte 0x{ord(text[e.start]) - 0xDC00:02x} at character {e.start + 1})"
 
 
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _refuse_utf16(path: str) -> None:
+    """DataError for a UTF-16 file (Excel's "Unicode text", PowerShell's default): read as UTF-8 its header was
+    NUL bytes between letters, and the error said a column was missing."""
+    with open(path, "rb") as f:
+        if f.read(2) in UTF16_MARKS:
+            raise DataError(f"{path}: UTF-16 text (its byte-order mark); save it as UTF-8")
+
+
 CSV_FIELD_LIMIT_BYTES = 64 << 20
 """Python's csv module refuses fields over 128 KiB by default, and cannot go on past that row; a long text is
 legitimate (encoding cuts it to max_seq_length), so the limit is raised to one no real text reaches."""
@@ -150,6 +162,7 @@ def read_rows(path: str, wanted: list[str], header_names: tuple[str, ...]) -> It
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT_BYTES))
     try:
         # utf-8-sig: a byte-order mark (what Excel writes before a CSV) is not part of the first column's name
+        _refuse_utf16(path)
         f = open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e.strerror})") from None

@@ -40,6 +40,10 @@ def test_every_format_reads_the_same_rows(tmp_path, fmt):
     with_bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / f"train.{fmt}").read_bytes())
     again = data.read_examples(str(with_bom), "sentence", "other", "label", skip_bad=False)
     assert [(e.text, e.pair, e.label) for e in again.rows] == [(e.text, e.pair, e.label) for e in read.rows]
+    utf16 = tmp_path / f"unicode.{fmt}"  # Excel's "Unicode text": said a column was missing, the header NUL bytes
+    utf16.write_bytes((tmp_path / f"train.{fmt}").read_text().encode("utf-16"))
+    with pytest.raises(DataError, match=rf"unicode.{fmt}: UTF-16 text \(its byte-order mark\); save it as UTF-8"):
+        data.read_examples(str(utf16), "sentence", "other", "label", skip_bad=False)
 
 
 def test_whole_file_problems_name_the_file(tmp_path):
