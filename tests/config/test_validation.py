@@ -540,3 +540,17 @@ def test_an_empty_phase_entry_is_refused_not_made_a_default_phase(tmp_path):
     config.write_text("data:\n  phases:\n    - steps: 900\n    -\n")
     with pytest.raises(ConfigError, match=re.escape("data.phases.1: empty entry")):
         load_config(config, [])
+
+
+def test_a_fine_tuning_output_that_is_a_file_is_named(tmp_path):
+    """It was "File exists: ftin/ok2.csv", naming no field."""
+    from bertdist.config.validation import validate_finetune
+
+    (tmp_path / "out").write_text("x")
+    cfg = load_config(
+        None, ["finetune.train_file=t.tsv", "finetune.dev_file=d.tsv", f"finetune.output_dir={tmp_path / 'out'}"]
+    )
+    with pytest.raises(
+        ConfigError, match=re.escape(f"finetune.output_dir: {tmp_path / 'out'} is a file, not a directory")
+    ):
+        validate_finetune(cfg, world_size=1)

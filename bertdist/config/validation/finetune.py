@@ -91,6 +91,8 @@ def validate_finetune(cfg: Config, world_size: int) -> None:
     if not 0 <= ft.warmup_proportion < 1:
         p.append(f"finetune.warmup_proportion: must be in [0, 1), got {ft.warmup_proportion}")
     p += storage.written_inside("finetune.output_dir", ft.output_dir, {"finetune.init_from": ft.init_from})
+    if not storage.is_url(ft.output_dir) and Path(ft.output_dir).is_file():  # was "File exists", naming no field
+        p.append(f"finetune.output_dir: {ft.output_dir} is a file, not a directory")
     if cfg.train.seed < 0:
         p.append(f"train.seed: must be >= 0, got {cfg.train.seed}")
     p.extend(ignored_problems(cfg))
