@@ -78,7 +78,8 @@ def time_variants(
     """Median seconds per call of each variant that builds and runs (`interleaved_medians`), and the error of each
     that does not.
 
-    Every variant is built (`makers[name]()`) and called once, its first warm-up call, before any is timed: one that
+    Every variant is built (`makers[name]()`) and called once, its first warm-up call (so at least one, even with
+    `warmup` 0), before any is timed: one that
     fails (a kernel never run on this GPU, out of memory at a long length) is named with its error and left out,
     so that it does not cost the row the other variants' figures."""
     steps: dict[str, Callable[[], None]] = {}

@@ -105,7 +105,8 @@ TEST_MARKERS = {"tests": "gpu and not slow", "slow-tests": "gpu and slow"}
 GPU_TESTS = ["tests/model/test_cuda.py", "tests/train/test_cuda.py", "tests/test_hf_peer.py"]
 """The files of the GPU-marked tests (tests/test_layout.py keeps the list whole): collecting only them needs none
 of the packages the rest of the suite imports (Ray, MLflow, moto)."""
-OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
+OUTCOME = re.compile(r"^(\S+::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?=\s+\[|\s*$)", re.M)
+"""A `pytest -v` verdict line: the test's id (a parametrized one may hold spaces) and its outcome."""
 
 
 def run_tests(stage: str, prepared: str | None, clock: CallClock) -> dict:

@@ -166,3 +166,23 @@ def test_a_variant_that_fails_is_named_and_the_rows_other_variants_are_still_tim
     assert row["mfu_peak"] == "measured matmul"  # a CPU has no datasheet peak
     table = markdown({"gpus": ["CPU"], "torch": "t", "cuda": None, "timings": [{"ok": True, **row}]})
     assert "| failed |" in table and "- mini x 32, fp32, bertdist[flex]: NotImplementedError" in table, table
+
+
+def test_a_test_stage_reads_every_verdict_pytest_prints():
+    """A test stage stopped at its limit keeps the verdicts printed until then: ids of parametrized tests may hold
+    spaces and brackets (`[bert base 128]`), and a FAILED one must not be lost."""
+    from gpu_check import OUTCOME
+
+    printed = (
+        "tests/a.py::test_p[a b] PASSED    [ 10%]\n"
+        "tests/a.py::test_q[bert base 128] FAILED   [ 20%]\n"
+        "tests/a.py::plain PASSED\n"
+        "tests/a.py::x[y::z] ERROR\n"
+        "==== 1 failed, 2 passed in 3.0s ====\n"
+    )
+    assert OUTCOME.findall(printed) == [
+        ("tests/a.py::test_p[a b]", "PASSED"),
+        ("tests/a.py::test_q[bert base 128]", "FAILED"),
+        ("tests/a.py::plain", "PASSED"),
+        ("tests/a.py::x[y::z]", "ERROR"),
+    ]

@@ -215,6 +215,9 @@ def test_sentences_end_at_the_full_stops_of_scripts_blingfire_does_not_know():
         "ฉันจะไปตลาด",
         "ซื้อผลไม้ 3 กิโล",
     ]
+    # ... nor beside Thai digits (a date stays whole, as with Arabic ones) or the repetition mark, set between spaces
+    assert split_sentences("วันที่ ๑๒ มกราคม ๒๕๖๗ ฝนตกหนัก") == ["วันที่ ๑๒ มกราคม ๒๕๖๗ ฝนตกหนัก"]
+    assert split_sentences("เด็ก ๆ ชอบเล่นฟุตบอล") == ["เด็ก ๆ ชอบเล่นฟุตบอล"]
     assert split_sentences("One. Two.\u2028Three") == ["One.", "Two.", "Three"]
     # not at str.splitlines's other breaks: a page break inside a sentence (pdftotext), a cp1252 ellipsis as Latin-1
     assert split_sentences("The committee met on\x0cTuesday. It agreed\x85 mostly.") == [
