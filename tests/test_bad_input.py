@@ -284,7 +284,7 @@ def test_a_checkpoint_carrying_a_pickled_payload_is_refused_unexecuted(
         [
             f"train.output_dir={run}",
             "checkpoint.resume=auto",
-            *(f"model.{k}={v}" for k, v in raw["config"]["model"].items()),
+            *(f"model.{k}={json.dumps(v)}" for k, v in raw["config"]["model"].items()),  # None as null
         ],
     )
     raw["config"] = cfg.to_dict()  # the attacker's checkpoint claims to be this run's
@@ -342,7 +342,7 @@ def test_a_fresh_finetune_refuses_an_output_holding_a_pretraining_runs_checkpoin
         == USAGE_EXIT_CODE
     )
     err = capsys.readouterr().err
-    assert f"finetune.output_dir {run} holds another run's checkpoints" in err, err
+    assert f"finetune.output_dir: {run} is inside the finetune.init_from {run}" in err, err  # checked first
     assert checkpoint.resolve_resume(run, "auto") == run / "checkpoints" / "step_00000004"  # untouched
 
 

@@ -164,7 +164,11 @@ def write_config(
             "shuffle_buffer_size": 256,
             **changes.get("data", {}),
         },
-        "optim": {"lr": PEAK_LR, "warmup_steps": WARMUP_STEPS, **changes.get("optim", {})},
+        "optim": {
+            **({} if "lr" in changes.get("phase", {}) else {"lr": PEAK_LR}),  # phases with their own: not read
+            "warmup_steps": WARMUP_STEPS,
+            **changes.get("optim", {}),
+        },
         "train": {
             "global_batch_size": 16,  # 4 per micro batch x 2 ranks x 2 accumulation steps
             "zero_stage": zero_stage,

@@ -345,8 +345,14 @@ def _one_rank_config(cfg: Config, index: int, steps: int, accumulation: int, out
     `output_dir`: no tracking, no resume, no store, no downstream evaluation."""
     one = copy.deepcopy(cfg)
     phase = one.data.phases[index]
-    one.data.phases = [dataclasses.replace(phase, steps=steps, global_batch_size=phase.micro_batch_size * accumulation)]
-    one.train = dataclasses.replace(one.train, output_dir=output_dir, batch_warmup_tokens=0, batch_warmup_start=0)
+    one.data.phases = [dataclasses.replace(phase, steps=steps, global_batch_size=0)]
+    one.train = dataclasses.replace(
+        one.train,
+        output_dir=output_dir,
+        global_batch_size=phase.micro_batch_size * accumulation,
+        batch_warmup_tokens=0,
+        batch_warmup_start=0,
+    )
     one.train.eval_every_steps = steps + 1
     one.checkpoint = dataclasses.replace(one.checkpoint, uri="", resume="none", every_steps=steps + 1, keep_last=1)
     one.tracking.enabled = False
