@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
+T = TypeVar("T")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -82,20 +83,31 @@ def time_variants(
     `warmup` 0), before any is timed: one that
     fails (a kernel never run on this GPU, out of memory at a long length) is named with its error and left out,
     so that it does not cost the row the other variants' figures."""
-    steps: dict[str, Callable[[], None]] = {}
+
+    def first_call(step: Callable[[], None]) -> Callable[[], None]:
+        step()
+        synchronize(device)
+        return step
+
+    steps, failed = each_variant(makers, device, first_call)
+    return interleaved_medians(steps, device, repeats, max(0, warmup - 1), clock), failed
+
+
+def each_variant(
+    makers: dict[str, Callable[[], Callable[[], None]]], device: torch.device, use: Callable[[Callable[[], None]], T]
+) -> tuple[dict[str, T], dict[str, str]]:
+    """`use` of each variant's step (`makers[name]()`), and the error of each variant whose build or use failed:
+    one variant failing (a kernel never run on this GPU, memory) must not cost a row the others' figures."""
+    done: dict[str, T] = {}
     failed: dict[str, str] = {}
     for name, make in makers.items():
         try:
-            step = make()
-            step()
-            synchronize(device)
+            done[name] = use(make())
         except Exception as e:  # any failure of one variant; the others still run
             failed[name] = f"{type(e).__name__}: {e}"[:300]
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            continue
-        steps[name] = step
-    return interleaved_medians(steps, device, repeats, max(0, warmup - 1), clock), failed
+    return done, failed
 
 
 def mfu_peak(device: torch.device, precision: str, measured_flops: float) -> tuple[float, str]:

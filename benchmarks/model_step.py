@@ -96,6 +96,14 @@ def training_step(model, forward, precision: str, device: torch.device, clip_nor
     return step
 
 
+def peer_step(cfg: ModelConfig, batch: dict, kind: str, precision: str, device, clip_norm: float = 0.0) -> callable:
+    """transformers' model of `cfg` in configuration `kind` (benchmarks/hf_peer.py), seeded as bertdist's variants
+    are, as a `training_step` on `batch`."""
+    torch.manual_seed(0)
+    reference, loss = hf_peer.peer(cfg, batch, kind, device)
+    return training_step(reference, loss, precision, device, clip_norm)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="mini", choices=list(MODEL_SIZES))
@@ -170,11 +178,6 @@ def main(argv: list[str] | None = None) -> dict:
             compile_model(model, cfg.arch)
         return training_step(model, lambda: model(**batch).loss, args.precision, device)
 
-    def peer_step(kind: str) -> callable:
-        torch.manual_seed(0)
-        reference, loss = hf_peer.peer(cfg, batch, kind, device)
-        return training_step(reference, loss, args.precision, device)
-
     makers = {"bertdist": bertdist_step}
     if args.fill < 1:
         makers["bertdist padded"] = lambda: bertdist_step(unpad=False)
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
             attention=kernel, attention_dropout_prob=0.0
         )
     for kind in [] if args.no_reference else args.peers.split(","):
-        makers[hf_peer.ROWS[kind]] = lambda kind=kind: peer_step(kind)
+        makers[hf_peer.ROWS[kind]] = lambda kind=kind: peer_step(cfg, batch, kind, args.precision, device)
 
     measured_flops = matmul_peak_flops(device, DTYPES[args.precision], clock=clock)
     peak_flops, peak_source = mfu_peak(device, args.precision, measured_flops)

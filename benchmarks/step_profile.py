@@ -21,8 +21,8 @@ from pathlib import Path
 
 import hf_peer  # benchmarks/ is on sys.path
 import torch
-from common import synchronize, use_all_cores
-from model_step import make_batch, training_step
+from common import each_variant, synchronize, use_all_cores
+from model_step import make_batch, peer_step, training_step
 
 from bertdist.config import MODEL_SIZES, ModelConfig
 from bertdist.model.compiled import compile_model
@@ -124,12 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
             compile_model(model, cfg.arch)
         return training_step(model, lambda: model(**batch).loss, args.precision, device)
 
-    def peer(kind: str) -> callable:
-        torch.manual_seed(0)
-        reference, loss = hf_peer.peer(cfg, batch, kind, device)
-        return training_step(reference, loss, args.precision, device)
-
-    makers = {"bertdist": bertdist, **{hf_peer.ROWS[k]: lambda k=k: peer(k) for k in args.peers.split(",") if k}}
+    makers = {"bertdist": bertdist}
+    for kind in [k for k in args.peers.split(",") if k]:
+        makers[hf_peer.ROWS[kind]] = lambda kind=kind: peer_step(cfg, batch, kind, args.precision, device)
     results = {
         "size": args.size,
         "seq_length": args.seq_length,
@@ -138,13 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
         "attention": args.attention,
         "compile": args.compile,
     }
-    failed = {}
-    for name, make in makers.items():  # one that fails (a kernel this GPU cannot run) does not cost the others
-        try:
-            results[name] = profile(make(), device, args.steps)
-        except Exception as e:
-            failed[name] = f"{type(e).__name__}: {e}"[:300]
-            print(f"{args.size} x {args.seq_length}, {name}: failed: {failed[name]}")
+    profiles, failed = each_variant(makers, device, lambda step: profile(step, device, args.steps))
+    results.update(profiles)
+    for name, error in failed.items():
+        print(f"{args.size} x {args.seq_length}, {name}: failed: {error}")
     if failed:
         results["failed"] = failed
     steps = [name for name in makers if name in results]

@@ -33,7 +33,7 @@ from pathlib import Path
 import hf_peer  # benchmarks/ is on sys.path
 import torch
 from common import matmul_peak_flops, mfu_peak, time_variants, use_all_cores
-from model_step import DTYPES, make_batch, training_step
+from model_step import DTYPES, make_batch, peer_step
 
 from bertdist.config import MODEL_SIZES, load_config
 from bertdist.model.bert.model import BertForPreTraining
@@ -114,14 +114,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         return engine_step
 
-    def peer(kind: str) -> callable:
-        torch.manual_seed(0)
-        reference, loss = hf_peer.peer(model_cfg, batch, kind, device)
-        return training_step(reference, loss, args.precision, device, clip_norm=1.0)
-
     makers = {"plain torch": plain, "deepspeed": deepspeed}
     for kind in [] if args.no_reference else args.peers.split(","):
-        makers[hf_peer.ROWS[kind]] = lambda kind=kind: peer(kind)
+        makers[hf_peer.ROWS[kind]] = lambda kind=kind: peer_step(model_cfg, batch, kind, args.precision, device, 1.0)
     measured = matmul_peak_flops(device, DTYPES[args.precision])
     peak, peak_source = mfu_peak(device, args.precision, measured)
     seconds, failed = time_variants(makers, device, repeats=args.steps, warmup=2)
